@@ -1,0 +1,296 @@
+"""Build the emulated network with Mininet, shape it with htb, verify the shaping, tear down.
+
+    with Network(exp.topology, server_racks, run_dir, ledger) as net:
+        net.hosts["h1"].popen(...)
+
+Switches are Linux bridges (``mininet.nodelib.LinuxBridge``, no controller: Open vSwitch's
+kernel datapath is not needed); links are veth pairs shaped on both ends by
+:class:`ShapedIntf` (htb; see its docstring for what differs from Mininet's ``TCIntf``).
+After the build, every shaped interface's htb class is read back over netlink (pyroute2) and
+compared with the rate asked for; a mismatch fails the build. ``topology.json`` records the
+hosts, switches, links, and the read-back shaping.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from mininet.link import Link, TCIntf
+from mininet.log import setLogLevel
+from mininet.net import Mininet
+from mininet.nodelib import LinuxBridge
+from pyroute2 import IPRoute, NetNS
+
+from testbed.errors import MissingRequirement, TestbedError
+from testbed.ledger import Ledger
+from testbed.rundir import write_json
+from topologies import build_topo
+
+#: Highest rate we shape, Mbit/s. Above it a veth pair on one CPU cannot keep up anyway.
+MAX_RATE_MBPS = 40_000.0
+#: Rate read back must be within this fraction of the rate asked for (tc rounds rates).
+RATE_TOLERANCE = 0.01
+#: htb class quantum, bytes (>= one MTU-sized frame, below htb's 200 kB warning limit).
+HTB_QUANTUM_BYTES = 60_000
+
+
+def htb_burst_bytes(bw_mbps: float) -> int:
+    """htb burst (and cburst) for a rate: max(15 kB, 1 ms worth of bytes at the rate).
+
+    Mininet fixes burst at 15 kB, which at 10 Gbit/s is 12 us of tokens: htb's timer cannot
+    refill that often, so the link runs well below its rate. One millisecond of tokens keeps
+    htb on rate at any speed while bounding the burst to what one timer tick sends.
+    """
+    return max(15_000, int(bw_mbps * 1e6 / 8 * 1e-3))
+
+
+class ShapedIntf(TCIntf):
+    """Mininet ``TCIntf`` that shapes every rate it is given, or refuses it.
+
+    Differences from ``TCIntf``: rates up to :data:`MAX_RATE_MBPS` are accepted (stock
+    ``TCIntf`` silently leaves a link unshaped above ``bwParamMax`` = 1000 Mbit/s); burst is
+    :func:`htb_burst_bytes`; a queue limit without delay or loss uses a ``pfifo`` leaf
+    (``netem`` is not available on every kernel); a rate out of range raises instead of
+    logging.
+    """
+
+    bwParamMax = MAX_RATE_MBPS
+
+    def bwCmds(self, bw=None, **_):
+        if bw is None:
+            return [], " root "
+        if not 0 < bw <= MAX_RATE_MBPS:
+            raise TestbedError(f"link rate {bw} Mbit/s is outside (0, {MAX_RATE_MBPS:.0f}] Mbit/s")
+        burst = htb_burst_bytes(bw)
+        # an explicit quantum: htb's default (rate / r2q) exceeds its 200 kB limit above
+        # 16 Mbit/s and the kernel warns; with one class the quantum has no other effect
+        return ["%s qdisc add dev %s root handle 5:0 htb default 1",
+                "%s class add dev %s parent 5:0 classid 5:1 htb " +
+                f"rate {bw}Mbit burst {burst} cburst {burst} quantum {HTB_QUANTUM_BYTES}"], " parent 5:1 "
+
+    @staticmethod
+    def delayCmds(parent, delay=None, jitter=None, loss=None, max_queue_size=None):
+        if delay or jitter or loss:
+            return TCIntf.delayCmds(parent, delay=delay, jitter=jitter, loss=loss,
+                                    max_queue_size=max_queue_size)
+        if max_queue_size:
+            return ["%s qdisc add dev %s " + parent + f" handle 10: pfifo limit {int(max_queue_size)}"], " parent 10:1 "
+        return [], parent
+
+
+class ShapedLink(Link):
+    """A veth pair shaped identically on both ends with :class:`ShapedIntf`."""
+
+    def __init__(self, node1, node2, port1=None, port2=None, intfName1=None, intfName2=None,
+                 addr1=None, addr2=None, **params):
+        Link.__init__(self, node1, node2, port1=port1, port2=port2, intfName1=intfName1,
+                      intfName2=intfName2, cls1=ShapedIntf, cls2=ShapedIntf, addr1=addr1,
+                      addr2=addr2, params1=params, params2=params)
+
+
+class _LedgeredMininet(Mininet):
+    """Mininet that records each host shell's pid in the run's ledger as it starts."""
+
+    def __init__(self, *a, ledger: Ledger, **kw):
+        self._ledger = ledger
+        super().__init__(*a, **kw)
+
+    def addHost(self, name, cls=None, **params):
+        host = super().addHost(name, cls=cls, **params)
+        self._ledger.add_pid(f"host:{name}", host.pid)
+        return host
+
+
+def preflight(topology_spec, qdiscs: dict[str, bool] | None = None) -> None:
+    """Refuse before anything is built if the machine cannot emulate what the spec asks.
+
+    Raises:
+        MissingRequirement: not root, no ``mnexec``/``brctl``/``tc``, or a qdisc the spec
+            needs (htb always; netem for delay or loss) is missing from the kernel.
+    """
+    if os.geteuid() != 0:
+        raise MissingRequirement("building a network needs root (network namespaces): run with sudo")
+    for tool, pkg in (("mnexec", "mininet"), ("brctl", "bridge-utils"), ("tc", "iproute2")):
+        if shutil.which(tool) is None:
+            raise MissingRequirement(f"'{tool}' not found: install it with 'apt-get install {pkg}' "
+                                     f"(or run scripts/setup.sh)")
+    from testbed.check import kernel_qdiscs
+    qdiscs = qdiscs if qdiscs is not None else kernel_qdiscs()
+    if not qdiscs.get("htb"):
+        raise MissingRequirement("the kernel has no 'htb' qdisc (sch_htb): links cannot be shaped; "
+                                 "use a distribution kernel, e.g. the Vagrant VM (see README)")
+    if (topology_spec.delay_ms or topology_spec.loss_pct) and not qdiscs.get("netem"):
+        raise MissingRequirement("topology.delay_ms / topology.loss_pct need the 'netem' qdisc, which this "
+                                 "kernel lacks (no sch_netem); set them to 0 or run in the Vagrant VM, "
+                                 "whose full Debian kernel has netem")
+
+
+class Network:
+    """The emulated network of one run (a context manager; teardown always runs).
+
+    Attributes after ``start()``:
+        net: the ``Mininet`` object; hosts: name -> Mininet host; topology: the
+        ``topology.json`` document.
+    """
+
+    def __init__(self, topology_spec, server_racks: list[int], run_dir: Path, ledger: Ledger):
+        self.spec = topology_spec
+        self.server_racks = list(server_racks)
+        self.run_dir = Path(run_dir)
+        self.ledger = ledger
+        self.net: Mininet | None = None
+        self.topo = build_topo(topology_spec, self.server_racks)
+        self.topology: dict = {}
+
+    # ----------------------------------------------------------------------- build
+
+    def planned_names(self) -> tuple[list[str], list[str]]:
+        """(bridges, interfaces) this network will create, derived from the Topo's ports."""
+        bridges = list(self.topo.switches())
+        intfs = []
+        for n1, n2, info in self.topo.links(withInfo=True):
+            intfs += [f"{n1}-eth{info['port1']}", f"{n2}-eth{info['port2']}"]
+        return bridges, intfs
+
+    def start(self) -> "Network":
+        preflight(self.spec)
+        bridges, intfs = self.planned_names()
+        self.ledger.add_bridges(bridges)
+        self.ledger.add_interfaces(intfs)
+        setLogLevel("error")
+        self.net = _LedgeredMininet(topo=self.topo, switch=LinuxBridge, controller=None,
+                                    link=ShapedLink, autoSetMacs=True, build=False,
+                                    waitConnected=False, ledger=self.ledger)
+        self.net.build()
+        self.net.start()
+        self.hosts = {h.name: h for h in self.net.hosts}
+        for h in self.net.hosts:
+            self._configure_extra_interfaces(h)
+        self.topology = self._describe()
+        self._verify_shaping()
+        write_json(self.run_dir / "topology.json", self.topology)
+        return self
+
+    def _configure_extra_interfaces(self, host) -> None:
+        """Hosts with several interfaces: address each (10.<i>.x.y/8), answer ARP only on
+        the interface that owns an address, and route by source so that traffic from an
+        interface's address leaves through that interface."""
+        intfs = host.intfList()
+        if len(intfs) < 2:
+            return
+        base = host.IP().split(".")
+        host.cmd("sysctl -qw net.ipv4.conf.all.arp_ignore=1 net.ipv4.conf.all.arp_announce=2")
+        for i, intf in enumerate(intfs):
+            if i == 0:
+                ip = host.IP()
+            else:
+                ip = f"10.{i}.{base[2]}.{base[3]}"
+                intf.setIP(ip, 8)
+            table = 100 + i
+            host.cmd(f"ip route add 10.0.0.0/8 dev {intf.name} src {ip} table {table}")
+            host.cmd(f"ip rule add from {ip} table {table}")
+
+    def _describe(self) -> dict:
+        hosts = []
+        for h in self.net.hosts:
+            hosts.append({"name": h.name, "rack": h.params.get("rack"), "kind": h.params.get("kind"),
+                          "ip": h.IP(), "pid": h.pid,
+                          "intfs": [{"name": i.name, "ip": i.IP()} for i in h.intfList()]})
+        switches = [{"name": s.name, "role": s.params.get("role"), "rack": s.params.get("rack")}
+                    for s in self.net.switches]
+        links = []
+        for link in self.net.links:
+            p = link.intf1.params
+            links.append({"class": p.get("link_class"), "rack": p.get("rack"), "bw_mbps": p.get("bw_mbps"),
+                          "node1": link.intf1.node.name, "intf1": link.intf1.name,
+                          "node2": link.intf2.node.name, "intf2": link.intf2.name,
+                          "delay_ms": self.spec.delay_ms, "loss_pct": self.spec.loss_pct,
+                          "max_queue_packets": self.spec.max_queue_packets,
+                          "htb_burst_bytes": htb_burst_bytes(p.get("bw_mbps")), "shaping": {}})
+        doc = {"kind": self.spec.kind, "spec": vars(self.spec).copy(),
+               "uplink_bw_mbps": self.spec.uplink_mbps() if self.spec.kind == "rack_core" else None,
+               "hosts": hosts, "switches": switches, "links": links}
+        return doc
+
+    def _verify_shaping(self) -> None:
+        """Read back every link end's qdisc and htb rate; record it; fail on a mismatch.
+
+        Raises:
+            TestbedError: an interface has no htb root or a rate off by more than 1%.
+        """
+        by_node = {h.name: h for h in self.net.hosts}
+        bad = []
+        with IPRoute() as root_ns:
+            for link in self.topology["links"]:
+                for end in ("1", "2"):
+                    node, intf = link[f"node{end}"], link[f"intf{end}"]
+                    if node in by_node:
+                        with NetNS(f"/proc/{by_node[node].pid}/ns/net") as ns:
+                            got = read_shaping(ns, intf)
+                    else:
+                        got = read_shaping(root_ns, intf)
+                    link["shaping"][intf] = got
+                    want = link["bw_mbps"]
+                    rate = got.get("rate_mbps")
+                    if got.get("qdisc") != "htb" or rate is None or abs(rate - want) > RATE_TOLERANCE * want:
+                        bad.append(f"{intf}: asked {want} Mbit/s htb, kernel has {got}")
+                    elif self.spec.max_queue_packets and got.get("leaf") not in ("pfifo", "netem"):
+                        bad.append(f"{intf}: asked a {self.spec.max_queue_packets}-packet queue, kernel has {got}")
+        if bad:
+            raise TestbedError("links are not shaped as asked (so results would be wrong):\n  " + "\n  ".join(bad))
+
+    # ----------------------------------------------------------------------- teardown
+
+    def stop(self) -> list[str]:
+        """Stop Mininet, then remove whatever the ledger lists that is still there.
+
+        Returns:
+            what the ledger sweep still had to remove (normally nothing).
+        """
+        if self.net is not None:
+            try:
+                self.net.stop()
+            except Exception:  # noqa: BLE001 -- the ledger sweep below removes what is left
+                pass
+            self.net = None
+        return self.ledger.sweep()
+
+    def __enter__(self):
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc):
+        self.stop()
+        return False
+
+
+def read_shaping(ipr, ifname: str) -> dict:
+    """Root qdisc kind and htb class 5:1 rate (Mbit/s) of an interface, and its leaf qdisc.
+
+    ``ipr``: a pyroute2 ``IPRoute`` or ``NetNS`` for the interface's namespace.
+    Returns ``{"qdisc": kind or None, "rate_mbps": float or None, "leaf": kind or None}``.
+    """
+    idx = ipr.link_lookup(ifname=ifname)
+    if not idx:
+        return {"qdisc": None, "rate_mbps": None, "leaf": None, "error": "no such interface"}
+    idx = idx[0]
+    kind = leaf = None
+    for q in ipr.get_qdiscs(index=idx):
+        if q["parent"] == 0xFFFFFFFF:  # TC_H_ROOT
+            kind = q.get_attr("TCA_KIND")
+        elif q["parent"] == 0x50001:  # child of class 5:1 (pfifo queue limit or netem)
+            leaf = q.get_attr("TCA_KIND")
+    rate = None
+    if kind == "htb":
+        for c in ipr.get_classes(index=idx):
+            if c["handle"] == 0x50001:  # class 5:1
+                parms = c.get_attr("TCA_OPTIONS").get_attr("TCA_HTB_PARMS")
+                rate64 = c.get_attr("TCA_OPTIONS").get_attr("TCA_HTB_RATE64")
+                bps = rate64 if rate64 else parms["rate"]
+                rate = bps * 8 / 1e6
+    return {"qdisc": kind, "rate_mbps": rate, "leaf": leaf}

@@ -1,0 +1,331 @@
+"""Experiment specs: YAML -> validated, typed :class:`Experiment`; overrides and sweeps.
+
+A spec has five sections (``topology``, ``workload``, ``capture``, ``run``, ``sweep``) and a
+``name``. Every field has a default, so ``{}`` is a valid spec. Validation happens before
+anything is built; a bad field raises :class:`SpecError` naming the dotted field, the value
+and what is allowed.
+
+Example::
+
+    exp = load_spec("experiments/quickstart.yaml", overrides=["workload.iterations=20"])
+    for point, e in expand_sweep(exp): ...
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+
+from testbed.errors import SpecError
+
+
+def _check(pred, msg):
+    """Field validator: ``pred(value)`` must hold, else the error says ``msg``."""
+    return {"check": (pred, msg)}
+
+
+_pos = _check(lambda v: v > 0, "a number > 0")
+_nonneg = _check(lambda v: v >= 0, "a number >= 0")
+
+
+@dataclass
+class TopologySpec:
+    """The emulated datacenter.
+
+    ``rack``: ``hosts_per_rack`` hosts on one top-of-rack (ToR) switch (``racks`` must be 1).
+    ``rack_core``: ``racks`` racks of ``hosts_per_rack`` hosts; each ToR has one uplink to a
+    core switch of ``uplink_bw_mbps``, by default ``hosts_per_rack * host_bw_mbps /
+    oversubscription`` (Mbit/s).
+    """
+    kind: Literal["rack", "rack_core"] = "rack_core"
+    racks: int = field(default=2, metadata=_pos)
+    hosts_per_rack: int = field(default=4, metadata=_pos)
+    host_bw_mbps: float = field(default=100.0, metadata=_pos)
+    uplink_bw_mbps: Optional[float] = field(default=None, metadata=_pos)
+    oversubscription: float = field(default=1.0, metadata=_check(lambda v: v >= 1, "a ratio >= 1"))
+    delay_ms: float = field(default=0.0, metadata=_nonneg)
+    loss_pct: float = field(default=0.0, metadata=_check(lambda v: 0 <= v < 100, "a percentage in [0, 100)"))
+    max_queue_packets: Optional[int] = field(default=None, metadata=_pos)
+    interfaces_per_host: int = field(default=1, metadata=_pos)
+
+    def uplink_mbps(self) -> float:
+        """ToR->core uplink rate in Mbit/s (explicit, or derived from oversubscription)."""
+        if self.uplink_bw_mbps is not None:
+            return float(self.uplink_bw_mbps)
+        return self.hosts_per_rack * self.host_bw_mbps / self.oversubscription
+
+
+@dataclass
+class ServersSpec:
+    """Where parameter servers run (PS-family schemes only).
+
+    ``count``: servers per scope (per rack if ``scope: per_rack``); 0 means one per worker.
+    ``placement``: ``colocated`` (a server process on a worker's host) or ``dedicated``
+    (extra hosts that run only servers, added to the topology).
+    """
+    count: int = field(default=1, metadata=_nonneg)
+    placement: Literal["colocated", "dedicated"] = "colocated"
+    scope: Literal["global", "per_rack"] = "global"
+
+
+@dataclass
+class OptimizerSpec:
+    """SGD with momentum (torch.optim.SGD semantics): v = m*v + g + wd*p; p -= lr*v."""
+    lr: float = field(default=0.05, metadata=_pos)
+    momentum: float = field(default=0.9, metadata=_check(lambda v: 0 <= v < 1, "a number in [0, 1)"))
+    weight_decay: float = field(default=0.0, metadata=_nonneg)
+
+
+@dataclass
+class WorkloadSpec:
+    """What trains: scheme, model, data, batch, iterations.
+
+    ``batch_size`` is per worker; the global batch is ``batch_size * workers``.
+    ``workers``: ``0`` means every (non-dedicated) host runs one worker.
+    ``options``: scheme-specific settings, validated by the scheme.
+    """
+    scheme: str = "ps"
+    model: str = "digits_mlp"
+    dataset: str = "digits"
+    compute: Literal["real"] = "real"
+    batch_size: int = field(default=32, metadata=_pos)
+    iterations: int = field(default=100, metadata=_pos)
+    warmup_iterations: int = field(default=5, metadata=_nonneg)
+    eval_every: int = field(default=0, metadata=_nonneg)
+    seed: int = 0
+    workers: int = field(default=0, metadata=_nonneg)
+    save_params: bool = False
+    optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
+    servers: ServersSpec = field(default_factory=ServersSpec)
+    options: dict = field(default_factory=dict)
+
+
+@dataclass
+class CaptureSpec:
+    """What the harness records while a run trains (periods in milliseconds)."""
+    interval_ms: int = field(default=10, metadata=_pos)
+    qdisc: bool = True
+    cpu: bool = True
+    cpu_interval_ms: int = field(default=100, metadata=_check(lambda v: v >= 10, "an integer >= 10"))
+
+
+@dataclass
+class RunSpec:
+    """How the run is driven: time limit, where run directories go, an optional fixed id."""
+    timeout_s: float = field(default=600.0, metadata=_pos)
+    runs_dir: str = "runs"
+    id: Optional[str] = None
+    master_port: int = field(default=29500, metadata=_check(lambda v: 1024 <= v < 65536, "a port in [1024, 65535]"))
+
+
+@dataclass
+class Experiment:
+    """A whole experiment spec. ``sweep`` maps dotted field paths to lists of values."""
+    name: str = "experiment"
+    topology: TopologySpec = field(default_factory=TopologySpec)
+    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
+    capture: CaptureSpec = field(default_factory=CaptureSpec)
+    run: RunSpec = field(default_factory=RunSpec)
+    sweep: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# ---------------------------------------------------------------------------- building
+
+
+def _describe(tp) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin is typing.Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return " or ".join(_describe(a) for a in args) + " or null"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false",
+            dict: "a mapping"}.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _coerce(tp, value, path):
+    origin = typing.get_origin(tp)
+    if origin is typing.Union:
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _coerce(inner, value, path)
+    if origin is Literal:
+        if value not in typing.get_args(tp):
+            raise SpecError(path, value, _describe(tp))
+        return value
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise SpecError(path, value, f"a mapping with fields {', '.join(_field_names(tp))}")
+        return _build(tp, value, path)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise SpecError(path, value, _describe(tp))
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise SpecError(path, value, _describe(tp))
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise SpecError(path, value, _describe(tp))
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise SpecError(path, value, _describe(tp))
+        return value
+    if tp is dict:
+        if not isinstance(value, dict):
+            raise SpecError(path, value, _describe(tp))
+        return dict(value)
+    raise TypeError(f"unsupported spec type {tp}")  # a bug in this module, not user input
+
+
+def _field_names(cls):
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def _build(cls, data: dict, prefix: str = ""):
+    hints = typing.get_type_hints(cls)
+    names = _field_names(cls)
+    for key in data:
+        if key not in names:
+            raise SpecError(f"{prefix}{'.' if prefix else ''}{key}", data[key],
+                            f"a known field of {prefix or 'the spec'}: {', '.join(names)}")
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            continue
+        path = f"{prefix}{'.' if prefix else ''}{f.name}"
+        value = _coerce(hints[f.name], data[f.name], path)
+        check = f.metadata.get("check")
+        if check and value is not None and not check[0](value):
+            raise SpecError(path, data[f.name], check[1])
+        kwargs[f.name] = value
+    return cls(**kwargs)
+
+
+def _set_path(data: dict, path: str, value):
+    keys = path.split(".")
+    node = data
+    for k in keys[:-1]:
+        nxt = node.setdefault(k, {})
+        if not isinstance(nxt, dict):
+            raise SpecError(path, value, f"a path into a mapping, but '{k}' is {nxt!r}")
+        node = nxt
+    node[keys[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Parse ``path.to.field=value`` (value in YAML syntax) into ``(path, value)``.
+
+    Raises:
+        SpecError: no ``=`` or an empty path.
+    """
+    if "=" not in text:
+        raise SpecError("--set", text, "path.to.field=value, e.g. workload.iterations=20")
+    path, raw = text.split("=", 1)
+    if not path.strip():
+        raise SpecError("--set", text, "a non-empty field path before '='")
+    return path.strip(), yaml.safe_load(raw)
+
+
+def from_dict(data: dict, overrides: list[str] | None = None) -> Experiment:
+    """Validate a spec given as a mapping (plus ``--set`` overrides) into an Experiment.
+
+    Raises:
+        SpecError: the first malformed field, by dotted path.
+    """
+    data = copy.deepcopy(data or {})
+    if not isinstance(data, dict):
+        raise SpecError("<spec>", data, "a YAML mapping with sections topology, workload, capture, run, sweep")
+    for text in overrides or []:
+        path, value = parse_override(text)
+        _set_path(data, path, value)
+    exp = _build(Experiment, data)
+    _validate_cross(exp)
+    return exp
+
+
+def load_spec(path: str | Path, overrides: list[str] | None = None) -> Experiment:
+    """Read a YAML spec file and validate it (see :func:`from_dict`).
+
+    Raises:
+        SpecError: the file is missing, is not YAML, or a field is malformed.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError("<file>", str(path), "the path of an existing YAML spec file")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise SpecError("<file>", str(path), f"valid YAML ({e})") from None
+    if "name" not in data:
+        data["name"] = p.stem
+    return from_dict(data, overrides)
+
+
+def _validate_cross(exp: Experiment) -> None:
+    """Checks that involve several fields, and the scheme/model/dataset registries."""
+    t, w = exp.topology, exp.workload
+    if t.kind == "rack" and t.racks != 1:
+        raise SpecError("topology.racks", t.racks, "1 for topology.kind 'rack' (use 'rack_core' for several racks)")
+    if w.warmup_iterations >= w.iterations:
+        raise SpecError("workload.warmup_iterations", w.warmup_iterations,
+                        f"fewer than workload.iterations ({w.iterations})")
+    from traffic.schemes import available_schemes, get_scheme
+    if w.scheme not in available_schemes():
+        raise SpecError("workload.scheme", w.scheme, "one of " + ", ".join(available_schemes()))
+    from traffic.models import available_models
+    if w.model not in available_models():
+        raise SpecError("workload.model", w.model, "one of " + ", ".join(available_models()))
+    from traffic.data import available_datasets
+    if w.dataset not in available_datasets():
+        raise SpecError("workload.dataset", w.dataset, "one of " + ", ".join(available_datasets()))
+    get_scheme(w.scheme).validate_options(w.options)
+    for path, values in exp.sweep.items():
+        if not isinstance(values, list) or not values:
+            raise SpecError(f"sweep.{path}", values, "a non-empty list of values")
+        if path.startswith("sweep"):
+            raise SpecError(f"sweep.{path}", values, "a field path outside 'sweep'")
+        base = exp.to_dict()
+        for v in values:  # each point must itself be a valid spec
+            d = copy.deepcopy(base)
+            d["sweep"] = {}
+            _set_path(d, path, v)
+            from_dict(d)
+
+
+def expand_sweep(exp: Experiment) -> list[tuple[dict, Experiment]]:
+    """All points of the spec's sweep, as ``(point, experiment)`` pairs.
+
+    ``point`` maps each swept path to its value; every experiment has an empty sweep.
+    With no sweep the result is ``[({}, exp)]``.
+    """
+    if not exp.sweep:
+        return [({}, exp)]
+    paths = list(exp.sweep)
+    out = []
+    for combo in itertools.product(*(exp.sweep[p] for p in paths)):
+        d = exp.to_dict()
+        d["sweep"] = {}
+        point = dict(zip(paths, combo))
+        for p, v in point.items():
+            _set_path(d, p, v)
+        out.append((point, from_dict(d)))
+    return out
+
+
+def dump_spec(exp: Experiment) -> str:
+    """The resolved spec as YAML (what ``runs/<id>/spec.yaml`` holds)."""
+    return yaml.safe_dump(exp.to_dict(), sort_keys=False)

@@ -1,0 +1,21 @@
+"""What the testbed may have left on the machine: our bridges, veths, processes, ledgers."""
+import os
+from pathlib import Path
+
+import psutil
+
+from testbed.clean import BRIDGE_RE, VETH_RE, _our_process
+from testbed.ledger import LEDGER_DIR
+
+
+def leftovers() -> list[str]:
+    """Every testbed-made object still present (empty list = clean machine)."""
+    out = [f"link {p.name}" for p in Path("/sys/class/net").iterdir()
+           if BRIDGE_RE.match(p.name) or VETH_RE.match(p.name)]
+    out += [f"process {p.pid} {' '.join(p.cmdline()[:3])}" for p in psutil.process_iter() if _our_process(p)]
+    if LEDGER_DIR.is_dir():
+        out += [f"ledger {p.name}" for p in LEDGER_DIR.glob("*.json")]
+    return out
+
+
+needs_root = os.geteuid() != 0

@@ -1,0 +1,124 @@
+"""Real Mininet networks: shaping read back, connectivity, refusal, and teardown leaving nothing."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from testbed import rundir
+from testbed.check import kernel_qdiscs
+from testbed.errors import MissingRequirement, TestbedError
+from testbed.ledger import Ledger, NetworkLock
+from testbed.network import Network, htb_burst_bytes
+from testbed.spec import TopologySpec
+from tests.leftovers import leftovers, needs_root
+
+pytestmark = [pytest.mark.root, pytest.mark.skipif(needs_root, reason="needs root")]
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    assert leftovers() == [], "machine not clean before the test"
+    d = rundir.create(tmp_path, "net")
+    yield d
+    assert leftovers() == []
+
+
+def test_quickstart_topology_is_built_shaped_and_torn_down(run_dir):
+    spec = TopologySpec(kind="rack_core", racks=2, hosts_per_rack=4, host_bw_mbps=100, oversubscription=2)
+    with NetworkLock():
+        led = Ledger.create("t", run_dir)
+        with Network(spec, [], run_dir, led) as net:
+            topo = json.loads((run_dir / "topology.json").read_text())
+            assert len(topo["hosts"]) == 8 and len(topo["links"]) == 10
+            for link in topo["links"]:
+                want = 100.0 if link["class"] == "host" else 200.0
+                assert link["bw_mbps"] == want
+                for end in (link["intf1"], link["intf2"]):  # both ends read back from the kernel
+                    assert link["shaping"][end]["qdisc"] == "htb"
+                    assert link["shaping"][end]["rate_mbps"] == pytest.approx(want, rel=0.01)
+            assert {h["rack"] for h in topo["hosts"] if h["name"] in ("h1", "h4")} == {0}
+            assert {h["rack"] for h in topo["hosts"] if h["name"] in ("h5", "h8")} == {1}
+            out = net.hosts["h1"].cmd("ping -c1 -W2", net.hosts["h8"].IP())  # across the core
+            assert " 0% packet loss" in out
+            assert led.path.exists() and len(led.pids) == 8
+        assert not led.path.exists()
+
+
+def test_rates_above_1gbit_are_shaped_not_ignored(run_dir):
+    # stock Mininet TCLink leaves links above 1000 Mbit/s unshaped; ours shapes them
+    spec = TopologySpec(kind="rack", racks=1, hosts_per_rack=2, host_bw_mbps=2500)
+    with NetworkLock():
+        with Network(spec, [], run_dir, Ledger.create("t", run_dir)) as net:
+            for link in net.topology["links"]:
+                for got in link["shaping"].values():
+                    assert got["rate_mbps"] == pytest.approx(2500, rel=0.01)
+            assert net.topology["links"][0]["htb_burst_bytes"] == htb_burst_bytes(2500) == 312_500
+
+
+def test_queue_limit_without_netem_uses_pfifo(run_dir):
+    spec = TopologySpec(kind="rack", racks=1, hosts_per_rack=2, max_queue_packets=20)
+    with NetworkLock():
+        with Network(spec, [], run_dir, Ledger.create("t", run_dir)) as net:
+            for link in net.topology["links"]:
+                assert {g["leaf"] for g in link["shaping"].values()} <= {"pfifo", "netem"}
+
+
+@pytest.mark.skipif(kernel_qdiscs().get("netem", False), reason="this kernel has netem")
+def test_delay_without_netem_fails_before_building(run_dir):
+    spec = TopologySpec(kind="rack", racks=1, hosts_per_rack=2, delay_ms=1)
+    with NetworkLock():
+        led = Ledger.create("t", run_dir)
+        with pytest.raises(MissingRequirement, match="netem"):
+            Network(spec, [], run_dir, led).__enter__()
+    assert not (run_dir / "topology.json").exists()
+
+
+def test_failure_during_build_leaves_nothing(run_dir, monkeypatch):
+    def broken(self):
+        raise TestbedError("simulated shaping mismatch")
+    monkeypatch.setattr(Network, "_verify_shaping", broken)
+    with NetworkLock():
+        led = Ledger.create("t", run_dir)
+        with pytest.raises(TestbedError, match="simulated"):
+            with Network(TopologySpec(), [], run_dir, led):
+                pass
+
+
+def test_second_run_is_refused_while_one_holds_the_network():
+    with NetworkLock():
+        with pytest.raises(TestbedError, match="another testbed run"):
+            NetworkLock().__enter__()
+
+
+KILLED = r"""
+import sys, time
+from testbed import rundir
+from testbed.ledger import Ledger, NetworkLock
+from testbed.network import Network
+from testbed.spec import TopologySpec
+d = rundir.create(sys.argv[1], "killed")
+lock = NetworkLock().__enter__()
+net = Network(TopologySpec(), [], d, Ledger.create("killed", d)).start()
+net.hosts["h1"].popen(["sleep", "600"])
+print("up", flush=True)
+time.sleep(600)
+"""
+
+
+def test_clean_removes_what_a_killed_run_left(tmp_path):
+    assert leftovers() == []
+    p = subprocess.Popen([sys.executable, "-c", KILLED, str(tmp_path)], stdout=subprocess.PIPE,
+                         cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert p.stdout.readline().strip() == b"up"
+    os.kill(p.pid, signal.SIGKILL)  # no teardown at all
+    p.wait()
+    assert any("tor1" in x for x in leftovers())
+    out = subprocess.run([sys.executable, "-m", "testbed.cli", "clean"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "bridge tor1" in out.stdout
+    time.sleep(0.5)
+    assert leftovers() == []
