@@ -36,7 +36,7 @@ def _our_process(p: psutil.Process) -> bool:
     """A training process inside a Mininet host, or a capture process of a run."""
     try:
         cmd = p.cmdline()
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
+    except psutil.Error:  # gone, zombie or not ours to read
         return False
     text = " ".join(cmd)
     if cmd and cmd[0] == "bash" and any(NODE_RE.match(a[len("mininet:"):]) for a in cmd if a.startswith("mininet:")):
@@ -72,8 +72,13 @@ def clean(force: bool = False) -> list[str]:
         for led in stale_ledgers(include_live=force or lock is not None):
             removed += led.sweep()
         for p in psutil.process_iter():
-            if _our_process(p) and _kill_tree(p.pid):
-                removed.append(f"process {p.pid} ({' '.join(p.cmdline()[:4]) if p.is_running() else 'gone'})")
+            if _our_process(p):
+                try:
+                    what = " ".join(p.cmdline()[:4])
+                except psutil.Error:
+                    what = "?"
+                if _kill_tree(p.pid):
+                    removed.append(f"process {p.pid} ({what})")
         for name in sorted(Path("/sys/class/net").iterdir()):
             n = name.name
             if VETH_RE.match(n) or BRIDGE_RE.match(n):

@@ -38,7 +38,7 @@ def new_run_id(name: str) -> str:
     return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def create(parent: str | Path, run_id: str, exclusive_id: bool = True) -> Path:
+def create(parent: str | Path, run_id: str, exclusive_id: bool = True, subdirs=SUBDIRS) -> Path:
     """Create ``parent/run_id`` with its subdirectories, never reusing an existing one.
 
     If ``exclusive_id`` is false and the name is taken, ``-2``, ``-3`` ... is appended.
@@ -60,7 +60,7 @@ def create(parent: str | Path, run_id: str, exclusive_id: bool = True) -> Path:
                                    f"overwritten: choose another run.id or remove it yourself") from None
             n += 1
             path = parent / f"{run_id}-{n}"
-    for d in SUBDIRS:
+    for d in subdirs:
         (path / d).mkdir()
     return path
 

@@ -1,0 +1,217 @@
+"""A run directory -> one :class:`Run` of pandas frames and dicts (no live network needed).
+
+Every file is optional: a run that failed early still loads, with empty frames (with their
+columns) and empty dicts for what it did not write.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from analysis import traces as tr
+
+log = logging.getLogger(__name__)
+
+EVENT_COLUMNS = ["proc", "role", "rank", "thread", "kind", "ts", "dur", "iteration", "layer", "bytes", "peer"]
+ITERATION_COLUMNS = ["iteration", "worker", "start", "end", "duration_s", "samples"]
+PORT_COLUMNS = ["iface", "switch", "switch_role", "peer", "peer_is_host", "link_class", "rack", "bw_mbps",
+                "host", "tor_side"]
+
+
+@dataclass
+class Run:
+    """Everything recorded in one run directory.
+
+    Frames (all times are unix seconds; ``t0`` converts them to "seconds from run start"):
+
+    ``traces``
+        bwm-ng samples, one row per (sample, switch port): ``time``, ``iface``, ``bytes_in``,
+        ``bytes_out``, ``packets_in``, ``packets_out``, ``errors_in``, ``errors_out``
+        (per-sample deltas, from the port's point of view: ``out`` leaves the switch).
+    ``rates``
+        from ``traces`` (see :func:`analysis.traces.rates`): ``time``, ``iface``, ``dt_s``,
+        ``tx_bytes``, ``rx_bytes``, ``tx_bps``, ``rx_bps`` (bits/s).
+    ``qdisc``
+        ``time``, ``iface``, ``qdisc``, ``backlog_bytes``, ``backlog_packets``, ``drops``,
+        ``overlimits``, ``sent_bytes``, ``sent_packets`` (see :mod:`testbed.capture`).
+    ``cpu``
+        ``time``, ``kind`` (``core``/``proc``), ``id`` (str: core index or process name),
+        ``busy_pct``.
+    ``events``
+        every line of ``events/*.jsonl``, sorted by ``ts``: at least the columns
+        ``proc, role, rank, thread, kind, ts, dur, iteration, layer, bytes, peer`` plus any
+        extra fields (``samples``, ``accuracy``, ...); missing values are NaN.
+    ``iterations``
+        ``iterations.csv`` (or, if absent, derived from the events): ``iteration``,
+        ``worker`` (process name), ``start``, ``end`` (unix s), ``duration_s``, ``samples``.
+
+    Dicts: ``spec`` (resolved spec.yaml), ``topology``, ``processes``, ``summary``,
+    ``results`` (``{proc: results/<proc>.json}``).
+    """
+    path: Path
+    spec: dict = field(default_factory=dict)
+    topology: dict = field(default_factory=dict)
+    processes: dict = field(default_factory=dict)
+    summary: dict = field(default_factory=dict)
+    results: dict = field(default_factory=dict)
+    traces: pd.DataFrame = field(default_factory=pd.DataFrame)
+    rates: pd.DataFrame = field(default_factory=pd.DataFrame)
+    qdisc: pd.DataFrame = field(default_factory=pd.DataFrame)
+    cpu: pd.DataFrame = field(default_factory=pd.DataFrame)
+    events: pd.DataFrame = field(default_factory=pd.DataFrame)
+    iterations: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+    @property
+    def name(self) -> str:
+        """The run id (directory name)."""
+        return self.path.name
+
+    @property
+    def scheme(self) -> str | None:
+        """``workload.scheme`` of the spec, or the summary's ``scheme``."""
+        return (self.spec.get("workload") or {}).get("scheme") or self.summary.get("scheme")
+
+    @property
+    def t0(self) -> float | None:
+        """Run start, unix s: the earliest timestamp recorded (capture starts before the
+        processes, so normally bwm-ng's first sample). None if nothing was recorded."""
+        cands = []
+        for df, col in ((self.traces, "time"), (self.events, "ts"), (self.cpu, "time"), (self.qdisc, "time")):
+            if not df.empty and col in df:
+                v = pd.to_numeric(df[col], errors="coerce").min()
+                if pd.notna(v):
+                    cands.append(float(v))
+        return min(cands) if cands else None
+
+    def worker_hosts(self) -> list[str]:
+        """Hosts of the worker processes, in rank order (from processes.json)."""
+        out = []
+        for p in self.processes.get("processes", []):
+            if p.get("role") == "worker" and p.get("host") not in out:
+                out.append(p.get("host"))
+        return out
+
+    def ports(self) -> pd.DataFrame:
+        """The sampled switch ports with their links (see :func:`port_table`)."""
+        return port_table(self.topology)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        if path.exists():
+            log.warning("cannot read %s: %s", path, e)
+        return {}
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        return yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        if path.exists():
+            log.warning("cannot read %s: %s", path, e)
+        return {}
+
+
+def read_events(run_dir: str | Path) -> pd.DataFrame:
+    """All ``events/*.jsonl`` of a run as one frame sorted by ``ts`` (see :class:`Run`).
+
+    Lines that are not JSON objects (a process killed mid-line) are skipped.
+    """
+    rows = []
+    for f in sorted(Path(run_dir, "events").glob("*.jsonl")):
+        try:
+            text = f.read_text(errors="replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(obj, dict):
+                obj.setdefault("proc", f.stem)
+                rows.append(obj)
+    df = pd.DataFrame(rows)
+    for c in EVENT_COLUMNS:
+        if c not in df:
+            df[c] = pd.Series(dtype=object if c in ("proc", "role", "thread", "kind") else "float64")
+    if not df.empty:
+        for c in ("ts", "dur"):
+            df[c] = pd.to_numeric(df[c], errors="coerce")
+        df["dur"] = df["dur"].fillna(0.0)
+        df = df.sort_values("ts", kind="stable").reset_index(drop=True)
+    return df
+
+
+def port_table(topology: dict) -> pd.DataFrame:
+    """One row per switch-side interface of ``topology.json`` (what bwm-ng samples).
+
+    Columns: ``iface``, ``switch`` (its node), ``switch_role`` (``tor``/``core``/...),
+    ``peer`` (node at the other end), ``peer_is_host``, ``link_class`` (``host``/``uplink``),
+    ``rack``, ``bw_mbps`` (configured), ``host`` (the host of a host link, else None),
+    ``tor_side`` (True for the ToR end of an uplink). For a host link, the port's ``out``
+    is the host's rx and its ``in`` the host's tx.
+    """
+    switches = {s.get("name"): s for s in topology.get("switches", [])}
+    hosts = {h.get("name") for h in topology.get("hosts", [])}
+    rows = []
+    for link in topology.get("links", []):
+        ends = [(link.get("node1"), link.get("intf1"), link.get("node2")),
+                (link.get("node2"), link.get("intf2"), link.get("node1"))]
+        sw_ends = [e for e in ends if e[0] in switches]
+        tor_end = None
+        if link.get("class") == "uplink" and sw_ends:
+            tors = [e for e in sw_ends if (switches[e[0]].get("role") or "") == "tor"]
+            tor_end = (tors or sw_ends)[0]
+        for node, intf, peer in sw_ends:
+            rows.append({"iface": intf, "switch": node, "switch_role": switches[node].get("role"),
+                         "peer": peer, "peer_is_host": peer in hosts, "link_class": link.get("class"),
+                         "rack": link.get("rack"), "bw_mbps": link.get("bw_mbps"),
+                         "host": peer if peer in hosts else None,
+                         "tor_side": tor_end is not None and tor_end[1] == intf})
+    return pd.DataFrame(rows, columns=PORT_COLUMNS)
+
+
+def load(run_dir: str | Path) -> Run:
+    """Load a run directory (see :mod:`testbed.rundir` for the layout).
+
+    Args:
+        run_dir: the directory of one run.
+
+    Returns:
+        :class:`Run`; missing files give empty frames/dicts, never an exception.
+
+    Raises:
+        FileNotFoundError: ``run_dir`` is not a directory.
+    """
+    p = Path(run_dir)
+    if not p.is_dir():
+        raise FileNotFoundError(f"{p} is not a run directory")
+    traces = tr.parse_bwm_ng(p / "traces" / "bwm-ng.csv")
+    qdisc = tr.read_table(p / "traces" / "qdisc.csv", tr.QDISC_COLUMNS)
+    cpu = tr.read_table(p / "traces" / "cpu.csv", tr.CPU_COLUMNS)
+    if not cpu.empty:
+        cpu["id"] = cpu["id"].astype(str)
+        cpu["busy_pct"] = pd.to_numeric(cpu["busy_pct"], errors="coerce")
+    events = read_events(p)
+    results = {f.stem: _read_json(f) for f in sorted((p / "results").glob("*.json"))}
+    processes = _read_json(p / "processes.json")
+    if (p / "iterations.csv").is_file():
+        iterations = tr.read_table(p / "iterations.csv", ITERATION_COLUMNS)
+    else:
+        from analysis.metrics import iteration_table
+        iterations = iteration_table(events)
+    return Run(path=p, spec=_read_yaml(p / "spec.yaml"), topology=_read_json(p / "topology.json"),
+               processes=processes, summary=_read_json(p / "summary.json"), results=results,
+               traces=traces, rates=tr.rates(traces), qdisc=qdisc, cpu=cpu, events=events,
+               iterations=iterations)

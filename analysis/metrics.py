@@ -1,0 +1,404 @@
+"""Headline figures of a run: throughput, iteration times, bytes per link class, accuracy,
+CPU headroom and fidelity flags. :func:`summarize` is what the harness calls after every run.
+
+Definitions (all documented again in ``summary.json``'s ``*method`` fields):
+
+* **Iteration time** of iteration *i*: from the earliest ``start`` of any worker's
+  "iteration" event of *i* to the latest ``end`` (``ts + dur``) of any worker's. This is the
+  time the whole job needs to advance one global step: a straggler counts.
+* **Throughput** of iteration *i*: the samples of all workers in *i* (the global batch)
+  divided by its iteration time. The summary gives the mean over post-warm-up iterations and
+  ``ci95`` = 1.96 x the standard deviation (numpy's ``std``, ddof=0), as Horovod's synthetic
+  benchmark prints ``img/sec per X: mean +- 1.96 * std``. Only iterations reported by every
+  worker count. For pipelined schemes whose iterations overlap, the per-iteration span
+  overstates the period; ``throughput.overall`` (all measured samples / wall time from the
+  first measured start to the last measured end) is the steady-state rate in that case.
+* **Warm-up**: the ``workload.warmup_iterations`` smallest iteration numbers are skipped.
+* **Bytes** come from the bwm-ng samples of the switch ports (CONTRACTS.md): a host's tx is
+  the rx of the switch port of its host link, its rx that port's tx; host links total = both
+  directions of all host links; uplinks total = both directions of all ToR-core uplinks
+  (measured at the ToR end); core = sum of tx of the ToR uplink ports (each byte that crossed
+  the core counted once). Totals are over the whole capture; ``bytes_per_iteration`` divides
+  the bytes of the measured window by the number of measured iterations.
+* **CPU**: idle % = 100 - busy % per core; averaged over the measured window (post-warm-up
+  iterations, or the whole capture if there are none). ``min_idle_pct`` is the lowest 1-s
+  mean of the all-core idle %. ``cpu_starved`` when the mean idle % < 35 (Mininet-HiFi keeps
+  at least 35 % idle so that emulated links keep their rates).
+* **Shaping check**: the highest rate of each link direction over windows of
+  ``max(0.1 s, 5 samples)``, against the configured ``bw_mbps``; more than 10 % above means
+  the shaping failed.
+"""
+from __future__ import annotations
+
+import math
+import traceback
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis import traces as tr
+from analysis.load import ITERATION_COLUMNS, Run, load, port_table
+
+CPU_IDLE_RULE = "Mininet-HiFi: keep >= 35% CPU idle"
+MIN_IDLE_PCT = 35.0
+RATE_TOLERANCE = 0.10
+
+
+def _f(x):
+    """JSON-friendly float (None for NaN/None)."""
+    if x is None:
+        return None
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(x) or math.isinf(x) else x
+
+
+def _i(x):
+    return None if _f(x) is None else int(x)
+
+
+# ----------------------------------------------------------------------------- iterations
+
+
+def iteration_table(events: pd.DataFrame) -> pd.DataFrame:
+    """Per-worker iterations from the "iteration" events of role ``worker``.
+
+    Returns:
+        DataFrame sorted by (iteration, worker): ``iteration`` (int), ``worker`` (process
+        name), ``start``, ``end`` (unix s), ``duration_s``, ``samples`` (the worker's batch).
+    """
+    if events.empty or "kind" not in events:
+        return pd.DataFrame({c: pd.Series(dtype=object if c == "worker" else "float64") for c in ITERATION_COLUMNS})
+    ev = events[(events["kind"] == "iteration") & (events["role"] == "worker") & events["iteration"].notna()]
+    samples = ev["samples"] if "samples" in ev else pd.Series(np.nan, index=ev.index)
+    df = pd.DataFrame({"iteration": ev["iteration"].astype(int), "worker": ev["proc"].astype(str),
+                       "start": ev["ts"], "end": ev["ts"] + ev["dur"], "duration_s": ev["dur"],
+                       "samples": pd.to_numeric(samples, errors="coerce")})
+    return df.sort_values(["iteration", "worker"], kind="stable").reset_index(drop=True)
+
+
+def global_iterations(iters: pd.DataFrame, workers: int | None = None) -> pd.DataFrame:
+    """One row per iteration across workers.
+
+    Args:
+        iters: :func:`iteration_table`.
+        workers: expected number of workers; iterations with fewer are marked incomplete
+            (default: the most workers seen in any iteration).
+
+    Returns:
+        DataFrame: ``iteration``, ``start`` (earliest worker start), ``end`` (latest worker
+        end), ``time_s`` (end - start, s), ``samples`` (sum over workers), ``workers``
+        (count), ``complete`` (bool), ``samples_per_s``.
+    """
+    cols = ["iteration", "start", "end", "time_s", "samples", "workers", "complete", "samples_per_s"]
+    if iters.empty:
+        return pd.DataFrame(columns=cols)
+    g = iters.groupby("iteration").agg(start=("start", "min"), end=("end", "max"),
+                                       samples=("samples", "sum"), workers=("worker", "nunique"))
+    g = g.reset_index()
+    g["time_s"] = g["end"] - g["start"]
+    want = workers or int(g["workers"].max())
+    g["complete"] = g["workers"] >= want
+    g["samples_per_s"] = np.where(g["time_s"] > 0, g["samples"] / g["time_s"].where(g["time_s"] > 0), np.nan)
+    return g[cols]
+
+
+def measured_iterations(glob: pd.DataFrame, warmup: int) -> pd.DataFrame:
+    """Complete iterations after skipping the ``warmup`` smallest iteration numbers."""
+    if glob.empty:
+        return glob
+    skip = set(sorted(glob["iteration"])[:max(0, int(warmup))])
+    return glob[~glob["iteration"].isin(skip) & glob["complete"]]
+
+
+def throughput_stats(measured: pd.DataFrame) -> dict:
+    """Throughput and iteration-time statistics of measured iterations (see module doc).
+
+    Returns:
+        ``{"throughput": {mean, ci95, std, min, max, overall, n, unit, method},
+        "iteration_time_s": {mean, p50, p95, std, min, max, n}}`` (None values if no data).
+    """
+    m = measured[measured["time_s"] > 0] if not measured.empty else measured
+    tp = {"mean": None, "ci95": None, "std": None, "min": None, "max": None, "overall": None,
+          "n": int(len(m)), "unit": "samples/s",
+          "method": "per iteration: global batch / (latest worker end - earliest worker start); "
+                    "mean and 1.96*std (ddof=0) over post-warm-up iterations, as Horovod's benchmark; "
+                    "overall = measured samples / (last end - first start)"}
+    it = {"mean": None, "p50": None, "p95": None, "std": None, "min": None, "max": None, "n": int(len(m))}
+    if len(m):
+        s = m["samples_per_s"].to_numpy(dtype=float)
+        t = m["time_s"].to_numpy(dtype=float)
+        tp.update(mean=_f(s.mean()), std=_f(s.std()), ci95=_f(1.96 * s.std()), min=_f(s.min()), max=_f(s.max()))
+        span = m["end"].max() - m["start"].min()
+        tp["overall"] = _f(m["samples"].sum() / span) if span > 0 else None
+        it.update(mean=_f(t.mean()), p50=_f(np.percentile(t, 50)), p95=_f(np.percentile(t, 95)),
+                  std=_f(t.std()), min=_f(t.min()), max=_f(t.max()))
+    return {"throughput": tp, "iteration_time_s": it}
+
+
+# ----------------------------------------------------------------------------- bytes
+
+
+def link_bytes(traces: pd.DataFrame, topology: dict, window: tuple[float, float] | None = None) -> dict:
+    """Bytes per link class and per host from the switch-port samples (see module doc).
+
+    Args:
+        traces: :func:`analysis.traces.parse_bwm_ng` frame.
+        topology: topology.json.
+        window: only samples with ``start < time <= end`` (unix s), else all.
+
+    Returns:
+        ``{"host_links": int, "uplinks": int, "core": int, "per_host": {host: {"tx": int,
+        "rx": int}}, "per_port": {iface: {"tx": int, "rx": int}}}``; a value is None when
+        one of its ports has no samples.
+    """
+    ports = port_table(topology)
+    if window is not None and not traces.empty:
+        traces = traces[(traces["time"] > window[0]) & (traces["time"] <= window[1])]
+    sums = traces.groupby("iface")[["bytes_out", "bytes_in"]].sum() if not traces.empty else None
+    sampled = set(sums.index) if sums is not None else set()
+
+    def port(iface):
+        if iface not in sampled:
+            return None
+        return int(sums.loc[iface, "bytes_out"]), int(sums.loc[iface, "bytes_in"])  # tx, rx
+
+    def total(values):
+        return None if not values or any(v is None for v in values) else int(sum(values))
+
+    per_port = {}
+    for iface in ports["iface"]:
+        v = port(iface)
+        per_port[iface] = None if v is None else {"tx": v[0], "rx": v[1]}
+    host_ports = ports[ports["link_class"] == "host"]
+    tor_up = ports[(ports["link_class"] == "uplink") & ports["tor_side"]]
+    host_links = [None if port(i) is None else sum(port(i)) for i in host_ports["iface"]]
+    uplinks = [None if port(i) is None else sum(port(i)) for i in tor_up["iface"]]
+    core = [None if port(i) is None else port(i)[0] for i in tor_up["iface"]]
+    per_host: dict = {}
+    for h, g in host_ports.groupby("host", sort=False):
+        vals = [port(i) for i in g["iface"]]
+        if any(v is None for v in vals):
+            per_host[h] = {"tx": None, "rx": None}
+        else:  # host tx = switch port rx; host rx = switch port tx
+            per_host[h] = {"tx": int(sum(v[1] for v in vals)), "rx": int(sum(v[0] for v in vals))}
+    return {"host_links": total(host_links), "uplinks": total(uplinks) if len(tor_up) else 0 if sampled else None,
+            "core": total(core) if len(tor_up) else 0 if sampled else None,
+            "per_host": per_host, "per_port": per_port}
+
+
+def rate_check(rates: pd.DataFrame, topology: dict, tolerance: float = RATE_TOLERANCE) -> dict:
+    """Highest achieved rate of each link direction against its configured rate.
+
+    Each host link is checked at its switch port and each uplink at its ToR end, both
+    directions, over windows of ``max(0.1 s, 5 x median sample interval)``.
+
+    Returns:
+        ``{"shaping_failed": bool or None, "window_s": float, "rule": str, "links":
+        [{"iface", "class", "bw_mbps", "max_tx_mbps", "max_rx_mbps", "max_ratio"}]}``.
+    """
+    out = {"shaping_failed": None, "window_s": None,
+           "rule": f"max rate over the window > (1 + {tolerance:g}) x configured bw_mbps means shaping failed",
+           "links": []}
+    ports = port_table(topology)
+    if rates.empty or ports.empty:
+        return out
+    window = max(0.1, 5 * float(rates["dt_s"].median()))
+    w = tr.windowed_rates(rates, window)
+    w = w[w["dt_s"] >= 0.5 * window]
+    checked = ports[(ports["link_class"] == "host") | ports["tor_side"]]
+    failed = False
+    for _, p in checked.iterrows():
+        g = w[w["iface"] == p["iface"]]
+        bw = _f(p["bw_mbps"])
+        if g.empty:
+            continue
+        tx, rx = g["tx_bps"].max() / 1e6, g["rx_bps"].max() / 1e6
+        ratio = max(tx, rx) / bw if bw else None
+        failed |= bool(ratio is not None and ratio > 1 + tolerance)
+        out["links"].append({"iface": p["iface"], "class": p["link_class"], "bw_mbps": bw,
+                             "max_tx_mbps": _f(tx), "max_rx_mbps": _f(rx), "max_ratio": _f(ratio)})
+    out.update(shaping_failed=failed if out["links"] else None, window_s=window)
+    return out
+
+
+# ----------------------------------------------------------------------------- cpu
+
+
+def cpu_stats(cpu: pd.DataFrame, window: tuple[float, float] | None = None) -> dict:
+    """Idle % of the machine's cores (see module doc).
+
+    Returns:
+        ``{"idle_pct_mean": float, "idle_pct_per_core": {core: float}, "min_idle_pct":
+        float, "window": "measured iterations" | "capture", "procs_busy_pct_mean": {name:
+        float}}`` (None values without samples).
+    """
+    out = {"idle_pct_mean": None, "idle_pct_per_core": {}, "min_idle_pct": None,
+           "window": "measured iterations" if window else "capture", "procs_busy_pct_mean": {}}
+    if cpu.empty:
+        return out
+    c = cpu
+    if window is not None:
+        c = cpu[(cpu["time"] >= window[0]) & (cpu["time"] <= window[1])]
+        if c[c["kind"] == "core"].empty:  # window shorter than one sample: use everything
+            c, out["window"] = cpu, "capture"
+    cores = c[c["kind"] == "core"]
+    if cores.empty:
+        return out
+    idle = 100.0 - cores["busy_pct"]
+    out["idle_pct_per_core"] = {str(k): _f(v) for k, v in idle.groupby(cores["id"]).mean().items()}
+    per_sample = (100.0 - cores.groupby("time")["busy_pct"].mean()).sort_index()
+    out["idle_pct_mean"] = _f(per_sample.mean())
+    dt = float(np.median(np.diff(per_sample.index))) if len(per_sample) > 1 else 1.0
+    n = max(1, int(round(1.0 / dt))) if dt > 0 else 1
+    rolled = per_sample.rolling(n).mean().dropna() if len(per_sample) >= n else per_sample.expanding().mean().tail(1)
+    out["min_idle_pct"] = _f(rolled.min())
+    procs = c[c["kind"] == "proc"]
+    out["procs_busy_pct_mean"] = {str(k): _f(v) for k, v in procs.groupby("id")["busy_pct"].mean().items()}
+    return out
+
+
+# ----------------------------------------------------------------------------- accuracy
+
+
+def final_accuracy(run: Run) -> dict:
+    """``{"final_accuracy", "final_loss", "accuracy_source"}`` from the last "eval" event, or
+    else ``results/worker0.json`` (or the first worker result that has one)."""
+    ev = run.events
+    if not ev.empty and "accuracy" in ev:
+        e = ev[(ev["kind"] == "eval") & ev["accuracy"].notna()]
+        if not e.empty:
+            last = e.iloc[-1]
+            return {"final_accuracy": _f(last["accuracy"]), "final_loss": _f(last.get("loss")),
+                    "accuracy_source": f"eval event of {last['proc']} (iteration {_i(last.get('iteration'))})"}
+    names = sorted(run.results, key=lambda n: (n != "worker0", n))
+    for n in names:
+        r = run.results[n]
+        if r.get("final_accuracy") is not None:
+            return {"final_accuracy": _f(r["final_accuracy"]), "final_loss": _f(r.get("final_loss")),
+                    "accuracy_source": f"results/{n}.json"}
+    return {"final_accuracy": None, "final_loss": None, "accuracy_source": None}
+
+
+# ----------------------------------------------------------------------------- summary
+
+
+def compute_summary(run: Run, status: str = "ok", error: str | None = None) -> dict:
+    """The summary of a loaded run (what :func:`summarize` writes), without writing anything.
+
+    Sections that cannot be computed are None; an unexpected failure of one section is
+    recorded under ``analysis_errors`` instead of raising.
+    """
+    spec = run.spec or {}
+    wl = spec.get("workload") or {}
+    procs = run.processes.get("processes", [])
+    n_workers = sum(1 for p in procs if p.get("role") == "worker") or None
+    iters = run.iterations
+    if not iters.empty and iters["samples"].isna().any() and wl.get("batch_size"):
+        iters = iters.assign(samples=iters["samples"].fillna(wl["batch_size"]))  # a worker that did not say
+    if n_workers is None and not iters.empty:
+        n_workers = int(iters["worker"].nunique())
+    s: dict = {"status": status, "error": error, "run_id": run.name, "name": spec.get("name"),
+               "scheme": wl.get("scheme") or run.summary.get("scheme"), "model": wl.get("model"),
+               "dataset": wl.get("dataset"), "compute": wl.get("compute"), "topology": (spec.get("topology") or {}).get("kind"),
+               "workers": n_workers, "batch_size": wl.get("batch_size"),
+               "global_batch": (wl["batch_size"] * n_workers) if wl.get("batch_size") and n_workers else None,
+               "iterations": wl.get("iterations"), "iterations_completed": None,
+               "warmup_iterations": int(wl.get("warmup_iterations") or 0), "measured_iterations": 0,
+               "throughput": None, "iteration_time_s": None, "bytes": None, "bytes_per_iteration": None,
+               "final_accuracy": None, "final_loss": None, "accuracy_source": None, "cpu": None,
+               "fidelity": {"cpu_starved": None, "min_idle_pct": None, "idle_pct_mean": None, "rule": CPU_IDLE_RULE,
+                            "shaping_failed": None, "rates": None},
+               "capture_s": None, "analysis_errors": []}
+    window = None
+
+    def guard(name, fn):
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 -- a summary must always be written
+            s["analysis_errors"].append(f"{name}: {type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}")
+
+    def do_iterations():
+        nonlocal window
+        glob = global_iterations(iters, n_workers)
+        s["iterations_completed"] = int(glob["complete"].sum()) if not glob.empty else 0
+        measured = measured_iterations(glob, s["warmup_iterations"])
+        s["measured_iterations"] = int(len(measured))
+        s.update(throughput_stats(measured))
+        if s["global_batch"] is None and not measured.empty:
+            s["global_batch"] = _i(measured["samples"].median())
+        if not measured.empty:
+            window = (float(measured["start"].min()), float(measured["end"].max()))
+
+    def do_bytes():
+        if run.traces.empty:
+            return
+        s["capture_s"] = _f(run.traces["time"].max() - run.traces["time"].min())
+        if not run.topology:
+            return
+        s["bytes"] = link_bytes(run.traces, run.topology)
+        if window is not None and s["measured_iterations"]:
+            b = link_bytes(run.traces, run.topology, window)
+            n = s["measured_iterations"]
+            s["bytes_per_iteration"] = {k: (None if b[k] is None else b[k] / n) for k in ("host_links", "uplinks", "core")}
+
+    def do_accuracy():
+        s.update(final_accuracy(run))
+
+    def do_cpu():
+        c = cpu_stats(run.cpu, window)
+        s["cpu"] = c
+        f = s["fidelity"]
+        f["min_idle_pct"], f["idle_pct_mean"] = c["min_idle_pct"], c["idle_pct_mean"]
+        f["cpu_starved"] = None if c["idle_pct_mean"] is None else bool(c["idle_pct_mean"] < MIN_IDLE_PCT)
+
+    def do_rates():
+        rc = rate_check(run.rates, run.topology)
+        s["fidelity"]["shaping_failed"] = rc["shaping_failed"]
+        s["fidelity"]["rates"] = rc
+
+    try:
+        text = (run.path / "logs" / "capture.log").read_text(errors="replace")
+        s["capture_errors"] = [l for l in text.splitlines() if l.strip()]
+    except OSError:
+        s["capture_errors"] = []
+    for name, fn in (("iterations", do_iterations), ("bytes", do_bytes), ("accuracy", do_accuracy),
+                     ("cpu", do_cpu), ("rates", do_rates)):
+        guard(name, fn)
+    return s
+
+
+def summarize(run_dir: str | Path, status: str = "ok", error: str | None = None) -> dict:
+    """Write ``iterations.csv`` and ``summary.json`` of a finished (or failed) run.
+
+    Works on whatever the run left: missing files give None fields, never an exception
+    (an analysis failure is recorded in ``analysis_errors``).
+
+    Args:
+        run_dir: the run directory.
+        status: ``"ok"`` or ``"failed"`` (as decided by the harness).
+        error: the error message of a failed run.
+
+    Returns:
+        The summary dict (see the module doc for every definition).
+    """
+    from testbed.rundir import write_json
+
+    p = Path(run_dir)
+    try:
+        run = load(p)
+    except Exception as e:  # noqa: BLE001
+        summary = {"status": status, "error": error, "run_id": p.name,
+                   "analysis_errors": [f"load: {type(e).__name__}: {e}"]}
+        if p.is_dir():
+            write_json(p / "summary.json", summary)
+        return summary
+    if not (p / "iterations.csv").is_file() or not run.events.empty:
+        run.iterations = iteration_table(run.events)
+        run.iterations.to_csv(p / "iterations.csv", index=False)
+    summary = compute_summary(run, status, error)
+    write_json(p / "summary.json", summary)
+    return summary

@@ -1,0 +1,172 @@
+"""Figures from run directories (matplotlib, Agg backend: no display needed).
+
+Every function takes loaded runs (:class:`analysis.load.Run`) or run directories, writes one
+PNG and returns its path. Times are seconds from the run start (:attr:`Run.t0`), rates Mbit/s.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from analysis import traces as tr  # noqa: E402
+from analysis.load import Run, load  # noqa: E402
+
+
+def _as_run(r) -> Run:
+    return r if isinstance(r, Run) else load(r)
+
+
+def _out(path, run: Run | None, default: str) -> Path:
+    if path is None:
+        if run is None:
+            raise ValueError("a path is required")
+        path = run.path / "plots" / default
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _save(fig, path: Path) -> Path:
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def plot_interface_rates(run, host: str | None = None, path=None, window_s: float | None = None) -> Path:
+    """Tx/rx rate over time of one host's link and of every ToR-core uplink (P3 Figure 8 style).
+
+    One subplot per interface: for the host link, the host's tx (to the network) and rx; for an
+    uplink, ToR->core and core->ToR; the configured rate as a dashed line.
+
+    Args:
+        run: a :class:`Run` or a run directory.
+        host: the host whose link to show (default: the host of worker 0, else the first host).
+        path: PNG to write (default ``<run>/plots/rates-<host>.png``).
+        window_s: average over windows of this many seconds (default: bwm-ng's own samples).
+
+    Returns:
+        The PNG path. A run without traces gives a figure that says so.
+    """
+    run = _as_run(run)
+    ports = run.ports()
+    hosts = [h for h in ports["host"].dropna().unique()]
+    if host is None:
+        wh = [h for h in run.worker_hosts() if h in hosts]
+        host = wh[0] if wh else (hosts[0] if hosts else None)
+    path = _out(path, run, f"rates-{host or 'all'}.png")
+    rates = run.rates
+    if window_s:
+        rates = tr.windowed_rates(rates, window_s)
+    panels = []  # (iface, title, [(column, label)], bw_mbps)
+    if not ports.empty:
+        for _, p in ports[(ports["host"] == host) & (ports["link_class"] == "host")].iterrows():
+            panels.append((p["iface"], f"{host} link (switch port {p['iface']})",
+                           [("rx_bps", f"{host} tx"), ("tx_bps", f"{host} rx")], p["bw_mbps"]))
+        for _, p in ports[ports["tor_side"]].iterrows():
+            panels.append((p["iface"], f"uplink {p['switch']} - {p['peer']} ({p['iface']})",
+                           [("tx_bps", f"{p['switch']} -> {p['peer']}"), ("rx_bps", f"{p['peer']} -> {p['switch']}")],
+                           p["bw_mbps"]))
+    elif not rates.empty:  # no topology: every sampled interface, from its own point of view
+        for iface in sorted(rates["iface"].unique()):
+            panels.append((iface, iface, [("tx_bps", "tx"), ("rx_bps", "rx")], None))
+    t0 = run.t0 or 0.0
+    if not panels or rates.empty:
+        fig, ax = plt.subplots(figsize=(8, 2.5))
+        ax.text(0.5, 0.5, f"no interface traces in {run.name}", ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return _save(fig, path)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 2.3 * len(panels) + 0.6), sharex=True, squeeze=False)
+    for ax, (iface, title, series, bw) in zip(axes[:, 0], panels):
+        g = rates[rates["iface"] == iface]
+        for col, label in series:
+            ax.plot(g["time"] - t0, g[col] / 1e6, lw=0.8, label=label)
+        if bw is not None and pd.notna(bw):
+            ax.axhline(float(bw), color="gray", ls="--", lw=0.8, label=f"configured {float(bw):g} Mbit/s")
+        ax.set_title(title, fontsize=9)
+        ax.set_ylabel("Mbit/s")
+        top = max([float(bw) if bw is not None and pd.notna(bw) else 0.0] +
+                  [float(g[c].max()) / 1e6 for c, _ in series if not g.empty])
+        ax.set_ylim(0, 1.3 * top if top > 0 else 1.0)  # headroom for the legend
+        ax.legend(loc="upper right", fontsize=7, ncol=3)
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel("time since run start (s)")
+    fig.suptitle(f"{run.name}: interface rates ({run.scheme or '?'})", fontsize=10)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_throughput(runs, path, labels: list[str] | None = None) -> Path:
+    """Samples/s of several runs side by side: bars with 1.96-sigma error bars.
+
+    Args:
+        runs: :class:`Run` objects or run directories.
+        path: PNG to write.
+        labels: one label per run (default ``"<scheme>\\n<run id>"``).
+
+    Returns:
+        The PNG path. Values come from ``summary.json`` (computed if the run has none).
+    """
+    from analysis.metrics import compute_summary
+
+    runs = [_as_run(r) for r in runs]
+    means, errs, names = [], [], []
+    for i, r in enumerate(runs):
+        tp = (r.summary or {}).get("throughput")
+        if not tp or tp.get("mean") is None:
+            tp = compute_summary(r).get("throughput") or {}
+        means.append(tp.get("mean") or 0.0)
+        errs.append(tp.get("ci95") or 0.0)
+        names.append(labels[i] if labels else f"{r.scheme or '?'}\n{r.name}")
+    path = _out(path, None, "")
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.3 * len(runs) + 1.5), 3.6))
+    x = np.arange(len(runs))
+    ax.bar(x, means, yerr=errs, capsize=4, color="tab:blue", alpha=0.8)
+    for xi, m in zip(x, means):
+        ax.text(xi, m, f"{m:.0f}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(x, names, fontsize=8)
+    ax.set_ylabel("throughput (samples/s)")
+    ax.set_title("training throughput (mean +- 1.96 sigma over post-warm-up iterations)", fontsize=9)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_iteration_times(run, path=None) -> Path:
+    """Iteration time per iteration (global span and each worker's own), warm-up shaded.
+
+    Returns:
+        The PNG path (default ``<run>/plots/iteration-times.png``).
+    """
+    from analysis.metrics import global_iterations
+
+    run = _as_run(run)
+    path = _out(path, run, "iteration-times.png")
+    it = run.iterations
+    fig, ax = plt.subplots(figsize=(9, 3.4))
+    if it.empty:
+        ax.text(0.5, 0.5, f"no iterations in {run.name}", ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return _save(fig, path)
+    for w, g in it.groupby("worker"):
+        ax.plot(g["iteration"], g["duration_s"], lw=0.6, alpha=0.5, label=str(w))
+    glob = global_iterations(it)
+    ax.plot(glob["iteration"], glob["time_s"], color="black", lw=1.4, label="all workers (span)")
+    warm = int(((run.spec.get("workload") or {}).get("warmup_iterations")) or 0)
+    if warm:
+        first = sorted(glob["iteration"])[: warm]
+        if first:
+            ax.axvspan(min(first) - 0.5, max(first) + 0.5, color="gray", alpha=0.15, label="warm-up")
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("seconds")
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"{run.name}: iteration times ({run.scheme or '?'})", fontsize=9)
+    ax.legend(fontsize=7, ncol=4, loc="upper right")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return _save(fig, path)

@@ -1,0 +1,191 @@
+"""``testbed``: the command line.
+
+    testbed check                         what this machine can emulate
+    testbed run SPEC.yaml [--set a.b=v]   run an experiment (or every point of its sweep)
+    testbed ls [RUNS_DIR]                 list runs
+    testbed show RUN                      a run's summary
+    testbed plot RUN [RUN ...]            draw plots (PNG files in the run directories)
+    testbed timeline RUN                  Chrome trace-event JSON of a run's events
+    testbed clean                         remove what a killed run left on the machine
+
+Errors a user can cause print one message, no traceback, and exit with status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from testbed.errors import TestbedError
+
+
+def _cmd_check(args) -> int:
+    from testbed.check import format_checks, run_checks
+    items = run_checks()
+    print(format_checks(items))
+    essential = {"root", "mnexec", "brctl", "bwm-ng", "tc", "mininet (python)", "torch", "qdisc htb"}
+    missing = [i.name for i in items if not i.ok and i.name in essential]
+    if missing:
+        print(f"\ncannot run experiments: missing {', '.join(missing)}")
+        return 1
+    print("\nready to run experiments" + ("" if all(i.ok for i in items) else
+                                           " (features marked MISSING are refused if a spec asks for them)"))
+    return 0
+
+
+def _cmd_run(args) -> int:
+    from testbed.runner import one_line, run_experiment, headline
+    from testbed.spec import load_spec
+    exp = load_spec(args.spec, overrides=args.set)
+    if args.runs_dir:
+        exp.run.runs_dir = args.runs_dir
+    results = run_experiment(exp, progress=not args.quiet)
+    if len(results) == 1:
+        print(one_line(results[0]))
+    else:
+        import pandas as pd
+        table = pd.DataFrame([headline(r) for r in results])
+        print(format_table(table))
+        print(f"\nsweep directory: {results[0].run_dir.parent}")
+    if args.plot:
+        _plot([r.run_dir for r in results], quiet=args.quiet)
+    return 0 if all(r.ok for r in results) else 1
+
+
+def format_table(df) -> str:
+    """The comparison table: scheme, samples/s (+-1.96 sigma), iteration mean/p95, core MB, accuracy."""
+    out = df.copy()
+    cols = {"scheme": "scheme", "samples_per_s": "samples/s", "samples_per_s_ci95": "+-1.96sd",
+            "iter_mean_s": "iter mean ms", "iter_p95_s": "iter p95 ms", "core_bytes": "core MB",
+            "accuracy": "test acc", "status": "status"}
+    extra = [c for c in out.columns if c not in cols and c not in ("run_dir", "cpu_starved")]
+    for c in ("iter_mean_s", "iter_p95_s"):
+        out[c] = out[c].astype(float) * 1e3
+    out["core_bytes"] = out["core_bytes"].astype(float) / 1e6
+    out = out[[c for c in extra if c != "scheme"] + list(cols)].rename(columns=cols)
+    return out.to_string(index=False, float_format=lambda v: f"{v:.2f}")
+
+
+def _cmd_ls(args) -> int:
+    from testbed.rundir import is_run, read_json
+    root = Path(args.runs_dir)
+    if not root.is_dir():
+        print(f"no runs under {root}")
+        return 0
+    rows = []
+    for p in sorted(root.rglob("spec.yaml")):
+        d = p.parent
+        if not is_run(d):
+            continue
+        s = read_json(d / "summary.json") if (d / "summary.json").is_file() else {}
+        tp = (s.get("throughput") or {}).get("mean")
+        rows.append(f"{str(d.relative_to(root)):60s} {s.get('status', 'running?'):11s} "
+                    f"{str(s.get('scheme', '')):10s} {'' if tp is None else f'{tp:10.1f} samples/s'}")
+    print("\n".join(rows) if rows else f"no runs under {root}")
+    return 0
+
+
+def _resolve_runs(paths: list[str]) -> list[Path]:
+    from testbed.rundir import is_run
+    out = []
+    for p in map(Path, paths):
+        if is_run(p):
+            out.append(p)
+        elif p.is_dir() and (p / "sweep.yaml").is_file():  # a sweep: all its points
+            out += sorted(d for d in p.iterdir() if is_run(d))
+        else:
+            raise TestbedError(f"{p} is not a run directory (no spec.yaml and summary.json); see 'testbed ls'")
+    return out
+
+
+def _plot(paths, out: str | None = None, host: str | None = None, quiet=False) -> list[Path]:
+    import analysis
+    from analysis import plots
+    runs = [analysis.load(p) for p in paths]
+    written = []
+    for run in runs:
+        if not run.traces.empty:
+            written.append(plots.plot_interface_rates(run, host=host))
+    if len(runs) > 1 or out:
+        target = Path(out) if out else Path(paths[0]).parent / "throughput.png"
+        written.append(plots.plot_throughput(runs, target))
+    if not quiet:
+        for w in written:
+            print(f"wrote {w}")
+    return written
+
+
+def _cmd_plot(args) -> int:
+    _plot(_resolve_runs(args.runs), out=args.out, host=args.host)
+    return 0
+
+
+def _cmd_show(args) -> int:
+    from testbed.rundir import read_json
+    for d in _resolve_runs([args.run]):
+        print(json.dumps(read_json(d / "summary.json"), indent=2))
+    return 0
+
+
+def _cmd_timeline(args) -> int:
+    from analysis.timeline import write_timeline
+    for d in _resolve_runs(args.runs):
+        print(f"wrote {write_timeline(d)}  (open in https://ui.perfetto.dev or chrome://tracing)")
+    return 0
+
+
+def _cmd_clean(args) -> int:
+    from testbed.clean import clean
+    removed = clean(force=args.force)
+    print("\n".join(removed) if removed else "nothing to clean")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="testbed", description="Network-emulation testbed for distributed DL training")
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("check", help="what this machine can emulate")
+    s.set_defaults(fn=_cmd_check)
+    s = sub.add_parser("run", help="run an experiment spec (all points of its sweep)")
+    s.add_argument("spec", help="experiment YAML, e.g. experiments/quickstart.yaml")
+    s.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
+                   help="override a spec field, e.g. --set workload.iterations=20 (repeatable)")
+    s.add_argument("--runs-dir", help="where run directories go (default: the spec's run.runs_dir)")
+    s.add_argument("--plot", action="store_true", help="draw plots after the runs")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(fn=_cmd_run)
+    s = sub.add_parser("ls", help="list runs")
+    s.add_argument("runs_dir", nargs="?", default="runs")
+    s.set_defaults(fn=_cmd_ls)
+    s = sub.add_parser("show", help="print a run's summary.json")
+    s.add_argument("run")
+    s.set_defaults(fn=_cmd_show)
+    s = sub.add_parser("plot", help="plot runs (interface rates per run; throughput side by side)")
+    s.add_argument("runs", nargs="+", help="run directories or sweep directories")
+    s.add_argument("--host", help="host whose link to plot (default: the first worker's)")
+    s.add_argument("--out", help="path of the side-by-side throughput PNG")
+    s.set_defaults(fn=_cmd_plot)
+    s = sub.add_parser("timeline", help="write a Chrome trace-event JSON of a run's events")
+    s.add_argument("runs", nargs="+")
+    s.set_defaults(fn=_cmd_timeline)
+    s = sub.add_parser("clean", help="remove namespaces, links, bridges and processes a killed run left")
+    s.add_argument("--force", action="store_true", help="also clean runs whose harness is still alive")
+    s.set_defaults(fn=_cmd_clean)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except TestbedError as e:
+        print(f"testbed: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("testbed: interrupted; everything the run built was torn down", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,225 @@
+"""Run experiments: one run, or every point of a sweep, each in its own run directory.
+
+One run (see design.md, "The flow of one run")::
+
+    run dir created (never reused) -> spec.yaml -> lock + ledger -> Network.start()
+    -> scheme.plan() -> processes.json -> Capture.start() -> launch.start() -> watch()
+    -> teardown (always: processes, capture, network, ledger sweep) -> summary.json
+
+A failure anywhere is recorded in ``summary.json`` (status ``failed``, the error) and the
+run directory keeps every log; a sweep goes on with its next point. Ctrl-C and SIGTERM tear
+down the same way and stop the sweep.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from testbed import launch, rundir
+from testbed.errors import RunFailed, TestbedError
+from testbed.ledger import Ledger, NetworkLock
+from testbed.spec import Experiment, dump_spec, expand_sweep
+
+log = logging.getLogger("testbed")
+
+
+@dataclass
+class RunResult:
+    """Where a run went and its summary (``summary.json`` content)."""
+    run_dir: Path
+    summary: dict
+
+    @property
+    def ok(self) -> bool:
+        return self.summary.get("status") == "ok"
+
+
+def _harness_log(run_dir: Path) -> logging.Handler:
+    h = logging.FileHandler(run_dir / "logs" / "harness.log")
+    h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    log.addHandler(h)
+    log.setLevel(logging.INFO)
+    return h
+
+
+class _Terminated(BaseException):
+    """SIGTERM, turned into an exception so that teardown runs."""
+
+
+_HARNESS_PID = os.getpid()
+
+
+def _on_sigterm(signum, frame):
+    # Libraries fork helpers that inherit this handler (pyroute2's NetNS does, and
+    # terminates them with SIGTERM): in such a child, just exit, never run the teardown.
+    if os.getpid() != _HARNESS_PID:
+        os._exit(128 + signum)
+    raise _Terminated()
+
+
+def run_one(exp: Experiment, parent: Path, run_id: str, exclusive_id: bool = True) -> RunResult:
+    """Run one experiment (its sweep must be empty) in ``parent/run_id``.
+
+    Never raises for a failed run: the failure is in the returned summary. Raises only for
+    problems that precede the run directory (it exists already) and for Ctrl-C/SIGTERM,
+    after teardown.
+    """
+    from analysis.metrics import summarize
+    from testbed.capture import Capture
+    from testbed.network import Network
+    from traffic.schemes import HostInfo, get_scheme
+
+    run_dir = rundir.create(parent, run_id, exclusive_id=exclusive_id)
+    (run_dir / "spec.yaml").write_text(dump_spec(exp))
+    handler = _harness_log(run_dir)
+    status, error = "ok", None
+    procs: list[launch.Launched] = []
+    capture = network = ledger = None
+    interrupted = None
+    old_term = signal.signal(signal.SIGTERM, _on_sigterm)
+    t0 = time.time()
+    try:
+        with NetworkLock():
+            ledger = Ledger.create(run_dir.name, run_dir)
+            try:
+                scheme = get_scheme(exp.workload.scheme)
+                server_racks = scheme.dedicated_server_hosts(exp.workload, exp.topology.racks)
+                network = Network(exp.topology, server_racks, run_dir, ledger)
+                log.info("building network")
+                network.start()
+                log.info("network up in %.1f s", time.time() - t0)
+                topo = network.topology
+                hosts = [HostInfo(h["name"], h["rack"], h["kind"]) for h in topo["hosts"]]
+                plan = scheme.plan(exp.workload, hosts)
+                by_name = {h["name"]: h for h in topo["hosts"]}
+                entries = [{"name": p.name, "role": p.role, "index": p.index, "host": p.host,
+                            "ip": by_name[p.host]["ip"], "iface": by_name[p.host]["intfs"][0]["name"]}
+                           for p in plan]
+                doc = launch.write_processes(run_dir, entries, entries[0]["ip"], exp.run.master_port)
+                capture = Capture(run_dir, ports=switch_ports(topo), qdisc_ifaces=uplink_ports(topo) or switch_ports(topo),
+                                  pids=lambda: {l.info["name"]: l.popen.pid for l in procs},
+                                  spec=exp.capture, on_pid=lambda pid, what: ledger.add_pid(what, pid))
+                capture.start()
+
+                def popen(info, cmd, env, logf):
+                    return network.hosts[info["host"]].popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT,
+                                                             stdin=subprocess.DEVNULL)
+
+                log.info("launching %d processes", len(entries))
+                procs += launch.start(run_dir, doc, popen,
+                                      on_start=lambda l: ledger.add_pid(l.info["name"], l.popen.pid))
+                launch.watch(procs, exp.run.timeout_s)
+                log.info("all processes done after %.1f s", time.time() - t0)
+            except TestbedError as e:
+                status, error = "failed", str(e)
+                log.error("run failed: %s", e)
+            except (KeyboardInterrupt, _Terminated) as e:
+                status, error = "interrupted", "interrupted by the user (Ctrl-C or SIGTERM)"
+                log.warning("interrupted", exc_info=True)
+                interrupted = e
+            except Exception as e:  # a bug, not user input: keep the traceback, still tear down
+                status, error = "failed", f"internal error: {type(e).__name__}: {e} (traceback in logs/harness.log)"
+                log.exception("internal error")
+            finally:
+                launch.kill_all(procs)
+                if capture is not None:
+                    capture.stop()
+                if network is not None:
+                    left = network.stop()
+                else:
+                    left = ledger.sweep()
+                if left:
+                    log.warning("teardown removed leftovers: %s", ", ".join(left))
+    except TestbedError as e:  # the lock is held by another run
+        status, error = "failed", str(e)
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+        summary = summarize(run_dir, status=status, error=error)
+        log.removeHandler(handler)
+        handler.close()
+    if interrupted is not None:
+        raise KeyboardInterrupt()
+    return RunResult(run_dir, summary)
+
+
+def switch_ports(topology: dict) -> list[str]:
+    """Every switch-side interface (root namespace): what bwm-ng samples."""
+    switches = {s["name"] for s in topology["switches"]}
+    ports = []
+    for l in topology["links"]:
+        for end in ("1", "2"):
+            if l[f"node{end}"] in switches:
+                ports.append(l[f"intf{end}"])
+    return ports
+
+
+def uplink_ports(topology: dict) -> list[str]:
+    """Both ends of every ToR-core uplink (where the oversubscribed queues build)."""
+    return [l[f"intf{e}"] for l in topology["links"] if l["class"] == "uplink" for e in ("1", "2")]
+
+
+def run_experiment(exp: Experiment, progress: bool = True) -> list[RunResult]:
+    """Run ``exp``: one run directory, or for a sweep one per point under a sweep directory.
+
+    The sweep directory gets ``sweep.csv`` (one row per point: the swept values, status,
+    run directory and headline figures), rewritten after every point.
+    """
+    parent = Path(exp.run.runs_dir)
+    base_id = exp.run.id or rundir.new_run_id(exp.name)
+    points = expand_sweep(exp)
+    if not exp.sweep:
+        return [run_one(exp, parent, base_id, exclusive_id=bool(exp.run.id))]
+    sweep_dir = rundir.create(parent, base_id, exclusive_id=bool(exp.run.id), subdirs=())
+    (sweep_dir / "sweep.yaml").write_text(dump_spec(exp))
+    results, rows = [], []
+    from tqdm import tqdm
+    bar = tqdm(points, desc=f"sweep {sweep_dir.name}", unit="run", disable=not progress)
+    for i, (point, e) in enumerate(bar):
+        label = "_".join(f"{k.split('.')[-1]}={v}" for k, v in point.items())
+        bar.set_postfix_str(label)
+        res = run_one(e, sweep_dir, f"{i:03d}_{_safe(label)}")
+        results.append(res)
+        rows.append({**point, **headline(res)})
+        pd.DataFrame(rows).to_csv(sweep_dir / "sweep.csv", index=False)
+        if progress:
+            tqdm.write(one_line(res))
+    return results
+
+
+def _safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "=._-" else "-" for c in text)[:80]
+
+
+def headline(res: RunResult) -> dict:
+    """The figures of a run's table row (scheme, samples/s, iteration times, core bytes, accuracy)."""
+    s = res.summary
+    tp = s.get("throughput") or {}
+    it = s.get("iteration_time_s") or {}
+    b = s.get("bytes") or {}
+    return {"scheme": s.get("scheme"), "status": s.get("status"),
+            "samples_per_s": tp.get("mean"), "samples_per_s_ci95": tp.get("ci95"),
+            "iter_mean_s": it.get("mean"), "iter_p95_s": it.get("p95"),
+            "core_bytes": b.get("core"), "accuracy": s.get("final_accuracy"),
+            "cpu_starved": (s.get("fidelity") or {}).get("cpu_starved"), "run_dir": str(res.run_dir)}
+
+
+def one_line(res: RunResult) -> str:
+    """``<run dir>: <status>, <scheme>, <samples/s>, <iteration time>, <core bytes>, <accuracy>``."""
+    h = headline(res)
+    if h["status"] != "ok":
+        err = (res.summary.get("error") or "").splitlines()
+        return f"{res.run_dir}: {h['status']}: {err[0] if err else ''}"
+    def f(v, fmt):
+        return "n/a" if v is None else format(v, fmt)
+    flag = "  [CPU-starved: figures unreliable]" if h["cpu_starved"] else ""
+    return (f"{res.run_dir}: ok, {h['scheme']}, {f(h['samples_per_s'], '.1f')} +- {f(h['samples_per_s_ci95'], '.1f')} "
+            f"samples/s, iteration {f(h['iter_mean_s'] and h['iter_mean_s'] * 1e3, '.1f')} ms "
+            f"(p95 {f(h['iter_p95_s'] and h['iter_p95_s'] * 1e3, '.1f')} ms), core {f(h['core_bytes'] and h['core_bytes'] / 1e6, '.2f')} MB, "
+            f"accuracy {f(h['accuracy'], '.3f')}{flag}")

@@ -1,0 +1,314 @@
+"""Analysis on run directories built by hand, with known answers."""
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import analysis  # noqa: E402
+from analysis import metrics, plots, timeline  # noqa: E402
+from analysis.traces import rates  # noqa: E402
+
+DATA = Path(__file__).parent / "data"
+
+# ---------------------------------------------------------------------------- a synthetic run
+
+HOSTS = {"h1": 0, "h2": 0, "h3": 1, "h4": 1}
+SPANS = [5.0, 3.0, 1.0, 2.0, 4.0, 0.5]  # global iteration time of iterations 0..5
+WARMUP, BATCH, WORKERS = 2, 32, 4
+T_START, DT, N_SAMPLES = 99.0, 0.01, 2201  # bwm-ng samples at 99.00 ... 121.00
+# bytes per 10 ms sample (switch port's view: out = leaves the switch)
+PORT_BYTES = {"tor1-eth1": (1000, 100), "tor1-eth2": (2000, 200), "tor2-eth1": (3000, 300),
+              "tor2-eth2": (4000, 400),  # (in, out) = (host tx, host rx)
+              "tor1-eth3": (300, 700), "tor2-eth3": (50, 200),  # ToR ends of the uplinks
+              "core1-eth1": (700, 300), "core1-eth2": (200, 50)}
+
+
+def topology(host_bw=100.0, uplink_bw=200.0) -> dict:
+    links = []
+    for i, (h, rack) in enumerate(HOSTS.items()):
+        tor = f"tor{rack + 1}"
+        port = f"{tor}-eth{1 + i % 2}"
+        links.append({"class": "host", "node1": h, "intf1": f"{h}-eth0", "node2": tor, "intf2": port,
+                      "rack": rack, "bw_mbps": host_bw, "shaping": {}})
+    for rack in (0, 1):  # node order of the uplinks differs on purpose: tor side found by role
+        tor, core_port = f"tor{rack + 1}", f"core1-eth{rack + 1}"
+        ends = [("tor", tor, f"{tor}-eth3"), ("core", "core1", core_port)]
+        if rack == 1:
+            ends.reverse()
+        links.append({"class": "uplink", "node1": ends[0][1], "intf1": ends[0][2], "node2": ends[1][1],
+                      "intf2": ends[1][2], "rack": rack, "bw_mbps": uplink_bw, "shaping": {}})
+    return {"kind": "rack_core", "spec": {},
+            "hosts": [{"name": h, "rack": r, "kind": "worker", "ip": f"10.0.0.{i + 1}",
+                       "intfs": [{"name": f"{h}-eth0", "ip": f"10.0.0.{i + 1}"}]}
+                      for i, (h, r) in enumerate(HOSTS.items())],
+            "switches": [{"name": "tor1", "role": "tor", "rack": 0}, {"name": "tor2", "role": "tor", "rack": 1},
+                         {"name": "core1", "role": "core", "rack": None}],
+            "links": links}
+
+
+def bwm_line(t, iface, bin_, bout, dt=DT):
+    rin, rout = bin_ / int(dt * 1000) * 1000, bout / int(dt * 1000) * 1000
+    return (f"{t:.6f};{iface};{rout:.2f};{rin:.2f};{rin + rout:.2f};{bin_};{bout};0.00;0.00;0.00;"
+            f"{bin_ // 1000};{bout // 1000};0.00;0.00;0;0;{8 * rout:.2f};{8 * rin:.2f};{8 * (rin + rout):.2f};"
+            f"{8 * bin_};{8 * bout}\n")
+
+
+def make_run(root: Path, name="synthetic", h1_in=None, busy_inside=(50.0, 70.0), scheme="ps") -> Path:
+    """A complete run directory with known answers (see the constants above)."""
+    d = root / name
+    for sub in ("events", "results", "logs", "traces"):
+        (d / sub).mkdir(parents=True)
+    spec = {"name": name, "topology": {"kind": "rack_core"},
+            "workload": {"scheme": scheme, "model": "digits_mlp", "dataset": "digits", "compute": "real",
+                         "batch_size": BATCH, "iterations": len(SPANS), "warmup_iterations": WARMUP},
+            "capture": {"interval_ms": 10}}
+    (d / "spec.yaml").write_text(yaml.safe_dump(spec))
+    (d / "topology.json").write_text(json.dumps(topology()))
+    procs = [{"name": f"worker{i}", "role": "worker", "index": i, "rank": i, "host": h, "ip": "x", "iface": f"{h}-eth0"}
+             for i, h in enumerate(HOSTS)]
+    procs.append({"name": "server0", "role": "server", "index": 0, "rank": 4, "host": "h1", "ip": "x", "iface": "h1-eth0"})
+    (d / "processes.json").write_text(json.dumps({"world_size": 5, "processes": procs}))
+    # events: worker0 starts each iteration, worker3 ends it; the others lie inside
+    for w in range(WORKERS):
+        lines = []
+        for it, span in enumerate(SPANS):
+            base = 100.0 + 6.0 * it if it < 2 else 100.0 + 6.0 * 2 + sum(SPANS[2:it]) + 0.0
+            start = base + (0.0 if w == 0 else 0.1 * span * w / WORKERS)
+            end = base + (span if w == WORKERS - 1 else 0.8 * span)
+            ev = {"proc": f"worker{w}", "role": "worker", "rank": w, "thread": "main", "kind": "iteration",
+                  "ts": start, "dur": end - start, "iteration": it, "layer": None, "samples": BATCH}
+            lines.append(ev)
+            lines.append({**ev, "kind": "forward", "dur": 0.1 * span, "layer": 0, "samples": None})
+            lines.append({**ev, "thread": "comm", "kind": "allreduce", "dur": 0.2 * span, "bytes": 4096, "peer": None,
+                          "samples": None})
+        if w == 0:
+            lines.append({"proc": "worker0", "role": "worker", "rank": 0, "thread": "main", "kind": "eval",
+                          "ts": 130.0, "dur": 0.2, "iteration": len(SPANS), "accuracy": 0.9, "loss": 0.3})
+        text = "".join(json.dumps(e) + "\n" for e in lines)
+        if w == 1:
+            text += '{"proc": "worker1", "kind": "iter'  # killed mid-line
+        (d / "events" / f"worker{w}.jsonl").write_text(text)
+    (d / "events" / "server0.jsonl").write_text(
+        "".join(json.dumps({"proc": "server0", "role": "server", "rank": 4, "thread": "main", "kind": "iteration",
+                            "ts": 100.0 + i, "dur": 50.0, "iteration": i, "samples": 999}) + "\n" for i in range(6)))
+    (d / "results" / "worker0.json").write_text(json.dumps({"proc": "worker0", "final_accuracy": 0.8}))
+    # bwm-ng trace
+    out = []
+    for j in range(N_SAMPLES):
+        t = T_START + j * DT
+        tot_in = tot_out = 0
+        for iface, (bin_, bout) in PORT_BYTES.items():
+            if iface == "tor1-eth1" and h1_in is not None:
+                bin_ = h1_in
+            out.append(bwm_line(t + 1e-5, iface, bin_, bout))
+            tot_in, tot_out = tot_in + bin_, tot_out + bout
+        out.append(bwm_line(t + 2e-5, "total", tot_in, tot_out))
+    text = "".join(out) + "121.010000;tor1-eth1;0.00;1000"  # truncated last line
+    (d / "traces" / "bwm-ng.csv").write_text(text)
+    # cpu: busy 100 % outside the measured window, busy_inside within it
+    win = measured_window()
+    rows = ["time,kind,id,busy_pct"]
+    for j in range(221):
+        t = T_START + 0.1 * j + 0.05
+        inside = win[0] <= t <= win[1]
+        for core in (0, 1):
+            rows.append(f"{t:.6f},core,{core},{busy_inside[core] if inside else 100.0}")
+        rows.append(f"{t:.6f},proc,worker0,{40.0}")
+    (d / "traces" / "cpu.csv").write_text("\n".join(rows) + "\n")
+    (d / "traces" / "qdisc.csv").write_text(
+        "time,iface,qdisc,backlog_bytes,backlog_packets,drops,overlimits,sent_bytes,sent_packets\n"
+        "100.0,tor1-eth3,htb,1500,1,0,3,10000,10\n100.01,tor1-eth3,htb,0,0,1,4,20000,20\n")
+    return d
+
+
+def measured_window():
+    base2 = 100.0 + 6.0 * 2
+    return base2, base2 + sum(SPANS[2:])
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    return make_run(tmp_path)
+
+
+# ---------------------------------------------------------------------------- tests
+
+
+def test_load_gives_frames_and_dicts(run_dir):
+    run = analysis.load(run_dir)
+    assert run.name == "synthetic" and run.scheme == "ps"
+    assert len(run.traces) == N_SAMPLES * len(PORT_BYTES)  # total lines and the truncated line dropped
+    assert set(run.traces["iface"]) == set(PORT_BYTES)
+    assert run.t0 == pytest.approx(T_START + 1e-5)
+    assert len(run.events) == WORKERS * len(SPANS) * 3 + 1 + len(SPANS)  # the broken line is skipped
+    assert set(run.events["thread"]) == {"main", "comm"}
+    assert len(run.iterations) == WORKERS * len(SPANS)  # derived: server "iterations" excluded
+    assert set(run.cpu["kind"]) == {"core", "proc"} and all(isinstance(v, str) for v in run.cpu["id"])
+    assert list(run.qdisc["backlog_bytes"]) == [1500, 0]
+    assert run.topology["kind"] == "rack_core" and run.processes["world_size"] == 5
+    ports = run.ports().set_index("iface")
+    assert ports.loc["tor2-eth3", "tor_side"] and not ports.loc["core1-eth2", "tor_side"]
+    assert ports.loc["tor1-eth2", "host"] == "h2"
+
+
+def test_rates_from_counters_use_real_intervals():
+    tr = pd.DataFrame({"time": [10.0, 10.010, 10.025, 10.0, 10.010], "iface": ["a", "a", "a", "b", "b"],
+                       "bytes_in": [7, 500, 1500, 0, 0], "bytes_out": [99, 1000, 3000, 0, 125],
+                       "packets_in": 0, "packets_out": 0, "errors_in": 0, "errors_out": 0})
+    r = rates(tr).set_index(["iface", "time"])
+    assert len(r) == 3  # the first sample of each interface has no interval
+    assert r.loc[("a", 10.010), "tx_bps"] == pytest.approx(1000 * 8 / 0.010)
+    assert r.loc[("a", 10.025), "tx_bps"] == pytest.approx(3000 * 8 / 0.015)  # 1.6 Mbit/s, not 2.4
+    assert r.loc[("a", 10.025), "rx_bps"] == pytest.approx(1500 * 8 / 0.015)
+    assert r.loc[("b", 10.010), "tx_bps"] == pytest.approx(100_000)
+
+
+def test_summarize_known_answers(run_dir):
+    s = metrics.summarize(run_dir)
+    assert s["analysis_errors"] == []
+    assert s["status"] == "ok" and s["error"] is None and s["scheme"] == "ps"
+    assert s["workers"] == WORKERS and s["global_batch"] == WORKERS * BATCH
+    assert s["iterations_completed"] == len(SPANS) and s["measured_iterations"] == len(SPANS) - WARMUP
+    spans = np.array(SPANS[WARMUP:])
+    tp = WORKERS * BATCH / spans  # 128, 64, 32, 256 samples/s
+    assert s["throughput"]["mean"] == pytest.approx(tp.mean()) == pytest.approx(120.0)
+    assert s["throughput"]["ci95"] == pytest.approx(1.96 * tp.std()) == pytest.approx(1.96 * 85.790442)
+    assert s["throughput"]["std"] == pytest.approx(tp.std())
+    assert s["throughput"]["overall"] == pytest.approx(WORKERS * BATCH * 4 / spans.sum())
+    assert s["iteration_time_s"]["mean"] == pytest.approx(1.875)
+    assert s["iteration_time_s"]["p50"] == pytest.approx(1.5)
+    assert s["iteration_time_s"]["p95"] == pytest.approx(3.7)
+    b = s["bytes"]
+    assert b["core"] == (700 + 200) * N_SAMPLES
+    assert b["uplinks"] == (300 + 700 + 50 + 200) * N_SAMPLES
+    assert b["host_links"] == sum(i + o for i, o in list(PORT_BYTES.values())[:4]) * N_SAMPLES
+    assert b["per_host"]["h3"] == {"tx": 3000 * N_SAMPLES, "rx": 300 * N_SAMPLES}
+    # bytes of the measured window (5 s of samples at 10 ms) per measured iteration
+    assert s["bytes_per_iteration"]["core"] == pytest.approx(900 * 750 / 4, rel=0.01)
+    assert s["final_accuracy"] == 0.9 and "eval" in s["accuracy_source"]  # eval event beats results/
+    assert s["cpu"]["idle_pct_mean"] == pytest.approx(40.0)  # the measured window, not start-up
+    assert s["cpu"]["idle_pct_per_core"] == {"0": pytest.approx(50.0), "1": pytest.approx(30.0)}
+    f = s["fidelity"]
+    assert f["cpu_starved"] is False and f["min_idle_pct"] == pytest.approx(40.0)
+    assert f["rule"] == "Mininet-HiFi: keep >= 35% CPU idle"
+    assert f["shaping_failed"] is False and len(f["rates"]["links"]) == 6
+    # files
+    on_disk = json.loads((run_dir / "summary.json").read_text())
+    assert on_disk["throughput"]["mean"] == pytest.approx(120.0)
+    it = pd.read_csv(run_dir / "iterations.csv")
+    assert list(it.columns) == ["iteration", "worker", "start", "end", "duration_s", "samples"]
+    assert len(it) == WORKERS * len(SPANS) and set(it["worker"]) == {f"worker{i}" for i in range(WORKERS)}
+    assert (it["duration_s"] - (it["end"] - it["start"])).abs().max() < 1e-9
+
+
+def test_fidelity_flags_trip(tmp_path):
+    # h1 sends 200 kB per 10 ms = 160 Mbit/s through a 100 Mbit/s link; CPU 80 % busy
+    d = make_run(tmp_path, "bad", h1_in=200_000, busy_inside=(80.0, 80.0))
+    s = metrics.summarize(d)
+    assert s["fidelity"]["shaping_failed"] is True
+    worst = max(s["fidelity"]["rates"]["links"], key=lambda l: l["max_ratio"])
+    assert worst["iface"] == "tor1-eth1" and worst["max_rx_mbps"] == pytest.approx(160.0, rel=0.01)
+    assert s["fidelity"]["cpu_starved"] is True and s["cpu"]["idle_pct_mean"] == pytest.approx(20.0)
+
+
+def test_summarize_failed_run_with_missing_files(tmp_path):
+    d = tmp_path / "failed"
+    (d / "logs").mkdir(parents=True)
+    (d / "spec.yaml").write_text(yaml.safe_dump({"name": "failed", "workload": {"scheme": "ring"}}))
+    s = metrics.summarize(d, status="failed", error="worker0 exited with code 1")
+    assert s["status"] == "failed" and s["error"] == "worker0 exited with code 1"
+    assert s["scheme"] == "ring" and s["analysis_errors"] == []
+    assert s["throughput"]["mean"] is None and s["iteration_time_s"]["p95"] is None
+    assert s["bytes"] is None and s["final_accuracy"] is None
+    assert s["fidelity"]["cpu_starved"] is None and s["fidelity"]["shaping_failed"] is None
+    assert json.loads((d / "summary.json").read_text())["status"] == "failed"
+    run = analysis.load(d)
+    assert run.traces.empty and run.events.empty and run.iterations.empty and run.t0 is None
+    # a completely empty directory and a missing one
+    e = tmp_path / "empty"
+    e.mkdir()
+    assert metrics.summarize(e, status="failed", error="x")["status"] == "failed"
+    assert metrics.summarize(tmp_path / "nope", status="failed")["analysis_errors"]
+
+
+def test_partial_run_counts_only_complete_iterations(run_dir):
+    (run_dir / "events" / "worker3.jsonl").unlink()  # worker3 died: its iterations are missing
+    (run_dir / "traces" / "cpu.csv").unlink()
+    s = metrics.summarize(run_dir, status="failed", error="worker3 died")
+    # processes.json plans 4 workers: iterations with only 3 of them are incomplete
+    assert s["workers"] == WORKERS and s["iterations_completed"] == 0 and s["measured_iterations"] == 0
+    assert s["throughput"]["mean"] is None and s["cpu"]["idle_pct_mean"] is None
+    assert s["bytes"]["core"] == 900 * N_SAMPLES  # traces still summed
+
+
+def test_summary_on_real_bwm_ng_capture(tmp_path):
+    """The real capture (tests/data) through topology -> per-host bytes."""
+    d = tmp_path / "real"
+    (d / "traces").mkdir(parents=True)
+    shutil.copy(DATA / "bwm-ng-veth.csv", d / "traces" / "bwm-ng.csv")
+    topo = {"hosts": [{"name": "hA"}, {"name": "hB"}], "switches": [{"name": "br", "role": "tor"}],
+            "links": [{"class": "host", "node1": "hA", "intf1": "tbx1a", "node2": "br", "intf2": "tbx0a",
+                       "bw_mbps": 100.0},
+                      {"class": "host", "node1": "hB", "intf1": "tbx1b", "node2": "br", "intf2": "tbx0b",
+                       "bw_mbps": 100.0}]}
+    (d / "topology.json").write_text(json.dumps(topo))
+    s = metrics.summarize(d)
+    assert s["bytes"]["per_host"]["hA"] == {"tx": 200 * 1042, "rx": 50 * 542}
+    assert s["bytes"]["per_host"]["hB"] == {"tx": 50 * 542, "rx": 200 * 1042}
+    assert s["bytes"]["core"] == 0 and s["fidelity"]["shaping_failed"] is False
+
+
+def _is_png(p: Path) -> bool:
+    return p.is_file() and p.stat().st_size > 1000 and p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plots_write_pngs(run_dir, tmp_path):
+    run = analysis.load(run_dir)
+    p1 = plots.plot_interface_rates(run)
+    assert p1 == run_dir / "plots" / "rates-h1.png" and _is_png(p1)
+    p2 = plots.plot_interface_rates(run_dir, host="h3", path=tmp_path / "r.png", window_s=0.1)
+    assert _is_png(p2)
+    other = make_run(tmp_path, "other", scheme="ring")
+    metrics.summarize(other)
+    p3 = plots.plot_throughput([run, other], tmp_path / "tp.png")
+    assert _is_png(p3)
+    p4 = plots.plot_iteration_times(run)
+    assert _is_png(p4)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert _is_png(plots.plot_interface_rates(empty, path=tmp_path / "e.png"))
+    assert _is_png(plots.plot_iteration_times(empty, path=tmp_path / "e2.png"))
+
+
+def test_timeline_is_valid_chrome_trace(run_dir):
+    path = timeline.write_timeline(run_dir)
+    doc = json.loads(path.read_text())
+    ev = doc["traceEvents"]
+    x = [e for e in ev if e["ph"] == "X"]
+    run = analysis.load(run_dir)
+    assert len(x) == len(run.events)
+    meta = [e for e in ev if e["ph"] == "M"]
+    names = {e["args"]["name"] for e in meta if e["name"] == "process_name"}
+    assert "worker0 (worker on h1)" in names and "server0 (server on h1)" in names
+    assert sum(e["name"] == "process_name" for e in meta) == 5
+    assert sum(e["name"] == "thread_name" for e in meta) == WORKERS * 2 + 1  # main+comm per worker, server main
+    # pid = rank + 1; tid 1 = main
+    w2 = [e for e in x if e["pid"] == 3 and e["cat"] == "iteration"]
+    assert len(w2) == len(SPANS) and all(e["tid"] == 1 for e in w2)
+    first = min(e["ts"] for e in x)
+    assert first == pytest.approx((100.0 - run.t0) * 1e6)
+    it0 = next(e for e in x if e["pid"] == 4 and e["cat"] == "iteration" and e["args"]["iteration"] == 0)
+    assert it0["dur"] == pytest.approx(SPANS[0] * 1e6 * (1 - 0.1 * 3 / 4), rel=1e-6)
+    assert all(isinstance(e["ts"], (int, float)) and e["ts"] >= 0 for e in x)
+    assert next(e for e in x if e["cat"] == "forward")["name"] == "forward L0"
+    with_rates = json.loads(timeline.write_timeline(run_dir, run_dir / "t2.json", include_rates=True).read_text())
+    assert any(e["ph"] == "C" for e in with_rates["traceEvents"])

@@ -1,0 +1,327 @@
+"""Capture on real interfaces: bwm-ng's counters against a known amount of traffic.
+
+The live tests build their own network (never Mininet): namespaces ``tbxA``/``tbxB``, each
+with a veth whose root-namespace end (``tbx0a``/``tbx0b``) is a port of the bridge ``tbxbr``,
+the way Mininet's LinuxBridge switch ports look. IPv6 is off and neighbours are static, so
+the only frames on the wire are the test's own UDP datagrams (sent to an address the
+receiver does not own, so it drops them without any ICMP answer). Everything is removed in
+the fixture's teardown.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from analysis.traces import parse_bwm_ng, rates  # noqa: E402
+from testbed.capture import Capture, QdiscReader, bwm_ng_command, find_bwm_ng  # noqa: E402
+from testbed.errors import MissingRequirement, TestbedError  # noqa: E402
+from testbed.spec import CaptureSpec  # noqa: E402
+
+DATA = Path(__file__).parent / "data"
+ETH_IP_UDP = 14 + 20 + 8  # bytes of headers per datagram as counted by a veth
+NS = {"a": "tbxA", "b": "tbxB"}
+IP = {"a": "192.0.2.1", "b": "192.0.2.2"}
+# addresses nobody owns, mapped to the peer's MAC: the peer receives and silently drops them
+SINK = {"a": "192.0.2.201", "b": "192.0.2.202"}
+
+can_net = os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("bwm-ng") is not None
+need_net = pytest.mark.skipif(not can_net, reason="needs root, iproute2 and bwm-ng")
+
+
+def _sh(*cmd, check=True):
+    return subprocess.run(cmd, check=check, capture_output=True, text=True)
+
+
+def _teardown_net():
+    for cmd in (["ip", "link", "del", "tbx0a"], ["ip", "link", "del", "tbx0b"], ["ip", "link", "del", "tbxbr"],
+                ["ip", "netns", "del", "tbxA"], ["ip", "netns", "del", "tbxB"]):
+        _sh(*cmd, check=False)
+
+
+@contextlib.contextmanager
+def veth_net():
+    """Two namespaces behind a root-namespace bridge; yields the root-side ports."""
+    _teardown_net()
+    try:
+        _sh("ip", "netns", "add", "tbxA")
+        _sh("ip", "netns", "add", "tbxB")
+        _sh("ip", "link", "add", "tbxbr", "type", "bridge")
+        _sh("sysctl", "-qw", "net.ipv6.conf.tbxbr.disable_ipv6=1")
+        _sh("ip", "link", "set", "tbxbr", "up")
+        for s, ns in NS.items():
+            _sh("ip", "link", "add", f"tbx0{s}", "type", "veth", "peer", "name", f"tbx1{s}", "netns", ns)
+            _sh("sysctl", "-qw", f"net.ipv6.conf.tbx0{s}.disable_ipv6=1")
+            _sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1")
+            _sh("ip", "link", "set", f"tbx0{s}", "master", "tbxbr", "up")
+            _sh("ip", "-n", ns, "link", "set", "lo", "up")
+            _sh("ip", "-n", ns, "addr", "add", f"{IP[s]}/24", "dev", f"tbx1{s}")
+            # no multicast: no IGMP reports either, so the test's datagrams are the only frames
+            _sh("ip", "-n", ns, "link", "set", f"tbx1{s}", "multicast", "off", "up")
+        mac = {s: _sh("ip", "netns", "exec", NS[s], "cat", f"/sys/class/net/tbx1{s}/address").stdout.strip()
+               for s in NS}
+        for s, peer in (("a", "b"), ("b", "a")):
+            _sh("ip", "-n", NS[s], "neigh", "replace", SINK[peer], "lladdr", mac[peer], "dev", f"tbx1{s}",
+                "nud", "permanent")
+        yield ["tbx0a", "tbx0b"]
+    finally:
+        _teardown_net()
+
+
+def send_udp(src: str, dst: str, count: int, payload: int, gap_s: float = 0.001) -> subprocess.Popen:
+    """Start ``count`` UDP datagrams of ``payload`` bytes from namespace side ``src`` to the
+    sink address of side ``dst`` (returns the running sender)."""
+    code = (f"import socket,time\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n"
+            f"for i in range({count}):\n s.sendto(b'x'*{payload},('{SINK[dst]}',9))\n time.sleep({gap_s})\n")
+    return subprocess.Popen(["ip", "netns", "exec", NS[src], sys.executable, "-c", code])
+
+
+def _bwm_ng_pids() -> set[int]:
+    out = _sh("pgrep", "-x", "bwm-ng", check=False).stdout.split()
+    return {int(p) for p in out}
+
+
+# ----------------------------------------------------------------------------- no root needed
+
+
+def test_fixture_is_real_bwm_ng_and_counts_match():
+    """tests/data/bwm-ng-veth.csv: a real capture of 200 x 1000 B (a->b) and 50 x 500 B (b->a)."""
+    df = parse_bwm_ng(DATA / "bwm-ng-veth.csv")
+    assert set(df["iface"]) == {"tbx0a", "tbx0b"}  # the 'total' lines are gone
+    tot = df.groupby("iface")[["bytes_in", "bytes_out", "packets_in", "packets_out"]].sum()
+    # switch-port view: a's port receives a's datagrams and sends b's
+    assert tot.loc["tbx0a", "bytes_in"] == 200 * (1000 + ETH_IP_UDP)
+    assert tot.loc["tbx0a", "packets_in"] == 200
+    assert tot.loc["tbx0a", "bytes_out"] == 50 * (500 + ETH_IP_UDP)
+    assert tot.loc["tbx0b", "bytes_out"] == 200 * (1000 + ETH_IP_UDP)
+    assert tot.loc["tbx0b", "bytes_in"] == 50 * (500 + ETH_IP_UDP)
+    # per-interval deltas, not cumulative: no line holds (nearly) the whole total
+    assert df["bytes_in"].max() < 0.5 * tot["bytes_in"].max()
+    # timestamps have sub-millisecond resolution and ~10 ms spacing
+    gaps = df[df["iface"] == "tbx0a"]["time"].diff().dropna()
+    assert 0.009 < gaps.median() < 0.02
+
+
+def test_bwm_ng_rate_columns_are_quantized_but_ours_are_not():
+    df = parse_bwm_ng(DATA / "bwm-ng-veth.csv", keep_rates=True)
+    a = df[df["iface"] == "tbx0a"].sort_values("time").reset_index(drop=True)
+    dt = a["time"].diff()
+    busy = a[(a["bytes_in"] > 0) & dt.notna()]
+    # bwm-ng's rate is bytes * 1000 / int(ms): a multiple of bytes*1000/k for an integer k
+    k = busy["bytes_in"] * 1000 / busy["bytes_in_s"]
+    assert ((k - k.round()).abs() < 1e-6).all()
+    r = rates(df)
+    r = r[(r["iface"] == "tbx0a") & (r["rx_bytes"] > 0)]
+    assert (r["rx_bps"] - 8 * r["rx_bytes"] / r["dt_s"]).abs().max() < 1e-6
+    # ours differ from bwm-ng's whenever the interval is not a whole number of ms
+    merged = r.merge(df[["time", "iface", "bytes_in_s"]], on=["time", "iface"])
+    assert (merged["rx_bps"] - 8 * merged["bytes_in_s"]).abs().max() > 0
+
+
+def test_parser_tolerates_truncated_last_line_and_old_format(tmp_path):
+    lines = (DATA / "bwm-ng-veth.csv").read_text().splitlines(keepends=True)
+    p = tmp_path / "t.csv"
+    p.write_text("".join(lines[:30]) + lines[30][:25])  # killed mid-line
+    full = parse_bwm_ng(p)
+    assert len(full) == sum(1 for l in lines[:30] if ";total;" not in l)
+    old = tmp_path / "old.csv"  # bwm-ng 0.6.1: 16 fields, no bits columns
+    old.write_text("1.5;eth0;10.00;20.00;30.00;2;1;1.00;1.00;2.00;1;1;0.00;0.00;0;0\n"
+                   "1.5;total;10.00;20.00;30.00;2;1;1.00;1.00;2.00;1;1;0.00;0.00;0;0\ngarbage\n"
+                   "1.6;eth0;x;y;z;bad;bad;0;0;0;0;0;0;0;0;0\n")
+    o = parse_bwm_ng(old)
+    assert list(o["bytes_in"]) == [2] and list(o["bytes_out"]) == [1]
+    assert parse_bwm_ng(tmp_path / "missing.csv").empty
+
+
+def test_bwm_ng_command_restricts_to_ports():
+    cmd = bwm_ng_command(["s1-eth1", "s1-eth2"], 10, "/x/bwm-ng.csv")
+    assert cmd[cmd.index("-I") + 1] == "s1-eth1,s1-eth2"
+    assert cmd[cmd.index("-a") + 1] == "0"  # without -a 0, -I does not restrict the output
+    assert cmd[cmd.index("-T") + 1] == "rate" and cmd[cmd.index("-t") + 1] == "10"
+
+
+def test_missing_bwm_ng_raises_with_remedy(monkeypatch):
+    import testbed.capture as cap
+    monkeypatch.setattr(cap.shutil, "which", lambda name: None)
+    monkeypatch.setattr(cap.os, "access", lambda *a: False)
+    with pytest.raises(MissingRequirement, match="apt-get install bwm-ng"):
+        find_bwm_ng()
+    with pytest.raises(MissingRequirement):
+        Capture("/nonexistent", ["lo"]).start()
+
+
+def test_unknown_port_is_an_error(tmp_path):
+    if shutil.which("bwm-ng") is None:
+        pytest.skip("bwm-ng not installed")
+    with pytest.raises(TestbedError, match="tbx-no-such"):
+        Capture(tmp_path, ["lo", "tbx-no-such"]).start()
+    assert not (tmp_path / "traces" / "bwm-ng.csv").exists()
+
+
+# ----------------------------------------------------------------------------- live, own veths
+
+
+@pytest.fixture
+def net():
+    if not can_net:
+        pytest.skip("needs root, iproute2 and bwm-ng")
+    with veth_net() as ports:
+        yield ports
+
+
+@need_net
+def test_capture_counts_known_traffic_and_leaves_nothing(net, tmp_path):
+    before = _bwm_ng_pids()
+    ledger = []
+    _sh("tc", "qdisc", "add", "dev", "tbx0b", "root", "handle", "5:", "htb", "default", "1")
+    _sh("tc", "class", "add", "dev", "tbx0b", "parent", "5:", "classid", "5:1", "htb", "rate", "50mbit",
+        "burst", "15k")
+    senders = {}
+    cap = Capture(tmp_path, net, qdisc_ifaces=["tbx0b"], pids=lambda: senders,
+                  spec=CaptureSpec(interval_ms=10, cpu_interval_ms=50), on_pid=lambda p, w: ledger.append((w, p)))
+    with cap:
+        assert ledger == [("bwm-ng", cap.bwm.pid)]
+        assert cap.bwm.pid in _bwm_ng_pids()
+        s1 = send_udp("a", "b", 300, 1200)
+        s2 = send_udp("b", "a", 40, 100, gap_s=0.005)
+        senders.update({"s1": s1.pid, "s2": s2.pid})
+        assert s1.wait(20) == 0 and s2.wait(20) == 0
+        time.sleep(0.1)  # let the last samples be taken
+    cap.stop()  # idempotent
+    assert cap.bwm.poll() is not None
+    assert _bwm_ng_pids() <= before
+    assert not [t for t in cap._threads if t.is_alive()]
+    assert cap.errors == []
+
+    df = parse_bwm_ng(tmp_path / "traces" / "bwm-ng.csv")
+    assert set(df["iface"]) == {"tbx0a", "tbx0b"}  # exactly the ports asked for
+    tot = df.groupby("iface")[["bytes_in", "bytes_out", "packets_in", "packets_out"]].sum()
+
+    def about(got, want, frames):  # the datagrams, plus at most a couple of stray small frames
+        return want <= got <= want + 2 * 100 and frames in range(0, 3)
+
+    big, small = 300 * (1200 + ETH_IP_UDP), 40 * (100 + ETH_IP_UDP)
+    assert about(tot.loc["tbx0a", "bytes_in"], big, tot.loc["tbx0a", "packets_in"] - 300)
+    assert about(tot.loc["tbx0b", "bytes_out"], big, tot.loc["tbx0b", "packets_out"] - 300)
+    assert about(tot.loc["tbx0a", "bytes_out"], small, tot.loc["tbx0a", "packets_out"] - 40)
+    assert about(tot.loc["tbx0b", "bytes_in"], small, tot.loc["tbx0b", "packets_in"] - 40)
+    assert len(df) >= 2 * 20  # >= 0.2 s of samples of both ports
+
+    q = pd_read(tmp_path / "traces" / "qdisc.csv")
+    assert set(q["iface"]) == {"tbx0b"} and set(q["qdisc"]) == {"htb"}
+    assert q["sent_bytes"].is_monotonic_increasing
+    assert q["sent_packets"].iloc[-1] - q["sent_packets"].iloc[0] >= 300
+    assert q["time"].diff().median() < 0.03
+
+    c = pd_read(tmp_path / "traces" / "cpu.csv")
+    assert set(c["kind"]) == {"core", "proc"}
+    assert {str(i) for i in range(os.cpu_count())} <= set(c["id"].astype(str))
+    assert {"s1", "s2", "bwm-ng", "harness"} <= set(c["id"].astype(str))
+    assert c["busy_pct"].between(0, 100 * os.cpu_count()).all()
+
+
+@need_net
+def test_shaped_link_rate_from_real_capture(net, tmp_path):
+    """htb at 20 Mbit/s on a port: the rates computed from bwm-ng's counters show 20 Mbit/s
+    while the queue drains, and the summary's shaping check passes."""
+    import json
+    from analysis import metrics
+    _sh("tc", "qdisc", "add", "dev", "tbx0b", "root", "handle", "5:", "htb", "default", "1")
+    _sh("tc", "class", "add", "dev", "tbx0b", "parent", "5:", "classid", "5:1", "htb", "rate", "20mbit",
+        "burst", "15k")
+    with Capture(tmp_path, net, ["tbx0b"], spec=CaptureSpec(interval_ms=10, cpu=False)):
+        s = send_udp("a", "b", 1500, 1400, gap_s=0)  # 2.1 MB at once: ~0.85 s at 20 Mbit/s
+        assert s.wait(20) == 0
+        reader = QdiscReader()
+        try:
+            idx = int(Path("/sys/class/net/tbx0b/ifindex").read_text())
+            deadline = time.time() + 5
+            while time.time() < deadline:  # until the queue has drained
+                if not [q for q in reader.dump() if q["index"] == idx and q["backlog_packets"]]:
+                    break
+                time.sleep(0.05)
+        finally:
+            reader.close()
+        time.sleep(0.05)
+    topo = {"hosts": [{"name": "hA"}, {"name": "hB"}], "switches": [{"name": "br", "role": "tor"}],
+            "links": [{"class": "host", "node1": h, "intf1": f"tbx1{x}", "node2": "br", "intf2": f"tbx0{x}",
+                       "bw_mbps": 20.0} for h, x in (("hA", "a"), ("hB", "b"))]}
+    (tmp_path / "topology.json").write_text(json.dumps(topo))
+    summ = metrics.summarize(tmp_path)
+    assert summ["bytes"]["per_host"]["hB"]["rx"] >= 1500 * (1400 + ETH_IP_UDP) - 1000 * 1442  # htb may drop
+    r = analysis_load(tmp_path).rates
+    busy = r[(r["iface"] == "tbx0b") & (r["tx_bps"] > 1e6)]
+    assert len(busy) > 30
+    assert busy["tx_bps"].median() == pytest.approx(20e6, rel=0.05)
+    link = next(l for l in summ["fidelity"]["rates"]["links"] if l["iface"] == "tbx0b")
+    assert 0.9 < link["max_tx_mbps"] / 20.0 < 1.1
+    q = pd_read(tmp_path / "traces" / "qdisc.csv")
+    assert q["backlog_bytes"].max() > 100_000  # the queue built up behind the 20 Mbit/s shaper
+
+
+def analysis_load(path):
+    import analysis
+    return analysis.load(path)
+
+
+@need_net
+def test_qdisc_reader_agrees_with_pyroute2(net):
+    from pyroute2 import IPRoute
+    _sh("tc", "qdisc", "add", "dev", "tbx0a", "root", "handle", "5:", "htb", "default", "1")
+    _sh("tc", "class", "add", "dev", "tbx0a", "parent", "5:", "classid", "5:1", "htb", "rate", "5mbit",
+        "burst", "15k")
+    s = send_udp("b", "a", 400, 1400, gap_s=0)  # overload 5 Mbit/s: backlog and drops
+    time.sleep(0.15)
+    reader = QdiscReader()
+    try:
+        with IPRoute() as ipr:
+            idx = ipr.link_lookup(ifname="tbx0a")[0]
+            # the counters move under load: take ours, then pyroute2's, then ours again
+            ours1 = [q for q in reader.dump() if q["index"] == idx]
+            theirs = [m for m in ipr.get_qdiscs(index=idx) if m["parent"] == 0xFFFFFFFF]
+            ours2 = [q for q in reader.dump() if q["index"] == idx]
+    finally:
+        reader.close()
+        s.wait(20)
+    (m,) = theirs
+    basic = m.get_attr("TCA_STATS2").get_attr("TCA_STATS_BASIC")
+    queue = m.get_attr("TCA_STATS2").get_attr("TCA_STATS_QUEUE")
+    lo, hi = ours1[0], ours2[0]
+    assert lo["kind"] == hi["kind"] == m.get_attr("TCA_KIND") == "htb"
+    assert lo["parent"] == 0xFFFFFFFF and lo["handle"] == m["handle"]
+    assert lo["sent_bytes"] <= basic["bytes"] <= hi["sent_bytes"]
+    assert lo["sent_packets"] <= basic["packets"] <= hi["sent_packets"]
+    assert lo["drops"] <= queue["drops"] <= hi["drops"]
+    assert lo["overlimits"] <= queue["overlimits"] <= hi["overlimits"]
+    assert hi["backlog_bytes"] > 0 or hi["drops"] > 0  # the queue really built up
+
+
+def pd_read(path):
+    import pandas as pd
+    return pd.read_csv(path)
+
+
+if __name__ == "__main__":
+    # Regenerate tests/data/bwm-ng-veth.csv (root): 200 x 1000 B a->b, 50 x 500 B b->a.
+    with veth_net() as ports:
+        out = DATA / "bwm-ng-veth.csv"
+        out.unlink(missing_ok=True)
+        p = subprocess.Popen(bwm_ng_command(ports, 10, out))
+        try:
+            time.sleep(0.1)
+            s1, s2 = send_udp("a", "b", 200, 1000, 0.002), send_udp("b", "a", 50, 500, 0.008)
+            s1.wait(), s2.wait()
+            time.sleep(0.1)
+        finally:
+            p.terminate()
+            p.wait()
+        print(f"wrote {out}: {len(out.read_text().splitlines())} lines")

@@ -1,0 +1,138 @@
+"""``python -m traffic.runtime RUN_DIR PROC_NAME``: run one process of a run.
+
+Reads ``RUN_DIR/spec.yaml`` and ``RUN_DIR/processes.json``, joins the gloo process group
+(``tcp://master_addr:master_port``, timeout ``run.timeout_s``), builds the
+:class:`~traffic.runtime.context.Context`, runs the scheme's ``main()`` for this process's
+role, then writes ``results/<proc>.json`` and, if ``workload.save_params``,
+``params/<proc>.pt`` (the scheme's :meth:`~traffic.schemes.base.Scheme.final_state`).
+
+Exit status: 0 on success; 1 if anything failed (the traceback goes to stdout, i.e. the
+process's log); 2 for a bad command line. The process leaves through ``os._exit`` so that a
+peer stuck in gloo or a non-daemon thread can never keep it alive. A process that fails
+because a *peer* failed (a torch.distributed error) waits ``SECONDARY_FAILURE_DELAY_S``
+before exiting, so the harness, which polls exit codes, reports the process that failed
+first and its log rather than a victim's.
+
+Debug option: ``TESTBED_CRASH_AT=<proc>:<iteration>`` makes that process raise at the start
+of that iteration (see :meth:`Context.maybe_crash`).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+SECONDARY_FAILURE_DELAY_S = 1.5
+
+
+def _is_peer_failure(e: BaseException) -> bool:
+    import torch.distributed as dist
+    if isinstance(e, dist.DistError):
+        return True
+    msg = str(e)
+    return isinstance(e, RuntimeError) and any(
+        s in msg for s in ("Connection closed by peer", "Connection reset by peer", "gloo", "Broken pipe",
+                           "Timed out", "timed out"))
+
+
+def run_process(run_dir: str | Path, name: str) -> int:
+    """Run process ``name`` of the run in ``run_dir`` to completion; returns the exit status.
+
+    Does not call ``os._exit`` (:func:`main` does).
+    """
+    import torch
+    import torch.distributed as dist
+
+    from testbed.rundir import read_json, write_json
+    from testbed.spec import load_spec
+    from traffic.data import GlobalBatches, load_dataset
+    from traffic.models import build_model
+    from traffic.runtime.comm import CommThread
+    from traffic.runtime.context import Context, InjectedCrash
+    from traffic.runtime.events import EventLog
+    from traffic.runtime.transport import Transport
+    from traffic.schemes import get_scheme
+
+    t_start = time.time()
+    torch.set_num_threads(1)
+    run_dir = Path(run_dir)
+    spec = load_spec(run_dir / "spec.yaml")
+    doc = read_json(run_dir / "processes.json")
+    entry = next((p for p in doc["processes"] if p["name"] == name), None)
+    if entry is None:
+        print(f"traffic.runtime: no process {name!r} in {run_dir / 'processes.json'}", flush=True)
+        return 2
+    w = spec.workload
+    role, index, rank, world = entry["role"], entry["index"], entry["rank"], doc["world_size"]
+    events = EventLog(run_dir / "events" / f"{name}.jsonl", name, role, rank)
+    print(f"traffic.runtime: {name} (role {role}, rank {rank}/{world}) on host {entry.get('host')} "
+          f"ip {entry.get('ip')} iface {os.environ.get('GLOO_SOCKET_IFNAME')}; scheme {w.scheme}", flush=True)
+    ctx = None
+    try:
+        with events.span("init", world_size=world):
+            dist.init_process_group(
+                "gloo", init_method=f"tcp://{doc['master_addr']}:{doc['master_port']}",
+                rank=rank, world_size=world, timeout=timedelta(seconds=spec.run.timeout_s))
+        data = load_dataset(w.dataset, w.seed)
+        model = build_model(w.model, w.seed, data.input_shape, data.num_classes)
+        n_workers = sum(1 for p in doc["processes"] if p["role"] == "worker")
+        ctx = Context(
+            run_dir=run_dir, spec=spec, name=name, role=role, index=index, rank=rank, world_size=world,
+            processes=doc["processes"], model=model, data=data,
+            batches=GlobalBatches(data, w.batch_size, max(n_workers, 1), w.seed),
+            transport=Transport(events, rank, world), events=events, comm=CommThread("comm"),
+            crash_at=Context.crash_iteration(name))
+        scheme = get_scheme(w.scheme)(ctx)
+        t0 = time.perf_counter()
+        scheme.main()
+        ctx.comm.close(wait=True, timeout=60)
+        ctx.comm.check()
+        wall = time.perf_counter() - t0
+        tr = ctx.transport
+        write_json(run_dir / "results" / f"{name}.json", {
+            "proc": name, "role": role, "rank": rank,
+            "final_accuracy": ctx.results.pop("final_accuracy", None),
+            "final_loss": ctx.results.pop("final_loss", None),
+            "iterations": w.iterations, "wall_s": wall, "startup_s": round(time.time() - t_start - wall, 3),
+            "bytes_sent": tr.bytes_sent, "bytes_received": tr.bytes_received, "bytes_reduced": tr.bytes_reduced,
+            **ctx.results})
+        if w.save_params:
+            state = scheme.final_state()
+            if state is not None:
+                torch.save({k: v.detach().clone() for k, v in state.items()}, run_dir / "params" / f"{name}.pt")
+        # nobody leaves before everyone is done: rank 0 hosts the rendezvous store
+        ctx.transport.barrier(log=False)
+        dist.destroy_process_group()
+        return 0
+    except BaseException as e:  # noqa: BLE001 - reported, then the process exits 1
+        traceback.print_exc(file=sys.stdout)
+        print(f"traffic.runtime: {name} failed: {type(e).__name__}: {e}", flush=True)
+        if not isinstance(e, InjectedCrash) and _is_peer_failure(e):
+            time.sleep(SECONDARY_FAILURE_DELAY_S)
+        return 1
+    finally:
+        events.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command-line entry: ``RUN_DIR PROC_NAME``; exits the process with run_process's status."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2:
+        print("usage: python -m traffic.runtime RUN_DIR PROC_NAME", file=sys.stderr)
+        code = 2
+    else:
+        try:
+            code = run_process(argv[0], argv[1])
+        except BaseException:  # noqa: BLE001 - failures before the event log exists
+            traceback.print_exc(file=sys.stdout)
+            code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

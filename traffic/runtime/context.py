@@ -1,0 +1,141 @@
+"""What a scheme's process gets from the runtime: :class:`Context`."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from traffic.data import Dataset, GlobalBatches
+from traffic.models import LayeredModel
+from traffic.runtime.comm import CommThread
+from traffic.runtime.events import EventLog
+from traffic.runtime.transport import Transport
+
+if TYPE_CHECKING:  # pragma: no cover
+    from testbed.spec import Experiment, WorkloadSpec
+
+__all__ = ["Context", "InjectedCrash", "CRASH_ENV", "parse_crash_at"]
+
+CRASH_ENV = "TESTBED_CRASH_AT"
+
+
+class InjectedCrash(RuntimeError):
+    """Raised on purpose by :meth:`Context.maybe_crash` (debug option ``TESTBED_CRASH_AT``)."""
+
+
+def parse_crash_at(value: str | None) -> dict[str, int]:
+    """Parse ``TESTBED_CRASH_AT``: ``<proc>:<iteration>[,<proc>:<iteration>...]``.
+
+    Returns ``{proc: iteration}``; empty for ``None``/``""``.
+
+    Raises:
+        ValueError: a malformed entry.
+    """
+    out: dict[str, int] = {}
+    for part in (value or "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        proc, sep, it = part.rpartition(":")
+        if not sep or not proc or not it.strip().lstrip("-").isdigit():
+            raise ValueError(f"{CRASH_ENV}: expected <proc>:<iteration>, got {part!r}")
+        out[proc] = int(it)
+    return out
+
+
+@dataclass
+class Context:
+    """Everything one process of a run knows and uses.
+
+    Attributes:
+        run_dir: the run directory.
+        spec: the resolved experiment; ``workload`` is ``spec.workload``.
+        name: process name (``worker0``, ``server1`` ...); ``role`` and ``index`` within it.
+        rank / world_size: torch.distributed global rank and number of processes.
+        processes: the entries of ``processes.json`` (rank order), each a dict with name,
+            role, index, rank, host, ip, iface.
+        model: this process's model, initialised from ``workload.seed`` (identical in every
+            process at start).
+        data: the dataset; ``batches``: the global batches and shards of this run
+            (``workers`` = number of worker processes).
+        transport: logged torch.distributed communication; ``events``: the event log;
+            ``comm``: the background communication thread (FIFO, started on first use; a
+            scheme that needs another order may replace it in ``setup``, e.g. with a
+            ``PriorityCommThread``; the runtime closes whatever ``ctx.comm`` is at the end).
+        results: extra fields for ``results/<proc>.json`` (the trainer sets
+            ``final_accuracy``, ``final_loss``; a scheme may add its own).
+    """
+    run_dir: Path
+    spec: "Experiment"
+    name: str
+    role: str
+    index: int
+    rank: int
+    world_size: int
+    processes: list[dict]
+    model: LayeredModel
+    data: Dataset
+    batches: GlobalBatches
+    transport: Transport
+    events: EventLog
+    comm: CommThread
+    results: dict[str, Any] = field(default_factory=dict)
+    crash_at: int | None = None
+
+    @property
+    def workload(self) -> "WorkloadSpec":
+        return self.spec.workload
+
+    @property
+    def iterations(self) -> int:
+        """``workload.iterations``."""
+        return self.spec.workload.iterations
+
+    def ranks(self, role: str) -> list[int]:
+        """Global ranks of the processes of ``role``, ordered by their index (empty if none)."""
+        procs = sorted((p for p in self.processes if p["role"] == role), key=lambda p: p["index"])
+        return [p["rank"] for p in procs]
+
+    def count(self, role: str) -> int:
+        """Number of processes of ``role``."""
+        return sum(1 for p in self.processes if p["role"] == role)
+
+    @property
+    def workers(self) -> int:
+        """Number of worker processes ``W``."""
+        return self.count("worker")
+
+    def rank_of(self, role: str, index: int) -> int:
+        """Global rank of process ``<role><index>``.
+
+        Raises:
+            KeyError: no such process.
+        """
+        for p in self.processes:
+            if p["role"] == role and p["index"] == index:
+                return p["rank"]
+        raise KeyError(f"no process {role}{index} in this run")
+
+    def proc_of(self, rank: int) -> dict:
+        """The ``processes.json`` entry of global rank ``rank``."""
+        return self.processes[rank]
+
+    def maybe_crash(self, it: int) -> None:
+        """Debug hook: raise :class:`InjectedCrash` at iteration ``it`` if asked to.
+
+        Set the environment variable ``TESTBED_CRASH_AT=<proc>:<iteration>`` (comma-separated
+        for several) in the environment of the launcher; process ``<proc>`` then fails at
+        the start of that iteration, as a crashing worker or server would. The training loop
+        and every role loop call this once per iteration.
+
+        Raises:
+            InjectedCrash: this process was asked to crash at ``it``.
+        """
+        if self.crash_at is not None and it == self.crash_at:
+            raise InjectedCrash(f"{CRASH_ENV}: {self.name} crashes at iteration {it} as asked")
+
+    @staticmethod
+    def crash_iteration(name: str) -> int | None:
+        """Iteration at which ``name`` must crash according to ``TESTBED_CRASH_AT`` (or None)."""
+        return parse_crash_at(os.environ.get(CRASH_ENV)).get(name)

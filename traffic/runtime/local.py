@@ -1,0 +1,141 @@
+"""Run every process of a run on this machine over loopback (no Mininet, no root).
+
+Tests and developers run schemes with it::
+
+    from testbed.spec import from_dict
+    from traffic.runtime.local import run_local
+    exp = from_dict({"workload": {"scheme": "ps", "iterations": 20, "workers": 4}})
+    run_dir = run_local(exp, "runs/try-ps")
+
+It fakes the topology's hosts (``racks * hosts_per_rack`` worker hosts ``h1..hN``, rack by
+rack, plus the scheme's dedicated server hosts ``s1..``), asks the scheme for its plan,
+gives every process ip ``127.0.0.1`` and iface ``lo``, picks a free master port, and starts
+and watches the processes with :mod:`testbed.launch` exactly as the harness does. Nothing is
+shaped and nothing is captured: the run directory gets spec.yaml, processes.json, events/,
+results/, params/ and logs/ (no topology.json, traces/ or summary.json).
+
+Command line: ``python -m traffic.runtime.local SPEC.yaml [--set path=value ...] [--run-dir DIR]``.
+"""
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+from pathlib import Path
+from typing import Callable
+
+from testbed import launch, rundir
+from testbed.errors import TestbedError
+from testbed.spec import Experiment, dump_spec, load_spec
+from traffic.schemes import HostInfo, get_scheme
+
+__all__ = ["local_hosts", "local_entries", "free_port", "run_local"]
+
+LOCAL_IP = "127.0.0.1"
+LOCAL_IFACE = "lo"
+
+
+def local_hosts(exp: Experiment) -> list[HostInfo]:
+    """The hosts the topology of ``exp`` would have, as the scheme's plan sees them.
+
+    Worker hosts ``h1..h{racks*hosts_per_rack}`` (``h1..h{hosts_per_rack}`` in rack 0, ...),
+    then one ``s<j>`` host per entry of the scheme's ``dedicated_server_hosts``.
+    """
+    t, w = exp.topology, exp.workload
+    hosts = [HostInfo(f"h{r * t.hosts_per_rack + i + 1}", r, "worker")
+             for r in range(t.racks) for i in range(t.hosts_per_rack)]
+    for j, r in enumerate(get_scheme(w.scheme).dedicated_server_hosts(w, t.racks)):
+        hosts.append(HostInfo(f"s{j + 1}", r, "server"))
+    return hosts
+
+
+def local_entries(exp: Experiment) -> list[dict]:
+    """``processes.json`` entries (without ranks) of the scheme's plan on the local hosts.
+
+    Raises:
+        SpecError: the plan does not fit the topology (too many workers or servers).
+    """
+    plan = get_scheme(exp.workload.scheme).plan(exp.workload, local_hosts(exp))
+    return [{"name": p.name, "role": p.role, "index": p.index, "host": p.host,
+             "ip": LOCAL_IP, "iface": LOCAL_IFACE} for p in plan]
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (the OS's pick)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOCAL_IP, 0))
+        return s.getsockname()[1]
+
+
+def run_local(exp: Experiment, run_dir: str | Path | None = None, *, timeout_s: float | None = None,
+              env: dict[str, str] | None = None, poll_s: float = 0.2,
+              on_start: Callable[[launch.Launched], None] | None = None) -> Path:
+    """Run ``exp`` (no sweep) on loopback and wait for every process to finish.
+
+    Args:
+        exp: a validated experiment (``testbed.spec.from_dict`` / ``load_spec``).
+        run_dir: directory to create (must not exist); default ``<run.runs_dir>/<run.id or
+            name-timestamp>``.
+        timeout_s: overall limit in seconds (default ``run.timeout_s``).
+        env: extra environment variables for every process (e.g. ``TESTBED_CRASH_AT``).
+        poll_s: how often exit codes are polled, in seconds.
+        on_start: called with each process as soon as it is started (e.g. to record pids).
+
+    Returns:
+        The run directory.
+
+    Raises:
+        TestbedError: the run directory exists, or the spec has a sweep.
+        SpecError: the plan does not fit the topology.
+        RunFailed: a process exited non-zero (message: its log tail) or the timeout passed;
+            every process of the run has been killed by then.
+    """
+    if exp.sweep:
+        raise TestbedError("run_local runs one experiment; expand the sweep first (testbed.spec.expand_sweep)")
+    if run_dir is None:
+        run_dir = rundir.create(exp.run.runs_dir, exp.run.id or rundir.new_run_id(exp.name),
+                                exclusive_id=exp.run.id is not None)
+    else:
+        run_dir = Path(run_dir)
+        run_dir = rundir.create(run_dir.parent, run_dir.name)
+    (run_dir / "spec.yaml").write_text(dump_spec(exp))
+    entries = local_entries(exp)
+    doc = launch.write_processes(run_dir, entries, LOCAL_IP, free_port())
+    extra = dict(env or {})
+
+    def popen(info, cmd, penv, log):
+        return launch.local_popen(info, cmd, {**penv, **extra}, log)
+
+    procs: list[launch.Launched] = []
+
+    def started(l: launch.Launched) -> None:
+        procs.append(l)  # known at once: an interrupted start still kills what it started
+        if on_start:
+            on_start(l)
+
+    try:
+        launch.start(run_dir, doc, popen=popen, on_start=started)
+        launch.watch(procs, exp.run.timeout_s if timeout_s is None else timeout_s, poll_s=poll_s)
+    finally:
+        launch.kill_all(procs)  # no-op when all exited; on any error nothing is left running
+    return run_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: run a spec locally, print the run directory (exit 1 on a TestbedError)."""
+    ap = argparse.ArgumentParser(prog="python -m traffic.runtime.local", description=__doc__.split("\n")[0])
+    ap.add_argument("spec")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE")
+    ap.add_argument("--run-dir")
+    a = ap.parse_args(argv)
+    try:
+        run_dir = run_local(load_spec(a.spec, a.overrides), a.run_dir)
+    except TestbedError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(run_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

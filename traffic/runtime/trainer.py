@@ -1,0 +1,203 @@
+"""The standard training loop of a worker, with the scheme's hooks (see traffic.schemes.base).
+
+Per iteration ``it`` (``workload.iterations`` of them)::
+
+    ctx.maybe_crash(it)
+    span "iteration" (samples = batch_size, loss = local training loss)
+        scheme.on_iteration_start(it)
+        x, y = shard it of this worker
+        forward, layer by layer:  scheme.before_forward(it, l); compute; event "forward"
+        loss = cross_entropy(logits, y)  (mean over the local batch)
+        backward, last layer first: when all of layer l's parameter gradients are
+            accumulated: event "backward"; scheme.after_backward(it, l)
+        scheme.on_backward_end(it)
+    worker 0, every workload.eval_every iterations (if > 0): event "eval"
+    scheme.finish(); worker 0: final event "eval" (final = true)
+
+The "backward" event of layer ``l`` spans from the moment the previous layer's
+``after_backward`` returned (the start of ``backward()`` for the last layer, so it includes
+the loss's backward) to the moment layer ``l``'s gradients are all accumulated; the
+``forward`` event spans the layer's own compute, without the time spent in
+``before_forward``.
+
+The scheme's optimizer step is the scheme's business (``on_backward_end`` typically leaves
+the updated parameters in the model); :meth:`Scheme.finish` must leave the final parameters
+in the model, since the final evaluation and ``params/<proc>.pt`` read them.
+"""
+from __future__ import annotations
+
+import time
+from functools import partial
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+if TYPE_CHECKING:  # pragma: no cover
+    from traffic.runtime.context import Context
+    from traffic.schemes.base import Scheme
+
+__all__ = ["Trainer", "evaluate", "make_optimizer"]
+
+
+def make_optimizer(params, spec) -> torch.optim.SGD:
+    """``torch.optim.SGD`` over ``params`` configured by ``spec`` (a ``testbed.spec.OptimizerSpec``:
+    ``lr``, ``momentum``, ``weight_decay``). Every scheme and the reference use this, so
+    they apply the same update rule."""
+    return torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay)
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 1024) -> tuple[float, float]:
+    """Accuracy in [0, 1] and mean cross-entropy loss of ``model`` on ``(x, y)``.
+
+    ``x``: ``(n, *input_shape)``, ``y``: ``(n,)`` int64. Runs in eval mode, restores the
+    previous mode.
+    """
+    was_training = model.training
+    model.eval()
+    correct, loss_sum = 0, 0.0
+    try:
+        for i in range(0, len(x), batch):
+            out = model(x[i:i + batch])
+            loss_sum += float(F.cross_entropy(out, y[i:i + batch], reduction="sum"))
+            correct += int((out.argmax(dim=1) == y[i:i + batch]).sum())
+    finally:
+        model.train(was_training)
+    n = max(len(x), 1)
+    return correct / n, loss_sum / n
+
+
+class Trainer:
+    """Runs the standard loop for one worker (real compute).
+
+    Args:
+        ctx: the process context (its ``model``, ``batches``, ``events`` ...).
+        scheme: the scheme whose hooks are called.
+    """
+
+    def __init__(self, ctx: "Context", scheme: "Scheme"):
+        self.ctx, self.scheme = ctx, scheme
+        self.model = ctx.model
+        self.layers = list(self.model.layers)
+        self.it: int | None = None
+        self._active = False       # hooks act only during a training step (not during eval)
+        self._handles = []
+        self._fwd_start: tuple[float, float] | None = None
+        self._bwd_mark: tuple[float, float] = (0.0, 0.0)
+        # parameters of each layer that receive gradients (a shared tensor counts once,
+        # in the first layer that has it)
+        seen: set[int] = set()
+        self._layer_params: list[list[torch.nn.Parameter]] = []
+        for layer in self.layers:
+            ps = [p for p in layer.parameters() if p.requires_grad and id(p) not in seen]
+            seen.update(id(p) for p in ps)
+            self._layer_params.append(ps)
+        self._missing = [0] * len(self.layers)
+
+    # ---------------------------------------------------------------- hooks
+
+    def _install(self) -> None:
+        for l, layer in enumerate(self.layers):
+            self._handles.append(layer.register_forward_pre_hook(partial(self._pre_forward, l)))
+            self._handles.append(layer.register_forward_hook(partial(self._post_forward, l)))
+            for p in self._layer_params[l]:
+                self._handles.append(p.register_post_accumulate_grad_hook(partial(self._grad_ready, l)))
+
+    def _remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def _pre_forward(self, l: int, module, args) -> None:
+        if not self._active:
+            return
+        self.scheme.before_forward(self.it, l)
+        self._fwd_start = (time.time(), time.perf_counter())
+
+    def _post_forward(self, l: int, module, args, out) -> None:
+        if not self._active or self._fwd_start is None:
+            return
+        ts, t0 = self._fwd_start
+        self.ctx.events.record("forward", ts, time.perf_counter() - t0, iteration=self.it, layer=l)
+
+    def _grad_ready(self, l: int, param) -> None:
+        if not self._active:
+            return
+        self._missing[l] -= 1
+        if self._missing[l] == 0:
+            self._layer_done(l)
+
+    def _layer_done(self, l: int) -> None:
+        ts, t0 = self._bwd_mark
+        self.ctx.events.record("backward", ts, time.perf_counter() - t0, iteration=self.it, layer=l)
+        self.scheme.after_backward(self.it, l)
+        self._bwd_mark = (time.time(), time.perf_counter())
+
+    # ---------------------------------------------------------------- loop
+
+    def step(self, it: int) -> float:
+        """One training iteration (forward, backward, the scheme's hooks); returns the local loss."""
+        ctx, scheme = self.ctx, self.scheme
+        self.it = it
+        scheme.on_iteration_start(it)
+        x, y = ctx.batches.shard(it, ctx.index)
+        self.model.zero_grad(set_to_none=True)
+        self._missing = [len(ps) for ps in self._layer_params]
+        self._active = True
+        try:
+            out = self.model(x)
+            loss = F.cross_entropy(out, y)
+            self._bwd_mark = (time.time(), time.perf_counter())
+            loss.backward()
+            # layers without trainable parameters: "ready" once backward is over
+            for l in reversed(range(len(self.layers))):
+                if not self._layer_params[l]:
+                    self._layer_done(l)
+        finally:
+            self._active = False
+        scheme.on_backward_end(it)
+        return float(loss.detach())
+
+    def eval_event(self, it: int, final: bool = False) -> tuple[float, float]:
+        """Evaluate on the test set and write an ``eval`` event; returns (accuracy, loss)."""
+        d = self.ctx.data
+        with self.ctx.events.span("eval", iteration=it, final=final) as ev:
+            acc, loss = evaluate(self.model, d.x_test, d.y_test)
+            ev.update(accuracy=acc, loss=loss, samples=len(d.y_test))
+        return acc, loss
+
+    def run(self) -> None:
+        """Run ``setup``, every iteration, ``finish``; worker 0 evaluates.
+
+        Sets ``ctx.results`` ``final_accuracy``/``final_loss`` (worker 0; ``None`` elsewhere)
+        and ``train_loss`` (this worker's last local loss).
+
+        Raises:
+            whatever a hook or the communication raises (the runtime reports it).
+        """
+        ctx, scheme = self.ctx, self.scheme
+        n, b = ctx.iterations, ctx.workload.batch_size
+        every = ctx.workload.eval_every
+        evaluates = ctx.role == "worker" and ctx.index == 0
+        self._install()
+        try:
+            with ctx.events.span("setup"):
+                scheme.setup()
+            loss = None
+            for it in range(n):
+                ctx.maybe_crash(it)
+                with ctx.events.span("iteration", iteration=it, samples=b) as ev:
+                    loss = self.step(it)
+                    ev["loss"] = loss
+                ctx.comm.check()  # a failed background job fails the run now, not at the end
+                if evaluates and every > 0 and (it + 1) % every == 0 and it + 1 < n:
+                    self.eval_event(it)
+            with ctx.events.span("finish"):
+                scheme.finish()
+        finally:
+            self._remove()
+        acc = final_loss = None
+        if evaluates:
+            acc, final_loss = self.eval_event(n - 1, final=True)
+        ctx.results.update(final_accuracy=acc, final_loss=final_loss, train_loss=loss)

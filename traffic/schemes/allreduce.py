@@ -1,0 +1,97 @@
+"""Decentralized synchronous SGD (``allreduce``): all_reduce the gradients, step locally.
+
+Role ``worker`` only. After the whole backward pass (``on_backward_end``) every worker
+all_reduces (gloo; ring algorithm) its gradients, bucket by bucket, divides them by ``W``
+and applies ``torch.optim.SGD`` (momentum, weight decay) to its own copy of the model.
+Since every worker starts from the same parameters (built from ``workload.seed``) and
+applies the same averaged gradient, the copies stay identical, and equal to a single
+process training on the global batch.
+
+Buckets, as torch DDP's: keys (parameter tensors) taken in backward order (last layer
+first) are packed into flat buckets of at most ``bucket_mb`` MiB; a key larger than that is
+a bucket by itself; ``bucket_mb: 0`` gives one all_reduce per key.
+
+Events: ``allreduce`` per bucket (``bytes`` = the bucket's payload, ``bucket``, ``keys``,
+``group_size``) and ``update`` for the optimizer step.
+"""
+from __future__ import annotations
+
+import torch
+
+from traffic.runtime.trainer import make_optimizer
+from traffic.schemes.base import Scheme, register
+
+__all__ = ["AllReduce", "make_buckets"]
+
+
+def make_buckets(key_bytes: list[int], bucket_mb: float) -> list[list[int]]:
+    """Group keys into buckets in backward order (highest key index first).
+
+    Args:
+        key_bytes: payload bytes of each key, in key (forward) order.
+        bucket_mb: bucket capacity in MiB; 0 = one key per bucket.
+
+    Returns:
+        Lists of key indices; the first bucket holds the last keys.
+
+    Raises:
+        ValueError: ``bucket_mb`` < 0.
+    """
+    if bucket_mb < 0:
+        raise ValueError(f"bucket_mb must be >= 0, got {bucket_mb}")
+    cap = bucket_mb * 2 ** 20
+    buckets: list[list[int]] = []
+    cur, size = [], 0
+    for k in reversed(range(len(key_bytes))):
+        b = key_bytes[k]
+        if cur and size + b > cap:
+            buckets.append(cur)
+            cur, size = [], 0
+        cur.append(k)
+        size += b
+    if cur:
+        buckets.append(cur)
+    return buckets
+
+
+@register
+class AllReduce(Scheme):
+    """All_reduce of the gradients after backward, then a local SGD step (module docstring).
+
+    Options:
+        bucket_mb: bucket capacity in MiB (default 25, as torch DDP's ``bucket_cap_mb``).
+    """
+    name = "allreduce"
+    roles = ("worker",)
+    options = {"bucket_mb": 25.0}
+
+    def setup(self) -> None:
+        ctx = self.ctx
+        self.params = [p for p in ctx.model.parameters() if p.requires_grad]
+        self.optimizer = make_optimizer(self.params, ctx.workload.optimizer)
+        self.buckets = make_buckets([p.numel() * p.element_size() for p in self.params],
+                                    float(self.opts["bucket_mb"]))
+        worker_ranks = ctx.ranks("worker")
+        # every process is a worker for this scheme; a group only if others share the job
+        self.group = None if len(worker_ranks) == ctx.world_size else ctx.transport.new_group(worker_ranks)
+        self.W = len(worker_ranks)
+
+    def on_backward_end(self, it: int) -> None:
+        """All_reduce each bucket of gradients, average, and step the optimizer."""
+        tr = self.ctx.transport
+        for b, keys in enumerate(self.buckets):
+            grads = []
+            for k in keys:
+                p = self.params[k]
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                grads.append(p.grad)
+            flat = torch.cat([g.reshape(-1) for g in grads]) if len(grads) > 1 else grads[0].reshape(-1).clone()
+            tr.all_reduce(flat, group=self.group, kind="allreduce", iteration=it, bucket=b, keys=keys)
+            flat /= self.W
+            off = 0
+            for g in grads:
+                g.copy_(flat[off:off + g.numel()].view_as(g))
+                off += g.numel()
+        with self.ctx.events.span("update", iteration=it):
+            self.optimizer.step()
