@@ -107,6 +107,8 @@ def _plot(paths, out: str | None = None, host: str | None = None, quiet=False) -
     for run in runs:
         if not run.traces.empty:
             written.append(plots.plot_interface_rates(run, host=host))
+        if not run.iterations.empty:
+            written.append(plots.plot_iteration_times(run))
     if len(runs) > 1 or out:
         target = Path(out) if out else Path(paths[0]).parent / "throughput.png"
         written.append(plots.plot_throughput(runs, target))

@@ -165,12 +165,26 @@ def uplink_ports(topology: dict) -> list[str]:
     return [l[f"intf{e}"] for l in topology["links"] if l["class"] == "uplink" for e in ("1", "2")]
 
 
+def preflight(exp: Experiment) -> None:
+    """Everything a run needs from the machine, checked before anything is created.
+
+    Raises:
+        MissingRequirement: not root, or mnexec / brctl / tc / bwm-ng / a needed qdisc missing;
+            the message names the remedy.
+    """
+    from testbed.capture import find_bwm_ng
+    from testbed.network import preflight as network_preflight
+    network_preflight(exp.topology)
+    find_bwm_ng()
+
+
 def run_experiment(exp: Experiment, progress: bool = True) -> list[RunResult]:
     """Run ``exp``: one run directory, or for a sweep one per point under a sweep directory.
 
     The sweep directory gets ``sweep.csv`` (one row per point: the swept values, status,
     run directory and headline figures), rewritten after every point.
     """
+    preflight(exp)
     parent = Path(exp.run.runs_dir)
     base_id = exp.run.id or rundir.new_run_id(exp.name)
     points = expand_sweep(exp)

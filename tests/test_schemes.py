@@ -66,7 +66,7 @@ def test_plan_per_rack_and_dedicated():
     w = _workload(servers={"count": 2, "placement": "dedicated"})
     assert ps.dedicated_server_hosts(w, racks=2) == [0, 1]
     plan = ps.plan(w, _hosts(servers=[0, 1]))
-    assert _servers(plan) == [("server0", "s1"), ("server1", "s2")]
+    assert _servers(plan) == [("server0", "ps1"), ("server1", "ps2")]
     assert len([p for p in plan if p.role == "worker"]) == 8  # server hosts run no worker
     w = _workload(servers={"count": 2, "placement": "dedicated", "scope": "per_rack"})
     assert ps.dedicated_server_hosts(w, racks=2) == [0, 0, 1, 1]
@@ -74,7 +74,7 @@ def test_plan_per_rack_and_dedicated():
     exp = from_dict({"workload": {"scheme": "ps", "servers": {"count": 1, "placement": "dedicated",
                                                              "scope": "per_rack"}}})
     entries = local_entries(exp)
-    assert [(e["name"], e["host"]) for e in entries if e["role"] == "server"] == [("server0", "s1"), ("server1", "s2")]
+    assert [(e["name"], e["host"]) for e in entries if e["role"] == "server"] == [("server0", "ps1"), ("server1", "ps2")]
     assert all(e["ip"] == "127.0.0.1" and e["iface"] == "lo" for e in entries)
     # schemes without servers ignore the servers section
     ar = get_scheme("allreduce")

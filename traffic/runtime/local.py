@@ -8,7 +8,7 @@ Tests and developers run schemes with it::
     run_dir = run_local(exp, "runs/try-ps")
 
 It fakes the topology's hosts (``racks * hosts_per_rack`` worker hosts ``h1..hN``, rack by
-rack, plus the scheme's dedicated server hosts ``s1..``), asks the scheme for its plan,
+rack, plus the scheme's dedicated server hosts ``ps1..``), asks the scheme for its plan,
 gives every process ip ``127.0.0.1`` and iface ``lo``, picks a free master port, and starts
 and watches the processes with :mod:`testbed.launch` exactly as the harness does. Nothing is
 shaped and nothing is captured: the run directory gets spec.yaml, processes.json, events/,
@@ -45,7 +45,7 @@ def local_hosts(exp: Experiment) -> list[HostInfo]:
     hosts = [HostInfo(f"h{r * t.hosts_per_rack + i + 1}", r, "worker")
              for r in range(t.racks) for i in range(t.hosts_per_rack)]
     for j, r in enumerate(get_scheme(w.scheme).dedicated_server_hosts(w, t.racks)):
-        hosts.append(HostInfo(f"s{j + 1}", r, "server"))
+        hosts.append(HostInfo(f"ps{j + 1}", r, "server"))
     return hosts
 
 

@@ -1,0 +1,153 @@
+"""End to end through the harness: a real Mininet network, real training, real traces.
+
+Marked ``slow``: each case builds a network and starts torch in every host (tens of seconds).
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import analysis
+from testbed.errors import MissingRequirement, TestbedError
+from testbed.runner import run_experiment, run_one
+from testbed.spec import from_dict
+from tests.leftovers import leftovers, needs_root
+
+ROOT = Path(__file__).resolve().parents[1]
+root_only = pytest.mark.skipif(needs_root, reason="needs root")
+
+
+def small_spec(tmp_path, **workload):
+    return from_dict({
+        "name": "e2e",
+        "topology": {"kind": "rack_core", "racks": 2, "hosts_per_rack": 2, "host_bw_mbps": 50,
+                     "oversubscription": 2},
+        "workload": {"scheme": "ps", "iterations": 8, "warmup_iterations": 2, "batch_size": 16,
+                     "servers": {"count": 1, "placement": "dedicated", "scope": "global"}, **workload},
+        "run": {"runs_dir": str(tmp_path), "timeout_s": 240},
+    })
+
+
+def cross_rack_payload(run) -> int:
+    """Bytes the workers' push/pull events say crossed racks (payload only)."""
+    rack_of_host = {h["name"]: h["rack"] for h in run.topology["hosts"]}
+    rack_of_rank = {p["rank"]: rack_of_host[p["host"]] for p in run.processes["processes"]}
+    ev = run.events
+    comm = ev[(ev.role == "worker") & ev.kind.isin(["push", "pull"]) & ev.peer.notna()]
+    crosses = [rack_of_rank[int(r)] != rack_of_rank[int(p)] for r, p in zip(comm["rank"], comm["peer"])]
+    return int(comm[crosses]["bytes"].sum())
+
+
+@pytest.mark.slow
+@root_only
+def test_ps_run_counts_the_bytes_that_crossed_the_core(tmp_path):
+    assert leftovers() == []
+    (res,) = run_experiment(small_spec(tmp_path), progress=False)
+    assert res.ok, res.summary.get("error")
+    s = res.summary
+    run = analysis.load(res.run_dir)
+    # the dedicated server ps1 sits in rack 0 (tor1): rack 1's workers push and pull across the core
+    assert {h["name"]: h["rack"] for h in run.topology["hosts"]}["ps1"] == 0
+    payload = cross_rack_payload(run)
+    assert payload > 0
+    # bwm-ng counted at the ToR uplink ports: payload plus TCP/IP/Ethernet headers and ACKs
+    assert payload <= s["bytes"]["core"] <= 1.15 * payload, (payload, s["bytes"]["core"])
+    its = pd.read_csv(res.run_dir / "iterations.csv")
+    assert len(its) == 4 * 8 and set(its["worker"]) == {f"worker{i}" for i in range(4)}
+    assert s["throughput"]["mean"] > 0 and s["iteration_time_s"]["p95"] >= s["iteration_time_s"]["p50"]
+    assert 0 <= s["final_accuracy"] <= 1
+    # every shaped interface was read back and recorded
+    assert all(l["shaping"] for l in run.topology["links"])
+    # plots and timeline from the run directory alone
+    out = subprocess.run([sys.executable, "-m", "testbed.cli", "plot", str(res.run_dir)], capture_output=True,
+                         text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert [p.name for p in (res.run_dir / "plots").glob("*.png")]
+    out = subprocess.run([sys.executable, "-m", "testbed.cli", "timeline", str(res.run_dir)], capture_output=True,
+                         text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    trace = json.loads((res.run_dir / "timeline.json").read_text())["traceEvents"]
+    names = {e["args"]["name"] for e in trace if e.get("ph") == "M" and e["name"] == "process_name"}
+    assert {"worker0", "server0"} <= {n.split()[0] for n in names}
+    assert sum(e.get("ph") == "X" for e in trace) >= len(run.events)
+    assert leftovers() == []
+
+
+@pytest.mark.slow
+@root_only
+def test_worker_crash_ends_the_run_promptly_keeps_logs_and_leaves_nothing(tmp_path, monkeypatch):
+    assert leftovers() == []
+    monkeypatch.setenv("TESTBED_CRASH_AT", "worker1:3")
+    exp = small_spec(tmp_path, scheme="allreduce", iterations=30)
+    t0 = time.time()
+    (res,) = run_experiment(exp, progress=False)
+    elapsed = time.time() - t0
+    assert res.summary["status"] == "failed"
+    assert "worker1" in res.summary["error"] and "exited with code" in res.summary["error"]
+    assert "InjectedCrash" in (res.run_dir / "logs" / "worker1.log").read_text()
+    # the crash is at iteration 3; start-up is ~20-40 s on 2 cores, the rest must be seconds
+    ev = analysis.load(res.run_dir).events
+    last = ev[ev.proc == "worker1"]["ts"].max()
+    assert time.time() - last < 20 and elapsed < 120
+    assert leftovers() == []
+
+
+@pytest.mark.slow
+@root_only
+def test_sweep_goes_on_after_a_failed_point(tmp_path):
+    exp = small_spec(tmp_path, iterations=4, warmup_iterations=1)
+    exp.sweep = {"topology.host_bw_mbps": [50, 60]}
+    exp.run.timeout_s = 240
+    exp = from_dict({**exp.to_dict(), "sweep": {"run.timeout_s": [0.5, 240]}})
+    results = run_experiment(exp, progress=False)
+    assert [r.summary["status"] for r in results] == ["failed", "ok"]
+    assert "timed out" in results[0].summary["error"]
+    table = pd.read_csv(results[0].run_dir.parent / "sweep.csv")
+    assert list(table["status"]) == ["failed", "ok"]
+    assert leftovers() == []
+
+
+def test_existing_run_directory_is_never_overwritten(tmp_path):
+    (tmp_path / "fixed").mkdir()
+    (tmp_path / "fixed" / "summary.json").write_text('{"keep": true}')
+    exp = small_spec(tmp_path)
+    with pytest.raises(TestbedError, match="never overwritten"):
+        run_one(exp, tmp_path, "fixed")
+    assert json.loads((tmp_path / "fixed" / "summary.json").read_text()) == {"keep": True}
+
+
+@pytest.mark.parametrize("missing, remedy", [("mnexec", "apt-get install mininet"),
+                                             ("bwm-ng", "apt-get install bwm-ng")])
+def test_missing_tool_is_refused_before_anything_is_made(tmp_path, monkeypatch, missing, remedy):
+    import shutil
+    real = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name == missing else real(name, *a, **k))
+    monkeypatch.setattr(os, "access", lambda p, m: False if p.endswith(missing) else os.path.exists(p))
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    with pytest.raises(MissingRequirement, match=remedy):
+        run_experiment(small_spec(tmp_path / "runs"), progress=False)
+    assert not (tmp_path / "runs").exists()
+
+
+@root_only
+def test_not_root_gets_one_line_with_the_remedy(tmp_path):
+    out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
+                          "-m", "testbed.cli", "run", "experiments/quickstart.yaml", "--runs-dir", str(tmp_path / "r")],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 2
+    assert "root" in out.stderr and "sudo" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_bad_spec_is_named_by_the_cli(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "testbed.cli", "run", "experiments/quickstart.yaml",
+                          "--set", "topology.host_bw_mbps=-3", "--runs-dir", str(tmp_path / "r")],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 2
+    assert "topology.host_bw_mbps" in out.stderr and "-3" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "r").exists()
