@@ -27,7 +27,7 @@ COMM_KINDS = {"push", "pull", "allreduce", "send", "recv", "broadcast", "all_gat
 
 def _hosts(racks=2, per_rack=4, servers=()):
     hosts = [HostInfo(f"h{r * per_rack + i + 1}", r) for r in range(racks) for i in range(per_rack)]
-    return hosts + [HostInfo(f"s{j + 1}", r, "server") for j, r in enumerate(servers)]
+    return hosts + [HostInfo(f"ps{j + 1}", r, "server") for j, r in enumerate(servers)]
 
 
 def _workload(**kw):
