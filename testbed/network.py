@@ -168,6 +168,8 @@ class Network:
         self.hosts = {h.name: h for h in self.net.hosts}
         for h in self.net.hosts:
             self._configure_extra_interfaces(h)
+        if self.spec.mtu_bytes != 1500:
+            self._set_mtu(self.spec.mtu_bytes)
         self.topology = self._describe()
         self._verify_shaping()
         write_json(self.run_dir / "topology.json", self.topology)
@@ -192,6 +194,14 @@ class Network:
             host.cmd(f"ip route add 10.0.0.0/8 dev {intf.name} src {ip} table {table}")
             host.cmd(f"ip rule add from {ip} table {table}")
 
+    def _set_mtu(self, mtu: int) -> None:
+        """Set ``mtu`` on both ends of every link (bridges follow their ports' MTU)."""
+        for link in self.net.links:
+            for intf in (link.intf1, link.intf2):
+                out = intf.node.cmd(f"ip link set dev {intf.name} mtu {mtu}")
+                if out.strip():
+                    raise TestbedError(f"cannot set MTU {mtu} on {intf.name}: {out.strip()}")
+
     def _describe(self) -> dict:
         hosts = []
         for h in self.net.hosts:
@@ -208,6 +218,8 @@ class Network:
                           "node2": link.intf2.node.name, "intf2": link.intf2.name,
                           "delay_ms": self.spec.delay_ms, "loss_pct": self.spec.loss_pct,
                           "max_queue_packets": self.spec.max_queue_packets,
+                          "mtu_bytes": [int(i.node.cmd(f"cat /sys/class/net/{i.name}/mtu").strip() or 0)
+                                        for i in (link.intf1, link.intf2)],
                           "htb_burst_bytes": htb_burst_bytes(p.get("bw_mbps")), "shaping": {}})
         doc = {"kind": self.spec.kind, "spec": vars(self.spec).copy(),
                "uplink_bw_mbps": self.spec.uplink_mbps() if self.spec.kind == "rack_core" else None,
@@ -236,6 +248,8 @@ class Network:
                     rate = got.get("rate_mbps")
                     if got.get("qdisc") != "htb" or rate is None or abs(rate - want) > RATE_TOLERANCE * want:
                         bad.append(f"{intf}: asked {want} Mbit/s htb, kernel has {got}")
+                    elif link["mtu_bytes"] != [self.spec.mtu_bytes] * 2:
+                        bad.append(f"{intf}: asked MTU {self.spec.mtu_bytes}, kernel has {link['mtu_bytes']}")
                     elif self.spec.max_queue_packets and got.get("leaf") not in ("pfifo", "netem"):
                         bad.append(f"{intf}: asked a {self.spec.max_queue_packets}-packet queue, kernel has {got}")
         if bad:

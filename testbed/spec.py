@@ -41,7 +41,8 @@ class TopologySpec:
     ``rack``: ``hosts_per_rack`` hosts on one top-of-rack (ToR) switch (``racks`` must be 1).
     ``rack_core``: ``racks`` racks of ``hosts_per_rack`` hosts; each ToR has one uplink to a
     core switch of ``uplink_bw_mbps``, by default ``hosts_per_rack * host_bw_mbps /
-    oversubscription`` (Mbit/s).
+    oversubscription`` (Mbit/s). ``mtu_bytes`` is set on every interface (1500 is standard
+    Ethernet; datacenters often run 9000-byte jumbo frames, which cut per-packet overhead).
     """
     kind: Literal["rack", "rack_core"] = "rack_core"
     racks: int = field(default=2, metadata=_pos)
@@ -53,6 +54,8 @@ class TopologySpec:
     loss_pct: float = field(default=0.0, metadata=_check(lambda v: 0 <= v < 100, "a percentage in [0, 100)"))
     max_queue_packets: Optional[int] = field(default=None, metadata=_pos)
     interfaces_per_host: int = field(default=1, metadata=_pos)
+    mtu_bytes: int = field(default=1500, metadata=_check(lambda v: 576 <= v <= 9000,
+                                                          "an MTU in [576, 9000] bytes (9000: jumbo frames)"))
 
     def uplink_mbps(self) -> float:
         """ToR->core uplink rate in Mbit/s (explicit, or derived from oversubscription)."""

@@ -34,6 +34,7 @@ def test_quickstart_topology_is_built_shaped_and_torn_down(run_dir):
         with Network(spec, [], run_dir, led) as net:
             topo = json.loads((run_dir / "topology.json").read_text())
             assert len(topo["hosts"]) == 8 and len(topo["links"]) == 10
+            assert all(l["mtu_bytes"] == [1500, 1500] for l in topo["links"])
             for link in topo["links"]:
                 want = 100.0 if link["class"] == "host" else 200.0
                 assert link["bw_mbps"] == want
@@ -57,6 +58,15 @@ def test_rates_above_1gbit_are_shaped_not_ignored(run_dir):
                 for got in link["shaping"].values():
                     assert got["rate_mbps"] == pytest.approx(2500, rel=0.01)
             assert net.topology["links"][0]["htb_burst_bytes"] == htb_burst_bytes(2500) == 312_500
+
+
+def test_jumbo_frames_on_every_link_end(run_dir):
+    spec = TopologySpec(kind="rack_core", racks=2, hosts_per_rack=1, mtu_bytes=9000)
+    with NetworkLock():
+        with Network(spec, [], run_dir, Ledger.create("t", run_dir)) as net:
+            assert all(l["mtu_bytes"] == [9000, 9000] for l in net.topology["links"])
+            out = net.hosts["h1"].cmd("ping -c1 -W2 -M do -s 8972", net.hosts["h2"].IP())  # no fragmentation
+            assert " 0% packet loss" in out
 
 
 def test_queue_limit_without_netem_uses_pfifo(run_dir):
