@@ -1,6 +1,6 @@
 """Record what crosses the network and how busy the machine is while a run trains.
 
-Three recorders write into ``<run_dir>/traces/`` (formats in CONTRACTS.md):
+Three recorders write into ``<run_dir>/traces/`` (formats in :mod:`testbed.rundir`):
 
 ``bwm-ng.csv``
     bwm-ng itself, unmodified output, started as::
@@ -40,14 +40,15 @@ Three recorders write into ``<run_dir>/traces/`` (formats in CONTRACTS.md):
     * the period drifts: ``-t 10`` gives ~10.4 ms between lines of an interface.
 
 ``qdisc.csv``
-    A thread that dumps every qdisc of the root namespace (one rtnetlink RTM_GETQDISC dump per
-    sample, :class:`QdiscReader`, cross-checked against pyroute2 in the tests) every
-    ``capture.interval_ms`` and writes the root qdisc of each interface in
-    ``qdisc_ifaces``. An htb root's counters include its leaf queue (verified: the htb
-    root's backlog and drops follow the leaf under overload), so the root row is the queue
-    of the link. Columns: ``time`` (unix s), ``iface``, ``qdisc`` (kind), ``backlog_bytes``,
-    ``backlog_packets`` (gauges), ``drops``, ``overlimits``, ``sent_bytes``, ``sent_packets``
-    (cumulative kernel counters since the qdisc was created).
+    A thread that reads the root qdisc of each interface in ``qdisc_ifaces`` every
+    ``capture.interval_ms`` with pyroute2 (:class:`QdiscSampler`: one RTM_GETQDISC dump of
+    the root namespace per sample, on one socket kept open for the whole capture). An htb
+    root's counters include its leaf queue (verified: the htb root's backlog and drops follow
+    the leaf under overload), so the root row is the queue of the link. Columns: ``time``
+    (unix s at which the dump was requested; all rows of a sample share it), ``iface``,
+    ``qdisc`` (kind), ``backlog_bytes``, ``backlog_packets`` (gauges), ``drops``,
+    ``overlimits``, ``sent_bytes``, ``sent_packets`` (cumulative kernel counters since the
+    qdisc was created).
 
 ``cpu.csv``
     A thread that samples ``/proc/stat`` (psutil) every ``capture.cpu_interval_ms``:
@@ -59,34 +60,39 @@ Three recorders write into ``<run_dir>/traces/`` (formats in CONTRACTS.md):
     extra process rows, ``bwm-ng`` and ``harness`` (this Python process, which also runs
     the samplers), show what the measurement costs.
 
-Measured cost at the defaults (10 ms / 100 ms): bwm-ng ~1 % of a core; the samplers ~3-5 %
-of a core of the harness process (pyroute2's decoder instead of :class:`QdiscReader` made
-the qdisc sampler alone cost ~13 %).
+Samplers schedule on a fixed grid (``k * interval``); a sample that overruns its slot skips
+the missed slots (the next one starts on the next free slot) instead of bursting to catch
+up, so a slow sample lowers the rate and the timestamps show the rate achieved.
 
-Samplers schedule on a fixed grid (``k * interval``); a sample that overruns skips the
-missed slots instead of bursting to catch up.
+Measured cost (2-core machine, 10 ms period): bwm-ng ~1 % of a core; the CPU sampler at
+100 ms ~2.5 %; the qdisc sampler is pyroute2 decoding every qdisc of the root namespace (it
+grows with the qdiscs there, not with the interfaces sampled): 4 shaped ports (11 qdiscs)
+~1.1 ms CPU per sample, 11 % of a core; 12 shaped ports (14-19 qdiscs) 2.2-3 ms per
+sample, 22-28 % of a core, all of it in the harness process (the ``harness`` row of
+``cpu.csv``).
 """
 from __future__ import annotations
 
+import asyncio
 import csv
 import logging
 import os
 import shutil
 import signal
-import socket
-import struct
 import subprocess
 import threading
 import time
 from pathlib import Path
 from typing import Callable
 
+from pyroute2 import AsyncIPRoute
+from pyroute2.netlink.rtnl import TC_H_ROOT
+
 from testbed.errors import MissingRequirement, TestbedError
 from testbed.spec import CaptureSpec
 
 log = logging.getLogger(__name__)
 
-TC_H_ROOT = 0xFFFFFFFF
 QDISC_FIELDS = ["time", "iface", "qdisc", "backlog_bytes", "backlog_packets", "drops", "overlimits",
                 "sent_bytes", "sent_packets"]
 CPU_FIELDS = ["time", "kind", "id", "busy_pct"]
@@ -123,18 +129,32 @@ def _root_ns_links() -> dict[str, int]:
 
 
 class _Periodic(threading.Thread):
-    """A daemon thread calling ``step()`` on a fixed time grid until stopped."""
+    """A daemon thread calling ``step()`` on a fixed time grid (``k * period_s``) until stopped.
+
+    ``on_start``/``on_exit`` run in the thread before the first and after the last step (for
+    resources tied to a thread, like pyroute2 sockets); a failing ``on_start`` is recorded in
+    ``errors`` and ends the thread. A step that overruns its slot skips the missed slots: the
+    next step starts on the next free slot, so a slow step lowers the rate, never piles up.
+    """
 
     def __init__(self, name: str, period_s: float, step: Callable[[], None], errors: list,
-                 on_exit: Callable[[], None] | None = None, first_after_period: bool = False):
+                 on_start: Callable[[], None] | None = None, on_exit: Callable[[], None] | None = None,
+                 first_after_period: bool = False):
         super().__init__(name=f"capture-{name}", daemon=True)
-        self.period_s, self.step, self.errors, self.on_exit = period_s, step, errors, on_exit
+        self.period_s, self.step, self.errors = period_s, step, errors
+        self.on_start, self.on_exit = on_start, on_exit
         self.first_after_period = first_after_period
         self.stop_event = threading.Event()
+        self.steps = self.overruns = 0  # steps taken, steps that overran their slot
 
     def run(self):
         try:
+            if self.on_start:
+                self.on_start()
             self._loop()
+        except Exception as e:  # noqa: BLE001 -- on_start failed: record it, never raise in a thread
+            log.warning("%s sampler could not start: %s", self.name, e)
+            self.errors.append(f"{self.name}: could not start: {e}")
         finally:
             if self.on_exit:
                 self.on_exit()
@@ -156,9 +176,14 @@ class _Periodic(threading.Thread):
                     log.warning("%s sampler: %s", self.name, e)
                     self.errors.append(f"{self.name}: {e}")
             k += 1
+            self.steps += 1
             now = time.monotonic()
             nxt = t0 + k * self.period_s
             if nxt < now:  # overran: skip the missed slots
+                self.overruns += 1
+                if self.overruns == 1:
+                    log.info("%s sampler: a step took longer than the %.1f ms period; skipping missed slots",
+                             self.name, 1000 * self.period_s)
                 k = int((now - t0) / self.period_s) + 1
                 nxt = t0 + k * self.period_s
             self.stop_event.wait(nxt - now)
@@ -334,20 +359,16 @@ class Capture:
         w = csv.writer(f)
         w.writerow(QDISC_FIELDS)
         f.flush()
-        reader = QdiscReader()
+        sampler = QdiscSampler(by_index)
 
         def step():
-            rows = reader.dump()
-            now = time.time()
-            for q in rows:
-                name = by_index.get(q["index"])
-                if name is None or q["parent"] != TC_H_ROOT:
-                    continue
-                w.writerow([f"{now:.6f}", name, q["kind"], q["backlog_bytes"], q["backlog_packets"], q["drops"],
-                            q["overlimits"], q["sent_bytes"], q["sent_packets"]])
+            now = time.time()  # the kernel fills the dump when asked; decoding comes after
+            for row in sampler.read():
+                w.writerow([f"{now:.6f}", *row])
             f.flush()
 
-        t = _Periodic("qdisc", self.spec.interval_ms / 1000.0, step, self.errors, on_exit=reader.close)
+        t = _Periodic("qdisc", self.spec.interval_ms / 1000.0, step, self.errors, on_start=sampler.open,
+                      on_exit=sampler.close)
         self._threads.append(t)
         t.start()
 
@@ -435,97 +456,87 @@ def _busy_pct(a, b) -> float | None:
     return max(0.0, min(100.0, 100.0 * (1.0 - (idle_b - idle_a) / d)))
 
 
-# rtnetlink constants (linux/rtnetlink.h, linux/pkt_sched.h, linux/gen_stats.h)
-_RTM_NEWQDISC, _RTM_GETQDISC = 36, 38
-_NLM_F_REQUEST, _NLM_F_DUMP = 0x1, 0x300
-_NLMSG_ERROR, _NLMSG_DONE = 2, 3
-_TCA_KIND, _TCA_STATS, _TCA_STATS2 = 1, 3, 7
-_TCA_STATS_BASIC, _TCA_STATS_QUEUE = 1, 3
-_NLMSG_HDR = struct.Struct("=IHHII")      # len, type, flags, seq, pid
-_TCMSG = struct.Struct("=BxxxiIII")       # family, ifindex, handle, parent, info
-_RTA = struct.Struct("=HH")               # len, type
-_GNET_BASIC = struct.Struct("=QI")        # bytes, packets
-_GNET_QUEUE = struct.Struct("=IIIII")     # qlen, backlog, drops, requeues, overlimits
-_TC_STATS = struct.Struct("=QIIIIIII")    # struct tc_stats: bytes, packets, drops, overlimits, bps, pps, qlen, backlog
+class QdiscSampler:
+    """Counters of the root qdisc of chosen interfaces of this network namespace, via pyroute2.
 
+    :meth:`read` sends one ``RTM_GETQDISC`` dump (what ``tc -s qdisc show`` sends) and keeps
+    the root qdisc of each chosen interface. The kernel has no per-interface qdisc dump (a
+    request naming one interface still returns every qdisc), so one dump per sample is the
+    cheapest. One pyroute2 ``AsyncIPRoute`` socket and a private event loop are opened by
+    :meth:`open` and kept until :meth:`close`; pyroute2 ties both to the thread that opened
+    them, so call all three methods from one thread. (``AsyncIPRoute`` because the
+    synchronous ``IPRoute`` runs the event loop once per message, ~25 % more CPU.)
 
-class QdiscReader:
-    """Every qdisc of this process's network namespace with its counters, in one netlink dump.
-
-    The same RTM_GETQDISC dump that ``pyroute2.IPRoute().get_qdiscs()`` (and ``tc -s qdisc``)
-    sends, decoded with :mod:`struct` for only the attributes needed: ~0.03 ms per dump
-    instead of ~0.7 ms through pyroute2's generic decoder, which at a 10 ms period would cost
-    7-15 % of a core of a 2-core machine. tests/test_capture.py checks that both agree.
+    Args:
+        ifaces: ``{ifindex: name}`` of the interfaces to report.
     """
 
-    def __init__(self):
-        self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
-        self.sock.bind((0, 0))
-        self.seq = 0
+    def __init__(self, ifaces: dict[int, str]):
+        self.ifaces = dict(ifaces)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ipr: AsyncIPRoute | None = None
+
+    def open(self) -> "QdiscSampler":
+        """Open the netlink socket (raises OSError if it cannot)."""
+        self._loop = asyncio.new_event_loop()
+        self._ipr = self._loop.run_until_complete(self._connect())
+        return self
+
+    @staticmethod
+    async def _connect() -> AsyncIPRoute:
+        ipr = AsyncIPRoute()  # made inside the loop: pyroute2 uses it and leaves closing it to us
+        await ipr.setup_endpoint()
+        return ipr
 
     def close(self) -> None:
-        self.sock.close()
+        """Close the socket and the event loop (idempotent)."""
+        if self._ipr is not None:
+            self._ipr.close()
+            self._ipr = None
+        if self._loop is not None:
+            self._loop.run_until_complete(asyncio.sleep(0))  # let the aborted transport finish closing
+            self._loop.close()
+            self._loop = None
 
-    def dump(self) -> list[dict]:
-        """One dict per qdisc: ``index`` (ifindex), ``handle``, ``parent`` (``TC_H_ROOT`` for a
-        root qdisc), ``kind``, ``backlog_bytes``, ``backlog_packets``, ``drops``,
-        ``overlimits``, ``sent_bytes``, ``sent_packets``.
+    def __enter__(self) -> "QdiscSampler":
+        return self.open()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def read(self) -> list[tuple]:
+        """One row per chosen interface that has a root qdisc: ``(iface, qdisc kind,
+        backlog_bytes, backlog_packets, drops, overlimits, sent_bytes, sent_packets)``, the
+        ``qdisc.csv`` columns after ``time``. Backlogs are gauges, the rest cumulative since
+        the qdisc was created.
 
         Raises:
-            OSError: the kernel answered with an error.
+            pyroute2.NetlinkError: the kernel refused the dump.
         """
-        self.seq += 1
-        body = _TCMSG.pack(0, 0, 0, 0, 0)
-        self.sock.send(_NLMSG_HDR.pack(_NLMSG_HDR.size + len(body), _RTM_GETQDISC,
-                                       _NLM_F_REQUEST | _NLM_F_DUMP, self.seq, 0) + body)
-        out: list[dict] = []
-        while True:
-            data = self.sock.recv(1 << 17)
-            off = 0
-            while off + _NLMSG_HDR.size <= len(data):
-                length, mtype, _flags, seq, _pid = _NLMSG_HDR.unpack_from(data, off)
-                if length < _NLMSG_HDR.size:
-                    break
-                if seq == self.seq:
-                    if mtype == _NLMSG_DONE:
-                        return out
-                    if mtype == _NLMSG_ERROR:
-                        err = struct.unpack_from("=i", data, off + _NLMSG_HDR.size)[0]
-                        if err:
-                            raise OSError(-err, f"RTM_GETQDISC: {os.strerror(-err)}")
-                    elif mtype == _RTM_NEWQDISC:
-                        out.append(_parse_qdisc(data, off + _NLMSG_HDR.size, off + length))
-                off += (length + 3) & ~3
+        if self._loop is None:
+            raise TestbedError("QdiscSampler.read() before open()")
+        return self._loop.run_until_complete(self._read())
+
+    async def _read(self) -> list[tuple]:
+        rows = []
+        async for msg in await self._ipr.get_qdiscs():
+            name = self.ifaces.get(msg["index"])
+            if name is not None and msg["parent"] == TC_H_ROOT:
+                rows.append((name, msg.get_attr("TCA_KIND"), *_qdisc_counters(msg)))
+        return rows
 
 
-def _parse_qdisc(data: bytes, start: int, end: int) -> dict:
-    _fam, ifindex, handle, parent, _info = _TCMSG.unpack_from(data, start)
-    q = {"index": ifindex, "handle": handle, "parent": parent, "kind": None, "backlog_bytes": 0,
-         "backlog_packets": 0, "drops": 0, "overlimits": 0, "sent_bytes": 0, "sent_packets": 0}
-    have2 = False
-    a = start + _TCMSG.size
-    while a + _RTA.size <= end:
-        alen, atype = _RTA.unpack_from(data, a)
-        if alen < _RTA.size:
-            break
-        atype &= 0x3FFF  # strip NLA_F_NESTED / NLA_F_NET_BYTEORDER
-        if atype == _TCA_KIND:
-            q["kind"] = data[a + 4:a + alen].split(b"\0", 1)[0].decode()
-        elif atype == _TCA_STATS2:
-            have2 = True
-            b, bend = a + 4, a + alen
-            while b + _RTA.size <= bend:
-                blen, btype = _RTA.unpack_from(data, b)
-                if blen < _RTA.size:
-                    break
-                if btype == _TCA_STATS_BASIC and blen >= 4 + _GNET_BASIC.size:
-                    q["sent_bytes"], q["sent_packets"] = _GNET_BASIC.unpack_from(data, b + 4)
-                elif btype == _TCA_STATS_QUEUE and blen >= 4 + _GNET_QUEUE.size:
-                    qlen, backlog, drops, _requeues, overlimits = _GNET_QUEUE.unpack_from(data, b + 4)
-                    q.update(backlog_packets=qlen, backlog_bytes=backlog, drops=drops, overlimits=overlimits)
-                b += (blen + 3) & ~3
-        elif atype == _TCA_STATS and not have2 and alen >= 4 + _TC_STATS.size:
-            by, pk, dr, ov, _bps, _pps, ql, bl = _TC_STATS.unpack_from(data, a + 4)
-            q.update(sent_bytes=by, sent_packets=pk, drops=dr, overlimits=ov, backlog_packets=ql, backlog_bytes=bl)
-        a += (alen + 3) & ~3
-    return q
+def _qdisc_counters(msg) -> tuple:
+    """``(backlog_bytes, backlog_packets, drops, overlimits, sent_bytes, sent_packets)`` of a
+    pyroute2 qdisc message: from ``TCA_STATS2`` (``TCA_STATS_QUEUE``, ``TCA_STATS_BASIC``),
+    else from the legacy ``TCA_STATS``; Nones if the kernel sent neither."""
+    stats2 = msg.get_attr("TCA_STATS2")
+    if stats2 is not None:
+        basic, queue = stats2.get_attr("TCA_STATS_BASIC"), stats2.get_attr("TCA_STATS_QUEUE")
+        if basic is not None and queue is not None:
+            return (queue["backlog"], queue["qlen"], queue["drops"], queue["overlimits"], basic["bytes"],
+                    basic["packets"])
+    st = msg.get_attr("TCA_STATS")
+    if st is not None:
+        return st["backlog"], st["qlen"], st["drop"], st["overlimits"], st["bytes"], st["packets"]
+    return (None,) * 6

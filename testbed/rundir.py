@@ -1,25 +1,122 @@
 """The run directory: the only interface between the harness and the analysis.
 
-Layout of ``runs/<id>/`` (a sweep puts one such directory per point under
-``runs/<sweep-id>/<point-id>/`` and writes ``runs/<sweep-id>/sweep.csv``)::
+A run directory is created exclusively (:func:`create`): an existing one is never
+overwritten. Layout of ``runs/<id>/`` (a sweep puts one per point in
+``runs/<sweep-id>/<NNN>_<point>/``, next to ``sweep.yaml``, the sweep's spec, and
+``sweep.csv``: one row per point with the swept values and ``scheme, status,
+samples_per_s, samples_per_s_ci95, iter_mean_s, iter_p95_s, core_bytes, accuracy,
+cpu_starved, run_dir``)::
 
-    spec.yaml            resolved experiment (every default filled in)
-    topology.json        hosts (name, rack, kind, ip, interfaces), links (endpoints, class,
-                         configured and read-back qdisc/rate), switches
-    processes.json       the launch plan: world_size, master_addr, master_port and one entry
-                         per process {name, role, index, rank, host, ip, iface}
-    events/<proc>.jsonl  per-process events (see traffic.runtime.events)
-    results/<proc>.json  per-process results (accuracy, final figures)
-    params/<proc>.pt     final parameters when workload.save_params is true
-    logs/<proc>.log      stdout+stderr of each process; logs/harness.log
-    traces/bwm-ng.csv    bwm-ng CSV of every switch port, every capture.interval_ms
-    traces/qdisc.csv     time, iface, backlog_bytes, backlog_packets, drops, sent_bytes ...
-    traces/cpu.csv       time, cpu (per core or 'all'), busy_pct, and per-process rows
-    iterations.csv       iteration, worker, start, end, duration_s, samples
-    summary.json         status, throughput, iteration times, bytes per link class,
-                         accuracy, fidelity flags, error (if failed)
+    spec.yaml            the resolved experiment (every default filled in)
+    topology.json        the network as built and read back
+    processes.json       the launch plan
+    events/<proc>.jsonl  per-process events
+    results/<proc>.json  per-process results
+    params/<proc>.pt     final parameters (torch.save of a state dict), if workload.save_params
+    logs/                <proc>.log (stdout+stderr of each process), harness.log,
+                         bwm-ng.log (its command line and output), capture.log (sampler
+                         problems, one per line)
+    traces/bwm-ng.csv    bwm-ng's CSV of every switch port
+    traces/qdisc.csv     root-qdisc counters of the uplink ports
+    traces/cpu.csv       per-core and per-process CPU use
+    iterations.csv       one row per (iteration, worker)
+    summary.json         headline figures and fidelity flags
 
-A run directory is created exclusively: an existing directory is never overwritten.
+A loopback run (:mod:`traffic.runtime.local`) writes only spec.yaml, processes.json,
+events/, results/, params/ and logs/. Times are unix seconds (``time.time()``), durations
+seconds of wall clock, unless a name says otherwise.
+
+``processes.json`` (:func:`testbed.launch.write_processes`)
+    ``{"world_size": N, "master_addr": ip of the first process, "master_port": int,
+    "processes": [{"name": "worker0", "role": "worker", "index": 0, "rank": 0, "host": "h1",
+    "ip": "10.0.0.1", "iface": "h1-eth0"}, ...]}``; ranks follow list order. Each process
+    runs ``python -u -m traffic.runtime RUN_DIR NAME`` on its host with
+    ``GLOO_SOCKET_IFNAME=<iface>`` and ``OMP_NUM_THREADS=MKL_NUM_THREADS=1``.
+
+``topology.json`` (:class:`testbed.network.Network`)
+    ``kind`` (``rack`` | ``rack_core``), ``spec`` (the topology section), ``uplink_bw_mbps``
+    (null without a core); ``hosts``: ``[{name, rack (from 0), kind ("worker" | "server"),
+    ip, pid, intfs: [{name, ip}, ...]}]`` (the first interface is the main one);
+    ``switches``: ``[{name, role ("tor" | "core"), rack (null for the core)}]``; ``links``:
+    ``[{class ("host": node1 is the host, node2 its ToR | "uplink": node1 the ToR, node2 the
+    core), rack, bw_mbps, node1, intf1, node2, intf2, delay_ms, loss_pct,
+    max_queue_packets, mtu_bytes: [end1, end2], htb_burst_bytes, shaping: {intf: {qdisc,
+    rate_mbps, leaf}}}]`` (``shaping`` is read back from the kernel). Switch ports (the
+    switch ends of links) are in the root namespace and are what capture samples; a port's
+    tx is what the switch sends on that link, so a host's tx is its switch port's rx.
+
+``events/<proc>.jsonl`` (:mod:`traffic.runtime.events`)
+    One JSON object per line, flushed as each event ends: always ``proc, role, rank,
+    thread`` (``main``, ``comm`` ...: one timeline track each), ``kind``, ``ts`` (start),
+    ``dur`` (s), ``iteration``, ``layer`` (forward order from 0; both may be null).
+    Communication events add ``bytes`` (payload), point-to-point ones ``peer`` (rank),
+    ``dir`` (``tx``/``rx``) and ``tag``, collectives ``group_size``. Kinds: ``init``,
+    ``setup``, ``iteration`` (every worker, ``samples`` = its batch, ``loss``), ``forward``
+    and ``backward`` (per layer), ``send``/``recv``/``allreduce``/``broadcast``/
+    ``all_gather``/``barrier`` or a scheme's names (``push``, ``pull`` ...), ``update``,
+    ``finish``, ``eval`` (worker 0, every ``workload.eval_every`` iterations if > 0 and once
+    at the end with ``final`` true: ``accuracy`` in [0, 1], ``loss``, ``samples``). A span
+    that raised has ``error`` (the exception type).
+
+``results/<proc>.json`` (:mod:`traffic.runtime`)
+    ``proc, role, rank, final_accuracy, final_loss`` (worker 0; null elsewhere),
+    ``iterations, wall_s, startup_s, bytes_sent, bytes_received`` (point-to-point payload),
+    ``bytes_reduced`` (collective payload), ``train_loss``, plus any scheme fields.
+
+``traces/bwm-ng.csv`` (:mod:`testbed.capture`)
+    bwm-ng's own output, no header, from ``bwm-ng -o csv -T rate -t <capture.interval_ms>
+    -I <port,...> -a 0 -c 0 -F traces/bwm-ng.csv`` (``-a 0`` makes ``-I`` restrict the
+    output, ``-c 0`` runs until killed). 21 ``;``-separated fields: ``time; iface;
+    bytes_out/s; bytes_in/s; bytes_total/s; bytes_in; bytes_out; packets_out/s;
+    packets_in/s; packets_total/s; packets_in; packets_out; errors_out/s; errors_in/s;
+    errors_in; errors_out``, and the last five are bits columns ``bits_out/s; bits_in/s;
+    bits_total/s; bits_in; bits_out`` (8 x bytes). ``bytes_in``/``bytes_out`` (and the
+    packet and error counts) are per interval, not cumulative; ``in``/``out`` are from the
+    port's point of view. Each round of lines ends with a ``total`` line. ``-t 10`` gives
+    about 10.4 ms between lines of an interface, and the ``/s`` columns divide by the
+    interval truncated to whole ms, so analysis computes rates from the per-interval bytes
+    and the timestamps.
+
+``traces/qdisc.csv`` (:mod:`testbed.capture`, when ``capture.qdisc``)
+    Header ``time, iface, qdisc, backlog_bytes, backlog_packets, drops, overlimits,
+    sent_bytes, sent_packets``; every ``capture.interval_ms``, one row per sampled
+    interface (both ends of every uplink; every switch port if there are none): its root
+    qdisc's kind, backlog (gauges) and cumulative counters since the qdisc was created. An
+    htb root's counters include its leaf queue.
+
+``traces/cpu.csv`` (:mod:`testbed.capture`, when ``capture.cpu``)
+    Header ``time, kind, id, busy_pct``; every ``capture.cpu_interval_ms``: ``kind`` ``core``
+    with ``id`` the core index (busy % of that core), or ``proc`` with ``id`` a process name
+    (busy % of one core used by the process and its descendants, above 100 for more than a
+    core), including ``bwm-ng`` and ``harness`` (the harness process, which runs the samplers).
+
+``iterations.csv`` (:func:`analysis.metrics.summarize`, from the events)
+    ``iteration, worker, start, end, duration_s, samples``: one row per ``iteration`` event
+    of a process of role ``worker``; ``worker`` is the process name (``worker0`` ...).
+
+``summary.json`` (:func:`analysis.metrics.summarize`, which defines every figure)
+    ``status`` (``ok`` | ``failed`` | ``interrupted``), ``error`` (message or null);
+    ``run_id, name, scheme, model, dataset, compute, topology, workers, batch_size,
+    global_batch, iterations, iterations_completed, warmup_iterations,
+    measured_iterations``;
+    ``throughput.{mean, ci95, std, min, max, overall}`` in samples/s (``ci95`` = 1.96 x std
+    over the post-warm-up iterations; also ``n``, ``unit``, ``method``);
+    ``iteration_time_s.{mean, p50, p95, std, min, max}`` in seconds (and ``n``);
+    ``bytes.{host_links, uplinks, core}`` in bytes over the whole capture (host links and
+    uplinks both directions, core = bytes the ToRs sent up), ``bytes.per_host.<host>.{tx,
+    rx}``, ``bytes.per_port.<iface>.{tx, rx}``; ``bytes_per_iteration.{host_links, uplinks,
+    core}`` in bytes per measured iteration;
+    ``final_accuracy`` (fraction of the test set in [0, 1]), ``final_loss``,
+    ``accuracy_source``;
+    ``cpu.{idle_pct_mean, min_idle_pct}`` in % (lowest 1-s mean), ``cpu.idle_pct_per_core``,
+    ``cpu.procs_busy_pct_mean`` (% of one core), ``cpu.window``;
+    ``fidelity.{cpu_starved}`` (mean idle < 35 %), ``fidelity.{min_idle_pct,
+    idle_pct_mean}`` (%), ``fidelity.rule``, ``fidelity.shaping_failed`` (a link ran more
+    than 10 % above its ``bw_mbps``), ``fidelity.rates.{shaping_failed, window_s, rule, links: [{iface,
+    class, bw_mbps, max_tx_mbps, max_rx_mbps, max_ratio}]}``;
+    ``capture_s`` (seconds spanned by the bwm-ng samples), ``capture_errors`` and
+    ``analysis_errors`` (lists of messages). A value that cannot be computed is null; a run
+    whose files cannot be loaded gets only ``status, error, run_id, analysis_errors``.
 """
 from __future__ import annotations
 

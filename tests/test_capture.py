@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from analysis.traces import parse_bwm_ng, rates  # noqa: E402
-from testbed.capture import Capture, QdiscReader, bwm_ng_command, find_bwm_ng  # noqa: E402
+from testbed.capture import Capture, QdiscSampler, _Periodic, bwm_ng_command, find_bwm_ng  # noqa: E402
 from testbed.errors import MissingRequirement, TestbedError  # noqa: E402
 from testbed.spec import CaptureSpec  # noqa: E402
 
@@ -83,6 +83,18 @@ def send_udp(src: str, dst: str, count: int, payload: int, gap_s: float = 0.001)
     code = (f"import socket,time\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n"
             f"for i in range({count}):\n s.sendto(b'x'*{payload},('{SINK[dst]}',9))\n time.sleep({gap_s})\n")
     return subprocess.Popen(["ip", "netns", "exec", NS[src], sys.executable, "-c", code])
+
+
+def tc_root(dev: str) -> dict:
+    """The root qdisc of ``dev`` as ``tc -j -s qdisc show`` reports it (kind, bytes, packets,
+    drops, overlimits, backlog, qlen ...)."""
+    import json
+    (root,) = [q for q in json.loads(_sh("tc", "-j", "-s", "qdisc", "show", "dev", dev).stdout) if q.get("root")]
+    return root
+
+
+def _ifindex(dev: str) -> int:
+    return int(Path(f"/sys/class/net/{dev}/ifindex").read_text())
 
 
 def _bwm_ng_pids() -> set[int]:
@@ -159,6 +171,41 @@ def test_missing_bwm_ng_raises_with_remedy(monkeypatch):
         Capture("/nonexistent", ["lo"]).start()
 
 
+def test_sampler_thread_never_piles_up_and_records_real_times():
+    """A step slower than the period (25 ms vs 10 ms) runs on the next free slot of the
+    grid: one step every 30 ms, never a burst of catch-up steps."""
+    times, errors = [], []
+
+    def slow_step():
+        times.append(time.monotonic())
+        time.sleep(0.025)
+
+    t = _Periodic("slow", 0.010, slow_step, errors)
+    t.start()
+    time.sleep(0.32)
+    t.stop_event.set()
+    t.join(2)
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert errors == [] and 6 <= len(times) <= 12
+    assert min(gaps) >= 0.025  # no burst after an overrun
+    assert t.overruns >= len(times) - 2 and t.steps == len(times)
+
+
+def test_sampler_that_cannot_start_is_recorded_not_raised():
+    errors, exited = [], []
+
+    def boom():
+        raise OSError("no netlink")
+
+    t = _Periodic("qdisc", 0.01, lambda: None, errors, on_start=boom, on_exit=lambda: exited.append(1))
+    t.start()
+    t.join(2)
+    assert not t.is_alive() and exited == [1] and t.steps == 0
+    assert errors == ["capture-qdisc: could not start: no netlink"]
+    with pytest.raises(TestbedError, match="before open"):
+        QdiscSampler({1: "lo"}).read()
+
+
 def test_unknown_port_is_an_error(tmp_path):
     if shutil.which("bwm-ng") is None:
         pytest.skip("bwm-ng not installed")
@@ -180,7 +227,6 @@ def net():
 
 @need_net
 def test_capture_counts_known_traffic_and_leaves_nothing(net, tmp_path):
-    before = _bwm_ng_pids()
     ledger = []
     _sh("tc", "qdisc", "add", "dev", "tbx0b", "root", "handle", "5:", "htb", "default", "1")
     _sh("tc", "class", "add", "dev", "tbx0b", "parent", "5:", "classid", "5:1", "htb", "rate", "50mbit",
@@ -198,7 +244,7 @@ def test_capture_counts_known_traffic_and_leaves_nothing(net, tmp_path):
         time.sleep(0.1)  # let the last samples be taken
     cap.stop()  # idempotent
     assert cap.bwm.poll() is not None
-    assert _bwm_ng_pids() <= before
+    assert cap.bwm.pid not in _bwm_ng_pids()  # (other bwm-ngs may run on a shared machine)
     assert not [t for t in cap._threads if t.is_alive()]
     assert cap.errors == []
 
@@ -241,16 +287,9 @@ def test_shaped_link_rate_from_real_capture(net, tmp_path):
     with Capture(tmp_path, net, ["tbx0b"], spec=CaptureSpec(interval_ms=10, cpu=False)):
         s = send_udp("a", "b", 1500, 1400, gap_s=0)  # 2.1 MB at once: ~0.85 s at 20 Mbit/s
         assert s.wait(20) == 0
-        reader = QdiscReader()
-        try:
-            idx = int(Path("/sys/class/net/tbx0b/ifindex").read_text())
-            deadline = time.time() + 5
-            while time.time() < deadline:  # until the queue has drained
-                if not [q for q in reader.dump() if q["index"] == idx and q["backlog_packets"]]:
-                    break
-                time.sleep(0.05)
-        finally:
-            reader.close()
+        deadline = time.time() + 5
+        while time.time() < deadline and tc_root("tbx0b")["qlen"]:  # until the queue has drained
+            time.sleep(0.05)
         time.sleep(0.05)
     topo = {"hosts": [{"name": "hA"}, {"name": "hB"}], "switches": [{"name": "br", "role": "tor"}],
             "links": [{"class": "host", "node1": h, "intf1": f"tbx1{x}", "node2": "br", "intf2": f"tbx0{x}",
@@ -274,35 +313,50 @@ def analysis_load(path):
 
 
 @need_net
-def test_qdisc_reader_agrees_with_pyroute2(net):
-    from pyroute2 import IPRoute
+def test_qdisc_sampler_counts_known_traffic_and_agrees_with_tc(net):
+    """pyroute2's counters of an htb root: exactly the datagrams sent through it, the same
+    values as ``tc -s qdisc`` on a quiet link, and bracketed by two ``tc`` readings while an
+    overloaded queue moves."""
     _sh("tc", "qdisc", "add", "dev", "tbx0a", "root", "handle", "5:", "htb", "default", "1")
-    _sh("tc", "class", "add", "dev", "tbx0a", "parent", "5:", "classid", "5:1", "htb", "rate", "5mbit",
+    _sh("tc", "class", "add", "dev", "tbx0a", "parent", "5:", "classid", "5:1", "htb", "rate", "50mbit",
         "burst", "15k")
-    s = send_udp("b", "a", 400, 1400, gap_s=0)  # overload 5 Mbit/s: backlog and drops
-    time.sleep(0.15)
-    reader = QdiscReader()
-    try:
-        with IPRoute() as ipr:
-            idx = ipr.link_lookup(ifname="tbx0a")[0]
-            # the counters move under load: take ours, then pyroute2's, then ours again
-            ours1 = [q for q in reader.dump() if q["index"] == idx]
-            theirs = [m for m in ipr.get_qdiscs(index=idx) if m["parent"] == 0xFFFFFFFF]
-            ours2 = [q for q in reader.dump() if q["index"] == idx]
-    finally:
-        reader.close()
-        s.wait(20)
-    (m,) = theirs
-    basic = m.get_attr("TCA_STATS2").get_attr("TCA_STATS_BASIC")
-    queue = m.get_attr("TCA_STATS2").get_attr("TCA_STATS_QUEUE")
-    lo, hi = ours1[0], ours2[0]
-    assert lo["kind"] == hi["kind"] == m.get_attr("TCA_KIND") == "htb"
-    assert lo["parent"] == 0xFFFFFFFF and lo["handle"] == m["handle"]
-    assert lo["sent_bytes"] <= basic["bytes"] <= hi["sent_bytes"]
-    assert lo["sent_packets"] <= basic["packets"] <= hi["sent_packets"]
-    assert lo["drops"] <= queue["drops"] <= hi["drops"]
-    assert lo["overlimits"] <= queue["overlimits"] <= hi["overlimits"]
-    assert hi["backlog_bytes"] > 0 or hi["drops"] > 0  # the queue really built up
+    cols = ("kind", "backlog", "qlen", "drops", "overlimits", "bytes", "packets")
+
+    def ours(sampler):
+        rows = {r[0]: r[1:] for r in sampler.read()}
+        assert set(rows) == {"tbx0a", "tbx0b"}  # exactly the interfaces asked for
+        assert rows["tbx0b"][0] == "noqueue"  # a veth's default root
+        return dict(zip(cols, rows["tbx0a"]))
+
+    with QdiscSampler({_ifindex("tbx0a"): "tbx0a", _ifindex("tbx0b"): "tbx0b"}) as sampler:
+        before = ours(sampler)
+        assert before == {k: tc_root("tbx0a")[k] for k in cols}
+        s = send_udp("b", "a", 100, 1000)  # 100 x 1042 B at ~8 Mbit/s: no queue, no drop
+        assert s.wait(20) == 0
+        time.sleep(0.1)
+        after = ours(sampler)
+        assert after == {k: tc_root("tbx0a")[k] for k in cols}  # quiet link: identical
+        assert after["kind"] == "htb"
+        # the datagrams, plus at most a couple of stray small frames (as in the bwm-ng test)
+        stray = after["packets"] - before["packets"] - 100
+        assert stray in range(0, 3), stray
+        assert 0 <= after["bytes"] - before["bytes"] - 100 * (1000 + ETH_IP_UDP) <= 100 * stray
+        assert after["drops"] == before["drops"] == 0 and after["backlog"] == after["qlen"] == 0
+
+        _sh("tc", "class", "change", "dev", "tbx0a", "parent", "5:", "classid", "5:1", "htb", "rate", "5mbit",
+            "burst", "15k")
+        s = send_udp("b", "a", 400, 1400, gap_s=0)  # overload 5 Mbit/s: backlog and drops
+        try:
+            deadline = time.time() + 5
+            while time.time() < deadline and tc_root("tbx0a")["qlen"] < 20:  # the queue builds up
+                time.sleep(0.01)
+            lo, mid, hi = tc_root("tbx0a"), ours(sampler), tc_root("tbx0a")  # counters move under load
+        finally:
+            s.wait(20)
+    for k in ("bytes", "packets", "drops", "overlimits"):
+        assert lo[k] <= mid[k] <= hi[k], k
+    assert mid["backlog"] > 0 and mid["qlen"] > 0  # the queue really built up
+    assert hi["packets"] - after["packets"] < 400  # and the shaper held packets back
 
 
 def pd_read(path):
