@@ -107,14 +107,22 @@ def watch(procs: list[Launched], timeout_s: float, poll_s: float = 0.2) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         running = False
+        failed = []
         for l in procs:
             rc = l.popen.poll()
             if rc is None:
                 running = True
             elif rc != 0:
-                kill_all(procs)
-                raise RunFailed(f"process {l.info['name']} (role {l.info['role']} on host {l.info['host']}) "
-                                f"exited with code {rc}; its log {l.log} ends with:\n{log_tail(l.log)}")
+                failed.append((l, rc))
+        if failed:
+            # the first to fail is the cause; processes that fail because a peer died wait
+            # before exiting (traffic.runtime), so they are seen later
+            l, rc = failed[0]
+            others = ", ".join(f.info["name"] for f, _ in failed[1:])
+            kill_all(procs)
+            raise RunFailed(f"process {l.info['name']} (role {l.info['role']} on host {l.info['host']}) "
+                            f"exited with code {rc}" + (f" (also failed: {others})" if others else "") +
+                            f"; its log {l.log} ends with:\n{log_tail(l.log)}")
         if not running:
             return
         if time.monotonic() > deadline:
