@@ -27,7 +27,9 @@ PORT_COLUMNS = ["iface", "switch", "switch_role", "peer", "peer_is_host", "link_
 class Run:
     """Everything recorded in one run directory.
 
-    Frames (all times are unix seconds; ``t0`` converts them to "seconds from run start"):
+    Frames (all times are unix seconds; ``t0`` converts them to "seconds from run start"; a
+    run with time dilation ``scale`` != 1 is converted to the emulated network's time, see
+    :func:`to_emulated_time`):
 
     ``traces``
         bwm-ng samples, one row per (sample, switch port): ``time``, ``iface``, ``bytes_in``,
@@ -182,6 +184,33 @@ def port_table(topology: dict) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=PORT_COLUMNS)
 
 
+def to_emulated_time(scale: float, traces, qdisc, cpu, events):
+    """Convert a dilated run's clocks to the emulated network's time.
+
+    With time dilation s (``spec.scale``) the run happened s times slower than the emulated
+    network; every timestamp t becomes ``t0 + (t - t0) / s`` (t0: the earliest timestamp of
+    the run) and every duration d becomes ``d / s``. Rates computed afterwards from byte
+    counts are then in the emulated network's units (s times the rates shaped here).
+    """
+    starts = [pd.to_numeric(df[c], errors="coerce").min() for df, c in
+              ((traces, "time"), (qdisc, "time"), (cpu, "time"), (events, "ts")) if not df.empty and c in df]
+    starts = [v for v in starts if pd.notna(v)]
+    if not starts:
+        return traces, qdisc, cpu, events
+    t0 = float(min(starts))
+    out = []
+    for df, col in ((traces, "time"), (qdisc, "time"), (cpu, "time"), (events, "ts")):
+        if not df.empty and col in df:
+            df = df.copy()
+            df[col] = t0 + (pd.to_numeric(df[col], errors="coerce") - t0) / scale
+            if col == "ts":
+                for c in ("dur", "requested_s"):
+                    if c in df:
+                        df[c] = pd.to_numeric(df[c], errors="coerce") / scale
+        out.append(df)
+    return tuple(out)
+
+
 def load(run_dir: str | Path) -> Run:
     """Load a run directory (see :mod:`testbed.rundir` for the layout).
 
@@ -204,6 +233,10 @@ def load(run_dir: str | Path) -> Run:
         cpu["id"] = cpu["id"].astype(str)
         cpu["busy_pct"] = pd.to_numeric(cpu["busy_pct"], errors="coerce")
     events = read_events(p)
+    spec = _read_yaml(p / "spec.yaml")
+    scale = float(spec.get("scale") or 1.0)
+    if scale != 1.0:
+        traces, qdisc, cpu, events = to_emulated_time(scale, traces, qdisc, cpu, events)
     results = {f.stem: _read_json(f) for f in sorted((p / "results").glob("*.json"))}
     processes = _read_json(p / "processes.json")
     if (p / "iterations.csv").is_file():
@@ -211,7 +244,7 @@ def load(run_dir: str | Path) -> Run:
     else:
         from analysis.metrics import iteration_table
         iterations = iteration_table(events)
-    return Run(path=p, spec=_read_yaml(p / "spec.yaml"), topology=_read_json(p / "topology.json"),
+    return Run(path=p, spec=spec, topology=_read_json(p / "topology.json"),
                processes=processes, summary=_read_json(p / "summary.json"), results=results,
                traces=traces, rates=tr.rates(traces), qdisc=qdisc, cpu=cpu, events=events,
                iterations=iterations)

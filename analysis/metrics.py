@@ -304,6 +304,7 @@ def compute_summary(run: Run, status: str = "ok", error: str | None = None) -> d
     s: dict = {"status": status, "error": error, "run_id": run.name, "name": spec.get("name"),
                "scheme": wl.get("scheme") or run.summary.get("scheme"), "model": wl.get("model"),
                "dataset": wl.get("dataset"), "compute": wl.get("compute"), "topology": (spec.get("topology") or {}).get("kind"),
+               "scale": float(spec.get("scale") or 1.0),
                "workers": n_workers, "batch_size": wl.get("batch_size"),
                "global_batch": (wl["batch_size"] * n_workers) if wl.get("batch_size") and n_workers else None,
                "iterations": wl.get("iterations"), "iterations_completed": None,

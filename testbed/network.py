@@ -12,6 +12,7 @@ hosts, switches, links, and the read-back shaping.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -127,16 +128,32 @@ def preflight(topology_spec, qdiscs: dict[str, bool] | None = None) -> None:
                                  "whose full Debian kernel has netem")
 
 
+def dilate(spec, scale: float):
+    """The topology as shaped on this machine under time dilation ``scale``: every rate
+    divided by ``scale``, every delay multiplied by it (see ``Experiment.scale``)."""
+    if scale == 1:
+        return spec
+    return dataclasses.replace(spec, host_bw_mbps=spec.host_bw_mbps / scale,
+                               uplink_bw_mbps=spec.uplink_mbps() / scale, delay_ms=spec.delay_ms * scale)
+
+
 class Network:
     """The emulated network of one run (a context manager; teardown always runs).
+
+    ``topology_spec`` is the emulated network; with time dilation ``scale`` the links are
+    shaped at rate / scale (:func:`dilate`). ``topology.json`` gives each link's emulated
+    rate (``bw_mbps``) and the rate shaped on this machine (``shaped_mbps``).
 
     Attributes after ``start()``:
         net: the ``Mininet`` object; hosts: name -> Mininet host; topology: the
         ``topology.json`` document.
     """
 
-    def __init__(self, topology_spec, server_racks: list[int], run_dir: Path, ledger: Ledger):
-        self.spec = topology_spec
+    def __init__(self, topology_spec, server_racks: list[int], run_dir: Path, ledger: Ledger,
+                 scale: float = 1.0):
+        self.emulated = topology_spec
+        self.scale = scale
+        self.spec = dilate(topology_spec, scale)
         self.server_racks = list(server_racks)
         self.run_dir = Path(run_dir)
         self.ledger = ledger
@@ -213,16 +230,17 @@ class Network:
         links = []
         for link in self.net.links:
             p = link.intf1.params
-            links.append({"class": p.get("link_class"), "rack": p.get("rack"), "bw_mbps": p.get("bw_mbps"),
+            links.append({"class": p.get("link_class"), "rack": p.get("rack"),
+                          "bw_mbps": p.get("bw_mbps") * self.scale, "shaped_mbps": p.get("bw_mbps"),
                           "node1": link.intf1.node.name, "intf1": link.intf1.name,
                           "node2": link.intf2.node.name, "intf2": link.intf2.name,
-                          "delay_ms": self.spec.delay_ms, "loss_pct": self.spec.loss_pct,
+                          "delay_ms": self.emulated.delay_ms, "loss_pct": self.spec.loss_pct,
                           "max_queue_packets": self.spec.max_queue_packets,
                           "mtu_bytes": [int(i.node.cmd(f"cat /sys/class/net/{i.name}/mtu").strip() or 0)
                                         for i in (link.intf1, link.intf2)],
                           "htb_burst_bytes": htb_burst_bytes(p.get("bw_mbps")), "shaping": {}})
-        doc = {"kind": self.spec.kind, "spec": vars(self.spec).copy(),
-               "uplink_bw_mbps": self.spec.uplink_mbps() if self.spec.kind == "rack_core" else None,
+        doc = {"kind": self.spec.kind, "spec": vars(self.emulated).copy(), "scale": self.scale,
+               "uplink_bw_mbps": self.emulated.uplink_mbps() if self.spec.kind == "rack_core" else None,
                "hosts": hosts, "switches": switches, "links": links}
         return doc
 
@@ -244,7 +262,7 @@ class Network:
                     else:
                         got = read_shaping(root_ns, intf)
                     link["shaping"][intf] = got
-                    want = link["bw_mbps"]
+                    want = link["shaped_mbps"]
                     rate = got.get("rate_mbps")
                     if got.get("qdisc") != "htb" or rate is None or abs(rate - want) > RATE_TOLERANCE * want:
                         bad.append(f"{intf}: asked {want} Mbit/s htb, kernel has {got}")

@@ -91,7 +91,7 @@ def run_one(exp: Experiment, parent: Path, run_id: str, exclusive_id: bool = Tru
             try:
                 scheme = get_scheme(exp.workload.scheme)
                 server_racks = scheme.dedicated_server_hosts(exp.workload, exp.topology.racks)
-                network = Network(exp.topology, server_racks, run_dir, ledger)
+                network = Network(exp.topology, server_racks, run_dir, ledger, scale=exp.scale)
                 log.info("building network")
                 network.start()
                 log.info("network up in %.1f s", time.time() - t0)

@@ -86,6 +86,23 @@ class OptimizerSpec:
 
 
 @dataclass
+class ComputeSpec:
+    """How workers compute.
+
+    ``mode: real``: forward and backward of the real model on real data (accuracy and
+    convergence experiments). ``mode: emulated``: every layer's forward and backward take the
+    time a profile gives (times ``scale``), slept precisely without burning CPU, while
+    parameters and gradients stay real tensors of the layers' true sizes (throughput
+    experiments). ``profile``: ``zero`` (infinitely fast compute: communication only, like
+    PHub's ZeroComputeEngine, phub.txt Section 4.4), a device name with a profile for
+    (``workload.model``, ``workload.batch_size``) in ``traffic/profiles/data/`` (e.g.
+    ``gtx1080ti``), or the path of a profile JSON file (``testbed profile`` writes one).
+    """
+    mode: Literal["real", "emulated"] = "real"
+    profile: str = "zero"
+
+
+@dataclass
 class WorkloadSpec:
     """What trains: scheme, model, data, batch, iterations.
 
@@ -96,7 +113,7 @@ class WorkloadSpec:
     scheme: str = "ps"
     model: str = "digits_mlp"
     dataset: str = "digits"
-    compute: Literal["real"] = "real"
+    compute: ComputeSpec = field(default_factory=ComputeSpec)
     batch_size: int = field(default=32, metadata=_pos)
     iterations: int = field(default=100, metadata=_pos)
     warmup_iterations: int = field(default=5, metadata=_nonneg)
@@ -129,8 +146,16 @@ class RunSpec:
 
 @dataclass
 class Experiment:
-    """A whole experiment spec. ``sweep`` maps dotted field paths to lists of values."""
+    """A whole experiment spec. ``sweep`` maps dotted field paths to lists of values.
+
+    ``scale`` is the time dilation factor s: every link runs at its bandwidth / s (and its
+    delay * s) and emulated compute takes s times its profiled time, so the ratio of
+    communication to computation is that of the emulated network while the machine runs s
+    times slower. Everything reported is converted back to the emulated network's time.
+    s != 1 needs ``workload.compute.mode: emulated`` (real compute cannot be slowed down).
+    """
     name: str = "experiment"
+    scale: float = field(default=1.0, metadata=_pos)
     topology: TopologySpec = field(default_factory=TopologySpec)
     workload: WorkloadSpec = field(default_factory=WorkloadSpec)
     capture: CaptureSpec = field(default_factory=CaptureSpec)
@@ -296,6 +321,16 @@ def _validate_cross(exp: Experiment) -> None:
     if w.dataset not in available_datasets():
         raise SpecError("workload.dataset", w.dataset, "one of " + ", ".join(available_datasets()))
     get_scheme(w.scheme).validate_options(w.options)
+    if exp.scale != 1 and w.compute.mode != "emulated":
+        raise SpecError("scale", exp.scale, "1 unless workload.compute.mode is 'emulated' "
+                        "(time dilation slows emulated compute and links; real compute cannot be slowed)")
+    if w.compute.mode == "emulated":
+        from testbed.errors import TestbedError
+        from traffic.profiles import load_profile
+        try:
+            load_profile(w.compute.profile, w.model, w.batch_size)
+        except TestbedError as e:
+            raise SpecError("workload.compute.profile", w.compute.profile, str(e)) from None
     for path, values in exp.sweep.items():
         if not isinstance(values, list) or not values:
             raise SpecError(f"sweep.{path}", values, "a non-empty list of values")

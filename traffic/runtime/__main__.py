@@ -76,15 +76,21 @@ def run_process(run_dir: str | Path, name: str) -> int:
             dist.init_process_group(
                 "gloo", init_method=f"tcp://{doc['master_addr']}:{doc['master_port']}",
                 rank=rank, world_size=world, timeout=timedelta(seconds=spec.run.timeout_s))
-        data = load_dataset(w.dataset, w.seed)
-        model = build_model(w.model, w.seed, data.input_shape, data.num_classes)
         n_workers = sum(1 for p in doc["processes"] if p["role"] == "worker")
+        data = batches = profile = None
+        if w.compute.mode == "emulated":  # the model's native input; no data is read
+            from traffic.profiles import load_profile
+            model = build_model(w.model, w.seed)
+            profile = load_profile(w.compute.profile, w.model, w.batch_size, n_layers=len(model.layers))
+        else:
+            data = load_dataset(w.dataset, w.seed)
+            model = build_model(w.model, w.seed, data.input_shape, data.num_classes)
+            batches = GlobalBatches(data, w.batch_size, max(n_workers, 1), w.seed)
         ctx = Context(
             run_dir=run_dir, spec=spec, name=name, role=role, index=index, rank=rank, world_size=world,
-            processes=doc["processes"], model=model, data=data,
-            batches=GlobalBatches(data, w.batch_size, max(n_workers, 1), w.seed),
+            processes=doc["processes"], model=model, data=data, batches=batches,
             transport=Transport(events, rank, world), events=events, comm=CommThread("comm"),
-            crash_at=Context.crash_iteration(name))
+            crash_at=Context.crash_iteration(name), profile=profile)
         scheme = get_scheme(w.scheme)(ctx)
         t0 = time.perf_counter()
         scheme.main()

@@ -58,7 +58,9 @@ class Context:
         model: this process's model, initialised from ``workload.seed`` (identical in every
             process at start).
         data: the dataset; ``batches``: the global batches and shards of this run
-            (``workers`` = number of worker processes).
+            (``workers`` = number of worker processes). Both None in emulated compute.
+        profile: the compute profile (``traffic.profiles.Profile``) in emulated compute,
+            else None.
         transport: logged torch.distributed communication; ``events``: the event log;
             ``comm``: the background communication thread (FIFO, started on first use; a
             scheme that needs another order may replace it in ``setup``, e.g. with a
@@ -75,13 +77,14 @@ class Context:
     world_size: int
     processes: list[dict]
     model: LayeredModel
-    data: Dataset
-    batches: GlobalBatches
+    data: Dataset | None
+    batches: GlobalBatches | None
     transport: Transport
     events: EventLog
     comm: CommThread
     results: dict[str, Any] = field(default_factory=dict)
     crash_at: int | None = None
+    profile: Any = None
 
     @property
     def workload(self) -> "WorkloadSpec":

@@ -69,7 +69,13 @@ def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch: in
 
 
 class Trainer:
-    """Runs the standard loop for one worker (real compute).
+    """Runs the standard loop for one worker, in real or emulated compute.
+
+    In emulated compute (``workload.compute.mode: emulated``) each layer's forward and
+    backward are sleeps of the profiled time times ``scale`` (see
+    :mod:`traffic.runtime.emulation`); the hooks fire at the same points, ``forward`` and
+    ``backward`` events carry ``requested_s`` next to the achieved ``dur``, and nothing is
+    evaluated (there is no data).
 
     Args:
         ctx: the process context (its ``model``, ``batches``, ``events`` ...).
@@ -94,6 +100,13 @@ class Trainer:
             seen.update(id(p) for p in ps)
             self._layer_params.append(ps)
         self._missing = [0] * len(self.layers)
+        self.emulated = None
+        if ctx.workload.compute.mode == "emulated":
+            from traffic.runtime.emulation import EmulatedCompute
+            scale = ctx.spec.scale
+            self.emulated = EmulatedCompute(self.model, [t * scale for t in ctx.profile.forward_s()],
+                                            [t * scale for t in ctx.profile.backward_s()],
+                                            seed=ctx.workload.seed * 100_003 + ctx.rank)
 
     # ---------------------------------------------------------------- hooks
 
@@ -128,9 +141,9 @@ class Trainer:
         if self._missing[l] == 0:
             self._layer_done(l)
 
-    def _layer_done(self, l: int) -> None:
+    def _layer_done(self, l: int, **extra) -> None:
         ts, t0 = self._bwd_mark
-        self.ctx.events.record("backward", ts, time.perf_counter() - t0, iteration=self.it, layer=l)
+        self.ctx.events.record("backward", ts, time.perf_counter() - t0, iteration=self.it, layer=l, **extra)
         self.scheme.after_backward(self.it, l)
         self._bwd_mark = (time.time(), time.perf_counter())
 
@@ -141,6 +154,10 @@ class Trainer:
         ctx, scheme = self.ctx, self.scheme
         self.it = it
         scheme.on_iteration_start(it)
+        if self.emulated is not None:
+            self._step_emulated(it)
+            scheme.on_backward_end(it)
+            return None
         x, y = ctx.batches.shard(it, ctx.index)
         self.model.zero_grad(set_to_none=True)
         self._missing = [len(ps) for ps in self._layer_params]
@@ -158,6 +175,24 @@ class Trainer:
             self._active = False
         scheme.on_backward_end(it)
         return float(loss.detach())
+
+    def _step_emulated(self, it: int) -> None:
+        """Forward and backward of every layer as profiled sleeps (hooks as in real compute)."""
+        em, ev = self.emulated, self.ctx.events
+        for l in range(len(self.layers)):
+            self.scheme.before_forward(it, l)
+            ts, t0 = time.time(), time.perf_counter()
+            em.forward(l)
+            ev.record("forward", ts, time.perf_counter() - t0, iteration=it, layer=l,
+                      requested_s=em.forward_s[l])
+        self._active = True
+        try:
+            self._bwd_mark = (time.time(), time.perf_counter())
+            for l in reversed(range(len(self.layers))):
+                em.backward(l, self._layer_params[l])
+                self._layer_done(l, requested_s=em.backward_s[l])
+        finally:
+            self._active = False
 
     def eval_event(self, it: int, final: bool = False) -> tuple[float, float]:
         """Evaluate on the test set and write an ``eval`` event; returns (accuracy, loss)."""
@@ -179,7 +214,7 @@ class Trainer:
         ctx, scheme = self.ctx, self.scheme
         n, b = ctx.iterations, ctx.workload.batch_size
         every = ctx.workload.eval_every
-        evaluates = ctx.role == "worker" and ctx.index == 0
+        evaluates = ctx.role == "worker" and ctx.index == 0 and self.emulated is None
         self._install()
         try:
             with ctx.events.span("setup"):
