@@ -11,7 +11,6 @@ parameters up to floating-point rounding.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from traffic.data import GlobalBatches, load_dataset
 from traffic.models import LayeredModel, build_model
@@ -43,7 +42,7 @@ def reference_model(workload, workers: int, iterations: int | None = None) -> La
     for it in range(workload.iterations if iterations is None else iterations):
         x, y = batches.global_batch(it)
         opt.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x), y).backward()
+        model.loss(model(x), y).backward()
         opt.step()
     return model
 

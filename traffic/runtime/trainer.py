@@ -7,7 +7,7 @@ Per iteration ``it`` (``workload.iterations`` of them)::
         scheme.on_iteration_start(it)
         x, y = shard it of this worker
         forward, layer by layer:  scheme.before_forward(it, l); compute; event "forward"
-        loss = cross_entropy(logits, y)  (mean over the local batch)
+        loss = model.loss(logits, y)  (mean over the local batch; see LayeredModel.loss)
         backward, last layer first: when all of layer l's parameter gradients are
             accumulated: event "backward"; scheme.after_backward(it, l)
         scheme.on_backward_end(it)
@@ -49,22 +49,27 @@ def make_optimizer(params, spec) -> torch.optim.SGD:
 
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 1024) -> tuple[float, float]:
-    """Accuracy in [0, 1] and mean cross-entropy loss of ``model`` on ``(x, y)``.
+    """Accuracy in [0, 1] and mean cross-entropy loss of ``model`` on ``(x, y)`` (per sample;
+    per token for sequence models, whose logits are ``(n, seq_len, vocab)``).
 
     ``x``: ``(n, *input_shape)``, ``y``: ``(n,)`` int64. Runs in eval mode, restores the
     previous mode.
     """
     was_training = model.training
     model.eval()
-    correct, loss_sum = 0, 0.0
+    correct, loss_sum, n = 0, 0.0, 0
     try:
         for i in range(0, len(x), batch):
             out = model(x[i:i + batch])
-            loss_sum += float(F.cross_entropy(out, y[i:i + batch], reduction="sum"))
-            correct += int((out.argmax(dim=1) == y[i:i + batch]).sum())
+            yb = y[i:i + batch]
+            if out.dim() == 3:  # sequence model: per-token accuracy and loss
+                out, yb = out.reshape(-1, out.shape[-1]), yb.reshape(-1)
+            loss_sum += float(F.cross_entropy(out, yb, reduction="sum"))
+            correct += int((out.argmax(dim=1) == yb).sum())
+            n += len(yb)
     finally:
         model.train(was_training)
-    n = max(len(x), 1)
+    n = max(n, 1)
     return correct / n, loss_sum / n
 
 
@@ -164,7 +169,7 @@ class Trainer:
         self._active = True
         try:
             out = self.model(x)
-            loss = F.cross_entropy(out, y)
+            loss = self.model.loss(out, y)
             self._bwd_mark = (time.time(), time.perf_counter())
             loss.backward()
             # layers without trainable parameters: "ready" once backward is over
