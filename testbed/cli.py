@@ -7,6 +7,7 @@
     testbed plot RUN [RUN ...]            draw plots (PNG files in the run directories)
     testbed timeline RUN                  Chrome trace-event JSON of a run's events
     testbed clean                         remove what a killed run left on the machine
+    testbed profile MODEL --batch B       measure per-layer forward/backward times here
 
 Errors a user can cause print one message, no traceback, and exit with status 2.
 """
@@ -144,6 +145,19 @@ def _cmd_clean(args) -> int:
     return 0
 
 
+def _cmd_profile(args) -> int:
+    from traffic.profiles import profile_filename
+    from traffic.profiles.measure import format_table, measure_profile
+    out = Path(args.out) if args.out else Path.cwd() / profile_filename(args.model, args.device, args.batch)
+    if out.exists():  # checked before measuring too, so a long measurement is not wasted
+        raise TestbedError(f"{out} exists; profiles are never overwritten: remove it or pass another --out")
+    prof = measure_profile(args.model, args.batch, device=args.device, iterations=args.iterations,
+                           warmup=args.warmup)
+    print(format_table(prof))
+    print(f"wrote {prof.save(out)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="testbed", description="Network-emulation testbed for distributed DL training")
     sub = p.add_subparsers(dest="command", required=True)
@@ -174,6 +188,14 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("clean", help="remove namespaces, links, bridges and processes a killed run left")
     s.add_argument("--force", action="store_true", help="also clean runs whose harness is still alive")
     s.set_defaults(fn=_cmd_clean)
+    s = sub.add_parser("profile", help="measure per-layer forward/backward times of a model on this machine")
+    s.add_argument("model", help="registered model name, e.g. digits_mlp")
+    s.add_argument("--batch", type=int, required=True, help="samples per batch")
+    s.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    s.add_argument("--iterations", type=int, default=20, help="timed iterations; the median is reported")
+    s.add_argument("--warmup", type=int, default=3, help="untimed iterations first")
+    s.add_argument("--out", help="profile JSON to write (default ./<model>-<device>-b<batch>.json; never overwritten)")
+    s.set_defaults(fn=_cmd_profile)
     return p
 
 
