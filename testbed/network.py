@@ -158,7 +158,7 @@ class Network:
         self.run_dir = Path(run_dir)
         self.ledger = ledger
         self.net: Mininet | None = None
-        self.topo = build_topo(topology_spec, self.server_racks)
+        self.topo = build_topo(self.spec, self.server_racks)
         self.topology: dict = {}
 
     # ----------------------------------------------------------------------- build
