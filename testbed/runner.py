@@ -84,6 +84,7 @@ def run_one(exp: Experiment, parent: Path, run_id: str, exclusive_id: bool = Tru
     capture = network = ledger = None
     interrupted = None
     old_term = signal.signal(signal.SIGTERM, _on_sigterm)
+    old_int = signal.getsignal(signal.SIGINT)
     t0 = time.time()
     try:
         with NetworkLock():
@@ -121,6 +122,9 @@ def run_one(exp: Experiment, parent: Path, run_id: str, exclusive_id: bool = Tru
                 status, error = "failed", str(e)
                 log.error("run failed: %s", e)
             except (KeyboardInterrupt, _Terminated) as e:
+                # a second Ctrl-C or SIGTERM must not cut the teardown short
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
                 status, error = "interrupted", "interrupted by the user (Ctrl-C or SIGTERM)"
                 log.warning("interrupted", exc_info=True)
                 interrupted = e
@@ -140,10 +144,11 @@ def run_one(exp: Experiment, parent: Path, run_id: str, exclusive_id: bool = Tru
     except TestbedError as e:  # the lock is held by another run
         status, error = "failed", str(e)
     finally:
-        signal.signal(signal.SIGTERM, old_term)
         summary = summarize(run_dir, status=status, error=error)
         log.removeHandler(handler)
         handler.close()
+        signal.signal(signal.SIGTERM, old_term)
+        signal.signal(signal.SIGINT, old_int)
     if interrupted is not None:
         raise KeyboardInterrupt()
     return RunResult(run_dir, summary)

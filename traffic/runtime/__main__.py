@@ -78,13 +78,14 @@ def run_process(run_dir: str | Path, name: str) -> int:
                 rank=rank, world_size=world, timeout=timedelta(seconds=spec.run.timeout_s))
         n_workers = sum(1 for p in doc["processes"] if p["role"] == "worker")
         data = batches = profile = None
+        device = get_scheme(w.scheme).model_device(role)
         if w.compute.mode == "emulated":  # the model's native input; no data is read
             from traffic.profiles import load_profile
-            model = build_model(w.model, w.seed)
+            model = build_model(w.model, w.seed, device=device)
             profile = load_profile(w.compute.profile, w.model, w.batch_size, n_layers=len(model.layers))
         else:
             data = load_dataset(w.dataset, w.seed)
-            model = build_model(w.model, w.seed, data.input_shape, data.num_classes)
+            model = build_model(w.model, w.seed, data.input_shape, data.num_classes, device=device)
             batches = GlobalBatches(data, w.batch_size, max(n_workers, 1), w.seed)
         ctx = Context(
             run_dir=run_dir, spec=spec, name=name, role=role, index=index, rank=rank, world_size=world,

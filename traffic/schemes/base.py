@@ -166,6 +166,13 @@ class Scheme:
         procs += [ProcessPlan("server", i, h) for i, h in enumerate(server_hosts)]
         return procs
 
+    @classmethod
+    def model_device(cls, role: str) -> str | None:
+        """Device the runtime builds the model on for ``role``: None (CPU, real values) or
+        ``"meta"`` for a role that needs only the layers' shapes (it must then get values
+        over the network). Default: None for every role."""
+        return None
+
     # ---------------------------------------------------------------- process side
 
     def main(self) -> None:

@@ -19,8 +19,11 @@ optimizer state per shard -- the update is element-wise, so this equals a single
 updating the whole model), and send the updated shard to every worker. Servers run
 ``workload.iterations`` such rounds, then exit.
 
-Initial parameters: every process builds the model from ``workload.seed``, so workers and
-servers start identical without sending it; the servers' copy is authoritative from then on.
+Initial parameters: every worker builds the model from ``workload.seed``; servers build it
+on the meta device (shapes only, no memory) and worker 0 sends each shard's initial values
+to its server during ``setup`` (kind ``init``), as MXNet's KVStore ``init`` does. From then
+on the servers' copy is authoritative. (A server holding the whole model would need one
+model's memory per server: 570 MB each for VGG-19.)
 
 Messages: push and pull of shard ``i`` use tag ``i`` (``Shard.id``). Events: workers log
 ``push`` (dir tx) and ``pull`` (dir rx); servers log ``push`` (dir rx), ``update`` and
@@ -117,6 +120,11 @@ class ParameterServer(Scheme):
     roles = ("worker", "server")
     options = {"bigarray_bound": BIGARRAY_BOUND}
 
+    @classmethod
+    def model_device(cls, role: str) -> str | None:
+        """Servers need only the model's shapes: they get the values from worker 0."""
+        return "meta" if role == "server" else None
+
     def _layout(self) -> None:
         ctx = self.ctx
         self.server_ranks = ctx.ranks("server")
@@ -134,7 +142,13 @@ class ParameterServer(Scheme):
     # ---------------------------------------------------------------- worker
 
     def setup(self) -> None:
+        """Lay out the shards; worker 0 sends every shard's initial values to its server."""
         self._layout()
+        if self.ctx.index == 0:
+            tr = self.ctx.transport
+            flat = [p.data.view(-1) for p in self.params]
+            tr.wait_all([tr.isend(flat[s.key][s.lo:s.hi], self.server_ranks[s.server], tag=s.id,
+                                  kind="init", **self._fields(-1, s)) for s in self.shards])
 
     def on_backward_end(self, it: int) -> None:
         """Push every shard of the gradient, pull every shard of the new parameters into the model."""
@@ -160,8 +174,9 @@ class ParameterServer(Scheme):
         self._layout()
         tr, ev, W = ctx.transport, ctx.events, len(self.worker_ranks)
         self.mine = [s for s in self.shards if s.server == ctx.index]
-        flat = [p.detach().reshape(-1) for p in self.params]
-        self.values = [torch.nn.Parameter(flat[s.key][s.lo:s.hi].clone()) for s in self.mine]
+        self.values = [torch.nn.Parameter(torch.empty(s.numel)) for s in self.mine]
+        tr.wait_all([tr.irecv(v.data, self.worker_ranks[0], tag=s.id, kind="init", **self._fields(-1, s))
+                     for s, v in zip(self.mine, self.values)])
         opts = [make_optimizer([v], ctx.workload.optimizer) for v in self.values]
         bufs = [[torch.empty(s.numel) for _ in range(W)] for s in self.mine]
         ev.instant("server_keys", shards=[s.id for s in self.mine], numel=sum(s.numel for s in self.mine))
@@ -173,7 +188,7 @@ class ParameterServer(Scheme):
             for i, s in enumerate(self.mine):
                 tr.wait_all(pushes[i])
                 with ev.span("update", **self._fields(it, s)):
-                    g = bufs[i][0].clone()
+                    g = bufs[i][0]  # summed in place: the buffers are refilled only next round
                     for b in bufs[i][1:]:
                         g += b
                     g /= W
