@@ -107,6 +107,8 @@ def main():
     ap.add_argument("--reps", type=int, default=2)
     args = ap.parse_args()
     n_params = sleep_accuracy(args.model, args.device, args.batch, args.sleep_scale, args.iterations)
+    if not args.hosts:
+        return
     hosts_at_1g(n_params, [int(h) for h in args.hosts.split(",")], [float(s) for s in args.scales.split(",")],
                 args.reps)
 
