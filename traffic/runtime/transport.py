@@ -204,23 +204,15 @@ class Transport:
             RuntimeError / DistBackendError: a member is gone or the op timed out.
         """
         f = {**fields, "bytes": nbytes(tensor), "group_size": self._group_size(group), "op": op}
-        ts, t0 = time.time(), time.perf_counter()
-        work = dist.all_reduce(tensor, op=_OPS[op], group=group, async_op=async_op)
-        if async_op:
-            return Pending(self.events, work, kind, f, on_done=self._count)
-        self._log(kind, ts, t0, f)
-        return None
+        return self._collective(kind, f, async_op,
+                                lambda: dist.all_reduce(tensor, op=_OPS[op], group=group, async_op=async_op))
 
     def broadcast(self, tensor: torch.Tensor, src: int, *, group=None, async_op: bool = False,
                   kind: str = "broadcast", **fields) -> Pending | None:
         """Copy ``tensor`` of global rank ``src`` into ``tensor`` of every member of ``group``."""
         f = {**fields, "bytes": nbytes(tensor), "group_size": self._group_size(group), "src": int(src)}
-        ts, t0 = time.time(), time.perf_counter()
-        work = dist.broadcast(tensor, src, group=group, async_op=async_op)
-        if async_op:
-            return Pending(self.events, work, kind, f, on_done=self._count)
-        self._log(kind, ts, t0, f)
-        return None
+        return self._collective(kind, f, async_op,
+                                lambda: dist.broadcast(tensor, src, group=group, async_op=async_op))
 
     def all_gather(self, out: list[torch.Tensor], tensor: torch.Tensor, *, group=None,
                    async_op: bool = False, kind: str = "all_gather", **fields) -> Pending | None:
@@ -229,11 +221,17 @@ class Transport:
         ``bytes`` is the size of this process's contribution.
         """
         f = {**fields, "bytes": nbytes(tensor), "group_size": self._group_size(group)}
+        return self._collective(kind, f, async_op,
+                                lambda: dist.all_gather(out, tensor, group=group, async_op=async_op))
+
+    def _collective(self, kind: str, fields: dict, async_op: bool, call) -> Pending | None:
+        """Run ``call()`` (a torch.distributed collective) and log it: now if synchronous,
+        when its ``Pending`` is waited on if ``async_op``."""
         ts, t0 = time.time(), time.perf_counter()
-        work = dist.all_gather(out, tensor, group=group, async_op=async_op)
+        work = call()
         if async_op:
-            return Pending(self.events, work, kind, f, on_done=self._count)
-        self._log(kind, ts, t0, f)
+            return Pending(self.events, work, kind, fields, on_done=self._count)
+        self._log(kind, ts, t0, fields)
         return None
 
     def barrier(self, group=None, *, kind: str = "barrier", log: bool = True, **fields) -> None:
