@@ -151,3 +151,29 @@ def test_bad_spec_is_named_by_the_cli(tmp_path):
     assert out.returncode == 2
     assert "topology.host_bw_mbps" in out.stderr and "-3" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+@root_only
+def test_ctrl_c_tears_everything_down_and_records_the_run(tmp_path):
+    import signal
+    assert leftovers() == []
+    p = subprocess.Popen([sys.executable, "-m", "testbed.cli", "run", "experiments/quickstart.yaml", "-q",
+                          "--set", "sweep={}", "--set", "workload.iterations=500", "--runs-dir", str(tmp_path)],
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    log = None
+    while time.time() < deadline:  # wait until the training processes run
+        logs = list(tmp_path.glob("*/events/worker0.jsonl"))
+        if logs and '"iteration"' in logs[0].read_text():
+            log = logs[0]
+            break
+        time.sleep(0.5)
+    assert log is not None, "training never started"
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert "torn down" in err
+    summary = json.loads((log.parent.parent / "summary.json").read_text())
+    assert summary["status"] == "interrupted"
+    assert leftovers() == []
