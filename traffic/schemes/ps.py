@@ -25,17 +25,41 @@ to its server during ``setup`` (kind ``init``), as MXNet's KVStore ``init`` does
 on the servers' copy is authoritative. (A server holding the whole model would need one
 model's memory per server: 570 MB each for VGG-19.)
 
+Layer-wise overlap (option ``overlap: true``; default ``false``, the bulk behaviour above):
+MXNet's KVStore with wait-free backprop (Poseidon), the P3 paper's baseline. Per worker:
+
+* ``after_backward(it, l)`` (compute thread): post the receives (``pull``) of every shard of
+  layer ``l``'s keys straight into the model's parameters (layer ``l`` is not read again
+  before the next forward), then hand one job to ``ctx.comm`` (FIFO) that pushes those
+  shards (``isend`` to each shard's server, then waits) -- backward of the earlier layers
+  continues meanwhile, and layers are pushed in the order their gradients became ready;
+* ``before_forward(it, l)`` (``it`` > 0): wait for the pulls of layer ``l`` only;
+* ``finish``: wait for the remaining pulls and drain the comm thread. Worker 0 also waits
+  for every pull at the end of an iteration after which it evaluates.
+
+Servers process their shards in the order workers push them (last layer first) and send
+each updated shard to every worker as soon as it is aggregated and updated: the pull of a
+key is "issued" once that key is aggregated. (MXNet's worker sends a pull request on the
+update notification; here the server sends unasked, saving that request's round trip.)
+
 Messages: push and pull of shard ``i`` use tag ``i`` (``Shard.id``). Events: workers log
 ``push`` (dir tx) and ``pull`` (dir rx); servers log ``push`` (dir rx), ``update`` and
-``pull`` (dir tx), each with ``bytes``, ``peer``, ``key``, ``shard`` and ``layer``.
+``pull`` (dir tx), each with ``bytes``, ``peer``, ``iteration``, ``layer``, ``key``,
+``shard`` and ``slice`` (both the shard's id) and ``priority`` (the layer index; ``ps``
+does not schedule by it, the field lets plots compare with ``p3``).
+
+Subclasses (``p3``) change the cut of keys (:meth:`ParameterServer._make_shards`), the
+message kinds, the worker's send path (:meth:`ParameterServer._submit_push`) and the
+server's processing order (:meth:`ParameterServer._aggregated`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 
+from traffic.runtime.transport import Pending
 from traffic.runtime.trainer import make_optimizer
 from traffic.schemes.base import Scheme, register
 
@@ -111,61 +135,152 @@ def model_shards(model: torch.nn.Module, num_servers: int, bigarray_bound: int =
 
 @register
 class ParameterServer(Scheme):
-    """Bulk-synchronous parameter server (see the module docstring).
+    """Parameter server, bulk-synchronous or with layer-wise overlap (see the module docstring).
 
     Options:
         bigarray_bound: keys with at least this many elements are split over all servers.
+        overlap: push each layer's gradient as soon as its backward is done and wait, before
+            each layer's forward, only for that layer's parameters (default ``False``: push
+            and pull everything after the whole backward pass).
     """
     name = "ps"
     roles = ("worker", "server")
-    options = {"bigarray_bound": BIGARRAY_BOUND}
+    options = {"bigarray_bound": BIGARRAY_BOUND, "overlap": False}
+    push_kind = "push"    # event kind of a gradient message
+    pull_kind = "pull"    # event kind of an updated-parameter message (server -> worker)
 
     @classmethod
     def model_device(cls, role: str) -> str | None:
         """Servers need only the model's shapes: they get the values from worker 0."""
         return "meta" if role == "server" else None
 
+    @property
+    def overlapped(self) -> bool:
+        """True when pushes start in ``after_backward`` and pulls are awaited per layer."""
+        return bool(self.opts.get("overlap", False))
+
+    def _make_shards(self) -> list[Shard]:
+        """The cut of the model's keys into shards with their servers (ps: :func:`model_shards`)."""
+        return model_shards(self.ctx.model, len(self.server_ranks), int(self.opts["bigarray_bound"]))
+
     def _layout(self) -> None:
         ctx = self.ctx
         self.server_ranks = ctx.ranks("server")
         self.worker_ranks = ctx.ranks("worker")
         if not self.server_ranks or not self.worker_ranks:
-            raise RuntimeError(f"scheme ps needs workers and servers; processes.json has "
+            raise RuntimeError(f"scheme {self.name} needs workers and servers; processes.json has "
                                f"{len(self.worker_ranks)} workers, {len(self.server_ranks)} servers")
         self.params = list(ctx.model.parameters())
         self.key_layer = ctx.model.param_layers()
-        self.shards = model_shards(ctx.model, len(self.server_ranks), int(self.opts["bigarray_bound"]))
+        self.shards = self._make_shards()
+        self.layer_shards: list[list[Shard]] = [[] for _ in ctx.model.layers]
+        for s in self.shards:
+            self.layer_shards[self.key_layer[s.key]].append(s)
+
+    def _priority(self, s: Shard) -> int:
+        """Priority of a shard: its layer's index in forward order (0 = most urgent)."""
+        return self.key_layer[s.key]
 
     def _fields(self, it: int, s: Shard) -> dict:
-        return {"iteration": it, "layer": self.key_layer[s.key], "key": s.key, "shard": s.id}
+        return {"iteration": it, "layer": self.key_layer[s.key], "key": s.key, "shard": s.id,
+                "slice": s.id, "priority": self._priority(s)}
 
     # ---------------------------------------------------------------- worker
 
     def setup(self) -> None:
         """Lay out the shards; worker 0 sends every shard's initial values to its server."""
         self._layout()
+        self._pulls: dict[int, list[Pending]] = {}   # layer -> pulls in flight
         if self.ctx.index == 0:
             tr = self.ctx.transport
             flat = [p.data.view(-1) for p in self.params]
             tr.wait_all([tr.isend(flat[s.key][s.lo:s.hi], self.server_ranks[s.server], tag=s.id,
                                   kind="init", **self._fields(-1, s)) for s in self.shards])
 
+    def _grad_slice(self, s: Shard) -> torch.Tensor:
+        p = self.params[s.key]
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        return p.grad.view(-1)[s.lo:s.hi]
+
+    def _post_pull(self, it: int, s: Shard) -> Pending:
+        """Post the receive of shard ``s``'s updated values straight into the model."""
+        return self.ctx.transport.irecv(self.params[s.key].data.view(-1)[s.lo:s.hi], self.server_ranks[s.server],
+                                        tag=s.id, kind=self.pull_kind, **self._fields(it, s))
+
     def on_backward_end(self, it: int) -> None:
-        """Push every shard of the gradient, pull every shard of the new parameters into the model."""
+        """Bulk: push every shard of the gradient, pull every shard of the new parameters.
+
+        With ``overlap``: nothing, except on worker 0 before an evaluation (wait for every pull).
+        """
+        if self.overlapped:
+            every = self.ctx.workload.eval_every
+            if self.ctx.index == 0 and every > 0 and (it + 1) % every == 0:
+                self._wait_pulls()
+            return
         tr = self.ctx.transport
-        flat_params = [p.data.view(-1) for p in self.params]
-        flat_grads = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params]
-        pulls = [tr.irecv(flat_params[s.key][s.lo:s.hi], self.server_ranks[s.server], tag=s.id,
-                          kind="pull", **self._fields(it, s)) for s in self.shards]
-        pushes = [tr.isend(flat_grads[s.key][s.lo:s.hi], self.server_ranks[s.server], tag=s.id,
-                           kind="push", **self._fields(it, s)) for s in self.shards]
+        pulls = [self._post_pull(it, s) for s in self.shards]
+        pushes = [tr.isend(self._grad_slice(s), self.server_ranks[s.server], tag=s.id,
+                           kind=self.push_kind, **self._fields(it, s)) for s in self.shards]
         tr.wait_all(pushes)
         tr.wait_all(pulls)
 
+    def after_backward(self, it: int, layer: int) -> None:
+        """Overlap: post layer ``layer``'s pulls, then queue its pushes on the comm thread."""
+        if not self.overlapped or not self.layer_shards[layer]:
+            return
+        shards = self.layer_shards[layer]
+        self._pulls[layer] = [self._post_pull(it, s) for s in shards]
+        self._submit_push(it, layer, [(s, self._grad_slice(s)) for s in shards])
+
+    def _submit_push(self, it: int, layer: int, items: list[tuple[Shard, torch.Tensor]]) -> None:
+        """Queue the pushes of one layer's shards: one FIFO job that isends all, then waits."""
+        tr = self.ctx.transport
+
+        def push() -> None:
+            tr.wait_all([tr.isend(g, self.server_ranks[s.server], tag=s.id, kind=self.push_kind,
+                                  **self._fields(it, s)) for s, g in items])
+        self.ctx.comm.submit(push)
+
+    def before_forward(self, it: int, layer: int) -> None:
+        """Overlap: wait until layer ``layer``'s parameters of the previous iteration arrived."""
+        if self.overlapped:
+            self.ctx.transport.wait_all(self._pulls.pop(layer, []))
+
+    def _wait_pulls(self) -> None:
+        for layer in list(self._pulls):
+            self.ctx.transport.wait_all(self._pulls.pop(layer))
+
+    def finish(self) -> None:
+        """Overlap: wait for every outstanding pull and push (the final parameters are in the model)."""
+        if self.overlapped:
+            self._wait_pulls()
+            self.ctx.comm.drain()
+
     # ---------------------------------------------------------------- server
+
+    def _aggregated(self, it: int) -> Iterator[int]:
+        """Receive every worker's push of every own shard of round ``it`` into
+        ``self._bufs[i][j]`` (shard ``i``, worker ``j``) and yield the index (into
+        ``self.mine``) of each shard once all ``W`` copies are in, in processing order.
+
+        ps: receives posted at once; bulk in key order, with ``overlap`` in the order the
+        workers push (last layer first, key order within a layer)."""
+        tr = self.ctx.transport
+        pushes = [[tr.irecv(self._bufs[i][j], wr, tag=s.id, kind=self.push_kind, **self._fields(it, s))
+                   for j, wr in enumerate(self.worker_ranks)] for i, s in enumerate(self.mine)]
+        order = range(len(self.mine))
+        if self.overlapped:
+            order = sorted(order, key=lambda i: (-self._priority(self.mine[i]), self.mine[i].id))
+        for i in order:
+            tr.wait_all(pushes[i])
+            yield i
 
     def run_server(self) -> None:
         """Serve ``workload.iterations`` rounds of push/update/pull for this server's shards.
+
+        Per round, for each own shard as :meth:`_aggregated` yields it (all workers' pushes
+        in): average, SGD step, send to every worker.
 
         Raises:
             RuntimeError / DistBackendError: a worker died or communication timed out.
@@ -178,15 +293,13 @@ class ParameterServer(Scheme):
         tr.wait_all([tr.irecv(v.data, self.worker_ranks[0], tag=s.id, kind="init", **self._fields(-1, s))
                      for s, v in zip(self.mine, self.values)])
         opts = [make_optimizer([v], ctx.workload.optimizer) for v in self.values]
-        bufs = [[torch.empty(s.numel) for _ in range(W)] for s in self.mine]
+        bufs = self._bufs = [[torch.empty(s.numel) for _ in range(W)] for s in self.mine]
         ev.instant("server_keys", shards=[s.id for s in self.mine], numel=sum(s.numel for s in self.mine))
         for it in range(ctx.iterations):
             ctx.maybe_crash(it)
-            pushes = [[tr.irecv(bufs[i][j], wr, tag=s.id, kind="push", **self._fields(it, s))
-                       for j, wr in enumerate(self.worker_ranks)] for i, s in enumerate(self.mine)]
             sends = []
-            for i, s in enumerate(self.mine):
-                tr.wait_all(pushes[i])
+            for i in self._aggregated(it):
+                s = self.mine[i]
                 with ev.span("update", **self._fields(it, s)):
                     g = bufs[i][0]  # summed in place: the buffers are refilled only next round
                     for b in bufs[i][1:]:
@@ -195,7 +308,7 @@ class ParameterServer(Scheme):
                     self.values[i].grad = g
                     opts[i].step()
                 v = self.values[i].detach()
-                sends += [tr.isend(v, wr, tag=s.id, kind="pull", **self._fields(it, s))
+                sends += [tr.isend(v, wr, tag=s.id, kind=self.pull_kind, **self._fields(it, s))
                           for wr in self.worker_ranks]
             tr.wait_all(sends)  # before the next round changes the values in place
 
