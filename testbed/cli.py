@@ -56,12 +56,13 @@ def _cmd_run(args) -> int:
 
 
 def format_table(df) -> str:
-    """The comparison table: scheme, samples/s (+-1.96 sigma), iteration mean/p95, core MB, accuracy."""
+    """The comparison table: the sweep point, scheme, samples/s (+-1.96 sigma), iteration
+    mean/p95 (ms), core MB, accuracy, whether the emulation was CPU-starved, status."""
     out = df.copy()
     cols = {"scheme": "scheme", "samples_per_s": "samples/s", "samples_per_s_ci95": "+-1.96sd",
             "iter_mean_s": "iter mean ms", "iter_p95_s": "iter p95 ms", "core_bytes": "core MB",
-            "accuracy": "test acc", "status": "status"}
-    extra = [c for c in out.columns if c not in cols and c not in ("run_dir", "cpu_starved")]
+            "accuracy": "test acc", "cpu_starved": "cpu starved", "status": "status"}
+    extra = [c for c in out.columns if c not in cols and c != "run_dir"]
     for c in ("iter_mean_s", "iter_p95_s"):
         out[c] = out[c].astype(float) * 1e3
     out["core_bytes"] = out["core_bytes"].astype(float) / 1e6

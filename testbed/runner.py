@@ -17,7 +17,7 @@ import os
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -32,9 +32,11 @@ log = logging.getLogger("testbed")
 
 @dataclass
 class RunResult:
-    """Where a run went and its summary (``summary.json`` content)."""
+    """Where a run went, its summary (``summary.json`` content) and, in a sweep, its point
+    (the swept paths and their values, and the variant's name)."""
     run_dir: Path
     summary: dict
+    point: dict = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -193,7 +195,7 @@ def run_experiment(exp: Experiment, progress: bool = True) -> list[RunResult]:
     parent = Path(exp.run.runs_dir)
     base_id = exp.run.id or rundir.new_run_id(exp.name)
     points = expand_sweep(exp)
-    if not exp.sweep:
+    if not exp.sweep and not exp.variants:
         return [run_one(exp, parent, base_id, exclusive_id=bool(exp.run.id))]
     sweep_dir = rundir.create(parent, base_id, exclusive_id=bool(exp.run.id), subdirs=())
     (sweep_dir / "sweep.yaml").write_text(dump_spec(exp))
@@ -201,11 +203,12 @@ def run_experiment(exp: Experiment, progress: bool = True) -> list[RunResult]:
     from tqdm import tqdm
     bar = tqdm(points, desc=f"sweep {sweep_dir.name}", unit="run", disable=not progress)
     for i, (point, e) in enumerate(bar):
-        label = "_".join(f"{k.split('.')[-1]}={v}" for k, v in point.items())
+        label = "_".join(f"{k.split('.')[-1]}={v}" if k != "variant" else str(v) for k, v in point.items())
         bar.set_postfix_str(label)
         res = run_one(e, sweep_dir, f"{i:03d}_{_safe(label)}")
+        res.point = point
         results.append(res)
-        rows.append({**point, **headline(res)})
+        rows.append(headline(res))
         pd.DataFrame(rows).to_csv(sweep_dir / "sweep.csv", index=False)
         if progress:
             tqdm.write(one_line(res))
@@ -222,7 +225,7 @@ def headline(res: RunResult) -> dict:
     tp = s.get("throughput") or {}
     it = s.get("iteration_time_s") or {}
     b = s.get("bytes") or {}
-    return {"scheme": s.get("scheme"), "status": s.get("status"),
+    return {**res.point, "scheme": s.get("scheme"), "status": s.get("status"),
             "samples_per_s": tp.get("mean"), "samples_per_s_ci95": tp.get("ci95"),
             "iter_mean_s": it.get("mean"), "iter_p95_s": it.get("p95"),
             "core_bytes": b.get("core"), "accuracy": s.get("final_accuracy"),

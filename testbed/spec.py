@@ -148,6 +148,10 @@ class RunSpec:
 class Experiment:
     """A whole experiment spec. ``sweep`` maps dotted field paths to lists of values.
 
+    ``variants`` is a list of arms, each a mapping of dotted field paths to values (and an
+    optional ``name``), for settings that go together (a scheme and its options): the runs
+    are every variant combined with every point of ``sweep``.
+
     ``scale`` is the time dilation factor s: every link runs at its bandwidth / s (and its
     delay * s) and emulated compute takes s times its profiled time, so the ratio of
     communication to computation is that of the emulated network while the machine runs s
@@ -161,6 +165,7 @@ class Experiment:
     capture: CaptureSpec = field(default_factory=CaptureSpec)
     run: RunSpec = field(default_factory=RunSpec)
     sweep: dict = field(default_factory=dict)
+    variants: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -177,7 +182,7 @@ def _describe(tp) -> str:
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         return " or ".join(_describe(a) for a in args) + " or null"
     return {int: "an integer", float: "a number", str: "a string", bool: "true or false",
-            dict: "a mapping"}.get(tp, getattr(tp, "__name__", str(tp)))
+            dict: "a mapping", list: "a list"}.get(tp, getattr(tp, "__name__", str(tp)))
 
 
 def _coerce(tp, value, path):
@@ -216,6 +221,10 @@ def _coerce(tp, value, path):
         if not isinstance(value, dict):
             raise SpecError(path, value, _describe(tp))
         return dict(value)
+    if tp is list:
+        if not isinstance(value, list):
+            raise SpecError(path, value, _describe(tp))
+        return list(value)
     raise TypeError(f"unsupported spec type {tp}")  # a bug in this module, not user input
 
 
@@ -331,6 +340,15 @@ def _validate_cross(exp: Experiment) -> None:
             load_profile(w.compute.profile, w.model, w.batch_size)
         except TestbedError as e:
             raise SpecError("workload.compute.profile", w.compute.profile, str(e)) from None
+    for i, v in enumerate(exp.variants):
+        if not isinstance(v, dict) or not [k for k in v if k != "name"]:
+            raise SpecError(f"variants[{i}]", v, "a mapping of dotted field paths to values (and an optional name)")
+        d = exp.to_dict()
+        d["sweep"], d["variants"] = {}, []
+        for path, value in v.items():
+            if path != "name":
+                _set_path(d, path, value)
+        from_dict(d)
     for path, values in exp.sweep.items():
         if not isinstance(values, list) or not values:
             raise SpecError(f"sweep.{path}", values, "a non-empty list of values")
@@ -339,28 +357,34 @@ def _validate_cross(exp: Experiment) -> None:
         base = exp.to_dict()
         for v in values:  # each point must itself be a valid spec
             d = copy.deepcopy(base)
-            d["sweep"] = {}
+            d["sweep"], d["variants"] = {}, []
             _set_path(d, path, v)
             from_dict(d)
 
 
 def expand_sweep(exp: Experiment) -> list[tuple[dict, Experiment]]:
-    """All points of the spec's sweep, as ``(point, experiment)`` pairs.
+    """All points of the spec: every variant combined with every point of the sweep, as
+    ``(point, experiment)`` pairs.
 
-    ``point`` maps each swept path to its value; every experiment has an empty sweep.
-    With no sweep the result is ``[({}, exp)]``.
+    ``point`` maps each set path to its value (a named variant adds ``variant: <name>``);
+    every experiment has an empty sweep and no variants. With neither the result is
+    ``[({}, exp)]``.
     """
-    if not exp.sweep:
+    if not exp.sweep and not exp.variants:
         return [({}, exp)]
     paths = list(exp.sweep)
     out = []
-    for combo in itertools.product(*(exp.sweep[p] for p in paths)):
-        d = exp.to_dict()
-        d["sweep"] = {}
-        point = dict(zip(paths, combo))
-        for p, v in point.items():
-            _set_path(d, p, v)
-        out.append((point, from_dict(d)))
+    for variant in exp.variants or [{}]:
+        for combo in itertools.product(*(exp.sweep[p] for p in paths)):
+            d = exp.to_dict()
+            d["sweep"], d["variants"] = {}, []
+            point = {"variant": variant["name"]} if "name" in variant else {}
+            point.update({k: v for k, v in variant.items() if k != "name"})
+            point.update(zip(paths, combo))
+            for p, v in point.items():
+                if p != "variant":
+                    _set_path(d, p, v)
+            out.append((point, from_dict(d)))
     return out
 
 

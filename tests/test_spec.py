@@ -73,3 +73,26 @@ def test_missing_file_and_bad_yaml(tmp_path):
     bad.write_text("topology: [unclosed")
     with pytest.raises(SpecError, match="valid YAML"):
         load_spec(bad)
+
+
+def test_variants_combine_with_the_sweep():
+    exp = from_dict({"variants": [{"name": "baseline", "workload.scheme": "ps", "workload.options.overlap": True},
+                                  {"name": "p3", "workload.scheme": "p3"}],
+                     "sweep": {"topology.host_bw_mbps": [50, 100]}})
+    pts = expand_sweep(exp)
+    assert [(p["variant"], e.workload.scheme, e.workload.options, e.topology.host_bw_mbps) for p, e in pts] == [
+        ("baseline", "ps", {"overlap": True}, 50), ("baseline", "ps", {"overlap": True}, 100),
+        ("p3", "p3", {}, 50), ("p3", "p3", {}, 100)]
+    assert all(e.variants == [] and e.sweep == {} for _, e in pts)
+
+
+@pytest.mark.parametrize("variants, field", [
+    ([{"name": "x"}], "variants[0]"),
+    (["ps"], "variants[0]"),
+    ([{"workload.scheme": "nope"}], "workload.scheme"),
+    ([{"workload.scheme": "ps", "workload.options.slice_params": 10}], "workload.options.slice_params"),
+])
+def test_bad_variants_are_named(variants, field):
+    with pytest.raises(SpecError) as e:
+        from_dict({"variants": variants})
+    assert e.value.field == field
