@@ -62,7 +62,7 @@ def format_table(df) -> str:
     cols = {"scheme": "scheme", "samples_per_s": "samples/s", "samples_per_s_ci95": "+-1.96sd",
             "iter_mean_s": "iter mean ms", "iter_p95_s": "iter p95 ms", "core_bytes": "core MB",
             "accuracy": "test acc", "cpu_starved": "cpu starved", "status": "status"}
-    extra = [c for c in out.columns if c not in cols and c != "run_dir"]
+    extra = [c for c in out.columns if c not in cols and c not in ("run_dir", "workload.scheme")]
     for c in ("iter_mean_s", "iter_p95_s"):
         out[c] = out[c].astype(float) * 1e3
     out["core_bytes"] = out["core_bytes"].astype(float) / 1e6
