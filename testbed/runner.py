@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from testbed import launch, rundir
-from testbed.errors import RunFailed, TestbedError
+from testbed.errors import RunFailed, SpecError, TestbedError
 from testbed.ledger import Ledger, NetworkLock
 from testbed.spec import Experiment, dump_spec, expand_sweep
 
@@ -66,6 +66,18 @@ def _on_sigterm(signum, frame):
     raise _Terminated()
 
 
+def _interface(host: dict, p) -> dict:
+    """``{"ip", "iface"}`` of the interface ``p.iface`` of ``host`` (a topology.json host).
+
+    Raises:
+        SpecError: the plan asks for an interface the host does not have.
+    """
+    intfs = host["intfs"]
+    if not 0 <= p.iface < len(intfs):
+        raise SpecError(f"plan of {p.name}", p.iface, f"interfaces 0..{len(intfs) - 1} of host {host['name']}")
+    return {"ip": intfs[p.iface]["ip"], "iface": intfs[p.iface]["name"]}
+
+
 def run_one(exp: Experiment, parent: Path, run_id: str, exclusive_id: bool = True) -> RunResult:
     """Run one experiment (its sweep must be empty) in ``parent/run_id``.
 
@@ -103,7 +115,7 @@ def run_one(exp: Experiment, parent: Path, run_id: str, exclusive_id: bool = Tru
                 plan = scheme.plan(exp.workload, hosts)
                 by_name = {h["name"]: h for h in topo["hosts"]}
                 entries = [{"name": p.name, "role": p.role, "index": p.index, "host": p.host,
-                            "ip": by_name[p.host]["ip"], "iface": by_name[p.host]["intfs"][0]["name"]}
+                            **_interface(by_name[p.host], p)}
                            for p in plan]
                 doc = launch.write_processes(run_dir, entries, entries[0]["ip"], exp.run.master_port)
                 capture = Capture(run_dir, ports=switch_ports(topo), qdisc_ifaces=uplink_ports(topo) or switch_ports(topo),

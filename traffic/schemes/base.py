@@ -57,13 +57,18 @@ class HostInfo:
 
 @dataclass(frozen=True)
 class ProcessPlan:
-    """One process to launch: its role, the index within that role and its host.
+    """One process to launch: its role, the index within that role, its host and the
+    host's interface it communicates on.
 
-    The harness assigns ``rank`` (torch.distributed global rank) in plan order.
+    ``iface`` indexes the host's interfaces to its ToR (0 = ``<host>-eth0``; a host built
+    with several interfaces, e.g. a PBox, has ``0 .. k-1``): the process's address and
+    ``GLOO_SOCKET_IFNAME`` are that interface's. The harness assigns ``rank``
+    (torch.distributed global rank) in plan order.
     """
     role: str
     index: int
     host: str
+    iface: int = 0
 
     @property
     def name(self) -> str:
