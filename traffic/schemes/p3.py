@@ -25,22 +25,28 @@ Worker (per iteration ``it``):
   middle curve in Fig. 7).
 * ``before_forward(it + 1, l)``: wait until every slice of layer ``l`` has arrived.
 
-Every push is preceded by an 8-byte *header* (the slice id, tag ``HEADER_TAG``) on the same
-worker-server pair, as ps-lite's messages carry their key: a server cannot know in which
-order a worker sends (priorities decide), and gloo receives need a tag. Server, per
-round: one receiver thread per worker takes that worker's (header, slice) pairs in
-arrival order and counts each slice's copies; a slice whose ``W`` copies are all in enters
-the ready queue, a priority queue keyed by ``(priority, slice id)`` (with ``priority:
-false`` a FIFO). The server's main thread (the consumer) repeatedly takes the head of the
-ready queue, averages and updates that slice (SGD, as ``ps``) and at once sends it to every
-worker (``broadcast``; there is no pull request, P3 Sec. 4.2).
+Every push is followed by an 8-byte *meta* message (the slice id, tag ``META_TAG``) on the
+same worker-server pair, as ps-lite's messages carry their key: a server cannot know in
+which order a worker sends (priorities decide), and gloo receives need a tag. Server, per
+round: the receives of every own slice from every worker (tag = slice id) and of each
+worker's ``n`` meta messages are all posted when the round starts, so a worker's send
+never waits for the server to post its receive (gloo hands a send to the socket at once
+when the matching receive is already posted; otherwise it first waits a round trip for
+the receiver). One receiver thread per worker then takes that worker's meta messages in
+arrival order (receives with one tag from one peer match in posting order); the slice
+named by meta ``k`` arrived before it on the same connection, so its copy is in; the thread
+counts each slice's copies. A slice whose ``W`` copies are all in enters the ready queue, a
+priority queue keyed by ``(priority, slice id)`` (with ``priority: false`` a FIFO). The
+server's main thread (the consumer) repeatedly takes the head of the ready queue, averages
+and updates that slice (SGD, as ``ps``) and at once sends it to every worker
+(``broadcast``; there is no pull request, P3 Sec. 4.2).
 
 Events (each with ``iteration``, ``layer``, ``key``, ``slice``, ``priority``, ``bytes``):
 worker ``enqueue`` (instant, logged right *after* the slice entered the send queue),
-``header`` and ``push`` (dir tx, each spans its blocking send, on the ``comm`` thread) and
+``push`` and ``meta`` (dir tx, each spans its blocking send, on the ``comm`` thread) and
 ``broadcast`` (dir rx, posted in ``after_backward``, ends when ``before_forward`` has it);
-server ``header`` and ``push`` (dir rx, on thread ``recv<j>`` for worker ``j``; ``push``
-ends when that copy is in), ``update`` and ``broadcast`` (dir tx, starts when the send is
+server ``meta`` and ``push`` (dir rx, posted at the round's start; each ends when the
+receiver thread ``recv<j>`` of worker ``j`` finds it complete), ``update`` and ``broadcast`` (dir tx, starts when the send is
 posted, after the update).
 """
 from __future__ import annotations
@@ -61,7 +67,7 @@ from traffic.schemes.ps import ParameterServer, Shard
 __all__ = ["SLICE_PARAMS", "assign_slices", "P3"]
 
 SLICE_PARAMS = 50_000
-HEADER_TAG = 1 << 30  # tag of the slice headers (slice ids are the data tags)
+META_TAG = 1 << 30  # tag of the slices' meta messages (slice ids are the data tags)
 
 
 def assign_slices(numels: Sequence[int], num_servers: int, slice_params: int = SLICE_PARAMS,
@@ -132,7 +138,7 @@ class P3(ParameterServer):
             self.ctx.comm = PriorityCommThread("comm")
 
     def _submit_push(self, it: int, layer: int, items: list[tuple[Shard, torch.Tensor]]) -> None:
-        """Producer: one job per slice (header + blocking send), queued with the slice's priority."""
+        """Producer: one job per slice (blocking send + meta), queued with the slice's priority."""
         comm, ev = self.ctx.comm, self.ctx.events
         for s, g in items:
             f = self._fields(it, s)
@@ -140,10 +146,10 @@ class P3(ParameterServer):
             ev.instant("enqueue", bytes=nbytes(g), **f)  # after the put: the slice is queued by now
 
     def _send_slice(self, g: torch.Tensor, s: Shard, f: dict) -> None:
-        """Consumer job: the slice's header (its id, tag ``HEADER_TAG``), then its gradient."""
+        """Consumer job: the slice's gradient, then its meta message (its id, tag ``META_TAG``)."""
         tr, dst = self.ctx.transport, self.server_ranks[s.server]
-        tr.send(torch.tensor([s.id], dtype=torch.int64), dst, tag=HEADER_TAG, kind="header", **f)
         tr.send(g, dst, tag=s.id, kind=self.push_kind, **f)
+        tr.send(torch.tensor([s.id], dtype=torch.int64), dst, tag=META_TAG, kind="meta", **f)
 
     # ---------------------------------------------------------------- server
 
@@ -151,36 +157,41 @@ class P3(ParameterServer):
         """Complete slices, highest priority first among those complete at each choice
         (completion order with ``priority: false``).
 
-        One receiver thread per worker takes that worker's ``n`` (header, slice) pairs of
-        the round, in the order the worker sent them, and counts each slice's copies; a
-        slice whose ``W`` copies are in enters the ready queue (the P3Server's priority
-        queue). Raises what a receiver thread raised.
+        Every receive of the round is posted first (the slices' into ``self._bufs``, the
+        meta messages into one ``(W, n)`` int64 tensor); then one receiver thread per worker
+        takes that worker's ``n`` meta messages in the order it sent them and counts the
+        copy of the slice each names; a slice whose ``W`` copies are in enters the ready
+        queue (the P3Server's priority queue). Raises what a receiver thread raised.
         """
         tr, W, n = self.ctx.transport, len(self.worker_ranks), len(self.mine)
         index = {s.id: i for i, s in enumerate(self.mine)}
+        pushes = [[tr.irecv(self._bufs[i][j], wr, tag=s.id, kind=self.push_kind, **self._fields(it, s))
+                   for j, wr in enumerate(self.worker_ranks)] for i, s in enumerate(self.mine)]
+        metas = torch.empty((W, n), dtype=torch.int64)
+        meta_recvs = [[tr.irecv(metas[j, k:k + 1], wr, tag=META_TAG, kind="meta", iteration=it)
+                       for k in range(n)] for j, wr in enumerate(self.worker_ranks)]
         left = [W] * n
         lock = threading.Lock()
         ready: queue.Queue = queue.PriorityQueue() if self.prioritized else queue.Queue()
         seq = itertools.count()
 
-        def receive(j: int, wr: int) -> None:
+        def receive(j: int) -> None:
             try:
-                hdr = torch.empty(1, dtype=torch.int64)
-                for _ in range(n):
-                    tr.recv(hdr, wr, tag=HEADER_TAG, kind="header", iteration=it)
-                    i = index[int(hdr[0])]
-                    s = self.mine[i]
-                    tr.recv(self._bufs[i][j], wr, tag=s.id, kind=self.push_kind, **self._fields(it, s))
+                for k in range(n):
+                    meta_recvs[j][k].wait()
+                    i = index[int(metas[j, k])]
+                    pushes[i][j].wait()  # sent before its meta on the same connection: in already
                     with lock:
                         left[i] -= 1
                         if left[i] == 0:
+                            s = self.mine[i]
                             order = (self._priority(s), s.id) if self.prioritized else (next(seq),)
                             ready.put((order, i))
             except BaseException as e:  # noqa: BLE001 - handed to the server loop
                 ready.put(((-1,), e))
 
-        threads = [threading.Thread(target=receive, args=(j, wr), name=f"recv{j}", daemon=True)
-                   for j, wr in enumerate(self.worker_ranks)]
+        threads = [threading.Thread(target=receive, args=(j,), name=f"recv{j}", daemon=True)
+                   for j in range(W)]
         for t in threads:
             t.start()
         for _ in range(n):
