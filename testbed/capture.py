@@ -41,7 +41,7 @@ Three recorders write into ``<run_dir>/traces/`` (formats in :mod:`testbed.rundi
 
 ``qdisc.csv``
     A thread that reads the root qdisc of each interface in ``qdisc_ifaces`` every
-    ``capture.interval_ms`` with pyroute2 (:class:`QdiscSampler`: one RTM_GETQDISC dump of
+    ``capture.qdisc_interval_ms`` (default 50 ms) with pyroute2 (:class:`QdiscSampler`: one RTM_GETQDISC dump of
     the root namespace per sample, on one socket kept open for the whole capture). An htb
     root's counters include its leaf queue (verified: the htb root's backlog and drops follow
     the leaf under overload), so the root row is the queue of the link. Columns: ``time``
@@ -367,7 +367,7 @@ class Capture:
                 w.writerow([f"{now:.6f}", *row])
             f.flush()
 
-        t = _Periodic("qdisc", self.spec.interval_ms / 1000.0, step, self.errors, on_start=sampler.open,
+        t = _Periodic("qdisc", self.spec.qdisc_interval_ms / 1000.0, step, self.errors, on_start=sampler.open,
                       on_exit=sampler.close)
         self._threads.append(t)
         t.start()
@@ -385,24 +385,41 @@ class Capture:
         cache: dict[int, psutil.Process] = {}
         prev = {"cores": psutil.cpu_times(percpu=True)}
         me = os.getpid()
+        members_of: dict[int, list[int]] = {}  # root pid -> pids of it and its descendants
+        tree = {"age": 0}
+
+        def refresh_tree(roots: list[int]) -> None:
+            """One scan of /proc for every root's descendants (psutil's ``children()`` scans
+            all of /proc per call: per root and per sample it cost the harness ~30 % of a core)."""
+            children: dict[int, list[int]] = {}
+            for p in psutil.process_iter(["ppid"]):
+                children.setdefault(p.info["ppid"], []).append(p.pid)
+            members_of.clear()
+            for root in roots:
+                out, todo = [], [root]
+                while todo:
+                    q = todo.pop()
+                    out.append(q)
+                    todo += children.get(q, [])
+                members_of[root] = out
+            tree["age"] = 0
 
         def proc_busy(pid: int) -> float | None:
             """% of one core used by pid and its descendants since the previous call (None
             on the first call for pid, which only takes the baseline)."""
             new_root = pid not in cache
             try:
-                root = cache[pid] if not new_root else cache.setdefault(pid, psutil.Process(pid))
-                members = [root] + root.children(recursive=True)
+                if new_root:
+                    cache[pid] = psutil.Process(pid)
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                cache.pop(pid, None)
                 return None
             total = 0.0
-            for p in members:
-                p = cache.setdefault(p.pid, p)
+            for q in members_of.get(pid, [pid]):
                 try:
+                    p = cache.get(q) or cache.setdefault(q, psutil.Process(q))
                     total += p.cpu_percent(None)  # first call per Process gives 0.0 (baseline)
                 except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                    cache.pop(p.pid, None)
+                    cache.pop(q, None)
             return None if new_root else total
 
         def step():
@@ -416,6 +433,10 @@ class Capture:
             named = dict(self.pids() or {})
             if self.bwm is not None:
                 named["bwm-ng"] = self.bwm.pid
+            roots = [int(pid) for pid in named.values() if pid is not None]
+            tree["age"] += 1
+            if tree["age"] >= 10 or any(r not in members_of for r in roots):  # new processes: rescan
+                refresh_tree(roots)
             for name, pid in named.items():
                 if pid is None:
                     continue

@@ -233,7 +233,7 @@ def test_capture_counts_known_traffic_and_leaves_nothing(net, tmp_path):
         "burst", "15k")
     senders = {}
     cap = Capture(tmp_path, net, qdisc_ifaces=["tbx0b"], pids=lambda: senders,
-                  spec=CaptureSpec(interval_ms=10, cpu_interval_ms=50), on_pid=lambda p, w: ledger.append((w, p)))
+                  spec=CaptureSpec(interval_ms=10, qdisc_interval_ms=10, cpu_interval_ms=50), on_pid=lambda p, w: ledger.append((w, p)))
     with cap:
         assert ledger == [("bwm-ng", cap.bwm.pid)]
         assert cap.bwm.pid in _bwm_ng_pids()
