@@ -170,3 +170,103 @@ def plot_iteration_times(run, path=None) -> Path:
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return _save(fig, path)
+
+
+def plot_utilization(runs, path, labels: list[str] | None = None, host: str | None = None,
+                     window_s: float = 0.01, span_s: float | None = 2.0) -> Path:
+    """Send and receive rate of one host's link over time, one panel per run (P3 Figs. 8, 9).
+
+    Args:
+        runs: :class:`Run` objects or run directories (e.g. baseline and P3 at one bandwidth).
+        path: PNG to write.
+        labels: one panel title per run (default: the run id).
+        host: the host (default: each run's worker 0 host).
+        window_s: averaging window, s of emulated time (P3 sampled every 10 ms).
+        span_s: show only the first ``span_s`` seconds of the measured iterations (None: all).
+
+    Returns:
+        The PNG path. Each panel's title gives the idle fraction (windows below 10 % of
+        capacity, see :func:`analysis.utilization.idle_fraction`).
+    """
+    from analysis.utilization import host_utilization, idle_fraction
+
+    runs = [_as_run(r) for r in runs]
+    path = _out(path, None, "")
+    fig, axes = plt.subplots(len(runs), 1, figsize=(10, 2.4 * len(runs) + 0.5), squeeze=False)
+    for i, (ax, r) in enumerate(zip(axes[:, 0], runs)):
+        u = host_utilization(r, host, window_s)
+        name = labels[i] if labels else r.name
+        if u.empty:
+            ax.text(0.5, 0.5, f"no trace of the host's link in {r.name}", ha="center", va="center",
+                    transform=ax.transAxes)
+            continue
+        t = u["t_s"] - u["t_s"].iloc[0]
+        keep = t <= span_s if span_s else slice(None)
+        cap = float(u["capacity_mbps"].iloc[0]) / 1e3
+        ax.plot(t[keep], u["tx_mbps"][keep] / 1e3, lw=0.8, label="sent")
+        ax.plot(t[keep], u["rx_mbps"][keep] / 1e3, lw=0.8, label="received")
+        ax.axhline(cap, color="gray", ls="--", lw=0.8, label=f"capacity {cap:g} Gbit/s")
+        ax.set_ylim(0, 1.3 * cap)
+        ax.set_ylabel("Gbit/s")
+        ax.set_title(f"{name}: idle (<10% of capacity) sent {idle_fraction(u, 0.1, 'tx'):.0%}, "
+                     f"received {idle_fraction(u, 0.1, 'rx'):.0%} of {window_s * 1e3:g} ms windows; "
+                     f"mean {u['tx_frac'].mean():.0%} / {u['rx_frac'].mean():.0%} of capacity", fontsize=9)
+        ax.legend(loc="upper right", fontsize=7, ncol=3)
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel("time since the first measured iteration (s, emulated)")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def plot_sweep(sweep_dir, x: str, path=None, speedup_over: str | None = None, xscale: str = "linear",
+               xlabel: str | None = None) -> Path:
+    """Throughput against a swept field, one line per variant (P3 Fig. 7 / Fig. 12 style).
+
+    Args:
+        sweep_dir: a sweep directory (with ``sweep.csv``).
+        x: the swept column of ``sweep.csv`` to put on the x axis (e.g.
+            ``topology.host_bw_mbps``).
+        path: PNG to write (default ``<sweep_dir>/plots/sweep-<x>.png``).
+        speedup_over: a variant name; each point of the other variants is annotated with its
+            speedup over that variant at the same x.
+        xscale: ``linear`` or ``log``.
+        xlabel: axis label (default: ``x``).
+
+    Returns:
+        The PNG path. Failed points are left out; CPU-starved points are drawn hollow.
+
+    Raises:
+        ValueError: ``x`` is not a column of ``sweep.csv``.
+    """
+    sweep_dir = Path(sweep_dir)
+    df = pd.read_csv(sweep_dir / "sweep.csv")
+    if x not in df.columns:
+        raise ValueError(f"{x!r} is not a column of {sweep_dir / 'sweep.csv'}: {', '.join(df.columns)}")
+    df = df[df["status"] == "ok"]
+    if "variant" not in df.columns:
+        df = df.assign(variant=df.get("scheme", "run"))
+    path = _out(path or sweep_dir / "plots" / f"sweep-{x.split('.')[-1]}.png", None, "")
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    base = df[df["variant"] == speedup_over].set_index(x)["samples_per_s"] if speedup_over else None
+    for name, g in df.groupby("variant", sort=False):
+        g = g.sort_values(x)
+        line = ax.errorbar(g[x], g["samples_per_s"], yerr=g["samples_per_s_ci95"], marker="o", capsize=3,
+                           label=str(name))
+        starved = g[g["cpu_starved"].astype(str) == "True"]
+        ax.scatter(starved[x], starved["samples_per_s"], s=90, facecolors="white",
+                   edgecolors=line[0].get_color(), zorder=3)
+        if base is not None and name != speedup_over:
+            for xv, yv in zip(g[x], g["samples_per_s"]):
+                if xv in base.index:
+                    ax.annotate(f"{yv / base[xv]:.2f}x", (xv, yv), textcoords="offset points", xytext=(0, 6),
+                                ha="center", fontsize=7)
+    ax.set_xscale(xscale)
+    ax.set_xlabel(xlabel or x)
+    ax.set_ylabel("throughput (samples/s)")
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"{sweep_dir.name}" + (" (hollow: CPU-starved run)" if (df["cpu_starved"].astype(str) == "True").any() else ""),
+                 fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _save(fig, path)

@@ -312,3 +312,27 @@ def test_timeline_is_valid_chrome_trace(run_dir):
     assert next(e for e in x if e["cat"] == "forward")["name"] == "forward L0"
     with_rates = json.loads(timeline.write_timeline(run_dir, run_dir / "t2.json", include_rates=True).read_text())
     assert any(e["ph"] == "C" for e in with_rates["traceEvents"])
+
+
+def test_host_utilization_and_idle_fraction(tmp_path):
+    from analysis.utilization import host_utilization, idle_fraction, utilization_summary
+    # h1 sends 100,000 bytes per 10 ms sample (80 Mbit/s of its 100) and receives 100 bytes
+    d = make_run(tmp_path, h1_in=100_000)
+    u = host_utilization(d, "h1", window_s=0.05)
+    a, b = measured_window()
+    assert len(u) == pytest.approx((b - a) / 0.05, abs=2)  # measured iterations only
+    assert u["tx_frac"].to_numpy() == pytest.approx(0.8, rel=0.02)
+    assert u["rx_frac"].to_numpy() == pytest.approx(0.0008, rel=0.05)
+    assert idle_fraction(u, 0.1, "tx") == 0.0 and idle_fraction(u, 0.1, "rx") == 1.0
+    assert idle_fraction(u, 0.1, "both") == 0.0
+    s = utilization_summary(d, "h1", window_s=0.05)
+    assert s["tx_mean"] == pytest.approx(0.8, rel=0.02) and s["rx_idle"] == 1.0
+    # a known share of idle windows
+    frame = pd.DataFrame({"tx_frac": [0.0, 0.05, 0.5, 0.9], "rx_frac": [0.5, 0.0, 0.0, 0.2]})
+    assert idle_fraction(frame, 0.1, "tx") == 0.5 and idle_fraction(frame, 0.1, "rx") == 0.5
+    assert idle_fraction(frame, 0.1, "both") == 0.25
+    with pytest.raises(ValueError):
+        idle_fraction(frame, 0.1, "up")
+    with pytest.raises(ValueError):
+        host_utilization(d, "nohost")
+    assert _is_png(plots.plot_utilization([d, d], tmp_path / "u.png", labels=["a", "b"], host="h1"))
