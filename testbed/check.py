@@ -65,6 +65,7 @@ def run_checks() -> list[Item]:
                            ("bwm-ng", "bwm-ng", "per-interface traces"),
                            ("iperf3", "iperf3", "background traffic and link benchmarks"),
                            ("tc", "iproute2", "traffic shaping"),
+                           ("setpriv", "util-linux", "binds a process to a PBox's extra interface"),
                            ("ethtool", "ethtool", "interface offload settings")):
         path = shutil.which(tool)
         items.append(Item(tool, path is not None, path or f"not found ({why})",

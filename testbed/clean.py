@@ -3,8 +3,9 @@
 First every stale ledger (see :mod:`testbed.ledger`) is swept: its processes killed, its
 interfaces and bridges deleted. Then, in case a ledger itself was lost, a pattern sweep
 removes objects that only this testbed makes: bridges ``torN``/``coreN``, veth ends
-``hN-ethK``/``psN-ethK``/``torN-ethK``/``coreN-ethK`` in the root namespace, and processes
-running ``-m traffic.runtime`` or a bwm-ng writing into a run's ``traces/``. Mininet host
+``hN-ethK``/``psN-ethK``/``bgN-ethK``/``torN-ethK``/``coreN-ethK`` in the root namespace,
+and processes running ``-m traffic.runtime``, or a bwm-ng or a background iperf3 (or the
+``sh`` that delays it) writing into a run's ``traces/``. Mininet host
 namespaces are unnamed: they vanish with their shell process (recorded in the ledger) or
 when their last interface's peer is deleted and no process holds them.
 """
@@ -21,8 +22,8 @@ from testbed.errors import TestbedError
 from testbed.ledger import NetworkLock, _kill_tree, stale_ledgers
 
 BRIDGE_RE = re.compile(r"^(tor|core)\d+$")
-VETH_RE = re.compile(r"^(h|ps|tor|core)\d+-eth\d+$")
-NODE_RE = re.compile(r"^(h|ps|tor|core)\d+$")
+VETH_RE = re.compile(r"^(h|ps|bg|tor|core)\d+-eth\d+$")
+NODE_RE = re.compile(r"^(h|ps|bg|tor|core)\d+$")
 
 
 def _in_other_netns(pid: int) -> bool:
@@ -47,6 +48,8 @@ def _our_process(p: psutil.Process) -> bool:
         return True
     if cmd and Path(cmd[0]).name == "iperf3" and "--logfile" in text and "/traces/" in text:
         return True
+    if cmd and Path(cmd[0]).name == "sh" and "iperf3" in text and "/traces/background/" in text:
+        return True  # a background flow's client still sleeping until its start
     return False
 
 

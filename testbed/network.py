@@ -35,6 +35,35 @@ MAX_RATE_MBPS = 40_000.0
 RATE_TOLERANCE = 0.01
 #: htb class quantum, bytes (>= one MTU-sized frame, below htb's 200 kB warning limit).
 HTB_QUANTUM_BYTES = 60_000
+#: A process bound to interface i >= 1 of a host with several interfaces runs as uid
+#: IFACE_UID_BASE + i; a policy rule routes that uid's sockets out of interface i
+#: (see :meth:`Network._configure_extra_interfaces`). Far above any real account.
+IFACE_UID_BASE = 4_200_000_000
+#: Capabilities such a process keeps: it writes into the root-owned run directory.
+IFACE_CAPS = "+dac_override,+dac_read_search,+fowner"
+
+
+def iface_uid(index: int) -> int:
+    """The uid whose sockets a multi-interface host routes out of its interface ``index``
+    (>= 1)."""
+    return IFACE_UID_BASE + index
+
+
+def bind_to_interface(cmd: list[str], index: int) -> list[str]:
+    """``cmd`` made to send every packet from interface ``index`` of its host.
+
+    Index 0 (the host's main interface, which the main routing table uses): ``cmd``
+    unchanged. Index i >= 1: ``cmd`` run by ``setpriv`` as uid :func:`iface_uid` (i), which
+    keeps the capabilities :data:`IFACE_CAPS` (so files it creates belong to that uid).
+    Binding a listening socket to the interface's address (``GLOO_SOCKET_IFNAME``) is not
+    enough: gloo opens a pair's connection from the peer with the greater address without
+    binding it, so the kernel would pick the main interface's address and route.
+    """
+    if index == 0:
+        return list(cmd)
+    uid = iface_uid(index)
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", f"--inh-caps={IFACE_CAPS}",
+            f"--ambient-caps={IFACE_CAPS}", *cmd]
 
 
 def htb_burst_bytes(bw_mbps: float) -> int:
@@ -142,7 +171,9 @@ class Network:
 
     ``topology_spec`` is the emulated network; with time dilation ``scale`` the links are
     shaped at rate / scale (:func:`dilate`). ``topology.json`` gives each link's emulated
-    rate (``bw_mbps``) and the rate shaped on this machine (``shaped_mbps``).
+    rate (``bw_mbps``) and the rate shaped on this machine (``shaped_mbps``). Dedicated
+    server hosts (``ps1..``, one per entry of ``server_racks``) have ``server_interfaces``
+    links to their ToR (a PBox: ``workload.servers.interfaces``).
 
     Attributes after ``start()``:
         net: the ``Mininet`` object; hosts: name -> Mininet host; topology: the
@@ -150,7 +181,7 @@ class Network:
     """
 
     def __init__(self, topology_spec, server_racks: list[int], run_dir: Path, ledger: Ledger,
-                 scale: float = 1.0):
+                 scale: float = 1.0, server_interfaces: int = 1):
         self.emulated = topology_spec
         self.scale = scale
         self.spec = dilate(topology_spec, scale)
@@ -158,7 +189,7 @@ class Network:
         self.run_dir = Path(run_dir)
         self.ledger = ledger
         self.net: Mininet | None = None
-        self.topo = build_topo(self.spec, self.server_racks)
+        self.topo = build_topo(self.spec, self.server_racks, server_interfaces)
         self.topology: dict = {}
 
     # ----------------------------------------------------------------------- build
@@ -187,6 +218,8 @@ class Network:
             self._configure_extra_interfaces(h)
         if self.spec.mtu_bytes != 1500:
             self._set_mtu(self.spec.mtu_bytes)
+        if self.spec.tcp_notsent_lowat_bytes is not None:
+            self._set_notsent_lowat(self.spec.tcp_notsent_lowat_bytes)
         self.topology = self._describe()
         self._verify_shaping()
         write_json(self.run_dir / "topology.json", self.topology)
@@ -195,7 +228,9 @@ class Network:
     def _configure_extra_interfaces(self, host) -> None:
         """Hosts with several interfaces: address each (10.<i>.x.y/8), answer ARP only on
         the interface that owns an address, and route by source so that traffic from an
-        interface's address leaves through that interface."""
+        interface's address leaves through that interface; sockets of uid
+        :func:`iface_uid` (i) (processes started with :func:`bind_to_interface`) are routed
+        by interface i whatever their address, so their connections leave from it too."""
         intfs = host.intfList()
         if len(intfs) < 2:
             return
@@ -210,6 +245,21 @@ class Network:
             table = 100 + i
             host.cmd(f"ip route add 10.0.0.0/8 dev {intf.name} src {ip} table {table}")
             host.cmd(f"ip rule add from {ip} table {table}")
+            if i > 0:
+                uid = iface_uid(i)
+                host.cmd(f"ip rule add uidrange {uid}-{uid} table {table}")
+
+    def _set_notsent_lowat(self, nbytes: int) -> None:
+        """Set ``net.ipv4.tcp_notsent_lowat`` in every host's namespace and read it back.
+
+        Raises:
+            TestbedError: the kernel did not take the value.
+        """
+        for h in self.net.hosts:
+            h.cmd(f"sysctl -qw net.ipv4.tcp_notsent_lowat={int(nbytes)}")
+            got = h.cmd("cat /proc/sys/net/ipv4/tcp_notsent_lowat").strip()
+            if got != str(int(nbytes)):
+                raise TestbedError(f"cannot set net.ipv4.tcp_notsent_lowat={nbytes} on {h.name} (kernel has {got!r})")
 
     def _set_mtu(self, mtu: int) -> None:
         """Set ``mtu`` on both ends of every link (bridges follow their ports' MTU)."""
@@ -224,6 +274,7 @@ class Network:
         for h in self.net.hosts:
             hosts.append({"name": h.name, "rack": h.params.get("rack"), "kind": h.params.get("kind"),
                           "ip": h.IP(), "pid": h.pid,
+                          "tcp_notsent_lowat": int(h.cmd("cat /proc/sys/net/ipv4/tcp_notsent_lowat").strip() or -1),
                           "intfs": [{"name": i.name, "ip": i.IP()} for i in h.intfList()]})
         switches = [{"name": s.name, "role": s.params.get("role"), "rack": s.params.get("rack")}
                     for s in self.net.switches]

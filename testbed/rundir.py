@@ -19,8 +19,12 @@ cpu_starved, run_dir``)::
     traces/bwm-ng.csv    bwm-ng's CSV of every switch port
     traces/qdisc.csv     root-qdisc counters of the uplink ports
     traces/cpu.csv       per-core and per-process CPU use
+    traces/background/   background flows (spec ``background``): flows.json, and per flow
+                         <name>.json (iperf3 client) and <name>.server.json (iperf3 server);
+                         their logs are logs/background-<name>-{client,server}.log
     iterations.csv       one row per (iteration, worker)
     summary.json         headline figures and fidelity flags
+    ibatch.json          scheme ibatch only: measured pull/forward profile and batches
 
 A loopback run (:mod:`traffic.runtime.local`) writes only spec.yaml, processes.json,
 events/, results/, params/ and logs/. Times are unix seconds (``time.time()``), durations
@@ -29,14 +33,20 @@ seconds of wall clock, unless a name says otherwise.
 ``processes.json`` (:func:`testbed.launch.write_processes`)
     ``{"world_size": N, "master_addr": ip of the first process, "master_port": int,
     "processes": [{"name": "worker0", "role": "worker", "index": 0, "rank": 0, "host": "h1",
-    "ip": "10.0.0.1", "iface": "h1-eth0"}, ...]}``; ranks follow list order. Each process
-    runs ``python -u -m traffic.runtime RUN_DIR NAME`` on its host with
-    ``GLOO_SOCKET_IFNAME=<iface>`` and ``OMP_NUM_THREADS=MKL_NUM_THREADS=1``.
+    "ip": "10.0.0.1", "iface": "h1-eth0", "iface_index": 0}, ...]}``; ranks follow list
+    order. ``iface_index`` is the planned interface of the host (``ProcessPlan.iface``; 0 is
+    ``<host>-eth0``), ``ip``/``iface`` its address and name (``127.0.0.1``/``lo`` in a
+    loopback run). Each process runs ``python -u -m traffic.runtime RUN_DIR NAME`` on its
+    host with ``GLOO_SOCKET_IFNAME=<iface>`` and ``OMP_NUM_THREADS=MKL_NUM_THREADS=1``; on a
+    host with several interfaces a process with ``iface_index`` i >= 1 runs as uid
+    4200000000 + i so that all its connections leave from that interface
+    (:func:`testbed.network.bind_to_interface`), and files it writes belong to that uid.
 
 ``topology.json`` (:class:`testbed.network.Network`)
     ``kind`` (``rack`` | ``rack_core``), ``spec`` (the topology section), ``uplink_bw_mbps``
-    (null without a core); ``hosts``: ``[{name, rack (from 0), kind ("worker" | "server"),
-    ip, pid, intfs: [{name, ip}, ...]}]`` (the first interface is the main one);
+    (null without a core); ``hosts``: ``[{name, rack (from 0), kind ("worker" | "server" |
+    "background"), ip, pid, intfs: [{name, ip}, ...]}]`` (the first interface is the main
+    one; interface i >= 1 has address 10.<i>.x.y where x.y ends the main one);
     ``switches``: ``[{name, role ("tor" | "core"), rack (null for the core)}]``; ``links``:
     ``[{class ("host": node1 is the host, node2 its ToR | "uplink": node1 the ToR, node2 the
     core), rack, bw_mbps, node1, intf1, node2, intf2, delay_ms, loss_pct,
@@ -84,6 +94,16 @@ seconds of wall clock, unless a name says otherwise.
     qdisc's kind, backlog (gauges) and cumulative counters since the qdisc was created. An
     htb root's counters include its leaf queue.
 
+``traces/background/`` (:mod:`traffic.background`, when the spec has ``background`` flows)
+    ``flows.json``: ``{"scale", "flows": [{index, name, src, dst, dst_ip, port, protocol,
+    rate_mbps, start_s, duration_s`` (emulated, from the spec)``, shaped_bps`` (iperf3
+    ``-b``, bit/s)``, delay_s, seconds`` (real start delay after launch and iperf3 ``-t``)``,
+    client_start`` (unix s)``, result: {bytes_sent, bytes_received, seconds, error}}]}``
+    (``result`` from the client's JSON once the run ended; payload bytes; ``error`` is
+    iperf3's message, e.g. for a flow cut short when training ended, or null).
+    ``<name>.json`` / ``<name>.server.json``: iperf3's own ``--json`` output of the client
+    and the server.
+
 ``traces/cpu.csv`` (:mod:`testbed.capture`, when ``capture.cpu``)
     Header ``time, kind, id, busy_pct``; every ``capture.cpu_interval_ms``: ``kind`` ``core``
     with ``id`` the core index (busy % of that core), or ``proc`` with ``id`` a process name
@@ -93,6 +113,15 @@ seconds of wall clock, unless a name says otherwise.
 ``iterations.csv`` (:func:`analysis.metrics.summarize`, from the events)
     ``iteration, worker, start, end, duration_s, samples``: one row per ``iteration`` event
     of a process of role ``worker``; ``worker`` is the process name (``worker0`` ...).
+
+``ibatch.json`` (:mod:`traffic.schemes.ibatch`, written by worker 0 when it decides the batches)
+    ``strategy``, ``profile_iterations``, ``scale``, ``workers``, ``servers``, ``layers``,
+    ``layer_names``, ``layer_params``; ``profile`` (mean over workers) and ``per_worker``:
+    ``{forward_s: [C^i], transfer_s: [T_t^i], startup_s: T_s}`` in wall-clock seconds of the
+    run (divide by ``scale`` for the emulated network); ``candidates.{algorithm1,
+    algorithm2}``, ``optimal``, ``strategies.{default, layer_by_layer, ibatch}`` and ``used``,
+    each ``{ends: [l_1..l_N] (1-based last layers), batches: [[first, last] 0-based], exe_s
+    (iBatch eq. (4)), pipeline_s, meets_constraint (eq. (5))}``; ``chosen``: the candidate used.
 
 ``summary.json`` (:func:`analysis.metrics.summarize`, which defines every figure)
     ``status`` (``ok`` | ``failed`` | ``interrupted``), ``error`` (message or null);

@@ -3,8 +3,10 @@
 One run (see design.md, "The flow of one run")::
 
     run dir created (never reused) -> spec.yaml -> lock + ledger -> Network.start()
-    -> scheme.plan() -> processes.json -> Capture.start() -> launch.start() -> watch()
-    -> teardown (always: processes, capture, network, ledger sweep) -> summary.json
+    -> scheme.plan() -> processes.json -> Capture.start() -> background iperf3 servers
+    -> background clients (each waits its start) + launch.start() -> watch()
+    -> teardown (always: processes, background flows, capture, network, ledger sweep)
+    -> summary.json
 
 A failure anywhere is recorded in ``summary.json`` (status ``failed``, the error) and the
 run directory keeps every log; a sweep goes on with its next point. Ctrl-C and SIGTERM tear
@@ -67,7 +69,8 @@ def _on_sigterm(signum, frame):
 
 
 def _interface(host: dict, p) -> dict:
-    """``{"ip", "iface"}`` of the interface ``p.iface`` of ``host`` (a topology.json host).
+    """``{"ip", "iface", "iface_index"}`` of the interface ``p.iface`` of ``host`` (a
+    topology.json host).
 
     Raises:
         SpecError: the plan asks for an interface the host does not have.
@@ -75,7 +78,7 @@ def _interface(host: dict, p) -> dict:
     intfs = host["intfs"]
     if not 0 <= p.iface < len(intfs):
         raise SpecError(f"plan of {p.name}", p.iface, f"interfaces 0..{len(intfs) - 1} of host {host['name']}")
-    return {"ip": intfs[p.iface]["ip"], "iface": intfs[p.iface]["name"]}
+    return {"ip": intfs[p.iface]["ip"], "iface": intfs[p.iface]["name"], "iface_index": p.iface}
 
 
 def run_one(exp: Experiment, parent: Path, run_id: str, exclusive_id: bool = True) -> RunResult:
@@ -87,7 +90,8 @@ def run_one(exp: Experiment, parent: Path, run_id: str, exclusive_id: bool = Tru
     """
     from analysis.metrics import summarize
     from testbed.capture import Capture
-    from testbed.network import Network
+    from testbed.network import Network, bind_to_interface
+    from traffic.background import Background
     from traffic.schemes import HostInfo, get_scheme
 
     run_dir = rundir.create(parent, run_id, exclusive_id=exclusive_id)
@@ -95,7 +99,7 @@ def run_one(exp: Experiment, parent: Path, run_id: str, exclusive_id: bool = Tru
     handler = _harness_log(run_dir)
     status, error = "ok", None
     procs: list[launch.Launched] = []
-    capture = network = ledger = None
+    capture = network = ledger = background = None
     interrupted = None
     old_term = signal.signal(signal.SIGTERM, _on_sigterm)
     old_int = signal.getsignal(signal.SIGINT)
@@ -105,15 +109,19 @@ def run_one(exp: Experiment, parent: Path, run_id: str, exclusive_id: bool = Tru
             ledger = Ledger.create(run_dir.name, run_dir)
             try:
                 scheme = get_scheme(exp.workload.scheme)
-                server_racks = scheme.dedicated_server_hosts(exp.workload, exp.topology.racks)
-                network = Network(exp.topology, server_racks, run_dir, ledger, scale=exp.scale)
+                server_racks = scheme.dedicated_server_hosts(exp.workload, exp.topology.racks,
+                                                             hosts_per_rack=exp.topology.hosts_per_rack)
+                network = Network(exp.topology, server_racks, run_dir, ledger, scale=exp.scale,
+                                  server_interfaces=exp.workload.servers.interfaces)
                 log.info("building network")
                 network.start()
                 log.info("network up in %.1f s", time.time() - t0)
                 topo = network.topology
-                hosts = [HostInfo(h["name"], h["rack"], h["kind"]) for h in topo["hosts"]]
+                hosts = [HostInfo(h["name"], h["rack"], h["kind"], len(h["intfs"])) for h in topo["hosts"]]
                 plan = scheme.plan(exp.workload, hosts)
                 by_name = {h["name"]: h for h in topo["hosts"]}
+                background = Background(exp.background, topo, network.hosts, run_dir, scale=exp.scale,
+                                        on_pid=ledger.add_pid)  # refuses hosts the network lacks
                 entries = [{"name": p.name, "role": p.role, "index": p.index, "host": p.host,
                             **_interface(by_name[p.host], p)}
                            for p in plan]
@@ -122,12 +130,16 @@ def run_one(exp: Experiment, parent: Path, run_id: str, exclusive_id: bool = Tru
                                   pids=lambda: {l.info["name"]: l.popen.pid for l in procs},
                                   spec=exp.capture, on_pid=lambda pid, what: ledger.add_pid(what, pid))
                 capture.start()
+                background.start_servers()
 
                 def popen(info, cmd, env, logf):
+                    if len(by_name[info["host"]]["intfs"]) > 1:
+                        cmd = bind_to_interface(cmd, info.get("iface_index", 0))
                     return network.hosts[info["host"]].popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT,
                                                              stdin=subprocess.DEVNULL)
 
                 log.info("launching %d processes", len(entries))
+                background.start_clients()
                 procs += launch.start(run_dir, doc, popen,
                                       on_start=lambda l: ledger.add_pid(l.info["name"], l.popen.pid))
                 launch.watch(procs, exp.run.timeout_s)
@@ -147,6 +159,8 @@ def run_one(exp: Experiment, parent: Path, run_id: str, exclusive_id: bool = Tru
                 log.exception("internal error")
             finally:
                 launch.kill_all(procs)
+                if background is not None:
+                    background.stop()
                 if capture is not None:
                     capture.stop()
                 if network is not None:

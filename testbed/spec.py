@@ -43,6 +43,18 @@ class TopologySpec:
     core switch of ``uplink_bw_mbps``, by default ``hosts_per_rack * host_bw_mbps /
     oversubscription`` (Mbit/s). ``mtu_bytes`` is set on every interface (1500 is standard
     Ethernet; datacenters often run 9000-byte jumbo frames, which cut per-packet overhead).
+    ``interfaces_per_host``: links from every host to its ToR, each shaped at
+    ``host_bw_mbps`` with its own address (see :class:`testbed.network.Network`).
+    ``background_hosts_per_rack``: extra hosts ``bg1..`` per rack (numbered rack by rack)
+    that run no training process: endpoints for ``background`` flows, so that a busy core
+    can be emulated without loading the workers' own links.
+    ``tcp_notsent_lowat_bytes``: the hosts' ``net.ipv4.tcp_notsent_lowat`` (per network
+    namespace): how many not-yet-sent bytes a TCP socket accepts before a sender blocks.
+    ``null`` keeps the kernel's default (unlimited: a send "completes" once it is in a socket
+    buffer that autotuning grows up to ``tcp_wmem``'s max, 16 MB here, i.e. 32 ms of a
+    4 Gbit/s link); a small value (e.g. 131072) makes a blocking send's completion follow
+    the network's pace, which application-level schedulers (P3's priority queue, P3 Sec. 4.3)
+    rely on.
     """
     kind: Literal["rack", "rack_core"] = "rack_core"
     racks: int = field(default=2, metadata=_pos)
@@ -54,8 +66,10 @@ class TopologySpec:
     loss_pct: float = field(default=0.0, metadata=_check(lambda v: 0 <= v < 100, "a percentage in [0, 100)"))
     max_queue_packets: Optional[int] = field(default=None, metadata=_pos)
     interfaces_per_host: int = field(default=1, metadata=_pos)
+    background_hosts_per_rack: int = field(default=0, metadata=_nonneg)
     mtu_bytes: int = field(default=1500, metadata=_check(lambda v: 576 <= v <= 9000,
                                                           "an MTU in [576, 9000] bytes (9000: jumbo frames)"))
+    tcp_notsent_lowat_bytes: Optional[int] = field(default=None, metadata=_pos)
 
     def uplink_mbps(self) -> float:
         """ToR->core uplink rate in Mbit/s (explicit, or derived from oversubscription)."""
@@ -64,17 +78,113 @@ class TopologySpec:
         return self.hosts_per_rack * self.host_bw_mbps / self.oversubscription
 
 
+#: PS configurations of PHub (phub.txt Section 2.1, Figure 4): placement and whether the
+#: keys are centralized on one server process or sharded over several.
+PS_CONFIGS = {"CC": ("colocated", "centralized"), "CS": ("colocated", "sharded"),
+              "NCC": ("dedicated", "centralized"), "NCS": ("dedicated", "sharded")}
+
+
 @dataclass
 class ServersSpec:
-    """Where parameter servers run (PS-family schemes only).
+    """Where parameter servers run (PS-family schemes only; other schemes ignore it).
 
     ``count``: servers per scope (per rack if ``scope: per_rack``); 0 means one per worker.
+    Default 1 (or what ``config`` implies).
     ``placement``: ``colocated`` (a server process on a worker's host) or ``dedicated``
-    (extra hosts that run only servers, added to the topology).
+    (extra hosts ``ps1..`` that run only servers, added to the topology). Default
+    ``colocated`` (or what ``config`` implies).
+    ``interfaces``: links of each dedicated server host to its ToR (>= 1), each shaped like
+    a host link (``topology.host_bw_mbps``) with its own address; a dedicated host with
+    k > 1 interfaces is a PBox (phub.txt Section 3.3, Figure 9). A host has at least
+    ``topology.interfaces_per_host`` links. More than 1 needs ``placement: dedicated``.
+    A scheme's plan binds each server process to one of them (``ProcessPlan.iface``).
+
+    ``config``: shorthand for the four PS configurations of phub.txt Section 2.1 and
+    Figure 4 (colocated C / non-colocated NC x centralized C / sharded S):
+
+    ====  =====================================  ===========  =========================
+    name  meaning                                placement    count
+    ====  =====================================  ===========  =========================
+    CC    colocated centralized: one server on   colocated    1
+          a worker's host
+    CS    colocated sharded: a server on every   colocated    0 (one per worker), or >= 2
+          worker's host (MXNet's default)
+    NCC   non-colocated centralized: one         dedicated    1
+          dedicated server host (a PBox when
+          ``interfaces`` > 1)
+    NCS   non-colocated sharded: one dedicated   dedicated    0 (one host per worker), or
+          server host per worker                              >= 2
+    ====  =====================================  ===========  =========================
+
+    With ``scope: per_rack`` the count is per rack (NCC per rack: a PBox in every rack,
+    phub.txt Section 3.4). ``count`` and ``placement`` may be given with ``config`` only if
+    they agree with it.
+
+    Raises:
+        SpecError: ``count`` or ``placement`` contradicts ``config`` (naming
+            ``workload.servers.count`` / ``.placement``), or ``interfaces`` > 1 with colocated
+            servers.
     """
-    count: int = field(default=1, metadata=_nonneg)
-    placement: Literal["colocated", "dedicated"] = "colocated"
+    count: Optional[int] = field(default=None, metadata=_nonneg)
+    placement: Optional[Literal["colocated", "dedicated"]] = None
     scope: Literal["global", "per_rack"] = "global"
+    interfaces: int = field(default=1, metadata=_pos)
+    config: Optional[Literal["CC", "CS", "NCC", "NCS"]] = None
+
+    def __post_init__(self):
+        # what the spec gave (None: not given); Experiment.to_dict(as_given=True) keeps it so
+        # that a sweep or variant may set ``config`` on a spec that set no count/placement
+        self._given = {"count": self.count, "placement": self.placement}
+        if self.config is not None:
+            placement, kind = PS_CONFIGS[self.config]
+            if self.placement is not None and self.placement != placement:
+                raise SpecError("workload.servers.placement", self.placement,
+                                f"{placement!r} for servers.config {self.config} (phub.txt Figure 4), or leave it out")
+            if self.count is not None and kind == "centralized" and self.count != 1:
+                raise SpecError("workload.servers.count", self.count,
+                                f"1 for servers.config {self.config} (centralized: one server process), or leave it out")
+            if self.count is not None and kind == "sharded" and self.count == 1:
+                raise SpecError("workload.servers.count", self.count,
+                                f"0 (one per worker) or >= 2 for servers.config {self.config} "
+                                "(sharded: several server processes), or leave it out")
+            self.placement = placement
+            if self.count is None:
+                self.count = 1 if kind == "centralized" else 0
+        if self.count is None:
+            self.count = 1
+        if self.placement is None:
+            self.placement = "colocated"
+        if self.interfaces > 1 and self.placement != "dedicated":
+            raise SpecError("workload.servers.interfaces", self.interfaces,
+                            "1 unless workload.servers.placement is 'dedicated' (colocated servers use "
+                            "their worker host's links; topology.interfaces_per_host sets those)")
+        self._resolved = {"count": self.count, "placement": self.placement}
+
+    def as_given(self) -> dict:
+        """``count`` and ``placement`` as the spec gave them: None where they were left to
+        the default or to ``config`` (and not changed since)."""
+        return {k: self._given[k] if getattr(self, k) == v else getattr(self, k) for k, v in self._resolved.items()}
+
+
+@dataclass
+class BackgroundFlow:
+    """One background flow: iperf3 from host ``src`` to host ``dst`` (``traffic.background``).
+
+    ``rate_mbps``: sending rate in emulated Mbit/s (shaped at rate / ``scale`` like links).
+    ``start_s``: start in emulated seconds after the training processes are launched (their
+    start-up counts). ``duration_s``: emulated seconds; ``duration_s * scale`` must be whole
+    seconds (iperf3 ``-t``). A flow still running when training ends is stopped with it.
+    ``protocol``: ``tcp`` (paced at the rate; backs off under congestion) or ``udp``
+    (constant rate). ``name``: file name of its results (default ``bg<index>``).
+    Hosts must exist in the built topology (checked when the network is up).
+    """
+    src: str
+    dst: str
+    rate_mbps: float = field(metadata=_pos)
+    duration_s: float = field(metadata=_pos)
+    start_s: float = field(default=0.0, metadata=_nonneg)
+    protocol: Literal["tcp", "udp"] = "tcp"
+    name: Optional[str] = None
 
 
 @dataclass
@@ -128,9 +238,16 @@ class WorkloadSpec:
 
 @dataclass
 class CaptureSpec:
-    """What the harness records while a run trains (periods in milliseconds)."""
+    """What the harness records while a run trains (periods in milliseconds).
+
+    ``interval_ms``: bwm-ng's period (10 ms, as P3's evaluation). ``qdisc_interval_ms``: the
+    uplink qdisc sampler's period; it costs ~1-3 ms of the harness's CPU per sample
+    (pyroute2 decodes every qdisc, see :mod:`testbed.capture`), so the default is 50 ms;
+    set 10 for queue dynamics at bwm-ng's resolution on a run with CPU to spare.
+    """
     interval_ms: int = field(default=10, metadata=_pos)
     qdisc: bool = True
+    qdisc_interval_ms: int = field(default=50, metadata=_pos)
     cpu: bool = True
     cpu_interval_ms: int = field(default=100, metadata=_check(lambda v: v >= 10, "an integer >= 10"))
 
@@ -157,6 +274,9 @@ class Experiment:
     communication to computation is that of the emulated network while the machine runs s
     times slower. Everything reported is converted back to the emulated network's time.
     s != 1 needs ``workload.compute.mode: emulated`` (real compute cannot be slowed down).
+
+    ``background`` lists :class:`BackgroundFlow` s: iperf3 traffic between hosts during the
+    run, e.g. to load the core (``traffic.background``).
     """
     name: str = "experiment"
     scale: float = field(default=1.0, metadata=_pos)
@@ -166,9 +286,19 @@ class Experiment:
     run: RunSpec = field(default_factory=RunSpec)
     sweep: dict = field(default_factory=dict)
     variants: list = field(default_factory=list)
+    background: list[BackgroundFlow] = field(default_factory=list)
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+    def to_dict(self, as_given: bool = False) -> dict:
+        """The spec as a mapping, every default filled in (what ``spec.yaml`` holds).
+
+        ``as_given``: ``workload.servers.count``/``placement`` are null where the spec left
+        them to their default or to ``servers.config`` (sweeps and variants build their points
+        from this form, so that they may set ``servers.config``).
+        """
+        d = dataclasses.asdict(self)
+        if as_given:
+            d["workload"]["servers"].update(self.workload.servers.as_given())
+        return d
 
 
 # ---------------------------------------------------------------------------- building
@@ -181,6 +311,11 @@ def _describe(tp) -> str:
     if origin is typing.Union:
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         return " or ".join(_describe(a) for a in args) + " or null"
+    if origin is list:
+        (inner,) = typing.get_args(tp)
+        what = f"mappings with fields {', '.join(_field_names(inner))}" if dataclasses.is_dataclass(inner) \
+            else _describe(inner)
+        return f"a list of {what}"
     return {int: "an integer", float: "a number", str: "a string", bool: "true or false",
             dict: "a mapping", list: "a list"}.get(tp, getattr(tp, "__name__", str(tp)))
 
@@ -225,6 +360,11 @@ def _coerce(tp, value, path):
         if not isinstance(value, list):
             raise SpecError(path, value, _describe(tp))
         return list(value)
+    if origin is list:
+        (inner,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise SpecError(path, value, _describe(tp))
+        return [_coerce(inner, v, f"{path}[{i}]") for i, v in enumerate(value)]
     raise TypeError(f"unsupported spec type {tp}")  # a bug in this module, not user input
 
 
@@ -242,6 +382,9 @@ def _build(cls, data: dict, prefix: str = ""):
     kwargs = {}
     for f in dataclasses.fields(cls):
         if f.name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise SpecError(f"{prefix}{'.' if prefix else ''}{f.name}", None,
+                                f"{_describe(hints[f.name])} (required)")
             continue
         path = f"{prefix}{'.' if prefix else ''}{f.name}"
         value = _coerce(hints[f.name], data[f.name], path)
@@ -340,10 +483,11 @@ def _validate_cross(exp: Experiment) -> None:
             load_profile(w.compute.profile, w.model, w.batch_size)
         except TestbedError as e:
             raise SpecError("workload.compute.profile", w.compute.profile, str(e)) from None
+    _validate_background(exp)
     for i, v in enumerate(exp.variants):
         if not isinstance(v, dict) or not [k for k in v if k != "name"]:
             raise SpecError(f"variants[{i}]", v, "a mapping of dotted field paths to values (and an optional name)")
-        d = exp.to_dict()
+        d = exp.to_dict(as_given=True)
         d["sweep"], d["variants"] = {}, []
         for path, value in v.items():
             if path != "name":
@@ -354,12 +498,36 @@ def _validate_cross(exp: Experiment) -> None:
             raise SpecError(f"sweep.{path}", values, "a non-empty list of values")
         if path.startswith("sweep"):
             raise SpecError(f"sweep.{path}", values, "a field path outside 'sweep'")
-        base = exp.to_dict()
+        base = exp.to_dict(as_given=True)
         for v in values:  # each point must itself be a valid spec
             d = copy.deepcopy(base)
             d["sweep"], d["variants"] = {}, []
             _set_path(d, path, v)
             from_dict(d)
+
+
+_FLOW_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+
+
+def _validate_background(exp: Experiment) -> None:
+    """Background flows: distinct endpoints, whole dilated seconds, unique file-safe names.
+    (Whether the hosts exist is checked against the built network: ``traffic.background``.)"""
+    names = set()
+    for i, f in enumerate(exp.background):
+        path = f"background[{i}]"
+        if f.src == f.dst:
+            raise SpecError(f"{path}.dst", f.dst, f"a host other than src ({f.src})")
+        dilated = f.duration_s * exp.scale
+        if abs(dilated - round(dilated)) > 1e-9 or round(dilated) < 1:
+            raise SpecError(f"{path}.duration_s", f.duration_s,
+                            f"a duration that is a whole number (>= 1) of seconds once dilated: duration_s x scale "
+                            f"= {dilated:g} (iperf3 -t takes whole seconds)")
+        name = f.name if f.name is not None else f"bg{i}"
+        if not name or not set(name) <= _FLOW_NAME_CHARS or name.startswith("."):
+            raise SpecError(f"{path}.name", f.name, "letters, digits, '_', '.', '-' (a file name)")
+        if name in names:
+            raise SpecError(f"{path}.name", f.name, f"a name no other flow has ({name!r} is taken)")
+        names.add(name)
 
 
 def expand_sweep(exp: Experiment) -> list[tuple[dict, Experiment]]:
@@ -376,7 +544,7 @@ def expand_sweep(exp: Experiment) -> list[tuple[dict, Experiment]]:
     out = []
     for variant in exp.variants or [{}]:
         for combo in itertools.product(*(exp.sweep[p] for p in paths)):
-            d = exp.to_dict()
+            d = exp.to_dict(as_given=True)
             d["sweep"], d["variants"] = {}, []
             point = {"variant": variant["name"]} if "name" in variant else {}
             point.update({k: v for k, v in variant.items() if k != "name"})

@@ -60,13 +60,17 @@ def test_rates_above_1gbit_are_shaped_not_ignored(run_dir):
             assert net.topology["links"][0]["htb_burst_bytes"] == htb_burst_bytes(2500) == 312_500
 
 
-def test_jumbo_frames_on_every_link_end(run_dir):
-    spec = TopologySpec(kind="rack_core", racks=2, hosts_per_rack=1, mtu_bytes=9000)
+def test_jumbo_frames_and_tcp_setting_on_every_host(run_dir):
+    root_lowat = open("/proc/sys/net/ipv4/tcp_notsent_lowat").read()
+    spec = TopologySpec(kind="rack_core", racks=2, hosts_per_rack=1, mtu_bytes=9000, tcp_notsent_lowat_bytes=131072)
     with NetworkLock():
         with Network(spec, [], run_dir, Ledger.create("t", run_dir)) as net:
             assert all(l["mtu_bytes"] == [9000, 9000] for l in net.topology["links"])
             out = net.hosts["h1"].cmd("ping -c1 -W2 -M do -s 8972", net.hosts["h2"].IP())  # no fragmentation
             assert " 0% packet loss" in out
+            assert [h["tcp_notsent_lowat"] for h in net.topology["hosts"]] == [131072, 131072]
+            assert net.hosts["h2"].cmd("cat /proc/sys/net/ipv4/tcp_notsent_lowat").strip() == "131072"
+    assert open("/proc/sys/net/ipv4/tcp_notsent_lowat").read() == root_lowat  # the hosts' namespaces only
 
 
 def test_queue_limit_without_netem_uses_pfifo(run_dir):

@@ -22,10 +22,13 @@ def link_options(spec) -> dict:
     return opts
 
 
-def build_topo(spec, server_racks: list[int] | tuple = ()):
-    """A Topo for ``spec`` (a TopologySpec) with dedicated server hosts in ``server_racks``."""
+def build_topo(spec, server_racks: list[int] | tuple = (), server_interfaces: int = 1):
+    """A Topo for ``spec`` (a TopologySpec) with dedicated server hosts in ``server_racks``,
+    each with ``server_interfaces`` links to its ToR (``workload.servers.interfaces``)."""
     kw = dict(racks=spec.racks, hosts_per_rack=spec.hosts_per_rack, host_bw_mbps=spec.host_bw_mbps,
               server_racks=tuple(server_racks), interfaces_per_host=spec.interfaces_per_host,
+              server_interfaces=server_interfaces,
+              background_hosts_per_rack=getattr(spec, "background_hosts_per_rack", 0),
               link_opts=link_options(spec))
     if spec.kind == "rack_core":
         return RackCoreTopo(uplink_bw_mbps=spec.uplink_mbps(), **kw)

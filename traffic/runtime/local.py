@@ -11,8 +11,9 @@ It fakes the topology's hosts (``racks * hosts_per_rack`` worker hosts ``h1..hN`
 rack, plus the scheme's dedicated server hosts ``ps1..``), asks the scheme for its plan,
 gives every process ip ``127.0.0.1`` and iface ``lo``, picks a free master port, and starts
 and watches the processes with :mod:`testbed.launch` exactly as the harness does. Nothing is
-shaped and nothing is captured: the run directory gets spec.yaml, processes.json, events/,
-results/, params/ and logs/ (no topology.json, traces/ or summary.json).
+shaped, nothing is captured and no ``background`` flow runs: the run directory gets
+spec.yaml, processes.json, events/, results/, params/ and logs/ (no topology.json, traces/
+or summary.json).
 
 Command line: ``python -m traffic.runtime.local SPEC.yaml [--set path=value ...] [--run-dir DIR]``.
 """
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 from testbed import launch, rundir
-from testbed.errors import TestbedError
+from testbed.errors import SpecError, TestbedError
 from testbed.spec import Experiment, dump_spec, load_spec
 from traffic.schemes import HostInfo, get_scheme
 
@@ -39,25 +40,37 @@ def local_hosts(exp: Experiment) -> list[HostInfo]:
     """The hosts the topology of ``exp`` would have, as the scheme's plan sees them.
 
     Worker hosts ``h1..h{racks*hosts_per_rack}`` (``h1..h{hosts_per_rack}`` in rack 0, ...),
-    then one ``s<j>`` host per entry of the scheme's ``dedicated_server_hosts``.
+    then one ``ps<j>`` host per entry of the scheme's ``dedicated_server_hosts``, with as
+    many interfaces as the network would give them (background hosts carry no process and
+    are left out).
     """
     t, w = exp.topology, exp.workload
-    hosts = [HostInfo(f"h{r * t.hosts_per_rack + i + 1}", r, "worker")
+    hosts = [HostInfo(f"h{r * t.hosts_per_rack + i + 1}", r, "worker", t.interfaces_per_host)
              for r in range(t.racks) for i in range(t.hosts_per_rack)]
-    for j, r in enumerate(get_scheme(w.scheme).dedicated_server_hosts(w, t.racks)):
-        hosts.append(HostInfo(f"ps{j + 1}", r, "server"))
+    server_racks = get_scheme(w.scheme).dedicated_server_hosts(w, t.racks, hosts_per_rack=t.hosts_per_rack)
+    for j, r in enumerate(server_racks):
+        hosts.append(HostInfo(f"ps{j + 1}", r, "server", max(t.interfaces_per_host, w.servers.interfaces)))
     return hosts
 
 
 def local_entries(exp: Experiment) -> list[dict]:
     """``processes.json`` entries (without ranks) of the scheme's plan on the local hosts.
 
+    Every process gets ip 127.0.0.1 and iface ``lo`` whatever interface it is planned on
+    (``iface_index`` records ``ProcessPlan.iface``).
+
     Raises:
-        SpecError: the plan does not fit the topology (too many workers or servers).
+        SpecError: the plan does not fit the topology (too many workers or servers, or an
+            interface its host would not have).
     """
-    plan = get_scheme(exp.workload.scheme).plan(exp.workload, local_hosts(exp))
+    hosts = local_hosts(exp)
+    interfaces = {h.name: h.interfaces for h in hosts}
+    plan = get_scheme(exp.workload.scheme).plan(exp.workload, hosts)
+    for p in plan:
+        if not 0 <= p.iface < interfaces[p.host]:
+            raise SpecError(f"plan of {p.name}", p.iface, f"interfaces 0..{interfaces[p.host] - 1} of host {p.host}")
     return [{"name": p.name, "role": p.role, "index": p.index, "host": p.host,
-             "ip": LOCAL_IP, "iface": LOCAL_IFACE} for p in plan]
+             "ip": LOCAL_IP, "iface": LOCAL_IFACE, "iface_index": p.iface} for p in plan]
 
 
 def free_port() -> int:

@@ -47,12 +47,16 @@ if TYPE_CHECKING:  # pragma: no cover
 class HostInfo:
     """A host of the built topology as a scheme's plan sees it.
 
-    ``kind`` is ``worker`` for ordinary hosts and ``server`` for hosts added to run only
-    servers (``workload.servers.placement: dedicated``). ``rack`` counts from 0.
+    ``kind`` is ``worker`` for ordinary hosts, ``server`` for hosts added to run only
+    servers (``workload.servers.placement: dedicated``) and ``background`` for hosts that
+    only carry background traffic (a plan must not use them). ``rack`` counts from 0.
+    ``interfaces``: the host's links to its ToR (``ProcessPlan.iface`` indexes them; a PBox
+    has ``workload.servers.interfaces``).
     """
     name: str
     rack: int
     kind: str = "worker"
+    interfaces: int = 1
 
 
 @dataclass(frozen=True)
@@ -108,20 +112,33 @@ class Scheme:
                 raise SpecError(f"workload.options.{k}", v, f"options of scheme '{cls.name}': {allowed}")
 
     @classmethod
-    def dedicated_server_hosts(cls, workload: "WorkloadSpec", racks: int) -> list[int]:
+    def dedicated_server_hosts(cls, workload: "WorkloadSpec", racks: int,
+                               hosts_per_rack: int | None = None) -> list[int]:
         """Racks that need one extra server-only host each (one entry per host).
 
         Default: none unless the scheme has a ``server`` role and the spec asks for
         ``servers.placement: dedicated``; then ``servers.count`` hosts globally (spread over
-        racks round robin) or per rack.
+        racks round robin) or per rack. ``servers.count: 0`` (``servers.config: NCS``) means
+        one server host per worker, in that worker's rack; the workers are the first
+        ``workload.workers`` hosts (all ``racks * hosts_per_rack`` when 0), rack by rack.
+
+        Raises:
+            ValueError: ``servers.count`` is 0 with ``workload.workers`` 0 and no
+                ``hosts_per_rack`` (the number of workers is unknown).
         """
         s = workload.servers
         if "server" not in cls.roles or s.placement != "dedicated":
             return []
-        count = max(s.count, 1)
+        if s.count == 0:
+            if hosts_per_rack is None:  # racks of the workers unknown: round robin
+                if not workload.workers:
+                    raise ValueError("servers.count 0 (one server host per worker) needs hosts_per_rack")
+                return [i % racks for i in range(workload.workers)]
+            n = workload.workers or racks * hosts_per_rack
+            return [min(i // hosts_per_rack, racks - 1) for i in range(n)]
         if s.scope == "per_rack":
-            return [r for r in range(racks) for _ in range(count)]
-        return [i % racks for i in range(count)]
+            return [r for r in range(racks) for _ in range(s.count)]
+        return [i % racks for i in range(s.count)]
 
     @classmethod
     def plan(cls, workload: "WorkloadSpec", hosts: list[HostInfo]) -> list[ProcessPlan]:
