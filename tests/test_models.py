@@ -27,10 +27,11 @@ PAPER_PARAMS = {
     "stanza_mlp": 8_435_722,    # Stanza Table 7: 3072-1024-1024-4096-10
     "sockeye_lstm": 54_638_384,  # P3 §5, sizes documented in traffic/models/seq2seq.py
     "digits_mlp": 301_066,
+    "digits_cnn": 71_754,       # the Stanza accuracy check's small CNN (traffic/models/cnn.py)
 }
 CONV_MODELS = ["alexnet", "vgg16", "vgg19", "vgg16_cifar10", "resnet18", "resnet50", "resnet152",
-               "inception_v3", "googlenet", "cifar100_alexnet"]
-SMALL = ["digits_mlp", "mnist_mlp", "stanza_mlp", "cifar100_alexnet", "vgg16_cifar10", "sockeye_lstm"]
+               "inception_v3", "googlenet", "cifar100_alexnet", "digits_cnn"]
+SMALL = ["digits_mlp", "digits_cnn", "mnist_mlp", "stanza_mlp", "cifar100_alexnet", "vgg16_cifar10", "sockeye_lstm"]
 POOLS = (nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d)
 FC_TYPES = (nn.Linear, nn.ReLU, nn.Dropout, nn.Flatten, nn.Sequential)
 

@@ -24,6 +24,7 @@ The zoo (one module per family; every parameter count is checked in ``tests/test
 
     name              params      native input            classes  follows
     digits_mlp         301,066    (64,)          float32       10  the quick-start model
+    digits_cnn          71,754    (64,)          float32       10  Stanza Table 6 check on digits (2 conv + 2 FC)
     mnist_mlp          648,010    (784,)         float32       10  Pipe-SGD §4 (784-500-500-10)
     stanza_mlp       8,435,722    (3072,)        float32       10  Stanza Table 7 (1024-1024-4096, CIFAR-10)
     cifar100_alexnet   151,428    (3, 32, 32)    float32      100  Pipe-SGD §4 / Liao et al. 2016 [32]
@@ -332,3 +333,4 @@ def _info(name: str) -> tuple:
 
 # the builders register themselves on import
 from traffic.models import mlp, alexnet, vgg, resnet, inception, seq2seq  # noqa: E402,F401
+from traffic.models import cnn  # noqa: E402,F401

@@ -1,0 +1,601 @@
+"""Stanza (``stanza``): layer separation into CONV workers and FC workers (stanza.txt).
+
+Roles. A model of the zoo is cut at its ``split_index`` (the first fully connected layer;
+the CONV part ends with the last pooling after the last convolution, Stanza §3.2):
+
+* ``worker`` -- a *CONV worker* (Stanza's name). It holds and trains layers
+  ``[0, split_index)`` on its data shard. The role is called ``worker`` because in Stanza
+  the CONV workers are the data-parallel workers: the runtime gives role ``worker`` the
+  data shards (``ctx.batches.shard(it, ctx.index)`` with ``W`` = number of CONV workers,
+  so the global batch is ``n_c * batch_size`` as in the paper) and the analysis counts
+  the samples and iteration times of role ``worker`` for throughput; calling CONV workers
+  anything else would need both to learn a second name for the same thing.
+* ``fc`` -- an *FC worker*. It holds a complete replica of layers ``[split_index, L)`` and
+  trains them on the activations of its group of CONV workers.
+
+With ``n_f`` FC workers the ``n_c`` CONV workers are cut into ``n_f`` contiguous groups of
+near-equal size (equal when ``n_f`` divides ``n_c``, §4.1.3); FC worker ``j`` serves CONV
+workers ``j*n_c//n_f .. (j+1)*n_c//n_f - 1`` (:func:`fc_groups`).
+
+One iteration (bulk-synchronous, §3.2 Figure 4 and §4.1):
+
+1. CONV worker: forward of the CONV layers on its batch of ``K``; *push_activation*: send
+   the split layer's output ``(K, *split_shape)`` (float32) and the ``K`` labels (int64)
+   to its FC worker (many-to-one); *pull_fc*: block until the gradient of those
+   activations (same shape) comes back (one-to-many).
+2. FC worker: receive every group member's activations and labels, concatenate them in
+   CONV-worker order, forward the FC layers, loss, backward; send each CONV worker its rows
+   of the activations' gradient; then (``n_f`` > 1) allreduce the FC gradients with the
+   other FC workers by recursive doubling -- this runs while the CONV workers allreduce
+   theirs (§4.1.3) -- and apply the optimizer to its FC replica.
+3. CONV worker: backward of the CONV layers from the received gradient; allreduce of all
+   CONV gradients (one flat buffer) among the ``n_c`` CONV workers by recursive doubling
+   (:mod:`traffic.collectives.recursive_doubling`, ``floor(log2 n_c) + 2`` rounds when
+   ``n_c`` is not a power of two, §4.1.2); optimizer step on the CONV layers.
+
+Equivalence with SGD over the global batch (eq. 1). The FC worker's loss is
+``model.loss(logits, y) * g / n_c`` for its ``g * K`` samples (``g`` = group size): the
+mean loss of its group times ``g/n_c``, i.e. its share of the mean over the global batch
+of ``n_c K``. Its FC gradients, summed over FC workers, and the CONV gradients that the
+activation gradients produce, summed over CONV workers, are therefore exactly the global
+batch's mean-loss gradients; every replica applies the same ``torch.optim.SGD`` step
+(element-wise), so CONV and FC parameters equal those of a single process
+(:mod:`traffic.reference`) up to floating-point rounding. The recursive-doubling sums are
+bit-identical on every member, so replicas never drift.
+
+Emulated compute (``workload.compute.mode: emulated``): a CONV worker sleeps the
+profile's forward/backward times of the CONV layers (times ``scale``); an FC worker sleeps
+the FC layers' times multiplied by its group size ``g``, since it processes ``g`` CONV
+workers' activations (``(n_c/n_f) T_f`` in Stanza eq. (2)). Every message has the true
+size: activations and their gradients ``(K, *split_shape)``, labels ``(K,)``, gradients of
+every CONV (FC) parameter. CONV workers keep no FC parameters and FC workers no CONV
+parameters in that mode (their layers are moved to the meta device), as in the paper.
+
+Evaluation and the final parameters. Only an FC worker has the trained FC layers. Before
+CONV worker 0 evaluates (every ``workload.eval_every`` iterations and after the last,
+real compute only), FC worker 0 sends it its FC parameters (kind ``fc_sync``).
+``params/worker0.pt`` then holds the whole model; other CONV workers save their CONV
+layers, FC workers their FC layers.
+
+Checkpoints (Stanza §5.3; option ``checkpoint_every``, iterations, default 0 = none). After
+the update of every ``checkpoint_every``-th iteration each process writes its parameters
+and optimizer state to ``checkpoints/<proc>-it<it>.pt`` (``{"iteration", "params",
+"optimizer"}``, parameter names of the full model). FC worker ``j`` also sends a copy of its
+FC parameters (one flat message, kind ``fc_checkpoint``) to a CONV worker picked at random
+(seeded by ``workload.seed``, ``j`` and the iteration: :func:`checkpoint_holder`); the
+transfer runs while both go on training -- the CONV worker posts the receive and waits for
+it only at the end of its next iteration (or at the end of training) -- and the CONV worker
+writes ``checkpoints/<proc>-fc<j>-it<it>.pt`` (``{"iteration", "params"}``). Restarting from
+checkpoints is not implemented.
+
+Placement (:meth:`Stanza.plan`): CONV workers on the first ``n_c`` hosts, FC workers on the
+next ``n_f`` hosts, one process per host as in the paper. ``workload.workers`` is ``n_c``
+(0: every host but the FC workers'). Option ``fc_workers``: an integer ``n_f`` >= 1, or
+``auto``: ``n_c`` and ``n_f`` come from the exhaustive search of Stanza eq. (5)
+(:func:`analysis.models.stanza.node_assignment`) for ``N`` = option ``nodes`` (0: every host)
+at option ``bw_gbps`` Gbit/s with the constants of ``workload.compute.profile`` (a profile of
+``workload.model`` at ``workload.batch_size``); ``workload.workers`` must then be 0.
+
+Events: CONV workers log ``activation`` (tx) and ``label`` (tx) to their FC worker,
+``activation_grad`` (rx), ``allreduce`` per recursive-doubling transfer (``round``,
+``phase``, ``members: conv``) and ``update``; FC workers log ``fc_iteration`` (span, with
+``samples`` and ``loss``), the matching rx/tx events, ``allreduce`` (``members: fc``),
+``update`` and ``fc_sync``. Every event has ``iteration``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import time
+
+import torch
+
+from testbed.errors import SpecError
+from traffic.collectives import recursive_doubling
+from traffic.models import LayeredModel
+from traffic.runtime.trainer import Trainer, make_optimizer
+from traffic.schemes.base import ProcessPlan, Scheme, register
+
+__all__ = ["Stanza", "ConvTrainer", "fc_groups", "fc_of", "split_shape", "checkpoint_holder"]
+
+TAG_ACT, TAG_LABEL, TAG_GRAD, TAG_SYNC, TAG_CKPT, TAG_RD_CONV, TAG_RD_FC = 1, 2, 3, 4, 5, 10, 11
+
+
+def checkpoint_holder(seed: int, fc_index: int, it: int, n_c: int) -> int:
+    """The CONV worker (index) that keeps FC worker ``fc_index``'s checkpoint copy of
+    iteration ``it``: drawn at random (Stanza §5.3), reproducibly from ``(seed, fc_index, it)``."""
+    return random.Random(f"stanza-ckpt-{seed}-{fc_index}-{it}").randrange(n_c)
+
+
+def fc_groups(n_c: int, n_f: int) -> list[range]:
+    """CONV workers served by each FC worker: ``n_f`` contiguous near-equal ranges of
+    ``0 .. n_c-1`` (FC worker ``j`` gets ``j*n_c//n_f .. (j+1)*n_c//n_f - 1``).
+
+    Raises:
+        ValueError: ``n_f`` < 1 or ``n_f`` > ``n_c`` (an FC worker would serve nobody).
+    """
+    if n_f < 1 or n_f > n_c:
+        raise ValueError(f"need 1 <= fc_workers <= CONV workers, got {n_f} FC for {n_c} CONV workers")
+    return [range(j * n_c // n_f, (j + 1) * n_c // n_f) for j in range(n_f)]
+
+
+def fc_of(conv_index: int, n_c: int, n_f: int) -> int:
+    """Index of the FC worker that serves CONV worker ``conv_index``."""
+    return next(j for j, g in enumerate(fc_groups(n_c, n_f)) if conv_index in g)
+
+
+def split_shape(model: LayeredModel) -> tuple[int, ...]:
+    """Shape of one sample's activations at the CONV/FC boundary: the output of layer
+    ``split_index - 1`` at the model's input shape, without the batch dimension (AlexNet:
+    ``(256, 6, 6)``, 9,216 values, Stanza §3.2). Computed on the meta device (no memory).
+
+    Raises:
+        ValueError: the model has no ``split_index``.
+    """
+    from traffic.models import build_model
+    if model.split_index is None:
+        raise ValueError(f"model {model.name!r} has no CONV/FC split_index")
+    meta = build_model(model.name, 0, model.input_shape, model.num_classes, device="meta").eval()
+    with torch.no_grad():
+        x = meta.example_input(1)
+        for layer in meta.layers[:meta.split_index]:
+            x = layer(x)
+    return tuple(int(d) for d in x.shape[1:])
+
+
+def _part(model: LayeredModel, lo: int, hi: int) -> LayeredModel:
+    """Layers ``[lo, hi)`` of ``model`` as a LayeredModel sharing the modules (not copies).
+    Its state-dict keys are renumbered from 0; :meth:`Stanza._state` uses the full model's."""
+    return LayeredModel(list(model.layers[lo:hi]), name=f"{model.name}[{lo}:{hi}]",
+                        layer_names=model.layer_names[lo:hi])
+
+
+def _params(layers) -> list[torch.nn.Parameter]:
+    return [p for layer in layers for p in layer.parameters() if p.requires_grad]
+
+
+def _flat_grads(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    """A new flat float32 tensor holding every parameter's gradient (zeros where none)."""
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+
+
+def _assign_grads(params: list[torch.nn.Parameter], flat: torch.Tensor) -> None:
+    """Make each parameter's ``.grad`` a view of its range of ``flat``."""
+    off = 0
+    for p in params:
+        p.grad = flat[off:off + p.numel()].view_as(p)
+        off += p.numel()
+
+
+class ConvTrainer(Trainer):
+    """The standard training loop for a CONV worker: only the CONV layers, with the
+    exchange with the FC worker between the forward and the backward pass.
+
+    ``ctx.model`` is the CONV part (see :meth:`Stanza.run_worker`); forward/backward
+    events, hooks, emulation, iteration spans and evaluation are the
+    :class:`~traffic.runtime.trainer.Trainer`'s. Evaluation uses ``full_model`` (whose FC
+    layers the scheme refreshed from FC worker 0).
+    """
+
+    def __init__(self, ctx, scheme: "Stanza", full_model: LayeredModel):
+        super().__init__(ctx, scheme)
+        self.full_model = full_model
+
+    def step(self, it: int) -> float | None:
+        """Forward of the CONV layers, push_activation / pull_fc, backward, the scheme's
+        ``on_backward_end``. Returns ``None`` (the loss is computed by the FC worker)."""
+        ctx, scheme = self.ctx, self.scheme
+        self.it = it
+        scheme.on_iteration_start(it)
+        if self.emulated is not None:
+            em, ev = self.emulated, ctx.events
+            for l in range(len(self.layers)):
+                scheme.before_forward(it, l)
+                ts, t0 = time.time(), time.perf_counter()
+                em.forward(l)
+                ev.record("forward", ts, time.perf_counter() - t0, iteration=it, layer=l,
+                          requested_s=em.forward_s[l])
+            scheme.exchange(it, None, None)
+            self._active = True
+            try:
+                self._bwd_mark = (time.time(), time.perf_counter())
+                for l in reversed(range(len(self.layers))):
+                    em.backward(l, self._layer_params[l])
+                    self._layer_done(l, requested_s=em.backward_s[l])
+            finally:
+                self._active = False
+        else:
+            x, y = ctx.batches.shard(it, ctx.index)
+            self.model.zero_grad(set_to_none=True)
+            self._missing = [len(ps) for ps in self._layer_params]
+            self._active = True
+            try:
+                act = self.model(x)
+                grad = scheme.exchange(it, act.detach(), y)
+                self._bwd_mark = (time.time(), time.perf_counter())
+                act.backward(grad)
+                for l in reversed(range(len(self.layers))):
+                    if not self._layer_params[l]:
+                        self._layer_done(l)
+            finally:
+                self._active = False
+        scheme.on_backward_end(it)
+        return None
+
+    def eval_event(self, it: int, final: bool = False) -> tuple[float, float]:
+        """Evaluate the whole model (CONV layers here, FC layers from FC worker 0)."""
+        conv, self.model = self.model, self.full_model
+        try:
+            return super().eval_event(it, final)
+        finally:
+            self.model = conv
+
+
+@register
+class Stanza(Scheme):
+    """Layer separation: CONV workers (role ``worker``) and FC workers (role ``fc``); see
+    the module docstring.
+
+    Options:
+        fc_workers: number of FC workers ``n_f`` (int >= 1, default 1), or ``"auto"`` for
+            the node assignment of Stanza eq. (5).
+        nodes: with ``auto``, the total number of nodes ``N`` (0: every host).
+        bw_gbps: with ``auto``, the per-node bandwidth ``B`` the model assumes, Gbit/s
+            (default 10, the paper's EC2 cluster).
+        checkpoint_every: write checkpoints every this many iterations (0: never; §5.3).
+    """
+    name = "stanza"
+    roles = ("worker", "fc")
+    options = {"fc_workers": 1, "nodes": 0, "bw_gbps": 10.0, "checkpoint_every": 0}
+
+    # ---------------------------------------------------------------- harness side
+
+    @classmethod
+    def validate_options(cls, options: dict) -> None:
+        """Unknown keys, and ``fc_workers`` neither a positive integer nor ``auto``,
+        ``nodes`` negative or 1, ``bw_gbps`` not positive or ``checkpoint_every`` negative
+        raise SpecError."""
+        super().validate_options(options)
+        f = options.get("fc_workers", 1)
+        if not (f == "auto" or (isinstance(f, int) and not isinstance(f, bool) and f >= 1)):
+            raise SpecError("workload.options.fc_workers", f, "an integer >= 1 or 'auto'")
+        n = options.get("nodes", 0)
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0 or n == 1:
+            raise SpecError("workload.options.nodes", n, "0 (every host) or an integer >= 2")
+        b = options.get("bw_gbps", 10.0)
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or b <= 0:
+            raise SpecError("workload.options.bw_gbps", b, "a bandwidth > 0 in Gbit/s")
+        c = options.get("checkpoint_every", 0)
+        if not isinstance(c, int) or isinstance(c, bool) or c < 0:
+            raise SpecError("workload.options.checkpoint_every", c, "0 (no checkpoints) or an integer >= 1")
+
+    @classmethod
+    def counts(cls, workload, n_hosts: int) -> tuple[int, int]:
+        """``(n_c, n_f)`` for ``workload`` on ``n_hosts`` hosts (see the module docstring).
+
+        Raises:
+            SpecError: the model has no ``split_index``; too few hosts; ``fc_workers``
+                larger than the CONV workers; ``auto`` with ``workload.workers`` set, or
+                without a usable profile.
+        """
+        from traffic.models import model_info
+        if model_info(workload.model)["split_index"] is None:
+            raise SpecError("workload.model", workload.model,
+                            "a model with a CONV/FC boundary (split_index), e.g. alexnet, vgg16, digits_cnn")
+        opts = {**cls.options, **workload.options}
+        if opts["fc_workers"] == "auto":
+            if workload.workers:
+                raise SpecError("workload.workers", workload.workers,
+                                "0 with options.fc_workers: auto (the node assignment picks the CONV workers)")
+            N = opts["nodes"] or n_hosts
+            if N > n_hosts:
+                raise SpecError("workload.options.nodes", N, f"at most {n_hosts} (the topology's hosts)")
+            if N < 2:
+                raise SpecError("workload.options.nodes", N, "at least 2 (one CONV and one FC worker)")
+            a = cls.assignment(workload, N, float(opts["bw_gbps"]) * 1e9)
+            return a.n_c, a.n_f
+        n_f = int(opts["fc_workers"])
+        n_c = workload.workers or n_hosts - n_f
+        if n_c < 1 or n_c + n_f > n_hosts:
+            raise SpecError("workload.workers", workload.workers,
+                            f"CONV workers + {n_f} FC worker(s) <= {n_hosts} hosts, at least one CONV worker")
+        if n_f > n_c:
+            raise SpecError("workload.options.fc_workers", n_f, f"at most the CONV workers ({n_c})")
+        return n_c, n_f
+
+    @classmethod
+    def assignment(cls, workload, N: int, bw_bps: float):
+        """The node assignment of Stanza eq. (5) for ``N`` nodes at ``bw_bps`` bit/s with the
+        constants of ``workload.compute.profile`` (:class:`analysis.models.stanza.Assignment`).
+
+        Raises:
+            SpecError: the profile cannot be loaded for the model and batch size.
+        """
+        from analysis.models.stanza import Constants, node_assignment
+        from testbed.errors import TestbedError
+        from traffic.profiles import load_profile
+        try:
+            prof = load_profile(workload.compute.profile, workload.model, workload.batch_size)
+        except TestbedError as e:
+            raise SpecError("workload.compute.profile", workload.compute.profile,
+                            f"a profile of {workload.model} at batch {workload.batch_size} for "
+                            f"fc_workers: auto ({e})") from None
+        return node_assignment(Constants.from_profile(workload.model, prof), N, bw_bps)
+
+    @classmethod
+    def plan(cls, workload, hosts) -> list[ProcessPlan]:
+        """CONV workers (role ``worker``) on the first ``n_c`` worker hosts, FC workers
+        (role ``fc``) on the next ``n_f``; one process per host.
+
+        Raises:
+            SpecError: see :meth:`counts`.
+        """
+        names = [h.name for h in hosts if h.kind == "worker"]
+        n_c, n_f = cls.counts(workload, len(names))
+        return ([ProcessPlan("worker", i, names[i]) for i in range(n_c)]
+                + [ProcessPlan("fc", j, names[n_c + j]) for j in range(n_f)])
+
+    # ---------------------------------------------------------------- common
+
+    def _layout(self) -> None:
+        ctx = self.ctx
+        self.split = ctx.model.split_index
+        if self.split is None:
+            raise RuntimeError(f"model {ctx.model.name!r} has no split_index")
+        self.conv_ranks, self.fc_ranks = ctx.ranks("worker"), ctx.ranks("fc")
+        self.n_c, self.n_f = len(self.conv_ranks), len(self.fc_ranks)
+        if not self.n_c or not self.n_f:
+            raise RuntimeError(f"stanza needs CONV and FC workers; processes.json has {self.n_c} "
+                               f"workers and {self.n_f} fc")
+        self.groups = fc_groups(self.n_c, self.n_f)
+        self.K = ctx.workload.batch_size
+        self.emulated = ctx.workload.compute.mode == "emulated"
+        self.split_shape = split_shape(ctx.model)
+        self.ckpt_every = int(self.opts.get("checkpoint_every", 0))
+        self._ckpt_copies: list = []  # CONV worker: (fc index, iteration, Pending, buffer) in flight
+
+    def _evaluates_after(self, it: int) -> bool:
+        """True when CONV worker 0 evaluates after iteration ``it`` (intermediate evals)."""
+        every = self.ctx.workload.eval_every
+        return (not self.emulated and every > 0 and (it + 1) % every == 0
+                and it + 1 < self.ctx.iterations)
+
+    def _state(self, lo: int, hi: int) -> dict:
+        """State-dict entries of the full model's layers ``[lo, hi)`` (keys ``layers.<i>...``)."""
+        keep = tuple(f"layers.{i}." for i in range(lo, hi))
+        return {k: v for k, v in self.ctx.model.state_dict().items() if k.startswith(keep)}
+
+    def _checkpoint_due(self, it: int) -> bool:
+        return self.ckpt_every > 0 and (it + 1) % self.ckpt_every == 0
+
+    def _save(self, name: str, doc: dict, it: int) -> None:
+        d = self.ctx.run_dir / "checkpoints"
+        d.mkdir(parents=True, exist_ok=True)
+        with self.ctx.events.span("checkpoint", iteration=it, file=name):
+            torch.save(doc, d / name)
+
+    def _checkpoint(self, it: int, lo: int, hi: int, optimizer) -> None:
+        """Write this process's layers ``[lo, hi)`` and optimizer state (§5.3)."""
+        self._save(f"{self.ctx.name}-it{it}.pt", {"iteration": it, "params": self._state(lo, hi),
+                                                   "optimizer": optimizer.state_dict()}, it)
+
+    def _fc_names_shapes(self) -> list[tuple[str, torch.Size]]:
+        """Names (full model) and shapes of the FC parameters, in ``parameters()`` order."""
+        L = len(self.ctx.model.layers)
+        keep = tuple(f"layers.{i}." for i in range(self.split, L))
+        return [(n, p.shape) for n, p in self.ctx.model.named_parameters() if n.startswith(keep)]
+
+    def _post_checkpoint_copies(self, it: int) -> None:
+        """CONV worker: post the receives of the FC checkpoint copies this worker keeps."""
+        numel = sum(math.prod(sh) for _, sh in self._fc_names_shapes())
+        for j in range(self.n_f):
+            if checkpoint_holder(self.ctx.workload.seed, j, it, self.n_c) == self.ctx.index:
+                buf = torch.empty(numel)
+                pend = self.ctx.transport.irecv(buf, self.fc_ranks[j], tag=TAG_CKPT, kind="fc_checkpoint",
+                                                iteration=it)
+                self._ckpt_copies.append((j, it, pend, buf))
+
+    def _store_checkpoint_copies(self) -> None:
+        """CONV worker: wait for the copies in flight and write them."""
+        for j, it, pend, buf in self._ckpt_copies:
+            pend.wait()
+            params, off = {}, 0
+            for name, sh in self._fc_names_shapes():
+                n = math.prod(sh)
+                params[name] = buf[off:off + n].view(sh).clone()
+                off += n
+            self._save(f"{self.ctx.name}-fc{j}-it{it}.pt", {"iteration": it, "params": params}, it)
+        self._ckpt_copies = []
+
+    # ---------------------------------------------------------------- CONV worker
+
+    def run_worker(self) -> None:
+        """A CONV worker: the standard loop (:class:`ConvTrainer`) over the CONV layers."""
+        ctx = self.ctx
+        self._layout()
+        s, model = self.split, ctx.model
+        if self.emulated:
+            for layer in model.layers[s:]:
+                layer.to("meta")  # FC layers live on the FC workers only
+        profile = ctx.profile
+        if profile is not None:
+            profile = dataclasses.replace(profile, layers=profile.layers[:s])
+        conv_ctx = dataclasses.replace(ctx, model=_part(model, 0, s), profile=profile)
+        ConvTrainer(conv_ctx, self, full_model=model).run()
+
+    def setup(self) -> None:
+        """CONV worker: its FC worker, optimizer over the CONV layers, message buffers."""
+        ctx = self.ctx
+        self.fc_index = fc_of(ctx.index, self.n_c, self.n_f)
+        self.fc_rank = self.fc_ranks[self.fc_index]
+        self.conv_params = _params(ctx.model.layers[:self.split])
+        self.optimizer = make_optimizer(self.conv_params, ctx.workload.optimizer)
+        self.grad_buf = torch.empty((self.K, *self.split_shape))
+        if self.emulated:  # true-size stand-ins for the activations and labels
+            gen = torch.Generator().manual_seed(ctx.workload.seed * 7919 + ctx.rank)
+            self.fake_act = torch.randn((self.K, *self.split_shape), generator=gen)
+            self.fake_labels = torch.zeros(self.K, dtype=torch.long)
+
+    def exchange(self, it: int, act: torch.Tensor | None, labels: torch.Tensor | None) -> torch.Tensor:
+        """push_activation then pull_fc (Stanza Table 4): send this batch's split-layer
+        activations ``(K, *split_shape)`` and labels ``(K,)`` to the FC worker, block until the
+        gradient of the activations (same shape) is back; returns it.
+
+        ``act``/``labels`` ``None`` (emulated compute): send true-size stand-ins.
+        """
+        tr = self.ctx.transport
+        if act is None:
+            act, labels = self.fake_act, self.fake_labels
+        f = {"iteration": it, "layer": self.split - 1}
+        rx = tr.irecv(self.grad_buf, self.fc_rank, tag=TAG_GRAD, kind="activation_grad", **f)
+        tx = [tr.isend(act.contiguous(), self.fc_rank, tag=TAG_ACT, kind="activation", **f),
+              tr.isend(labels.contiguous(), self.fc_rank, tag=TAG_LABEL, kind="label", **f)]
+        tr.wait_all(tx)
+        rx.wait()
+        return self.grad_buf
+
+    def on_backward_end(self, it: int) -> None:
+        """CONV worker: allreduce the CONV gradients (recursive doubling), SGD step; worker 0
+        fetches the FC layers from FC worker 0 before an evaluation."""
+        ctx = self.ctx
+        flat = _flat_grads(self.conv_params)
+        recursive_doubling.allreduce(ctx.transport, flat, self.conv_ranks, tag=TAG_RD_CONV, kind="allreduce",
+                                     iteration=it, members="conv")
+        _assign_grads(self.conv_params, flat)
+        with ctx.events.span("update", iteration=it):
+            self.optimizer.step()
+        self._store_checkpoint_copies()  # copies of the previous checkpoint (arrived meanwhile)
+        if self._checkpoint_due(it):
+            self._checkpoint(it, 0, self.split, self.optimizer)
+            self._post_checkpoint_copies(it)
+        if ctx.index == 0 and self._evaluates_after(it):
+            self._recv_fc(it)
+
+    def _recv_fc(self, it: int) -> None:
+        """CONV worker 0: receive FC worker 0's FC parameters into the full model."""
+        tr = self.ctx.transport
+        for p in _params(self.ctx.model.layers[self.split:]):
+            tr.recv(p.data, self.fc_ranks[0], tag=TAG_SYNC, kind="fc_sync", iteration=it)
+
+    def finish(self) -> None:
+        """CONV worker: write the checkpoint copies still in flight; worker 0 (real compute)
+        fetches the final FC layers (for the final evaluation)."""
+        self._store_checkpoint_copies()
+        if self.ctx.index == 0 and not self.emulated:
+            self._recv_fc(self.ctx.iterations - 1)
+
+    # ---------------------------------------------------------------- FC worker
+
+    def run_fc(self) -> None:
+        """An FC worker: ``workload.iterations`` rounds of receive activations, FC forward and
+        backward, send activation gradients, FC allreduce (``n_f`` > 1), SGD step.
+
+        Raises:
+            RuntimeError / DistBackendError: a peer died or communication timed out.
+        """
+        self._layout()
+        ctx = self.ctx
+        s, model, K, tr, ev = self.split, ctx.model, self.K, ctx.transport, ctx.events
+        group = [self.conv_ranks[i] for i in self.groups[ctx.index]]
+        g = len(group)
+        fc_layers = list(model.layers[s:])
+        params = _params(fc_layers)
+        opt = make_optimizer(params, ctx.workload.optimizer)
+        acts = [torch.empty((K, *self.split_shape)) for _ in group]
+        labels = [torch.empty(K, dtype=torch.long) for _ in group]
+        em = None
+        if self.emulated:
+            from traffic.runtime.emulation import EmulatedCompute
+            for layer in model.layers[:s]:
+                layer.to("meta")  # CONV layers live on the CONV workers only
+            scale = ctx.spec.scale
+            em = EmulatedCompute(_part(model, s, len(model.layers)),
+                                 [t * scale * g for t in ctx.profile.forward_s()[s:]],
+                                 [t * scale * g for t in ctx.profile.backward_s()[s:]],
+                                 seed=ctx.workload.seed * 100_003 + ctx.rank)
+            gen = torch.Generator().manual_seed(ctx.workload.seed * 7919 + ctx.rank)
+            fake_grad = torch.randn((g * K, *self.split_shape), generator=gen)
+        ckpt = []
+        for it in range(ctx.iterations):
+            ctx.maybe_crash(it)
+            with ev.span("fc_iteration", iteration=it, samples=g * K) as span:
+                f = {"iteration": it, "layer": s - 1}
+                rx = [tr.irecv(a, r, tag=TAG_ACT, kind="activation", **f) for a, r in zip(acts, group)]
+                rx += [tr.irecv(y, r, tag=TAG_LABEL, kind="label", **f) for y, r in zip(labels, group)]
+                tr.wait_all(rx)
+                if em is None:
+                    grad, loss = self._fc_step(it, fc_layers, acts, labels)
+                    span["loss"] = loss
+                else:
+                    for l in range(len(fc_layers)):
+                        ts, t0 = time.time(), time.perf_counter()
+                        em.forward(l)
+                        ev.record("forward", ts, time.perf_counter() - t0, iteration=it, layer=s + l,
+                                  requested_s=em.forward_s[l])
+                    for l in reversed(range(len(fc_layers))):
+                        ts, t0 = time.time(), time.perf_counter()
+                        em.backward(l, _params([fc_layers[l]]))
+                        ev.record("backward", ts, time.perf_counter() - t0, iteration=it, layer=s + l,
+                                  requested_s=em.backward_s[l])
+                    grad = fake_grad
+                rows = grad.split(K)
+                tx = [tr.isend(rows[k], r, tag=TAG_GRAD, kind="activation_grad", **f) for k, r in enumerate(group)]
+                if self.n_f > 1:  # overlaps the CONV workers' allreduce (§4.1.3)
+                    flat = _flat_grads(params)
+                    recursive_doubling.allreduce(tr, flat, self.fc_ranks, tag=TAG_RD_FC, kind="allreduce",
+                                                 iteration=it, members="fc")
+                    _assign_grads(params, flat)
+                with ev.span("update", iteration=it):
+                    opt.step()
+                tr.wait_all(tx)
+                if ctx.index == 0 and self._evaluates_after(it):
+                    self._send_fc(it, params)
+                tr.wait_all(ckpt)  # the previous checkpoint's copy (sent while training)
+                ckpt = []
+                if self._checkpoint_due(it):
+                    self._checkpoint(it, s, len(model.layers), opt)
+                    holder = checkpoint_holder(ctx.workload.seed, ctx.index, it, self.n_c)
+                    flat = torch.cat([p.detach().reshape(-1) for p in params])  # a copy: training goes on
+                    ckpt = [tr.isend(flat, self.conv_ranks[holder], tag=TAG_CKPT, kind="fc_checkpoint", iteration=it)]
+        tr.wait_all(ckpt)
+        if ctx.index == 0 and not self.emulated:
+            self._send_fc(ctx.iterations - 1, params)
+
+    def _fc_step(self, it: int, fc_layers, acts, labels) -> tuple[torch.Tensor, float]:
+        """Real compute on an FC worker: forward and backward of the FC layers over the
+        group's activations; returns the activations' gradient ``(g*K, *split_shape)`` and the
+        group's mean loss."""
+        ctx, ev, s = self.ctx, self.ctx.events, self.split
+        a = torch.cat(acts).requires_grad_(True)
+        y = torch.cat(labels)
+        for layer in fc_layers:
+            layer.zero_grad(set_to_none=True)
+        h = a
+        for l, layer in enumerate(fc_layers):
+            ts, t0 = time.time(), time.perf_counter()
+            h = layer(h)
+            ev.record("forward", ts, time.perf_counter() - t0, iteration=it, layer=s + l)
+        loss = ctx.model.loss(h, y)
+        with ev.span("backward", iteration=it, layer=s):
+            (loss * (len(acts) / self.n_c)).backward()
+        return a.grad, float(loss.detach())
+
+    def _send_fc(self, it: int, params) -> None:
+        """FC worker 0: send the FC parameters to CONV worker 0 (§5.3's copy of the FC
+        parameters on a CONV worker; here also what worker 0 evaluates with)."""
+        tr = self.ctx.transport
+        for p in params:
+            tr.send(p.data, self.conv_ranks[0], tag=TAG_SYNC, kind="fc_sync", iteration=it)
+
+    # ---------------------------------------------------------------- results
+
+    def final_state(self) -> dict | None:
+        """CONV worker 0 in real compute: the whole model; other CONV workers: the CONV
+        layers; FC workers: the FC layers (state-dict keys of the full model)."""
+        L = len(self.ctx.model.layers)
+        if self.ctx.role == "fc":
+            return self._state(self.split, L)
+        if self.ctx.index == 0 and not self.emulated:
+            return self._state(0, L)
+        return self._state(0, self.split)
