@@ -50,7 +50,9 @@ does not schedule by it, the field lets plots compare with ``p3``).
 
 Subclasses (``p3``) change the cut of keys (:meth:`ParameterServer._make_shards`), the
 message kinds, the worker's send path (:meth:`ParameterServer._submit_push`) and the
-server's processing order (:meth:`ParameterServer._aggregated`).
+server's processing order (:meth:`ParameterServer._aggregated`); ``ibatch`` changes how
+updated shards reach the workers (:meth:`ParameterServer._publish`, ``_round_start``,
+``_round_end``: answered pull requests instead of unasked sends).
 """
 from __future__ import annotations
 
@@ -297,6 +299,7 @@ class ParameterServer(Scheme):
         ev.instant("server_keys", shards=[s.id for s in self.mine], numel=sum(s.numel for s in self.mine))
         for it in range(ctx.iterations):
             ctx.maybe_crash(it)
+            self._round_start(it)
             sends = []
             for i in self._aggregated(it):
                 s = self.mine[i]
@@ -307,10 +310,22 @@ class ParameterServer(Scheme):
                     g /= W
                     self.values[i].grad = g
                     opts[i].step()
-                v = self.values[i].detach()
-                sends += [tr.isend(v, wr, tag=s.id, kind=self.pull_kind, **self._fields(it, s))
-                          for wr in self.worker_ranks]
+                sends += self._publish(it, i)
             tr.wait_all(sends)  # before the next round changes the values in place
+            self._round_end(it)
+
+    def _round_start(self, it: int) -> None:
+        """Server hook at the start of round ``it``, before any push is received (ps: nothing)."""
+
+    def _publish(self, it: int, i: int) -> list[Pending]:
+        """Server hook: shard ``self.mine[i]`` was just updated in round ``it``; returns the
+        sends to wait for before the next round (ps: send it unasked to every worker)."""
+        s, v = self.mine[i], self.values[i].detach()
+        return [self.ctx.transport.isend(v, wr, tag=s.id, kind=self.pull_kind, **self._fields(it, s))
+                for wr in self.worker_ranks]
+
+    def _round_end(self, it: int) -> None:
+        """Server hook after round ``it``'s sends completed, before the next round's updates (ps: nothing)."""
 
     def final_state(self) -> dict | None:
         """Workers: the model's state dict. Servers: ``{"<param>[lo:hi]": shard values (1-D)}``."""
