@@ -1,0 +1,319 @@
+"""PHub: chunk mapping, equivalence with the reference, hierarchical cross-rack bytes, tokens.
+
+End-to-end cases run ``digits_mlp`` (keys of 32768, 512, 262144, 512, 5120, 10 elements) on
+loopback (real gloo) for a few iterations and compare every worker's final parameters with a
+single process trained on the same global batches (:mod:`traffic.reference`): PHub is a
+synchronous PS, so they must agree to float tolerance, whatever the chunking, threads,
+server processes, hierarchy or tenancy.
+
+* **Chunk -> (interface, thread) is fixed** (phub.txt Sec. 3.2.4): from the servers' events,
+  every ``push`` received for a chunk, in every iteration and from every worker, is received
+  by the same server process on the same thread (``srv<t>``), the one :func:`assign_chunks`
+  gives it; and every worker sends each chunk to that process.
+* **Hierarchical reduction moves 1/N of the flat cross-rack bytes** (Sec. 3.4): two racks of
+  N = 2 workers, one PBox per rack. Cross-rack bytes are counted from the events: every
+  transfer a process sent (``dir`` tx) during training to a process on a host of another
+  rack (hosts from ``processes.json``, racks as ``run_local`` fakes them: ``h1, h2`` rack 0,
+  ``h3, h4`` rack 1, ``ps1`` rack 0, ``ps2`` rack 1). Flat: a worker's push and the reply
+  of each chunk held by the other rack's PBox (payload + 8 bytes of metadata each way).
+  Hierarchical: the two PBoxes' ring transfers, ``2(R-1) = 2`` blocks summing to one chunk
+  per PBox. Both are checked exactly, and their ratio is 1/N up to the metadata.
+* **Wrong token** (Sec. 3.1): two jobs of two workers share the server; worker 4 intrudes
+  on job 0 with a made-up token. Each server counts one refused connection and one refused
+  push per job-0 chunk it owns per iteration; both jobs still equal the 2-worker reference
+  (nothing of the intruder was applied) and the intruder, refused every pull, ends with its
+  initial parameters.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from testbed.errors import SpecError
+from testbed.spec import from_dict
+from traffic.models import build_model
+from traffic.reference import reference_train
+from traffic.runtime.events import read_events
+from traffic.runtime.local import local_hosts, run_local
+from traffic.schemes import HostInfo, get_scheme
+from analysis.models.phub import (PAPER_TABLE2, bandwidth_lower_bounds, cross_rack_bytes, hierarchical_pays,
+                                  hierarchical_terms, table2)
+from traffic.schemes.phub import META, assign_chunks, job_groups, lpt
+
+ITERS, BATCH = 3, 16
+NUMELS = [32768, 512, 262144, 512, 5120, 10]   # digits_mlp's keys
+OPT = {"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-4}
+
+
+# ----------------------------------------------------------------------------- pure functions
+
+
+def test_lpt_is_balanced_and_deterministic():
+    sizes = [8192] * 37 + [5120, 512, 512, 10]
+    bins = lpt(sizes, 3)
+    loads = [sum(s for s, b in zip(sizes, bins) if b == k) for k in range(3)]
+    assert max(loads) - min(loads) <= max(sizes)          # LPT: within one item of each other
+    assert max(loads) <= 4 / 3 * (sum(sizes) / 3) + 1      # Graham's 4/3 bound against the mean
+    assert lpt(sizes, 3) == bins
+    with pytest.raises(ValueError):
+        lpt(sizes, 0)
+
+
+def test_assign_chunks_cover_balance_and_namespaces():
+    ch = assign_chunks(NUMELS, 8192, interfaces=3, threads=2, jobs=2)
+    per_job = len(ch) // 2
+    assert [c.id for c in ch] == list(range(len(ch)))
+    assert all(0 < c.numel <= 8192 for c in ch)
+    for g in range(2):
+        mine = ch[g * per_job:(g + 1) * per_job]
+        assert all(c.job == g and c.local == i for i, c in enumerate(mine))
+        for k, n in enumerate(NUMELS):   # every element of every key in exactly one chunk
+            cover = [(c.lo, c.hi) for c in mine if c.key == k]
+            assert cover[0][0] == 0 and cover[-1][1] == n and all(a[1] == b[0] for a, b in zip(cover, cover[1:]))
+    load = {}
+    for c in ch:
+        load[(c.server, c.thread)] = load.get((c.server, c.thread), 0) + c.numel
+    assert set(load) == {(i, t) for i in range(3) for t in range(2)}
+    iface = [sum(v for (i, _), v in load.items() if i == k) for k in range(3)]
+    assert max(iface) - min(iface) <= 8192
+    assert ch == assign_chunks(NUMELS, 8192, interfaces=3, threads=2, jobs=2)   # fixed at initialisation
+    with pytest.raises(ValueError):
+        assign_chunks(NUMELS, 0, 1, 1)
+
+
+def test_job_groups():
+    assert job_groups(4, 2) == [[0, 1], [2, 3]]
+    assert job_groups(5, 2, intruder=4) == [[0, 1], [2, 3]]
+    assert job_groups(5, 2, intruder=0) == [[1, 2], [3, 4]]
+    with pytest.raises(ValueError):
+        job_groups(5, 2)
+    with pytest.raises(ValueError):
+        job_groups(4, 1, intruder=7)
+
+
+def test_options_are_validated():
+    ok = {"chunk_bytes": 4 << 20, "server_threads": 3, "hierarchical": "auto", "jobs": 2, "overlap": False}
+    from_dict({"topology": {"kind": "rack", "racks": 1, "hosts_per_rack": 4},
+               "workload": {"scheme": "phub", "options": ok}})
+    for bad in ({"chunk_bytes": 6}, {"chunk_bytes": 0}, {"server_threads": 0}, {"hierarchical": "yes"},
+                {"jobs": 0}, {"bad_token_worker": -1}, {"slice_params": 5}):
+        key = next(iter(bad))
+        with pytest.raises(SpecError, match=f"workload.options.{key}"):
+            from_dict({"workload": {"scheme": "phub", "options": bad}})
+
+
+def test_plan_pbox_runs_one_server_per_interface():
+    phub = get_scheme("phub")
+    w = from_dict({"workload": {"scheme": "phub", "servers": {"count": 1, "placement": "dedicated"}}}).workload
+    if not hasattr(w.servers, "interfaces"):
+        w.servers.interfaces = 3   # the harness field, set by hand where the spec has none yet
+    else:
+        w = from_dict({"workload": {"scheme": "phub", "servers": {"count": 1, "placement": "dedicated",
+                                                                   "interfaces": 3}}}).workload
+    hosts = [HostInfo(f"h{i + 1}", 0) for i in range(4)] + [HostInfo("ps1", 0, "server")]
+    plan = phub.plan(w, hosts)
+    assert [(p.name, p.host, p.iface) for p in plan if p.role == "server"] == \
+        [("server0", "ps1", 0), ("server1", "ps1", 1), ("server2", "ps1", 2)]
+    assert [p.host for p in plan if p.role == "worker"] == ["h1", "h2", "h3", "h4"]
+    # hierarchical needs one server host per rack with workers
+    w2 = from_dict({"workload": {"scheme": "phub", "options": {"hierarchical": True},
+                                 "servers": {"count": 1, "placement": "dedicated"}}}).workload
+    hosts2 = [HostInfo(f"h{i + 1}", i // 2) for i in range(4)] + [HostInfo("ps1", 0, "server")]
+    with pytest.raises(SpecError, match="workload.servers"):
+        phub.plan(w2, hosts2)
+    w3 = from_dict({"workload": {"scheme": "phub", "options": {"jobs": 3}}}).workload
+    with pytest.raises(SpecError, match="workload.options.jobs"):
+        phub.plan(w3, hosts)
+
+
+def test_table2_bounds_follow_figure4():
+    b = bandwidth_lower_bounds(1e9 / 8, 1.0, 8)     # M = 1 Gbit, T = 1 s, N = 8
+    assert b == {"CC": 14e9, "CS": 3.5e9, "NCC": 16e9, "NCS": 2e9}
+    rows = {r["network"]: r for r in table2(workers=8)}
+    for net, paper in PAPER_TABLE2.items():
+        r = rows[net]
+        # the column ratios are Table 2's exactly; the values within 11 % (AlexNet: M, T of Table 3)
+        assert r["CC"] / r["NCC"] == pytest.approx(7 / 8) and r["CS"] / r["CC"] == pytest.approx(1 / 4)
+        assert r["NCS"] / r["NCC"] == pytest.approx(1 / 8)
+        for cfg in ("CC", "NCC"):
+            assert r[cfg] == pytest.approx(paper[cfg], rel=0.11)
+    with pytest.raises(ValueError):
+        bandwidth_lower_bounds(1, 0, 8)
+
+
+def test_hierarchical_inequality():
+    # 2 racks of N = 4 workers at 10, PBox of 4 interfaces (40), uplink 40 / oversubscription
+    t = hierarchical_terms(b_pbox=40, b_core=40, b_wkr=10, racks=2, n=4)
+    assert (t.flat_cross_rack, t.c, t.two_level) == pytest.approx((4 / 80, 1 / 80, 0.1 + 1 / 80))
+    assert not t.pays
+    assert not hierarchical_pays(40, 20, 10, 2, 4)                 # 2:1: 0.1 < 0.125
+    assert hierarchical_pays(40, 40 / 3, 10, 2, 4)                 # 3:1: 0.15 > 0.1375
+    assert hierarchical_pays(40, 40 / 3, 10, 2, 4, c=0.05) is False
+    assert hierarchical_pays(4e10, 4e10 / 3, 1e10, 2, 4)           # unit-free
+    assert cross_rack_bytes(100, 3, 4, True) / cross_rack_bytes(100, 3, 4, False) == 1 / 4
+    with pytest.raises(ValueError):
+        hierarchical_terms(0, 1, 1, 2, 2)
+
+
+def test_hierarchical_auto_decides_from_the_spec_bandwidths():
+    from types import SimpleNamespace
+    PHub = get_scheme("phub")
+    for oversub, expected in ((1, False), (2, False), (3, True)):   # see test_hierarchical_inequality
+        spec = from_dict({"topology": {"kind": "rack_core", "racks": 2, "hosts_per_rack": 4,
+                                       "host_bw_mbps": 10000, "oversubscription": oversub}})
+        fake = SimpleNamespace(opts={"hierarchical": "auto"}, pboxes=[[4], [5]], ctx=SimpleNamespace(spec=spec))
+        assert PHub._decide_hierarchical(fake, racks_with_workers=2, per_rack=4, k=4) is expected
+    fake.opts = {"hierarchical": True}
+    assert PHub._decide_hierarchical(fake, 1, 4, 4) is True
+
+
+# ----------------------------------------------------------------------------- end to end
+
+
+def _experiment(options, servers, racks=1, per_rack=4, workers=0):
+    topo = ({"kind": "rack", "racks": 1, "hosts_per_rack": per_rack} if racks == 1 else
+            {"kind": "rack_core", "racks": racks, "hosts_per_rack": per_rack})
+    w = {"scheme": "phub", "workers": workers, "iterations": ITERS, "warmup_iterations": 1, "batch_size": BATCH,
+         "eval_every": 2, "save_params": True, "seed": 3, "servers": servers, "optimizer": OPT, "options": options}
+    return from_dict({"topology": topo, "workload": w, "run": {"timeout_s": 120}})
+
+
+def _assert_equal(state, ref, what):
+    assert set(state) == set(ref)
+    for k in ref:
+        torch.testing.assert_close(state[k], ref[k], rtol=1e-4, atol=1e-5, msg=f"{what} {k}")
+
+
+def _procs(run_dir):
+    return json.loads((run_dir / "processes.json").read_text())["processes"]
+
+
+def _check_mapping(run_dir, exp):
+    """Every chunk is received by one fixed (server process, thread) of each PBox (host) in
+    every iteration; returns ``{(host, chunk id): (server index, thread name)}``."""
+    procs = _procs(run_dir)
+    servers = [p for p in procs if p["role"] == "server"]
+    seen: dict[int, set] = {}
+    for s in servers:
+        for e in read_events(run_dir / "events" / f"{s['name']}.jsonl"):
+            if e["kind"] == "push" and e.get("dir") == "rx" and e["iteration"] >= 0:
+                seen.setdefault((s["host"], e["chunk"]), set()).add((s["index"], e["thread"], e["iteration"]))
+                assert e["thread"] == f"srv{e['server_thread']}"
+    placed = {c: {(i, t) for i, t, _ in v} for c, v in seen.items()}
+    assert all(len(v) == 1 for v in placed.values()), placed
+    iters = {c: {it for _, _, it in v} for c, v in seen.items()}
+    assert all(v == set(range(ITERS)) for v in iters.values())
+    return {c: next(iter(v)) for c, v in placed.items()}
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return reference_train(_experiment({}, {"count": 1}).workload, 4)
+
+
+CASES = {
+    # PBox: one non-colocated central server host (NCC) with 3 interfaces -> 3 server
+    # processes x 2 threads, PHub's 32 KB chunks
+    "pbox": ({"server_threads": 2}, {"config": "NCC", "interfaces": 3}),
+    # colocated sharded (CS, "PShard"): 4 server processes x 3 threads, 8 KB chunks, bulk push_pull
+    "cs-bulk": ({"server_threads": 3, "chunk_bytes": 8192, "overlap": False}, {"count": 0}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_matches_reference_and_fixed_mapping(case, tmp_path, reference):
+    options, servers = CASES[case]
+    exp = _experiment(options, servers)
+    run_dir = run_local(exp, tmp_path / case)
+    for w in range(4):
+        _assert_equal(torch.load(run_dir / "params" / f"worker{w}.pt"), reference, f"{case} worker{w}")
+    placed = _check_mapping(run_dir, exp)
+    n_servers = servers.get("interfaces", 1) if servers.get("config") == "NCC" else 4
+    chunks = assign_chunks(NUMELS, options.get("chunk_bytes", 32768) // 4, n_servers, options["server_threads"])
+    host = servers.get("config") == "NCC" and "ps1"
+    assert {c: v for (_, c), v in placed.items()} == {c.id: (c.server, f"srv{c.thread}") for c in chunks}
+    if host:
+        assert {h for h, _ in placed} == {host}
+    ranks = {p["index"]: p["rank"] for p in _procs(run_dir) if p["role"] == "server"}
+    for w in range(4):   # every push of a chunk goes to its server process, with the token's 8 bytes
+        pushes = [e for e in read_events(run_dir / "events" / f"worker{w}.jsonl")
+                  if e["kind"] == "push" and e["iteration"] >= 0]
+        assert len(pushes) == ITERS * len(chunks)
+        assert all(e["peer"] == ranks[chunks[e["chunk"]].server] for e in pushes)
+        assert all(e["bytes"] == 4 * (chunks[e["chunk"]].numel + META) for e in pushes)
+
+
+def _cross_rack_bytes(run_dir, exp) -> int:
+    rack = {h.name: h.rack for h in local_hosts(exp)}
+    procs = _procs(run_dir)
+    rack_of = {p["rank"]: rack[p["host"]] for p in procs}
+    total = 0
+    for p in procs:
+        for e in read_events(run_dir / "events" / f"{p['name']}.jsonl"):
+            if e.get("dir") == "tx" and (e["iteration"] if e["iteration"] is not None else -1) >= 0 and rack_of[e["peer"]] != rack_of[p["rank"]]:
+                total += e["bytes"]
+    return total
+
+
+def test_hierarchical_matches_reference_and_cuts_cross_rack_bytes(tmp_path, reference):
+    servers = {"count": 1, "placement": "dedicated", "scope": "per_rack"}
+    runs = {}
+    for hier in (False, True):
+        exp = _experiment({"hierarchical": hier, "server_threads": 2}, servers, racks=2, per_rack=2)
+        run_dir = run_local(exp, tmp_path / f"hier-{hier}")
+        for w in range(4):
+            _assert_equal(torch.load(run_dir / "params" / f"worker{w}.pt"), reference, f"hier={hier} worker{w}")
+        res = [json.loads((run_dir / "results" / f"server{s}.json").read_text()) for s in range(2)]
+        assert all(r["hierarchical"] is hier for r in res)
+        runs[hier] = (run_dir, exp)
+    flat_chunks = assign_chunks(NUMELS, 8192, 2, 2)     # flat: chunks over both PBoxes
+    hier_chunks = assign_chunks(NUMELS, 8192, 1, 2)     # hierarchical: every PBox has all chunks
+    N = 2
+    # flat: the other rack's N workers push each chunk and get it back (payload + metadata)
+    flat_expected = ITERS * sum(2 * N * 4 * (c.numel + META) for c in flat_chunks)
+    # hierarchical: each of the R = 2 PBoxes sends 2(R-1)/R of each chunk in the ring
+    hier_expected = ITERS * sum(2 * 4 * c.numel for c in hier_chunks)
+    flat = _cross_rack_bytes(*runs[False])
+    hier = _cross_rack_bytes(*runs[True])
+    assert flat == flat_expected
+    assert hier == hier_expected
+    assert hier / flat == pytest.approx(1 / N, rel=1e-3)
+    placed = _check_mapping(*runs[True])   # each PBox: chunk -> (its interface process, thread)
+    assert placed == {(f"ps{r + 1}", c.id): (r, f"srv{c.thread}") for r in range(2) for c in hier_chunks}
+    ring = [e for e in read_events(runs[True][0] / "events" / "server0.jsonl")
+            if e["kind"] in ("reduce_scatter", "all_gather") and e.get("dir") == "tx"]
+    assert len(ring) == ITERS * 2 * len(hier_chunks) and all(e["thread"].startswith("srv") for e in ring)
+
+
+def test_jobs_and_wrong_token_rejected(tmp_path):
+    exp = _experiment({"jobs": 2, "bad_token_worker": 4, "server_threads": 2},
+                      {"count": 2, "placement": "dedicated"}, per_rack=5)
+    run_dir = run_local(exp, tmp_path / "tenants")
+    ref2 = reference_train(exp.workload, 2)
+    for w in range(4):   # both jobs train as the 2-worker reference: nothing of the intruder applied
+        _assert_equal(torch.load(run_dir / "params" / f"worker{w}.pt"), ref2, f"worker{w}")
+    init = build_model("digits_mlp", 3, (64,), 10).state_dict()
+    _assert_equal(torch.load(run_dir / "params" / "worker4.pt"), init, "intruder")
+    intruder = json.loads((run_dir / "results" / "worker4.json").read_text())
+    chunks = assign_chunks(NUMELS, 8192, 2, 2, jobs=2)
+    job0 = [c for c in chunks if c.job == 0]
+    assert intruder["rejected_pulls"] == ITERS * len(job0) and intruder["job"] is None
+    for s in range(2):
+        res = json.loads((run_dir / "results" / f"server{s}.json").read_text())
+        own0 = [c for c in job0 if c.server == s]
+        assert res["rejected_connects"] == 1
+        assert res["rejected_pushes"] == ITERS * len(own0)
+        rejects = [e for e in read_events(run_dir / "events" / f"server{s}.jsonl") if e["kind"] == "reject"]
+        assert {e["peer"] for e in rejects} == {4} and all(e["job"] == 0 for e in rejects)
+        # the server holds both jobs' namespaces, each equal to the reference's slice
+        state = torch.load(run_dir / "params" / f"server{s}.pt")
+        assert {k.split("/")[0] for k in state} == {"job0", "job1"}
+        for k, v in state.items():
+            name, rng = k.split("/")[1].split("[")
+            lo, hi = map(int, rng.rstrip("]").split(":"))
+            torch.testing.assert_close(v, ref2[name].view(-1)[lo:hi], rtol=1e-4, atol=1e-5)
+    for w in range(4):
+        r = json.loads((run_dir / "results" / f"worker{w}.json").read_text())
+        assert r["job"] == w // 2 and r["job_workers"] == 2 and r["job_samples_per_s"] > 0

@@ -1,0 +1,715 @@
+"""PHub (``phub``): a rack-scale parameter server, PHub paper (Luo et al., SoCC 2018), Sec. 3.
+
+A parameter server (:class:`~traffic.schemes.ps.ParameterServer`: workers push gradients,
+servers average them, apply ``torch.optim.SGD`` and send the new parameters back) with PHub's
+software design on top of any PS placement (``workload.servers``: CC, CS, NCC, NCS, phub.txt
+Sec. 2.1 and Fig. 4). A *PBox* (Sec. 3.3) is a dedicated server host with ``k`` interfaces to
+its ToR (``workload.servers.interfaces``); the PBox runs one server process per interface
+(gloo binds one interface per process), each with ``server_threads`` aggregation threads.
+
+* **Fine-grained key chunking** (Sec. 3.2.3): every key (parameter tensor) is cut into
+  *chunks* of ``chunk_bytes`` (option, default 32 KB, PHub's default; MXNet uses 4 MB), the
+  last chunk of a key holding the rest. Chunking is on even with a single central server.
+* **Mapping a chunk to an interface and a core** (Sec. 3.2.4): at initialisation every chunk
+  is given a server process (interface) and, within it, a server thread, by Graham's
+  longest-processing-time-first rule on the chunks' bytes at each level (interfaces, then
+  the threads of each interface), a 4/3-approximation of the balanced set partition the
+  paper uses (:func:`assign_chunks`). A chunk is always pushed to, aggregated, optimized and
+  sent back by that same (process, thread).
+* **Tall aggregation** (Sec. 3.2.2, Fig. 7): each server thread owns its chunks; it adds a
+  worker's copy of a chunk into the chunk's aggregation buffer as soon as the copy is in
+  (copies already received are added first), and once every worker's copy is in, the same
+  thread averages, applies the optimizer to the chunk and sends it back to every worker at
+  once. Threads never synchronize with each other; chunks of different keys and threads
+  are aggregated while other chunks are still arriving. A thread keeps the receives of its
+  next chunks posted ahead (``RECV_WINDOW_BYTES`` = 64 MB of copies), so a push rarely
+  waits for its receive while the server's memory stays bounded.
+* **Fused push_pull** (Sec. 3.1): a worker's push of a chunk is answered by the chunk's new
+  values; there is no pull request. The worker posts the receive of the new values before it
+  pushes. With ``overlap`` (default true: MXNet's eager scheduling, as the paper ran PHub
+  inside MXNet) a layer's chunks are pushed as soon as its backward is done and the
+  forward pass waits, layer by layer, only for that layer's chunks; ``overlap: false`` pushes
+  and pulls everything after the backward pass.
+* **Multi-tenancy and access control** (Sec. 3.1): option ``jobs`` splits the workers into
+  equal groups (``worker0..``: job 0 first), each an independent training job with its own
+  *key namespace* (its own chunks, tags, values and optimizer state on the servers) and a
+  per-job *token*: the job's first worker (``CreateService``) draws a random 63-bit token,
+  gives it to the job's workers and registers ``(job, token)`` with every server process.
+  Every worker then connects (``ConnectService``) to each server process it uses, naming its
+  namespace and presenting the token, and every push carries the token in 8 bytes of
+  metadata after the chunk's payload (PHub carries its metadata with each message, Sec.
+  3.2.1). A push whose token is wrong is *rejected*: counted, logged (event ``reject``), not
+  aggregated, and answered with a rejection status instead of the parameters, so a pull with
+  a wrong token gets nothing either. Option ``bad_token_worker: j`` (tests) makes worker
+  ``j`` an intruder outside every job that connects to job 0's namespace with a token it
+  made up and pushes its gradients there; the servers listen to it (a transport message must
+  be received to be refused), reject each push, and job 0 trains exactly as without it.
+  Each job trains the model from the same seed on global batches of its own ``m`` workers
+  (``traffic.data.GlobalBatches`` with ``m`` workers), so job ``g`` equals the
+  single-process reference of ``m`` workers.
+* **Hierarchical reduction** (Sec. 3.4, Fig. 10): option ``hierarchical: true`` with one
+  PBox per rack (``servers: {placement: dedicated, scope: per_rack, count: 1}``): each
+  worker pushes to its own rack's PBox; each PBox sums its rack's copies of a chunk; the
+  PBox processes of the same interface index in every rack then sum their partial sums with
+  a ring allreduce over point-to-point transfers (:func:`traffic.collectives.ring
+  .ring_allreduce`: reduce-scatter then all-gather, the "widely used ring reduction" of Sec.
+  4.8), run by the chunk's thread; each PBox then averages, applies the optimizer (every
+  PBox holds an identical replica of the model) and sends the chunk to its own rack's
+  workers. Cross-rack traffic drops to ``1/N`` of the flat scheme's with ``N`` workers per
+  rack, at the cost of ``2(R-1)`` extra ring steps. ``hierarchical: auto`` uses it when the
+  inequality of Sec. 3.4 (:func:`analysis.models.phub.hierarchical_pays`) holds for the
+  spec's bandwidths; ``false`` (default) is the flat scheme: chunks spread over every server
+  process of every PBox (an array of sharded PSs).
+
+Server processes and tags: chunk ``c`` of job ``g`` has the global id ``c.id = g * n + i``
+(``n`` chunks per namespace), the tag of its push, pull and init messages; ring step ``s``
+of chunk ``c`` uses tag ``RING_TAG + c.id * 2(R-1) + s``.
+
+Events (each with ``iteration``, ``layer``, ``key``, ``chunk``/``shard``/``slice`` (the
+chunk id), ``job``, ``iface`` (the chunk's interface index), ``server_thread``,
+``priority``, ``bytes``): workers ``push`` (dir tx, on the ``comm`` thread) and ``pull``
+(dir rx); servers ``push`` (dir rx) and ``pull`` (dir tx) on thread ``srv<t>``, ``update``
+(span of average + optimizer step), ``reject`` (instant: ``op`` push or connect, ``peer``),
+and with hierarchical reduction the ring's ``reduce_scatter``/``all_gather`` transfers.
+Set-up messages: ``token``, ``create_service``, ``connect``, ``init``.
+
+Results (``results/<proc>.json``): workers ``job``, ``job_workers``, ``job_samples_per_s``
+(the job's global batch over the mean iteration period after warm-up, in the emulated
+network's time), ``rejected_pulls``; servers ``rejected_pushes``, ``rejected_connects``,
+``chunks``, ``chunk_bytes``, ``hierarchical``.
+"""
+from __future__ import annotations
+
+import heapq
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+
+from testbed.errors import SpecError
+from traffic.collectives.ring import ring_allreduce
+from traffic.runtime.transport import Pending
+from traffic.runtime.trainer import make_optimizer
+from traffic.schemes.base import HostInfo, ProcessPlan, register
+from traffic.schemes.ps import ParameterServer, Shard
+
+if TYPE_CHECKING:  # pragma: no cover
+    from testbed.spec import Experiment, WorkloadSpec
+
+__all__ = ["CHUNK_BYTES", "Chunk", "assign_chunks", "lpt", "job_groups", "host_racks", "PHub"]
+
+CHUNK_BYTES = 32 * 1024      # PHub's default chunk size (Sec. 3.2.3)
+ELEMENT_BYTES = 4            # float32
+META = 2                     # float32 slots after a chunk's payload: the token (int64 bits) or a status
+ACCEPTED, REJECTED = 1, 0    # reply status
+RING_TAG = 1 << 29           # hierarchical ring steps
+SETUP_TAG = 1 << 30          # token / create_service / connect messages
+RECV_WINDOW_BYTES = 64 << 20  # receive buffers a server thread keeps posted ahead (all workers' copies)
+
+
+@dataclass(frozen=True)
+class Chunk(Shard):
+    """A chunk ``[lo, hi)`` of the flattened key ``key`` of job ``job``'s namespace.
+
+    ``server`` is the chunk's interface (server process index: among all server processes
+    in the flat scheme, among one PBox's processes with hierarchical reduction), ``thread``
+    its server thread within that process, ``local`` its index within the namespace; ``id``
+    (``job * chunks_per_job + local``) is the tag of its messages.
+    """
+    thread: int = 0
+    job: int = 0
+    local: int = 0
+
+
+def lpt(sizes: Sequence[int], bins: int) -> list[int]:
+    """Graham's longest-processing-time-first partition: item ``i`` (``sizes[i]``) -> bin.
+
+    Items are taken largest first (ties: lower index first) and each goes to the bin with
+    the least total so far (ties: lower bin). The largest bin total is at most 4/3 of the
+    optimum (Graham 1969; the "4/3 approximation set partition algorithm" of phub.txt
+    Sec. 3.2.4).
+
+    Raises:
+        ValueError: ``bins`` < 1.
+    """
+    if bins < 1:
+        raise ValueError(f"need at least one bin, got {bins}")
+    heap = [(0, b) for b in range(bins)]
+    out = [0] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        load, b = heapq.heappop(heap)
+        out[i] = b
+        heapq.heappush(heap, (load + int(sizes[i]), b))
+    return out
+
+
+def assign_chunks(numels: Sequence[int], chunk_elems: int, interfaces: int, threads: int,
+                  names: Sequence[str] | None = None, jobs: int = 1) -> list[Chunk]:
+    """Cut keys into chunks and map each chunk to an (interface, thread), phub.txt Sec. 3.2.4.
+
+    Args:
+        numels: elements of each key, in key order.
+        chunk_elems: maximum elements per chunk (``chunk_bytes / 4``).
+        interfaces: server processes to spread the chunks over (>= 1).
+        threads: server threads per process (>= 1).
+        names: the keys' names (default ``"key<i>"``).
+        jobs: namespaces; every job has the same keys (the same model), cut the same way.
+
+    Returns:
+        Chunks ordered by job, key, offset (``id`` = position). Interfaces are balanced by
+        bytes over all jobs' chunks with :func:`lpt`, then each interface's chunks over its
+        threads with :func:`lpt`.
+
+    Raises:
+        ValueError: ``chunk_elems``, ``interfaces``, ``threads`` or ``jobs`` < 1.
+    """
+    if min(chunk_elems, interfaces, threads, jobs) < 1:
+        raise ValueError(f"chunk_elems ({chunk_elems}), interfaces ({interfaces}), threads ({threads}) "
+                         f"and jobs ({jobs}) must be >= 1")
+    names = list(names) if names is not None else [f"key{k}" for k in range(len(numels))]
+    cuts = [(k, lo, min(lo + chunk_elems, int(n))) for k, n in enumerate(numels)
+            for lo in range(0, int(n), chunk_elems)]
+    n = len(cuts)
+    sizes = [hi - lo for _, lo, hi in cuts] * jobs
+    iface = lpt(sizes, interfaces)
+    thread = [0] * len(sizes)
+    for i in range(interfaces):
+        idx = [j for j in range(len(sizes)) if iface[j] == i]
+        for j, t in zip(idx, lpt([sizes[j] for j in idx], threads)):
+            thread[j] = t
+    return [Chunk(j, cuts[j % n][0], names[cuts[j % n][0]], iface[j], cuts[j % n][1], cuts[j % n][2],
+                  thread=thread[j], job=j // n, local=j % n) for j in range(len(sizes))]
+
+
+def job_groups(workers: int, jobs: int, intruder: int | None = None) -> list[list[int]]:
+    """Worker indices of each job: the workers other than ``intruder``, in index order, cut
+    into ``jobs`` contiguous groups of equal size.
+
+    Raises:
+        ValueError: the workers do not split into ``jobs`` equal non-empty groups, or
+            ``intruder`` is not a worker index.
+    """
+    if intruder is not None and not 0 <= intruder < workers:
+        raise ValueError(f"bad_token_worker {intruder} is not a worker index in [0, {workers})")
+    members = [w for w in range(workers) if w != intruder]
+    if jobs < 1 or not members or len(members) % jobs:
+        raise ValueError(f"{len(members)} workers do not split into {jobs} equal jobs")
+    m = len(members) // jobs
+    return [members[g * m:(g + 1) * m] for g in range(jobs)]
+
+
+def host_racks(exp: "Experiment") -> dict[str, int]:
+    """Rack of every host of the spec's topology (``h1..``, ``ps1..``: the names both the
+    Mininet topology and :func:`traffic.runtime.local.local_hosts` use)."""
+    from traffic.runtime.local import local_hosts
+    return {h.name: h.rack for h in local_hosts(exp)}
+
+
+def _interfaces(workload: "WorkloadSpec") -> int:
+    """``workload.servers.interfaces`` (1 if the spec has no such field)."""
+    return int(getattr(workload.servers, "interfaces", 1) or 1)
+
+
+def _token_meta(token: int) -> torch.Tensor:
+    """The 8 metadata bytes of a token (int64) as ``META`` float32 slots (bit pattern)."""
+    return torch.tensor([token], dtype=torch.int64).view(torch.float32)
+
+
+def _meta_value(buf: torch.Tensor) -> int:
+    """The int64 stored in the metadata slots at the end of ``buf``."""
+    return int(buf[-META:].view(torch.int64)[0])
+
+
+def _new_token() -> int:
+    """A random non-zero 63-bit token."""
+    while True:
+        t = int.from_bytes(os.urandom(8), "little") >> 1
+        if t:
+            return t
+
+
+class _JobShards:
+    """A job's global batches seen through the worker's index: ``shard(it, _)`` is shard
+    ``local`` of the job's own :class:`traffic.data.GlobalBatches` (the Trainer asks for its
+    global worker index)."""
+
+    def __init__(self, batches, local: int):
+        self.batches, self.local = batches, local
+
+    def shard(self, it: int, worker: int):
+        return self.batches.shard(it, self.local)
+
+    def __getattr__(self, name):
+        return getattr(self.batches, name)
+
+
+@register
+class PHub(ParameterServer):
+    """PHub: chunked, tall-aggregating, multi-tenant parameter server with optional
+    hierarchical cross-rack reduction (see the module docstring).
+
+    Options:
+        chunk_bytes: bytes per chunk (default 32768; a multiple of 4).
+        server_threads: aggregation threads per server process (default 2).
+        hierarchical: ``false`` (flat), ``true`` (one PBox per rack, ring across racks) or
+            ``auto`` (the inequality of phub.txt Sec. 3.4 decides).
+        jobs: training jobs sharing the servers (default 1).
+        bad_token_worker: index of an intruding worker with a wrong token (tests), or null.
+        overlap: push each layer as soon as its backward is done (default true).
+    """
+    name = "phub"
+    options = {"chunk_bytes": CHUNK_BYTES, "server_threads": 2, "hierarchical": False, "jobs": 1,
+               "bad_token_worker": None, "overlap": True}
+    push_kind = "push"
+    pull_kind = "pull"
+
+    # ---------------------------------------------------------------- harness side
+
+    @classmethod
+    def validate_options(cls, options: dict) -> None:
+        """Unknown keys and bad values.
+
+        Raises:
+            SpecError: naming ``workload.options.<key>`` and what is allowed.
+        """
+        super().validate_options(options)
+        o = {**cls.options, **options}
+
+        def positive_int(key):
+            v = o[key]
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise SpecError(f"workload.options.{key}", v, "an integer >= 1")
+        for key in ("chunk_bytes", "server_threads", "jobs"):
+            positive_int(key)
+        if o["chunk_bytes"] % ELEMENT_BYTES:
+            raise SpecError("workload.options.chunk_bytes", o["chunk_bytes"], "a multiple of 4 (float32 elements)")
+        if o["hierarchical"] not in (False, True, "auto"):
+            raise SpecError("workload.options.hierarchical", o["hierarchical"], "false, true or 'auto'")
+        b = o["bad_token_worker"]
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 0):
+            raise SpecError("workload.options.bad_token_worker", b, "null or a worker index >= 0")
+        if not isinstance(o["overlap"], bool):
+            raise SpecError("workload.options.overlap", o["overlap"], "true or false")
+
+    @classmethod
+    def plan(cls, workload: "WorkloadSpec", hosts: list[HostInfo]) -> list[ProcessPlan]:
+        """The PS plan (:meth:`Scheme.plan`), with every dedicated server host (a PBox) of
+        ``k = workload.servers.interfaces`` interfaces running ``k`` server processes, one
+        bound to each interface (``iface`` 0..k-1), numbered host by host.
+
+        Raises:
+            SpecError: workers that do not split into ``jobs`` equal jobs; a bad
+                ``bad_token_worker``; ``hierarchical: true`` without exactly one server host
+                per rack holding workers, or with ``bad_token_worker`` or several server
+                hosts of different interface counts.
+        """
+        procs = super().plan(workload, hosts)
+        kinds = {h.name: h.kind for h in hosts}
+        k = _interfaces(workload)
+        servers = [p for p in procs if p.role == "server"]
+        already = len({(p.host, p.iface) for p in servers}) > len({p.host for p in servers})
+        if k > 1 and not already:
+            expanded = []
+            for p in servers:
+                ifaces = range(k) if kinds.get(p.host) == "server" else [p.iface]
+                expanded += [(p.host, i) for i in ifaces]
+            servers = [ProcessPlan("server", j, h, i) for j, (h, i) in enumerate(expanded)]
+        workers = [p for p in procs if p.role == "worker"]
+        o = {**cls.options, **workload.options}
+        try:
+            job_groups(len(workers), int(o["jobs"]), o["bad_token_worker"])
+        except ValueError as e:
+            field = "workload.options.bad_token_worker" if o["bad_token_worker"] is not None else "workload.options.jobs"
+            raise SpecError(field, o[field.rsplit(".", 1)[1]], str(e)) from None
+        if o["hierarchical"] is True:
+            rack = {h.name: h.rack for h in hosts}
+            server_hosts = list(dict.fromkeys(p.host for p in servers))
+            worker_racks = sorted({rack[p.host] for p in workers})
+            if sorted(rack[h] for h in server_hosts) != worker_racks:
+                raise SpecError("workload.servers", f"server hosts {server_hosts}",
+                                "exactly one server host (PBox) in every rack with workers for "
+                                "hierarchical reduction: {placement: dedicated, scope: per_rack, count: 1}")
+            if o["bad_token_worker"] is not None:
+                raise SpecError("workload.options.bad_token_worker", o["bad_token_worker"],
+                                "null with hierarchical reduction")
+        return workers + servers
+
+    # ---------------------------------------------------------------- layout (every process)
+
+    @property
+    def overlapped(self) -> bool:
+        return bool(self.opts["overlap"])
+
+    def _decide_hierarchical(self, racks_with_workers: int, per_rack: int, k: int) -> bool:
+        """``hierarchical``: true/false as given; ``auto``: phub.txt Sec. 3.4's inequality
+        on the spec's bandwidths (B_Wkr = host link, B_PBox = k host links, B_Core = the
+        rack's uplink), with C for a ring across racks."""
+        h = self.opts["hierarchical"]
+        if h != "auto":
+            return bool(h)
+        if racks_with_workers < 2 or len(self.pboxes) != racks_with_workers:
+            return False
+        from analysis.models.phub import hierarchical_pays
+        t = self.ctx.spec.topology
+        return hierarchical_pays(b_pbox=k * t.host_bw_mbps, b_core=t.uplink_mbps(), b_wkr=t.host_bw_mbps,
+                                 racks=racks_with_workers, n=per_rack)
+
+    def _layout(self) -> None:
+        ctx = self.ctx
+        self.server_ranks = ctx.ranks("server")
+        self.worker_ranks = ctx.ranks("worker")
+        if not self.server_ranks or not self.worker_ranks:
+            raise RuntimeError(f"scheme {self.name} needs workers and servers; processes.json has "
+                               f"{len(self.worker_ranks)} workers, {len(self.server_ranks)} servers")
+        self.params = list(ctx.model.parameters())
+        self.key_layer = ctx.model.param_layers()
+        racks = host_racks(ctx.spec)
+        self.rack_of = {p["rank"]: racks[p["host"]] for p in ctx.processes}
+        # PBoxes: server processes grouped by host, in server index order
+        by_host: dict[str, list[int]] = {}
+        for r in self.server_ranks:
+            by_host.setdefault(ctx.proc_of(r)["host"], []).append(r)
+        self.pboxes = list(by_host.values())
+        W = len(self.worker_ranks)
+        self.intruder = self.opts["bad_token_worker"]
+        self.jobs = job_groups(W, int(self.opts["jobs"]), self.intruder)
+        worker_racks = [self.rack_of[r] for r in self.worker_ranks]
+        per_rack = max(worker_racks.count(r) for r in set(worker_racks))
+        k = len(self.pboxes[0])
+        self.hier = self._decide_hierarchical(len(set(worker_racks)), per_rack, k)
+        if self.hier:
+            if len({len(p) for p in self.pboxes}) != 1 or \
+                    sorted(self.rack_of[p[0]] for p in self.pboxes) != sorted(set(worker_racks)):
+                raise RuntimeError("hierarchical reduction needs one PBox (server host) per rack with workers, "
+                                   "all with the same number of interfaces")
+            self.pbox_of_rack = {self.rack_of[p[0]]: p for p in self.pboxes}
+        interfaces = k if self.hier else len(self.server_ranks)
+        named = list(ctx.model.named_parameters())
+        self.chunk_elems = int(self.opts["chunk_bytes"]) // ELEMENT_BYTES
+        self.shards = self.chunks = assign_chunks([p.numel() for _, p in named], self.chunk_elems, interfaces,
+                                                  int(self.opts["server_threads"]), [n for n, _ in named],
+                                                  jobs=len(self.jobs))
+        self.per_job = len(self.chunks) // len(self.jobs)
+
+    def _namespace(self, widx: int) -> int:
+        """Job (namespace) worker ``widx`` addresses: its own, or job 0 for the intruder."""
+        for g, members in enumerate(self.jobs):
+            if widx in members:
+                return g
+        return 0
+
+    def _job_chunks(self, g: int) -> list[Chunk]:
+        return self.chunks[g * self.per_job:(g + 1) * self.per_job]
+
+    def _server_of(self, c: Chunk, worker_rank: int) -> int:
+        """Global rank of the server process that serves chunk ``c`` to ``worker_rank``."""
+        if self.hier:
+            return self.pbox_of_rack[self.rack_of[worker_rank]][c.server]
+        return self.server_ranks[c.server]
+
+    def _servers_used(self, worker_rank: int) -> list[int]:
+        return list(self.pbox_of_rack[self.rack_of[worker_rank]]) if self.hier else list(self.server_ranks)
+
+    def _fields(self, it: int, s: Chunk) -> dict:
+        return {"iteration": it, "layer": self.key_layer[s.key], "key": s.key, "chunk": s.id, "shard": s.id,
+                "slice": s.id, "job": s.job, "iface": s.server, "server_thread": s.thread,
+                "priority": self.key_layer[s.key]}
+
+    # ---------------------------------------------------------------- worker
+
+    def setup(self) -> None:
+        """Lay out the chunks; CreateService (token) and ConnectService; initial values to
+        the servers; job-local batches."""
+        self._layout()
+        ctx, tr = self.ctx, self.ctx.transport
+        me = ctx.index
+        self.job = self._namespace(me)
+        self.is_intruder = me == self.intruder
+        members = self.jobs[self.job]
+        self.mine = self._job_chunks(self.job)
+        self.layer_chunks: list[list[Chunk]] = [[] for _ in ctx.model.layers]
+        for c in self.mine:
+            self.layer_chunks[self.key_layer[c.key]].append(c)
+        self._pulls: dict[int, list[tuple[Chunk, torch.Tensor, Pending]]] = {}
+        self.rejected_pulls = 0
+        self._starts: list[float] = []
+        # CreateService: the job's first worker draws the token, gives it to the job and the servers
+        tok = torch.zeros(2, dtype=torch.int64)
+        if self.is_intruder:
+            self.token = 0  # made up: real tokens are never 0
+        elif me == members[0]:
+            self.token = _new_token()
+            tok[:] = torch.tensor([self.job, self.token])
+            tr.wait_all([tr.isend(tok, self.worker_ranks[w], tag=SETUP_TAG, kind="token", job=self.job)
+                         for w in members[1:]] +
+                        [tr.isend(tok, s, tag=SETUP_TAG + 1, kind="create_service", job=self.job)
+                         for s in self.server_ranks])
+        else:
+            tr.recv(tok, self.worker_ranks[members[0]], tag=SETUP_TAG, kind="token", job=self.job)
+            self.token = int(tok[1])
+        self._meta = _token_meta(self.token)
+        # ConnectService: name the namespace and present the token to every server process used
+        hello = torch.tensor([self.job, self.token], dtype=torch.int64)
+        tr.wait_all([tr.isend(hello, s, tag=SETUP_TAG + 2, kind="connect", job=self.job)
+                     for s in self._servers_used(ctx.rank)])
+        # initial values: the job's first worker (per rack with hierarchical reduction) sends them
+        if not self.is_intruder:
+            my_rank = ctx.rank
+            same_rack = [w for w in members if not self.hier or
+                         self.rack_of[self.worker_ranks[w]] == self.rack_of[my_rank]]
+            if me == same_rack[0]:
+                flat = [p.data.view(-1) for p in self.params]
+                tr.wait_all([tr.isend(flat[c.key][c.lo:c.hi], self._server_of(c, my_rank), tag=c.id, kind="init",
+                                      **self._fields(-1, c)) for c in self.mine])
+        # data: the job's own global batches (a job of m workers trains as the reference of m)
+        if ctx.batches is not None and (len(self.jobs) > 1 or self.intruder is not None):
+            from traffic.data import GlobalBatches
+            m = len(members)
+            local = members.index(me) if me in members else 0
+            ctx.batches = _JobShards(GlobalBatches(ctx.data, ctx.workload.batch_size, m, ctx.workload.seed), local)
+
+    def on_iteration_start(self, it: int) -> None:
+        self._starts.append(time.perf_counter())
+
+    def _push_pull(self, it: int, chunks: list[Chunk]) -> list[tuple[Chunk, torch.Tensor, Pending]]:
+        """Fused push_pull of ``chunks``: post the receives of their new values, then queue one
+        comm job that pushes every chunk (payload + token) and waits for the sends."""
+        tr, me = self.ctx.transport, self.ctx.rank
+        pulls = []
+        for c in chunks:
+            buf = torch.empty(c.numel + META)
+            pulls.append((c, buf, tr.irecv(buf, self._server_of(c, me), tag=c.id, kind=self.pull_kind,
+                                           **self._fields(it, c))))
+        grads = [(c, self._grad_slice(c)) for c in chunks]
+
+        def push() -> None:
+            sends = []
+            for c, g in grads:
+                msg = torch.empty(c.numel + META)
+                msg[:c.numel].copy_(g)
+                msg[c.numel:].copy_(self._meta)
+                sends.append(tr.isend(msg, self._server_of(c, me), tag=c.id, kind=self.push_kind,
+                                      **self._fields(it, c)))
+            tr.wait_all(sends)
+        self.ctx.comm.submit(push)
+        return pulls
+
+    def _apply(self, pulls: list[tuple[Chunk, torch.Tensor, Pending]]) -> None:
+        """Wait for replies and copy accepted chunks into the model (a rejected reply carries
+        no parameters: the worker keeps its own)."""
+        for c, buf, p in pulls:
+            p.wait()
+            if _meta_value(buf) == ACCEPTED:
+                self.params[c.key].data.view(-1)[c.lo:c.hi].copy_(buf[:c.numel])
+            else:
+                self.rejected_pulls += 1
+
+    def after_backward(self, it: int, layer: int) -> None:
+        """Overlap: push_pull layer ``layer``'s chunks as soon as its gradients are ready."""
+        if self.overlapped and self.layer_chunks[layer]:
+            self._pulls[layer] = self._push_pull(it, self.layer_chunks[layer])
+
+    def before_forward(self, it: int, layer: int) -> None:
+        """Overlap: wait for layer ``layer``'s new values before its forward."""
+        if self.overlapped:
+            self._apply(self._pulls.pop(layer, []))
+
+    def _wait_pulls(self) -> None:
+        for layer in list(self._pulls):
+            self._apply(self._pulls.pop(layer))
+
+    def on_backward_end(self, it: int) -> None:
+        """Bulk: push_pull every chunk and wait. Overlap: as ``ps`` (wait before an evaluation)."""
+        if self.overlapped:
+            return super().on_backward_end(it)
+        self._apply(self._push_pull(it, self.mine))
+        self.ctx.comm.drain()
+
+    def finish(self) -> None:
+        """Wait for the last pulls; report the job's throughput and rejected pulls."""
+        self._wait_pulls()
+        self.ctx.comm.drain()
+        end = time.perf_counter()
+        w = self.ctx.workload
+        warm = min(w.warmup_iterations, len(self._starts) - 1)
+        members = self.jobs[self.job]
+        rate = None
+        if self._starts and end > self._starts[warm]:
+            period = (end - self._starts[warm]) / (len(self._starts) - warm) / self.ctx.spec.scale
+            rate = len(members) * w.batch_size / period
+        self.ctx.results.update(job=None if self.is_intruder else self.job, job_workers=len(members),
+                                job_samples_per_s=None if self.is_intruder else rate,
+                                rejected_pulls=self.rejected_pulls, intruder=self.is_intruder)
+
+    # ---------------------------------------------------------------- server
+
+    def run_server(self) -> None:
+        """Serve ``workload.iterations`` rounds of every own chunk (see the module docstring).
+
+        Raises:
+            RuntimeError / DistBackendError: a peer died or communication timed out; what a
+                server thread raised.
+        """
+        ctx = self.ctx
+        self._layout()
+        tr, ev = ctx.transport, ctx.events
+        me = ctx.rank
+        if self.hier:
+            box = next(p for p in self.pboxes if me in p)
+            my_iface = box.index(me)
+            my_rack = self.rack_of[me]
+        else:
+            my_iface, my_rack = ctx.index, None
+        # CreateService from each job's first worker; ConnectService from every worker served
+        tokens: dict[int, int] = {}
+        for g, members in enumerate(self.jobs):
+            t = torch.zeros(2, dtype=torch.int64)
+            tr.recv(t, self.worker_ranks[members[0]], tag=SETUP_TAG + 1, kind="create_service", job=g)
+            tokens[int(t[0])] = int(t[1])
+        served = [(w, r) for w, r in enumerate(self.worker_ranks) if not self.hier or self.rack_of[r] == my_rack]
+        self.senders: dict[int, list[int]] = {g: [] for g in range(len(self.jobs))}
+        self.rejected_connects = self.rejected_pushes = 0
+        hello = torch.zeros(2, dtype=torch.int64)
+        for w, r in served:
+            tr.recv(hello, r, tag=SETUP_TAG + 2, kind="connect")
+            g, token = int(hello[0]), int(hello[1])
+            if tokens.get(g) != token:
+                self.rejected_connects += 1
+                ev.instant("reject", op="connect", peer=r, job=g)
+            self.senders[g].append(r)  # listened to, so that each of its pushes is received and refused
+        self.tokens = tokens
+        # own chunks: my interface's, of the jobs with workers here
+        self.mine = [c for c in self.chunks if c.server == my_iface and self._legit(c.job, my_rack)]
+        self.stores = [torch.empty(c.numel + META) for c in self.mine]
+        for st in self.stores:
+            st[-META:].copy_(_token_meta(ACCEPTED))  # the reply status travels with the values
+        self.values = [torch.nn.Parameter(st[:-META]) for st in self.stores]
+        inits = []
+        for c, v in zip(self.mine, self.values):
+            src = self._legit(c.job, my_rack)[0]
+            inits.append(tr.irecv(v.data, src, tag=c.id, kind="init", **self._fields(-1, c)))
+        tr.wait_all(inits)
+        self.opts_ = [make_optimizer([v], ctx.workload.optimizer) for v in self.values]
+        ev.instant("server_keys", chunks=[c.id for c in self.mine], numel=sum(c.numel for c in self.mine),
+                   iface=my_iface, hierarchical=self.hier)
+        T = int(self.opts["server_threads"])
+        errors: list[BaseException] = []
+
+        def serve(t: int) -> None:
+            try:
+                self._serve_thread(t, my_iface, my_rack)
+            except BaseException as e:  # noqa: BLE001 - re-raised by the main thread
+                errors.append(e)
+        threads = [threading.Thread(target=serve, args=(t,), name=f"srv{t}", daemon=True) for t in range(T)]
+        for th in threads:
+            th.start()
+        while any(th.is_alive() for th in threads) and not errors:  # a failed thread fails the server now
+            for th in threads:
+                th.join(timeout=0.2)
+        if errors:
+            raise errors[0]
+        ctx.results.update(rejected_pushes=self.rejected_pushes, rejected_connects=self.rejected_connects,
+                           chunks=len(self.mine), chunk_bytes=int(self.opts["chunk_bytes"]), hierarchical=self.hier,
+                           iface=my_iface)
+
+    def _legit(self, g: int, rack: int | None) -> list[int]:
+        """Global ranks of job ``g``'s workers (in ``rack`` only, if given)."""
+        ranks = [self.worker_ranks[w] for w in self.jobs[g]]
+        return [r for r in ranks if rack is None or self.rack_of[r] == rack]
+
+    def _order(self, idx: list[int]) -> list[int]:
+        """Processing order of a thread's chunks: the order workers push them (last layer
+        first with overlap, key order in bulk), then chunk id."""
+        if self.overlapped:
+            return sorted(idx, key=lambda i: (-self.key_layer[self.mine[i].key], self.mine[i].id))
+        return sorted(idx, key=lambda i: self.mine[i].id)
+
+    def _serve_thread(self, t: int, my_iface: int, my_rack: int | None) -> None:
+        """Tall aggregation and optimization of thread ``t``'s chunks, every round."""
+        ctx, tr, ev = self.ctx, self.ctx.transport, self.ctx.events
+        order = self._order([i for i, c in enumerate(self.mine) if c.thread == t])
+        if not order:
+            return
+        lock = threading.Lock()
+        W_max = max(len(s) for s in self.senders.values()) or 1
+        window = max(2, RECV_WINDOW_BYTES // (W_max * (self.chunk_elems + META) * ELEMENT_BYTES))
+        R = len(self.pboxes) if self.hier else 1
+
+        def post(it: int, i: int):
+            c = self.mine[i]
+            f = self._fields(it, c)
+            out = []
+            for r in self.senders[c.job]:
+                buf = torch.empty(c.numel + META)
+                out.append((r, buf, tr.irecv(buf, r, tag=c.id, kind=self.push_kind, **f)))
+            return out
+
+        for it in range(ctx.iterations):
+            if t == 0:
+                ctx.maybe_crash(it)
+            posted = {i: post(it, i) for i in order[:window]}
+            sends: list[Pending] = []
+            for n, i in enumerate(order):
+                if n + window < len(order):
+                    j = order[n + window]
+                    posted[j] = post(it, j)
+                c = self.mine[i]
+                f = self._fields(it, c)
+                pending = posted.pop(i)
+                agg: torch.Tensor | None = None
+                accepted, refused = [], []
+                token = self.tokens.get(c.job)
+                while pending:  # tall aggregation: add each copy as soon as it is in
+                    ready = [x for x in pending if x[2].is_completed()] or [pending[0]]
+                    for x in ready:
+                        pending.remove(x)
+                        r, buf, p = x
+                        p.wait()
+                        if _meta_value(buf) != token:
+                            refused.append(r)
+                            with lock:
+                                self.rejected_pushes += 1
+                            ev.instant("reject", op="push", peer=r, **f)
+                            continue
+                        accepted.append(r)
+                        if agg is None:
+                            agg = buf[:c.numel]
+                        else:
+                            agg.add_(buf[:c.numel])
+                k = i
+                with ev.span("update", copies=len(accepted), **f):
+                    if self.hier:
+                        if agg is None:
+                            agg = torch.zeros(c.numel)
+                        ring = [box[c.server] for box in self.pboxes if self._legit(c.job, self.rack_of[box[0]])]
+                        ring_allreduce(tr, agg, ring, tag=RING_TAG + c.id * 2 * (R - 1), **f)
+                        count = len(self._legit(c.job, None))
+                    else:
+                        count = len(accepted)
+                    if agg is not None and count:
+                        agg /= count
+                        self.values[k].grad = agg
+                        self.opts_[k].step()
+                        self.values[k].grad = None
+                store = self.stores[k]
+                sends += [tr.isend(store, r, tag=c.id, kind=self.pull_kind, **f) for r in accepted]
+                if refused:
+                    nothing = torch.zeros(c.numel + META)  # no parameters for a wrong token
+                    nothing[-META:].copy_(_token_meta(REJECTED))
+                    sends += [tr.isend(nothing, r, tag=c.id, kind="reject_reply", **f) for r in refused]
+                done = [s for s in sends if s.is_completed()]
+                for s in done:
+                    s.wait()
+                sends = [s for s in sends if s not in done]
+            tr.wait_all(sends)  # before the next round changes the values in place
+
+    def final_state(self) -> dict | None:
+        """Workers: the model's state dict. Servers: ``{"<param>[lo:hi]": chunk values}``
+        (prefixed ``job<g>/`` with several jobs)."""
+        if self.ctx.role == "server":
+            pre = (lambda c: f"job{c.job}/") if len(self.jobs) > 1 else (lambda c: "")
+            return {f"{pre(c)}{c.name}[{c.lo}:{c.hi}]": v.detach() for c, v in zip(self.mine, self.values)}
+        return super().final_state()
