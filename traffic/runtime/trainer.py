@@ -154,13 +154,16 @@ class Trainer:
 
     # ---------------------------------------------------------------- loop
 
-    def step(self, it: int) -> float:
-        """One training iteration (forward, backward, the scheme's hooks); returns the local loss."""
+    def step(self, it: int) -> float | None:
+        """One training iteration (forward, backward, the scheme's hooks); returns the local
+        loss (``None`` in emulated compute, or when :meth:`backward_root` gives none)."""
         ctx, scheme = self.ctx, self.scheme
         self.it = it
         scheme.on_iteration_start(it)
         if self.emulated is not None:
-            self._step_emulated(it)
+            self._forward_emulated(it)
+            self.backward_root(it, None, None)
+            self._backward_emulated()
             scheme.on_backward_end(it)
             return None
         x, y = ctx.batches.shard(it, ctx.index)
@@ -169,9 +172,9 @@ class Trainer:
         self._active = True
         try:
             out = self.model(x)
-            loss = self.model.loss(out, y)
+            root, grad, loss = self.backward_root(it, out, y)
             self._bwd_mark = (time.time(), time.perf_counter())
-            loss.backward()
+            root.backward(grad)
             # layers without trainable parameters: "ready" once backward is over
             for l in reversed(range(len(self.layers))):
                 if not self._layer_params[l]:
@@ -179,10 +182,25 @@ class Trainer:
         finally:
             self._active = False
         scheme.on_backward_end(it)
-        return float(loss.detach())
+        return loss
 
-    def _step_emulated(self, it: int) -> None:
-        """Forward and backward of every layer as profiled sleeps (hooks as in real compute)."""
+    def backward_root(self, it: int, out: torch.Tensor | None, y: torch.Tensor | None):
+        """What backward starts from, given the model's output ``out`` and labels ``y``.
+
+        Returns ``(tensor, gradient, loss)``: backward runs ``tensor.backward(gradient)`` and
+        ``step`` returns ``loss`` (a float or ``None``). Default: the model's loss, gradient
+        ``None``. In emulated compute it is called with ``out = y = None`` between the
+        forward and the backward sleeps and its result is ignored; a trainer whose model
+        is part of a network split over processes (Stanza's CONV workers) overrides it to
+        exchange activations for their gradients there.
+        """
+        if out is None:
+            return None, None, None
+        loss = self.model.loss(out, y)
+        return loss, None, float(loss.detach())
+
+    def _forward_emulated(self, it: int) -> None:
+        """Forward of every layer as profiled sleeps (``before_forward`` hooks as in real compute)."""
         em, ev = self.emulated, self.ctx.events
         for l in range(len(self.layers)):
             self.scheme.before_forward(it, l)
@@ -190,6 +208,10 @@ class Trainer:
             em.forward(l)
             ev.record("forward", ts, time.perf_counter() - t0, iteration=it, layer=l,
                       requested_s=em.forward_s[l])
+
+    def _backward_emulated(self) -> None:
+        """Backward of every layer, last first, as profiled sleeps (``after_backward`` hooks)."""
+        em = self.emulated
         self._active = True
         try:
             self._bwd_mark = (time.time(), time.perf_counter())

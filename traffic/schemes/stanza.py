@@ -182,46 +182,12 @@ class ConvTrainer(Trainer):
         super().__init__(ctx, scheme)
         self.full_model = full_model
 
-    def step(self, it: int) -> float | None:
-        """Forward of the CONV layers, push_activation / pull_fc, backward, the scheme's
-        ``on_backward_end``. Returns ``None`` (the loss is computed by the FC worker)."""
-        ctx, scheme = self.ctx, self.scheme
-        self.it = it
-        scheme.on_iteration_start(it)
-        if self.emulated is not None:
-            em, ev = self.emulated, ctx.events
-            for l in range(len(self.layers)):
-                scheme.before_forward(it, l)
-                ts, t0 = time.time(), time.perf_counter()
-                em.forward(l)
-                ev.record("forward", ts, time.perf_counter() - t0, iteration=it, layer=l,
-                          requested_s=em.forward_s[l])
-            scheme.exchange(it, None, None)
-            self._active = True
-            try:
-                self._bwd_mark = (time.time(), time.perf_counter())
-                for l in reversed(range(len(self.layers))):
-                    em.backward(l, self._layer_params[l])
-                    self._layer_done(l, requested_s=em.backward_s[l])
-            finally:
-                self._active = False
-        else:
-            x, y = ctx.batches.shard(it, ctx.index)
-            self.model.zero_grad(set_to_none=True)
-            self._missing = [len(ps) for ps in self._layer_params]
-            self._active = True
-            try:
-                act = self.model(x)
-                grad = scheme.exchange(it, act.detach(), y)
-                self._bwd_mark = (time.time(), time.perf_counter())
-                act.backward(grad)
-                for l in reversed(range(len(self.layers))):
-                    if not self._layer_params[l]:
-                        self._layer_done(l)
-            finally:
-                self._active = False
-        scheme.on_backward_end(it)
-        return None
+    def backward_root(self, it: int, out: torch.Tensor | None, y: torch.Tensor | None):
+        """push_activation / pull_fc between the forward and the backward pass: backward
+        starts from the CONV part's output with the gradient the FC worker sent back; the
+        loss is the FC worker's (``None`` here)."""
+        grad = self.scheme.exchange(it, None if out is None else out.detach(), y)
+        return out, grad, None
 
     def eval_event(self, it: int, final: bool = False) -> tuple[float, float]:
         """Evaluate the whole model (CONV layers here, FC layers from FC worker 0)."""
