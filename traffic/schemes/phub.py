@@ -357,15 +357,14 @@ class PHub(ParameterServer):
         return hierarchical_pays(b_pbox=k * t.host_bw_mbps, b_core=t.uplink_mbps(), b_wkr=t.host_bw_mbps,
                                  racks=racks_with_workers, n=per_rack)
 
-    def _layout(self) -> None:
+    def _make_shards(self) -> list[Chunk]:
+        """The cut of the keys into chunks (called by :meth:`ParameterServer._layout` once the
+        roles are known), with what it depends on: racks, PBoxes, jobs, hierarchical or not.
+
+        Raises:
+            RuntimeError: hierarchical reduction without one PBox per rack with workers.
+        """
         ctx = self.ctx
-        self.server_ranks = ctx.ranks("server")
-        self.worker_ranks = ctx.ranks("worker")
-        if not self.server_ranks or not self.worker_ranks:
-            raise RuntimeError(f"scheme {self.name} needs workers and servers; processes.json has "
-                               f"{len(self.worker_ranks)} workers, {len(self.server_ranks)} servers")
-        self.params = list(ctx.model.parameters())
-        self.key_layer = ctx.model.param_layers()
         racks = host_racks(ctx.spec)
         self.rack_of = {p["rank"]: racks[p["host"]] for p in ctx.processes}
         # PBoxes: server processes grouped by host, in server index order
@@ -389,10 +388,10 @@ class PHub(ParameterServer):
         interfaces = k if self.hier else len(self.server_ranks)
         named = list(ctx.model.named_parameters())
         self.chunk_elems = int(self.opts["chunk_bytes"]) // ELEMENT_BYTES
-        self.shards = self.chunks = assign_chunks([p.numel() for _, p in named], self.chunk_elems, interfaces,
-                                                  int(self.opts["server_threads"]), [n for n, _ in named],
-                                                  jobs=len(self.jobs))
+        self.chunks = assign_chunks([p.numel() for _, p in named], self.chunk_elems, interfaces,
+                                    int(self.opts["server_threads"]), [n for n, _ in named], jobs=len(self.jobs))
         self.per_job = len(self.chunks) // len(self.jobs)
+        return self.chunks
 
     def _namespace(self, widx: int) -> int:
         """Job (namespace) worker ``widx`` addresses: its own, or job 0 for the intruder."""
