@@ -206,13 +206,8 @@ def node_assignment(c: Constants, N: int, bw_bps: float) -> Assignment:
     """
     if N < 2:
         raise ValueError(f"Stanza needs at least 2 nodes (one CONV and one FC worker), got N={N}")
-    best = None
-    for n_c in range(1, N):
-        n_f = N - n_c
-        a = Assignment(n_c, n_f, stanza_iteration_time(c, n_c, n_f, bw_bps), stanza_throughput(c, n_c, n_f, bw_bps))
-        if best is None or a.throughput >= best.throughput:
-            best = a
-    return best
+    return _best_split(N, lambda a, b: stanza_iteration_time(c, a, b, bw_bps),
+                       lambda a, b: stanza_throughput(c, a, b, bw_bps))
 
 
 def ps_node_assignment(c: Constants, N: int, bw_bps: float) -> Assignment:
@@ -223,10 +218,16 @@ def ps_node_assignment(c: Constants, N: int, bw_bps: float) -> Assignment:
     """
     if N < 2:
         raise ValueError(f"PS needs at least 2 nodes, got N={N}")
+    return _best_split(N, lambda a, b: ps_iteration_time(c, a, b, bw_bps),
+                       lambda a, b: ps_throughput(c, a, b, bw_bps))
+
+
+def _best_split(N: int, time_s, throughput) -> Assignment:
+    """Exhaustive search over ``a = 1 .. N-1``, ``b = N - a``: the split of highest
+    ``throughput(a, b)``, ties to the larger ``a``."""
     best = None
-    for n_w in range(1, N):
-        n_s = N - n_w
-        a = Assignment(n_w, n_s, ps_iteration_time(c, n_w, n_s, bw_bps), ps_throughput(c, n_w, n_s, bw_bps))
-        if best is None or a.throughput >= best.throughput:
-            best = a
+    for a in range(1, N):
+        cand = Assignment(a, N - a, time_s(a, N - a), throughput(a, N - a))
+        if best is None or cand.throughput >= best.throughput:
+            best = cand
     return best
