@@ -118,17 +118,10 @@ def report(paths) -> pd.DataFrame:
     return speedup_table(pd.DataFrame([run_row(r) for r in runs]))
 
 
-def _plt():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
 def plot_speedup(rows: pd.DataFrame, path) -> Path:
     """Fig. 5: speedup against nodes, one panel per model, one line per pull strategy, and
     the ideal linear speedup."""
-    plt = _plt()
+    from analysis.plots import plt, save_figure
     models = sorted(rows["model"].unique())
     fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.4), squeeze=False)
     for ax, model in zip(axes[0], models):
@@ -142,17 +135,13 @@ def plot_speedup(rows: pd.DataFrame, path) -> Path:
         ax.set_xlabel("nodes")
         ax.set_ylabel("speedup over 1 node")
         ax.legend(fontsize=8)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_layer_profile(run_dir, path) -> Path:
     """Fig. 3: per layer, the pull time ``T_s + T_t^i`` and the forward time ``C^i`` measured
     in the run (ms, emulated time), with the batches iBatch chose marked."""
-    plt = _plt()
+    from analysis.plots import plt, save_figure
     doc = json.loads((Path(run_dir) / PROFILE_FILE).read_text())
     scale = float(doc.get("scale") or 1.0)
     p = doc["profile"]
@@ -171,11 +160,7 @@ def plot_layer_profile(run_dir, path) -> Path:
     ax.set_ylabel("ms")
     ax.set_title(f"{doc.get('workers')} workers, {doc.get('servers')} servers")
     ax.legend(fontsize=8)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -219,9 +219,7 @@ def report(paths: list[str | Path], alpha_s: float = 0.0, plot: str | None = Non
         print(f"\ntiming model vs measured period: relative error mean {np.nanmean(err):+.1%}, "
               f"max |{np.nanmax(np.abs(err)):.1%}|", file=out)
     if plot:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from analysis.plots import plt, save_figure
         fig, ax = plt.subplots(figsize=(7, 4.5))
         for r, row in zip(runs, rows):
             c = accuracy_curve(load(r))
@@ -232,7 +230,7 @@ def report(paths: list[str | Path], alpha_s: float = 0.0, plot: str | None = Non
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
         fig.tight_layout()
-        fig.savefig(plot, dpi=120)
+        save_figure(fig, plot)
         print(f"\nwrote {plot}", file=out)
     if breakdown:
         plot_breakdown(df, breakdown)
@@ -245,9 +243,7 @@ def plot_breakdown(df: pd.DataFrame, path: str) -> None:
     backward + update), compression, and the communication left on the critical path
     (``exposed_s`` minus compression, floored at 0), ms per iteration; the measured period
     and the model's prediction as markers."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from analysis.plots import plt, save_figure
     models = list(dict.fromkeys(df["model"]))
     fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4), squeeze=False)
     for ax, model in zip(axes[0], models):
@@ -266,7 +262,7 @@ def plot_breakdown(df: pd.DataFrame, path: str) -> None:
         ax.set_title(model)
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,7 +32,13 @@ def _out(path, run: Run | None, default: str) -> Path:
     return path
 
 
-def _save(fig, path: Path) -> Path:
+def save_figure(fig, path) -> Path:
+    """Write ``fig`` to the PNG ``path`` (parent directories created) and close it.
+
+    Every figure of :mod:`analysis` goes through here, so they share size and resolution.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
@@ -80,7 +86,7 @@ def plot_interface_rates(run, host: str | None = None, path=None, window_s: floa
         fig, ax = plt.subplots(figsize=(8, 2.5))
         ax.text(0.5, 0.5, f"no interface traces in {run.name}", ha="center", va="center", transform=ax.transAxes)
         ax.set_axis_off()
-        return _save(fig, path)
+        return save_figure(fig, path)
     fig, axes = plt.subplots(len(panels), 1, figsize=(10, 2.3 * len(panels) + 0.6), sharex=True, squeeze=False)
     for ax, (iface, title, series, bw) in zip(axes[:, 0], panels):
         g = rates[rates["iface"] == iface]
@@ -98,7 +104,7 @@ def plot_interface_rates(run, host: str | None = None, path=None, window_s: floa
     axes[-1, 0].set_xlabel("time since run start (s)")
     fig.suptitle(f"{run.name}: interface rates ({run.scheme or '?'})", fontsize=10)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_throughput(runs, path, labels: list[str] | None = None) -> Path:
@@ -134,7 +140,7 @@ def plot_throughput(runs, path, labels: list[str] | None = None) -> Path:
     ax.set_title("training throughput (mean +- 1.96 sigma over post-warm-up iterations)", fontsize=9)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_iteration_times(run, path=None) -> Path:
@@ -152,7 +158,7 @@ def plot_iteration_times(run, path=None) -> Path:
     if it.empty:
         ax.text(0.5, 0.5, f"no iterations in {run.name}", ha="center", va="center", transform=ax.transAxes)
         ax.set_axis_off()
-        return _save(fig, path)
+        return save_figure(fig, path)
     for w, g in it.groupby("worker"):
         ax.plot(g["iteration"], g["duration_s"], lw=0.6, alpha=0.5, label=str(w))
     glob = global_iterations(it)
@@ -169,7 +175,7 @@ def plot_iteration_times(run, path=None) -> Path:
     ax.legend(fontsize=7, ncol=4, loc="upper right")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_utilization(runs, path, labels: list[str] | None = None, host: str | None = None,
@@ -215,7 +221,7 @@ def plot_utilization(runs, path, labels: list[str] | None = None, host: str | No
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("time since the first measured iteration (s, emulated)")
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_sweep(sweep_dir, x: str, path=None, speedup_over: str | None = None, xscale: str = "linear",
@@ -269,4 +275,4 @@ def plot_sweep(sweep_dir, x: str, path=None, speedup_over: str | None = None, xs
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)

@@ -198,9 +198,7 @@ def report(paths, plot: bool = False) -> str:
 
 
 def _plot(curves: list[dict], out_dir: Path) -> Path:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from analysis.plots import plt, save_figure
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in curves:
         t, a = zip(*r["accuracy_curve"])
@@ -210,11 +208,8 @@ def _plot(curves: list[dict], out_dir: Path) -> Path:
     ax.set_title(f"{curves[0]['model']}: accuracy against wall time")
     ax.grid(alpha=0.3)
     ax.legend()
-    path = out_dir / "stanza_accuracy.png"
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, out_dir / "stanza_accuracy.png")
 
 
 def main(argv: list[str] | None = None) -> int:
