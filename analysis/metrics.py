@@ -19,7 +19,13 @@ Definitions (all documented again in ``summary.json``'s ``*method`` fields):
   directions of all host links; uplinks total = both directions of all ToR-core uplinks
   (measured at the ToR end); core = sum of tx of the ToR uplink ports (each byte that crossed
   the core counted once). Totals are over the whole capture; ``bytes_per_iteration`` divides
-  the bytes of the measured window by the number of measured iterations.
+  the bytes of the measured window by the number of measured iterations. With background
+  flows (spec ``background``) the core also carries theirs: ``core_background`` is the
+  host-link tx of the background hosts (data and ACKs alike cross the core when every flow
+  runs between background hosts of different racks) and ``core_training`` = core -
+  core_background; both None when a flow touches a training host or stays in one rack.
+  Background packets dropped at a ToR's uplink queue count as background bytes, so
+  ``core_training`` is low by that much (iperf3's retransmits in flows.json bound it).
 * **CPU**: idle % = 100 - busy % per core; averaged over the measured window (post-warm-up
   iterations, or the whole capture if there are none). ``min_idle_pct`` is the lowest 1-s
   mean of the all-core idle %. ``cpu_starved`` when the mean idle % < 35 (Mininet-HiFi keeps
@@ -190,6 +196,29 @@ def link_bytes(traces: pd.DataFrame, topology: dict, window: tuple[float, float]
             "per_host": per_host, "per_port": per_port}
 
 
+def background_core_bytes(per_host: dict, topology: dict, flows: list[dict] | None) -> int | None:
+    """Bytes the background flows put on the core (see module doc).
+
+    Args:
+        per_host: ``link_bytes(...)["per_host"]`` of the same window.
+        topology: topology.json (host ``kind`` ``background`` marks the background hosts).
+        flows: the spec's ``background`` list (``src``, ``dst`` host names).
+
+    Returns:
+        0 without flows; the summed tx of the background hosts when every flow runs between
+        background hosts of different racks; None otherwise, or when a host's tx is missing.
+    """
+    if not flows:
+        return 0
+    hosts = {h["name"]: h for h in topology.get("hosts", [])}
+    for f in flows:
+        ends = [hosts.get(f.get("src")), hosts.get(f.get("dst"))]
+        if any(e is None or e.get("kind") != "background" for e in ends) or ends[0]["rack"] == ends[1]["rack"]:
+            return None
+    tx = [(per_host.get(h) or {}).get("tx") for h, d in hosts.items() if d.get("kind") == "background"]
+    return None if any(v is None for v in tx) else int(sum(tx))
+
+
 def rate_check(rates: pd.DataFrame, topology: dict, tolerance: float = RATE_TOLERANCE) -> dict:
     """Highest achieved rate of each link direction against its configured rate.
 
@@ -340,11 +369,20 @@ def compute_summary(run: Run, status: str = "ok", error: str | None = None) -> d
         s["capture_s"] = _f(run.traces["time"].max() - run.traces["time"].min())
         if not run.topology:
             return
-        s["bytes"] = link_bytes(run.traces, run.topology)
+        flows = spec.get("background") or []
+
+        def with_background(b):
+            bg = None if b["core"] is None else background_core_bytes(b["per_host"], run.topology, flows)
+            b["core_background"] = bg
+            b["core_training"] = None if bg is None else b["core"] - bg
+            return b
+
+        s["bytes"] = with_background(link_bytes(run.traces, run.topology))
         if window is not None and s["measured_iterations"]:
-            b = link_bytes(run.traces, run.topology, window)
+            b = with_background(link_bytes(run.traces, run.topology, window))
             n = s["measured_iterations"]
-            s["bytes_per_iteration"] = {k: (None if b[k] is None else b[k] / n) for k in ("host_links", "uplinks", "core")}
+            s["bytes_per_iteration"] = {k: (None if b[k] is None else b[k] / n)
+                                        for k in ("host_links", "uplinks", "core", "core_background", "core_training")}
 
     def do_accuracy():
         s.update(final_accuracy(run))

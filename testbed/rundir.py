@@ -133,8 +133,10 @@ seconds of wall clock, unless a name says otherwise.
     ``iteration_time_s.{mean, p50, p95, std, min, max}`` in seconds (and ``n``);
     ``bytes.{host_links, uplinks, core}`` in bytes over the whole capture (host links and
     uplinks both directions, core = bytes the ToRs sent up), ``bytes.per_host.<host>.{tx,
-    rx}``, ``bytes.per_port.<iface>.{tx, rx}``; ``bytes_per_iteration.{host_links, uplinks,
-    core}`` in bytes per measured iteration;
+    rx}``, ``bytes.per_port.<iface>.{tx, rx}``, ``bytes.{core_background, core_training}``
+    (the core bytes of the background flows and the rest; null when they cannot be told
+    apart, see :mod:`analysis.metrics`); ``bytes_per_iteration.{host_links, uplinks, core,
+    core_background, core_training}`` in bytes per measured iteration;
     ``final_accuracy`` (fraction of the test set in [0, 1]), ``final_loss``,
     ``accuracy_source``;
     ``cpu.{idle_pct_mean, min_idle_pct}`` in % (lowest 1-s mean), ``cpu.idle_pct_per_core``,

@@ -336,3 +336,16 @@ def test_host_utilization_and_idle_fraction(tmp_path):
     with pytest.raises(ValueError):
         host_utilization(d, "nohost")
     assert _is_png(plots.plot_utilization([d, d], tmp_path / "u.png", labels=["a", "b"], host="h1"))
+
+
+def test_background_core_bytes_are_told_apart_only_when_they_can_be():
+    topo = topology()
+    topo["hosts"] += [{"name": "bg1", "rack": 0, "kind": "background"}, {"name": "bg2", "rack": 1, "kind": "background"}]
+    per_host = {"h1": {"tx": 50, "rx": 5}, "bg1": {"tx": 1000, "rx": 40}, "bg2": {"tx": 40, "rx": 1000}}
+    assert metrics.background_core_bytes(per_host, topo, []) == 0
+    # data (bg1 -> bg2) and ACKs (bg2 -> bg1) both cross the core
+    assert metrics.background_core_bytes(per_host, topo, [{"src": "bg1", "dst": "bg2"}]) == 1040
+    # a flow that touches a training host, or stays in a rack, cannot be told apart
+    assert metrics.background_core_bytes(per_host, topo, [{"src": "bg1", "dst": "h3"}]) is None
+    assert metrics.background_core_bytes(per_host, topo, [{"src": "h1", "dst": "h2"}]) is None
+    assert metrics.background_core_bytes({"bg1": {"tx": None}}, topo, [{"src": "bg1", "dst": "bg2"}]) is None

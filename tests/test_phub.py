@@ -104,19 +104,21 @@ def test_options_are_validated():
             from_dict({"workload": {"scheme": "phub", "options": bad}})
 
 
-def test_plan_pbox_runs_one_server_per_interface():
-    phub = get_scheme("phub")
-    w = from_dict({"workload": {"scheme": "phub", "servers": {"count": 1, "placement": "dedicated"}}}).workload
-    if not hasattr(w.servers, "interfaces"):
-        w.servers.interfaces = 3   # the harness field, set by hand where the spec has none yet
-    else:
-        w = from_dict({"workload": {"scheme": "phub", "servers": {"count": 1, "placement": "dedicated",
-                                                                   "interfaces": 3}}}).workload
-    hosts = [HostInfo(f"h{i + 1}", 0) for i in range(4)] + [HostInfo("ps1", 0, "server")]
-    plan = phub.plan(w, hosts)
+@pytest.mark.parametrize("scheme", ["phub", "ps", "ibatch"])
+def test_plan_pbox_runs_one_server_per_interface(scheme):
+    """Every PS-family scheme runs one server per PBox interface (the host has 3 links)."""
+    w = from_dict({"workload": {"scheme": scheme, "servers": {"count": 1, "placement": "dedicated",
+                                                              "interfaces": 3}}}).workload
+    hosts = [HostInfo(f"h{i + 1}", 0) for i in range(4)] + [HostInfo("ps1", 0, "server", 3)]
+    plan = get_scheme(scheme).plan(w, hosts)
     assert [(p.name, p.host, p.iface) for p in plan if p.role == "server"] == \
         [("server0", "ps1", 0), ("server1", "ps1", 1), ("server2", "ps1", 2)]
     assert [p.host for p in plan if p.role == "worker"] == ["h1", "h2", "h3", "h4"]
+
+
+def test_plan_phub_checks_options():
+    phub = get_scheme("phub")
+    hosts = [HostInfo(f"h{i + 1}", 0) for i in range(4)] + [HostInfo("ps1", 0, "server", 3)]
     # hierarchical needs one server host per rack with workers
     w2 = from_dict({"workload": {"scheme": "phub", "options": {"hierarchical": True},
                                  "servers": {"count": 1, "placement": "dedicated"}}}).workload

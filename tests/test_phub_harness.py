@@ -347,6 +347,9 @@ def test_background_flow_crosses_the_core_and_leaves_nothing(tmp_path):
     up = next(l for l in topo["links"] if l["class"] == "uplink" and l["node1"] == "tor2")
     crossed = res.summary["bytes"]["per_port"][up["intf1"]]["tx"]
     assert core["result"]["bytes_sent"] <= crossed <= 1.1 * core["result"]["bytes_sent"], (crossed, core["result"])
+    # training stayed in rack 0: what crossed the core is the flows' (ARP and the like aside)
+    b = res.summary["bytes"]
+    assert b["core_background"] >= core["result"]["bytes_sent"] and 0 <= b["core_training"] < 0.01 * b["core"], b
     assert cut["result"]["error"] and late["result"]["bytes_sent"] is None
     assert (res.run_dir / "traces" / "background" / "core.server.json").is_file()
     assert leftovers() == []

@@ -146,8 +146,10 @@ class Scheme:
 
         Default: one ``worker`` per worker host (the first ``workload.workers`` hosts, or
         all when 0); if the scheme has a ``server`` role, servers colocated on worker hosts
-        (spread evenly: per rack when ``servers.scope`` is ``per_rack``) or one per dedicated
-        server host. ``servers.count: 0`` means one server per worker.
+        (spread evenly: per rack when ``servers.scope`` is ``per_rack``) or, on dedicated
+        server hosts, one server per interface of each host (a PBox of k interfaces runs k
+        servers, ``iface`` 0..k-1, numbered host by host; PHub Sec. 3.3: keys are balanced
+        over the interfaces). ``servers.count: 0`` means one server per worker.
 
         Raises:
             SpecError: more workers or servers asked for than there are hosts.
@@ -163,7 +165,8 @@ class Scheme:
             return procs
         s = workload.servers
         if s.placement == "dedicated":
-            server_hosts = [h.name for h in hosts if h.kind == "server"]
+            return procs + [ProcessPlan("server", j, h, i) for j, (h, i) in enumerate(
+                (h.name, i) for h in hosts if h.kind == "server" for i in range(h.interfaces))]
         else:
             if s.scope == "per_rack":
                 racks = sorted({h.rack for h in worker_hosts})

@@ -208,11 +208,6 @@ def host_racks(exp: "Experiment") -> dict[str, int]:
     return {h.name: h.rack for h in local_hosts(exp)}
 
 
-def _interfaces(workload: "WorkloadSpec") -> int:
-    """``workload.servers.interfaces`` (1 if the spec has no such field)."""
-    return int(getattr(workload.servers, "interfaces", 1) or 1)
-
-
 def _token_meta(token: int) -> torch.Tensor:
     """The 8 metadata bytes of a token (int64) as ``META`` float32 slots (bit pattern)."""
     return torch.tensor([token], dtype=torch.int64).view(torch.float32)
@@ -296,27 +291,16 @@ class PHub(ParameterServer):
 
     @classmethod
     def plan(cls, workload: "WorkloadSpec", hosts: list[HostInfo]) -> list[ProcessPlan]:
-        """The PS plan (:meth:`Scheme.plan`), with every dedicated server host (a PBox) of
-        ``k = workload.servers.interfaces`` interfaces running ``k`` server processes, one
-        bound to each interface (``iface`` 0..k-1), numbered host by host.
+        """The PS plan (:meth:`Scheme.plan`: a PBox of k interfaces runs k server
+        processes, one bound to each interface), checked for PHub's options.
 
         Raises:
             SpecError: workers that do not split into ``jobs`` equal jobs; a bad
                 ``bad_token_worker``; ``hierarchical: true`` without exactly one server host
-                per rack holding workers, or with ``bad_token_worker`` or several server
-                hosts of different interface counts.
+                per rack holding workers, or with ``bad_token_worker``.
         """
         procs = super().plan(workload, hosts)
-        kinds = {h.name: h.kind for h in hosts}
-        k = _interfaces(workload)
         servers = [p for p in procs if p.role == "server"]
-        already = len({(p.host, p.iface) for p in servers}) > len({p.host for p in servers})
-        if k > 1 and not already:
-            expanded = []
-            for p in servers:
-                ifaces = range(k) if kinds.get(p.host) == "server" else [p.iface]
-                expanded += [(p.host, i) for i in ifaces]
-            servers = [ProcessPlan("server", j, h, i) for j, (h, i) in enumerate(expanded)]
         workers = [p for p in procs if p.role == "worker"]
         o = {**cls.options, **workload.options}
         try:
