@@ -26,6 +26,8 @@ Definitions (all documented again in ``summary.json``'s ``*method`` fields):
   core_background; both None when a flow touches a training host or stays in one rack.
   Background packets dropped at a ToR's uplink queue count as background bytes, so
   ``core_training`` is low by that much (iperf3's retransmits in flows.json bound it).
+  ``bytes_per_iteration.worker_link``: tx + rx of the link(s) of a host running a worker,
+  mean over those hosts (PHub Sec. 4.4: what each worker's interface moves).
 * **CPU**: idle % = 100 - busy % per core; averaged over the measured window (post-warm-up
   iterations, or the whole capture if there are none). ``min_idle_pct`` is the lowest 1-s
   mean of the all-core idle %. ``cpu_starved`` when the mean idle % < 35 (Mininet-HiFi keeps
@@ -383,6 +385,9 @@ def compute_summary(run: Run, status: str = "ok", error: str | None = None) -> d
             n = s["measured_iterations"]
             s["bytes_per_iteration"] = {k: (None if b[k] is None else b[k] / n)
                                         for k in ("host_links", "uplinks", "core", "core_background", "core_training")}
+            hosts = {p.get("host") for p in procs if p.get("role") == "worker"}
+            moved = [v["tx"] + v["rx"] for h, v in b["per_host"].items() if h in hosts and v["tx"] is not None]
+            s["bytes_per_iteration"]["worker_link"] = sum(moved) / len(moved) / n if moved else None
 
     def do_accuracy():
         s.update(final_accuracy(run))

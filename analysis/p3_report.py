@@ -96,20 +96,12 @@ def main(argv: list[str] | None = None) -> int:
         model = (spec.get("workload") or {}).get("model")
         key = "slices" if "slice" in " ".join((spec.get("sweep") or {}).keys()) else model
         print(f"## {Path(d).name} ({model}, scale {spec.get('scale')})\n")
-        print(table.to_markdown(index=False, floatfmt=".3g") if _has_tabulate() else table.to_string(index=False))
+        print(table.to_markdown(index=False, floatfmt=".3g"))
         print(f"\npaper: {PAPER.get(key, '-')}")
         for p in written:
             print(f"plot: {p}")
         print()
     return 0
-
-
-def _has_tabulate() -> bool:
-    try:
-        import tabulate  # noqa: F401
-        return True
-    except ImportError:
-        return False
 
 
 if __name__ == "__main__":

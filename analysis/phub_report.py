@@ -1,14 +1,28 @@
 """PHub's numbers from the sweeps of ``experiments/phub_*.yaml``.
 
-    python -m analysis.phub_report SWEEP_DIR [--baseline mxnet-cs]
+    python -m analysis.phub_report SWEEP_DIR... [--baseline mxnet-cs] [--flat phub_flat] [--table2]
 
-One row per point: variant, model, racks, oversubscription, whether background traffic ran,
-throughput (samples/s, emulated time) and its 1.96-sigma band, the speedup over the
-``--baseline`` variant for the same model (PHub Fig. 12), bytes that crossed the core in
-total and per iteration (PHub Sec. 3.4 / Fig. 19: hierarchical reduction should move 1/N
-of the flat scheme's, N workers per rack; with background flows ``bytes.core`` includes
-theirs), and the per-job throughput of a multi-tenant run (``results/worker*.json``
-``job``/``job_samples_per_s``; PHub Fig. 18).
+One row per point of each sweep (markdown on stdout):
+
+* throughput (samples/s, emulated time) and its 1.96-sigma band, and the speedup over the
+  ``--baseline`` variant *at the same point* (same model, racks, oversubscription and
+  background; PHub Fig. 12);
+* bytes moved by a worker host's link per measured iteration (``worker_link``, mean over
+  worker hosts; Sec. 4.4: a PBox halves it against colocated servers);
+* bytes that crossed the core per measured iteration, training only
+  (``bytes_per_iteration.core_training``: the background flows' bytes taken out, see
+  :mod:`analysis.metrics`), and for every variant other than ``--flat`` its ratio to the
+  ``--flat`` variant at the same point, next to the 1/N that PHub Sec. 3.4 gives for
+  hierarchical reduction (N workers per rack; :func:`analysis.models.phub.cross_rack_bytes`);
+* for a multi-tenant run (scheme option ``jobs``), every job's throughput
+  (``results/worker*.json`` ``job_samples_per_s``, mean over the job's workers) and the drop
+  of the mean per-job throughput against the single-job variant of the same model
+  (PHub Fig. 18);
+* whether the run was flagged CPU-starved.
+
+``--table2`` also prints Table 2 recomputed (:func:`analysis.models.phub.table2`) from
+Table 3's and from the zoo's model sizes and compute times. The paper's figures are printed
+last for comparison.
 """
 from __future__ import annotations
 
@@ -18,12 +32,41 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import yaml
 
-__all__ = ["sweep_table"]
+from analysis.models.phub import table2
+
+__all__ = ["PAPER", "sweep_table"]
+
+PAPER = [
+    "Fig. 12 (10 Gbit/s, 8 workers, normalised to sharded MXNet IB): PBox up to 2.7x for "
+    "communication-heavy models (AlexNet, VGG); the 7-worker PBox still above the baseline",
+    "Sec. 4.4 / Fig. 15: each PBox interface moves about half the data of a colocated server",
+    "Sec. 3.4: hierarchical reduction cuts cross-rack traffic to 1/N with N-worker racks",
+    "Fig. 19: hierarchical reduction costs AlexNet some throughput (extra rounds), ResNet-50 virtually none",
+    "Fig. 18: 8 jobs on one PBox: AlexNet -5% per job, ResNet-50 less",
+]
+
+#: Columns of ``sweep.csv`` that identify a point apart from the variant.
+POINT = ["model", "racks", "oversub", "background"]
 
 
-def sweep_table(sweep_dir: str | Path, baseline: str | None = None) -> pd.DataFrame:
+def _per_job(run_dir: Path) -> dict[int, float]:
+    jobs: dict[int, list[float]] = {}
+    for f in sorted((run_dir / "results").glob("worker*.json")):
+        d = json.loads(f.read_text())
+        if d.get("job_samples_per_s") is not None:
+            jobs.setdefault(int(d["job"]), []).append(float(d["job_samples_per_s"]))
+    return {j: sum(v) / len(v) for j, v in sorted(jobs.items())}
+
+
+def sweep_table(sweep_dir: str | Path, baseline: str | None = "mxnet-cs", flat: str | None = "phub_flat") -> pd.DataFrame:
     """The table of the module docstring for one sweep directory.
+
+    Args:
+        sweep_dir: a sweep directory (``sweep.csv`` and the run directories it lists).
+        baseline: variant the ``speedup`` column is over (no column when absent).
+        flat: variant the ``core_vs_flat`` column is over (no column when absent).
 
     Raises:
         FileNotFoundError: no ``sweep.csv`` in ``sweep_dir``.
@@ -33,38 +76,63 @@ def sweep_table(sweep_dir: str | Path, baseline: str | None = None) -> pd.DataFr
     rows = []
     for _, r in df.iterrows():
         rd = Path(r["run_dir"])
-        per_job: dict = {}
-        for f in sorted((rd / "results").glob("worker*.json")):
-            d = json.loads(f.read_text())
-            if d.get("job_samples_per_s") is not None:
-                per_job.setdefault(d["job"], []).append(d["job_samples_per_s"])
         s = json.loads((rd / "summary.json").read_text()) if (rd / "summary.json").exists() else {}
-        rows.append({"variant": r.get("variant", r.get("scheme")), "model": r.get("workload.model", s.get("model")),
-                     "racks": r.get("topology.racks"), "oversub": r.get("topology.oversubscription"),
-                     "background": r.get("background"), "status": r["status"],
+        spec = yaml.safe_load((rd / "spec.yaml").read_text()) if (rd / "spec.yaml").exists() else {}
+        topo = spec.get("topology") or {}
+        bpi = s.get("bytes_per_iteration") or {}
+        core = bpi.get("core_training", bpi.get("core"))
+        per_job = _per_job(rd)
+        rows.append({"variant": r.get("variant", r.get("scheme")), "model": (spec.get("workload") or {}).get("model"),
+                     "racks": topo.get("racks", 1), "oversub": topo.get("oversubscription"),
+                     "background": bool(spec.get("background")),
+                     "workers": s.get("workers"), "status": r["status"],
                      "samples_per_s": r["samples_per_s"], "ci95": r["samples_per_s_ci95"],
-                     "iter_s": r["iter_mean_s"], "core_GB": (r["core_bytes"] or 0) / 1e9,
-                     "core_MB_per_iteration": ((s.get("bytes_per_iteration") or {}).get("core") or 0) / 1e6,
+                     "iter_ms": None if pd.isna(r["iter_mean_s"]) else 1e3 * r["iter_mean_s"],
+                     "core_MB_per_iter": None if core is None else core / 1e6,
+                     "worker_link_MB_per_iter": None if bpi.get("worker_link") is None else bpi["worker_link"] / 1e6,
                      "cpu_starved": r["cpu_starved"],
-                     "per_job_samples_per_s": {j: round(sum(v) / len(v), 1) for j, v in per_job.items()} or None})
+                     "jobs": len(per_job) or None,
+                     "per_job_samples_per_s": ", ".join(f"{v:.1f}" for v in per_job.values()) or None,
+                     "_job_mean": sum(per_job.values()) / len(per_job) if per_job else None})
     out = pd.DataFrame(rows)
+    key = out[POINT].astype(str).agg("|".join, axis=1)
     if baseline is not None and (out["variant"] == baseline).any():
-        b = out[out["variant"] == baseline].groupby("model")["samples_per_s"].first()
-        out["speedup"] = [row.samples_per_s / b.get(row.model, float("nan")) for row in out.itertuples()]
-    return out
+        b = dict(zip(key[out["variant"] == baseline], out.loc[out["variant"] == baseline, "samples_per_s"]))
+        out["speedup"] = [v / b[k] if k in b else None for k, v in zip(key, out["samples_per_s"])]
+    if flat is not None and (out["variant"] == flat).any() and out["core_MB_per_iter"].notna().any():
+        f = dict(zip(key[out["variant"] == flat], out.loc[out["variant"] == flat, "core_MB_per_iter"]))
+        out["core_vs_flat"] = [c / f[k] if k in f and f[k] and c is not None else None
+                               for k, c in zip(key, out["core_MB_per_iter"])]
+        out["one_over_N"] = [(r.racks / r.workers) if r.workers else None for r in out.itertuples()]
+    if (out["jobs"].fillna(1) > 1).any():
+        single = {m: v for m, j, v in zip(out["model"], out["jobs"], out["_job_mean"]) if j == 1}
+        out["per_job_drop_pct"] = [100 * (1 - v / single[m]) if v is not None and m in single else None
+                                   for m, v in zip(out["model"], out["_job_mean"])]
+    else:
+        out = out.drop(columns=["jobs", "per_job_samples_per_s"])
+    out = out.drop(columns=["_job_mean"])
+    return out.dropna(axis=1, how="all")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m analysis.phub_report", description=__doc__.split("\n\n")[0])
     ap.add_argument("sweeps", nargs="+", help="sweep directories of experiments/phub_*.yaml")
-    ap.add_argument("--baseline", default="mxnet-cs", help="variant the speedups are over")
+    ap.add_argument("--baseline", default="mxnet-cs", help="variant the speedups are over (default mxnet-cs)")
+    ap.add_argument("--flat", default="phub_flat", help="variant the core-byte ratios are over (default phub_flat)")
+    ap.add_argument("--table2", action="store_true", help="also print Table 2 recomputed")
     args = ap.parse_args(argv)
-    pd.set_option("display.width", 250)
-    pd.set_option("display.max_columns", 30)
     for d in args.sweeps:
         print(f"## {Path(d).name}\n")
-        print(sweep_table(d, args.baseline).to_string(index=False))
+        print(sweep_table(d, args.baseline, args.flat).to_markdown(index=False, floatfmt=".3g"))
         print()
+    if args.table2:
+        for source in ("paper", "zoo"):
+            print(f"## Table 2 recomputed (Gbit/s, 8 workers; M and T from {source})\n")
+            print(pd.DataFrame(table2(8, source)).to_markdown(index=False, floatfmt=".3g"))
+            print()
+    print("## The paper\n")
+    for line in PAPER:
+        print(f"- {line}")
     return 0
 
 

@@ -136,7 +136,8 @@ seconds of wall clock, unless a name says otherwise.
     rx}``, ``bytes.per_port.<iface>.{tx, rx}``, ``bytes.{core_background, core_training}``
     (the core bytes of the background flows and the rest; null when they cannot be told
     apart, see :mod:`analysis.metrics`); ``bytes_per_iteration.{host_links, uplinks, core,
-    core_background, core_training}`` in bytes per measured iteration;
+    core_background, core_training, worker_link}`` in bytes per measured iteration
+    (``worker_link``: tx + rx of a worker host's links, mean over worker hosts);
     ``final_accuracy`` (fraction of the test set in [0, 1]), ``final_loss``,
     ``accuracy_source``;
     ``cpu.{idle_pct_mean, min_idle_pct}`` in % (lowest 1-s mean), ``cpu.idle_pct_per_core``,

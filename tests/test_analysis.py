@@ -194,6 +194,9 @@ def test_summarize_known_answers(run_dir):
     assert b["per_host"]["h3"] == {"tx": 3000 * N_SAMPLES, "rx": 300 * N_SAMPLES}
     # bytes of the measured window (5 s of samples at 10 ms) per measured iteration
     assert s["bytes_per_iteration"]["core"] == pytest.approx(900 * 750 / 4, rel=0.01)
+    assert s["bytes_per_iteration"]["core_training"] == s["bytes_per_iteration"]["core"]  # no background
+    worker_link = np.mean([i + o for i, o in list(PORT_BYTES.values())[:4]])  # every host runs a worker
+    assert s["bytes_per_iteration"]["worker_link"] == pytest.approx(worker_link * 750 / 4, rel=0.01)
     assert s["final_accuracy"] == 0.9 and "eval" in s["accuracy_source"]  # eval event beats results/
     assert s["cpu"]["idle_pct_mean"] == pytest.approx(40.0)  # the measured window, not start-up
     assert s["cpu"]["idle_pct_per_core"] == {"0": pytest.approx(50.0), "1": pytest.approx(30.0)}

@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 import torch
+import yaml
 
 from testbed.errors import SpecError
 from testbed.spec import from_dict
@@ -319,3 +321,45 @@ def test_jobs_and_wrong_token_rejected(tmp_path):
     for w in range(4):
         r = json.loads((run_dir / "results" / f"worker{w}.json").read_text())
         assert r["job"] == w // 2 and r["job_workers"] == 2 and r["job_samples_per_s"] > 0
+
+
+def _fake_run(root, name, variant, racks, background, samples_per_s, core, workers=8, jobs=None):
+    """A run directory with what analysis.phub_report reads: spec, summary, worker results."""
+    d = root / name
+    (d / "results").mkdir(parents=True)
+    spec = {"topology": {"racks": racks, "oversubscription": 3}, "workload": {"model": "resnet50"},
+            "background": [{"src": "bg1", "dst": "bg2"}] if background else []}
+    (d / "spec.yaml").write_text(yaml.safe_dump(spec))
+    (d / "summary.json").write_text(json.dumps({"workers": workers, "bytes_per_iteration": {
+        "core": core + 1e9, "core_training": core, "worker_link": 2e8}}))
+    for j, v in enumerate(jobs or []):
+        (d / "results" / f"worker{j}.json").write_text(json.dumps({"job": j, "job_samples_per_s": v}))
+    return {"variant": variant, "status": "ok", "samples_per_s": samples_per_s, "samples_per_s_ci95": 1.0,
+            "iter_mean_s": 0.1, "cpu_starved": False, "run_dir": str(d)}
+
+
+def test_phub_report_matches_points_and_takes_background_out(tmp_path):
+    from analysis.phub_report import sweep_table
+    rows = [_fake_run(tmp_path, "a", "ps_cs", 2, False, 100, 8e8), _fake_run(tmp_path, "b", "phub_flat", 2, False, 200, 8e8),
+            _fake_run(tmp_path, "c", "phub_hier", 2, False, 300, 2e8),
+            _fake_run(tmp_path, "d", "ps_cs", 2, True, 50, 8e8), _fake_run(tmp_path, "e", "phub_flat", 2, True, 150, 8e8),
+            _fake_run(tmp_path, "f", "phub_hier", 2, True, 100, 4e8)]
+    pd.DataFrame(rows).to_csv(tmp_path / "sweep.csv", index=False)
+    t = sweep_table(tmp_path, baseline="ps_cs", flat="phub_flat").set_index(["variant", "background"])
+    # speedup and byte ratio against the same point (the busy core has its own baseline)
+    assert t.loc[("phub_hier", False), "speedup"] == pytest.approx(3.0)
+    assert t.loc[("phub_hier", True), "speedup"] == pytest.approx(2.0)
+    assert t.loc[("phub_hier", True), "core_MB_per_iter"] == pytest.approx(400)  # training bytes only
+    assert t.loc[("phub_hier", False), "core_vs_flat"] == pytest.approx(0.25)
+    assert t.loc[("phub_hier", True), "core_vs_flat"] == pytest.approx(0.5)
+    assert t.loc[("phub_hier", True), "one_over_N"] == pytest.approx(0.25)
+    assert "per_job_drop_pct" not in t.columns
+
+
+def test_phub_report_gives_per_job_drop(tmp_path):
+    from analysis.phub_report import sweep_table
+    rows = [_fake_run(tmp_path, "a", "1job", 1, False, 100, 0, workers=2, jobs=[100.0]),
+            _fake_run(tmp_path, "b", "2jobs", 1, False, 190, 0, workers=4, jobs=[96.0, 94.0])]
+    pd.DataFrame(rows).to_csv(tmp_path / "sweep.csv", index=False)
+    t = sweep_table(tmp_path, baseline=None, flat=None).set_index("variant")
+    assert t.loc["2jobs", "per_job_drop_pct"] == pytest.approx(5.0) and t.loc["1job", "per_job_drop_pct"] == 0
