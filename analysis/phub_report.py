@@ -13,7 +13,10 @@ One row per point of each sweep (markdown on stdout):
   (``bytes_per_iteration.core_training``: the background flows' bytes taken out, see
   :mod:`analysis.metrics`), and for every variant other than ``--flat`` its ratio to the
   ``--flat`` variant at the same point, next to the 1/N that PHub Sec. 3.4 gives for
-  hierarchical reduction (N workers per rack; :func:`analysis.models.phub.cross_rack_bytes`);
+  hierarchical reduction (N workers per rack; :func:`analysis.models.phub.cross_rack_bytes`),
+  and the throughput ratio to ``--flat`` next to what Sec. 3.4's inequality predicts from
+  the spec's bandwidths (``sec34_hier_pays``: B_PBox = interfaces x host link, B_Core = the
+  rack's uplink, B_Wkr = host link, R racks, N workers per rack);
 * for a multi-tenant run (scheme option ``jobs``), every job's throughput
   (``results/worker*.json`` ``job_samples_per_s``, mean over the job's workers) and the drop
   of the mean per-job throughput against the single-job variant of the same model
@@ -34,7 +37,8 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from analysis.models.phub import table2
+from analysis.models.phub import hierarchical_pays, table2
+from testbed.spec import load_spec
 
 __all__ = ["PAPER", "sweep_table"]
 
@@ -82,6 +86,12 @@ def sweep_table(sweep_dir: str | Path, baseline: str | None = "mxnet-cs", flat: 
         bpi = s.get("bytes_per_iteration") or {}
         core = bpi.get("core_training", bpi.get("core"))
         per_job = _per_job(rd)
+        pays = None
+        if topo.get("kind") == "rack_core" and (topo.get("racks") or 1) > 1 and s.get("workers"):
+            t = load_spec(rd / "spec.yaml").topology
+            k = ((spec.get("workload") or {}).get("servers") or {}).get("interfaces") or 1
+            pays = hierarchical_pays(b_pbox=k * t.host_bw_mbps, b_core=t.uplink_mbps(), b_wkr=t.host_bw_mbps,
+                                     racks=t.racks, n=s["workers"] // t.racks)
         rows.append({"variant": r.get("variant", r.get("scheme")), "model": (spec.get("workload") or {}).get("model"),
                      "racks": topo.get("racks", 1), "oversub": topo.get("oversubscription"),
                      "background": bool(spec.get("background")),
@@ -90,7 +100,7 @@ def sweep_table(sweep_dir: str | Path, baseline: str | None = "mxnet-cs", flat: 
                      "iter_ms": None if pd.isna(r["iter_mean_s"]) else 1e3 * r["iter_mean_s"],
                      "core_MB_per_iter": None if core is None else core / 1e6,
                      "worker_link_MB_per_iter": None if bpi.get("worker_link") is None else bpi["worker_link"] / 1e6,
-                     "cpu_starved": r["cpu_starved"],
+                     "cpu_starved": r["cpu_starved"], "sec34_hier_pays": pays,
                      "jobs": len(per_job) or None,
                      "per_job_samples_per_s": ", ".join(f"{v:.1f}" for v in per_job.values()) or None,
                      "_job_mean": sum(per_job.values()) / len(per_job) if per_job else None})
@@ -104,6 +114,8 @@ def sweep_table(sweep_dir: str | Path, baseline: str | None = "mxnet-cs", flat: 
         out["core_vs_flat"] = [c / f[k] if k in f and f[k] and c is not None else None
                                for k, c in zip(key, out["core_MB_per_iter"])]
         out["one_over_N"] = [(r.racks / r.workers) if r.workers else None for r in out.itertuples()]
+        t = dict(zip(key[out["variant"] == flat], out.loc[out["variant"] == flat, "samples_per_s"]))
+        out["throughput_vs_flat"] = [v / t[k] if k in t else None for k, v in zip(key, out["samples_per_s"])]
     if (out["jobs"].fillna(1) > 1).any():
         single = {m: v for m, j, v in zip(out["model"], out["jobs"], out["_job_mean"]) if j == 1}
         out["per_job_drop_pct"] = [100 * (1 - v / single[m]) if v is not None and m in single else None
@@ -123,12 +135,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     for d in args.sweeps:
         print(f"## {Path(d).name}\n")
-        print(sweep_table(d, args.baseline, args.flat).to_markdown(index=False, floatfmt=".3g"))
+        print(sweep_table(d, args.baseline, args.flat).to_markdown(index=False, floatfmt=".4g"))
         print()
     if args.table2:
         for source in ("paper", "zoo"):
             print(f"## Table 2 recomputed (Gbit/s, 8 workers; M and T from {source})\n")
-            print(pd.DataFrame(table2(8, source)).to_markdown(index=False, floatfmt=".3g"))
+            print(pd.DataFrame(table2(8, source)).to_markdown(index=False, floatfmt=".4g"))
             print()
     print("## The paper\n")
     for line in PAPER:
