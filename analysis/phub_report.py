@@ -23,6 +23,7 @@ One row per point of each sweep (markdown on stdout):
   (PHub Fig. 18);
 * whether the run was flagged CPU-starved.
 
+``--plots DIR`` draws each sweep's table as grouped bars (:func:`plot_table`).
 ``--table2`` also prints Table 2 recomputed (:func:`analysis.models.phub.table2`) from
 Table 3's and from the zoo's model sizes and compute times. The paper's figures are printed
 last for comparison.
@@ -40,7 +41,7 @@ import yaml
 from analysis.models.phub import hierarchical_pays, table2
 from testbed.spec import load_spec
 
-__all__ = ["PAPER", "sweep_table"]
+__all__ = ["PAPER", "plot_table", "sweep_table"]
 
 PAPER = [
     "Fig. 12 (10 Gbit/s, 8 workers, normalised to sharded MXNet IB): PBox up to 2.7x for "
@@ -126,16 +127,54 @@ def sweep_table(sweep_dir: str | Path, baseline: str | None = "mxnet-cs", flat: 
     return out.dropna(axis=1, how="all")
 
 
+def plot_table(table: pd.DataFrame, path: str | Path, title: str = "") -> Path:
+    """Grouped bars of one sweep's table: one group per point (model, or racks / oversub /
+    background), one bar per variant; the speedup over the baseline when the table has it
+    (Fig. 12), else samples/s; a second panel with the training bytes that crossed the core
+    per iteration when any point has a core (Sec. 3.4, Fig. 19).
+
+    Returns:
+        the PNG written.
+    """
+    from analysis.plots import plt, save_figure
+    t = table.copy()
+    multi_rack = (t["racks"] > 1).any()
+    t["point"] = [f"{r.racks} racks {r.oversub:g}:1" + (" +bg" if r.background else "") if multi_rack else r.model
+                  for r in t.itertuples()]
+    y = "speedup" if "speedup" in t.columns and t["speedup"].notna().any() else "samples_per_s"
+    panels = [y] + (["core_MB_per_iter"] if multi_rack else [])
+    fig, axes = plt.subplots(len(panels), 1, figsize=(max(6.0, 0.9 * t["point"].nunique() * t["variant"].nunique() / 2), 3.2 * len(panels)),
+                             squeeze=False)
+    points, variants = list(dict.fromkeys(t["point"])), list(dict.fromkeys(t["variant"]))
+    width = 0.8 / len(variants)
+    for ax, col in zip(axes[:, 0], panels):
+        for i, v in enumerate(variants):
+            sub = t[t["variant"] == v].set_index("point")[col].reindex(points)
+            ax.bar([j + i * width for j in range(len(points))], sub.to_numpy(dtype=float), width, label=v)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(points))], points, rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel({"speedup": "speedup over baseline", "samples_per_s": "samples/s (emulated)",
+                       "core_MB_per_iter": "core MB / iteration"}[col])
+        if col == "speedup":
+            ax.axhline(1.0, color="grey", lw=0.8)
+        ax.legend(fontsize=8)
+    axes[0, 0].set_title(title)
+    return save_figure(fig, path)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m analysis.phub_report", description=__doc__.split("\n\n")[0])
     ap.add_argument("sweeps", nargs="+", help="sweep directories of experiments/phub_*.yaml")
     ap.add_argument("--baseline", default="mxnet-cs", help="variant the speedups are over (default mxnet-cs)")
     ap.add_argument("--flat", default="phub_flat", help="variant the core-byte ratios are over (default phub_flat)")
     ap.add_argument("--table2", action="store_true", help="also print Table 2 recomputed")
+    ap.add_argument("--plots", help="directory for <sweep>.png (grouped bars of each sweep)")
     args = ap.parse_args(argv)
     for d in args.sweeps:
+        table = sweep_table(d, args.baseline, args.flat)
         print(f"## {Path(d).name}\n")
-        print(sweep_table(d, args.baseline, args.flat).to_markdown(index=False, floatfmt=".4g"))
+        print(table.to_markdown(index=False, floatfmt=".4g"))
+        if args.plots:
+            print(f"\nplot: {plot_table(table, Path(args.plots) / f'{Path(d).name}.png', Path(d).name)}")
         print()
     if args.table2:
         for source in ("paper", "zoo"):

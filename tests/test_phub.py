@@ -354,6 +354,9 @@ def test_phub_report_matches_points_and_takes_background_out(tmp_path):
     assert t.loc[("phub_hier", True), "core_vs_flat"] == pytest.approx(0.5)
     assert t.loc[("phub_hier", True), "one_over_N"] == pytest.approx(0.25)
     assert "per_job_drop_pct" not in t.columns
+    from analysis.phub_report import plot_table
+    png = plot_table(sweep_table(tmp_path, baseline="ps_cs", flat="phub_flat"), tmp_path / "plots" / "s.png")
+    assert png.stat().st_size > 10_000
 
 
 def test_phub_report_gives_per_job_drop(tmp_path):
