@@ -311,6 +311,10 @@ def test_jobs_and_wrong_token_rejected(tmp_path):
         assert res["rejected_pushes"] == ITERS * len(own0)
         rejects = [e for e in read_events(run_dir / "events" / f"server{s}.jsonl") if e["kind"] == "reject"]
         assert {e["peer"] for e in rejects} == {4} and all(e["job"] == 0 for e in rejects)
+        # every job has its own serving loop per server thread: no job waits on another's chunks
+        pushes = [e for e in read_events(run_dir / "events" / f"server{s}.jsonl") if e["kind"] == "push"]
+        assert {e["job"] for e in pushes} == {0, 1}
+        assert all(e["thread"] == f"srv{e['server_thread']}-job{e['job']}" for e in pushes)
         # the server holds both jobs' namespaces, each equal to the reference's slice
         state = torch.load(run_dir / "params" / f"server{s}.pt")
         assert {k.split("/")[0] for k in state} == {"job0", "job1"}

@@ -46,7 +46,9 @@ its ToR (``workload.servers.interfaces``); the PBox runs one server process per 
   be received to be refused), reject each push, and job 0 trains exactly as without it.
   Each job trains the model from the same seed on global batches of its own ``m`` workers
   (``traffic.data.GlobalBatches`` with ``m`` workers), so job ``g`` equals the
-  single-process reference of ``m`` workers.
+  single-process reference of ``m`` workers. Jobs progress independently: every server
+  thread runs one serving loop per job (thread ``srv<t>-job<g>``), so no job waits for
+  another's round or for another's chunk ahead of its own.
 * **Hierarchical reduction** (Sec. 3.4, Fig. 10): option ``hierarchical: true`` with one
   PBox per rack (``servers: {placement: dedicated, scope: per_rack, count: 1}``): each
   worker pushes to its own rack's PBox; each PBox sums its rack's copies of a chunk; the
@@ -68,7 +70,8 @@ of chunk ``c`` uses tag ``RING_TAG + c.id * 2(R-1) + s``.
 Events (each with ``iteration``, ``layer``, ``key``, ``chunk``/``shard``/``slice`` (the
 chunk id), ``job``, ``iface`` (the chunk's interface index), ``server_thread``,
 ``priority``, ``bytes``): workers ``push`` (dir tx, on the ``comm`` thread) and ``pull``
-(dir rx); servers ``push`` (dir rx) and ``pull`` (dir tx) on thread ``srv<t>``, ``update``
+(dir rx); servers ``push`` (dir rx) and ``pull`` (dir tx) on thread ``srv<t>`` (``srv<t>-job<g>``
+with several jobs), ``update``
 (span of average + optimizer step), ``reject`` (instant: ``op`` push or connect, ``peer``),
 and with hierarchical reduction the ring's ``reduce_scatter``/``all_gather`` transfers.
 Set-up messages: ``token``, ``create_service``, ``connect``, ``init``.
@@ -579,14 +582,18 @@ class PHub(ParameterServer):
         ev.instant("server_keys", chunks=[c.id for c in self.mine], numel=sum(c.numel for c in self.mine),
                    iface=my_iface, hierarchical=self.hier)
         T = int(self.opts["server_threads"])
+        jobs_here = sorted({c.job for c in self.mine})
+        self._count_lock = threading.Lock()
         errors: list[BaseException] = []
 
-        def serve(t: int) -> None:
+        def serve(t: int, g: int) -> None:
             try:
-                self._serve_thread(t, my_iface, my_rack)
+                self._serve_thread(t, g, len(jobs_here), my_iface, my_rack)
             except BaseException as e:  # noqa: BLE001 - re-raised by the main thread
                 errors.append(e)
-        threads = [threading.Thread(target=serve, args=(t,), name=f"srv{t}", daemon=True) for t in range(T)]
+        threads = [threading.Thread(target=serve, args=(t, g), daemon=True,
+                                    name=f"srv{t}" if len(self.jobs) == 1 else f"srv{t}-job{g}")
+                   for t in range(T) for g in jobs_here]
         for th in threads:
             th.start()
         while any(th.is_alive() for th in threads) and not errors:  # a failed thread fails the server now
@@ -610,15 +617,15 @@ class PHub(ParameterServer):
             return sorted(idx, key=lambda i: (-self.key_layer[self.mine[i].key], self.mine[i].id))
         return sorted(idx, key=lambda i: self.mine[i].id)
 
-    def _serve_thread(self, t: int, my_iface: int, my_rack: int | None) -> None:
-        """Tall aggregation and optimization of thread ``t``'s chunks, every round."""
+    def _serve_thread(self, t: int, job: int, jobs_here: int, my_iface: int, my_rack: int | None) -> None:
+        """Tall aggregation and optimization of thread ``t``'s chunks of job ``job``, every
+        round (``jobs_here`` jobs share the thread's receive window)."""
         ctx, tr, ev = self.ctx, self.ctx.transport, self.ctx.events
-        order = self._order([i for i, c in enumerate(self.mine) if c.thread == t])
+        order = self._order([i for i, c in enumerate(self.mine) if c.thread == t and c.job == job])
         if not order:
             return
-        lock = threading.Lock()
-        W_max = max(len(s) for s in self.senders.values()) or 1
-        window = max(2, RECV_WINDOW_BYTES // (W_max * (self.chunk_elems + META) * ELEMENT_BYTES))
+        W = len(self.senders[job]) or 1
+        window = max(2, RECV_WINDOW_BYTES // (jobs_here * W * (self.chunk_elems + META) * ELEMENT_BYTES))
         R = len(self.pboxes) if self.hier else 1
 
         def post(it: int, i: int):
@@ -631,7 +638,7 @@ class PHub(ParameterServer):
             return out
 
         for it in range(ctx.iterations):
-            if t == 0:
+            if t == 0 and job == self.mine[0].job:
                 ctx.maybe_crash(it)
             posted = {i: post(it, i) for i in order[:window]}
             sends: list[Pending] = []
@@ -653,7 +660,7 @@ class PHub(ParameterServer):
                         p.wait()
                         if _meta_value(buf) != token:
                             refused.append(r)
-                            with lock:
+                            with self._count_lock:
                                 self.rejected_pushes += 1
                             ev.instant("reject", op="push", peer=r, **f)
                             continue
