@@ -104,7 +104,7 @@ def sweep_table(sweep_dir: str | Path, baseline: str | None = "mxnet-cs", flat: 
                      "cpu_starved": r["cpu_starved"], "sec34_hier_pays": pays,
                      "jobs": len(per_job) or None,
                      "per_job_samples_per_s": ", ".join(f"{v:.1f}" for v in per_job.values()) or None,
-                     "_job_mean": sum(per_job.values()) / len(per_job) if per_job else None})
+                     "per_job_mean": sum(per_job.values()) / len(per_job) if per_job else None})
     out = pd.DataFrame(rows)
     key = out[POINT].astype(str).agg("|".join, axis=1)
     if baseline is not None and (out["variant"] == baseline).any():
@@ -118,19 +118,19 @@ def sweep_table(sweep_dir: str | Path, baseline: str | None = "mxnet-cs", flat: 
         t = dict(zip(key[out["variant"] == flat], out.loc[out["variant"] == flat, "samples_per_s"]))
         out["throughput_vs_flat"] = [v / t[k] if k in t else None for k, v in zip(key, out["samples_per_s"])]
     if (out["jobs"].fillna(1) > 1).any():
-        single = {m: v for m, j, v in zip(out["model"], out["jobs"], out["_job_mean"]) if j == 1}
+        single = {m: v for m, j, v in zip(out["model"], out["jobs"], out["per_job_mean"]) if j == 1}
         out["per_job_drop_pct"] = [100 * (1 - v / single[m]) if v is not None and m in single else None
-                                   for m, v in zip(out["model"], out["_job_mean"])]
+                                   for m, v in zip(out["model"], out["per_job_mean"])]
     else:
-        out = out.drop(columns=["jobs", "per_job_samples_per_s"])
-    out = out.drop(columns=["_job_mean"])
+        out = out.drop(columns=["jobs", "per_job_samples_per_s", "per_job_mean"])
     return out.dropna(axis=1, how="all")
 
 
 def plot_table(table: pd.DataFrame, path: str | Path, title: str = "") -> Path:
     """Grouped bars of one sweep's table: one group per point (model, or racks / oversub /
-    background), one bar per variant; the speedup over the baseline when the table has it
-    (Fig. 12), else samples/s; a second panel with the training bytes that crossed the core
+    background), one bar per variant; the mean per-job throughput of a multi-tenant sweep
+    (Fig. 18), else the speedup over the baseline when the table has it (Fig. 12), else
+    samples/s; a second panel with the training bytes that crossed the core
     per iteration when any point has a core (Sec. 3.4, Fig. 19).
 
     Returns:
@@ -141,7 +141,8 @@ def plot_table(table: pd.DataFrame, path: str | Path, title: str = "") -> Path:
     multi_rack = (t["racks"] > 1).any()
     t["point"] = [f"{r.racks} racks {r.oversub:g}:1" + (" +bg" if r.background else "") if multi_rack else r.model
                   for r in t.itertuples()]
-    y = "speedup" if "speedup" in t.columns and t["speedup"].notna().any() else "samples_per_s"
+    y = ("per_job_mean" if "per_job_mean" in t.columns else
+         "speedup" if "speedup" in t.columns and t["speedup"].notna().any() else "samples_per_s")
     panels = [y] + (["core_MB_per_iter"] if multi_rack else [])
     fig, axes = plt.subplots(len(panels), 1, figsize=(max(6.0, 0.9 * t["point"].nunique() * t["variant"].nunique() / 2), 3.2 * len(panels)),
                              squeeze=False)
@@ -153,6 +154,7 @@ def plot_table(table: pd.DataFrame, path: str | Path, title: str = "") -> Path:
             ax.bar([j + i * width for j in range(len(points))], sub.to_numpy(dtype=float), width, label=v)
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(points))], points, rotation=30, ha="right", fontsize=8)
         ax.set_ylabel({"speedup": "speedup over baseline", "samples_per_s": "samples/s (emulated)",
+                       "per_job_mean": "samples/s per job (emulated)",
                        "core_MB_per_iter": "core MB / iteration"}[col])
         if col == "speedup":
             ax.axhline(1.0, color="grey", lw=0.8)
