@@ -160,7 +160,10 @@ def test_ctrl_c_tears_everything_down_and_records_the_run(tmp_path):
     assert leftovers() == []
     p = subprocess.Popen([sys.executable, "-m", "testbed.cli", "run", "experiments/quickstart.yaml", "-q",
                           "--set", "sweep={}", "--set", "workload.iterations=500", "--runs-dir", str(tmp_path)],
-                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         # a shell that starts the suite in the background leaves SIGINT ignored,
+                         # and Python then never raises KeyboardInterrupt: give Ctrl-C back its default
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 120
     log = None
     while time.time() < deadline:  # wait until the training processes run
