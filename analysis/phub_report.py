@@ -36,7 +36,6 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-import yaml
 
 from analysis.models.phub import hierarchical_pays, table2
 from testbed.spec import load_spec
@@ -82,20 +81,17 @@ def sweep_table(sweep_dir: str | Path, baseline: str | None = "mxnet-cs", flat: 
     for _, r in df.iterrows():
         rd = Path(r["run_dir"])
         s = json.loads((rd / "summary.json").read_text()) if (rd / "summary.json").exists() else {}
-        spec = yaml.safe_load((rd / "spec.yaml").read_text()) if (rd / "spec.yaml").exists() else {}
-        topo = spec.get("topology") or {}
+        exp = load_spec(rd / "spec.yaml")
+        t = exp.topology
         bpi = s.get("bytes_per_iteration") or {}
         core = bpi.get("core_training", bpi.get("core"))
         per_job = _per_job(rd)
         pays = None
-        if topo.get("kind") == "rack_core" and (topo.get("racks") or 1) > 1 and s.get("workers"):
-            t = load_spec(rd / "spec.yaml").topology
-            k = ((spec.get("workload") or {}).get("servers") or {}).get("interfaces") or 1
-            pays = hierarchical_pays(b_pbox=k * t.host_bw_mbps, b_core=t.uplink_mbps(), b_wkr=t.host_bw_mbps,
-                                     racks=t.racks, n=s["workers"] // t.racks)
-        rows.append({"variant": r.get("variant", r.get("scheme")), "model": (spec.get("workload") or {}).get("model"),
-                     "racks": topo.get("racks", 1), "oversub": topo.get("oversubscription"),
-                     "background": bool(spec.get("background")),
+        if t.kind == "rack_core" and t.racks > 1 and s.get("workers"):
+            pays = hierarchical_pays(b_pbox=exp.workload.servers.interfaces * t.host_bw_mbps, b_core=t.uplink_mbps(),
+                                     b_wkr=t.host_bw_mbps, racks=t.racks, n=s["workers"] // t.racks)
+        rows.append({"variant": r.get("variant", r.get("scheme")), "model": exp.workload.model,
+                     "racks": t.racks, "oversub": t.oversubscription, "background": bool(exp.background),
                      "workers": s.get("workers"), "status": r["status"],
                      "samples_per_s": r["samples_per_s"], "ci95": r["samples_per_s_ci95"],
                      "iter_ms": None if pd.isna(r["iter_mean_s"]) else 1e3 * r["iter_mean_s"],
@@ -107,16 +103,18 @@ def sweep_table(sweep_dir: str | Path, baseline: str | None = "mxnet-cs", flat: 
                      "per_job_mean": sum(per_job.values()) / len(per_job) if per_job else None})
     out = pd.DataFrame(rows)
     key = out[POINT].astype(str).agg("|".join, axis=1)
+
+    def over(variant: str, col: str) -> list:
+        """``col`` of every row divided by ``col`` of ``variant`` at the same point."""
+        ref = dict(zip(key[out["variant"] == variant], out.loc[out["variant"] == variant, col]))
+        return [v / ref[k] if k in ref and ref[k] and v is not None else None for k, v in zip(key, out[col])]
+
     if baseline is not None and (out["variant"] == baseline).any():
-        b = dict(zip(key[out["variant"] == baseline], out.loc[out["variant"] == baseline, "samples_per_s"]))
-        out["speedup"] = [v / b[k] if k in b else None for k, v in zip(key, out["samples_per_s"])]
+        out["speedup"] = over(baseline, "samples_per_s")
     if flat is not None and (out["variant"] == flat).any() and out["core_MB_per_iter"].notna().any():
-        f = dict(zip(key[out["variant"] == flat], out.loc[out["variant"] == flat, "core_MB_per_iter"]))
-        out["core_vs_flat"] = [c / f[k] if k in f and f[k] and c is not None else None
-                               for k, c in zip(key, out["core_MB_per_iter"])]
+        out["core_vs_flat"] = over(flat, "core_MB_per_iter")
         out["one_over_N"] = [(r.racks / r.workers) if r.workers else None for r in out.itertuples()]
-        t = dict(zip(key[out["variant"] == flat], out.loc[out["variant"] == flat, "samples_per_s"]))
-        out["throughput_vs_flat"] = [v / t[k] if k in t else None for k, v in zip(key, out["samples_per_s"])]
+        out["throughput_vs_flat"] = over(flat, "samples_per_s")
     if (out["jobs"].fillna(1) > 1).any():
         single = {m: v for m, j, v in zip(out["model"], out["jobs"], out["per_job_mean"]) if j == 1}
         out["per_job_drop_pct"] = [100 * (1 - v / single[m]) if v is not None and m in single else None

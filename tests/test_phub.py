@@ -331,8 +331,10 @@ def _fake_run(root, name, variant, racks, background, samples_per_s, core, worke
     """A run directory with what analysis.phub_report reads: spec, summary, worker results."""
     d = root / name
     (d / "results").mkdir(parents=True)
-    spec = {"topology": {"racks": racks, "oversubscription": 3}, "workload": {"model": "resnet50"},
-            "background": [{"src": "bg1", "dst": "bg2"}] if background else []}
+    spec = {"topology": {"kind": "rack_core" if racks > 1 else "rack", "racks": racks, "oversubscription": 3,
+                         "background_hosts_per_rack": 1 if background else 0},
+            "workload": {"model": "resnet50"},
+            "background": [{"src": "bg1", "dst": "bg2", "rate_mbps": 1000, "duration_s": 1}] if background else []}
     (d / "spec.yaml").write_text(yaml.safe_dump(spec))
     (d / "summary.json").write_text(json.dumps({"workers": workers, "bytes_per_iteration": {
         "core": core + 1e9, "core_training": core, "worker_link": 2e8}}))
