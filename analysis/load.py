@@ -212,7 +212,7 @@ def to_emulated_time(scale: float, traces, qdisc, cpu, events):
 
 
 def load(run_dir: str | Path) -> Run:
-    """Load a run directory (see :mod:`testbed.rundir` for the layout).
+    """Load a run directory (see :mod:`traffic.rundir` for the layout).
 
     Args:
         run_dir: the directory of one run.

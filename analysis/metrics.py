@@ -14,7 +14,7 @@ Definitions (all documented again in ``summary.json``'s ``*method`` fields):
   overstates the period; ``throughput.overall`` (all measured samples / wall time from the
   first measured start to the last measured end) is the steady-state rate in that case.
 * **Warm-up**: the ``workload.warmup_iterations`` smallest iteration numbers are skipped.
-* **Bytes** come from the bwm-ng samples of the switch ports (see :mod:`testbed.rundir`): a host's tx is
+* **Bytes** come from the bwm-ng samples of the switch ports (see :mod:`traffic.rundir`): a host's tx is
   the rx of the switch port of its host link, its rx that port's tx; host links total = both
   directions of all host links; uplinks total = both directions of all ToR-core uplinks
   (measured at the ToR end); core = sum of tx of the ToR uplink ports (each byte that crossed
@@ -429,7 +429,7 @@ def summarize(run_dir: str | Path, status: str = "ok", error: str | None = None)
     Returns:
         The summary dict (see the module doc for every definition).
     """
-    from testbed.rundir import write_json
+    from traffic.rundir import write_json
 
     p = Path(run_dir)
     try:

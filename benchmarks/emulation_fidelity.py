@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from link_fidelity import allreduce  # noqa: E402
-from testbed import rundir  # noqa: E402
+from traffic import rundir  # noqa: E402
 from testbed.ledger import Ledger, NetworkLock  # noqa: E402
 from testbed.network import Network  # noqa: E402
 from testbed.spec import TopologySpec  # noqa: E402

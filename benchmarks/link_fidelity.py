@@ -33,7 +33,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from testbed import launch, rundir  # noqa: E402
+from testbed import launch
+from traffic import rundir  # noqa: E402
 from testbed.ledger import Ledger, NetworkLock  # noqa: E402
 from testbed.network import Network  # noqa: E402
 from testbed.spec import TopologySpec  # noqa: E402

@@ -1,6 +1,6 @@
 """Record what crosses the network and how busy the machine is while a run trains.
 
-Three recorders write into ``<run_dir>/traces/`` (formats in :mod:`testbed.rundir`):
+Three recorders write into ``<run_dir>/traces/`` (formats in :mod:`traffic.rundir`):
 
 ``bwm-ng.csv``
     bwm-ng itself, unmodified output, started as::
@@ -88,7 +88,7 @@ from typing import Callable
 from pyroute2 import AsyncIPRoute
 from pyroute2.netlink.rtnl import TC_H_ROOT
 
-from testbed.errors import MissingRequirement, TestbedError
+from topologies.errors import MissingRequirement, TestbedError
 from testbed.spec import CaptureSpec
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import psutil
 
-from testbed.errors import TestbedError
+from topologies.errors import TestbedError
 from testbed.ledger import NetworkLock, _kill_tree, stale_ledgers
 
 BRIDGE_RE = re.compile(r"^(tor|core)\d+$")

@@ -19,7 +19,7 @@ import os
 import sys
 from pathlib import Path
 
-from testbed.errors import TestbedError
+from topologies.errors import TestbedError
 
 
 def _cmd_check(args) -> int:
@@ -71,7 +71,7 @@ def format_table(df) -> str:
 
 
 def _cmd_ls(args) -> int:
-    from testbed.rundir import is_run, read_json
+    from traffic.rundir import is_run, read_json
     root = Path(args.runs_dir)
     if not root.is_dir():
         print(f"no runs under {root}")
@@ -90,7 +90,7 @@ def _cmd_ls(args) -> int:
 
 
 def _resolve_runs(paths: list[str]) -> list[Path]:
-    from testbed.rundir import is_run
+    from traffic.rundir import is_run
     out = []
     for p in map(Path, paths):
         if is_run(p):
@@ -127,7 +127,7 @@ def _cmd_plot(args) -> int:
 
 
 def _cmd_show(args) -> int:
-    from testbed.rundir import read_json
+    from traffic.rundir import read_json
     for d in _resolve_runs([args.run]):
         print(json.dumps(read_json(d / "summary.json"), indent=2))
     return 0

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from testbed.errors import RunFailed
-from testbed.rundir import write_json
+from topologies.errors import RunFailed
+from traffic.rundir import write_json
 
 
 @dataclass
@@ -30,7 +30,7 @@ class Launched:
 
 
 def write_processes(run_dir: Path, entries: list[dict], master_addr: str, master_port: int) -> dict:
-    """Write ``processes.json`` (see :mod:`testbed.rundir`) and return its content.
+    """Write ``processes.json`` (see :mod:`traffic.rundir`) and return its content.
 
     ``entries``: dicts with name, role, index, host, ip, iface; ranks are given in order.
     """

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 
-from testbed.errors import TestbedError
+from topologies.errors import TestbedError
 
 STATE_DIR = Path(os.environ.get("TESTBED_STATE_DIR", "/run/testbed"))
 LEDGER_DIR = STATE_DIR / "ledger"

@@ -24,9 +24,9 @@ from mininet.net import Mininet
 from mininet.nodelib import LinuxBridge
 from pyroute2 import IPRoute, NetNS
 
-from testbed.errors import MissingRequirement, TestbedError
+from topologies.errors import MissingRequirement, TestbedError
 from testbed.ledger import Ledger
-from testbed.rundir import write_json
+from traffic.rundir import write_json
 from topologies import build_topo
 
 #: Highest rate we shape, Mbit/s. Above it a veth pair on one CPU cannot keep up anyway.

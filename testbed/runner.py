@@ -24,8 +24,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from testbed import launch, rundir
-from testbed.errors import RunFailed, SpecError, TestbedError
+from testbed import launch
+from traffic import rundir
+from topologies.errors import RunFailed, SpecError, TestbedError
 from testbed.ledger import Ledger, NetworkLock
 from testbed.spec import Experiment, dump_spec, expand_sweep
 
@@ -91,7 +92,7 @@ def run_one(exp: Experiment, parent: Path, run_id: str, exclusive_id: bool = Tru
     from analysis.metrics import summarize
     from testbed.capture import Capture
     from testbed.network import Network, bind_to_interface
-    from traffic.background import Background
+    from testbed.background import Background
     from traffic.schemes import HostInfo, get_scheme
 
     run_dir = rundir.create(parent, run_id, exclusive_id=exclusive_id)

@@ -22,7 +22,7 @@ from typing import Any, Literal, Optional
 
 import yaml
 
-from testbed.errors import SpecError
+from topologies.errors import SpecError
 
 
 def _check(pred, msg):
@@ -168,7 +168,7 @@ class ServersSpec:
 
 @dataclass
 class BackgroundFlow:
-    """One background flow: iperf3 from host ``src`` to host ``dst`` (``traffic.background``).
+    """One background flow: iperf3 from host ``src`` to host ``dst`` (``testbed.background``).
 
     ``rate_mbps``: sending rate in emulated Mbit/s (shaped at rate / ``scale`` like links).
     ``start_s``: start in emulated seconds after the training processes are launched (their
@@ -276,7 +276,7 @@ class Experiment:
     s != 1 needs ``workload.compute.mode: emulated`` (real compute cannot be slowed down).
 
     ``background`` lists :class:`BackgroundFlow` s: iperf3 traffic between hosts during the
-    run, e.g. to load the core (``traffic.background``).
+    run, e.g. to load the core (``testbed.background``).
     """
     name: str = "experiment"
     scale: float = field(default=1.0, metadata=_pos)
@@ -477,7 +477,7 @@ def _validate_cross(exp: Experiment) -> None:
         raise SpecError("scale", exp.scale, "1 unless workload.compute.mode is 'emulated' "
                         "(time dilation slows emulated compute and links; real compute cannot be slowed)")
     if w.compute.mode == "emulated":
-        from testbed.errors import TestbedError
+        from topologies.errors import TestbedError
         from traffic.profiles import load_profile
         try:
             load_profile(w.compute.profile, w.model, w.batch_size)
@@ -511,7 +511,7 @@ _FLOW_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123
 
 def _validate_background(exp: Experiment) -> None:
     """Background flows: distinct endpoints, whole dilated seconds, unique file-safe names.
-    (Whether the hosts exist is checked against the built network: ``traffic.background``.)"""
+    (Whether the hosts exist is checked against the built network: ``testbed.background``.)"""
     names = set()
     for i, f in enumerate(exp.background):
         path = f"background[{i}]"

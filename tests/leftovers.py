@@ -12,7 +12,12 @@ def leftovers() -> list[str]:
     """Every testbed-made object still present (empty list = clean machine)."""
     out = [f"link {p.name}" for p in Path("/sys/class/net").iterdir()
            if BRIDGE_RE.match(p.name) or VETH_RE.match(p.name)]
-    out += [f"process {p.pid} {' '.join(p.cmdline()[:3])}" for p in psutil.process_iter() if _our_process(p)]
+    for p in psutil.process_iter():
+        if _our_process(p):
+            try:
+                out.append(f"process {p.pid} {' '.join(p.cmdline()[:3])}")
+            except psutil.Error:  # it ended (or became a zombie) since it was seen
+                pass
     if LEDGER_DIR.is_dir():
         out += [f"ledger {p.name}" for p in LEDGER_DIR.glob("*.json")]
     return out

@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from analysis.traces import parse_bwm_ng, rates  # noqa: E402
 from testbed.capture import Capture, QdiscSampler, _Periodic, bwm_ng_command, find_bwm_ng  # noqa: E402
-from testbed.errors import MissingRequirement, TestbedError  # noqa: E402
+from topologies.errors import MissingRequirement, TestbedError  # noqa: E402
 from testbed.spec import CaptureSpec  # noqa: E402
 
 DATA = Path(__file__).parent / "data"

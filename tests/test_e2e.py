@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 import analysis
-from testbed.errors import MissingRequirement, TestbedError
+from topologies.errors import MissingRequirement, TestbedError
 from testbed.runner import run_experiment, run_one
 from testbed.spec import from_dict
 from tests.leftovers import leftovers, needs_root

@@ -31,12 +31,12 @@ from analysis.models.ibatch import (STRATEGIES, PullProfile, algorithm1, algorit
                                     brute_force_batching, choose_batching, exe_parts, exe_time,
                                     optimal_batching, pipeline_time, satisfies_constraint, strategy_ends,
                                     validate_ends)
-from testbed.errors import SpecError
+from topologies.errors import SpecError
 from testbed.spec import from_dict
 from traffic.profiles import LayerProfile, Profile
 from traffic.reference import reference_train
 from traffic.runtime.events import read_events
-from traffic.runtime.local import run_local
+from testbed.local import run_local
 from traffic.schemes import get_scheme
 from traffic.schemes import ibatch as scheme_mod
 

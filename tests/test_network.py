@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from testbed import rundir
+from traffic import rundir
 from testbed.check import kernel_qdiscs
-from testbed.errors import MissingRequirement, TestbedError
+from topologies.errors import MissingRequirement, TestbedError
 from testbed.ledger import Ledger, NetworkLock
 from testbed.network import Network, htb_burst_bytes
 from testbed.spec import TopologySpec
@@ -110,7 +110,7 @@ def test_second_run_is_refused_while_one_holds_the_network():
 
 KILLED = r"""
 import sys, time
-from testbed import rundir
+from traffic import rundir
 from testbed.ledger import Ledger, NetworkLock
 from testbed.network import Network
 from testbed.spec import TopologySpec

@@ -33,7 +33,7 @@ import torch
 from testbed.spec import from_dict
 from traffic.reference import reference_train
 from traffic.runtime.events import read_events
-from traffic.runtime.local import run_local
+from testbed.local import run_local
 from traffic.schemes import get_scheme
 from traffic.schemes.p3 import assign_slices
 

@@ -33,12 +33,12 @@ import pytest
 import torch
 import yaml
 
-from testbed.errors import SpecError
+from topologies.errors import SpecError
 from testbed.spec import from_dict
 from traffic.models import build_model
 from traffic.reference import reference_train
 from traffic.runtime.events import read_events
-from traffic.runtime.local import local_hosts, run_local
+from testbed.local import local_hosts, run_local
 from traffic.schemes import HostInfo, get_scheme
 from analysis.models.phub import (PAPER_TABLE2, bandwidth_lower_bounds, cross_rack_bytes, hierarchical_pays,
                                   hierarchical_terms, table2)

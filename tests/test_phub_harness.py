@@ -13,13 +13,13 @@ import time
 import pytest
 import yaml
 
-from testbed.errors import SpecError
+from topologies.errors import SpecError
 from testbed.network import IFACE_UID_BASE, bind_to_interface
 from testbed.spec import TopologySpec, dump_spec, expand_sweep, from_dict, load_spec
 from tests.leftovers import leftovers, needs_root
 from topologies import build_topo
-from traffic.background import BASE_PORT, client_command, plan_flows, read_result, server_command
-from traffic.runtime.local import local_entries, local_hosts
+from testbed.background import BASE_PORT, client_command, plan_flows, read_result, server_command
+from testbed.local import local_entries, local_hosts
 from traffic.schemes import get_scheme
 
 root_only = pytest.mark.skipif(needs_root, reason="needs root")
@@ -222,7 +222,7 @@ def _link(topo, host, intf):
 @pytest.mark.slow
 @root_only
 def test_pbox_host_has_k_shaped_interfaces_and_binds_processes(tmp_path):
-    from testbed import rundir
+    from traffic import rundir
     from testbed.ledger import Ledger, NetworkLock
     from testbed.network import Network
     assert leftovers() == []

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from testbed.errors import SpecError
+from topologies.errors import SpecError
 from testbed.spec import from_dict
 from traffic.collectives.ring import compressions_per_element, ring_allreduce, ring_blocks
 from traffic.compression import Identity, Quantization, Truncation, make_codec
@@ -34,7 +34,7 @@ from traffic.data import GlobalBatches, load_dataset
 from traffic.models import build_model
 from traffic.reference import reference_train
 from traffic.runtime.events import read_events
-from traffic.runtime.local import free_port, run_local
+from testbed.local import free_port, run_local
 from traffic.runtime.trainer import make_optimizer
 from traffic.schemes.pipe_sgd import grad_iteration
 

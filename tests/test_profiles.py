@@ -11,7 +11,7 @@ from torch import nn
 
 import traffic.profiles as profiles
 from testbed.cli import main as cli_main
-from testbed.errors import TestbedError
+from topologies.errors import TestbedError
 from traffic.models import LayeredModel, available_models
 from traffic.profiles import (Profile, available_profiles, flops_per_layer, layer_flops, load_profile,
                               split_published)

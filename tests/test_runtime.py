@@ -13,7 +13,7 @@ import psutil
 import pytest
 import torch
 
-from testbed.errors import RunFailed
+from topologies.errors import RunFailed
 from testbed.launch import write_processes
 from testbed.spec import dump_spec, from_dict
 from traffic.data import GlobalBatches, available_datasets, digits_raw, load_dataset
@@ -21,7 +21,7 @@ from traffic.models import LayeredModel, available_models, build_model
 from traffic.runtime.comm import CommThread, PriorityCommThread
 from traffic.runtime.context import parse_crash_at
 from traffic.runtime.events import EventLog, read_events
-from traffic.runtime.local import run_local
+from testbed.local import run_local
 
 REQUIRED = {"proc", "role", "rank", "thread", "kind", "ts", "dur", "iteration", "layer"}
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from testbed.errors import SpecError
+from topologies.errors import SpecError
 from testbed.spec import from_dict
 from traffic.reference import reference_train
 from traffic.runtime.events import read_events
-from traffic.runtime.local import local_entries, run_local
+from testbed.local import local_entries, run_local
 from traffic.schemes import HostInfo, available_schemes, get_scheme
 from traffic.schemes.allreduce import make_buckets
 from traffic.schemes.ps import assign_keys
@@ -222,7 +222,7 @@ def test_scheme_matches_reference(case, tmp_path, reference):
         for k in ref:
             torch.testing.assert_close(flat[k], ref[k].reshape(-1), rtol=1e-4, atol=1e-5)
 
-    from testbed.rundir import read_json
+    from traffic.rundir import read_json
     res = read_json(run_dir / "results" / "worker0.json")
     assert res["proc"] == "worker0" and res["iterations"] == ITERS and res["wall_s"] > 0
     assert 0 <= res["final_accuracy"] <= 1 and res["final_loss"] > 0

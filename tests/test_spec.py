@@ -2,7 +2,7 @@
 import pytest
 import yaml
 
-from testbed.errors import SpecError
+from topologies.errors import SpecError
 from testbed.spec import expand_sweep, from_dict, load_spec, parse_override
 
 

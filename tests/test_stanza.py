@@ -20,12 +20,12 @@ import torch
 
 from analysis.models import stanza as model
 from analysis.stanza_report import run_figures
-from testbed.errors import SpecError
+from topologies.errors import SpecError
 from testbed.spec import from_dict
 from traffic.collectives.recursive_doubling import rounds, schedule
 from traffic.reference import reference_accuracy, reference_train
 from traffic.runtime.events import read_events
-from traffic.runtime.local import local_entries, run_local
+from testbed.local import local_entries, run_local
 from traffic.schemes import HostInfo, get_scheme
 from traffic.schemes.stanza import checkpoint_holder, fc_groups, fc_of, split_shape
 from traffic.models import build_model

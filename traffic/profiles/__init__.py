@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from testbed.errors import TestbedError
+from topologies.errors import TestbedError
 
 __all__ = ["DATA_DIR", "LayerProfile", "Profile", "load_profile", "available_profiles",
            "profile_filename", "layer_names", "build_for_profile", "example_input",

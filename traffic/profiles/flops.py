@@ -27,7 +27,7 @@ import torch
 from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.flop_counter import FlopCounterMode
 
-from testbed.errors import TestbedError
+from topologies.errors import TestbedError
 from traffic.profiles import (DATA_DIR, METHOD_PUBLISHED, LayerProfile, Profile, build_for_profile,
                               example_input, layer_names, profile_filename)
 

@@ -9,8 +9,7 @@ Modules:
     transport  Transport: logged torch.distributed point-to-point and collectives
     comm       CommThread / PriorityCommThread: background communication, futures
     trainer    Trainer: the standard loop with the scheme hooks; evaluate; make_optimizer
-    local      run_local: run every process of a run on loopback (tests, development)
 
-This package's ``__init__`` imports nothing heavy, so the harness can import
-:mod:`.local` cheaply.
+The loopback runner that starts every process of a run without Mininet is harness code:
+:mod:`testbed.local`. This package's ``__init__`` imports nothing heavy.
 """

@@ -46,7 +46,7 @@ def run_process(run_dir: str | Path, name: str) -> int:
     import torch
     import torch.distributed as dist
 
-    from testbed.rundir import read_json, write_json
+    from traffic.rundir import read_json, write_json
     from testbed.spec import load_spec
     from traffic.data import GlobalBatches, load_dataset
     from traffic.models import build_model

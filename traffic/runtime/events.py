@@ -1,4 +1,4 @@
-"""Per-process event log: ``events/<proc>.jsonl`` (format in :mod:`testbed.rundir`).
+"""Per-process event log: ``events/<proc>.jsonl`` (format in :mod:`traffic.rundir`).
 
 One JSON object per line with the fields ``proc, role, rank, thread, kind, ts, dur,
 iteration, layer`` always present (``iteration``/``layer`` may be null), ``bytes`` and

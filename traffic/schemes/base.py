@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from testbed.errors import SpecError
+from topologies.errors import SpecError
 
 if TYPE_CHECKING:  # pragma: no cover
     from testbed.spec import WorkloadSpec

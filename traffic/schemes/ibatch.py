@@ -52,7 +52,7 @@ is the duration of the ``forward`` events the Trainer logs (iterations ``0 .. P`
 executed: slept in emulated compute). Per worker the median over the profiling iterations;
 at the start of iteration ``P + 1`` every worker sends its profile to worker 0, which
 averages them, runs Algorithms 1 and 2, takes the smaller eq. (4), writes ``ibatch.json``
-into the run directory (format in :mod:`testbed.rundir`) and sends the batch ends of the
+into the run directory (format in :mod:`traffic.rundir`) and sends the batch ends of the
 configured strategy to every worker; from then on pulls follow them. All three strategies
 profile the same way, so their runs differ only in the pulls after iteration ``P``.
 Choose ``workload.warmup_iterations`` > ``P`` to leave profiling out of throughput.
@@ -76,7 +76,7 @@ from concurrent.futures import Future
 
 import torch
 
-from testbed.errors import SpecError
+from topologies.errors import SpecError
 from traffic.runtime.comm import CommThread
 from traffic.runtime.events import read_events
 from traffic.schemes.base import register
@@ -300,7 +300,7 @@ class IBatch(ParameterServer):
         ``ibatch.json``; returns the batch ends of the configured strategy."""
         from analysis.models.ibatch import (PullProfile, choose_batching, exe_time, optimal_batching,
                                             pipeline_time, satisfies_constraint, strategy_ends)
-        from testbed.rundir import write_json
+        from traffic.rundir import write_json
         n = len(profiles)
         mean = PullProfile([sum(p.forward_s[l] for p in profiles) / n for l in range(self.L)],
                            [sum(p.transfer_s[l] for p in profiles) / n for l in range(self.L)],

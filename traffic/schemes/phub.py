@@ -92,7 +92,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from testbed.errors import SpecError
+from topologies.errors import SpecError
 from traffic.collectives.ring import ring_allreduce
 from traffic.runtime.transport import Pending
 from traffic.runtime.trainer import make_optimizer
@@ -206,8 +206,8 @@ def job_groups(workers: int, jobs: int, intruder: int | None = None) -> list[lis
 
 def host_racks(exp: "Experiment") -> dict[str, int]:
     """Rack of every host of the spec's topology (``h1..``, ``ps1..``: the names both the
-    Mininet topology and :func:`traffic.runtime.local.local_hosts` use)."""
-    from traffic.runtime.local import local_hosts
+    Mininet topology and :func:`testbed.local.local_hosts` use)."""
+    from testbed.local import local_hosts
     return {h.name: h.rack for h in local_hosts(exp)}
 
 

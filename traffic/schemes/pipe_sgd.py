@@ -64,7 +64,7 @@ from concurrent.futures import Future
 
 import torch
 
-from testbed.errors import SpecError
+from topologies.errors import SpecError
 from traffic.collectives.ring import ring_allreduce
 from traffic.compression import CODECS, make_codec
 from traffic.runtime.trainer import make_optimizer

@@ -91,7 +91,7 @@ import time
 
 import torch
 
-from testbed.errors import SpecError
+from topologies.errors import SpecError
 from traffic.collectives import recursive_doubling
 from traffic.models import LayeredModel
 from traffic.runtime.trainer import Trainer, make_optimizer
@@ -279,7 +279,7 @@ class Stanza(Scheme):
             SpecError: the profile cannot be loaded for the model and batch size.
         """
         from analysis.models.stanza import Constants, node_assignment
-        from testbed.errors import TestbedError
+        from topologies.errors import TestbedError
         from traffic.profiles import load_profile
         try:
             prof = load_profile(workload.compute.profile, workload.model, workload.batch_size)

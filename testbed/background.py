@@ -24,7 +24,7 @@ them and each sleeps until its start. A flow still running when training ends is
 (SIGTERM: iperf3 still writes its JSON, with an ``error``). Every pid is in the run's ledger,
 so teardown and ``testbed clean`` kill whatever is left. ``traces/background/flows.json``
 records each flow as planned and, after the run, what iperf3 reports it moved (format in
-:mod:`testbed.rundir`).
+:mod:`traffic.rundir`).
 """
 from __future__ import annotations
 
@@ -36,9 +36,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from testbed.errors import SpecError, TestbedError
+from topologies.errors import SpecError, TestbedError
 from testbed.launch import Launched, kill_all
-from testbed.rundir import write_json
+from traffic.rundir import write_json
 
 __all__ = ["BASE_PORT", "FlowPlan", "plan_flows", "server_command", "client_command", "read_result",
            "Background"]

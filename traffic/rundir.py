@@ -26,7 +26,7 @@ cpu_starved, run_dir``)::
     summary.json         headline figures and fidelity flags
     ibatch.json          scheme ibatch only: measured pull/forward profile and batches
 
-A loopback run (:mod:`traffic.runtime.local`) writes only spec.yaml, processes.json,
+A loopback run (:mod:`testbed.local`) writes only spec.yaml, processes.json,
 events/, results/, params/ and logs/. Times are unix seconds (``time.time()``), durations
 seconds of wall clock, unless a name says otherwise.
 
@@ -94,7 +94,7 @@ seconds of wall clock, unless a name says otherwise.
     qdisc's kind, backlog (gauges) and cumulative counters since the qdisc was created. An
     htb root's counters include its leaf queue.
 
-``traces/background/`` (:mod:`traffic.background`, when the spec has ``background`` flows)
+``traces/background/`` (:mod:`testbed.background`, when the spec has ``background`` flows)
     ``flows.json``: ``{"scale", "flows": [{index, name, src, dst, dst_ip, port, protocol,
     rate_mbps, start_s, duration_s`` (emulated, from the spec)``, shaped_bps`` (iperf3
     ``-b``, bit/s)``, delay_s, seconds`` (real start delay after launch and iperf3 ``-t``)``,
@@ -157,7 +157,7 @@ import os
 import time
 from pathlib import Path
 
-from testbed.errors import TestbedError
+from topologies.errors import TestbedError
 
 SUBDIRS = ("events", "results", "params", "logs", "traces")
 

@@ -3,7 +3,7 @@
 Tests and developers run schemes with it::
 
     from testbed.spec import from_dict
-    from traffic.runtime.local import run_local
+    from testbed.local import run_local
     exp = from_dict({"workload": {"scheme": "ps", "iterations": 20, "workers": 4}})
     run_dir = run_local(exp, "runs/try-ps")
 
@@ -15,7 +15,7 @@ shaped, nothing is captured and no ``background`` flow runs: the run directory g
 spec.yaml, processes.json, events/, results/, params/ and logs/ (no topology.json, traces/
 or summary.json).
 
-Command line: ``python -m traffic.runtime.local SPEC.yaml [--set path=value ...] [--run-dir DIR]``.
+Command line: ``python -m testbed.local SPEC.yaml [--set path=value ...] [--run-dir DIR]``.
 """
 from __future__ import annotations
 
@@ -25,8 +25,9 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from testbed import launch, rundir
-from testbed.errors import SpecError, TestbedError
+from testbed import launch
+from traffic import rundir
+from topologies.errors import SpecError, TestbedError
 from testbed.spec import Experiment, dump_spec, load_spec
 from traffic.schemes import HostInfo, get_scheme
 
@@ -136,7 +137,7 @@ def run_local(exp: Experiment, run_dir: str | Path | None = None, *, timeout_s: 
 
 def main(argv: list[str] | None = None) -> int:
     """Command line: run a spec locally, print the run directory (exit 1 on a TestbedError)."""
-    ap = argparse.ArgumentParser(prog="python -m traffic.runtime.local", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m testbed.local", description=__doc__.split("\n")[0])
     ap.add_argument("spec")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE")
     ap.add_argument("--run-dir")

@@ -1,0 +1,69 @@
+"""The one exception type a user can cause, and its kinds.
+
+Every error a user can provoke (a malformed spec, a missing privilege or tool, a kernel that
+lacks a qdisc, a worker that died) is a :class:`TestbedError`; the CLI prints its message
+without a traceback. The message always says what to do.
+
+This module sits in the leftmost package (``topologies``) so that every package may raise
+these errors without importing a package to its right.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+
+class TestbedError(Exception):
+    """An error the user can act on; ``str(err)`` says what went wrong and what to do."""
+
+    __test__ = False  # not a pytest test class despite its name
+
+
+@dataclass(frozen=True)
+class FieldError:
+    """One malformed spec field: its dotted path, the value given and what is allowed."""
+    field: str
+    value: Any
+    allowed: str
+
+    def __str__(self) -> str:
+        return f"spec field '{self.field}': got {self.value!r}; allowed: {self.allowed}"
+
+
+class SpecError(TestbedError):
+    """A malformed experiment spec: one or several bad fields, all reported at once.
+
+    ``SpecError(field, value, allowed)`` is one bad field; ``SpecError.of(errors)`` several.
+    ``field``, ``value`` and ``allowed`` are those of the first error; ``errors`` lists all.
+
+    Args:
+        field: dotted path of the offending field, e.g. ``topology.host_bw_mbps``.
+        value: the value given.
+        allowed: what is allowed, in words.
+    """
+
+    def __init__(self, field: str, value=None, allowed: str = "", *, errors: Iterable[FieldError] = ()):
+        self.errors = list(errors) or [FieldError(field, value, allowed)]
+        first = self.errors[0]
+        self.field, self.value, self.allowed = first.field, first.value, first.allowed
+        if len(self.errors) == 1:
+            msg = str(first)
+        else:
+            msg = f"{len(self.errors)} errors in the spec:\n" + "\n".join(f"  - {e}" for e in self.errors)
+        super().__init__(msg)
+
+    @classmethod
+    def of(cls, errors: Iterable[FieldError]) -> "SpecError":
+        """One error carrying every ``FieldError`` of ``errors`` (which must not be empty)."""
+        errors = list(errors)
+        if not errors:
+            raise ValueError("SpecError.of needs at least one FieldError")
+        return cls(errors[0].field, errors=errors)
+
+
+class MissingRequirement(TestbedError):
+    """The machine lacks a privilege, a tool or a kernel feature (message names the remedy)."""
+
+
+class RunFailed(TestbedError):
+    """A run ended abnormally: a process died, the run timed out, or teardown found a problem."""

@@ -1,0 +1,173 @@
+"""Spec validation shared by every package: pydantic models whose errors read as spec errors.
+
+Each package owns its part of an experiment spec as a :class:`SpecModel` (``topologies``
+the topology, ``traffic`` the workload and each scheme's options, ``testbed`` capture, run
+and the whole experiment). :func:`validate` turns pydantic's errors into one
+:class:`~topologies.errors.SpecError` that names every bad field by its dotted path, the
+value given and what is allowed. :func:`load_yaml` reads YAML with ``1e12`` as a number.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Iterable, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from topologies.errors import FieldError, SpecError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class SpecModel(BaseModel):
+    """Base of every spec section: unknown fields are errors, types are strict (``"5"`` is
+    not an integer, ``1`` is not ``true``; an integer is a valid number), and each field's
+    docstring is its description."""
+    model_config = ConfigDict(extra="forbid", strict=True, use_attribute_docstrings=True,
+                              validate_default=False)
+
+
+_TYPE_WORDS = {
+    "int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer",
+    "float_type": "a number", "float_parsing": "a number", "finite_number": "a finite number",
+    "bool_type": "true or false", "bool_parsing": "true or false",
+    "string_type": "a string", "dict_type": "a mapping", "list_type": "a list",
+    "model_type": "a mapping", "model_attributes_type": "a mapping", "none_required": "null",
+}
+
+
+def _path(prefix: str, loc: Iterable) -> str:
+    out = prefix
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif str(part).startswith(("function-after[", "function-before[", "function-wrap[")):
+            continue
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _field_names(model: type[BaseModel]) -> str:
+    return ", ".join(model.model_fields)
+
+
+def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
+    """The model class that holds the field at ``loc`` (for naming the known fields)."""
+    cur: Any = model
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        if not (isinstance(cur, type) and issubclass(cur, BaseModel)) or part not in cur.model_fields:
+            return None
+        ann = cur.model_fields[part].annotation
+        cur = _inner_model(ann)
+    return cur if isinstance(cur, type) and issubclass(cur, BaseModel) else None
+
+
+def _inner_model(ann):
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return ann
+    for a in getattr(ann, "__args__", ()) or ():
+        m = _inner_model(a)
+        if m is not None:
+            return m
+    return None
+
+
+def _allowed(err: dict, model: type[BaseModel]) -> str:
+    t, ctx, loc = err["type"], err.get("ctx") or {}, err["loc"]
+    if t == "extra_forbidden":
+        holder = _model_at(model, loc)
+        where = ".".join(str(p) for p in loc[:-1] if not isinstance(p, int)) or "the spec"
+        return f"a known field of {where}: {_field_names(holder)}" if holder else "no such field"
+    if t == "missing":
+        return "a value (required)"
+    if t == "literal_error":
+        return "one of " + ", ".join(re.findall(r"'[^']*'", ctx.get("expected", ""))) if "'" in ctx.get(
+            "expected", "") else f"one of {ctx.get('expected')}"
+    if t in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        bound = {"greater_than": f"> {ctx.get('gt')}", "greater_than_equal": f">= {ctx.get('ge')}",
+                 "less_than": f"< {ctx.get('lt')}", "less_than_equal": f"<= {ctx.get('le')}"}[t]
+        return f"a number {_num(bound)}"
+    if t == "too_short":
+        return f"at least {ctx.get('min_length')} item(s)"
+    if t == "value_error":
+        return str(ctx.get("error", err["msg"]))
+    if t == "assertion_error":
+        return err["msg"].removeprefix("Assertion failed, ")
+    if t in _TYPE_WORDS:
+        return _TYPE_WORDS[t]
+    return err["msg"]
+
+
+def _num(bound: str) -> str:
+    """``> 0.0`` -> ``> 0`` (bounds are written as the user would)."""
+    op, _, v = bound.partition(" ")
+    try:
+        f = float(v)
+        return f"{op} {int(f) if f == int(f) else f}"
+    except ValueError:
+        return bound
+
+
+def field_errors(exc: ValidationError, model: type[BaseModel], prefix: str = "") -> list[FieldError]:
+    """Pydantic's errors as :class:`FieldError` s with dotted paths under ``prefix``.
+
+    A union of types reports one error per member; they are merged into one per field.
+    """
+    out: dict[str, FieldError] = {}
+    for err in exc.errors(include_url=False):
+        loc = tuple(p for p in err["loc"] if not str(p).startswith("function-"))
+        # a member of a union adds its type name to loc: drop it, and merge the members' words
+        clean = tuple(p for p in loc if not (isinstance(p, str) and p in _UNION_MEMBERS))
+        path = _path(prefix, clean)
+        allowed = _allowed({**err, "loc": clean}, model)
+        value = err.get("input")
+        if path in out:
+            if allowed not in out[path].allowed:
+                out[path] = FieldError(path, out[path].value, f"{out[path].allowed} or {allowed}")
+        else:
+            out[path] = FieldError(path, value, allowed)
+    return list(out.values())
+
+
+_UNION_MEMBERS = {"int", "float", "str", "bool", "none", "literal['auto']", "dict[str,any]", "list[any]"}
+
+
+def validate(model: type[M], data: Any, prefix: str = "") -> M:
+    """``model`` validated from ``data`` (a mapping).
+
+    Raises:
+        SpecError: naming every bad field (``prefix`` + its dotted path), its value and what
+            is allowed.
+    """
+    if not isinstance(data, dict):
+        raise SpecError(prefix or "<spec>", data, f"a mapping with fields {_field_names(model)}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise SpecError.of(field_errors(e, model, prefix)) from None
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 with YAML 1.2's floats: ``1e12`` and ``1E-3`` are numbers, not strings."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                   |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+                   |\.[0-9_]+(?:[eE][-+][0-9]+)?
+                   |[-+]?\.(?:inf|Inf|INF)
+                   |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."))
+
+
+def load_yaml(text: str) -> Any:
+    """Parse YAML text; ``1e12`` is a number (PyYAML alone reads it as a string).
+
+    Raises:
+        yaml.YAMLError: not YAML.
+    """
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
