@@ -2,28 +2,25 @@
 
 First every stale ledger (see :mod:`testbed.ledger`) is swept: its processes killed, its
 interfaces and bridges deleted. Then, in case a ledger itself was lost, a pattern sweep
-removes objects that only this testbed makes: bridges ``torN``/``coreN``, veth ends
-``hN-ethK``/``psN-ethK``/``bgN-ethK``/``torN-ethK``/``coreN-ethK`` in the root namespace,
-and processes running ``-m traffic.runtime``, or a bwm-ng or a background iperf3 (or the
-``sh`` that delays it) writing into a run's ``traces/``. Mininet host
-namespaces are unnamed: they vanish with their shell process (recorded in the ledger) or
-when their last interface's peer is deleted and no process holds them.
+removes objects that only this testbed makes (the name patterns of :mod:`topologies.hosts`):
+bridges ``torN``/``coreN``, interfaces ``<node>-ethK`` (``hN``, ``psN``, ``fcN``, ``bgN``,
+``torN``, ``coreN``) in the root namespace, and processes running ``-m traffic.runtime``, or
+a bwm-ng or a background iperf3 (or the ``sh`` that delays it) writing into a run's
+``traces/``. Mininet host namespaces are unnamed: they vanish with their shell process
+(recorded in the ledger) or when their last interface's peer is deleted and no process holds
+them.
 """
 from __future__ import annotations
 
 import os
-import re
-import subprocess
 from pathlib import Path
 
 import psutil
+from pyroute2 import IPRoute
 
 from topologies.errors import TestbedError
-from testbed.ledger import NetworkLock, _kill_tree, stale_ledgers
-
-BRIDGE_RE = re.compile(r"^(tor|core)\d+$")
-VETH_RE = re.compile(r"^(h|ps|bg|tor|core)\d+-eth\d+$")
-NODE_RE = re.compile(r"^(h|ps|bg|tor|core)\d+$")
+from topologies.hosts import BRIDGE_RE, INTF_RE, NODE_RE
+from testbed.ledger import NetworkLock, _kill_tree, delete_link, stale_ledgers
 
 
 def _in_other_netns(pid: int) -> bool:
@@ -82,14 +79,14 @@ def clean(force: bool = False) -> list[str]:
                     what = "?"
                 if _kill_tree(p.pid):
                     removed.append(f"process {p.pid} ({what})")
-        for name in sorted(Path("/sys/class/net").iterdir()):
-            n = name.name
-            if VETH_RE.match(n) or BRIDGE_RE.match(n):
-                if BRIDGE_RE.match(n):
-                    subprocess.run(["ip", "link", "set", n, "down"], capture_output=True)
-                r = subprocess.run(["ip", "link", "del", n], capture_output=True)
-                if r.returncode == 0:
-                    removed.append(f"{'bridge' if BRIDGE_RE.match(n) else 'interface'} {n}")
+        ours = [p.name for p in sorted(Path("/sys/class/net").iterdir())
+                if INTF_RE.match(p.name) or BRIDGE_RE.match(p.name)]
+        if ours:
+            with IPRoute() as ipr:
+                for n in ours:
+                    bridge = BRIDGE_RE.match(n) is not None
+                    if delete_link(ipr, n, bridge=bridge):
+                        removed.append(f"{'bridge' if bridge else 'interface'} {n}")
     finally:
         if lock is not None:
             lock.__exit__(None, None, None)

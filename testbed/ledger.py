@@ -10,22 +10,26 @@ teardown completes; a file whose owner pid is dead marks a run that needs cleani
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
+import logging
 import os
 import signal
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+from pyroute2 import IPRoute, NetlinkError
 
 from topologies.errors import TestbedError
 
 STATE_DIR = Path(os.environ.get("TESTBED_STATE_DIR", "/run/testbed"))
 LEDGER_DIR = STATE_DIR / "ledger"
 LOCK_PATH = STATE_DIR / "network.lock"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -85,18 +89,33 @@ class Ledger:
         for what, pid in self.pids.items():
             if _kill_tree(pid):
                 removed.append(f"process {what} (pid {pid})")
-        for name in self.interfaces + self.bridges:
-            if _link_exists(name):
-                if name in self.bridges:
-                    subprocess.run(["ip", "link", "set", name, "down"], capture_output=True)
-                subprocess.run(["ip", "link", "del", name], capture_output=True)
-                removed.append(f"{'bridge' if name in self.bridges else 'interface'} {name}")
+        if self.interfaces or self.bridges:
+            with IPRoute() as ipr:
+                for name in self.interfaces + self.bridges:
+                    bridge = name in self.bridges
+                    if delete_link(ipr, name, bridge=bridge):
+                        removed.append(f"{'bridge' if bridge else 'interface'} {name}")
         self.path.unlink(missing_ok=True)
         return removed
 
 
-def _link_exists(name: str) -> bool:
-    return Path("/sys/class/net", name).exists()
+def delete_link(ipr: IPRoute, name: str, bridge: bool = False) -> bool:
+    """Delete the link ``name`` of this network namespace through ``ipr`` (a bridge is
+    brought down first); True if it was deleted, False if there is no such link (also when
+    it vanished meanwhile, e.g. with its veth peer). Any other refusal of the kernel is
+    logged, not raised, so that a cleanup goes on with the next object."""
+    indices = ipr.link_lookup(ifname=name)
+    if not indices:
+        return False
+    try:
+        if bridge:
+            ipr.link("set", index=indices[0], state="down")
+        ipr.link("del", index=indices[0])
+    except NetlinkError as e:
+        if e.code != errno.ENODEV:
+            log.warning("could not delete link %s: %s", name, e)
+        return False
+    return True
 
 
 def _kill_tree(pid: int) -> bool:

@@ -4,14 +4,15 @@ from pathlib import Path
 
 import psutil
 
-from testbed.clean import BRIDGE_RE, VETH_RE, _our_process
+from topologies.hosts import BRIDGE_RE, INTF_RE
+from testbed.clean import _our_process
 from testbed.ledger import LEDGER_DIR
 
 
 def leftovers() -> list[str]:
     """Every testbed-made object still present (empty list = clean machine)."""
     out = [f"link {p.name}" for p in Path("/sys/class/net").iterdir()
-           if BRIDGE_RE.match(p.name) or VETH_RE.match(p.name)]
+           if BRIDGE_RE.match(p.name) or INTF_RE.match(p.name)]
     for p in psutil.process_iter():
         if _our_process(p):
             try:

@@ -10,20 +10,27 @@ the fixture's teardown.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import analysis  # noqa: E402
+import testbed.capture.bwmng as bwmng  # noqa: E402
+from analysis import metrics  # noqa: E402
 from analysis.traces import parse_bwm_ng, rates  # noqa: E402
-from testbed.capture import Capture, QdiscSampler, _Periodic, bwm_ng_command, find_bwm_ng  # noqa: E402
+from testbed.capture import Capture, CpuSampler, QdiscSampler, SampledCsv, bwm_ng_command, find_bwm_ng  # noqa: E402
+from testbed.capture.periodic import Periodic as _Periodic  # noqa: E402
 from topologies.errors import MissingRequirement, TestbedError  # noqa: E402
 from testbed.spec import CaptureSpec  # noqa: E402
 
@@ -88,7 +95,6 @@ def send_udp(src: str, dst: str, count: int, payload: int, gap_s: float = 0.001)
 def tc_root(dev: str) -> dict:
     """The root qdisc of ``dev`` as ``tc -j -s qdisc show`` reports it (kind, bytes, packets,
     drops, overlimits, backlog, qlen ...)."""
-    import json
     (root,) = [q for q in json.loads(_sh("tc", "-j", "-s", "qdisc", "show", "dev", dev).stdout) if q.get("root")]
     return root
 
@@ -162,9 +168,8 @@ def test_bwm_ng_command_restricts_to_ports():
 
 
 def test_missing_bwm_ng_raises_with_remedy(monkeypatch):
-    import testbed.capture as cap
-    monkeypatch.setattr(cap.shutil, "which", lambda name: None)
-    monkeypatch.setattr(cap.os, "access", lambda *a: False)
+    monkeypatch.setattr(bwmng.shutil, "which", lambda name: None)
+    monkeypatch.setattr(bwmng.os, "access", lambda *a: False)
     with pytest.raises(MissingRequirement, match="apt-get install bwm-ng"):
         find_bwm_ng()
     with pytest.raises(MissingRequirement):
@@ -212,6 +217,61 @@ def test_unknown_port_is_an_error(tmp_path):
     with pytest.raises(TestbedError, match="tbx-no-such"):
         Capture(tmp_path, ["lo", "tbx-no-such"]).start()
     assert not (tmp_path / "traces" / "bwm-ng.csv").exists()
+
+
+def test_cpu_sampler_reports_cores_named_processes_with_descendants_and_itself():
+    """A process is reported from its second sample on, with the CPU of its descendants (the
+    spinning Python is the child of the named ``sh``)."""
+    spin = subprocess.Popen(["sh", "-c", f"{sys.executable} -c 'while True: pass' & wait"], start_new_session=True)
+    sampler = CpuSampler(lambda: {"spin": spin.pid, "not yet": None})
+    try:
+        with pytest.raises(TestbedError, match="before open"):
+            sampler.read()
+        time.sleep(0.3)  # the child runs
+        with sampler:
+            time.sleep(0.2)
+            first = sampler.read()
+            time.sleep(0.3)
+            second = sampler.read()
+    finally:
+        os.killpg(spin.pid, signal.SIGKILL)
+        spin.wait()
+    for rows in (first, second):
+        assert {r[1] for r in rows if r[0] == "core"} >= set(range(os.cpu_count()))
+        assert all(0 <= r[2] <= 100 for r in rows if r[0] == "core")
+        assert ("proc", "harness") in {r[:2] for r in rows}
+        assert all(0 <= r[2] <= 100 * os.cpu_count() for r in rows)
+    assert "spin" not in {r[1] for r in first}  # its first sample is the baseline
+    (spun,) = [r[2] for r in second if r[:2] == ("proc", "spin")]
+    assert spun > 20  # a busy loop in a child: a good part of a core even on a loaded machine
+    assert "not yet" not in {r[1] for r in first + second}
+    assert CpuSampler.csv_row(("core", 0, 12.3456)) == ("core", 0, "12.35")
+    with pytest.raises(TestbedError, match="before open"):
+        sampler.read()  # closed
+
+
+def test_failing_recorder_start_stops_the_recorders_started_before_it(tmp_path, monkeypatch):
+    if shutil.which("bwm-ng") is None:
+        pytest.skip("bwm-ng not installed")
+    started, real_start = [], SampledCsv.start
+
+    def start(self):
+        if self.name == "cpu":
+            raise RuntimeError("cpu sampler cannot start")
+        started.append(real_start(self))
+        return self
+
+    monkeypatch.setattr(SampledCsv, "start", start)
+    cap = Capture(tmp_path, ["lo"], qdisc_ifaces=["lo"], spec=CaptureSpec(interval_ms=10, qdisc_interval_ms=10))
+    with pytest.raises(RuntimeError, match="cpu sampler cannot start"):
+        cap.start()
+    assert cap.bwm is not None and cap.bwm.poll() is not None  # bwm-ng ran and was stopped
+    assert cap.bwm.pid not in _bwm_ng_pids()
+    assert [s.name for s in started] == ["qdisc"] and not started[0].thread.is_alive()
+    assert not [t for t in cap._threads if t.is_alive()]
+    assert cap.errors == []
+    cap.stop()  # idempotent
+    assert (tmp_path / "traces" / "qdisc.csv").read_text().startswith("time,iface,qdisc")
 
 
 # ----------------------------------------------------------------------------- live, own veths
@@ -279,8 +339,6 @@ def test_capture_counts_known_traffic_and_leaves_nothing(net, tmp_path):
 def test_shaped_link_rate_from_real_capture(net, tmp_path):
     """htb at 20 Mbit/s on a port: the rates computed from bwm-ng's counters show 20 Mbit/s
     while the queue drains, and the summary's shaping check passes."""
-    import json
-    from analysis import metrics
     _sh("tc", "qdisc", "add", "dev", "tbx0b", "root", "handle", "5:", "htb", "default", "1")
     _sh("tc", "class", "add", "dev", "tbx0b", "parent", "5:", "classid", "5:1", "htb", "rate", "20mbit",
         "burst", "15k")
@@ -308,7 +366,6 @@ def test_shaped_link_rate_from_real_capture(net, tmp_path):
 
 
 def analysis_load(path):
-    import analysis
     return analysis.load(path)
 
 
@@ -360,7 +417,6 @@ def test_qdisc_sampler_counts_known_traffic_and_agrees_with_tc(net):
 
 
 def pd_read(path):
-    import pandas as pd
     return pd.read_csv(path)
 
 
