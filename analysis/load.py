@@ -10,6 +10,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import yaml
 
@@ -242,9 +243,25 @@ def load(run_dir: str | Path) -> Run:
     if (p / "iterations.csv").is_file():
         iterations = tr.read_table(p / "iterations.csv", ITERATION_COLUMNS)
     else:
-        from analysis.metrics import iteration_table
         iterations = iteration_table(events)
     return Run(path=p, spec=spec, topology=_read_json(p / "topology.json"),
                processes=processes, summary=_read_json(p / "summary.json"), results=results,
                traces=traces, rates=tr.rates(traces), qdisc=qdisc, cpu=cpu, events=events,
                iterations=iterations)
+
+
+def iteration_table(events: pd.DataFrame) -> pd.DataFrame:
+    """Per-worker iterations from the "iteration" events of role ``worker``.
+
+    Returns:
+        DataFrame sorted by (iteration, worker): ``iteration`` (int), ``worker`` (process
+        name), ``start``, ``end`` (unix s), ``duration_s``, ``samples`` (the worker's batch).
+    """
+    if events.empty or "kind" not in events:
+        return pd.DataFrame({c: pd.Series(dtype=object if c == "worker" else "float64") for c in ITERATION_COLUMNS})
+    ev = events[(events["kind"] == "iteration") & (events["role"] == "worker") & events["iteration"].notna()]
+    samples = ev["samples"] if "samples" in ev else pd.Series(np.nan, index=ev.index)
+    df = pd.DataFrame({"iteration": ev["iteration"].astype(int), "worker": ev["proc"].astype(str),
+                       "start": ev["ts"], "end": ev["ts"] + ev["dur"], "duration_s": ev["dur"],
+                       "samples": pd.to_numeric(samples, errors="coerce")})
+    return df.sort_values(["iteration", "worker"], kind="stable").reset_index(drop=True)

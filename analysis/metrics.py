@@ -46,7 +46,8 @@ import numpy as np
 import pandas as pd
 
 from analysis import traces as tr
-from analysis.load import ITERATION_COLUMNS, Run, load, port_table
+from analysis.load import ITERATION_COLUMNS, Run, iteration_table, load, port_table  # noqa: F401 (iteration_table: re-exported)
+from traffic.rundir import write_json
 
 CPU_IDLE_RULE = "Mininet-HiFi: keep >= 35% CPU idle"
 MIN_IDLE_PCT = 35.0
@@ -69,23 +70,6 @@ def _i(x):
 
 
 # ----------------------------------------------------------------------------- iterations
-
-
-def iteration_table(events: pd.DataFrame) -> pd.DataFrame:
-    """Per-worker iterations from the "iteration" events of role ``worker``.
-
-    Returns:
-        DataFrame sorted by (iteration, worker): ``iteration`` (int), ``worker`` (process
-        name), ``start``, ``end`` (unix s), ``duration_s``, ``samples`` (the worker's batch).
-    """
-    if events.empty or "kind" not in events:
-        return pd.DataFrame({c: pd.Series(dtype=object if c == "worker" else "float64") for c in ITERATION_COLUMNS})
-    ev = events[(events["kind"] == "iteration") & (events["role"] == "worker") & events["iteration"].notna()]
-    samples = ev["samples"] if "samples" in ev else pd.Series(np.nan, index=ev.index)
-    df = pd.DataFrame({"iteration": ev["iteration"].astype(int), "worker": ev["proc"].astype(str),
-                       "start": ev["ts"], "end": ev["ts"] + ev["dur"], "duration_s": ev["dur"],
-                       "samples": pd.to_numeric(samples, errors="coerce")})
-    return df.sort_values(["iteration", "worker"], kind="stable").reset_index(drop=True)
 
 
 def global_iterations(iters: pd.DataFrame, workers: int | None = None) -> pd.DataFrame:
@@ -429,7 +413,6 @@ def summarize(run_dir: str | Path, status: str = "ok", error: str | None = None)
     Returns:
         The summary dict (see the module doc for every definition).
     """
-    from traffic.rundir import write_json
 
     p = Path(run_dir)
     try:

@@ -16,6 +16,8 @@ import pandas as pd  # noqa: E402
 
 from analysis import traces as tr  # noqa: E402
 from analysis.load import Run, load  # noqa: E402
+from analysis.metrics import compute_summary, global_iterations  # noqa: E402
+from analysis.utilization import host_utilization, idle_fraction  # noqa: E402
 
 
 def _as_run(r) -> Run:
@@ -118,7 +120,6 @@ def plot_throughput(runs, path, labels: list[str] | None = None) -> Path:
     Returns:
         The PNG path. Values come from ``summary.json`` (computed if the run has none).
     """
-    from analysis.metrics import compute_summary
 
     runs = [_as_run(r) for r in runs]
     means, errs, names = [], [], []
@@ -149,7 +150,6 @@ def plot_iteration_times(run, path=None) -> Path:
     Returns:
         The PNG path (default ``<run>/plots/iteration-times.png``).
     """
-    from analysis.metrics import global_iterations
 
     run = _as_run(run)
     path = _out(path, run, "iteration-times.png")
@@ -194,7 +194,6 @@ def plot_utilization(runs, path, labels: list[str] | None = None, host: str | No
         The PNG path. Each panel's title gives the idle fraction (windows below 10 % of
         capacity, see :func:`analysis.utilization.idle_fraction`).
     """
-    from analysis.utilization import host_utilization, idle_fraction
 
     runs = [_as_run(r) for r in runs]
     path = _out(path, None, "")

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from traffic.models import LayeredModel, available_models, build_model, model_info, register_model
-from traffic.models import _MODELS
+from traffic.models.base import _MODELS
 
 # name -> parameters the papers (or our documented choice) give; each must match within 1%
 PAPER_PARAMS = {

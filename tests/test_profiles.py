@@ -9,12 +9,12 @@ import pytest
 import torch
 from torch import nn
 
-import traffic.profiles as profiles
+import traffic.profiles.profile as profiles  # where DATA_DIR is read
 from testbed.cli import main as cli_main
 from topologies.errors import TestbedError
 from traffic.models import LayeredModel, available_models
 from traffic.profiles import (Profile, available_profiles, flops_per_layer, layer_flops, load_profile,
-                              split_published)
+                              measure_profile, split_published)
 from traffic.profiles.generate import PUBLISHED
 from traffic.profiles.measure import time_layers
 
@@ -117,7 +117,7 @@ def test_time_layers_local_cnn():
 
 
 def test_measured_profile_of_digits_mlp():
-    prof = profiles.measure_profile("digits_mlp", 8, iterations=3, warmup=1)
+    prof = measure_profile("digits_mlp", 8, iterations=3, warmup=1)
     assert prof.method == "measured" and not prof.derived and prof.device == "cpu"
     assert prof.source.startswith("measured on ") and " by testbed profile at " in prof.source
     assert len(prof.layers) == 3 and all(t > 0 for t in prof.forward_s() + prof.backward_s())

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from traffic.models import LayeredModel, register_model
+from traffic.models.base import LayeredModel, register_model
 
 
 @register_model("alexnet", input_shape=(3, 224, 224), num_classes=1000)

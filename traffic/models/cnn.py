@@ -5,7 +5,7 @@ import math
 
 from torch import nn
 
-from traffic.models import LayeredModel, register_model
+from traffic.models.base import LayeredModel, register_model
 
 
 @register_model("digits_cnn", input_shape=(64,), num_classes=10)

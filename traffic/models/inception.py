@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from traffic.models import LayeredModel, register_model
+from traffic.models.base import LayeredModel, register_model
 
 
 class BasicConv2d(nn.Sequential):

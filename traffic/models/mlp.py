@@ -5,7 +5,7 @@ import math
 
 from torch import nn
 
-from traffic.models import LayeredModel, register_model
+from traffic.models.base import LayeredModel, register_model
 
 
 def mlp(input_shape: tuple[int, ...], num_classes: int, hidden: list[int], name: str,

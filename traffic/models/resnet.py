@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from traffic.models import LayeredModel, register_model
+from traffic.models.base import LayeredModel, register_model
 
 
 def _bn(c: int) -> nn.BatchNorm2d:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from traffic.models import LayeredModel, register_model
+from traffic.models.base import LayeredModel, register_model
 
 SRC_VOCAB = 50_000   # source vocabulary (Sockeye's default --num-words)
 TGT_VOCAB = 30_000   # target vocabulary = native num_classes

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from traffic.models import LayeredModel, register_model
+from traffic.models.base import LayeredModel, register_model
 
 # output channels per convolution, "M" = 2x2 max pooling (configurations D and E of the paper)
 _CFG = {

@@ -22,8 +22,9 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from traffic.profiles import DATA_DIR, Profile, profile_filename
+from traffic.models import available_models
 from traffic.profiles.flops import flops_per_layer, split_published
+from traffic.profiles.profile import DATA_DIR, Profile, profile_filename
 
 __all__ = ["Published", "PUBLISHED", "SIBLINGS", "DEVICES", "generate"]
 
@@ -89,7 +90,6 @@ GTX 1080 Ti: 11.3 TFLOPS."""
 
 
 def _registered() -> set[str]:
-    from traffic.models import available_models
     return set(available_models())
 
 

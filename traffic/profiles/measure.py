@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch.utils._pytree import tree_leaves
 
 from topologies.errors import TestbedError
-from traffic.profiles import (METHOD_MEASURED, LayerProfile, Profile, build_for_profile,
+from traffic.profiles.profile import (METHOD_MEASURED, LayerProfile, Profile, build_for_profile,
                               example_input, layer_names)
 from traffic.profiles.flops import _detach, flops_per_layer, take_aux_logits
 
