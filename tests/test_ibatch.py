@@ -37,8 +37,9 @@ from traffic.profiles import LayerProfile, Profile
 from traffic.reference import reference_train
 from traffic.runtime.events import read_events
 from testbed.local import run_local
-from traffic.schemes import get_scheme
+from traffic import schemes
 from traffic.schemes import ibatch as scheme_mod
+from traffic.schemes.ibatch import batching
 
 # ----------------------------------------------------------------------------- model
 
@@ -120,9 +121,29 @@ W, ITERS, BATCH, SERVERS, P = 4, 6, 16, 2, 2
 N_PARAMS = 301066  # digits_mlp
 
 
+def test_analysis_reexports_the_schemes_algorithms():
+    # one implementation: the scheme's (analysis imports it, never the reverse)
+    assert PullProfile is batching.PullProfile and choose_batching is batching.choose_batching
+    assert strategy_ends is batching.strategy_ends and optimal_batching is batching.optimal_batching
+
+
+def test_option_validation():
+    scheme = schemes.get("ibatch")
+    assert scheme is scheme_mod.IBatch and scheme.name == "ibatch"
+    assert STRATEGIES == scheme_mod.STRATEGIES
+    opts = scheme.Options()
+    assert (opts.pull, opts.profile_iterations, opts.overlap) == ("ibatch", 2, False)
+    for pull in STRATEGIES:
+        assert scheme.validate_options({"pull": pull, "overlap": True}).pull == pull
+    for key, bad in [("pull", "bulk"), ("profile_iterations", 0), ("profile_iterations", True),
+                     ("bigarray_bound", 0), ("nope", 1)]:
+        with pytest.raises(SpecError, match=f"workload.options.{key}"):
+            scheme.validate_options({key: bad})
+
+
 def test_options():
     assert STRATEGIES == scheme_mod.STRATEGIES
-    assert get_scheme("ibatch").options["pull"] == "ibatch"
+    assert schemes.get("ibatch").Options().pull == "ibatch"
     for pull in STRATEGIES:
         from_dict({"workload": {"scheme": "ibatch", "options": {"pull": pull, "overlap": True}}})
     with pytest.raises(SpecError, match="workload.options.pull"):

@@ -39,10 +39,12 @@ from traffic.models import build_model
 from traffic.reference import reference_train
 from traffic.runtime.events import read_events
 from testbed.local import local_hosts, run_local
-from traffic.schemes import HostInfo, get_scheme
+from topologies.hosts import HostInfo
+from topologies.spec import TopologySpec
+from traffic import schemes
 from analysis.models.phub import (PAPER_TABLE2, bandwidth_lower_bounds, cross_rack_bytes, hierarchical_pays,
                                   hierarchical_terms, table2)
-from traffic.schemes.phub import META, assign_chunks, job_groups, lpt
+from traffic.schemes.phub import META, PHubOptions, assign_chunks, job_groups, lpt
 
 ITERS, BATCH = 3, 16
 NUMELS = [32768, 512, 262144, 512, 5120, 10]   # digits_mlp's keys
@@ -112,14 +114,14 @@ def test_plan_pbox_runs_one_server_per_interface(scheme):
     w = from_dict({"workload": {"scheme": scheme, "servers": {"count": 1, "placement": "dedicated",
                                                               "interfaces": 3}}}).workload
     hosts = [HostInfo(f"h{i + 1}", 0) for i in range(4)] + [HostInfo("ps1", 0, "server", 3)]
-    plan = get_scheme(scheme).plan(w, hosts)
+    plan = schemes.get(scheme).plan(w, hosts)
     assert [(p.name, p.host, p.iface) for p in plan if p.role == "server"] == \
         [("server0", "ps1", 0), ("server1", "ps1", 1), ("server2", "ps1", 2)]
     assert [p.host for p in plan if p.role == "worker"] == ["h1", "h2", "h3", "h4"]
 
 
 def test_plan_phub_checks_options():
-    phub = get_scheme("phub")
+    phub = schemes.get("phub")
     hosts = [HostInfo(f"h{i + 1}", 0) for i in range(4)] + [HostInfo("ps1", 0, "server", 3)]
     # hierarchical needs one server host per rack with workers
     w2 = from_dict({"workload": {"scheme": "phub", "options": {"hierarchical": True},
@@ -163,13 +165,14 @@ def test_hierarchical_inequality():
 
 def test_hierarchical_auto_decides_from_the_spec_bandwidths():
     from types import SimpleNamespace
-    PHub = get_scheme("phub")
+    PHub = schemes.get("phub")
     for oversub, expected in ((1, False), (2, False), (3, True)):   # see test_hierarchical_inequality
-        spec = from_dict({"topology": {"kind": "rack_core", "racks": 2, "hosts_per_rack": 4,
-                                       "host_bw_mbps": 10000, "oversubscription": oversub}})
-        fake = SimpleNamespace(opts={"hierarchical": "auto"}, pboxes=[[4], [5]], ctx=SimpleNamespace(spec=spec))
+        topology = TopologySpec(kind="rack_core", racks=2, hosts_per_rack=4, host_bw_mbps=10000,
+                                oversubscription=oversub)
+        fake = SimpleNamespace(opts=PHubOptions(hierarchical="auto"), pboxes=[[4], [5]],
+                               ctx=SimpleNamespace(topology=topology))
         assert PHub._decide_hierarchical(fake, racks_with_workers=2, per_rack=4, k=4) is expected
-    fake.opts = {"hierarchical": True}
+    fake.opts = PHubOptions(hierarchical=True)
     assert PHub._decide_hierarchical(fake, 1, 4, 4) is True
 
 

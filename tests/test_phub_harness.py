@@ -15,12 +15,14 @@ import yaml
 
 from topologies.errors import SpecError
 from testbed.network import IFACE_UID_BASE, bind_to_interface
-from testbed.spec import TopologySpec, dump_spec, expand_sweep, from_dict, load_spec
+from testbed.spec import dump_spec, expand_sweep, from_dict, load_spec
 from tests.leftovers import leftovers, needs_root
 from topologies import build_topo
+from topologies.hosts import HostRequest
+from topologies.spec import TopologySpec
 from testbed.background import BASE_PORT, client_command, plan_flows, read_result, server_command
 from testbed.local import local_entries, local_hosts
-from traffic.schemes import get_scheme
+from traffic import schemes
 
 root_only = pytest.mark.skipif(needs_root, reason="needs root")
 
@@ -83,12 +85,14 @@ def test_defaults_unchanged_and_config_survives_sweeps_variants_and_spec_yaml(tm
 
 
 def test_dedicated_hosts_for_each_config():
-    ps = get_scheme("ps")
+    ps = schemes.get("ps")
 
     def hosts(racks=2, per_rack=4, **kw):
         exp = from_dict({"topology": {"racks": racks, "hosts_per_rack": per_rack},
                          "workload": {"scheme": "ps", **kw}})
-        return ps.dedicated_server_hosts(exp.workload, racks, hosts_per_rack=per_rack), exp
+        requests = ps.hosts(exp.workload, TopologySpec(racks=racks, hosts_per_rack=per_rack))
+        assert all((r.kind, r.interfaces) == ("server", exp.workload.servers.interfaces) for r in requests)
+        return [r.rack for r in requests], exp
 
     assert hosts(servers={"config": "CC"})[0] == [] and hosts(servers={"config": "CS"})[0] == []
     assert hosts(servers={"config": "NCC"})[0] == [0]
@@ -105,13 +109,17 @@ def test_dedicated_hosts_for_each_config():
     assert sorted(e["host"] for e in local_entries(exp) if e["role"] == "server") == sorted(f"h{i}" for i in range(1, 9))
     _, exp = hosts(servers={"config": "CC"})
     assert [e["host"] for e in local_entries(exp) if e["role"] == "server"] == ["h1"]
-    with pytest.raises(ValueError, match="hosts_per_rack"):
-        ps.dedicated_server_hosts(exp.workload.__class__(servers=servers(config="NCS")), 2)
+    # NCS with workload.workers 0: one server host per worker host of the topology
+    ncs = exp.workload.__class__(servers=servers(config="NCS"))
+    assert [r.rack for r in ps.hosts(ncs, TopologySpec(racks=2, hosts_per_rack=3))] == [0] * 3 + [1] * 3
+    # a PBox: one host of k interfaces
+    assert ps.hosts(exp.workload.__class__(servers=servers(config="NCC", interfaces=4)), TopologySpec()) == [
+        HostRequest("server", 0, 4)]
 
 
 def test_pbox_host_in_topology_and_local_plan(monkeypatch):
     topo = build_topo(TopologySpec(kind="rack_core", racks=2, hosts_per_rack=2, interfaces_per_host=1,
-                                   background_hosts_per_rack=1), server_racks=[0], server_interfaces=3)
+                                   background_hosts_per_rack=1), [HostRequest("server", 0, 3)])
     links = {}
     for n1, _, info in topo.links(withInfo=True):
         links[n1] = links.get(n1, 0) + 1
@@ -124,7 +132,7 @@ def test_pbox_host_in_topology_and_local_plan(monkeypatch):
     pbox = [h for h in local_hosts(exp) if h.kind == "server"]
     assert [(h.name, h.interfaces) for h in pbox] == [("ps1", 3)]
     # a plan may bind a server to any interface of its host; loopback runs put it on lo
-    ps = get_scheme("ps")
+    ps = schemes.get("ps")
     original = ps.plan.__func__
 
     def on_iface(iface):
@@ -229,7 +237,7 @@ def test_pbox_host_has_k_shaped_interfaces_and_binds_processes(tmp_path):
     d = rundir.create(tmp_path, "pbox")
     spec = TopologySpec(kind="rack", racks=1, hosts_per_rack=2, host_bw_mbps=40)
     with NetworkLock():
-        with Network(spec, [0], d, Ledger.create("t", d), server_interfaces=2) as net:
+        with Network(spec, [HostRequest("server", 0, 2)], d, Ledger.create("t", d)) as net:
             topo = json.loads((d / "topology.json").read_text())
             (ps1,) = [h for h in topo["hosts"] if h["name"] == "ps1"]
             assert [i["name"] for i in ps1["intfs"]] == ["ps1-eth0", "ps1-eth1"]

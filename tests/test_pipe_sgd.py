@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import typing
 
 import pytest
 import torch
@@ -29,14 +30,15 @@ import torch.multiprocessing as mp
 from topologies.errors import SpecError
 from testbed.spec import from_dict
 from traffic.collectives.ring import compressions_per_element, ring_allreduce, ring_blocks
-from traffic.compression import Identity, Quantization, Truncation, make_codec
+from traffic.compression import CODECS, Identity, Quantization, Truncation, make_codec
 from traffic.data import GlobalBatches, load_dataset
 from traffic.models import build_model
 from traffic.reference import reference_train
 from traffic.runtime.events import read_events
 from testbed.local import free_port, run_local
 from traffic.runtime.trainer import make_optimizer
-from traffic.schemes.pipe_sgd import grad_iteration
+from traffic import schemes
+from traffic.schemes.pipe_sgd import Compression, grad_iteration
 
 # ----------------------------------------------------------------------------- codecs
 
@@ -205,6 +207,20 @@ def test_grad_iteration_and_options():
     for bad in ({"K": 0}, {"K": 1.5}, {"compression": "zip"}, {"bucket_mb": -1}, {"nope": 1}):
         with pytest.raises(SpecError, match="workload.options." + next(iter(bad))):
             _experiment(bad)
+
+
+def test_option_validation():
+    scheme = schemes.get("pipe_sgd")
+    assert scheme.name == "pipe_sgd"
+    assert set(typing.get_args(Compression)) == set(CODECS)  # every codec, and only codecs
+    o = scheme.Options()
+    assert (o.K, o.compression, o.bucket_mb) == (2, "none", None)
+    o = scheme.validate_options({"K": 1, "compression": "quantization", "bucket_mb": 25})
+    assert (o.K, o.compression, o.bucket_mb) == (1, "quantization", 25.0)
+    for bad in ({"K": 0}, {"K": 1.5}, {"K": True}, {"compression": "zip"}, {"bucket_mb": -1},
+                {"bucket_mb": True}, {"nope": 1}):
+        with pytest.raises(SpecError, match="workload.options." + next(iter(bad))):
+            scheme.validate_options(bad)
 
 
 @pytest.mark.parametrize("K", [1, 2])

@@ -26,8 +26,9 @@ from traffic.collectives.recursive_doubling import rounds, schedule
 from traffic.reference import reference_accuracy, reference_train
 from traffic.runtime.events import read_events
 from testbed.local import local_entries, run_local
-from traffic.schemes import HostInfo, get_scheme
-from traffic.schemes.stanza import checkpoint_holder, fc_groups, fc_of, split_shape
+from topologies.hosts import HostInfo
+from traffic import schemes
+from traffic.schemes.stanza import assignment, checkpoint_holder, fc_groups, fc_of, split_shape
 from traffic.models import build_model
 
 ITERS, BATCH, SEED = 3, 16, 5
@@ -103,7 +104,31 @@ def test_constants_from_the_zoo_and_a_profile():
     assert split_shape(build_model("digits_cnn", 0)) == (32, 4, 4)
 
 
+def test_analysis_reexports_the_schemes_assignment():
+    # one implementation: the scheme's (analysis imports it, never the reverse)
+    assert model.Constants is assignment.Constants and model.node_assignment is assignment.node_assignment
+    assert model.Assignment is assignment.Assignment and model.split_activations is assignment.split_activations
+
+
 # ----------------------------------------------------------------------------- plan and options
+
+
+def test_option_validation():
+    st = schemes.get("stanza")
+    assert st.name == "stanza"
+    o = st.Options()
+    assert (o.fc_workers, o.nodes, o.bw_gbps, o.checkpoint_every) == (1, 0, 10.0, 0)
+    o = st.validate_options({"fc_workers": "auto", "nodes": 11, "bw_gbps": 10, "checkpoint_every": 2})
+    assert (o.fc_workers, o.nodes, o.bw_gbps, o.checkpoint_every) == ("auto", 11, 10.0, 2)
+    assert st.validate_options({"fc_workers": 3}).fc_workers == 3
+    for bad in ({"fc_workers": 0}, {"fc_workers": "many"}, {"fc_workers": True}, {"bw_gbps": 0},
+                {"nodes": 1}, {"nodes": -1}, {"x": 1}, {"checkpoint_every": -1}):
+        with pytest.raises(SpecError, match="workload.options." + next(iter(bad))):
+            st.validate_options(bad)
+    with pytest.raises(SpecError, match="an integer >= 1 or 'auto'"):
+        st.validate_options({"fc_workers": 0})
+    with pytest.raises(SpecError, match=r"0 \(every host\) or an integer >= 2"):
+        st.validate_options({"nodes": 1})
 
 
 def _workload(**kw):
@@ -117,7 +142,7 @@ def test_groups_plan_and_options():
     assert [fc_of(i, 5, 2) for i in range(5)] == [0, 0, 1, 1, 1]
     with pytest.raises(ValueError):
         fc_groups(2, 3)
-    st = get_scheme("stanza")
+    st = schemes.get("stanza")
     hosts = [HostInfo(f"h{i + 1}", 0) for i in range(8)]
     plan = st.plan(_workload(workers=5, options={"fc_workers": 2}), hosts)
     assert [(p.name, p.host) for p in plan] == [(f"worker{i}", f"h{i + 1}") for i in range(5)] + [
@@ -140,7 +165,7 @@ def test_auto_assignment_uses_the_search():
                                 "compute": {"mode": "emulated", "profile": "v100"},
                                 "options": {"fc_workers": "auto", "nodes": 11, "bw_gbps": 10}}}).workload
     hosts = [HostInfo(f"h{i + 1}", 0) for i in range(12)]
-    plan = get_scheme("stanza").plan(w, hosts)
+    plan = schemes.get("stanza").plan(w, hosts)
     from traffic.profiles import load_profile
     best = model.node_assignment(model.Constants.from_profile("alexnet", load_profile("v100", "alexnet", 32)),
                                  11, 10e9)

@@ -32,10 +32,17 @@ iteration, both directions): flat ``2 M N (R-1)`` (every worker exchanges the ``
 of the model held in other racks, or all of it with one central PS in another rack: the
 same total), hierarchical with a ring ``2 M (R-1)`` (each PBox sends ``2 (R-1)/R M``):
 ``1/N`` of the flat scheme's.
+
+The inequality's functions (:func:`inter_rack_cost`, :class:`HierarchicalTerms`,
+:func:`hierarchical_terms`, :func:`hierarchical_pays`) live with the scheme that evaluates
+it for ``hierarchical: auto``, :mod:`traffic.schemes.phub.hierarchy`, and are re-exported
+here with PHub's other models.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from traffic.models import build_model
+from traffic.profiles import load_profile
+from traffic.schemes.phub.hierarchy import HierarchicalTerms, hierarchical_pays, hierarchical_terms, inter_rack_cost
 
 __all__ = ["PAPER_TABLE2", "PAPER_TABLE3", "ZOO_MODELS", "bandwidth_lower_bounds", "table2",
            "inter_rack_cost", "HierarchicalTerms", "hierarchical_terms", "hierarchical_pays",
@@ -106,8 +113,6 @@ def table2(workers: int = 8, source: str = "paper", profile: str = "gtx1080ti") 
         elif source == "zoo":
             if net not in ZOO_MODELS:
                 continue
-            from traffic.models import build_model
-            from traffic.profiles import load_profile
             name = ZOO_MODELS[net]
             model = build_model(name, 0, device="meta")
             m = 4 * model.num_params()
@@ -119,65 +124,6 @@ def table2(workers: int = 8, source: str = "paper", profile: str = "gtx1080ti") 
         rows.append({"network": net, "model_bytes": m, "time_s": t, **{k: v / 1e9 for k, v in b.items()},
                      "paper": PAPER_TABLE2.get(net)})
     return rows
-
-
-def inter_rack_cost(racks: int, b_pbox: float, b_core: float) -> float:
-    """``C = (R-1) / (R B_bn)``, ``B_bn = min(B_PBox, B_Core)``: time per byte-unit of the
-    inter-rack step of hierarchical reduction (phub.txt Sec. 3.4, sharded PSs or a ring).
-
-    Raises:
-        ValueError: ``racks`` < 1 or a bandwidth <= 0.
-    """
-    if racks < 1 or b_pbox <= 0 or b_core <= 0:
-        raise ValueError(f"need R >= 1 and bandwidths > 0; got R={racks}, B_PBox={b_pbox}, B_Core={b_core}")
-    return (racks - 1) / (racks * min(b_pbox, b_core))
-
-
-@dataclass(frozen=True)
-class HierarchicalTerms:
-    """Both sides of the Sec. 3.4 inequality, per unit of model size over the bandwidth unit.
-
-    ``flat_cross_rack``: ``N (R-1) / (R B_Core)``; ``two_level``: ``max(N / B_PBox,
-    1 / B_Wkr) + C``; ``c``: the inter-rack term ``C``; ``pays``: ``flat_cross_rack >
-    two_level``.
-    """
-    flat_cross_rack: float
-    two_level: float
-    c: float
-
-    @property
-    def pays(self) -> bool:
-        return self.flat_cross_rack > self.two_level
-
-
-def hierarchical_terms(b_pbox: float, b_core: float, b_wkr: float, racks: int, n: int,
-                       c: float | None = None) -> HierarchicalTerms:
-    """The two sides of phub.txt Sec. 3.4's inequality (module docstring).
-
-    Args:
-        b_pbox / b_core / b_wkr: bandwidth of a PBox (all its interfaces), of the network
-            core available to one rack (its uplink), of a worker; one unit for all three.
-        racks: ``R`` >= 1.
-        n: ``N`` workers per rack >= 1.
-        c: the inter-rack cost ``C``; default :func:`inter_rack_cost` (a ring of racks).
-
-    Raises:
-        ValueError: a bandwidth <= 0, ``racks`` or ``n`` < 1.
-    """
-    if min(b_pbox, b_core, b_wkr) <= 0 or racks < 1 or n < 1:
-        raise ValueError(f"need bandwidths > 0, R >= 1, N >= 1; got B_PBox={b_pbox}, B_Core={b_core}, "
-                         f"B_Wkr={b_wkr}, R={racks}, N={n}")
-    c = inter_rack_cost(racks, b_pbox, b_core) if c is None else float(c)
-    lhs = n * (racks - 1) / (racks * b_core)
-    rhs = max(n / b_pbox, 1 / b_wkr) + c
-    return HierarchicalTerms(lhs, rhs, c)
-
-
-def hierarchical_pays(b_pbox: float, b_core: float, b_wkr: float, racks: int, n: int,
-                      c: float | None = None) -> bool:
-    """True when phub.txt Sec. 3.4's inequality holds: hierarchical reduction is potentially
-    faster than the flat scheme (arguments as :func:`hierarchical_terms`)."""
-    return hierarchical_terms(b_pbox, b_core, b_wkr, racks, n, c).pays
 
 
 def cross_rack_bytes(model_bytes: float, racks: int, n: int, hierarchical: bool) -> float:

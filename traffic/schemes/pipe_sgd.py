@@ -61,17 +61,23 @@ from __future__ import annotations
 
 import sys
 from concurrent.futures import Future
+from typing import Literal, Optional
 
 import torch
+from pydantic import Field
 
-from topologies.errors import SpecError
 from traffic.collectives.ring import ring_allreduce
-from traffic.compression import CODECS, make_codec
+from traffic.compression import make_codec
 from traffic.runtime.trainer import make_optimizer
+from traffic.schemes import register
 from traffic.schemes.allreduce import make_buckets
-from traffic.schemes.base import Scheme, register
+from traffic.schemes.base import Scheme, SchemeOptions
 
-__all__ = ["PipeSGD", "grad_iteration", "SWITCH_INTERVAL_S"]
+__all__ = ["PipeSGD", "PipeSGDOptions", "Compression", "grad_iteration", "SWITCH_INTERVAL_S"]
+
+Compression = Literal["none", "truncation", "quantization"]
+"""The codecs of :data:`traffic.compression.CODECS` by name: none, 16-bit truncation "T",
+8-bit quantization "Q"."""
 
 #: CPython GIL switch interval (seconds) set in Pipe-SGD workers (default 0.005).
 SWITCH_INTERVAL_S = 0.0002
@@ -84,44 +90,32 @@ def grad_iteration(t: int, K: int) -> int | None:
     return j if j >= 0 else None
 
 
-@register
+class PipeSGDOptions(SchemeOptions):
+    """Options of ``pipe_sgd``."""
+    K: int = Field(2, ge=1)
+    """Iteration dependency: the update at the end of iteration ``t`` applies the aggregated
+    gradient of iteration ``t - (K - 1)`` (1 = D-Sync; 2 = Pipe-SGD, the paper's choice)."""
+    compression: Compression = "none"
+    """Codec applied at every transmit-and-reduce step of the ring allreduce: ``none``,
+    ``truncation`` (16-bit) or ``quantization`` (8-bit)."""
+    bucket_mb: Optional[float] = Field(None, ge=0)
+    """``null``: the whole gradient in one ring allreduce (the paper's sequential gradient
+    communication); a number of MiB: buckets as ``allreduce``'s (0 = one per parameter tensor)."""
+
+
+@register("pipe_sgd")
 class PipeSGD(Scheme):
-    """Pipe-SGD worker (see the module docstring).
-
-    Options:
-        K: iteration dependency, an integer >= 1 (1 = D-Sync; 2 = Pipe-SGD, the default).
-        compression: ``none`` (default), ``truncation`` (16-bit) or ``quantization`` (8-bit),
-            applied at every step of the ring allreduce.
-        bucket_mb: ``None`` (default): the whole gradient in one ring allreduce; a number of
-            MiB: buckets as ``allreduce``'s (0 = one per parameter tensor).
-    """
-    name = "pipe_sgd"
+    """Pipe-SGD worker (see the module docstring). Options: :class:`PipeSGDOptions`."""
     roles = ("worker",)
-    options = {"K": 2, "compression": "none", "bucket_mb": None}
-
-    @classmethod
-    def validate_options(cls, options: dict) -> None:
-        """Unknown keys, ``K`` not an integer >= 1, an unknown codec or a negative
-        ``bucket_mb`` raise :class:`SpecError` naming ``workload.options.<key>``."""
-        super().validate_options(options)
-        K = options.get("K", 2)
-        if isinstance(K, bool) or not isinstance(K, int) or K < 1:
-            raise SpecError("workload.options.K", K, "an integer >= 1 (1 = D-Sync, 2 = Pipe-SGD)")
-        c = options.get("compression", "none")
-        if c not in CODECS:
-            raise SpecError("workload.options.compression", c, "one of " + ", ".join(CODECS))
-        b = options.get("bucket_mb")
-        if b is not None and (isinstance(b, bool) or not isinstance(b, (int, float)) or b < 0):
-            raise SpecError("workload.options.bucket_mb", b,
-                            "null (one ring allreduce for the whole gradient) or a number of MiB >= 0")
+    Options = PipeSGDOptions
 
     def setup(self) -> None:
         ctx = self.ctx
-        self.K = int(self.opts["K"])
-        self.codec = make_codec(self.opts["compression"])
+        self.K = self.opts.K
+        self.codec = make_codec(self.opts.compression)
         self.params = [p for p in ctx.model.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(self.params, ctx.workload.optimizer)
-        b = self.opts["bucket_mb"]
+        b = self.opts.bucket_mb
         if b is None:
             self.buckets = [list(reversed(range(len(self.params))))]
         else:

@@ -72,9 +72,10 @@ Placement (:meth:`Stanza.plan`): CONV workers on the first ``n_c`` hosts, FC wor
 next ``n_f`` hosts, one process per host as in the paper. ``workload.workers`` is ``n_c``
 (0: every host but the FC workers'). Option ``fc_workers``: an integer ``n_f`` >= 1, or
 ``auto``: ``n_c`` and ``n_f`` come from the exhaustive search of Stanza eq. (5)
-(:func:`analysis.models.stanza.node_assignment`) for ``N`` = option ``nodes`` (0: every host)
-at option ``bw_gbps`` Gbit/s with the constants of ``workload.compute.profile`` (a profile of
-``workload.model`` at ``workload.batch_size``); ``workload.workers`` must then be 0.
+(:func:`traffic.schemes.stanza.assignment.node_assignment`) for ``N`` = option ``nodes``
+(0: every host) at option ``bw_gbps`` Gbit/s with the constants of
+``workload.compute.profile`` (a profile of ``workload.model`` at ``workload.batch_size``);
+``workload.workers`` must then be 0.
 
 Events: CONV workers log ``activation`` (tx) and ``label`` (tx) to their FC worker,
 ``activation_grad`` (rx), ``allreduce`` per recursive-doubling transfer (``round``,
@@ -88,16 +89,22 @@ import dataclasses
 import math
 import random
 import time
+from typing import Literal, Union
 
 import torch
+from pydantic import Field, field_validator
 
-from topologies.errors import SpecError
+from topologies.errors import SpecError, TestbedError
 from traffic.collectives import recursive_doubling
-from traffic.models import LayeredModel
+from traffic.models import LayeredModel, model_info
+from traffic.profiles import load_profile
+from traffic.runtime.emulation import EmulatedCompute
 from traffic.runtime.trainer import Trainer, make_optimizer
-from traffic.schemes.base import ProcessPlan, Scheme, register
+from traffic.schemes import register
+from traffic.schemes.base import ProcessPlan, Scheme, SchemeOptions
+from traffic.schemes.stanza.assignment import Assignment, Constants, node_assignment, split_shape
 
-__all__ = ["Stanza", "ConvTrainer", "fc_groups", "fc_of", "split_shape", "checkpoint_holder"]
+__all__ = ["Stanza", "StanzaOptions", "ConvTrainer", "fc_groups", "fc_of", "split_shape", "checkpoint_holder"]
 
 TAG_ACT, TAG_LABEL, TAG_GRAD, TAG_SYNC, TAG_CKPT, TAG_RD_CONV, TAG_RD_FC = 1, 2, 3, 4, 5, 10, 11
 
@@ -123,25 +130,6 @@ def fc_groups(n_c: int, n_f: int) -> list[range]:
 def fc_of(conv_index: int, n_c: int, n_f: int) -> int:
     """Index of the FC worker that serves CONV worker ``conv_index``."""
     return next(j for j, g in enumerate(fc_groups(n_c, n_f)) if conv_index in g)
-
-
-def split_shape(model: LayeredModel) -> tuple[int, ...]:
-    """Shape of one sample's activations at the CONV/FC boundary: the output of layer
-    ``split_index - 1`` at the model's input shape, without the batch dimension (AlexNet:
-    ``(256, 6, 6)``, 9,216 values, Stanza §3.2). Computed on the meta device (no memory).
-
-    Raises:
-        ValueError: the model has no ``split_index``.
-    """
-    from traffic.models import build_model
-    if model.split_index is None:
-        raise ValueError(f"model {model.name!r} has no CONV/FC split_index")
-    meta = build_model(model.name, 0, model.input_shape, model.num_classes, device="meta").eval()
-    with torch.no_grad():
-        x = meta.example_input(1)
-        for layer in meta.layers[:meta.split_index]:
-            x = layer(x)
-    return tuple(int(d) for d in x.shape[1:])
 
 
 def _part(model: LayeredModel, lo: int, hi: int) -> LayeredModel:
@@ -198,43 +186,42 @@ class ConvTrainer(Trainer):
             self.model = conv
 
 
-@register
+class StanzaOptions(SchemeOptions):
+    """Options of ``stanza``."""
+    fc_workers: Union[int, Literal["auto"]] = 1
+    """Number of FC workers ``n_f`` (an integer >= 1), or ``auto`` for the node assignment of
+    Stanza eq. (5)."""
+    nodes: int = 0
+    """With ``fc_workers: auto``, the total number of nodes ``N`` (0: every host; else >= 2)."""
+    bw_gbps: float = Field(10.0, gt=0)
+    """With ``fc_workers: auto``, the per-node bandwidth ``B`` the model assumes, Gbit/s
+    (10, the paper's EC2 cluster)."""
+    checkpoint_every: int = Field(0, ge=0)
+    """Write checkpoints every this many iterations (0: never; Stanza §5.3)."""
+
+    @field_validator("fc_workers")
+    @classmethod
+    def _fc_workers(cls, v):
+        if v != "auto" and v < 1:
+            raise ValueError("an integer >= 1 or 'auto'")
+        return v
+
+    @field_validator("nodes")
+    @classmethod
+    def _nodes(cls, v):
+        if v < 0 or v == 1:
+            raise ValueError("0 (every host) or an integer >= 2")
+        return v
+
+
+@register("stanza")
 class Stanza(Scheme):
     """Layer separation: CONV workers (role ``worker``) and FC workers (role ``fc``); see
-    the module docstring.
-
-    Options:
-        fc_workers: number of FC workers ``n_f`` (int >= 1, default 1), or ``"auto"`` for
-            the node assignment of Stanza eq. (5).
-        nodes: with ``auto``, the total number of nodes ``N`` (0: every host).
-        bw_gbps: with ``auto``, the per-node bandwidth ``B`` the model assumes, Gbit/s
-            (default 10, the paper's EC2 cluster).
-        checkpoint_every: write checkpoints every this many iterations (0: never; §5.3).
-    """
-    name = "stanza"
+    the module docstring. Options: :class:`StanzaOptions`."""
     roles = ("worker", "fc")
-    options = {"fc_workers": 1, "nodes": 0, "bw_gbps": 10.0, "checkpoint_every": 0}
+    Options = StanzaOptions
 
     # ---------------------------------------------------------------- harness side
-
-    @classmethod
-    def validate_options(cls, options: dict) -> None:
-        """Unknown keys, and ``fc_workers`` neither a positive integer nor ``auto``,
-        ``nodes`` negative or 1, ``bw_gbps`` not positive or ``checkpoint_every`` negative
-        raise SpecError."""
-        super().validate_options(options)
-        f = options.get("fc_workers", 1)
-        if not (f == "auto" or (isinstance(f, int) and not isinstance(f, bool) and f >= 1)):
-            raise SpecError("workload.options.fc_workers", f, "an integer >= 1 or 'auto'")
-        n = options.get("nodes", 0)
-        if not isinstance(n, int) or isinstance(n, bool) or n < 0 or n == 1:
-            raise SpecError("workload.options.nodes", n, "0 (every host) or an integer >= 2")
-        b = options.get("bw_gbps", 10.0)
-        if isinstance(b, bool) or not isinstance(b, (int, float)) or b <= 0:
-            raise SpecError("workload.options.bw_gbps", b, "a bandwidth > 0 in Gbit/s")
-        c = options.get("checkpoint_every", 0)
-        if not isinstance(c, int) or isinstance(c, bool) or c < 0:
-            raise SpecError("workload.options.checkpoint_every", c, "0 (no checkpoints) or an integer >= 1")
 
     @classmethod
     def counts(cls, workload, n_hosts: int) -> tuple[int, int]:
@@ -245,23 +232,22 @@ class Stanza(Scheme):
                 larger than the CONV workers; ``auto`` with ``workload.workers`` set, or
                 without a usable profile.
         """
-        from traffic.models import model_info
         if model_info(workload.model)["split_index"] is None:
             raise SpecError("workload.model", workload.model,
                             "a model with a CONV/FC boundary (split_index), e.g. alexnet, vgg16, digits_cnn")
-        opts = {**cls.options, **workload.options}
-        if opts["fc_workers"] == "auto":
+        opts = cls.options_of(workload)
+        if opts.fc_workers == "auto":
             if workload.workers:
                 raise SpecError("workload.workers", workload.workers,
                                 "0 with options.fc_workers: auto (the node assignment picks the CONV workers)")
-            N = opts["nodes"] or n_hosts
+            N = opts.nodes or n_hosts
             if N > n_hosts:
                 raise SpecError("workload.options.nodes", N, f"at most {n_hosts} (the topology's hosts)")
             if N < 2:
                 raise SpecError("workload.options.nodes", N, "at least 2 (one CONV and one FC worker)")
-            a = cls.assignment(workload, N, float(opts["bw_gbps"]) * 1e9)
+            a = cls.assignment(workload, N, float(opts.bw_gbps) * 1e9)
             return a.n_c, a.n_f
-        n_f = int(opts["fc_workers"])
+        n_f = opts.fc_workers
         n_c = workload.workers or n_hosts - n_f
         if n_c < 1 or n_c + n_f > n_hosts:
             raise SpecError("workload.workers", workload.workers,
@@ -271,16 +257,14 @@ class Stanza(Scheme):
         return n_c, n_f
 
     @classmethod
-    def assignment(cls, workload, N: int, bw_bps: float):
+    def assignment(cls, workload, N: int, bw_bps: float) -> Assignment:
         """The node assignment of Stanza eq. (5) for ``N`` nodes at ``bw_bps`` bit/s with the
-        constants of ``workload.compute.profile`` (:class:`analysis.models.stanza.Assignment`).
+        constants of ``workload.compute.profile``
+        (:func:`~traffic.schemes.stanza.assignment.node_assignment`).
 
         Raises:
             SpecError: the profile cannot be loaded for the model and batch size.
         """
-        from analysis.models.stanza import Constants, node_assignment
-        from topologies.errors import TestbedError
-        from traffic.profiles import load_profile
         try:
             prof = load_profile(workload.compute.profile, workload.model, workload.batch_size)
         except TestbedError as e:
@@ -318,7 +302,7 @@ class Stanza(Scheme):
         self.K = ctx.workload.batch_size
         self.emulated = ctx.workload.compute.mode == "emulated"
         self.split_shape = split_shape(ctx.model)
-        self.ckpt_every = int(self.opts.get("checkpoint_every", 0))
+        self.ckpt_every = self.opts.checkpoint_every
         self._ckpt_copies: list = []  # CONV worker: (fc index, iteration, Pending, buffer) in flight
 
     def _evaluates_after(self, it: int) -> bool:
@@ -472,10 +456,9 @@ class Stanza(Scheme):
         labels = [torch.empty(K, dtype=torch.long) for _ in group]
         em = None
         if self.emulated:
-            from traffic.runtime.emulation import EmulatedCompute
             for layer in model.layers[:s]:
                 layer.to("meta")  # CONV layers live on the CONV workers only
-            scale = ctx.spec.scale
+            scale = ctx.scale
             em = EmulatedCompute(_part(model, s, len(model.layers)),
                                  [t * scale * g for t in ctx.profile.forward_s()[s:]],
                                  [t * scale * g for t in ctx.profile.backward_s()[s:]],

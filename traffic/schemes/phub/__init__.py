@@ -59,8 +59,8 @@ its ToR (``workload.servers.interfaces``); the PBox runs one server process per 
   PBox holds an identical replica of the model) and sends the chunk to its own rack's
   workers. Cross-rack traffic drops to ``1/N`` of the flat scheme's with ``N`` workers per
   rack, at the cost of ``2(R-1)`` extra ring steps. ``hierarchical: auto`` uses it when the
-  inequality of Sec. 3.4 (:func:`analysis.models.phub.hierarchical_pays`) holds for the
-  spec's bandwidths; ``false`` (default) is the flat scheme: chunks spread over every server
+  inequality of Sec. 3.4 (:func:`~traffic.schemes.phub.hierarchy.hierarchical_pays`) holds
+  for the spec's bandwidths; ``false`` (default) is the flat scheme: chunks spread over every server
   process of every PBox (an array of sharded PSs).
 
 Server processes and tags: chunk ``c`` of job ``g`` has the global id ``c.id = g * n + i``
@@ -80,221 +80,89 @@ Results (``results/<proc>.json``): workers ``job``, ``job_workers``, ``job_sampl
 (the job's global batch over the mean iteration period after warm-up, in the emulated
 network's time), ``rejected_pulls``; servers ``rejected_pushes``, ``rejected_connects``,
 ``chunks``, ``chunk_bytes``, ``hierarchical``.
+
+Modules: :mod:`~traffic.schemes.phub.chunks` (chunks and their placement),
+:mod:`~traffic.schemes.phub.tenancy` (jobs, tokens, metadata),
+:mod:`~traffic.schemes.phub.aggregation` (tall aggregation on a server thread),
+:mod:`~traffic.schemes.phub.hierarchy` (cross-rack ring, Sec. 3.4's inequality); this
+module holds the scheme (:class:`PHub`, options :class:`PHubOptions`).
 """
 from __future__ import annotations
 
-import heapq
-import os
 import threading
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from functools import partial
+from typing import Literal, Optional, Union
 
 import torch
+from pydantic import Field, field_validator
 
 from topologies.errors import SpecError
-from traffic.collectives.ring import ring_allreduce
+from topologies.hosts import HostInfo
+from traffic.data import GlobalBatches
 from traffic.runtime.transport import Pending
 from traffic.runtime.trainer import make_optimizer
-from traffic.schemes.base import HostInfo, ProcessPlan, register
-from traffic.schemes.ps import ParameterServer, Shard
+from traffic.schemes import register
+from traffic.schemes.base import ProcessPlan, SchemeOptions
+from traffic.schemes.phub.aggregation import RECV_WINDOW_BYTES, recv_window, tall_aggregate
+from traffic.schemes.phub.chunks import CHUNK_BYTES, ELEMENT_BYTES, Chunk, assign_chunks, lpt
+from traffic.schemes.phub.hierarchy import RING_TAG, hierarchical_pays, host_racks, ring_reduce
+from traffic.schemes.phub.tenancy import (ACCEPTED, META, REJECTED, SETUP_TAG, JobShards, job_groups, meta_value,
+                                          new_token, rejection, token_meta)
+from traffic.schemes.ps import ParameterServer
 
-if TYPE_CHECKING:  # pragma: no cover
-    from testbed.spec import Experiment, WorkloadSpec
-
-__all__ = ["CHUNK_BYTES", "Chunk", "assign_chunks", "lpt", "job_groups", "host_racks", "PHub"]
-
-CHUNK_BYTES = 32 * 1024      # PHub's default chunk size (Sec. 3.2.3)
-ELEMENT_BYTES = 4            # float32
-META = 2                     # float32 slots after a chunk's payload: the token (int64 bits) or a status
-ACCEPTED, REJECTED = 1, 0    # reply status
-RING_TAG = 1 << 29           # hierarchical ring steps
-SETUP_TAG = 1 << 30          # token / create_service / connect messages
-RECV_WINDOW_BYTES = 64 << 20  # receive buffers a server thread keeps posted ahead (all workers' copies)
+__all__ = ["CHUNK_BYTES", "ELEMENT_BYTES", "META", "ACCEPTED", "REJECTED", "RING_TAG", "SETUP_TAG",
+           "RECV_WINDOW_BYTES", "Chunk", "assign_chunks", "lpt", "job_groups", "host_racks", "hierarchical_pays",
+           "PHubOptions", "PHub"]
 
 
-@dataclass(frozen=True)
-class Chunk(Shard):
-    """A chunk ``[lo, hi)`` of the flattened key ``key`` of job ``job``'s namespace.
+class PHubOptions(SchemeOptions):
+    """Options of ``phub`` (chunks replace ``ps``'s key split: no ``bigarray_bound``)."""
+    chunk_bytes: int = Field(CHUNK_BYTES, gt=0)
+    """Bytes per chunk, a multiple of 4 (float32 elements); the last chunk of a key holds
+    the rest (phub.txt Sec. 3.2.3: PHub's default 32 KB; MXNet uses 4 MB)."""
+    server_threads: int = Field(2, gt=0)
+    """Aggregation threads per server process; chunks are balanced over them (Sec. 3.2.4)."""
+    hierarchical: Union[bool, Literal["auto"]] = False
+    """``false`` (flat: chunks over every server process), ``true`` (one PBox per rack, ring
+    across racks, Sec. 3.4) or ``auto`` (Sec. 3.4's inequality on the topology's bandwidths
+    decides)."""
+    jobs: int = Field(1, gt=0)
+    """Training jobs sharing the servers: the workers split into this many equal groups,
+    each with its own key namespace and token (Sec. 3.1)."""
+    bad_token_worker: Optional[int] = Field(None, ge=0)
+    """Index of a worker that intrudes on job 0 with a made-up token (tests of access
+    control), or null."""
+    overlap: bool = True
+    """Push each layer's chunks as soon as its backward is done and wait, before each
+    layer's forward, only for that layer's chunks (false: push_pull everything after the
+    whole backward pass)."""
 
-    ``server`` is the chunk's interface (server process index: among all server processes
-    in the flat scheme, among one PBox's processes with hierarchical reduction), ``thread``
-    its server thread within that process, ``local`` its index within the namespace; ``id``
-    (``job * chunks_per_job + local``) is the tag of its messages.
-    """
-    thread: int = 0
-    job: int = 0
-    local: int = 0
-
-
-def lpt(sizes: Sequence[int], bins: int) -> list[int]:
-    """Graham's longest-processing-time-first partition: item ``i`` (``sizes[i]``) -> bin.
-
-    Items are taken largest first (ties: lower index first) and each goes to the bin with
-    the least total so far (ties: lower bin). The largest bin total is at most 4/3 of the
-    optimum (Graham 1969; the "4/3 approximation set partition algorithm" of phub.txt
-    Sec. 3.2.4).
-
-    Raises:
-        ValueError: ``bins`` < 1.
-    """
-    if bins < 1:
-        raise ValueError(f"need at least one bin, got {bins}")
-    heap = [(0, b) for b in range(bins)]
-    out = [0] * len(sizes)
-    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
-        load, b = heapq.heappop(heap)
-        out[i] = b
-        heapq.heappush(heap, (load + int(sizes[i]), b))
-    return out
+    @field_validator("chunk_bytes")
+    @classmethod
+    def _whole_elements(cls, v):
+        if v % ELEMENT_BYTES:
+            raise ValueError("a multiple of 4 (float32 elements)")
+        return v
 
 
-def assign_chunks(numels: Sequence[int], chunk_elems: int, interfaces: int, threads: int,
-                  names: Sequence[str] | None = None, jobs: int = 1) -> list[Chunk]:
-    """Cut keys into chunks and map each chunk to an (interface, thread), phub.txt Sec. 3.2.4.
-
-    Args:
-        numels: elements of each key, in key order.
-        chunk_elems: maximum elements per chunk (``chunk_bytes / 4``).
-        interfaces: server processes to spread the chunks over (>= 1).
-        threads: server threads per process (>= 1).
-        names: the keys' names (default ``"key<i>"``).
-        jobs: namespaces; every job has the same keys (the same model), cut the same way.
-
-    Returns:
-        Chunks ordered by job, key, offset (``id`` = position). Interfaces are balanced by
-        bytes over all jobs' chunks with :func:`lpt`, then each interface's chunks over its
-        threads with :func:`lpt`.
-
-    Raises:
-        ValueError: ``chunk_elems``, ``interfaces``, ``threads`` or ``jobs`` < 1.
-    """
-    if min(chunk_elems, interfaces, threads, jobs) < 1:
-        raise ValueError(f"chunk_elems ({chunk_elems}), interfaces ({interfaces}), threads ({threads}) "
-                         f"and jobs ({jobs}) must be >= 1")
-    names = list(names) if names is not None else [f"key{k}" for k in range(len(numels))]
-    cuts = [(k, lo, min(lo + chunk_elems, int(n))) for k, n in enumerate(numels)
-            for lo in range(0, int(n), chunk_elems)]
-    n = len(cuts)
-    sizes = [hi - lo for _, lo, hi in cuts] * jobs
-    iface = lpt(sizes, interfaces)
-    thread = [0] * len(sizes)
-    for i in range(interfaces):
-        idx = [j for j in range(len(sizes)) if iface[j] == i]
-        for j, t in zip(idx, lpt([sizes[j] for j in idx], threads)):
-            thread[j] = t
-    return [Chunk(j, cuts[j % n][0], names[cuts[j % n][0]], iface[j], cuts[j % n][1], cuts[j % n][2],
-                  thread=thread[j], job=j // n, local=j % n) for j in range(len(sizes))]
-
-
-def job_groups(workers: int, jobs: int, intruder: int | None = None) -> list[list[int]]:
-    """Worker indices of each job: the workers other than ``intruder``, in index order, cut
-    into ``jobs`` contiguous groups of equal size.
-
-    Raises:
-        ValueError: the workers do not split into ``jobs`` equal non-empty groups, or
-            ``intruder`` is not a worker index.
-    """
-    if intruder is not None and not 0 <= intruder < workers:
-        raise ValueError(f"bad_token_worker {intruder} is not a worker index in [0, {workers})")
-    members = [w for w in range(workers) if w != intruder]
-    if jobs < 1 or not members or len(members) % jobs:
-        raise ValueError(f"{len(members)} workers do not split into {jobs} equal jobs")
-    m = len(members) // jobs
-    return [members[g * m:(g + 1) * m] for g in range(jobs)]
-
-
-def host_racks(exp: "Experiment") -> dict[str, int]:
-    """Rack of every host of the spec's topology (``h1..``, ``ps1..``: the names both the
-    Mininet topology and :func:`testbed.local.local_hosts` use)."""
-    from testbed.local import local_hosts
-    return {h.name: h.rack for h in local_hosts(exp)}
-
-
-def _token_meta(token: int) -> torch.Tensor:
-    """The 8 metadata bytes of a token (int64) as ``META`` float32 slots (bit pattern)."""
-    return torch.tensor([token], dtype=torch.int64).view(torch.float32)
-
-
-def _meta_value(buf: torch.Tensor) -> int:
-    """The int64 stored in the metadata slots at the end of ``buf``."""
-    return int(buf[-META:].view(torch.int64)[0])
-
-
-def _new_token() -> int:
-    """A random non-zero 63-bit token."""
-    while True:
-        t = int.from_bytes(os.urandom(8), "little") >> 1
-        if t:
-            return t
-
-
-class _JobShards:
-    """A job's global batches seen through the worker's index: ``shard(it, _)`` is shard
-    ``local`` of the job's own :class:`traffic.data.GlobalBatches` (the Trainer asks for its
-    global worker index)."""
-
-    def __init__(self, batches, local: int):
-        self.batches, self.local = batches, local
-
-    def shard(self, it: int, worker: int):
-        return self.batches.shard(it, self.local)
-
-    def __getattr__(self, name):
-        return getattr(self.batches, name)
-
-
-@register
+@register("phub")
 class PHub(ParameterServer):
     """PHub: chunked, tall-aggregating, multi-tenant parameter server with optional
     hierarchical cross-rack reduction (see the module docstring).
 
-    Options:
-        chunk_bytes: bytes per chunk (default 32768; a multiple of 4).
-        server_threads: aggregation threads per server process (default 2).
-        hierarchical: ``false`` (flat), ``true`` (one PBox per rack, ring across racks) or
-            ``auto`` (the inequality of phub.txt Sec. 3.4 decides).
-        jobs: training jobs sharing the servers (default 1).
-        bad_token_worker: index of an intruding worker with a wrong token (tests), or null.
-        overlap: push each layer as soon as its backward is done (default true).
+    Options: :class:`PHubOptions`. Dedicated server hosts (PBoxes of
+    ``workload.servers.interfaces`` links) come from :meth:`ParameterServer.hosts`.
     """
-    name = "phub"
-    options = {"chunk_bytes": CHUNK_BYTES, "server_threads": 2, "hierarchical": False, "jobs": 1,
-               "bad_token_worker": None, "overlap": True}
+    Options = PHubOptions
     push_kind = "push"
     pull_kind = "pull"
 
     # ---------------------------------------------------------------- harness side
 
     @classmethod
-    def validate_options(cls, options: dict) -> None:
-        """Unknown keys and bad values.
-
-        Raises:
-            SpecError: naming ``workload.options.<key>`` and what is allowed.
-        """
-        super().validate_options(options)
-        o = {**cls.options, **options}
-
-        def positive_int(key):
-            v = o[key]
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise SpecError(f"workload.options.{key}", v, "an integer >= 1")
-        for key in ("chunk_bytes", "server_threads", "jobs"):
-            positive_int(key)
-        if o["chunk_bytes"] % ELEMENT_BYTES:
-            raise SpecError("workload.options.chunk_bytes", o["chunk_bytes"], "a multiple of 4 (float32 elements)")
-        if o["hierarchical"] not in (False, True, "auto"):
-            raise SpecError("workload.options.hierarchical", o["hierarchical"], "false, true or 'auto'")
-        b = o["bad_token_worker"]
-        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 0):
-            raise SpecError("workload.options.bad_token_worker", b, "null or a worker index >= 0")
-        if not isinstance(o["overlap"], bool):
-            raise SpecError("workload.options.overlap", o["overlap"], "true or false")
-
-    @classmethod
-    def plan(cls, workload: "WorkloadSpec", hosts: list[HostInfo]) -> list[ProcessPlan]:
-        """The PS plan (:meth:`Scheme.plan`: a PBox of k interfaces runs k server
+    def plan(cls, workload, hosts: list[HostInfo]) -> list[ProcessPlan]:
+        """The PS plan (:meth:`ParameterServer.plan`: a PBox of k interfaces runs k server
         processes, one bound to each interface), checked for PHub's options.
 
         Raises:
@@ -305,13 +173,14 @@ class PHub(ParameterServer):
         procs = super().plan(workload, hosts)
         servers = [p for p in procs if p.role == "server"]
         workers = [p for p in procs if p.role == "worker"]
-        o = {**cls.options, **workload.options}
+        o = cls.options_of(workload)
         try:
-            job_groups(len(workers), int(o["jobs"]), o["bad_token_worker"])
+            job_groups(len(workers), o.jobs, o.bad_token_worker)
         except ValueError as e:
-            field = "workload.options.bad_token_worker" if o["bad_token_worker"] is not None else "workload.options.jobs"
-            raise SpecError(field, o[field.rsplit(".", 1)[1]], str(e)) from None
-        if o["hierarchical"] is True:
+            if o.bad_token_worker is not None:
+                raise SpecError("workload.options.bad_token_worker", o.bad_token_worker, str(e)) from None
+            raise SpecError("workload.options.jobs", o.jobs, str(e)) from None
+        if o.hierarchical is True:
             rack = {h.name: h.rack for h in hosts}
             server_hosts = list(dict.fromkeys(p.host for p in servers))
             worker_racks = sorted({rack[p.host] for p in workers})
@@ -319,28 +188,23 @@ class PHub(ParameterServer):
                 raise SpecError("workload.servers", f"server hosts {server_hosts}",
                                 "exactly one server host (PBox) in every rack with workers for "
                                 "hierarchical reduction: {placement: dedicated, scope: per_rack, count: 1}")
-            if o["bad_token_worker"] is not None:
-                raise SpecError("workload.options.bad_token_worker", o["bad_token_worker"],
+            if o.bad_token_worker is not None:
+                raise SpecError("workload.options.bad_token_worker", o.bad_token_worker,
                                 "null with hierarchical reduction")
         return workers + servers
 
     # ---------------------------------------------------------------- layout (every process)
 
-    @property
-    def overlapped(self) -> bool:
-        return bool(self.opts["overlap"])
-
     def _decide_hierarchical(self, racks_with_workers: int, per_rack: int, k: int) -> bool:
         """``hierarchical``: true/false as given; ``auto``: phub.txt Sec. 3.4's inequality
-        on the spec's bandwidths (B_Wkr = host link, B_PBox = k host links, B_Core = the
+        on the topology's bandwidths (B_Wkr = host link, B_PBox = k host links, B_Core = the
         rack's uplink), with C for a ring across racks."""
-        h = self.opts["hierarchical"]
+        h = self.opts.hierarchical
         if h != "auto":
             return bool(h)
         if racks_with_workers < 2 or len(self.pboxes) != racks_with_workers:
             return False
-        from analysis.models.phub import hierarchical_pays
-        t = self.ctx.spec.topology
+        t = self.ctx.topology
         return hierarchical_pays(b_pbox=k * t.host_bw_mbps, b_core=t.uplink_mbps(), b_wkr=t.host_bw_mbps,
                                  racks=racks_with_workers, n=per_rack)
 
@@ -352,7 +216,7 @@ class PHub(ParameterServer):
             RuntimeError: hierarchical reduction without one PBox per rack with workers.
         """
         ctx = self.ctx
-        racks = host_racks(ctx.spec)
+        racks = host_racks(ctx.processes)
         self.rack_of = {p["rank"]: racks[p["host"]] for p in ctx.processes}
         # PBoxes: server processes grouped by host, in server index order
         by_host: dict[str, list[int]] = {}
@@ -360,8 +224,8 @@ class PHub(ParameterServer):
             by_host.setdefault(ctx.proc_of(r)["host"], []).append(r)
         self.pboxes = list(by_host.values())
         W = len(self.worker_ranks)
-        self.intruder = self.opts["bad_token_worker"]
-        self.jobs = job_groups(W, int(self.opts["jobs"]), self.intruder)
+        self.intruder = self.opts.bad_token_worker
+        self.jobs = job_groups(W, self.opts.jobs, self.intruder)
         worker_racks = [self.rack_of[r] for r in self.worker_ranks]
         per_rack = max(worker_racks.count(r) for r in set(worker_racks))
         k = len(self.pboxes[0])
@@ -374,9 +238,9 @@ class PHub(ParameterServer):
             self.pbox_of_rack = {self.rack_of[p[0]]: p for p in self.pboxes}
         interfaces = k if self.hier else len(self.server_ranks)
         named = list(ctx.model.named_parameters())
-        self.chunk_elems = int(self.opts["chunk_bytes"]) // ELEMENT_BYTES
+        self.chunk_elems = self.opts.chunk_bytes // ELEMENT_BYTES
         self.chunks = assign_chunks([p.numel() for _, p in named], self.chunk_elems, interfaces,
-                                    int(self.opts["server_threads"]), [n for n, _ in named], jobs=len(self.jobs))
+                                    self.opts.server_threads, [n for n, _ in named], jobs=len(self.jobs))
         self.per_job = len(self.chunks) // len(self.jobs)
         return self.chunks
 
@@ -427,7 +291,7 @@ class PHub(ParameterServer):
         if self.is_intruder:
             self.token = 0  # made up: real tokens are never 0
         elif me == members[0]:
-            self.token = _new_token()
+            self.token = new_token()
             tok[:] = torch.tensor([self.job, self.token])
             tr.wait_all([tr.isend(tok, self.worker_ranks[w], tag=SETUP_TAG, kind="token", job=self.job)
                          for w in members[1:]] +
@@ -436,7 +300,7 @@ class PHub(ParameterServer):
         else:
             tr.recv(tok, self.worker_ranks[members[0]], tag=SETUP_TAG, kind="token", job=self.job)
             self.token = int(tok[1])
-        self._meta = _token_meta(self.token)
+        self._meta = token_meta(self.token)
         # ConnectService: name the namespace and present the token to every server process used
         hello = torch.tensor([self.job, self.token], dtype=torch.int64)
         tr.wait_all([tr.isend(hello, s, tag=SETUP_TAG + 2, kind="connect", job=self.job)
@@ -452,10 +316,9 @@ class PHub(ParameterServer):
                                       **self._fields(-1, c)) for c in self.mine])
         # data: the job's own global batches (a job of m workers trains as the reference of m)
         if ctx.batches is not None and (len(self.jobs) > 1 or self.intruder is not None):
-            from traffic.data import GlobalBatches
             m = len(members)
             local = members.index(me) if me in members else 0
-            ctx.batches = _JobShards(GlobalBatches(ctx.data, ctx.workload.batch_size, m, ctx.workload.seed), local)
+            ctx.batches = JobShards(GlobalBatches(ctx.data, ctx.workload.batch_size, m, ctx.workload.seed), local)
 
     def on_iteration_start(self, it: int) -> None:
         self._starts.append(time.perf_counter())
@@ -488,7 +351,7 @@ class PHub(ParameterServer):
         no parameters: the worker keeps its own)."""
         for c, buf, p in pulls:
             p.wait()
-            if _meta_value(buf) == ACCEPTED:
+            if meta_value(buf) == ACCEPTED:
                 self.params[c.key].data.view(-1)[c.lo:c.hi].copy_(buf[:c.numel])
             else:
                 self.rejected_pulls += 1
@@ -524,7 +387,7 @@ class PHub(ParameterServer):
         members = self.jobs[self.job]
         rate = None
         if self._starts and end > self._starts[warm]:
-            period = (end - self._starts[warm]) / (len(self._starts) - warm) / self.ctx.spec.scale
+            period = (end - self._starts[warm]) / (len(self._starts) - warm) / self.ctx.scale
             rate = len(members) * w.batch_size / period
         self.ctx.results.update(job=None if self.is_intruder else self.job, job_workers=len(members),
                                 job_samples_per_s=None if self.is_intruder else rate,
@@ -571,17 +434,17 @@ class PHub(ParameterServer):
         self.mine = [c for c in self.chunks if c.server == my_iface and self._legit(c.job, my_rack)]
         self.stores = [torch.empty(c.numel + META) for c in self.mine]
         for st in self.stores:
-            st[-META:].copy_(_token_meta(ACCEPTED))  # the reply status travels with the values
+            st[-META:].copy_(token_meta(ACCEPTED))  # the reply status travels with the values
         self.values = [torch.nn.Parameter(st[:-META]) for st in self.stores]
         inits = []
         for c, v in zip(self.mine, self.values):
             src = self._legit(c.job, my_rack)[0]
             inits.append(tr.irecv(v.data, src, tag=c.id, kind="init", **self._fields(-1, c)))
         tr.wait_all(inits)
-        self.opts_ = [make_optimizer([v], ctx.workload.optimizer) for v in self.values]
+        self.optimizers = [make_optimizer([v], ctx.workload.optimizer) for v in self.values]
         ev.instant("server_keys", chunks=[c.id for c in self.mine], numel=sum(c.numel for c in self.mine),
                    iface=my_iface, hierarchical=self.hier)
-        T = int(self.opts["server_threads"])
+        T = self.opts.server_threads
         jobs_here = sorted({c.job for c in self.mine})
         self._count_lock = threading.Lock()
         errors: list[BaseException] = []
@@ -602,7 +465,7 @@ class PHub(ParameterServer):
         if errors:
             raise errors[0]
         ctx.results.update(rejected_pushes=self.rejected_pushes, rejected_connects=self.rejected_connects,
-                           chunks=len(self.mine), chunk_bytes=int(self.opts["chunk_bytes"]), hierarchical=self.hier,
+                           chunks=len(self.mine), chunk_bytes=self.opts.chunk_bytes, hierarchical=self.hier,
                            iface=my_iface)
 
     def _legit(self, g: int, rack: int | None) -> list[int]:
@@ -625,7 +488,7 @@ class PHub(ParameterServer):
         if not order:
             return
         W = len(self.senders[job]) or 1
-        window = max(2, RECV_WINDOW_BYTES // (jobs_here * W * (self.chunk_elems + META) * ELEMENT_BYTES))
+        window = recv_window(self.chunk_elems, W, jobs_here)
         R = len(self.pboxes) if self.hier else 1
 
         def post(it: int, i: int):
@@ -648,53 +511,38 @@ class PHub(ParameterServer):
                     posted[j] = post(it, j)
                 c = self.mine[i]
                 f = self._fields(it, c)
-                pending = posted.pop(i)
-                agg: torch.Tensor | None = None
-                accepted, refused = [], []
-                token = self.tokens.get(c.job)
-                while pending:  # tall aggregation: add each copy as soon as it is in
-                    ready = [x for x in pending if x[2].is_completed()] or [pending[0]]
-                    for x in ready:
-                        pending.remove(x)
-                        r, buf, p = x
-                        p.wait()
-                        if _meta_value(buf) != token:
-                            refused.append(r)
-                            with self._count_lock:
-                                self.rejected_pushes += 1
-                            ev.instant("reject", op="push", peer=r, **f)
-                            continue
-                        accepted.append(r)
-                        if agg is None:
-                            agg = buf[:c.numel]
-                        else:
-                            agg.add_(buf[:c.numel])
-                k = i
+                agg, accepted, refused = tall_aggregate(posted.pop(i), c.numel, self.tokens.get(c.job),
+                                                        partial(self._reject_push, fields=f))
                 with ev.span("update", copies=len(accepted), **f):
                     if self.hier:
                         if agg is None:
                             agg = torch.zeros(c.numel)
                         ring = [box[c.server] for box in self.pboxes if self._legit(c.job, self.rack_of[box[0]])]
-                        ring_allreduce(tr, agg, ring, tag=RING_TAG + c.id * 2 * (R - 1), **f)
+                        ring_reduce(tr, agg, ring, c.id, R, **f)
                         count = len(self._legit(c.job, None))
                     else:
                         count = len(accepted)
                     if agg is not None and count:
                         agg /= count
-                        self.values[k].grad = agg
-                        self.opts_[k].step()
-                        self.values[k].grad = None
-                store = self.stores[k]
+                        self.values[i].grad = agg
+                        self.optimizers[i].step()
+                        self.values[i].grad = None
+                store = self.stores[i]
                 sends += [tr.isend(store, r, tag=c.id, kind=self.pull_kind, **f) for r in accepted]
                 if refused:
-                    nothing = torch.zeros(c.numel + META)  # no parameters for a wrong token
-                    nothing[-META:].copy_(_token_meta(REJECTED))
+                    nothing = rejection(c.numel)  # no parameters for a wrong token
                     sends += [tr.isend(nothing, r, tag=c.id, kind="reject_reply", **f) for r in refused]
                 done = [s for s in sends if s.is_completed()]
                 for s in done:
                     s.wait()
                 sends = [s for s in sends if s not in done]
             tr.wait_all(sends)  # before the next round changes the values in place
+
+    def _reject_push(self, peer: int, fields: dict) -> None:
+        """Count and log (event ``reject``, ``op`` push) a push from ``peer`` with a wrong token."""
+        with self._count_lock:
+            self.rejected_pushes += 1
+        self.ctx.events.instant("reject", op="push", peer=peer, **fields)
 
     def final_state(self) -> dict | None:
         """Workers: the model's state dict. Servers: ``{"<param>[lo:hi]": chunk values}``

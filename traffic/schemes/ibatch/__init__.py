@@ -4,7 +4,7 @@ iBatch (Wang, Pi, Zhou, AAAI 2019, ``papers/ibatch.txt``) is a pull strategy of 
 parameter server: a worker pulls the model's parameters in *batches* of consecutive layers
 and runs the forward computation of batch ``i-1`` while it pulls batch ``i`` (two threads,
 the paper's Implementation section). The batches come from a profile measured at the start
-of the run and the paper's two greedy algorithms (:mod:`analysis.models.ibatch`).
+of the run and the paper's two greedy algorithms (:mod:`traffic.schemes.ibatch.batching`).
 
 Servers, keys and shards are the ``ps`` scheme's (:class:`~traffic.schemes.ps.ParameterServer`:
 ``bigarray_bound``, one optimizer per shard, worker 0 initialises the servers). What
@@ -14,7 +14,7 @@ hi, iteration; tag ``REQUEST_TAG``) to every server holding shards of those laye
 answered with those shards (tag = shard id, as ``ps``) once they are updated; so every pull
 pays a start-up (request, server lookup, first reply) besides the transfer.
 
-Options (``workload.options``):
+Options (``workload.options``, :class:`IBatchOptions`):
     pull: ``default`` (one pull of every layer, then the forward pass), ``layer_by_layer``
         (one pull per layer, forward of layer ``l`` as soon as layer ``l`` is in) or
         ``ibatch`` (the chosen batches); default ``ibatch``.
@@ -65,7 +65,8 @@ Events (worker): ``sync`` and ``probe`` (spans on thread ``pull``, ``servers``),
 (rx), ``pull_reply`` and ``pull`` (tx, per shard, on thread ``serve<j>`` for worker ``j``).
 Results: ``pull``, ``batch_ends``, ``ibatch_profile`` (this worker's measured profile).
 
-Timing model and algorithms: :mod:`analysis.models.ibatch` (eqs. (1)-(5), Algorithms 1-2).
+Timing model and algorithms: :mod:`traffic.schemes.ibatch.batching` (eqs. (1)-(5), Algorithms 1-2),
+which :mod:`analysis.models.ibatch` re-exports for the analysis.
 """
 from __future__ import annotations
 
@@ -75,55 +76,52 @@ import time
 from concurrent.futures import Future
 
 import torch
+from pydantic import Field
 
-from topologies.errors import SpecError
+from traffic.rundir import write_json
 from traffic.runtime.comm import CommThread
 from traffic.runtime.events import read_events
-from traffic.schemes.base import register
-from traffic.schemes.ps import BIGARRAY_BOUND, ParameterServer
+from traffic.schemes import register
+from traffic.schemes.ibatch.batching import (STRATEGIES, PullProfile, Strategy, choose_batching, exe_time,
+                                             optimal_batching, pipeline_time, satisfies_constraint,
+                                             strategy_ends)
+from traffic.schemes.ps import ParameterServer, PSOptions
 
-__all__ = ["IBatch", "REQUEST_TAG", "REPLY_TAG"]
+__all__ = ["IBatch", "IBatchOptions", "STRATEGIES", "REQUEST_TAG", "REPLY_TAG"]
 
 REQUEST_TAG = (1 << 30) + 11   # worker -> server pull requests
 REPLY_TAG = (1 << 30) + 12     # server -> worker one-element answers to sync and probe
 PROFILE_TAG = (1 << 30) + 13   # worker j -> worker 0: measured profile
 BATCHING_TAG = (1 << 30) + 14  # worker 0 -> worker j: batch ends
 
-STRATEGIES = ("default", "layer_by_layer", "ibatch")  # = analysis.models.ibatch.STRATEGIES
 PULL, PROBE, SYNC = 0, 1, 2
 _REQUEST_NAMES = {PULL: "pull", PROBE: "probe", SYNC: "sync"}
 PROFILE_FILE = "ibatch.json"
 
 
-@register
+class IBatchOptions(PSOptions):
+    """Options of ``ibatch``: ``ps``'s (``bigarray_bound``, ``overlap``) and the pull strategy."""
+    pull: Strategy = "ibatch"
+    """How a worker pulls the parameters: ``default`` (one pull of every layer, then the
+    forward pass), ``layer_by_layer`` (one pull per layer, forward of layer ``l`` as soon as
+    layer ``l`` is in) or ``ibatch`` (the batches of Algorithms 1-2)."""
+    profile_iterations: int = Field(2, ge=1)
+    """``P``: iterations ``1 .. P`` measure the pull and forward times the batches are chosen from."""
+
+
+@register("ibatch")
 class IBatch(ParameterServer):
     """Parameter server with pulls on request: default, layer by layer or iBatch batches
-    (see the module docstring)."""
-    name = "ibatch"
-    options = {"bigarray_bound": BIGARRAY_BOUND, "overlap": False, "pull": "ibatch", "profile_iterations": 2}
-
-    @classmethod
-    def validate_options(cls, options: dict) -> None:
-        """Unknown keys as ``ps``; ``pull`` must be a strategy, ``profile_iterations`` an int >= 1.
-
-        Raises:
-            SpecError: naming ``workload.options.<key>``.
-        """
-        super().validate_options(options)
-        pull = options.get("pull", cls.options["pull"])
-        if pull not in STRATEGIES:
-            raise SpecError("workload.options.pull", pull, "one of " + ", ".join(STRATEGIES))
-        p = options.get("profile_iterations", cls.options["profile_iterations"])
-        if isinstance(p, bool) or not isinstance(p, int) or p < 1:
-            raise SpecError("workload.options.profile_iterations", p, "an integer >= 1")
+    (see the module docstring). Options: :class:`IBatchOptions`."""
+    Options = IBatchOptions
 
     @property
     def strategy(self) -> str:
-        return str(self.opts["pull"])
+        return self.opts.pull
 
     @property
     def profile_iterations(self) -> int:
-        return int(self.opts["profile_iterations"])
+        return self.opts.profile_iterations
 
     # ---------------------------------------------------------------- worker
 
@@ -138,7 +136,7 @@ class IBatch(ParameterServer):
         self._ends: tuple[int, ...] | None = None
         self._probe_s: list[float] = []
         self._layer_pull_s: list[list[float]] = [[] for _ in range(self.L)]
-        self._local_profile = None  # analysis.models.ibatch.PullProfile, once measured
+        self._local_profile: PullProfile | None = None  # once measured
 
     def _request(self, server: int, kind: int, lo: int, hi: int, it: int):
         t = torch.tensor([kind, lo, hi, it], dtype=torch.int64)
@@ -251,13 +249,12 @@ class IBatch(ParameterServer):
 
     # ---------------------------------------------------------------- profile and decision
 
-    def _measure(self):
+    def _measure(self) -> PullProfile:
         """This worker's profile from profiling iterations ``1 .. P`` (medians; see module doc).
 
         Raises:
             RuntimeError: a layer has no ``forward`` event or no pull time.
         """
-        from analysis.models.ibatch import PullProfile  # lazily: analysis imports pandas
         P = self.profile_iterations
         fwd: list[list[float]] = [[] for _ in range(self.L)]
         for e in read_events(self.ctx.events.path):
@@ -271,7 +268,6 @@ class IBatch(ParameterServer):
 
     def _decide(self) -> None:
         """Exchange profiles with worker 0 and receive the batch ends (worker 0 decides)."""
-        from analysis.models.ibatch import PullProfile, strategy_ends
         tr, L = self.ctx.transport, self.L
         self._local_profile = mine = self._measure()
         vec = torch.tensor([mine.startup_s, *mine.forward_s, *mine.transfer_s], dtype=torch.float64)
@@ -295,12 +291,9 @@ class IBatch(ParameterServer):
         self._ends = strategy_ends(self.strategy, L, ends)
         self.ctx.events.instant("batching", strategy=self.strategy, ends=list(self._ends))
 
-    def _choose(self, profiles: list) -> tuple[int, ...]:
+    def _choose(self, profiles: list[PullProfile]) -> tuple[int, ...]:
         """Worker 0: mean profile over workers, the batches (Algorithms 1, 2, eq. (4)), and
         ``ibatch.json``; returns the batch ends of the configured strategy."""
-        from analysis.models.ibatch import (PullProfile, choose_batching, exe_time, optimal_batching,
-                                            pipeline_time, satisfies_constraint, strategy_ends)
-        from traffic.rundir import write_json
         n = len(profiles)
         mean = PullProfile([sum(p.forward_s[l] for p in profiles) / n for l in range(self.L)],
                            [sum(p.transfer_s[l] for p in profiles) / n for l in range(self.L)],
@@ -318,7 +311,7 @@ class IBatch(ParameterServer):
         model = self.ctx.model
         write_json(self.ctx.run_dir / PROFILE_FILE, {
             "strategy": self.strategy, "profile_iterations": self.profile_iterations,
-            "scale": self.ctx.spec.scale,
+            "scale": self.ctx.scale,
             "time_unit": "seconds of wall clock in this run (divide by scale for the emulated network)",
             "workers": len(self.worker_ranks), "servers": len(self.server_ranks),
             "layers": self.L, "layer_names": list(getattr(model, "layer_names", [])),
