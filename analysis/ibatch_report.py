@@ -13,40 +13,41 @@ Everything is in the emulated network's time: event times are converted by
   the profiling: from the end of the iteration's ``sync`` (every server has updated; the
   pulls start) to the end of the last layer's ``forward`` event.
 * :func:`speedup_table` -- speedup = samples/s / samples/s of the same model's 1-node
-  ``default`` run (the single-node baseline; the same strategy's 1-node run if there is no
-  ``default`` one), as the paper's "speedup on throughput compared with single node".
+  ``default`` run (the single-node baseline; the mean of the model's 1-node runs if there
+  is no ``default`` one), as the paper's "speedup on throughput compared with single node".
 * :func:`plot_speedup` (Fig. 5), :func:`plot_layer_profile` (Fig. 3: per layer ``T_s +
   T_t^i`` and ``C^i`` with the chosen batches).
 
-Command line: ``python -m analysis.ibatch_report RUN_OR_SWEEP_DIR... [--plots DIR]`` prints
-both tables and writes ``speedup.png`` and ``profile-<model>.png`` (the profile of the
-largest cluster's run, its ``ibatch`` run if any) into ``--plots``.
+Command line: ``testbed report ibatch RUN_OR_SWEEP_DIR... [--plots DIR]`` (or ``python -m
+analysis.ibatch_report`` with the same arguments) prints both tables (markdown) and writes
+``speedup.png`` and ``profile-<model>.png`` (the profile of the largest cluster's run, its
+``ibatch`` run if any) into ``--plots``. The first table's figures are rounded to 6
+decimals, the second's to 2.
 """
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from analysis import report as skeleton
 from analysis.load import load
 from analysis.metrics import global_iterations, iteration_table, measured_iterations, throughput_stats
+from traffic import rundir
 
-__all__ = ["find_runs", "measured_phase", "run_row", "report", "speedup_table", "plot_speedup",
-           "plot_layer_profile", "main"]
+__all__ = ["REPORT", "find_runs", "measured_phase", "run_row", "report", "speedup_table", "plot_speedup",
+           "plot_layer_profile", "table", "plots", "main"]
 
 PROFILE_FILE = "ibatch.json"
 
 
 def find_runs(paths) -> list[Path]:
-    """Run directories of scheme ``ibatch`` under ``paths`` (each a run or a sweep directory)."""
-    out = []
-    for p in map(Path, paths):
-        cands = [p] if (p / "spec.yaml").is_file() else sorted(q.parent for q in p.rglob("spec.yaml"))
-        out += [c for c in cands if (c / PROFILE_FILE).is_file()]
-    return out
+    """Run directories of scheme ``ibatch`` (those with ``ibatch.json``) among
+    :func:`traffic.rundir.find_runs` of ``paths`` (each a run or a sweep directory)."""
+    return [r for r in rundir.find_runs(paths) if (r / PROFILE_FILE).is_file()]
 
 
 def measured_phase(events: pd.DataFrame, profile_iterations: int, layers: int) -> pd.DataFrame:
@@ -98,29 +99,60 @@ def run_row(run_dir) -> dict:
 
 
 def speedup_table(rows: pd.DataFrame) -> pd.DataFrame:
-    """Add ``speedup`` (over the same model's 1-node ``default`` run, else the same
-    strategy's 1-node run; NaN without either). Sorted by model, strategy, nodes."""
+    """Add ``speedup`` (over the same model's 1-node ``default`` runs, else over all its
+    1-node runs, their mean samples/s; NaN without either). Sorted by model, strategy, nodes."""
     rows = rows.copy()
-    base = {}
-    for model, g in rows[rows["nodes"] == 1].groupby("model"):
-        d = g[g["pull"] == "default"]
-        base[model] = float((d if len(d) else g)["samples_per_s"].mean())
-    rows["speedup"] = [r.samples_per_s / base[r.model] if r.model in base and r.samples_per_s else np.nan
-                       for r in rows.itertuples()]
+    one = rows["nodes"] == 1
+    has_default = set(rows.loc[one & (rows["pull"] == "default"), "model"])
+    base = one & ((rows["pull"] == "default") | ~rows["model"].isin(has_default))
+    rows["speedup"] = skeleton.per_point(rows, "samples_per_s", base.to_numpy(), ["model"], reduce="mean")
     return rows.sort_values(["model", "pull", "nodes"]).reset_index(drop=True)
 
 
 def report(paths) -> pd.DataFrame:
-    """:func:`run_row` of every ibatch run under ``paths``, with :func:`speedup_table`'s speedup."""
+    """:func:`run_row` of every ibatch run under ``paths``, with :func:`speedup_table`'s speedup.
+
+    Raises:
+        ReportError: no ibatch run under ``paths``.
+        NotARunError: a path that is neither a run nor a sweep directory.
+    """
     runs = find_runs(paths)
     if not runs:
-        raise FileNotFoundError(f"no ibatch run (a run directory with {PROFILE_FILE}) under {list(map(str, paths))}")
-    return speedup_table(pd.DataFrame([run_row(r) for r in runs]))
+        raise skeleton.ReportError(f"no ibatch run (a run directory with {PROFILE_FILE}) under {list(map(str, paths))}")
+    rows, _ = skeleton.load_rows(runs, run_row)
+    return speedup_table(pd.DataFrame(rows))
+
+
+def table(paths) -> str:
+    """Both tables of the module docstring for the runs under ``paths``, as text."""
+    rows = report(paths)
+    t = rows.assign(eq4_ms=1e3 * rows["model_exe_s"], timeline_ms=1e3 * rows["model_pipeline_s"],
+                    measured_ms=1e3 * rows["measured_phase_s"], optimum_eq4_ms=1e3 * rows["optimal_exe_s"])
+    # pandas' display precision (6 decimals) and the 2 decimals of before, printed as rounded
+    first = rows[["model", "pull", "nodes", "samples_per_s", "speedup", "batches", "ends"]].round(6)
+    second = t[["model", "pull", "nodes", "T_s_ms", "meets_5", "eq4_ms", "timeline_ms", "measured_ms",
+                "optimum_eq4_ms"]].round(2)
+    return ("Throughput and speedup over one node (iBatch Fig. 5):\n"
+            f"{skeleton.markdown(first, floatfmt='')}\n"
+            "\nPull-plus-forward phase, model (eq. (4) / two-thread timeline) against measured (median), ms:\n"
+            f"{skeleton.markdown(second, floatfmt='')}")
+
+
+def plots(paths, out_dir) -> list[Path]:
+    """``speedup.png`` (Fig. 5) and, per model, ``profile-<model>.png`` (Fig. 3) of its
+    largest cluster's run (its ``ibatch`` run if any), into ``out_dir``."""
+    rows, out = report(paths), Path(out_dir)
+    written = [plot_speedup(rows, out / "speedup.png")]
+    for model, g in rows.groupby("model"):
+        pick = g.sort_values(["nodes", "pull"], key=lambda c: c if c.name == "nodes" else c.eq("ibatch")).iloc[-1]
+        written.append(plot_layer_profile(pick["run"], out / f"profile-{model}.png"))
+    return written
 
 
 def plot_speedup(rows: pd.DataFrame, path) -> Path:
     """Fig. 5: speedup against nodes, one panel per model, one line per pull strategy, and
     the ideal linear speedup."""
+    # lazy: analysis.plots loads matplotlib, which the tables do not need
     from analysis.plots import plt, save_figure
     models = sorted(rows["model"].unique())
     fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.4), squeeze=False)
@@ -141,6 +173,7 @@ def plot_speedup(rows: pd.DataFrame, path) -> Path:
 def plot_layer_profile(run_dir, path) -> Path:
     """Fig. 3: per layer, the pull time ``T_s + T_t^i`` and the forward time ``C^i`` measured
     in the run (ms, emulated time), with the batches iBatch chose marked."""
+    # lazy: analysis.plots loads matplotlib, which the tables do not need
     from analysis.plots import plt, save_figure
     doc = json.loads((Path(run_dir) / PROFILE_FILE).read_text())
     scale = float(doc.get("scale") or 1.0)
@@ -163,33 +196,17 @@ def plot_layer_profile(run_dir, path) -> Path:
     return save_figure(fig, path)
 
 
+REPORT = skeleton.Report("ibatch", __doc__.split("\n")[0], table, plots)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line (see the module docstring); exit 1 when no ibatch run is found."""
-    ap = argparse.ArgumentParser(prog="python -m analysis.ibatch_report", description=__doc__.split("\n")[0])
-    ap.add_argument("paths", nargs="+")
-    ap.add_argument("--plots", help="directory for speedup.png and profile-<model>.png")
-    a = ap.parse_args(argv)
     try:
-        rows = report(a.paths)
-    except FileNotFoundError as e:
+        return REPORT.main(sys.argv[1:] if argv is None else argv, prog="python -m analysis.ibatch_report")
+    except skeleton.ReportError as e:
         print(f"error: {e}")
         return 1
-    pd.set_option("display.width", 200)
-    print("Throughput and speedup over one node (iBatch Fig. 5):")
-    print(rows[["model", "pull", "nodes", "samples_per_s", "speedup", "batches", "ends"]].to_string(index=False))
-    print("\nPull-plus-forward phase, model (eq. (4) / two-thread timeline) against measured (median), ms:")
-    t = rows.assign(eq4_ms=1e3 * rows["model_exe_s"], timeline_ms=1e3 * rows["model_pipeline_s"],
-                    measured_ms=1e3 * rows["measured_phase_s"], optimum_eq4_ms=1e3 * rows["optimal_exe_s"])
-    print(t[["model", "pull", "nodes", "T_s_ms", "meets_5", "eq4_ms", "timeline_ms", "measured_ms",
-             "optimum_eq4_ms"]].round(2).to_string(index=False))
-    if a.plots:
-        out = Path(a.plots)
-        print(plot_speedup(rows, out / "speedup.png"))
-        for model, g in rows.groupby("model"):
-            pick = g.sort_values(["nodes", "pull"], key=lambda c: c if c.name == "nodes" else c.eq("ibatch")).iloc[-1]
-            print(plot_layer_profile(pick["run"], out / f"profile-{model}.png"))
-    return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    sys.exit(skeleton.alias(main))

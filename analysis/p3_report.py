@@ -1,14 +1,16 @@
 """P3's figures and numbers from the sweeps of ``experiments/p3_*.yaml``.
 
+    testbed report p3 SWEEP... [--baseline baseline] [--plots DIR]
     python -m analysis.p3_report runs/p3_resnet50-<ts> [runs/p3_vgg19-<ts> runs/p3_slices-<ts> ...]
 
 For each sweep directory: a table (markdown, on stdout) with every point's throughput, the
 speedup of each variant over the layer-wise baseline at the same swept value, and the idle
 fraction and mean utilization of worker 0's link (:mod:`analysis.utilization`; P3 Sec. 5.3);
-plots in ``<sweep>/plots/``: throughput against the swept value (P3 Fig. 7, or Fig. 12 for a
-slice-size sweep) and, for every swept value that has both, the baseline's and P3's link
-utilization over time (Figs. 8 and 9). The paper's numbers (P3 Sec. 5.2) are printed next to
-the table for comparison.
+plots (in ``<sweep>/plots/`` with ``python -m analysis.p3_report``, in ``DIR/<sweep>/`` with
+``--plots DIR``): throughput against the swept value (P3 Fig. 7, or Fig. 12 for a slice-size
+sweep) and, for every swept value that has both, the baseline's and P3's link utilization
+over time (Figs. 8 and 9). The paper's numbers (P3 Sec. 5.2) are printed next to the table
+for comparison.
 """
 from __future__ import annotations
 
@@ -18,10 +20,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis import plots
+from analysis import report as skeleton
 from analysis.utilization import utilization_summary
+from traffic.rundir import read_sweep_spec
 
-__all__ = ["PAPER", "sweep_report"]
+__all__ = ["PAPER", "REPORT", "sweep_table", "sweep_plots", "sweep_report", "table", "plots", "main"]
 
 PAPER = {
     "resnet50": "P3 Fig. 7a: +26% over the baseline at 4 Gbit/s; similar throughput when bandwidth suffices "
@@ -32,77 +35,119 @@ PAPER = {
 }
 
 
-def _swept(df: pd.DataFrame, sweep_yaml: dict) -> str | None:
-    keys = list((sweep_yaml.get("sweep") or {}).keys())
-    return keys[0] if keys and keys[0] in df.columns else None
+def _swept(columns, sweep_spec: dict) -> str | None:
+    """The first swept field of the sweep, if ``sweep.csv`` has it as a column."""
+    keys = list((sweep_spec.get("sweep") or {}).keys())
+    return keys[0] if keys and keys[0] in columns else None
 
 
-def sweep_report(sweep_dir: str | Path, baseline: str = "baseline") -> tuple[pd.DataFrame, list[Path]]:
-    """The table and plots of one sweep directory (see the module docstring).
-
-    Returns:
-        ``(table, plot paths)``; the table has ``variant``, the swept column, ``samples_per_s``,
-        ``ci95``, ``speedup`` (over ``baseline`` at the same swept value; NaN without one),
-        ``tx_idle``, ``rx_idle``, ``tx_mean``, ``rx_mean`` (worker 0's link), ``cpu_starved``.
-
-    Raises:
-        FileNotFoundError: no ``sweep.csv`` in ``sweep_dir``.
-    """
-    import yaml
-
-    sweep_dir = Path(sweep_dir)
-    df = pd.read_csv(sweep_dir / "sweep.csv")
-    spec = yaml.safe_load((sweep_dir / "sweep.yaml").read_text()) if (sweep_dir / "sweep.yaml").exists() else {}
-    x = _swept(df, spec)
+def _points(sweep_dir: Path) -> tuple[pd.DataFrame, str | None]:
+    """The sweep's rows (``sweep.csv``, with ``variant`` and ``run``: the run directory) and
+    its swept column."""
+    rows = skeleton.sweep_rows(sweep_dir)
+    if not rows:
+        raise skeleton.ReportError(f"{sweep_dir}: no run directory of the sweep has a row in sweep.csv")
+    df = pd.DataFrame([r for _, r in rows]).reset_index(drop=True).infer_objects()
+    df["run"] = [run for run, _ in rows]
     if "variant" not in df.columns:
         df["variant"] = df["scheme"]
+    return df, _swept(df.columns, read_sweep_spec(sweep_dir))
+
+
+def sweep_table(sweep_dir: str | Path, baseline: str = "baseline") -> pd.DataFrame:
+    """The table of one sweep directory (see the module docstring).
+
+    Returns:
+        ``variant``, the swept column, ``samples_per_s``, ``ci95``, ``tx_idle``,
+        ``rx_idle``, ``tx_mean``, ``rx_mean`` (worker 0's link), ``cpu_starved``, ``status``,
+        ``speedup`` (over ``baseline`` at the same swept value; NaN without one).
+
+    Raises:
+        TestbedError: not a sweep directory, or no ``sweep.csv`` in it.
+    """
+    df, x = _points(Path(sweep_dir))
     rows = []
     for _, r in df.iterrows():
-        u = utilization_summary(r["run_dir"]) if r["status"] == "ok" else {}
+        u = utilization_summary(r["run"]) if r["status"] == "ok" else {}
         rows.append({"variant": r["variant"], **({x: r[x]} if x else {}), "samples_per_s": r["samples_per_s"],
                      "ci95": r["samples_per_s_ci95"], "tx_idle": u.get("tx_idle"), "rx_idle": u.get("rx_idle"),
                      "tx_mean": u.get("tx_mean"), "rx_mean": u.get("rx_mean"), "cpu_starved": r["cpu_starved"],
                      "status": r["status"]})
     table = pd.DataFrame(rows)
-    if x and (table["variant"] == baseline).any():
-        base = table[table["variant"] == baseline].set_index(x)["samples_per_s"]
-        table["speedup"] = [s / base[v] if v in base.index else float("nan")
-                            for v, s in zip(table[x], table["samples_per_s"])]
-    else:
-        table["speedup"] = float("nan")
-    out = []
-    if x:
-        out.append(plots.plot_sweep(sweep_dir, x, speedup_over=baseline if (table["variant"] == baseline).any() else None,
-                                    xscale="log" if "slice" in x else "linear"))
-        if (table["variant"] == baseline).any() and (table["variant"] == "p3").any():
-            for v in sorted(table[x].unique()):
-                runs = [df[(df["variant"] == n) & (df[x] == v) & (df["status"] == "ok")]["run_dir"] for n in (baseline, "p3")]
-                if all(len(r) for r in runs):
-                    out.append(plots.plot_utilization([runs[0].iloc[0], runs[1].iloc[0]],
-                                                      sweep_dir / "plots" / f"utilization-{v}.png",
-                                                      labels=[f"{baseline} at {v}", f"p3 at {v}"]))
-    return table, out
+    table["speedup"] = skeleton.per_point(table, "samples_per_s", baseline, [x]) if x else float("nan")
+    return table
+
+
+def sweep_plots(sweep_dir: str | Path, out_dir: str | Path, baseline: str = "baseline") -> list[Path]:
+    """The figures of one sweep directory, written into ``out_dir``: ``sweep-<field>.png``
+    (throughput against the swept field, speedups over ``baseline`` annotated) and, for every
+    swept value with an ``ok`` run of both ``baseline`` and ``p3``, ``utilization-<value>.png``.
+
+    Returns:
+        The PNGs written (none when the sweep has no swept field).
+    """
+    # lazy: analysis.plots loads matplotlib, which the tables do not need
+    from analysis import plots as figures
+    sweep_dir, out_dir = Path(sweep_dir), Path(out_dir)
+    df, x = _points(sweep_dir)
+    if not x:
+        return []
+    has_base = (df["variant"] == baseline).any()
+    out = [figures.plot_sweep(sweep_dir, x, out_dir / f"sweep-{x.split('.')[-1]}.png",
+                              speedup_over=baseline if has_base else None, xscale="log" if "slice" in x else "linear")]
+    if has_base and (df["variant"] == "p3").any():
+        for v in sorted(df[x].unique()):
+            runs = [df[(df["variant"] == n) & (df[x] == v) & (df["status"] == "ok")]["run"] for n in (baseline, "p3")]
+            if all(len(r) for r in runs):
+                out.append(figures.plot_utilization([runs[0].iloc[0], runs[1].iloc[0]], out_dir / f"utilization-{v}.png",
+                                                    labels=[f"{baseline} at {v}", f"p3 at {v}"]))
+    return out
+
+
+def sweep_report(sweep_dir: str | Path, baseline: str = "baseline") -> tuple[pd.DataFrame, list[Path]]:
+    """``(sweep_table, sweep_plots)`` of one sweep directory, the plots in ``<sweep>/plots/``."""
+    return sweep_table(sweep_dir, baseline), sweep_plots(sweep_dir, Path(sweep_dir) / "plots", baseline)
+
+
+def _section(sweep_dir: Path, t: pd.DataFrame, written=()) -> str:
+    """One sweep's part of the report: title, table, the paper's number, the plots."""
+    spec = read_sweep_spec(sweep_dir)
+    model = (spec.get("workload") or {}).get("model")
+    key = "slices" if "slice" in " ".join((spec.get("sweep") or {}).keys()) else model
+    return (f"## {sweep_dir.name} ({model}, scale {spec.get('scale')})\n\n"
+            f"{skeleton.markdown(t, floatfmt='.3g')}\n\npaper: {PAPER.get(key, '-')}\n"
+            + "".join(f"plot: {p}\n" for p in written))
+
+
+def table(paths, baseline: str = "baseline") -> str:
+    """The report's text for the sweep directories ``paths`` (one section per sweep)."""
+    return "\n".join(_section(d, sweep_table(d, baseline)) for d in skeleton.sweep_dirs(paths))
+
+
+def plots(paths, out_dir, baseline: str = "baseline") -> list[Path]:
+    """:func:`sweep_plots` of every sweep, into ``out_dir/<sweep>/``."""
+    return [p for d in skeleton.sweep_dirs(paths) for p in sweep_plots(d, Path(out_dir) / d.name, baseline)]
+
+
+def _options(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--baseline", default="baseline", help="variant the speedups are over")
+
+
+REPORT = skeleton.Report("p3", __doc__.split("\n\n")[0], table, plots, _options, inputs="SWEEP")
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m analysis.p3_report SWEEP... [--baseline B]``: every sweep's table, its plots
+    drawn into ``<sweep>/plots/``."""
     ap = argparse.ArgumentParser(prog="python -m analysis.p3_report", description=__doc__.split("\n\n")[0])
     ap.add_argument("sweeps", nargs="+", help="sweep directories of experiments/p3_*.yaml")
-    ap.add_argument("--baseline", default="baseline", help="variant the speedups are over")
+    _options(ap)
     args = ap.parse_args(argv)
-    for d in args.sweeps:
-        table, written = sweep_report(d, args.baseline)
-        import yaml
-        spec = yaml.safe_load((Path(d) / "sweep.yaml").read_text())
-        model = (spec.get("workload") or {}).get("model")
-        key = "slices" if "slice" in " ".join((spec.get("sweep") or {}).keys()) else model
-        print(f"## {Path(d).name} ({model}, scale {spec.get('scale')})\n")
-        print(table.to_markdown(index=False, floatfmt=".3g"))
-        print(f"\npaper: {PAPER.get(key, '-')}")
-        for p in written:
-            print(f"plot: {p}")
-        print()
+    for d in skeleton.sweep_dirs(args.sweeps):
+        t, written = sweep_report(d, args.baseline)
+        print(_section(d, t, written))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(skeleton.alias(main))

@@ -1,6 +1,7 @@
 """PHub's numbers from the sweeps of ``experiments/phub_*.yaml``.
 
-    python -m analysis.phub_report SWEEP_DIR... [--baseline mxnet-cs] [--flat phub_flat] [--table2]
+    testbed report phub SWEEP_DIR... [--baseline mxnet-cs] [--flat phub_flat] [--table2] [--plots DIR]
+    python -m analysis.phub_report SWEEP_DIR... [--baseline mxnet-cs] [--flat phub_flat] [--table2] [--plots DIR]
 
 One row per point of each sweep (markdown on stdout):
 
@@ -16,7 +17,8 @@ One row per point of each sweep (markdown on stdout):
   hierarchical reduction (N workers per rack; :func:`analysis.models.phub.cross_rack_bytes`),
   and the throughput ratio to ``--flat`` next to what Sec. 3.4's inequality predicts from
   the spec's bandwidths (``sec34_hier_pays``: B_PBox = interfaces x host link, B_Core = the
-  rack's uplink, B_Wkr = host link, R racks, N workers per rack);
+  rack's uplink, B_Wkr = host link, R racks, N workers per rack; from the run's resolved
+  ``spec.yaml``, left out when a field it needs is not there);
 * for a multi-tenant run (scheme option ``jobs``), every job's throughput
   (``results/worker*.json`` ``job_samples_per_s``, mean over the job's workers) and the drop
   of the mean per-job throughput against the single-job variant of the same model
@@ -37,10 +39,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis import report as skeleton
 from analysis.models.phub import hierarchical_pays, table2
-from testbed.spec import load_spec
+from traffic.rundir import read_spec
 
-__all__ = ["PAPER", "plot_table", "sweep_table"]
+__all__ = ["PAPER", "REPORT", "plot_table", "sweep_table", "table", "plots", "main"]
 
 PAPER = [
     "Fig. 12 (10 Gbit/s, 8 workers, normalised to sharded MXNet IB): PBox up to 2.7x for "
@@ -64,6 +67,30 @@ def _per_job(run_dir: Path) -> dict[int, float]:
     return {j: sum(v) / len(v) for j, v in sorted(jobs.items())}
 
 
+def _uplink_mbps(t: dict) -> float | None:
+    """The ToR->core uplink rate of a topology section, Mbit/s: ``uplink_bw_mbps``, else
+    ``hosts_per_rack * host_bw_mbps / oversubscription`` (the spec's definition)."""
+    if t.get("uplink_bw_mbps") is not None:
+        return float(t["uplink_bw_mbps"])
+    if None in (t.get("hosts_per_rack"), t.get("host_bw_mbps"), t.get("oversubscription")):
+        return None
+    return t["hosts_per_rack"] * t["host_bw_mbps"] / t["oversubscription"]
+
+
+def _sec34(spec: dict, workers) -> bool | None:
+    """PHub Sec. 3.4's prediction for a multi-rack run (:func:`hierarchical_pays`), from the
+    run's resolved spec; None for one rack, or when a field it needs is missing."""
+    t = spec.get("topology") or {}
+    if not (t.get("kind") == "rack_core" and (t.get("racks") or 0) > 1 and workers):
+        return None
+    interfaces = ((spec.get("workload") or {}).get("servers") or {}).get("interfaces")
+    b_core = _uplink_mbps(t)
+    if interfaces is None or t.get("host_bw_mbps") is None or b_core is None:
+        return None
+    return hierarchical_pays(b_pbox=interfaces * t["host_bw_mbps"], b_core=b_core, b_wkr=t["host_bw_mbps"],
+                             racks=t["racks"], n=workers // t["racks"])
+
+
 def sweep_table(sweep_dir: str | Path, baseline: str | None = "mxnet-cs", flat: str | None = "phub_flat") -> pd.DataFrame:
     """The table of the module docstring for one sweep directory.
 
@@ -73,48 +100,36 @@ def sweep_table(sweep_dir: str | Path, baseline: str | None = "mxnet-cs", flat: 
         flat: variant the ``core_vs_flat`` column is over (no column when absent).
 
     Raises:
-        FileNotFoundError: no ``sweep.csv`` in ``sweep_dir``.
+        TestbedError: not a sweep directory, or no ``sweep.csv`` in it.
     """
-    sweep_dir = Path(sweep_dir)
-    df = pd.read_csv(sweep_dir / "sweep.csv")
     rows = []
-    for _, r in df.iterrows():
-        rd = Path(r["run_dir"])
+    for rd, r in skeleton.sweep_rows(sweep_dir):
         s = json.loads((rd / "summary.json").read_text()) if (rd / "summary.json").exists() else {}
-        exp = load_spec(rd / "spec.yaml")
-        t = exp.topology
+        spec = read_spec(rd)
+        t = spec.get("topology") or {}
         bpi = s.get("bytes_per_iteration") or {}
         core = bpi.get("core_training", bpi.get("core"))
         per_job = _per_job(rd)
-        pays = None
-        if t.kind == "rack_core" and t.racks > 1 and s.get("workers"):
-            pays = hierarchical_pays(b_pbox=exp.workload.servers.interfaces * t.host_bw_mbps, b_core=t.uplink_mbps(),
-                                     b_wkr=t.host_bw_mbps, racks=t.racks, n=s["workers"] // t.racks)
-        rows.append({"variant": r.get("variant", r.get("scheme")), "model": exp.workload.model,
-                     "racks": t.racks, "oversub": t.oversubscription, "background": bool(exp.background),
+        rows.append({"variant": r.get("variant", r.get("scheme")), "model": (spec.get("workload") or {}).get("model"),
+                     "racks": t.get("racks"), "oversub": t.get("oversubscription"), "background": bool(spec.get("background")),
                      "workers": s.get("workers"), "status": r["status"],
                      "samples_per_s": r["samples_per_s"], "ci95": r["samples_per_s_ci95"],
                      "iter_ms": None if pd.isna(r["iter_mean_s"]) else 1e3 * r["iter_mean_s"],
                      "core_MB_per_iter": None if core is None else core / 1e6,
                      "worker_link_MB_per_iter": None if bpi.get("worker_link") is None else bpi["worker_link"] / 1e6,
-                     "cpu_starved": r["cpu_starved"], "sec34_hier_pays": pays,
+                     "cpu_starved": r["cpu_starved"], "sec34_hier_pays": _sec34(spec, s.get("workers")),
                      "jobs": len(per_job) or None,
                      "per_job_samples_per_s": ", ".join(f"{v:.1f}" for v in per_job.values()) or None,
                      "per_job_mean": sum(per_job.values()) / len(per_job) if per_job else None})
+    if not rows:
+        raise skeleton.ReportError(f"{sweep_dir}: no run directory of the sweep has a row in sweep.csv")
     out = pd.DataFrame(rows)
-    key = out[POINT].astype(str).agg("|".join, axis=1)
-
-    def over(variant: str, col: str) -> list:
-        """``col`` of every row divided by ``col`` of ``variant`` at the same point."""
-        ref = dict(zip(key[out["variant"] == variant], out.loc[out["variant"] == variant, col]))
-        return [v / ref[k] if k in ref and ref[k] and v is not None else None for k, v in zip(key, out[col])]
-
     if baseline is not None and (out["variant"] == baseline).any():
-        out["speedup"] = over(baseline, "samples_per_s")
+        out["speedup"] = skeleton.per_point(out, "samples_per_s", baseline, POINT)
     if flat is not None and (out["variant"] == flat).any() and out["core_MB_per_iter"].notna().any():
-        out["core_vs_flat"] = over(flat, "core_MB_per_iter")
+        out["core_vs_flat"] = skeleton.per_point(out, "core_MB_per_iter", flat, POINT)
         out["one_over_N"] = [(r.racks / r.workers) if r.workers else None for r in out.itertuples()]
-        out["throughput_vs_flat"] = over(flat, "samples_per_s")
+        out["throughput_vs_flat"] = skeleton.per_point(out, "samples_per_s", flat, POINT)
     if (out["jobs"].fillna(1) > 1).any():
         single = {m: v for m, j, v in zip(out["model"], out["jobs"], out["per_job_mean"]) if j == 1}
         out["per_job_drop_pct"] = [100 * (1 - v / single[m]) if v is not None and m in single else None
@@ -134,6 +149,7 @@ def plot_table(table: pd.DataFrame, path: str | Path, title: str = "") -> Path:
     Returns:
         the PNG written.
     """
+    # lazy: analysis.plots loads matplotlib, which the tables do not need
     from analysis.plots import plt, save_figure
     t = table.copy()
     multi_rack = (t["racks"] > 1).any()
@@ -161,31 +177,57 @@ def plot_table(table: pd.DataFrame, path: str | Path, title: str = "") -> Path:
     return save_figure(fig, path)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m analysis.phub_report", description=__doc__.split("\n\n")[0])
-    ap.add_argument("sweeps", nargs="+", help="sweep directories of experiments/phub_*.yaml")
+def _sweep_section(d: Path, t: pd.DataFrame) -> str:
+    return f"## {d.name}\n\n{skeleton.markdown(t, floatfmt='.4g')}\n"
+
+
+def _closing(with_table2: bool) -> str:
+    """Table 2 recomputed (with ``--table2``) and the paper's figures."""
+    out = ""
+    if with_table2:
+        for source in ("paper", "zoo"):
+            out += (f"## Table 2 recomputed (Gbit/s, 8 workers; M and T from {source})\n\n"
+                    f"{skeleton.markdown(pd.DataFrame(table2(8, source)), floatfmt='.4g')}\n\n")
+    return out + "## The paper\n\n" + "".join(f"- {line}\n" for line in PAPER)
+
+
+def table(paths, baseline: str | None = "mxnet-cs", flat: str | None = "phub_flat", table2: bool = False) -> str:
+    """The report's text for the sweep directories ``paths`` (see the module docstring)."""
+    sections = [_sweep_section(d, sweep_table(d, baseline, flat)) + "\n" for d in skeleton.sweep_dirs(paths)]
+    return ("".join(sections) + _closing(table2)).rstrip("\n")
+
+
+def plots(paths, out_dir, baseline: str | None = "mxnet-cs", flat: str | None = "phub_flat") -> list[Path]:
+    """:func:`plot_table` of every sweep, as ``out_dir/<sweep>.png``."""
+    return [plot_table(sweep_table(d, baseline, flat), Path(out_dir) / f"{d.name}.png", d.name)
+            for d in skeleton.sweep_dirs(paths)]
+
+
+def _options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--baseline", default="mxnet-cs", help="variant the speedups are over (default mxnet-cs)")
     ap.add_argument("--flat", default="phub_flat", help="variant the core-byte ratios are over (default phub_flat)")
     ap.add_argument("--table2", action="store_true", help="also print Table 2 recomputed")
+
+
+REPORT = skeleton.Report("phub", __doc__.split("\n\n")[0], table, plots, _options, inputs="SWEEP")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m analysis.phub_report``: each sweep's table, followed by its plot with ``--plots``."""
+    ap = argparse.ArgumentParser(prog="python -m analysis.phub_report", description=__doc__.split("\n\n")[0])
+    ap.add_argument("sweeps", nargs="+", help="sweep directories of experiments/phub_*.yaml")
+    _options(ap)
     ap.add_argument("--plots", help="directory for <sweep>.png (grouped bars of each sweep)")
     args = ap.parse_args(argv)
-    for d in args.sweeps:
-        table = sweep_table(d, args.baseline, args.flat)
-        print(f"## {Path(d).name}\n")
-        print(table.to_markdown(index=False, floatfmt=".4g"))
+    for d in skeleton.sweep_dirs(args.sweeps):
+        t = sweep_table(d, args.baseline, args.flat)
+        print(_sweep_section(d, t), end="")
         if args.plots:
-            print(f"\nplot: {plot_table(table, Path(args.plots) / f'{Path(d).name}.png', Path(d).name)}")
+            print(f"\nplot: {plot_table(t, Path(args.plots) / f'{d.name}.png', d.name)}")
         print()
-    if args.table2:
-        for source in ("paper", "zoo"):
-            print(f"## Table 2 recomputed (Gbit/s, 8 workers; M and T from {source})\n")
-            print(pd.DataFrame(table2(8, source)).to_markdown(index=False, floatfmt=".4g"))
-            print()
-    print("## The paper\n")
-    for line in PAPER:
-        print(f"- {line}")
+    print(_closing(args.table2), end="")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(skeleton.alias(main))

@@ -3,10 +3,14 @@ time, throughput, the timing breakdown, speed-ups, and the timing model against 
 
 Usage::
 
+    testbed report pipe_sgd RUN_OR_SWEEP_DIR [...] [--alpha-us 0] [--plots DIR]
     .venv/bin/python -m analysis.pipe_sgd_report RUN_OR_SWEEP_DIR [...] [--alpha-us 0] [--plot acc.png]
         [--breakdown breakdown.png]
 
-Every run directory given (or found one level below a sweep directory) is one variant,
+The tables are printed as markdown, floats with 4 significant digits. ``--plots DIR``
+writes ``accuracy.png`` and ``breakdown.png`` there.
+
+Every run directory given (or the runs of a sweep directory) is one variant,
 labelled from its spec: ``ps`` -> ``PS-Sync``; ``pipe_sgd`` with ``K = 1`` -> ``D-Sync``,
 ``K = 2`` -> ``Pipe-SGD`` (``Pipe-SGD(K=k)`` otherwise); ``+T`` / ``+Q`` for truncation /
 quantization; other schemes by their name. Times are the emulated network's (a dilated run's
@@ -44,10 +48,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analysis import report as skeleton
 from analysis.load import Run, load
 from analysis.models.pipe_sgd import Network, beta_from_mbps, iteration_model
+from traffic import rundir
+from traffic.data import load_dataset
+from traffic.models import build_model, model_info
 
-__all__ = ["variant_label", "find_runs", "analyze_run", "accuracy_curve", "report", "speedups", "main"]
+__all__ = ["REPORT", "variant_label", "find_runs", "analyze_run", "accuracy_curve", "report", "speedups",
+           "table", "plots", "main"]
 
 PAPER = {  # pipe-sgd.txt Section 4 ("Results and Analysis") and Fig. 4 labels
     "speedup_vs_dsync": "2.0-3.2x", "speedup_vs_ps": "4.0-5.4x",
@@ -68,15 +77,9 @@ def variant_label(spec: dict) -> str:
 
 
 def find_runs(paths: list[str | Path]) -> list[Path]:
-    """Run directories among ``paths``: a directory with ``spec.yaml`` and ``events/`` is a run,
-    otherwise its subdirectories that are runs (a sweep), sorted by name."""
-    out = []
-    for p in map(Path, paths):
-        if (p / "events").is_dir():
-            out.append(p)
-        else:
-            out += sorted(d for d in p.iterdir() if d.is_dir() and (d / "events").is_dir())
-    return out
+    """Run directories among ``paths`` (:func:`traffic.rundir.find_runs`: a run directory, or
+    the runs of a sweep directory in the sweep's order)."""
+    return rundir.find_runs(paths)
 
 
 def _per_iteration(ev: pd.DataFrame, kinds: tuple[str, ...], iters) -> float:
@@ -142,11 +145,8 @@ def analyze_run(run_dir: str | Path, alpha_s: float = 0.0) -> dict:
     else:
         comm = _per_iteration(ev, ("allreduce",), iters) - compress
     wire = ev[ev["kind"] == "allreduce"]["wire_bytes"].mean() if "wire_bytes" in ev else math.nan
-    from traffic.models import model_info
     n_bytes = model_info(w.get("model"))["param_bytes"] if w.get("compute", {}).get("mode") == "emulated" else None
     if n_bytes is None:  # real compute: the model's size for the dataset's input shape
-        from traffic.data import load_dataset
-        from traffic.models import build_model
         d = load_dataset(w.get("dataset", "digits"), int(w.get("seed", 0)))
         n_bytes = 4 * build_model(w["model"], 0, d.input_shape, d.num_classes, device="meta").num_params()
     topo = spec.get("topology") or {}
@@ -167,15 +167,54 @@ def analyze_run(run_dir: str | Path, alpha_s: float = 0.0) -> dict:
 
 
 def speedups(df: pd.DataFrame) -> pd.DataFrame:
-    """Per model and variant: ``vs_dsync`` = D-Sync's period / the variant's, ``vs_ps`` =
-    PS-Sync's period / the variant's (NaN where the baseline run is missing)."""
-    rows = []
-    for model, g in df.groupby("model", sort=False):
-        per = dict(zip(g["variant"], g["period_s"]))
-        for v, t in per.items():
-            rows.append({"model": model, "variant": v, "vs_dsync": per.get("D-Sync", math.nan) / t,
-                         "vs_ps": per.get("PS-Sync", math.nan) / t})
-    return pd.DataFrame(rows)
+    """Per model and variant (the last run of each): ``vs_dsync`` = D-Sync's period / the
+    variant's, ``vs_ps`` = PS-Sync's period / the variant's (NaN where the baseline run is
+    missing). Models in the order they first appear."""
+    parts = []
+    for _, g in df.groupby("model", sort=False):
+        last = g.drop_duplicates("variant", keep="last").set_index("variant", drop=False)
+        parts.append(last.loc[list(dict.fromkeys(g["variant"]))])
+    if not parts:
+        return pd.DataFrame(columns=["model", "variant", "vs_dsync", "vs_ps"])
+    runs = pd.concat(parts).reset_index(drop=True)
+    return pd.DataFrame({"model": runs["model"], "variant": runs["variant"],
+                         "vs_dsync": skeleton.per_point(runs, "period_s", "D-Sync", ["model"], inverse=True),
+                         "vs_ps": skeleton.per_point(runs, "period_s", "PS-Sync", ["model"], inverse=True)}
+                        ).reset_index(drop=True)
+
+
+_MS = ["period_s", "compute_s", "update_s", "compress_s", "comm_s", "exposed_s", "model_s", "model_comm_s",
+       "model_codec_s"]
+
+
+def _rows(paths, alpha_s: float) -> tuple[list[Path], list[dict], list[str]]:
+    """The runs under ``paths``, the :func:`analyze_run` row of those that could be analysed,
+    and a note for each that could not."""
+    runs = find_runs(paths)
+    rows, notes = skeleton.load_rows(runs, lambda r: analyze_run(r, alpha_s), skip=(ValueError, KeyError, FileNotFoundError))
+    return runs, rows, notes
+
+
+def _text(df: pd.DataFrame, alpha_s: float, notes: list[str]) -> str:
+    """The tables and notes of the module docstring for :func:`analyze_run` rows ``df``."""
+    if df.empty:
+        return "\n".join(notes + ["no runs"])
+    show = df[["model", "variant", "final_accuracy", "samples_per_s", *_MS]].copy()
+    for c in _MS:
+        show[c] = show[c] * 1e3
+    show.columns = [c.replace("_s", "_ms") if c in _MS else c for c in show.columns]
+    lines = notes + ["per variant (times in ms per iteration, emulated time):", skeleton.markdown(show, floatfmt=".4g"),
+                     "", "speed-up (period of baseline / period of variant); paper: Pipe-SGD "
+                     f"{PAPER['speedup_vs_dsync']} vs D-Sync, {PAPER['speedup_vs_ps']} vs PS-Sync:",
+                     skeleton.markdown(speedups(df), floatfmt=".4g")]
+    for _, r in df[df["variant"] == "D-Sync"].iterrows():  # the alpha that would make eq. (5)'s ring term match D-Sync
+        fit = (r["comm_s"] - r["model_comm_s"]) / (2 * (r["workers"] - 1)) + alpha_s
+        lines.append(f"{r['model']}: measured D-Sync allreduce {r['comm_s'] * 1e3:.4g} ms vs eq. (5) term "
+                     f"{r['model_comm_s'] * 1e3:.4g} ms -> alpha fitted per step {fit * 1e6:.4g} us")
+    err = (df["model_s"] - df["period_s"]) / df["period_s"]
+    lines += ["", f"timing model vs measured period: relative error mean {np.nanmean(err):+.1%}, "
+                  f"max |{np.nanmax(np.abs(err)):.1%}|"]
+    return "\n".join(lines)
 
 
 def report(paths: list[str | Path], alpha_s: float = 0.0, plot: str | None = None, out=sys.stdout,
@@ -186,51 +225,13 @@ def report(paths: list[str | Path], alpha_s: float = 0.0, plot: str | None = Non
     Returns:
         One row per run (the :func:`analyze_run` dicts).
     """
-    runs = find_runs(paths)
-    rows = []
-    for r in runs:
-        try:
-            rows.append(analyze_run(r, alpha_s))
-        except (ValueError, KeyError, FileNotFoundError) as e:
-            print(f"skipped {r}: {e}", file=out)
+    runs, rows, notes = _rows(paths, alpha_s)
     df = pd.DataFrame(rows)
+    print(_text(df, alpha_s, notes), file=out)
     if df.empty:
-        print("no runs", file=out)
         return df
-    ms = ["period_s", "compute_s", "update_s", "compress_s", "comm_s", "exposed_s", "model_s",
-          "model_comm_s", "model_codec_s"]
-    show = df[["model", "variant", "final_accuracy", "samples_per_s", *ms]].copy()
-    for c in ms:
-        show[c] = show[c] * 1e3
-    show.columns = [c.replace("_s", "_ms") if c in ms else c for c in show.columns]
-    with pd.option_context("display.width", 200, "display.max_columns", 30, "display.float_format", "{:.4g}".format):
-        print("per variant (times in ms per iteration, emulated time):", file=out)
-        print(show.to_string(index=False), file=out)
-        sp = speedups(df)
-        print("\nspeed-up (period of baseline / period of variant); paper: Pipe-SGD "
-              f"{PAPER['speedup_vs_dsync']} vs D-Sync, {PAPER['speedup_vs_ps']} vs PS-Sync:", file=out)
-        print(sp.to_string(index=False), file=out)
-        ds = df[df["variant"] == "D-Sync"]
-        for _, r in ds.iterrows():  # the alpha that would make eq. (5)'s ring term match D-Sync
-            fit = (r["comm_s"] - r["model_comm_s"]) / (2 * (r["workers"] - 1)) + alpha_s
-            print(f"{r['model']}: measured D-Sync allreduce {r['comm_s'] * 1e3:.4g} ms vs eq. (5) term "
-                  f"{r['model_comm_s'] * 1e3:.4g} ms -> alpha fitted per step {fit * 1e6:.4g} us", file=out)
-        err = (df["model_s"] - df["period_s"]) / df["period_s"]
-        print(f"\ntiming model vs measured period: relative error mean {np.nanmean(err):+.1%}, "
-              f"max |{np.nanmax(np.abs(err)):.1%}|", file=out)
     if plot:
-        from analysis.plots import plt, save_figure
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for r, row in zip(runs, rows):
-            c = accuracy_curve(load(r))
-            if not c.empty:
-                ax.plot(c["train_s"], c["accuracy"], marker=".", label=f"{row['variant']} ({row['model']})")
-        ax.set_xlabel("train time (s)")
-        ax.set_ylabel("top-1 test accuracy")
-        ax.legend(fontsize=8)
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
-        save_figure(fig, plot)
+        plot_accuracy(runs, rows, plot)
         print(f"\nwrote {plot}", file=out)
     if breakdown:
         plot_breakdown(df, breakdown)
@@ -238,11 +239,50 @@ def report(paths: list[str | Path], alpha_s: float = 0.0, plot: str | None = Non
     return df
 
 
+def table(paths, alpha_us: float = 0.0) -> str:
+    """The report's text for the runs under ``paths``; ``alpha_us``: the model's latency per
+    message, microseconds."""
+    _, rows, notes = _rows(paths, alpha_us * 1e-6)
+    return _text(pd.DataFrame(rows), alpha_us * 1e-6, notes)
+
+
+def plots(paths, out_dir, alpha_us: float = 0.0) -> list[Path]:
+    """``accuracy.png`` (accuracy against train time) and ``breakdown.png`` (the timing
+    breakdown) in ``out_dir``."""
+    runs, rows, _ = _rows(paths, alpha_us * 1e-6)
+    if not rows:
+        return []
+    out = Path(out_dir)
+    plot_accuracy(runs, rows, out / "accuracy.png")
+    plot_breakdown(pd.DataFrame(rows), out / "breakdown.png")
+    return [out / "accuracy.png", out / "breakdown.png"]
+
+
+def plot_accuracy(runs: list[Path], rows: list[dict], path) -> None:
+    """Accuracy against train time of every run with ``eval`` events (pipe-sgd.txt Fig. 4 left)."""
+    # lazy: analysis.plots loads matplotlib, which the tables do not need
+    from analysis.plots import plt, save_figure
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    by_run = {row["run"]: row for row in rows}
+    for r in runs:
+        row = by_run.get(str(r))
+        c = accuracy_curve(load(r)) if row else pd.DataFrame()
+        if not c.empty:
+            ax.plot(c["train_s"], c["accuracy"], marker=".", label=f"{row['variant']} ({row['model']})")
+    ax.set_xlabel("train time (s)")
+    ax.set_ylabel("top-1 test accuracy")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    save_figure(fig, path)
+
+
 def plot_breakdown(df: pd.DataFrame, path: str) -> None:
     """Stacked bars per model and variant, like Fig. 4's right column: computation (forward +
     backward + update), compression, and the communication left on the critical path
     (``exposed_s`` minus compression, floored at 0), ms per iteration; the measured period
     and the model's prediction as markers."""
+    # lazy: analysis.plots loads matplotlib, which the tables do not need
     from analysis.plots import plt, save_figure
     models = list(dict.fromkeys(df["model"]))
     fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4), squeeze=False)
@@ -265,11 +305,18 @@ def plot_breakdown(df: pd.DataFrame, path: str) -> None:
     save_figure(fig, path)
 
 
+def _options(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--alpha-us", type=float, default=0.0, help="latency per message for the model, microseconds")
+
+
+REPORT = skeleton.Report("pipe_sgd", __doc__.split("\n")[0], table, plots, _options)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line (module docstring)."""
     ap = argparse.ArgumentParser(prog="python -m analysis.pipe_sgd_report", description=__doc__.split("\n")[0])
     ap.add_argument("paths", nargs="+", help="run directories or sweep directories")
-    ap.add_argument("--alpha-us", type=float, default=0.0, help="latency per message for the model, microseconds")
+    _options(ap)
     ap.add_argument("--plot", help="write accuracy vs train time to this PNG")
     ap.add_argument("--breakdown", help="write the timing breakdown bars to this PNG")
     a = ap.parse_args(argv)
@@ -278,4 +325,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(skeleton.alias(main))

@@ -1,5 +1,6 @@
 """Stanza against the parameter server, from run directories: Figures 6 a-c, 7 and Table 6.
 
+    testbed report stanza RUN_OR_SWEEP_DIR [...] [--plots DIR]
     python -m analysis.stanza_report RUN_OR_SWEEP_DIR [...] [--plot]
 
 For every run (a run directory, or every run of a sweep directory) of scheme ``stanza`` or
@@ -26,9 +27,10 @@ For every run (a run directory, or every run of a sweep directory) of scheme ``s
   iteration started) for real-compute runs.
 
 :func:`pair` puts each Stanza run next to the PS run of the same model and worker count
-and gives the speedup ``t_ps / t_stanza`` (equal global batches, so equal work per
-iteration). ``--plot`` draws accuracy against wall time of every real-compute run into
-``stanza_accuracy.png`` in the first directory given.
+(the last one if there are several) and gives the speedup ``t_ps / t_stanza`` (equal global
+batches, so equal work per iteration). Both tables are printed as markdown. ``--plot``
+draws accuracy against wall time of every real-compute run into ``stanza_accuracy.png`` in
+the first directory given (``--plots DIR``: into ``DIR``).
 """
 from __future__ import annotations
 
@@ -39,24 +41,21 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis import report as skeleton
 from analysis.load import Run, load
+from analysis.metrics import global_iterations
+from analysis.models import stanza as sm
+from traffic.data import load_dataset
+from traffic.models import model_info
+from traffic.profiles import load_profile
+from traffic.rundir import find_runs
 
-__all__ = ["IMAGENET_TRAIN", "run_figures", "pair", "report", "main"]
+__all__ = ["IMAGENET_TRAIN", "REPORT", "run_figures", "pair", "report", "table", "plots", "main"]
 
 IMAGENET_TRAIN = 1_281_167
 """Training images of ImageNet-12 (ILSVRC 2012), the data set of Stanza §6.3."""
 
 _STANZA_FC_KINDS = {"activation", "activation_grad", "label"}
-
-
-def _run_dirs(paths) -> list[Path]:
-    out = []
-    for p in map(Path, paths):
-        if (p / "spec.yaml").is_file():
-            out.append(p)
-        else:
-            out += sorted(d for d in p.iterdir() if (d / "spec.yaml").is_file())
-    return out
 
 
 def _measured_iterations(run: Run, warmup: int) -> list[int]:
@@ -69,7 +68,6 @@ def _iteration_time(run: Run, measured: list[int]) -> float | None:
     s = (run.summary or {}).get("iteration_time_s") or {}
     if s.get("mean") is not None:
         return float(s["mean"])
-    from analysis.metrics import global_iterations
     g = global_iterations(run.iterations)
     g = g[g["iteration"].isin(measured)]
     return float(g["time_s"].mean()) if len(g) else None
@@ -87,7 +85,6 @@ def run_figures(run_dir: str | Path) -> dict:
     Raises:
         FileNotFoundError: not a run directory.
     """
-    from traffic.models import model_info
     run = load(run_dir)
     w = run.spec.get("workload") or {}
     scheme, model = w.get("scheme"), w.get("model")
@@ -116,7 +113,6 @@ def run_figures(run_dir: str | Path) -> dict:
     if compute.get("mode") == "emulated":
         samples = IMAGENET_TRAIN
     else:
-        from traffic.data import load_dataset
         samples = load_dataset(w.get("dataset", "digits"), int(w.get("seed") or 0)).n_train
     out["iters_per_epoch"] = samples // max(n * K, 1)
     out["bytes_per_epoch"] = out["bytes_per_iter"] * out["iters_per_epoch"]
@@ -135,8 +131,6 @@ def run_figures(run_dir: str | Path) -> dict:
 
 
 def _predict(run: Run, scheme: str, model: str, K: int, n: int, other: int, profile: str) -> float:
-    from analysis.models import stanza as sm
-    from traffic.profiles import load_profile
     c = sm.Constants.from_profile(model, load_profile(profile, model, K))
     bw = float((run.spec.get("topology") or {}).get("host_bw_mbps") or 0) * 1e6
     if scheme == "stanza":
@@ -144,18 +138,36 @@ def _predict(run: Run, scheme: str, model: str, K: int, n: int, other: int, prof
     return sm.ps_iteration_time(c, n, other, bw)
 
 
-def pair(rows: list[dict]) -> pd.DataFrame:
-    """Stanza and PS rows of the same model and worker count side by side, with
-    ``speedup`` (measured ``t_ps / t_stanza``) and ``speedup_predicted`` (eq. 6 / eq. 3)."""
-    df = pd.DataFrame(rows)
+#: What identifies a Stanza run's PS baseline: the same model and worker count.
+POINT = ["model", "workers"]
+
+#: ``pair``'s ratios, PS over Stanza: name -> the per-run figure compared.
+RATIOS = {"speedup": "measured_s", "speedup_predicted": "predicted_s", "fc_data_ratio": "fc_bytes_per_iter",
+          "epoch_data_ratio": "bytes_per_epoch"}
+
+
+def pair(rows) -> pd.DataFrame:
+    """Stanza and PS rows of the same model and worker count side by side (columns
+    ``<figure>_stanza`` and ``<figure>_ps``), with ``speedup`` (measured ``t_ps /
+    t_stanza``), ``speedup_predicted`` (eq. 6 / eq. 3), ``fc_data_ratio`` and
+    ``epoch_data_ratio`` (PS bytes over Stanza bytes). One row per Stanza run that has a PS
+    run at its point (the last one if several).
+
+    Args:
+        rows: :func:`run_figures` dicts (or a frame of them).
+    """
+    df = pd.DataFrame(rows).reset_index(drop=True)
     if df.empty:
         return df
-    j = pd.merge(df[df["scheme"] == "stanza"], df[df["scheme"] == "ps"], on=["model", "workers"],
-                 suffixes=("_stanza", "_ps"))
-    j["speedup"] = j["measured_s_ps"] / j["measured_s_stanza"]
-    j["speedup_predicted"] = j["predicted_s_ps"] / j["predicted_s_stanza"]
-    j["fc_data_ratio"] = j["fc_bytes_per_iter_ps"] / j["fc_bytes_per_iter_stanza"]
-    j["epoch_data_ratio"] = j["bytes_per_epoch_ps"] / j["bytes_per_epoch_stanza"]
+    partner = skeleton.baseline_rows(df, "ps", POINT, variant="scheme")
+    ratios = {k: skeleton.per_point(df, v, "ps", POINT, variant="scheme", inverse=True) for k, v in RATIOS.items()}
+    keep = [i for i in df.index if df.at[i, "scheme"] == "stanza" and partner[i] is not None]
+    rest = [c for c in df.columns if c not in POINT]
+    j = pd.concat([df.loc[keep, POINT].reset_index(drop=True),
+                   df.loc[keep, rest].add_suffix("_stanza").reset_index(drop=True),
+                   df.loc[[partner[i] for i in keep], rest].add_suffix("_ps").reset_index(drop=True)], axis=1)
+    for k, v in ratios.items():
+        j[k] = [v[i] for i in keep]
     return j
 
 
@@ -167,37 +179,71 @@ def _s(x) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
 
 
-def report(paths, plot: bool = False) -> str:
-    """The text report of every run under ``paths`` (see the module docstring)."""
-    rows = [run_figures(d) for d in _run_dirs(paths)]
+def _run_table(rows: list[dict]) -> pd.DataFrame:
+    """The run figures as the report prints them (strings)."""
+    return pd.DataFrame([{
+        "scheme": r["scheme"], "model": r["model"], "n": r["workers"], "K": r["batch_size"],
+        "measured": _s(r["measured_s"]), "predicted": _s(r["predicted_s"]),
+        "err": "-" if r["model_error"] is None else f"{100 * r['model_error']:+.0f}%",
+        "FC MB/it": _mb(r["fc_bytes_per_iter"]), "MB/it": _mb(r["bytes_per_iter"]),
+        "wire MB/it": _mb(r["wire_bytes_per_iter"]), "MB/epoch": _mb(r["bytes_per_epoch"]),
+        "acc": "-" if r["final_accuracy"] is None else f"{100 * r['final_accuracy']:.1f}"} for r in rows],
+        columns=["scheme", "model", "n", "K", "measured", "predicted", "err", "FC MB/it", "MB/it", "wire MB/it",
+                 "MB/epoch", "acc"])
+
+
+def _pair_table(j: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame([{"model": r.model, "n": r.workers, "speedup": f"{r.speedup:.2f}",
+                          "predicted": f"{r.speedup_predicted:.2f}", "FC-data ps/stanza": f"{r.fc_data_ratio:.1f}",
+                          "epoch-data ps/stanza": f"{r.epoch_data_ratio:.1f}"} for r in j.itertuples()])
+
+
+def _text(rows: list[dict]) -> str:
+    """The text report of :func:`run_figures` rows."""
+    right = ["left", "left"] + ["right"] * 10
     lines = ["run figures (times in s of the emulated network; bytes in MB of payload):",
-             f"{'scheme':7} {'model':11} {'n':>2} {'K':>4} {'measured':>9} {'predicted':>9} {'err':>7} "
-             f"{'FC MB/it':>9} {'MB/it':>9} {'wire MB/it':>10} {'MB/epoch':>12} {'acc':>6}"]
-    for r in rows:
-        err = "-" if r["model_error"] is None else f"{100 * r['model_error']:+.0f}%"
-        acc = "-" if r["final_accuracy"] is None else f"{100 * r['final_accuracy']:.1f}"
-        lines.append(f"{r['scheme']:7} {r['model']:11} {r['workers']:>2} {r['batch_size']:>4} {_s(r['measured_s']):>9} "
-                     f"{_s(r['predicted_s']):>9} {err:>7} {_mb(r['fc_bytes_per_iter']):>9} {_mb(r['bytes_per_iter']):>9} "
-                     f"{_mb(r['wire_bytes_per_iter']):>10} {_mb(r['bytes_per_epoch']):>12} {acc:>6}")
+             skeleton.markdown(_run_table(rows), preformatted=True, colalign=right)]
     j = pair(rows)
     if not j.empty:
         lines += ["", "stanza vs ps (same model, workers, global batch):",
-                  f"{'model':11} {'n':>2} {'speedup':>8} {'predicted':>9} {'FC-data ps/stanza':>18} {'epoch-data ps/stanza':>21}"]
-        for r in j.itertuples():
-            lines.append(f"{r.model:11} {r.workers:>2} {r.speedup:>8.2f} {r.speedup_predicted:>9.2f} "
-                         f"{r.fc_data_ratio:>18.1f} {r.epoch_data_ratio:>21.1f}")
+                  skeleton.markdown(_pair_table(j), preformatted=True, colalign=right[1:7])]
     curves = [r for r in rows if r["accuracy_curve"]]
     if curves:
         lines += ["", "accuracy against wall time (worker 0's eval events; s since the first iteration):"]
         for r in curves:
             pts = ", ".join(f"{t:.1f}s {100 * a:.1f}%" for t, a in r["accuracy_curve"])
             lines.append(f"{r['scheme']}: {pts}")
-        if plot:
-            _plot(curves, _run_dirs(paths)[0].parent if (Path(paths[0]) / "spec.yaml").is_file() else Path(paths[0]))
     return "\n".join(lines)
 
 
+def _rows(paths) -> list[dict]:
+    return skeleton.load_rows(find_runs(paths), run_figures)[0]
+
+
+def report(paths, plot: bool = False) -> str:
+    """The text report of every run under ``paths`` (see the module docstring); with
+    ``plot``, also the accuracy plot in the first directory given (the parent of a run)."""
+    rows = _rows(paths)
+    curves = [r for r in rows if r["accuracy_curve"]]
+    if plot and curves:
+        first = Path(paths[0])
+        _plot(curves, first.parent if (first / "spec.yaml").is_file() else first)
+    return _text(rows)
+
+
+def table(paths) -> str:
+    """:func:`report` without the plot."""
+    return _text(_rows(paths))
+
+
+def plots(paths, out_dir) -> list[Path]:
+    """``stanza_accuracy.png`` in ``out_dir`` when a run has an accuracy curve."""
+    curves = [r for r in _rows(paths) if r["accuracy_curve"]]
+    return [_plot(curves, Path(out_dir))] if curves else []
+
+
 def _plot(curves: list[dict], out_dir: Path) -> Path:
+    # lazy: analysis.plots loads matplotlib, which the tables do not need
     from analysis.plots import plt, save_figure
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in curves:
@@ -212,6 +258,9 @@ def _plot(curves: list[dict], out_dir: Path) -> Path:
     return save_figure(fig, out_dir / "stanza_accuracy.png")
 
 
+REPORT = skeleton.Report("stanza", __doc__.split("\n")[0], table, plots)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line: print :func:`report` of the given run or sweep directories."""
     ap = argparse.ArgumentParser(prog="python -m analysis.stanza_report", description=__doc__.split("\n")[0])
@@ -223,4 +272,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(skeleton.alias(main))
