@@ -37,7 +37,7 @@ from testbed import launch
 from traffic import rundir  # noqa: E402
 from testbed.ledger import Ledger, NetworkLock  # noqa: E402
 from testbed.network import Network  # noqa: E402
-from testbed.spec import TopologySpec  # noqa: E402
+from topologies import TopologySpec  # noqa: E402
 
 ALLREDUCE = r"""
 import os, sys, time, json, torch, torch.distributed as dist

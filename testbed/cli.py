@@ -6,6 +6,8 @@
     testbed show RUN                      a run's summary
     testbed plot RUN [RUN ...]            draw plots (PNG files in the run directories)
     testbed timeline RUN                  Chrome trace-event JSON of a run's events
+    testbed report PAPER RUN_OR_SWEEP...  a paper's tables (p3, phub, ibatch, stanza, pipe_sgd)
+                   [--plots DIR]          and figures; the paper's own options pass through
     testbed clean                         remove what a killed run left on the machine
     testbed profile MODEL --batch B       measure per-layer forward/backward times here
 
@@ -19,11 +21,17 @@ import os
 import sys
 from pathlib import Path
 
+from analysis.report import REPORTS, get_report
+from testbed.check import format_checks, run_checks
+from testbed.clean import clean
 from topologies.errors import TestbedError
+from traffic.rundir import is_run, read_json
+
+# Modules that load torch, Mininet or matplotlib (seconds) are imported lazily in the
+# commands that need them, so that `testbed clean`, `ls`, `show` and `check` start at once.
 
 
 def _cmd_check(args) -> int:
-    from testbed.check import format_checks, run_checks
     items = run_checks()
     print(format_checks(items))
     essential = {"root", "mnexec", "brctl", "bwm-ng", "tc", "mininet (python)", "torch", "qdisc htb"}
@@ -37,8 +45,8 @@ def _cmd_check(args) -> int:
 
 
 def _cmd_run(args) -> int:
-    from testbed.runner import one_line, run_experiment, headline
-    from testbed.spec import load_spec
+    from testbed.runner import headline, one_line, run_experiment  # lazy: Mininet, torch
+    from testbed.spec import load_spec  # lazy: torch (the model registry)
     exp = load_spec(args.spec, overrides=args.set)
     if args.runs_dir:
         exp.run.runs_dir = args.runs_dir
@@ -71,7 +79,6 @@ def format_table(df) -> str:
 
 
 def _cmd_ls(args) -> int:
-    from traffic.rundir import is_run, read_json
     root = Path(args.runs_dir)
     if not root.is_dir():
         print(f"no runs under {root}")
@@ -90,7 +97,6 @@ def _cmd_ls(args) -> int:
 
 
 def _resolve_runs(paths: list[str]) -> list[Path]:
-    from traffic.rundir import is_run
     out = []
     for p in map(Path, paths):
         if is_run(p):
@@ -103,8 +109,8 @@ def _resolve_runs(paths: list[str]) -> list[Path]:
 
 
 def _plot(paths, out: str | None = None, host: str | None = None, quiet=False) -> list[Path]:
-    import analysis
-    from analysis import plots
+    import analysis  # lazy: matplotlib
+    from analysis import plots  # lazy: matplotlib
     runs = [analysis.load(p) for p in paths]
     written = []
     for run in runs:
@@ -127,29 +133,31 @@ def _cmd_plot(args) -> int:
 
 
 def _cmd_show(args) -> int:
-    from traffic.rundir import read_json
     for d in _resolve_runs([args.run]):
         print(json.dumps(read_json(d / "summary.json"), indent=2))
     return 0
 
 
 def _cmd_timeline(args) -> int:
-    from analysis.timeline import write_timeline
+    from analysis.timeline import write_timeline  # lazy: pandas
     for d in _resolve_runs(args.runs):
         print(f"wrote {write_timeline(d)}  (open in https://ui.perfetto.dev or chrome://tracing)")
     return 0
 
 
+def _cmd_report(args) -> int:
+    return get_report(args.paper).main(args.args, prog=f"testbed report {args.paper}")
+
+
 def _cmd_clean(args) -> int:
-    from testbed.clean import clean
     removed = clean(force=args.force)
     print("\n".join(removed) if removed else "nothing to clean")
     return 0
 
 
 def _cmd_profile(args) -> int:
-    from traffic.profiles import profile_filename
-    from traffic.profiles.measure import format_table, measure_profile
+    from traffic.profiles import profile_filename  # lazy: torch
+    from traffic.profiles.measure import format_table, measure_profile  # lazy: torch
     out = Path(args.out) if args.out else Path.cwd() / profile_filename(args.model, args.device, args.batch)
     if out.exists():  # checked before measuring too, so a long measurement is not wasted
         raise TestbedError(f"{out} exists; profiles are never overwritten: remove it or pass another --out")
@@ -187,6 +195,14 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("timeline", help="write a Chrome trace-event JSON of a run's events")
     s.add_argument("runs", nargs="+")
     s.set_defaults(fn=_cmd_timeline)
+    s = sub.add_parser("report", help="a paper's tables and figures from run or sweep directories",
+                       description="Print a paper's tables (markdown) from run or sweep directories; "
+                                   "--plots DIR also draws its figures. 'testbed report PAPER --help' "
+                                   "lists the paper's own options.")
+    s.add_argument("paper", metavar="PAPER", help=f"one of {', '.join(REPORTS)}")
+    s.add_argument("args", nargs=argparse.REMAINDER, metavar="RUN_OR_SWEEP... [--plots DIR] [OPTIONS]",
+                   help="run or sweep directories, then options (e.g. phub's --baseline, pipe_sgd's --alpha-us)")
+    s.set_defaults(fn=_cmd_report)
     s = sub.add_parser("clean", help="remove namespaces, links, bridges and processes a killed run left")
     s.add_argument("--force", action="store_true", help="also clean runs whose harness is still alive")
     s.set_defaults(fn=_cmd_clean)

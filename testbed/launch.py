@@ -29,14 +29,16 @@ class Launched:
     log: Path
 
 
-def write_processes(run_dir: Path, entries: list[dict], master_addr: str, master_port: int) -> dict:
+def write_processes(run_dir: Path, entries: list[dict], master_addr: str, master_port: int,
+                    timeout_s: float) -> dict:
     """Write ``processes.json`` (see :mod:`traffic.rundir`) and return its content.
 
-    ``entries``: dicts with name, role, index, host, ip, iface; ranks are given in order.
+    ``entries``: dicts with name, role, index, host, rack, ip, iface; ranks are given in
+    order. ``timeout_s``: the run's time limit (each process's torch.distributed timeout).
     """
     procs = [{**e, "rank": r} for r, e in enumerate(entries)]
     doc = {"world_size": len(procs), "master_addr": master_addr, "master_port": master_port,
-           "processes": procs}
+           "timeout_s": timeout_s, "processes": procs}
     write_json(run_dir / "processes.json", doc)
     return doc
 

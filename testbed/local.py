@@ -7,13 +7,14 @@ Tests and developers run schemes with it::
     exp = from_dict({"workload": {"scheme": "ps", "iterations": 20, "workers": 4}})
     run_dir = run_local(exp, "runs/try-ps")
 
-It fakes the topology's hosts (``racks * hosts_per_rack`` worker hosts ``h1..hN``, rack by
-rack, plus the scheme's dedicated server hosts ``ps1..``), asks the scheme for its plan,
-gives every process ip ``127.0.0.1`` and iface ``lo``, picks a free master port, and starts
-and watches the processes with :mod:`testbed.launch` exactly as the harness does. Nothing is
-shaped, nothing is captured and no ``background`` flow runs: the run directory gets
-spec.yaml, processes.json, events/, results/, params/ and logs/ (no topology.json, traces/
-or summary.json).
+It builds the spec's Topo (a plain graph, no root needed) with the hosts the scheme asks
+for (:meth:`Scheme.hosts`), reads its hosts (:func:`topologies.hosts_of`: the same names,
+racks, kinds and interfaces as the real network), asks the scheme for its plan, gives every
+process ip ``127.0.0.1`` and iface ``lo``, picks a free master port, and starts and watches
+the processes with :mod:`testbed.launch` exactly as the harness does. Nothing is shaped,
+nothing is captured and no ``background`` flow runs: the run directory gets spec.yaml,
+processes.json, events/, results/, params/ and logs/ (no topology.json, traces/ or
+summary.json).
 
 Command line: ``python -m testbed.local SPEC.yaml [--set path=value ...] [--run-dir DIR]``.
 """
@@ -26,10 +27,10 @@ from pathlib import Path
 from typing import Callable
 
 from testbed import launch
-from traffic import rundir
-from topologies.errors import SpecError, TestbedError
 from testbed.spec import Experiment, dump_spec, load_spec
-from traffic.schemes import HostInfo, get_scheme
+from topologies import HostInfo, build_topo, hosts_of
+from topologies.errors import SpecError, TestbedError
+from traffic import rundir, schemes
 
 __all__ = ["local_hosts", "local_entries", "free_port", "run_local"]
 
@@ -38,20 +39,11 @@ LOCAL_IFACE = "lo"
 
 
 def local_hosts(exp: Experiment) -> list[HostInfo]:
-    """The hosts the topology of ``exp`` would have, as the scheme's plan sees them.
-
-    Worker hosts ``h1..h{racks*hosts_per_rack}`` (``h1..h{hosts_per_rack}`` in rack 0, ...),
-    then one ``ps<j>`` host per entry of the scheme's ``dedicated_server_hosts``, with as
-    many interfaces as the network would give them (background hosts carry no process and
-    are left out).
-    """
-    t, w = exp.topology, exp.workload
-    hosts = [HostInfo(f"h{r * t.hosts_per_rack + i + 1}", r, "worker", t.interfaces_per_host)
-             for r in range(t.racks) for i in range(t.hosts_per_rack)]
-    server_racks = get_scheme(w.scheme).dedicated_server_hosts(w, t.racks, hosts_per_rack=t.hosts_per_rack)
-    for j, r in enumerate(server_racks):
-        hosts.append(HostInfo(f"ps{j + 1}", r, "server", max(t.interfaces_per_host, w.servers.interfaces)))
-    return hosts
+    """The hosts the network of ``exp`` would have (the Topo graph's), worker and requested
+    hosts only (background hosts carry no training process)."""
+    scheme = schemes.get(exp.workload.scheme)
+    topo = build_topo(exp.topology, scheme.hosts(exp.workload, exp.topology))
+    return [h for h in hosts_of(topo) if h.kind != "background"]
 
 
 def local_entries(exp: Experiment) -> list[dict]:
@@ -64,13 +56,13 @@ def local_entries(exp: Experiment) -> list[dict]:
         SpecError: the plan does not fit the topology (too many workers or servers, or an
             interface its host would not have).
     """
-    hosts = local_hosts(exp)
-    interfaces = {h.name: h.interfaces for h in hosts}
-    plan = get_scheme(exp.workload.scheme).plan(exp.workload, hosts)
+    hosts = {h.name: h for h in local_hosts(exp)}
+    plan = schemes.get(exp.workload.scheme).plan(exp.workload, list(hosts.values()))
     for p in plan:
-        if not 0 <= p.iface < interfaces[p.host]:
-            raise SpecError(f"plan of {p.name}", p.iface, f"interfaces 0..{interfaces[p.host] - 1} of host {p.host}")
-    return [{"name": p.name, "role": p.role, "index": p.index, "host": p.host,
+        if not 0 <= p.iface < hosts[p.host].interfaces:
+            raise SpecError(f"plan of {p.name}", p.iface,
+                            f"interfaces 0..{hosts[p.host].interfaces - 1} of host {p.host}")
+    return [{"name": p.name, "role": p.role, "index": p.index, "host": p.host, "rack": hosts[p.host].rack,
              "ip": LOCAL_IP, "iface": LOCAL_IFACE, "iface_index": p.iface} for p in plan]
 
 
@@ -114,7 +106,7 @@ def run_local(exp: Experiment, run_dir: str | Path | None = None, *, timeout_s: 
         run_dir = rundir.create(run_dir.parent, run_dir.name)
     (run_dir / "spec.yaml").write_text(dump_spec(exp))
     entries = local_entries(exp)
-    doc = launch.write_processes(run_dir, entries, LOCAL_IP, free_port())
+    doc = launch.write_processes(run_dir, entries, LOCAL_IP, free_port(), exp.run.timeout_s)
     extra = dict(env or {})
 
     def popen(info, cmd, penv, log):

@@ -1,6 +1,6 @@
 """Build the emulated network with Mininet, shape it with htb, verify the shaping, tear down.
 
-    with Network(exp.topology, server_racks, run_dir, ledger) as net:
+    with Network(exp.topology, extra_hosts, run_dir, ledger) as net:
         net.hosts["h1"].popen(...)
 
 Switches are Linux bridges (``mininet.nodelib.LinuxBridge``, no controller: Open vSwitch's
@@ -12,7 +12,6 @@ hosts, switches, links, and the read-back shaping.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import subprocess
@@ -27,7 +26,8 @@ from pyroute2 import IPRoute, NetNS
 from topologies.errors import MissingRequirement, TestbedError
 from testbed.ledger import Ledger
 from traffic.rundir import write_json
-from topologies import build_topo
+from testbed.check import kernel_qdiscs
+from topologies import HostRequest, TopologySpec, build_topo
 
 #: Highest rate we shape, Mbit/s. Above it a veth pair on one CPU cannot keep up anyway.
 MAX_RATE_MBPS = 40_000.0
@@ -146,7 +146,6 @@ def preflight(topology_spec, qdiscs: dict[str, bool] | None = None) -> None:
         if shutil.which(tool) is None:
             raise MissingRequirement(f"'{tool}' not found: install it with 'apt-get install {pkg}' "
                                      f"(or run scripts/setup.sh)")
-    from testbed.check import kernel_qdiscs
     qdiscs = qdiscs if qdiscs is not None else kernel_qdiscs()
     if not qdiscs.get("htb"):
         raise MissingRequirement("the kernel has no 'htb' qdisc (sch_htb): links cannot be shaped; "
@@ -157,39 +156,28 @@ def preflight(topology_spec, qdiscs: dict[str, bool] | None = None) -> None:
                                  "whose full Debian kernel has netem")
 
 
-def dilate(spec, scale: float):
-    """The topology as shaped on this machine under time dilation ``scale``: every rate
-    divided by ``scale``, every delay multiplied by it (see ``Experiment.scale``)."""
-    if scale == 1:
-        return spec
-    return dataclasses.replace(spec, host_bw_mbps=spec.host_bw_mbps / scale,
-                               uplink_bw_mbps=spec.uplink_mbps() / scale, delay_ms=spec.delay_ms * scale)
-
-
 class Network:
     """The emulated network of one run (a context manager; teardown always runs).
 
     ``topology_spec`` is the emulated network; with time dilation ``scale`` the links are
-    shaped at rate / scale (:func:`dilate`). ``topology.json`` gives each link's emulated
-    rate (``bw_mbps``) and the rate shaped on this machine (``shaped_mbps``). Dedicated
-    server hosts (``ps1..``, one per entry of ``server_racks``) have ``server_interfaces``
-    links to their ToR (a PBox: ``workload.servers.interfaces``).
+    shaped at rate / scale (:meth:`TopologySpec.dilated`). ``topology.json`` gives each link's emulated
+    rate (``bw_mbps``) and the rate shaped on this machine (``shaped_mbps``). ``extra_hosts``
+    are the hosts the scheme asked for (``Scheme.hosts``: parameter-server hosts, PBoxes).
 
     Attributes after ``start()``:
         net: the ``Mininet`` object; hosts: name -> Mininet host; topology: the
         ``topology.json`` document.
     """
 
-    def __init__(self, topology_spec, server_racks: list[int], run_dir: Path, ledger: Ledger,
-                 scale: float = 1.0, server_interfaces: int = 1):
+    def __init__(self, topology_spec: TopologySpec, extra_hosts: list[HostRequest], run_dir: Path, ledger: Ledger,
+                 scale: float = 1.0):
         self.emulated = topology_spec
         self.scale = scale
-        self.spec = dilate(topology_spec, scale)
-        self.server_racks = list(server_racks)
+        self.spec = topology_spec.dilated(scale)
         self.run_dir = Path(run_dir)
         self.ledger = ledger
         self.net: Mininet | None = None
-        self.topo = build_topo(self.spec, self.server_racks, server_interfaces)
+        self.topo = build_topo(self.spec, extra_hosts)
         self.topology: dict = {}
 
     # ----------------------------------------------------------------------- build
@@ -290,7 +278,7 @@ class Network:
                           "mtu_bytes": [int(i.node.cmd(f"cat /sys/class/net/{i.name}/mtu").strip() or 0)
                                         for i in (link.intf1, link.intf2)],
                           "htb_burst_bytes": htb_burst_bytes(p.get("bw_mbps")), "shaping": {}})
-        doc = {"kind": self.spec.kind, "spec": vars(self.emulated).copy(), "scale": self.scale,
+        doc = {"kind": self.spec.kind, "spec": self.emulated.model_dump(), "scale": self.scale,
                "uplink_bw_mbps": self.emulated.uplink_mbps() if self.spec.kind == "rack_core" else None,
                "hosts": hosts, "switches": switches, "links": links}
         return doc

@@ -19,16 +19,24 @@ import os
 import signal
 import subprocess
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+from tqdm import tqdm
 
+from analysis.metrics import summarize
 from testbed import launch
-from traffic import rundir
-from topologies.errors import RunFailed, SpecError, TestbedError
+from testbed.background import Background
+from testbed.capture import Capture, find_bwm_ng
 from testbed.ledger import Ledger, NetworkLock
+from testbed.network import Network, bind_to_interface
+from testbed.network import preflight as network_preflight
 from testbed.spec import Experiment, dump_spec, expand_sweep
+from topologies.errors import SpecError, TestbedError
+from topologies.hosts import HostInfo
+from traffic import rundir, schemes
 
 log = logging.getLogger("testbed")
 
@@ -87,20 +95,13 @@ def run_one(exp: Experiment, parent: Path, run_id: str, exclusive_id: bool = Tru
 
     Never raises for a failed run: the failure is in the returned summary. Raises only for
     problems that precede the run directory (it exists already) and for Ctrl-C/SIGTERM,
-    after teardown.
+    after teardown. Teardown is an ExitStack: whatever was started is stopped, last started
+    first (processes, background flows, capture, network, then a sweep of the ledger).
     """
-    from analysis.metrics import summarize
-    from testbed.capture import Capture
-    from testbed.network import Network, bind_to_interface
-    from testbed.background import Background
-    from traffic.schemes import HostInfo, get_scheme
-
     run_dir = rundir.create(parent, run_id, exclusive_id=exclusive_id)
     (run_dir / "spec.yaml").write_text(dump_spec(exp))
     handler = _harness_log(run_dir)
     status, error = "ok", None
-    procs: list[launch.Launched] = []
-    capture = network = ledger = background = None
     interrupted = None
     old_term = signal.signal(signal.SIGTERM, _on_sigterm)
     old_int = signal.getsignal(signal.SIGINT)
@@ -108,68 +109,23 @@ def run_one(exp: Experiment, parent: Path, run_id: str, exclusive_id: bool = Tru
     try:
         with NetworkLock():
             ledger = Ledger.create(run_dir.name, run_dir)
-            try:
-                scheme = get_scheme(exp.workload.scheme)
-                server_racks = scheme.dedicated_server_hosts(exp.workload, exp.topology.racks,
-                                                             hosts_per_rack=exp.topology.hosts_per_rack)
-                network = Network(exp.topology, server_racks, run_dir, ledger, scale=exp.scale,
-                                  server_interfaces=exp.workload.servers.interfaces)
-                log.info("building network")
-                network.start()
-                log.info("network up in %.1f s", time.time() - t0)
-                topo = network.topology
-                hosts = [HostInfo(h["name"], h["rack"], h["kind"], len(h["intfs"])) for h in topo["hosts"]]
-                plan = scheme.plan(exp.workload, hosts)
-                by_name = {h["name"]: h for h in topo["hosts"]}
-                background = Background(exp.background, topo, network.hosts, run_dir, scale=exp.scale,
-                                        on_pid=ledger.add_pid)  # refuses hosts the network lacks
-                entries = [{"name": p.name, "role": p.role, "index": p.index, "host": p.host,
-                            **_interface(by_name[p.host], p)}
-                           for p in plan]
-                doc = launch.write_processes(run_dir, entries, entries[0]["ip"], exp.run.master_port)
-                capture = Capture(run_dir, ports=switch_ports(topo), qdisc_ifaces=uplink_ports(topo) or switch_ports(topo),
-                                  pids=lambda: {l.info["name"]: l.popen.pid for l in procs},
-                                  spec=exp.capture, on_pid=lambda pid, what: ledger.add_pid(what, pid))
-                capture.start()
-                background.start_servers()
-
-                def popen(info, cmd, env, logf):
-                    if len(by_name[info["host"]]["intfs"]) > 1:
-                        cmd = bind_to_interface(cmd, info.get("iface_index", 0))
-                    return network.hosts[info["host"]].popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT,
-                                                             stdin=subprocess.DEVNULL)
-
-                log.info("launching %d processes", len(entries))
-                background.start_clients()
-                procs += launch.start(run_dir, doc, popen,
-                                      on_start=lambda l: ledger.add_pid(l.info["name"], l.popen.pid))
-                launch.watch(procs, exp.run.timeout_s)
-                log.info("all processes done after %.1f s", time.time() - t0)
-            except TestbedError as e:
-                status, error = "failed", str(e)
-                log.error("run failed: %s", e)
-            except (KeyboardInterrupt, _Terminated) as e:
-                # a second Ctrl-C or SIGTERM must not cut the teardown short
-                signal.signal(signal.SIGINT, signal.SIG_IGN)
-                signal.signal(signal.SIGTERM, signal.SIG_IGN)
-                status, error = "interrupted", "interrupted by the user (Ctrl-C or SIGTERM)"
-                log.warning("interrupted", exc_info=True)
-                interrupted = e
-            except Exception as e:  # a bug, not user input: keep the traceback, still tear down
-                status, error = "failed", f"internal error: {type(e).__name__}: {e} (traceback in logs/harness.log)"
-                log.exception("internal error")
-            finally:
-                launch.kill_all(procs)
-                if background is not None:
-                    background.stop()
-                if capture is not None:
-                    capture.stop()
-                if network is not None:
-                    left = network.stop()
-                else:
-                    left = ledger.sweep()
-                if left:
-                    log.warning("teardown removed leftovers: %s", ", ".join(left))
+            with ExitStack() as teardown:
+                teardown.callback(lambda: _log_leftovers(ledger.sweep()))
+                try:
+                    _run(exp, run_dir, ledger, teardown, t0)
+                except TestbedError as e:
+                    status, error = "failed", str(e)
+                    log.error("run failed: %s", e)
+                except (KeyboardInterrupt, _Terminated) as e:
+                    # a second Ctrl-C or SIGTERM must not cut the teardown short
+                    signal.signal(signal.SIGINT, signal.SIG_IGN)
+                    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                    status, error = "interrupted", "interrupted by the user (Ctrl-C or SIGTERM)"
+                    log.warning("interrupted", exc_info=True)
+                    interrupted = e
+                except Exception as e:  # a bug, not user input: keep the traceback, still tear down
+                    status, error = "failed", f"internal error: {type(e).__name__}: {e} (traceback in logs/harness.log)"
+                    log.exception("internal error")
     except TestbedError as e:  # the lock is held by another run
         status, error = "failed", str(e)
     finally:
@@ -181,6 +137,56 @@ def run_one(exp: Experiment, parent: Path, run_id: str, exclusive_id: bool = Tru
     if interrupted is not None:
         raise KeyboardInterrupt()
     return RunResult(run_dir, summary)
+
+
+def _log_leftovers(left: list[str]) -> None:
+    if left:
+        log.warning("teardown removed leftovers: %s", ", ".join(left))
+
+
+def _run(exp: Experiment, run_dir: Path, ledger: Ledger, teardown: ExitStack, t0: float) -> None:
+    """Build, launch and watch one run; every start registers its stop on ``teardown``."""
+    scheme = schemes.get(exp.workload.scheme)
+    network = Network(exp.topology, scheme.hosts(exp.workload, exp.topology), run_dir, ledger, scale=exp.scale)
+    teardown.callback(lambda: _log_leftovers(network.stop()))
+    log.info("building network")
+    network.start()
+    log.info("network up in %.1f s", time.time() - t0)
+    topo = network.topology
+    hosts = [HostInfo(h["name"], h["rack"], h["kind"], len(h["intfs"])) for h in topo["hosts"]]
+    plan = scheme.plan(exp.workload, hosts)
+    by_name = {h["name"]: h for h in topo["hosts"]}
+    background = Background(exp.background, topo, network.hosts, run_dir, scale=exp.scale,
+                            on_pid=ledger.add_pid)  # refuses hosts the network lacks
+    teardown.callback(background.stop)
+    entries = [{"name": p.name, "role": p.role, "index": p.index, "host": p.host, "rack": by_name[p.host]["rack"],
+                **_interface(by_name[p.host], p)} for p in plan]
+    doc = launch.write_processes(run_dir, entries, entries[0]["ip"], exp.run.master_port, exp.run.timeout_s)
+    procs: list[launch.Launched] = []
+    capture = Capture(run_dir, ports=switch_ports(topo), qdisc_ifaces=uplink_ports(topo) or switch_ports(topo),
+                      pids=lambda: {l.info["name"]: l.popen.pid for l in procs},
+                      spec=exp.capture, on_pid=lambda pid, what: ledger.add_pid(what, pid))
+    teardown.callback(capture.stop)
+    capture.start()
+    background.start_servers()
+
+    def popen(info, cmd, env, logf):
+        if len(by_name[info["host"]]["intfs"]) > 1:
+            cmd = bind_to_interface(cmd, info.get("iface_index", 0))
+        return network.hosts[info["host"]].popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT,
+                                                 stdin=subprocess.DEVNULL)
+
+    log.info("launching %d processes", len(entries))
+    background.start_clients()
+    teardown.callback(launch.kill_all, procs)  # no-op when all exited
+
+    def started(l: launch.Launched) -> None:
+        procs.append(l)  # known at once: an interrupted start still kills what it started
+        ledger.add_pid(l.info["name"], l.popen.pid)
+
+    launch.start(run_dir, doc, popen, on_start=started)
+    launch.watch(procs, exp.run.timeout_s)
+    log.info("all processes done after %.1f s", time.time() - t0)
 
 
 def switch_ports(topology: dict) -> list[str]:
@@ -206,8 +212,6 @@ def preflight(exp: Experiment) -> None:
         MissingRequirement: not root, or mnexec / brctl / tc / bwm-ng / a needed qdisc missing;
             the message names the remedy.
     """
-    from testbed.capture import find_bwm_ng
-    from testbed.network import preflight as network_preflight
     network_preflight(exp.topology)
     find_bwm_ng()
 
@@ -227,7 +231,6 @@ def run_experiment(exp: Experiment, progress: bool = True) -> list[RunResult]:
     sweep_dir = rundir.create(parent, base_id, exclusive_id=bool(exp.run.id), subdirs=())
     (sweep_dir / "sweep.yaml").write_text(dump_spec(exp))
     results, rows = [], []
-    from tqdm import tqdm
     bar = tqdm(points, desc=f"sweep {sweep_dir.name}", unit="run", disable=not progress)
     for i, (point, e) in enumerate(bar):
         label = "_".join(f"{k.split('.')[-1]}={v}" if k != "variant" else str(v) for k, v in point.items())

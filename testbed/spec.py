@@ -1,9 +1,11 @@
 """Experiment specs: YAML -> validated, typed :class:`Experiment`; overrides and sweeps.
 
-A spec has five sections (``topology``, ``workload``, ``capture``, ``run``, ``sweep``) and a
-``name``. Every field has a default, so ``{}`` is a valid spec. Validation happens before
-anything is built; a bad field raises :class:`SpecError` naming the dotted field, the value
-and what is allowed.
+A spec has the sections ``topology`` (owned by :mod:`topologies.spec`), ``workload``
+(:mod:`traffic.spec`; its ``options`` by the scheme), and ``capture``, ``run``,
+``background``, ``sweep``, ``variants``, ``scale`` and ``name`` (this module). Every field has
+a default, so ``{}`` is a valid spec. Validation happens before anything is built; every
+malformed field is reported at once in one :class:`SpecError` naming each dotted field, the
+value given and what is allowed.
 
 Example::
 
@@ -13,389 +15,136 @@ Example::
 from __future__ import annotations
 
 import copy
-import dataclasses
 import itertools
-import typing
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional
 
 import yaml
+from pydantic import Field, PrivateAttr, ValidationError, field_validator
 
-from topologies.errors import SpecError
+from topologies.errors import FieldError, SpecError
+from topologies.spec import TopologySpec
+from topologies.validation import SpecModel, field_errors, load_yaml
+from traffic.spec import WorkloadSpec, option_errors
 
-
-def _check(pred, msg):
-    """Field validator: ``pred(value)`` must hold, else the error says ``msg``."""
-    return {"check": (pred, msg)}
-
-
-_pos = _check(lambda v: v > 0, "a number > 0")
-_nonneg = _check(lambda v: v >= 0, "a number >= 0")
+__all__ = ["Experiment", "CaptureSpec", "RunSpec", "BackgroundFlow", "TopologySpec", "WorkloadSpec",
+           "from_dict", "load_spec", "parse_override", "expand_sweep", "dump_spec"]
 
 
-@dataclass
-class TopologySpec:
-    """The emulated datacenter.
+class BackgroundFlow(SpecModel):
+    """One background flow: iperf3 from host ``src`` to host ``dst`` (:mod:`testbed.background`).
 
-    ``rack``: ``hosts_per_rack`` hosts on one top-of-rack (ToR) switch (``racks`` must be 1).
-    ``rack_core``: ``racks`` racks of ``hosts_per_rack`` hosts; each ToR has one uplink to a
-    core switch of ``uplink_bw_mbps``, by default ``hosts_per_rack * host_bw_mbps /
-    oversubscription`` (Mbit/s). ``mtu_bytes`` is set on every interface (1500 is standard
-    Ethernet; datacenters often run 9000-byte jumbo frames, which cut per-packet overhead).
-    ``interfaces_per_host``: links from every host to its ToR, each shaped at
-    ``host_bw_mbps`` with its own address (see :class:`testbed.network.Network`).
-    ``background_hosts_per_rack``: extra hosts ``bg1..`` per rack (numbered rack by rack)
-    that run no training process: endpoints for ``background`` flows, so that a busy core
-    can be emulated without loading the workers' own links.
-    ``tcp_notsent_lowat_bytes``: the hosts' ``net.ipv4.tcp_notsent_lowat`` (per network
-    namespace): how many not-yet-sent bytes a TCP socket accepts before a sender blocks.
-    ``null`` keeps the kernel's default (unlimited: a send "completes" once it is in a socket
-    buffer that autotuning grows up to ``tcp_wmem``'s max, 16 MB here, i.e. 32 ms of a
-    4 Gbit/s link); a small value (e.g. 131072) makes a blocking send's completion follow
-    the network's pace, which application-level schedulers (P3's priority queue, P3 Sec. 4.3)
-    rely on.
-    """
-    kind: Literal["rack", "rack_core"] = "rack_core"
-    racks: int = field(default=2, metadata=_pos)
-    hosts_per_rack: int = field(default=4, metadata=_pos)
-    host_bw_mbps: float = field(default=100.0, metadata=_pos)
-    uplink_bw_mbps: Optional[float] = field(default=None, metadata=_pos)
-    oversubscription: float = field(default=1.0, metadata=_check(lambda v: v >= 1, "a ratio >= 1"))
-    delay_ms: float = field(default=0.0, metadata=_nonneg)
-    loss_pct: float = field(default=0.0, metadata=_check(lambda v: 0 <= v < 100, "a percentage in [0, 100)"))
-    max_queue_packets: Optional[int] = field(default=None, metadata=_pos)
-    interfaces_per_host: int = field(default=1, metadata=_pos)
-    background_hosts_per_rack: int = field(default=0, metadata=_nonneg)
-    mtu_bytes: int = field(default=1500, metadata=_check(lambda v: 576 <= v <= 9000,
-                                                          "an MTU in [576, 9000] bytes (9000: jumbo frames)"))
-    tcp_notsent_lowat_bytes: Optional[int] = field(default=None, metadata=_pos)
-
-    def uplink_mbps(self) -> float:
-        """ToR->core uplink rate in Mbit/s (explicit, or derived from oversubscription)."""
-        if self.uplink_bw_mbps is not None:
-            return float(self.uplink_bw_mbps)
-        return self.hosts_per_rack * self.host_bw_mbps / self.oversubscription
-
-
-#: PS configurations of PHub (phub.txt Section 2.1, Figure 4): placement and whether the
-#: keys are centralized on one server process or sharded over several.
-PS_CONFIGS = {"CC": ("colocated", "centralized"), "CS": ("colocated", "sharded"),
-              "NCC": ("dedicated", "centralized"), "NCS": ("dedicated", "sharded")}
-
-
-@dataclass
-class ServersSpec:
-    """Where parameter servers run (PS-family schemes only; other schemes ignore it).
-
-    ``count``: servers per scope (per rack if ``scope: per_rack``); 0 means one per worker.
-    Default 1 (or what ``config`` implies).
-    ``placement``: ``colocated`` (a server process on a worker's host) or ``dedicated``
-    (extra hosts ``ps1..`` that run only servers, added to the topology). Default
-    ``colocated`` (or what ``config`` implies).
-    ``interfaces``: links of each dedicated server host to its ToR (>= 1), each shaped like
-    a host link (``topology.host_bw_mbps``) with its own address; a dedicated host with
-    k > 1 interfaces is a PBox (phub.txt Section 3.3, Figure 9). A host has at least
-    ``topology.interfaces_per_host`` links. More than 1 needs ``placement: dedicated``.
-    A scheme's plan binds each server process to one of them (``ProcessPlan.iface``).
-
-    ``config``: shorthand for the four PS configurations of phub.txt Section 2.1 and
-    Figure 4 (colocated C / non-colocated NC x centralized C / sharded S):
-
-    ====  =====================================  ===========  =========================
-    name  meaning                                placement    count
-    ====  =====================================  ===========  =========================
-    CC    colocated centralized: one server on   colocated    1
-          a worker's host
-    CS    colocated sharded: a server on every   colocated    0 (one per worker), or >= 2
-          worker's host (MXNet's default)
-    NCC   non-colocated centralized: one         dedicated    1
-          dedicated server host (a PBox when
-          ``interfaces`` > 1)
-    NCS   non-colocated sharded: one dedicated   dedicated    0 (one host per worker), or
-          server host per worker                              >= 2
-    ====  =====================================  ===========  =========================
-
-    With ``scope: per_rack`` the count is per rack (NCC per rack: a PBox in every rack,
-    phub.txt Section 3.4). ``count`` and ``placement`` may be given with ``config`` only if
-    they agree with it.
-
-    Raises:
-        SpecError: ``count`` or ``placement`` contradicts ``config`` (naming
-            ``workload.servers.count`` / ``.placement``), or ``interfaces`` > 1 with colocated
-            servers.
-    """
-    count: Optional[int] = field(default=None, metadata=_nonneg)
-    placement: Optional[Literal["colocated", "dedicated"]] = None
-    scope: Literal["global", "per_rack"] = "global"
-    interfaces: int = field(default=1, metadata=_pos)
-    config: Optional[Literal["CC", "CS", "NCC", "NCS"]] = None
-
-    def __post_init__(self):
-        # what the spec gave (None: not given); Experiment.to_dict(as_given=True) keeps it so
-        # that a sweep or variant may set ``config`` on a spec that set no count/placement
-        self._given = {"count": self.count, "placement": self.placement}
-        if self.config is not None:
-            placement, kind = PS_CONFIGS[self.config]
-            if self.placement is not None and self.placement != placement:
-                raise SpecError("workload.servers.placement", self.placement,
-                                f"{placement!r} for servers.config {self.config} (phub.txt Figure 4), or leave it out")
-            if self.count is not None and kind == "centralized" and self.count != 1:
-                raise SpecError("workload.servers.count", self.count,
-                                f"1 for servers.config {self.config} (centralized: one server process), or leave it out")
-            if self.count is not None and kind == "sharded" and self.count == 1:
-                raise SpecError("workload.servers.count", self.count,
-                                f"0 (one per worker) or >= 2 for servers.config {self.config} "
-                                "(sharded: several server processes), or leave it out")
-            self.placement = placement
-            if self.count is None:
-                self.count = 1 if kind == "centralized" else 0
-        if self.count is None:
-            self.count = 1
-        if self.placement is None:
-            self.placement = "colocated"
-        if self.interfaces > 1 and self.placement != "dedicated":
-            raise SpecError("workload.servers.interfaces", self.interfaces,
-                            "1 unless workload.servers.placement is 'dedicated' (colocated servers use "
-                            "their worker host's links; topology.interfaces_per_host sets those)")
-        self._resolved = {"count": self.count, "placement": self.placement}
-
-    def as_given(self) -> dict:
-        """``count`` and ``placement`` as the spec gave them: None where they were left to
-        the default or to ``config`` (and not changed since)."""
-        return {k: self._given[k] if getattr(self, k) == v else getattr(self, k) for k, v in self._resolved.items()}
-
-
-@dataclass
-class BackgroundFlow:
-    """One background flow: iperf3 from host ``src`` to host ``dst`` (``testbed.background``).
-
-    ``rate_mbps``: sending rate in emulated Mbit/s (shaped at rate / ``scale`` like links).
-    ``start_s``: start in emulated seconds after the training processes are launched (their
-    start-up counts). ``duration_s``: emulated seconds; ``duration_s * scale`` must be whole
-    seconds (iperf3 ``-t``). A flow still running when training ends is stopped with it.
-    ``protocol``: ``tcp`` (paced at the rate; backs off under congestion) or ``udp``
-    (constant rate). ``name``: file name of its results (default ``bg<index>``).
-    Hosts must exist in the built topology (checked when the network is up).
+    Hosts must exist in the built topology (checked when the network is up). A flow still
+    running when training ends is stopped with it.
     """
     src: str
+    """Sending host, e.g. ``bg1``."""
     dst: str
-    rate_mbps: float = field(metadata=_pos)
-    duration_s: float = field(metadata=_pos)
-    start_s: float = field(default=0.0, metadata=_nonneg)
+    """Receiving host."""
+    rate_mbps: float = Field(gt=0)
+    """Sending rate in emulated Mbit/s (shaped at rate / ``scale`` like links)."""
+    duration_s: float = Field(gt=0)
+    """Emulated seconds; ``duration_s * scale`` must be whole seconds (iperf3 ``-t``)."""
+    start_s: float = Field(0.0, ge=0)
+    """Start in emulated seconds after the training processes are launched."""
     protocol: Literal["tcp", "udp"] = "tcp"
+    """``tcp`` (paced at the rate; backs off under congestion) or ``udp`` (constant rate)."""
     name: Optional[str] = None
+    """File name of its results (default ``bg<index>``)."""
 
 
-@dataclass
-class OptimizerSpec:
-    """SGD with momentum (torch.optim.SGD semantics): v = m*v + g + wd*p; p -= lr*v."""
-    lr: float = field(default=0.05, metadata=_pos)
-    momentum: float = field(default=0.9, metadata=_check(lambda v: 0 <= v < 1, "a number in [0, 1)"))
-    weight_decay: float = field(default=0.0, metadata=_nonneg)
-
-
-@dataclass
-class ComputeSpec:
-    """How workers compute.
-
-    ``mode: real``: forward and backward of the real model on real data (accuracy and
-    convergence experiments). ``mode: emulated``: every layer's forward and backward take the
-    time a profile gives (times ``scale``), slept precisely without burning CPU, while
-    parameters and gradients stay real tensors of the layers' true sizes (throughput
-    experiments). ``profile``: ``zero`` (infinitely fast compute: communication only, like
-    PHub's ZeroComputeEngine, phub.txt Section 4.4), a device name with a profile for
-    (``workload.model``, ``workload.batch_size``) in ``traffic/profiles/data/`` (e.g.
-    ``gtx1080ti``), or the path of a profile JSON file (``testbed profile`` writes one).
-    """
-    mode: Literal["real", "emulated"] = "real"
-    profile: str = "zero"
-
-
-@dataclass
-class WorkloadSpec:
-    """What trains: scheme, model, data, batch, iterations.
-
-    ``batch_size`` is per worker; the global batch is ``batch_size * workers``.
-    ``workers``: ``0`` means every (non-dedicated) host runs one worker.
-    ``options``: scheme-specific settings, validated by the scheme.
-    """
-    scheme: str = "ps"
-    model: str = "digits_mlp"
-    dataset: str = "digits"
-    compute: ComputeSpec = field(default_factory=ComputeSpec)
-    batch_size: int = field(default=32, metadata=_pos)
-    iterations: int = field(default=100, metadata=_pos)
-    warmup_iterations: int = field(default=5, metadata=_nonneg)
-    eval_every: int = field(default=0, metadata=_nonneg)
-    seed: int = 0
-    workers: int = field(default=0, metadata=_nonneg)
-    save_params: bool = False
-    optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
-    servers: ServersSpec = field(default_factory=ServersSpec)
-    options: dict = field(default_factory=dict)
-
-
-@dataclass
-class CaptureSpec:
-    """What the harness records while a run trains (periods in milliseconds).
-
-    ``interval_ms``: bwm-ng's period (10 ms, as P3's evaluation). ``qdisc_interval_ms``: the
-    uplink qdisc sampler's period; it costs ~1-3 ms of the harness's CPU per sample
-    (pyroute2 decodes every qdisc, see :mod:`testbed.capture`), so the default is 50 ms;
-    set 10 for queue dynamics at bwm-ng's resolution on a run with CPU to spare.
-    """
-    interval_ms: int = field(default=10, metadata=_pos)
+class CaptureSpec(SpecModel):
+    """What the harness records while a run trains (periods in milliseconds)."""
+    interval_ms: int = Field(10, gt=0)
+    """bwm-ng's period (10 ms, as P3's evaluation)."""
     qdisc: bool = True
-    qdisc_interval_ms: int = field(default=50, metadata=_pos)
+    """Sample the uplinks' qdisc counters."""
+    qdisc_interval_ms: int = Field(50, gt=0)
+    """The qdisc sampler's period; it costs ~1-3 ms of the harness's CPU per sample (pyroute2
+    decodes every qdisc), so the default is 50 ms; set 10 for queue dynamics at bwm-ng's
+    resolution on a run with CPU to spare."""
     cpu: bool = True
-    cpu_interval_ms: int = field(default=100, metadata=_check(lambda v: v >= 10, "an integer >= 10"))
+    """Sample per-core and per-process CPU use."""
+    cpu_interval_ms: int = 100
+    """The CPU sampler's period, an integer >= 10."""
+
+    @field_validator("cpu_interval_ms")
+    @classmethod
+    def _cpu_period(cls, v):
+        if v < 10:
+            raise ValueError("an integer >= 10")
+        return v
 
 
-@dataclass
-class RunSpec:
+class RunSpec(SpecModel):
     """How the run is driven: time limit, where run directories go, an optional fixed id."""
-    timeout_s: float = field(default=600.0, metadata=_pos)
+    timeout_s: float = Field(600.0, gt=0)
+    """Limit of the whole run, seconds of wall clock."""
     runs_dir: str = "runs"
+    """Where run directories are created."""
     id: Optional[str] = None
-    master_port: int = field(default=29500, metadata=_check(lambda v: 1024 <= v < 65536, "a port in [1024, 65535]"))
+    """A fixed run id (the run fails if its directory exists)."""
+    master_port: int = 29500
+    """The torch.distributed rendezvous port, in [1024, 65535]."""
+
+    @field_validator("master_port")
+    @classmethod
+    def _port(cls, v):
+        if not 1024 <= v < 65536:
+            raise ValueError("a port in [1024, 65535]")
+        return v
 
 
-@dataclass
-class Experiment:
-    """A whole experiment spec. ``sweep`` maps dotted field paths to lists of values.
-
-    ``variants`` is a list of arms, each a mapping of dotted field paths to values (and an
-    optional ``name``), for settings that go together (a scheme and its options): the runs
-    are every variant combined with every point of ``sweep``.
+class Experiment(SpecModel):
+    """A whole experiment spec.
 
     ``scale`` is the time dilation factor s: every link runs at its bandwidth / s (and its
     delay * s) and emulated compute takes s times its profiled time, so the ratio of
     communication to computation is that of the emulated network while the machine runs s
     times slower. Everything reported is converted back to the emulated network's time.
     s != 1 needs ``workload.compute.mode: emulated`` (real compute cannot be slowed down).
-
-    ``background`` lists :class:`BackgroundFlow` s: iperf3 traffic between hosts during the
-    run, e.g. to load the core (``testbed.background``).
     """
     name: str = "experiment"
-    scale: float = field(default=1.0, metadata=_pos)
-    topology: TopologySpec = field(default_factory=TopologySpec)
-    workload: WorkloadSpec = field(default_factory=WorkloadSpec)
-    capture: CaptureSpec = field(default_factory=CaptureSpec)
-    run: RunSpec = field(default_factory=RunSpec)
-    sweep: dict = field(default_factory=dict)
-    variants: list = field(default_factory=list)
-    background: list[BackgroundFlow] = field(default_factory=list)
+    """Name of the experiment (run ids start with it)."""
+    scale: float = Field(1.0, gt=0)
+    """Time dilation factor (see above)."""
+    topology: TopologySpec = Field(default_factory=TopologySpec)
+    """The emulated network."""
+    workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
+    """What trains."""
+    capture: CaptureSpec = Field(default_factory=CaptureSpec)
+    """What is recorded."""
+    run: RunSpec = Field(default_factory=RunSpec)
+    """How the run is driven."""
+    sweep: dict[str, Any] = Field(default_factory=dict)
+    """Dotted field paths -> lists of values; the runs are every combination."""
+    variants: list[Any] = Field(default_factory=list)
+    """Arms: each a mapping of dotted field paths to values (and an optional ``name``), for
+    settings that go together (a scheme and its options); combined with every sweep point."""
+    background: list[BackgroundFlow] = Field(default_factory=list)
+    """iperf3 flows between hosts during the run, e.g. to load the core."""
 
-    def to_dict(self, as_given: bool = False) -> dict:
-        """The spec as a mapping, every default filled in (what ``spec.yaml`` holds).
+    # the spec as given (before defaults), from which sweep and variant points are built
+    _given: dict = PrivateAttr(default_factory=dict)
 
-        ``as_given``: ``workload.servers.count``/``placement`` are null where the spec left
-        them to their default or to ``servers.config`` (sweeps and variants build their points
-        from this form, so that they may set ``servers.config``).
-        """
-        d = dataclasses.asdict(self)
-        if as_given:
-            d["workload"]["servers"].update(self.workload.servers.as_given())
-        return d
+    def to_dict(self) -> dict:
+        """The spec as a mapping, every default filled in (what ``spec.yaml`` holds)."""
+        return self.model_dump(mode="python")
+
+    def cross_errors(self) -> list[FieldError]:
+        """Checks that involve several fields or sections (every field being valid)."""
+        out = self.topology.cross_errors() + self.workload.cross_errors()
+        if self.scale != 1 and self.workload.compute.mode != "emulated":
+            out.append(FieldError("scale", self.scale, "1 unless workload.compute.mode is 'emulated' (time "
+                                  "dilation slows emulated compute and links; real compute cannot be slowed)"))
+        out += _background_errors(self)
+        return out
 
 
 # ---------------------------------------------------------------------------- building
 
 
-def _describe(tp) -> str:
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
-    if origin is typing.Union:
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return " or ".join(_describe(a) for a in args) + " or null"
-    if origin is list:
-        (inner,) = typing.get_args(tp)
-        what = f"mappings with fields {', '.join(_field_names(inner))}" if dataclasses.is_dataclass(inner) \
-            else _describe(inner)
-        return f"a list of {what}"
-    return {int: "an integer", float: "a number", str: "a string", bool: "true or false",
-            dict: "a mapping", list: "a list"}.get(tp, getattr(tp, "__name__", str(tp)))
-
-
-def _coerce(tp, value, path):
-    origin = typing.get_origin(tp)
-    if origin is typing.Union:
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        (inner,) = [a for a in args if a is not type(None)]
-        return _coerce(inner, value, path)
-    if origin is Literal:
-        if value not in typing.get_args(tp):
-            raise SpecError(path, value, _describe(tp))
-        return value
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise SpecError(path, value, f"a mapping with fields {', '.join(_field_names(tp))}")
-        return _build(tp, value, path)
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise SpecError(path, value, _describe(tp))
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise SpecError(path, value, _describe(tp))
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise SpecError(path, value, _describe(tp))
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise SpecError(path, value, _describe(tp))
-        return value
-    if tp is dict:
-        if not isinstance(value, dict):
-            raise SpecError(path, value, _describe(tp))
-        return dict(value)
-    if tp is list:
-        if not isinstance(value, list):
-            raise SpecError(path, value, _describe(tp))
-        return list(value)
-    if origin is list:
-        (inner,) = typing.get_args(tp)
-        if not isinstance(value, list):
-            raise SpecError(path, value, _describe(tp))
-        return [_coerce(inner, v, f"{path}[{i}]") for i, v in enumerate(value)]
-    raise TypeError(f"unsupported spec type {tp}")  # a bug in this module, not user input
-
-
-def _field_names(cls):
-    return [f.name for f in dataclasses.fields(cls)]
-
-
-def _build(cls, data: dict, prefix: str = ""):
-    hints = typing.get_type_hints(cls)
-    names = _field_names(cls)
-    for key in data:
-        if key not in names:
-            raise SpecError(f"{prefix}{'.' if prefix else ''}{key}", data[key],
-                            f"a known field of {prefix or 'the spec'}: {', '.join(names)}")
-    kwargs = {}
-    for f in dataclasses.fields(cls):
-        if f.name not in data:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise SpecError(f"{prefix}{'.' if prefix else ''}{f.name}", None,
-                                f"{_describe(hints[f.name])} (required)")
-            continue
-        path = f"{prefix}{'.' if prefix else ''}{f.name}"
-        value = _coerce(hints[f.name], data[f.name], path)
-        check = f.metadata.get("check")
-        if check and value is not None and not check[0](value):
-            raise SpecError(path, data[f.name], check[1])
-        kwargs[f.name] = value
-    return cls(**kwargs)
-
-
-def _set_path(data: dict, path: str, value):
+def _set_path(data: dict, path: str, value) -> None:
     keys = path.split(".")
     node = data
     for k in keys[:-1]:
@@ -410,30 +159,57 @@ def parse_override(text: str) -> tuple[str, Any]:
     """Parse ``path.to.field=value`` (value in YAML syntax) into ``(path, value)``.
 
     Raises:
-        SpecError: no ``=`` or an empty path.
+        SpecError: no ``=``, an empty path, or a value that is not YAML.
     """
     if "=" not in text:
         raise SpecError("--set", text, "path.to.field=value, e.g. workload.iterations=20")
     path, raw = text.split("=", 1)
     if not path.strip():
         raise SpecError("--set", text, "a non-empty field path before '='")
-    return path.strip(), yaml.safe_load(raw)
+    try:
+        return path.strip(), load_yaml(raw)
+    except yaml.YAMLError as e:
+        raise SpecError("--set", text, f"a value in YAML syntax ({e})") from None
+
+
+def _validate(data: dict) -> Experiment:
+    """One validation of a point (no sweep expansion): every error at once."""
+    errors: list[FieldError] = []
+    exp = None
+    try:
+        exp = Experiment.model_validate(data)
+    except ValidationError as e:
+        errors += field_errors(e, Experiment)
+    errors += [e for e in option_errors(data.get("workload")) if e.field not in {x.field for x in errors}]
+    if exp is not None and not errors:
+        errors += exp.cross_errors()
+    if errors:
+        raise SpecError.of(errors)
+    exp._given = data
+    return exp
 
 
 def from_dict(data: dict, overrides: list[str] | None = None) -> Experiment:
-    """Validate a spec given as a mapping (plus ``--set`` overrides) into an Experiment.
+    """Validate a spec given as a mapping (plus ``--set`` overrides) into an Experiment,
+    checking that every variant and sweep point is valid too. An override of a field the
+    spec sweeps replaces that sweep axis (``--set workload.scheme=ps`` on a spec sweeping
+    the scheme runs ``ps`` only).
 
     Raises:
-        SpecError: the first malformed field, by dotted path.
+        SpecError: every malformed field, by dotted path.
     """
-    data = copy.deepcopy(data or {})
+    if data is None:
+        data = {}
     if not isinstance(data, dict):
         raise SpecError("<spec>", data, "a YAML mapping with sections topology, workload, capture, run, sweep")
+    data = copy.deepcopy(data)
     for text in overrides or []:
         path, value = parse_override(text)
         _set_path(data, path, value)
-    exp = _build(Experiment, data)
-    _validate_cross(exp)
+        if isinstance(data.get("sweep"), dict):
+            data["sweep"].pop(path, None)  # an override of a swept field wins over the sweep axis
+    exp = _validate(data)
+    _check_points(exp)
     return exp
 
 
@@ -441,93 +217,78 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> Experimen
     """Read a YAML spec file and validate it (see :func:`from_dict`).
 
     Raises:
-        SpecError: the file is missing, is not YAML, or a field is malformed.
+        SpecError: the file is missing, is not YAML, or fields are malformed.
     """
     p = Path(path)
     if not p.is_file():
         raise SpecError("<file>", str(path), "the path of an existing YAML spec file")
     try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as e:
+        data = load_yaml(p.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise SpecError("<file>", str(path), f"valid YAML ({e})") from None
-    if "name" not in data:
+    data = {} if data is None else data
+    if isinstance(data, dict) and "name" not in data:
         data["name"] = p.stem
     return from_dict(data, overrides)
-
-
-def _validate_cross(exp: Experiment) -> None:
-    """Checks that involve several fields, and the scheme/model/dataset registries."""
-    t, w = exp.topology, exp.workload
-    if t.kind == "rack" and t.racks != 1:
-        raise SpecError("topology.racks", t.racks, "1 for topology.kind 'rack' (use 'rack_core' for several racks)")
-    if w.warmup_iterations >= w.iterations:
-        raise SpecError("workload.warmup_iterations", w.warmup_iterations,
-                        f"fewer than workload.iterations ({w.iterations})")
-    from traffic.schemes import available_schemes, get_scheme
-    if w.scheme not in available_schemes():
-        raise SpecError("workload.scheme", w.scheme, "one of " + ", ".join(available_schemes()))
-    from traffic.models import available_models
-    if w.model not in available_models():
-        raise SpecError("workload.model", w.model, "one of " + ", ".join(available_models()))
-    from traffic.data import available_datasets
-    if w.dataset not in available_datasets():
-        raise SpecError("workload.dataset", w.dataset, "one of " + ", ".join(available_datasets()))
-    get_scheme(w.scheme).validate_options(w.options)
-    if exp.scale != 1 and w.compute.mode != "emulated":
-        raise SpecError("scale", exp.scale, "1 unless workload.compute.mode is 'emulated' "
-                        "(time dilation slows emulated compute and links; real compute cannot be slowed)")
-    if w.compute.mode == "emulated":
-        from topologies.errors import TestbedError
-        from traffic.profiles import load_profile
-        try:
-            load_profile(w.compute.profile, w.model, w.batch_size)
-        except TestbedError as e:
-            raise SpecError("workload.compute.profile", w.compute.profile, str(e)) from None
-    _validate_background(exp)
-    for i, v in enumerate(exp.variants):
-        if not isinstance(v, dict) or not [k for k in v if k != "name"]:
-            raise SpecError(f"variants[{i}]", v, "a mapping of dotted field paths to values (and an optional name)")
-        d = exp.to_dict(as_given=True)
-        d["sweep"], d["variants"] = {}, []
-        for path, value in v.items():
-            if path != "name":
-                _set_path(d, path, value)
-        from_dict(d)
-    for path, values in exp.sweep.items():
-        if not isinstance(values, list) or not values:
-            raise SpecError(f"sweep.{path}", values, "a non-empty list of values")
-        if path.startswith("sweep"):
-            raise SpecError(f"sweep.{path}", values, "a field path outside 'sweep'")
-        base = exp.to_dict(as_given=True)
-        for v in values:  # each point must itself be a valid spec
-            d = copy.deepcopy(base)
-            d["sweep"], d["variants"] = {}, []
-            _set_path(d, path, v)
-            from_dict(d)
 
 
 _FLOW_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
 
-def _validate_background(exp: Experiment) -> None:
+def _background_errors(exp: Experiment) -> list[FieldError]:
     """Background flows: distinct endpoints, whole dilated seconds, unique file-safe names.
-    (Whether the hosts exist is checked against the built network: ``testbed.background``.)"""
-    names = set()
+    (Whether the hosts exist is checked against the built network: :mod:`testbed.background`.)"""
+    out, names = [], set()
     for i, f in enumerate(exp.background):
         path = f"background[{i}]"
         if f.src == f.dst:
-            raise SpecError(f"{path}.dst", f.dst, f"a host other than src ({f.src})")
+            out.append(FieldError(f"{path}.dst", f.dst, f"a host other than src ({f.src})"))
         dilated = f.duration_s * exp.scale
         if abs(dilated - round(dilated)) > 1e-9 or round(dilated) < 1:
-            raise SpecError(f"{path}.duration_s", f.duration_s,
-                            f"a duration that is a whole number (>= 1) of seconds once dilated: duration_s x scale "
-                            f"= {dilated:g} (iperf3 -t takes whole seconds)")
+            out.append(FieldError(f"{path}.duration_s", f.duration_s,
+                                  f"a duration that is a whole number (>= 1) of seconds once dilated: duration_s x "
+                                  f"scale = {dilated:g} (iperf3 -t takes whole seconds)"))
         name = f.name if f.name is not None else f"bg{i}"
         if not name or not set(name) <= _FLOW_NAME_CHARS or name.startswith("."):
-            raise SpecError(f"{path}.name", f.name, "letters, digits, '_', '.', '-' (a file name)")
-        if name in names:
-            raise SpecError(f"{path}.name", f.name, f"a name no other flow has ({name!r} is taken)")
+            out.append(FieldError(f"{path}.name", f.name, "letters, digits, '_', '.', '-' (a file name)"))
+        elif name in names:
+            out.append(FieldError(f"{path}.name", f.name, f"a name no other flow has ({name!r} is taken)"))
         names.add(name)
+    return out
+
+
+def _point_data(exp: Experiment, settings: dict) -> dict:
+    """The spec as given, without sweep and variants, with ``settings`` (path -> value) set."""
+    d = copy.deepcopy(exp._given)
+    d["sweep"], d["variants"] = {}, []
+    for path, value in settings.items():
+        _set_path(d, path, value)
+    return d
+
+
+def _check_points(exp: Experiment) -> None:
+    """Every variant and every swept value must give a valid spec.
+
+    Raises:
+        SpecError: a malformed variant or sweep axis, or the errors of the first bad point.
+    """
+    errors = []
+    for i, v in enumerate(exp.variants):
+        if not isinstance(v, dict) or not [k for k in v if k != "name"]:
+            errors.append(FieldError(f"variants[{i}]", v, "a mapping of dotted field paths to values "
+                                                           "(and an optional name)"))
+    for path, values in exp.sweep.items():
+        if not isinstance(values, list) or not values:
+            errors.append(FieldError(f"sweep.{path}", values, "a non-empty list of values"))
+        elif path.startswith("sweep"):
+            errors.append(FieldError(f"sweep.{path}", values, "a field path outside 'sweep'"))
+    if errors:
+        raise SpecError.of(errors)
+    for v in exp.variants:
+        _validate(_point_data(exp, {k: x for k, x in v.items() if k != "name"}))
+    for path, values in exp.sweep.items():
+        for value in values:
+            _validate(_point_data(exp, {path: value}))
 
 
 def expand_sweep(exp: Experiment) -> list[tuple[dict, Experiment]]:
@@ -544,15 +305,10 @@ def expand_sweep(exp: Experiment) -> list[tuple[dict, Experiment]]:
     out = []
     for variant in exp.variants or [{}]:
         for combo in itertools.product(*(exp.sweep[p] for p in paths)):
-            d = exp.to_dict(as_given=True)
-            d["sweep"], d["variants"] = {}, []
             point = {"variant": variant["name"]} if "name" in variant else {}
             point.update({k: v for k, v in variant.items() if k != "name"})
             point.update(zip(paths, combo))
-            for p, v in point.items():
-                if p != "variant":
-                    _set_path(d, p, v)
-            out.append((point, from_dict(d)))
+            out.append((point, _validate(_point_data(exp, {p: v for p, v in point.items() if p != "variant"}))))
     return out
 
 

@@ -13,7 +13,7 @@ from testbed.check import kernel_qdiscs
 from topologies.errors import MissingRequirement, TestbedError
 from testbed.ledger import Ledger, NetworkLock
 from testbed.network import Network, htb_burst_bytes
-from testbed.spec import TopologySpec
+from topologies import TopologySpec
 from tests.leftovers import leftovers, needs_root
 
 pytestmark = [pytest.mark.root, pytest.mark.skipif(needs_root, reason="needs root")]
@@ -113,7 +113,7 @@ import sys, time
 from traffic import rundir
 from testbed.ledger import Ledger, NetworkLock
 from testbed.network import Network
-from testbed.spec import TopologySpec
+from topologies import TopologySpec
 d = rundir.create(sys.argv[1], "killed")
 lock = NetworkLock().__enter__()
 net = Network(TopologySpec(), [], d, Ledger.create("killed", d)).start()

@@ -34,7 +34,7 @@ from testbed.spec import from_dict
 from traffic.reference import reference_train
 from traffic.runtime.events import read_events
 from testbed.local import run_local
-from traffic.schemes import get_scheme
+from traffic import schemes
 from traffic.schemes.p3 import assign_slices
 
 W, ITERS, BATCH, SERVERS, SLICE = 4, 3, 16, 2, 20_000
@@ -61,8 +61,8 @@ def test_assign_slices_round_robin_and_cover():
 
 
 def test_options():
-    assert get_scheme("p3").options == {"slice_params": 50_000, "priority": True}
-    assert get_scheme("ps").options["overlap"] is False
+    assert schemes.get("p3").Options().model_dump() == {"slice_params": 50_000, "priority": True}
+    assert schemes.get("ps").Options().overlap is False
     from_dict({"workload": {"scheme": "p3", "options": {"slice_params": 40_000, "priority": False}}})
     from_dict({"workload": {"scheme": "ps", "options": {"overlap": True}}})
 

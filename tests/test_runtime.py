@@ -15,6 +15,7 @@ import torch
 
 from topologies.errors import RunFailed
 from testbed.launch import write_processes
+from traffic.runtime.__main__ import run_process
 from testbed.spec import dump_spec, from_dict
 from traffic.data import GlobalBatches, available_datasets, digits_raw, load_dataset
 from traffic.models import LayeredModel, available_models, build_model
@@ -194,10 +195,9 @@ def _spec(scheme="allreduce", **workload):
 
 
 def test_runtime_rejects_unknown_process(tmp_path):
-    from traffic.runtime.__main__ import run_process
     (tmp_path / "spec.yaml").write_text(dump_spec(_spec()))
-    write_processes(tmp_path, [{"name": "worker0", "role": "worker", "index": 0, "host": "h1",
-                                "ip": "127.0.0.1", "iface": "lo"}], "127.0.0.1", 29999)
+    write_processes(tmp_path, [{"name": "worker0", "role": "worker", "index": 0, "host": "h1", "rack": 0,
+                                "ip": "127.0.0.1", "iface": "lo"}], "127.0.0.1", 29999, timeout_s=60)
     assert run_process(tmp_path, "worker9") == 2
 
 

@@ -14,7 +14,8 @@ from testbed.spec import from_dict
 from traffic.reference import reference_train
 from traffic.runtime.events import read_events
 from testbed.local import local_entries, run_local
-from traffic.schemes import HostInfo, available_schemes, get_scheme
+from topologies import HostInfo, TopologySpec
+from traffic.schemes import available, get
 from traffic.schemes.allreduce import make_buckets
 from traffic.schemes.ps import assign_keys
 
@@ -39,7 +40,7 @@ def _servers(plan):
 
 
 def test_plan_colocated_global_spreads_over_racks():
-    ps = get_scheme("ps")
+    ps = get("ps")
     plan = ps.plan(_workload(servers={"count": 2}), _hosts())
     assert [(p.name, p.host) for p in plan if p.role == "worker"] == [(f"worker{i}", f"h{i + 1}") for i in range(8)]
     assert _servers(plan) == [("server0", "h1"), ("server1", "h5")]
@@ -57,19 +58,19 @@ def test_plan_colocated_global_spreads_over_racks():
 
 
 def test_plan_per_rack_and_dedicated():
-    ps = get_scheme("ps")
+    ps = get("ps")
     plan = ps.plan(_workload(servers={"count": 1, "scope": "per_rack"}), _hosts())
     assert _servers(plan) == [("server0", "h1"), ("server1", "h5")]
     plan = ps.plan(_workload(servers={"count": 2, "scope": "per_rack"}), _hosts())
     assert _servers(plan) == [("server0", "h1"), ("server1", "h3"), ("server2", "h5"), ("server3", "h7")]
 
     w = _workload(servers={"count": 2, "placement": "dedicated"})
-    assert ps.dedicated_server_hosts(w, racks=2) == [0, 1]
+    assert [r.rack for r in ps.hosts(w, TopologySpec(racks=2))] == [0, 1]
     plan = ps.plan(w, _hosts(servers=[0, 1]))
     assert _servers(plan) == [("server0", "ps1"), ("server1", "ps2")]
     assert len([p for p in plan if p.role == "worker"]) == 8  # server hosts run no worker
     w = _workload(servers={"count": 2, "placement": "dedicated", "scope": "per_rack"})
-    assert ps.dedicated_server_hosts(w, racks=2) == [0, 0, 1, 1]
+    assert [r.rack for r in ps.hosts(w, TopologySpec(racks=2))] == [0, 0, 1, 1]
     # the local launcher builds the same hosts from the topology
     exp = from_dict({"workload": {"scheme": "ps", "servers": {"count": 1, "placement": "dedicated",
                                                              "scope": "per_rack"}}})
@@ -77,13 +78,13 @@ def test_plan_per_rack_and_dedicated():
     assert [(e["name"], e["host"]) for e in entries if e["role"] == "server"] == [("server0", "ps1"), ("server1", "ps2")]
     assert all(e["ip"] == "127.0.0.1" and e["iface"] == "lo" for e in entries)
     # schemes without servers ignore the servers section
-    ar = get_scheme("allreduce")
-    assert ar.dedicated_server_hosts(w, racks=2) == []
+    ar = get("allreduce")
+    assert ar.hosts(w, TopologySpec(racks=2)) == []
     assert {p.role for p in ar.plan(w, _hosts())} == {"worker"}
 
 
 def test_registry_and_options():
-    assert {"ps", "allreduce"} <= set(available_schemes())
+    assert {"ps", "allreduce"} <= set(available())
     with pytest.raises(SpecError, match="workload.options.nope"):
         from_dict({"workload": {"scheme": "ps", "options": {"nope": 1}}})
     from_dict({"workload": {"scheme": "ps", "options": {"bigarray_bound": 10}}})

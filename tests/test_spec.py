@@ -96,3 +96,41 @@ def test_bad_variants_are_named(variants, field):
     with pytest.raises(SpecError) as e:
         from_dict({"variants": variants})
     assert e.value.field == field
+
+
+def test_every_bad_field_is_named_at_once():
+    with pytest.raises(SpecError) as e:
+        from_dict({"topology": {"host_bw_mbps": -1, "kind": "torus"},
+                   "workload": {"iterations": "many", "options": {"nonsense": 1}},
+                   "capture": {"bogus": True}})
+    fields = [err.field for err in e.value.errors]
+    assert fields == ["topology.kind", "topology.host_bw_mbps", "workload.iterations", "capture.bogus",
+                      "workload.options.nonsense"]
+    for f in fields:
+        assert f"'{f}'" in str(e.value)
+
+
+def test_yaml_exponent_is_a_number(tmp_path):
+    p = tmp_path / "s.yaml"
+    p.write_text("topology: {host_bw_mbps: 1e4, kind: rack, racks: 1}\n")
+    assert load_spec(p).topology.host_bw_mbps == 1e4
+    assert parse_override("topology.host_bw_mbps=2.5E3") == ("topology.host_bw_mbps", 2500.0)
+
+
+def test_an_override_of_a_swept_field_replaces_the_axis():
+    exp = load_spec("experiments/quickstart.yaml", ["workload.scheme=allreduce"])
+    assert exp.sweep == {} and exp.workload.scheme == "allreduce"
+    assert len(expand_sweep(exp)) == 1
+
+
+def test_cli_reports_three_wrong_fields_in_one_message_without_traceback(tmp_path):
+    import subprocess
+    import sys
+    p = tmp_path / "bad.yaml"
+    p.write_text("topology: {host_bw_mbps: -5}\nworkload: {iterations: 0, scheme: nope}\n")
+    out = subprocess.run([sys.executable, "-m", "testbed.cli", "run", str(p)], capture_output=True, text=True)
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr + out.stdout
+    for f in ("topology.host_bw_mbps", "workload.iterations", "workload.scheme"):
+        assert f in out.stderr
+    assert not (tmp_path / "runs").exists() and not list(tmp_path.glob("runs*"))

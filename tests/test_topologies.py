@@ -1,8 +1,8 @@
 """Topology construction: link counts, rates, oversubscription arithmetic (no network built)."""
 import pytest
 
-from testbed.spec import TopologySpec
-from topologies import build_topo, uplink_mbps
+from topologies import HostRequest, TopologySpec, build_topo, hosts_of, uplink_mbps
+from topologies.hosts import BRIDGE_RE, INTF_RE, NODE_RE
 
 
 def _links(topo, cls):
@@ -35,7 +35,8 @@ def test_rack_core_counts_rates_and_racks():
 
 
 def test_rack_has_no_core_and_dedicated_servers_are_extra_hosts():
-    topo = build_topo(TopologySpec(kind="rack", racks=1, hosts_per_rack=3), server_racks=[0, 0])
+    topo = build_topo(TopologySpec(kind="rack", racks=1, hosts_per_rack=3),
+                      [HostRequest("server", 0), HostRequest("server", 0)])
     assert sorted(topo.switches()) == ["tor1"]
     kinds = {h: topo.nodeInfo(h)["kind"] for h in topo.hosts()}
     assert kinds == {"h1": "worker", "h2": "worker", "h3": "worker", "ps1": "server", "ps2": "server"}
@@ -51,3 +52,24 @@ def test_delay_and_queue_options_reach_every_link():
     topo = build_topo(TopologySpec(delay_ms=2, max_queue_packets=50))
     for _, _, info in topo.links(withInfo=True):
         assert info["delay"] == "2ms" and info["max_queue_size"] == 50
+
+
+def test_hosts_of_reads_names_racks_kinds_and_interfaces_from_the_graph():
+    topo = build_topo(TopologySpec(racks=2, hosts_per_rack=2, background_hosts_per_rack=1),
+                      [HostRequest("server", 1, interfaces=3)])
+    got = [(h.name, h.rack, h.kind, h.interfaces) for h in hosts_of(topo)]
+    assert got == [("bg1", 0, "background", 1), ("bg2", 1, "background", 1), ("h1", 0, "worker", 1),
+                   ("h2", 0, "worker", 1), ("h3", 1, "worker", 1), ("h4", 1, "worker", 1),
+                   ("ps1", 1, "server", 3)]
+    # the names clean removes are exactly the names a topology has
+    assert all(NODE_RE.match(n) for n in topo.nodes())
+    assert all(BRIDGE_RE.match(n) for n in topo.switches()) and not any(BRIDGE_RE.match(h) for h in topo.hosts())
+    for a, b, info in topo.links(withInfo=True):
+        assert INTF_RE.match(f"{a}-eth{info['port1']}") and INTF_RE.match(f"{b}-eth{info['port2']}")
+
+
+def test_a_host_request_outside_the_topology_is_refused():
+    with pytest.raises(ValueError):
+        HostRequest("gpu", 0)
+    with pytest.raises(ValueError, match="racks 0..1"):
+        build_topo(TopologySpec(racks=2), [HostRequest("server", 2)])

@@ -75,14 +75,23 @@ def _inner_model(ann):
     return None
 
 
-def _allowed(err: dict, model: type[BaseModel]) -> str:
+def _allowed(err: dict, model: type[BaseModel], prefix: str = "", what: str | None = None) -> str:
     t, ctx, loc = err["type"], err.get("ctx") or {}, err["loc"]
     if t == "extra_forbidden":
         holder = _model_at(model, loc)
-        where = ".".join(str(p) for p in loc[:-1] if not isinstance(p, int)) or "the spec"
-        return f"a known field of {where}: {_field_names(holder)}" if holder else "no such field"
+        names = _field_names(holder) if holder else ""
+        if what is not None and len(loc) == 1:
+            return f"{what}: {names or 'none'}"
+        where = _path(prefix, [p for p in loc[:-1] if not isinstance(p, int)]) or "the spec"
+        return f"a known field of {where}: {names}" if holder else "no such field"
     if t == "missing":
         return "a value (required)"
+    if t == "list_type":
+        holder = _model_at(model, loc)
+        inner = _inner_model(holder.model_fields[loc[-1]].annotation) if holder and loc and loc[-1] in \
+            holder.model_fields else None
+        if inner is not None:
+            return f"a list of mappings with fields {_field_names(inner)}"
     if t == "literal_error":
         return "one of " + ", ".join(re.findall(r"'[^']*'", ctx.get("expected", ""))) if "'" in ctx.get(
             "expected", "") else f"one of {ctx.get('expected')}"
@@ -111,10 +120,13 @@ def _num(bound: str) -> str:
         return bound
 
 
-def field_errors(exc: ValidationError, model: type[BaseModel], prefix: str = "") -> list[FieldError]:
+def field_errors(exc: ValidationError, model: type[BaseModel], prefix: str = "",
+                 what: str | None = None) -> list[FieldError]:
     """Pydantic's errors as :class:`FieldError` s with dotted paths under ``prefix``.
 
     A union of types reports one error per member; they are merged into one per field.
+    ``what`` names the model's fields in the error of an unknown top-level field (e.g.
+    ``options of scheme 'ps'``).
     """
     out: dict[str, FieldError] = {}
     for err in exc.errors(include_url=False):
@@ -122,7 +134,7 @@ def field_errors(exc: ValidationError, model: type[BaseModel], prefix: str = "")
         # a member of a union adds its type name to loc: drop it, and merge the members' words
         clean = tuple(p for p in loc if not (isinstance(p, str) and p in _UNION_MEMBERS))
         path = _path(prefix, clean)
-        allowed = _allowed({**err, "loc": clean}, model)
+        allowed = _allowed({**err, "loc": clean}, model, prefix, what)
         value = err.get("input")
         if path in out:
             if allowed not in out[path].allowed:
@@ -135,8 +147,8 @@ def field_errors(exc: ValidationError, model: type[BaseModel], prefix: str = "")
 _UNION_MEMBERS = {"int", "float", "str", "bool", "none", "literal['auto']", "dict[str,any]", "list[any]"}
 
 
-def validate(model: type[M], data: Any, prefix: str = "") -> M:
-    """``model`` validated from ``data`` (a mapping).
+def validate(model: type[M], data: Any, prefix: str = "", what: str | None = None) -> M:
+    """``model`` validated from ``data`` (a mapping). ``what``: see :func:`field_errors`.
 
     Raises:
         SpecError: naming every bad field (``prefix`` + its dotted path), its value and what
@@ -147,7 +159,7 @@ def validate(model: type[M], data: Any, prefix: str = "") -> M:
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        raise SpecError.of(field_errors(e, model, prefix)) from None
+        raise SpecError.of(field_errors(e, model, prefix, what)) from None
 
 
 class _Loader(yaml.SafeLoader):

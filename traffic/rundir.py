@@ -32,9 +32,9 @@ seconds of wall clock, unless a name says otherwise.
 
 ``processes.json`` (:func:`testbed.launch.write_processes`)
     ``{"world_size": N, "master_addr": ip of the first process, "master_port": int,
-    "processes": [{"name": "worker0", "role": "worker", "index": 0, "rank": 0, "host": "h1",
-    "ip": "10.0.0.1", "iface": "h1-eth0", "iface_index": 0}, ...]}``; ranks follow list
-    order. ``iface_index`` is the planned interface of the host (``ProcessPlan.iface``; 0 is
+    "timeout_s": the run's time limit, "processes": [{"name": "worker0", "role": "worker",
+    "index": 0, "rank": 0, "host": "h1", "rack": 0, "ip": "10.0.0.1", "iface": "h1-eth0",
+    "iface_index": 0}, ...]}``; ranks follow list order; ``rack`` counts from 0. ``iface_index`` is the planned interface of the host (``ProcessPlan.iface``; 0 is
     ``<host>-eth0``), ``ip``/``iface`` its address and name (``127.0.0.1``/``lo`` in a
     loopback run). Each process runs ``python -u -m traffic.runtime RUN_DIR NAME`` on its
     host with ``GLOO_SOCKET_IFNAME=<iface>`` and ``OMP_NUM_THREADS=MKL_NUM_THREADS=1``; on a
@@ -157,6 +157,8 @@ import os
 import time
 from pathlib import Path
 
+import yaml
+
 from topologies.errors import TestbedError
 
 SUBDIRS = ("events", "results", "params", "logs", "traces")
@@ -210,3 +212,79 @@ def is_run(path: str | Path) -> bool:
     """True if ``path`` looks like a run directory (has spec.yaml and processes or summary)."""
     p = Path(path)
     return (p / "spec.yaml").is_file() and ((p / "summary.json").is_file() or (p / "processes.json").is_file())
+
+
+class NotARunError(TestbedError):
+    """A path given as a run or sweep directory is neither, or a run's spec cannot be read."""
+
+
+def is_sweep(path: str | Path) -> bool:
+    """True if ``path`` is a sweep directory: it holds ``sweep.yaml`` (written when the sweep
+    starts) or ``sweep.csv`` (rewritten after each point), next to one run directory per point."""
+    p = Path(path)
+    return (p / "sweep.yaml").is_file() or (p / "sweep.csv").is_file()
+
+
+def find_runs(paths) -> list[Path]:
+    """The run directories among ``paths``, in the order given.
+
+    Args:
+        paths: run directories (:func:`is_run`), each kept as it is, and sweep directories
+            (:func:`is_sweep`), each replaced by its run directories (the subdirectories that
+            are runs) sorted by name, which is the sweep's order (``<NNN>_<point>``). A sweep
+            whose first point has not started gives none.
+
+    Returns:
+        The run directories as :class:`~pathlib.Path` s.
+
+    Raises:
+        NotARunError: a path that does not exist, or that is neither a run nor a sweep directory.
+    """
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if is_run(p):
+            out.append(p)
+        elif p.is_dir() and is_sweep(p):
+            out += sorted(d for d in p.iterdir() if d.is_dir() and is_run(d))
+        elif not p.exists():
+            raise NotARunError(f"{p} does not exist; give run or sweep directories (see 'testbed ls')")
+        else:
+            raise NotARunError(f"{p} is neither a run directory (spec.yaml with summary.json or "
+                               f"processes.json) nor a sweep directory (sweep.yaml or sweep.csv); "
+                               f"see 'testbed ls'")
+    return out
+
+
+def _read_yaml_mapping(path: Path) -> dict:
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise NotARunError(f"{path} not found: {path.parent} is not a run or sweep directory") from None
+    except (OSError, yaml.YAMLError) as e:
+        raise NotARunError(f"cannot read {path}: {e}") from None
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise NotARunError(f"{path} is not a YAML mapping (got {type(doc).__name__})")
+    return doc
+
+
+def read_spec(run_dir: str | Path) -> dict:
+    """A run's ``spec.yaml`` (the resolved experiment, every default filled in) as a plain
+    mapping, as written: no validation, no defaults added.
+
+    Raises:
+        NotARunError: no ``spec.yaml`` in ``run_dir``, or it is not a YAML mapping.
+    """
+    return _read_yaml_mapping(Path(run_dir) / "spec.yaml")
+
+
+def read_sweep_spec(sweep_dir: str | Path) -> dict:
+    """A sweep's ``sweep.yaml`` (the sweep's spec, with its ``sweep`` and ``variants``
+    sections) as a plain mapping; ``{}`` when the directory has none.
+
+    Raises:
+        NotARunError: ``sweep.yaml`` is not a YAML mapping.
+    """
+    p = Path(sweep_dir) / "sweep.yaml"
+    return _read_yaml_mapping(p) if p.is_file() else {}

@@ -18,18 +18,36 @@ of that iteration (see :meth:`Context.maybe_crash`).
 """
 from __future__ import annotations
 
-import os
-import sys
 import time
-import traceback
-from datetime import timedelta
-from pathlib import Path
+
+_T_START = time.time()  # before the heavy imports below: the process's start-up counts them
+
+import os  # noqa: E402
+import sys  # noqa: E402
+import traceback  # noqa: E402
+from datetime import timedelta  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from topologies.spec import TopologySpec  # noqa: E402
+from topologies.validation import load_yaml, validate  # noqa: E402
+from traffic import schemes  # noqa: E402
+from traffic.data import GlobalBatches, load_dataset  # noqa: E402
+from traffic.models import build_model  # noqa: E402
+from traffic.profiles import load_profile  # noqa: E402
+from traffic.rundir import read_json, write_json  # noqa: E402
+from traffic.runtime.comm import CommThread  # noqa: E402
+from traffic.runtime.context import Context, InjectedCrash  # noqa: E402
+from traffic.runtime.events import EventLog  # noqa: E402
+from traffic.runtime.transport import Transport  # noqa: E402
+from traffic.spec import WorkloadSpec  # noqa: E402
 
 SECONDARY_FAILURE_DELAY_S = 1.5
 
 
 def _is_peer_failure(e: BaseException) -> bool:
-    import torch.distributed as dist
     if isinstance(e, dist.DistError):
         return True
     msg = str(e)
@@ -41,31 +59,22 @@ def _is_peer_failure(e: BaseException) -> bool:
 def run_process(run_dir: str | Path, name: str) -> int:
     """Run process ``name`` of the run in ``run_dir`` to completion; returns the exit status.
 
-    Does not call ``os._exit`` (:func:`main` does).
+    Reads the sections of ``spec.yaml`` this package owns (``workload``, ``topology``,
+    ``scale``) and ``processes.json`` (which gives the run's ``timeout_s``). Does not call
+    ``os._exit`` (:func:`main` does).
     """
-    import torch
-    import torch.distributed as dist
-
-    from traffic.rundir import read_json, write_json
-    from testbed.spec import load_spec
-    from traffic.data import GlobalBatches, load_dataset
-    from traffic.models import build_model
-    from traffic.runtime.comm import CommThread
-    from traffic.runtime.context import Context, InjectedCrash
-    from traffic.runtime.events import EventLog
-    from traffic.runtime.transport import Transport
-    from traffic.schemes import get_scheme
-
-    t_start = time.time()
+    t_start = _T_START
     torch.set_num_threads(1)
     run_dir = Path(run_dir)
-    spec = load_spec(run_dir / "spec.yaml")
+    spec = load_yaml((run_dir / "spec.yaml").read_text())
+    w = validate(WorkloadSpec, spec.get("workload", {}), "workload")
+    topology = validate(TopologySpec, spec.get("topology", {}), "topology")
+    scale = float(spec.get("scale", 1.0))
     doc = read_json(run_dir / "processes.json")
     entry = next((p for p in doc["processes"] if p["name"] == name), None)
     if entry is None:
         print(f"traffic.runtime: no process {name!r} in {run_dir / 'processes.json'}", flush=True)
         return 2
-    w = spec.workload
     role, index, rank, world = entry["role"], entry["index"], entry["rank"], doc["world_size"]
     events = EventLog(run_dir / "events" / f"{name}.jsonl", name, role, rank)
     print(f"traffic.runtime: {name} (role {role}, rank {rank}/{world}) on host {entry.get('host')} "
@@ -75,12 +84,12 @@ def run_process(run_dir: str | Path, name: str) -> int:
         with events.span("init", world_size=world):
             dist.init_process_group(
                 "gloo", init_method=f"tcp://{doc['master_addr']}:{doc['master_port']}",
-                rank=rank, world_size=world, timeout=timedelta(seconds=spec.run.timeout_s))
+                rank=rank, world_size=world, timeout=timedelta(seconds=doc["timeout_s"]))
         n_workers = sum(1 for p in doc["processes"] if p["role"] == "worker")
         data = batches = profile = None
-        device = get_scheme(w.scheme).model_device(role)
+        scheme_cls = schemes.get(w.scheme)
+        device = scheme_cls.model_device(role)
         if w.compute.mode == "emulated":  # the model's native input; no data is read
-            from traffic.profiles import load_profile
             model = build_model(w.model, w.seed, device=device)
             profile = load_profile(w.compute.profile, w.model, w.batch_size, n_layers=len(model.layers))
         else:
@@ -88,11 +97,11 @@ def run_process(run_dir: str | Path, name: str) -> int:
             model = build_model(w.model, w.seed, data.input_shape, data.num_classes, device=device)
             batches = GlobalBatches(data, w.batch_size, max(n_workers, 1), w.seed)
         ctx = Context(
-            run_dir=run_dir, spec=spec, name=name, role=role, index=index, rank=rank, world_size=world,
+            run_dir=run_dir, workload=w, topology=topology, scale=scale, name=name, role=role, index=index, rank=rank, world_size=world,
             processes=doc["processes"], model=model, data=data, batches=batches,
             transport=Transport(events, rank, world), events=events, comm=CommThread("comm"),
             crash_at=Context.crash_iteration(name), profile=profile)
-        scheme = get_scheme(w.scheme)(ctx)
+        scheme = scheme_cls(ctx)
         t0 = time.perf_counter()
         scheme.main()
         ctx.comm.close(wait=True, timeout=60)

@@ -4,16 +4,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from topologies.spec import TopologySpec
 from traffic.data import Dataset, GlobalBatches
 from traffic.models import LayeredModel
 from traffic.runtime.comm import CommThread
 from traffic.runtime.events import EventLog
 from traffic.runtime.transport import Transport
-
-if TYPE_CHECKING:  # pragma: no cover
-    from testbed.spec import Experiment, WorkloadSpec
+from traffic.spec import WorkloadSpec
 
 __all__ = ["Context", "InjectedCrash", "CRASH_ENV", "parse_crash_at"]
 
@@ -50,11 +49,12 @@ class Context:
 
     Attributes:
         run_dir: the run directory.
-        spec: the resolved experiment; ``workload`` is ``spec.workload``.
+        workload: the spec's ``workload`` section; ``topology``: its ``topology`` section
+            (the emulated network, before dilation); ``scale``: the time dilation factor.
         name: process name (``worker0``, ``server1`` ...); ``role`` and ``index`` within it.
         rank / world_size: torch.distributed global rank and number of processes.
         processes: the entries of ``processes.json`` (rank order), each a dict with name,
-            role, index, rank, host, ip, iface.
+            role, index, rank, host, rack, ip, iface.
         model: this process's model, initialised from ``workload.seed`` (identical in every
             process at start).
         data: the dataset; ``batches``: the global batches and shards of this run
@@ -69,7 +69,9 @@ class Context:
             ``final_accuracy``, ``final_loss``; a scheme may add its own).
     """
     run_dir: Path
-    spec: "Experiment"
+    workload: WorkloadSpec
+    topology: TopologySpec
+    scale: float
     name: str
     role: str
     index: int
@@ -87,13 +89,9 @@ class Context:
     profile: Any = None
 
     @property
-    def workload(self) -> "WorkloadSpec":
-        return self.spec.workload
-
-    @property
     def iterations(self) -> int:
         """``workload.iterations``."""
-        return self.spec.workload.iterations
+        return self.workload.iterations
 
     def ranks(self, role: str) -> list[int]:
         """Global ranks of the processes of ``role``, ordered by their index (empty if none)."""

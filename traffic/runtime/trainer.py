@@ -28,14 +28,11 @@ from __future__ import annotations
 
 import time
 from functools import partial
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-if TYPE_CHECKING:  # pragma: no cover
-    from traffic.runtime.context import Context
-    from traffic.schemes.base import Scheme
+from traffic.runtime.emulation import EmulatedCompute
 
 __all__ = ["Trainer", "evaluate", "make_optimizer"]
 
@@ -107,8 +104,7 @@ class Trainer:
         self._missing = [0] * len(self.layers)
         self.emulated = None
         if ctx.workload.compute.mode == "emulated":
-            from traffic.runtime.emulation import EmulatedCompute
-            scale = ctx.spec.scale
+            scale = ctx.scale
             self.emulated = EmulatedCompute(self.model, [t * scale for t in ctx.profile.forward_s()],
                                             [t * scale for t in ctx.profile.backward_s()],
                                             seed=ctx.workload.seed * 100_003 + ctx.rank)

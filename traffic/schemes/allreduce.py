@@ -17,9 +17,11 @@ Events: ``allreduce`` per bucket (``bytes`` = the bucket's payload, ``bucket``, 
 from __future__ import annotations
 
 import torch
+from pydantic import Field
 
 from traffic.runtime.trainer import make_optimizer
-from traffic.schemes.base import Scheme, register
+from traffic.schemes import register
+from traffic.schemes.base import Scheme, SchemeOptions
 
 __all__ = ["AllReduce", "make_buckets"]
 
@@ -54,23 +56,25 @@ def make_buckets(key_bytes: list[int], bucket_mb: float) -> list[list[int]]:
     return buckets
 
 
-@register
+class AllReduceOptions(SchemeOptions):
+    """Options of ``allreduce``."""
+    bucket_mb: float = Field(25.0, ge=0)
+    """Bucket capacity in MiB (25, as torch DDP's ``bucket_cap_mb``; 0: one bucket per tensor)."""
+
+
+@register("allreduce")
 class AllReduce(Scheme):
     """All_reduce of the gradients after backward, then a local SGD step (module docstring).
-
-    Options:
-        bucket_mb: bucket capacity in MiB (default 25, as torch DDP's ``bucket_cap_mb``).
-    """
-    name = "allreduce"
+    Options: :class:`AllReduceOptions`."""
     roles = ("worker",)
-    options = {"bucket_mb": 25.0}
+    Options = AllReduceOptions
 
     def setup(self) -> None:
         ctx = self.ctx
         self.params = [p for p in ctx.model.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(self.params, ctx.workload.optimizer)
         self.buckets = make_buckets([p.numel() * p.element_size() for p in self.params],
-                                    float(self.opts["bucket_mb"]))
+                                    self.opts.bucket_mb)
         worker_ranks = ctx.ranks("worker")
         # every process is a worker for this scheme; a group only if others share the job
         self.group = None if len(worker_ranks) == ctx.world_size else ctx.transport.new_group(worker_ranks)
@@ -93,5 +97,9 @@ class AllReduce(Scheme):
             for g in grads:
                 g.copy_(flat[off:off + g.numel()].view_as(g))
                 off += g.numel()
+        self.step(it)
+
+    def step(self, it: int) -> None:
+        """The optimizer step on the averaged gradients (a subclass may change them first)."""
         with self.ctx.events.span("update", iteration=it):
             self.optimizer.step()

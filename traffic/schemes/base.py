@@ -1,9 +1,12 @@
 """The scheme interface: what a communication scheme implements, and how it is registered.
 
-A scheme is one module in ``traffic/schemes/`` holding one :class:`Scheme` subclass decorated
-with :func:`register`. The harness never imports a scheme by name: it asks the registry for
-the scheme's process plan (:meth:`Scheme.plan`), launches one process per planned role on its
-host, and each process runs ``python -m traffic.runtime``, which builds a
+A scheme is a :class:`Scheme` subclass, registered by name with
+:func:`traffic.schemes.register` or named as ``module:Class`` (see :mod:`traffic.schemes`).
+It declares its options (``workload.options``) as a :class:`SchemeOptions` model. The
+harness never imports a scheme by name: it asks the registry's class for the hosts the
+scheme needs beside the worker hosts (:meth:`Scheme.hosts`), builds them, asks for the
+process plan (:meth:`Scheme.plan`), launches one process per planned role on its host, and
+each process runs ``python -m traffic.runtime``, which builds a
 :class:`~traffic.runtime.context.Context` and calls :meth:`Scheme.main`.
 
 Roles are free-form names (``worker``, ``server``, ``conv``, ``fc``, ``pbox`` ...). A role
@@ -34,29 +37,17 @@ returned futures where it must.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from topologies.errors import SpecError
+from topologies.hosts import HostInfo, HostRequest
+from topologies.validation import SpecModel, validate
+from traffic.runtime.trainer import Trainer
 
-if TYPE_CHECKING:  # pragma: no cover
-    from testbed.spec import WorkloadSpec
-    from traffic.runtime.context import Context
 
-
-@dataclass(frozen=True)
-class HostInfo:
-    """A host of the built topology as a scheme's plan sees it.
-
-    ``kind`` is ``worker`` for ordinary hosts, ``server`` for hosts added to run only
-    servers (``workload.servers.placement: dedicated``) and ``background`` for hosts that
-    only carry background traffic (a plan must not use them). ``rack`` counts from 0.
-    ``interfaces``: the host's links to its ToR (``ProcessPlan.iface`` indexes them; a PBox
-    has ``workload.servers.interfaces``).
-    """
-    name: str
-    rack: int
-    kind: str = "worker"
-    interfaces: int = 1
+class SchemeOptions(SpecModel):
+    """Base of a scheme's options (``workload.options``): a pydantic model, one field per
+    option with its default, units in its name and a docstring. This base has none."""
 
 
 @dataclass(frozen=True)
@@ -84,112 +75,54 @@ class Scheme:
     """Base class of every communication scheme (one instance per process).
 
     Class attributes a subclass sets:
-        name: registry name, used as ``workload.scheme``.
+        name: registry name, used as ``workload.scheme`` (set by ``@register(name)``).
         roles: the roles it needs, e.g. ``("worker", "server")``.
-        options: default scheme options (``workload.options``); keys not listed here are
-            rejected by :meth:`validate_options`.
+        Options: its options model (a :class:`SchemeOptions` subclass); ``self.opts`` is
+            the validated instance.
     """
     name: ClassVar[str] = ""
     roles: ClassVar[tuple[str, ...]] = ("worker",)
-    options: ClassVar[dict] = {}
+    Options: ClassVar[type[SchemeOptions]] = SchemeOptions
 
-    def __init__(self, ctx: "Context"):
+    def __init__(self, ctx):
         self.ctx = ctx
-        self.opts = {**self.options, **ctx.workload.options}
+        self.opts = self.options_of(ctx.workload)
 
     # ---------------------------------------------------------------- harness side (classmethods)
 
     @classmethod
-    def validate_options(cls, options: dict) -> None:
-        """Reject unknown ``workload.options`` keys.
+    def validate_options(cls, options: dict) -> SchemeOptions:
+        """``options`` (``workload.options``) validated into :attr:`Options`.
 
         Raises:
-            SpecError: naming ``workload.options.<key>`` and the keys allowed.
+            SpecError: naming every bad ``workload.options.<key>``, its value and what is
+                allowed.
         """
-        for k, v in options.items():
-            if k not in cls.options:
-                allowed = ", ".join(cls.options) or "none for this scheme"
-                raise SpecError(f"workload.options.{k}", v, f"options of scheme '{cls.name}': {allowed}")
+        return validate(cls.Options, options, "workload.options", what=f"options of scheme '{cls.name}'")
 
     @classmethod
-    def dedicated_server_hosts(cls, workload: "WorkloadSpec", racks: int,
-                               hosts_per_rack: int | None = None) -> list[int]:
-        """Racks that need one extra server-only host each (one entry per host).
-
-        Default: none unless the scheme has a ``server`` role and the spec asks for
-        ``servers.placement: dedicated``; then ``servers.count`` hosts globally (spread over
-        racks round robin) or per rack. ``servers.count: 0`` (``servers.config: NCS``) means
-        one server host per worker, in that worker's rack; the workers are the first
-        ``workload.workers`` hosts (all ``racks * hosts_per_rack`` when 0), rack by rack.
-
-        Raises:
-            ValueError: ``servers.count`` is 0 with ``workload.workers`` 0 and no
-                ``hosts_per_rack`` (the number of workers is unknown).
-        """
-        s = workload.servers
-        if "server" not in cls.roles or s.placement != "dedicated":
-            return []
-        if s.count == 0:
-            if hosts_per_rack is None:  # racks of the workers unknown: round robin
-                if not workload.workers:
-                    raise ValueError("servers.count 0 (one server host per worker) needs hosts_per_rack")
-                return [i % racks for i in range(workload.workers)]
-            n = workload.workers or racks * hosts_per_rack
-            return [min(i // hosts_per_rack, racks - 1) for i in range(n)]
-        if s.scope == "per_rack":
-            return [r for r in range(racks) for _ in range(s.count)]
-        return [i % racks for i in range(s.count)]
+    def options_of(cls, workload) -> SchemeOptions:
+        """The validated options of ``workload`` (a :class:`traffic.spec.WorkloadSpec`)."""
+        return cls.validate_options(workload.options)
 
     @classmethod
-    def plan(cls, workload: "WorkloadSpec", hosts: list[HostInfo]) -> list[ProcessPlan]:
-        """Which process runs on which host.
+    def hosts(cls, workload, topology) -> list[HostRequest]:
+        """The hosts this scheme needs beside the topology's worker hosts (dedicated server
+        hosts, k-interface PBoxes, FC hosts), each in a rack; the harness builds them and
+        gives them to :meth:`plan`. ``workload``: a :class:`traffic.spec.WorkloadSpec`;
+        ``topology``: a :class:`topologies.spec.TopologySpec`. Default: none.
+        """
+        return []
 
-        Default: one ``worker`` per worker host (the first ``workload.workers`` hosts, or
-        all when 0); if the scheme has a ``server`` role, servers colocated on worker hosts
-        (spread evenly: per rack when ``servers.scope`` is ``per_rack``) or, on dedicated
-        server hosts, one server per interface of each host (a PBox of k interfaces runs k
-        servers, ``iface`` 0..k-1, numbered host by host; PHub Sec. 3.3: keys are balanced
-        over the interfaces). ``servers.count: 0`` means one server per worker.
+    @classmethod
+    def plan(cls, workload, hosts: list[HostInfo]) -> list[ProcessPlan]:
+        """Which process runs on which host. Default: one ``worker`` per worker host (the
+        first ``workload.workers`` hosts of kind ``worker``, or all when 0).
 
         Raises:
-            SpecError: more workers or servers asked for than there are hosts.
+            SpecError: more workers asked for than there are worker hosts.
         """
-        worker_hosts = [h for h in hosts if h.kind == "worker"]
-        n = workload.workers or len(worker_hosts)
-        if n > len(worker_hosts):
-            raise SpecError("workload.workers", workload.workers,
-                            f"at most {len(worker_hosts)} (the topology's worker hosts)")
-        worker_hosts = worker_hosts[:n]
-        procs = [ProcessPlan("worker", i, h.name) for i, h in enumerate(worker_hosts)]
-        if "server" not in cls.roles:
-            return procs
-        s = workload.servers
-        if s.placement == "dedicated":
-            return procs + [ProcessPlan("server", j, h, i) for j, (h, i) in enumerate(
-                (h.name, i) for h in hosts if h.kind == "server" for i in range(h.interfaces))]
-        else:
-            if s.scope == "per_rack":
-                racks = sorted({h.rack for h in worker_hosts})
-                server_hosts = []
-                for r in racks:
-                    in_rack = [h.name for h in worker_hosts if h.rack == r]
-                    count = s.count or len(in_rack)
-                    if count > len(in_rack):
-                        raise SpecError("workload.servers.count", s.count,
-                                        f"at most {len(in_rack)} colocated servers per rack")
-                    server_hosts += _spread(in_rack, count)
-            else:
-                count = s.count or len(worker_hosts)
-                if count > len(worker_hosts):
-                    raise SpecError("workload.servers.count", s.count,
-                                    f"at most {len(worker_hosts)} colocated servers (one per worker host)")
-                # spread over racks: take hosts in an order that alternates racks
-                by_rack: dict[int, list[str]] = {}
-                for h in worker_hosts:
-                    by_rack.setdefault(h.rack, []).append(h.name)
-                server_hosts = _interleave(list(by_rack.values()))[:count]
-        procs += [ProcessPlan("server", i, h) for i, h in enumerate(server_hosts)]
-        return procs
+        return [ProcessPlan("worker", i, h.name) for i, h in enumerate(worker_hosts(workload, hosts))]
 
     @classmethod
     def model_device(cls, role: str) -> str | None:
@@ -213,7 +146,6 @@ class Scheme:
 
     def run_worker(self) -> None:
         """The standard training loop with this scheme's hooks (see the module docstring)."""
-        from traffic.runtime.trainer import Trainer
         Trainer(self.ctx, self).run()
 
     # hooks of the training loop: default no-ops
@@ -233,26 +165,15 @@ class Scheme:
         return self.ctx.model.state_dict() if self.ctx.role == "worker" else None
 
 
-def _spread(items: list, count: int) -> list:
-    """``count`` items spread evenly over ``items`` (first, then every len/count-th)."""
-    step = len(items) / count
-    return [items[int(i * step)] for i in range(count)]
+def worker_hosts(workload, hosts: list[HostInfo]) -> list[HostInfo]:
+    """The hosts that run workers: the first ``workload.workers`` of kind ``worker`` (all when 0).
 
-
-def _interleave(groups: list[list]) -> list:
-    """Round-robin merge: [[a,b],[c,d]] -> [a,c,b,d]."""
-    out = []
-    for i in range(max(len(g) for g in groups)):
-        out += [g[i] for g in groups if i < len(g)]
-    return out
-
-
-_REGISTRY: dict[str, type[Scheme]] = {}
-
-
-def register(cls: type[Scheme]) -> type[Scheme]:
-    """Class decorator: make ``cls`` available as ``workload.scheme: <cls.name>``."""
-    if not cls.name:
-        raise ValueError(f"{cls.__name__} has no name")
-    _REGISTRY[cls.name] = cls
-    return cls
+    Raises:
+        SpecError: more workers asked for than there are worker hosts.
+    """
+    all_workers = [h for h in hosts if h.kind == "worker"]
+    n = workload.workers or len(all_workers)
+    if n > len(all_workers):
+        raise SpecError("workload.workers", workload.workers,
+                        f"at most {len(all_workers)} (the topology's worker hosts)")
+    return all_workers[:n]

@@ -58,10 +58,12 @@ from functools import partial
 from typing import Iterator, Sequence
 
 import torch
+from pydantic import Field
 
 from traffic.runtime.comm import PriorityCommThread
 from traffic.runtime.transport import nbytes
-from traffic.schemes.base import register
+from traffic.schemes import register
+from traffic.schemes.base import SchemeOptions
 from traffic.schemes.ps import ParameterServer, Shard
 
 __all__ = ["SLICE_PARAMS", "assign_slices", "P3"]
@@ -101,16 +103,18 @@ def assign_slices(numels: Sequence[int], num_servers: int, slice_params: int = S
     return out
 
 
-@register
-class P3(ParameterServer):
-    """Priority-based parameter propagation (see the module docstring).
+class P3Options(SchemeOptions):
+    """Options of ``p3`` (P3 always overlaps, and slices replace ``ps``'s key split)."""
+    slice_params: int = Field(SLICE_PARAMS, gt=0)
+    """Maximum parameters per slice (P3 Sec. 4.1: 50,000)."""
+    priority: bool = True
+    """Send and process slices by priority (false: FIFO, slicing only)."""
 
-    Options:
-        slice_params: maximum parameters per slice (default 50,000).
-        priority: send and process slices by priority (default true); false: FIFO.
-    """
-    name = "p3"
-    options = {"slice_params": SLICE_PARAMS, "priority": True}
+
+@register("p3")
+class P3(ParameterServer):
+    """Priority-based parameter propagation (see the module docstring). Options: :class:`P3Options`."""
+    Options = P3Options
     push_kind = "push"
     pull_kind = "broadcast"
 
@@ -121,12 +125,12 @@ class P3(ParameterServer):
 
     @property
     def prioritized(self) -> bool:
-        return bool(self.opts["priority"])
+        return self.opts.priority
 
     def _make_shards(self) -> list[Shard]:
         named = list(self.ctx.model.named_parameters())
         return assign_slices([p.numel() for _, p in named], len(self.server_ranks),
-                             int(self.opts["slice_params"]), [n for n, _ in named])
+                             self.opts.slice_params, [n for n, _ in named])
 
     # ---------------------------------------------------------------- worker
 

@@ -60,10 +60,14 @@ from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import torch
+from pydantic import Field
 
+from topologies.errors import SpecError
+from topologies.hosts import HostInfo, HostRequest
 from traffic.runtime.transport import Pending
 from traffic.runtime.trainer import make_optimizer
-from traffic.schemes.base import Scheme, register
+from traffic.schemes import register
+from traffic.schemes.base import ProcessPlan, Scheme, SchemeOptions, worker_hosts
 
 __all__ = ["BIGARRAY_BOUND", "Shard", "assign_keys", "model_shards", "ParameterServer"]
 
@@ -135,21 +139,90 @@ def model_shards(model: torch.nn.Module, num_servers: int, bigarray_bound: int =
     return assign_keys([p.numel() for _, p in named], num_servers, bigarray_bound, [n for n, _ in named])
 
 
-@register
+class PSOptions(SchemeOptions):
+    """Options of ``ps`` (and of ``ibatch``, which adds its own)."""
+    bigarray_bound: int = Field(BIGARRAY_BOUND, gt=0)
+    """Keys with at least this many elements are split over all servers (MXNet's
+    ``MXNET_KVSTORE_BIGARRAY_BOUND``)."""
+    overlap: bool = False
+    """Push each layer's gradient as soon as its backward is done and wait, before each
+    layer's forward, only for that layer's parameters (false: push and pull everything
+    after the whole backward pass)."""
+
+
+@register("ps")
 class ParameterServer(Scheme):
     """Parameter server, bulk-synchronous or with layer-wise overlap (see the module docstring).
 
-    Options:
-        bigarray_bound: keys with at least this many elements are split over all servers.
-        overlap: push each layer's gradient as soon as its backward is done and wait, before
-            each layer's forward, only for that layer's parameters (default ``False``: push
-            and pull everything after the whole backward pass).
+    Options: :class:`PSOptions`. Server placement: ``workload.servers``
+    (:class:`traffic.spec.ServersSpec`), shared by every PS-family scheme (``p3``,
+    ``ibatch``, ``phub``), which asks for dedicated server hosts through :meth:`hosts`.
     """
-    name = "ps"
     roles = ("worker", "server")
-    options = {"bigarray_bound": BIGARRAY_BOUND, "overlap": False}
+    Options = PSOptions
     push_kind = "push"    # event kind of a gradient message
     pull_kind = "pull"    # event kind of an updated-parameter message (server -> worker)
+
+    @classmethod
+    def hosts(cls, workload, topology) -> list[HostRequest]:
+        """Dedicated server hosts (``workload.servers.placement: dedicated``), each with
+        ``servers.interfaces`` links (a PBox when > 1); none for colocated servers.
+
+        ``servers.count`` hosts globally (spread over racks round robin) or per rack
+        (``scope: per_rack``). ``servers.count: 0`` (``servers.config: NCS``) means one
+        server host per worker, in that worker's rack; the workers are the first
+        ``workload.workers`` worker hosts (all ``racks * hosts_per_rack`` when 0), rack by rack.
+        """
+        s = workload.servers
+        if s.placement != "dedicated":
+            return []
+        racks, per_rack = topology.racks, topology.hosts_per_rack
+        if s.count == 0:
+            n = workload.workers or racks * per_rack
+            in_racks = [min(i // per_rack, racks - 1) for i in range(n)]
+        elif s.scope == "per_rack":
+            in_racks = [r for r in range(racks) for _ in range(s.count)]
+        else:
+            in_racks = [i % racks for i in range(s.count)]
+        return [HostRequest("server", r, s.interfaces) for r in in_racks]
+
+    @classmethod
+    def plan(cls, workload, hosts: list[HostInfo]) -> list[ProcessPlan]:
+        """Workers as :meth:`Scheme.plan`; servers colocated on worker hosts (spread evenly:
+        per rack when ``servers.scope`` is ``per_rack``) or, on dedicated server hosts, one
+        server per interface of each host (a PBox of k interfaces runs k servers, ``iface``
+        0..k-1, numbered host by host; PHub Sec. 3.3: keys are balanced over the
+        interfaces). ``servers.count: 0`` means one server per worker.
+
+        Raises:
+            SpecError: more workers or servers asked for than there are hosts.
+        """
+        workers = worker_hosts(workload, hosts)
+        procs = [ProcessPlan("worker", i, h.name) for i, h in enumerate(workers)]
+        s = workload.servers
+        if s.placement == "dedicated":
+            return procs + [ProcessPlan("server", j, h, i) for j, (h, i) in enumerate(
+                (h.name, i) for h in hosts if h.kind == "server" for i in range(h.interfaces))]
+        if s.scope == "per_rack":
+            server_hosts = []
+            for r in sorted({h.rack for h in workers}):
+                in_rack = [h.name for h in workers if h.rack == r]
+                count = s.count or len(in_rack)
+                if count > len(in_rack):
+                    raise SpecError("workload.servers.count", s.count,
+                                    f"at most {len(in_rack)} colocated servers per rack")
+                server_hosts += _spread(in_rack, count)
+        else:
+            count = s.count or len(workers)
+            if count > len(workers):
+                raise SpecError("workload.servers.count", s.count,
+                                f"at most {len(workers)} colocated servers (one per worker host)")
+            # spread over racks: take hosts in an order that alternates racks
+            by_rack: dict[int, list[str]] = {}
+            for h in workers:
+                by_rack.setdefault(h.rack, []).append(h.name)
+            server_hosts = _interleave(list(by_rack.values()))[:count]
+        return procs + [ProcessPlan("server", i, h) for i, h in enumerate(server_hosts)]
 
     @classmethod
     def model_device(cls, role: str) -> str | None:
@@ -159,11 +232,11 @@ class ParameterServer(Scheme):
     @property
     def overlapped(self) -> bool:
         """True when pushes start in ``after_backward`` and pulls are awaited per layer."""
-        return bool(self.opts.get("overlap", False))
+        return self.opts.overlap
 
     def _make_shards(self) -> list[Shard]:
         """The cut of the model's keys into shards with their servers (ps: :func:`model_shards`)."""
-        return model_shards(self.ctx.model, len(self.server_ranks), int(self.opts["bigarray_bound"]))
+        return model_shards(self.ctx.model, len(self.server_ranks), self.opts.bigarray_bound)
 
     def _layout(self) -> None:
         ctx = self.ctx
@@ -332,3 +405,17 @@ class ParameterServer(Scheme):
         if self.ctx.role == "server":
             return {f"{s.name}[{s.lo}:{s.hi}]": v.detach() for s, v in zip(self.mine, self.values)}
         return super().final_state()
+
+
+def _spread(items: list, count: int) -> list:
+    """``count`` items spread evenly over ``items`` (first, then every len/count-th)."""
+    step = len(items) / count
+    return [items[int(i * step)] for i in range(count)]
+
+
+def _interleave(groups: list[list]) -> list:
+    """Round-robin merge: [[a,b],[c,d]] -> [a,c,b,d]."""
+    out = []
+    for i in range(max(len(g) for g in groups)):
+        out += [g[i] for g in groups if i < len(g)]
+    return out

@@ -1,0 +1,95 @@
+"""The topology section of an experiment spec (``topology:``), owned by this package."""
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import Field, field_validator
+
+from topologies.errors import FieldError
+from topologies.hosts import uplink_mbps
+from topologies.validation import SpecModel
+
+
+class TopologySpec(SpecModel):
+    """The emulated datacenter.
+
+    ``rack``: ``hosts_per_rack`` hosts on one top-of-rack (ToR) switch (``racks`` must be 1).
+    ``rack_core``: ``racks`` racks of ``hosts_per_rack`` hosts; each ToR has one uplink to a
+    core switch of ``uplink_bw_mbps``, by default ``hosts_per_rack * host_bw_mbps /
+    oversubscription`` (Mbit/s). Hosts a scheme asks for (parameter-server hosts, PBoxes)
+    are added to their racks (:class:`topologies.hosts.HostRequest`).
+    """
+    kind: Literal["rack", "rack_core"] = "rack_core"
+    """``rack`` (one ToR) or ``rack_core`` (racks under a core switch)."""
+    racks: int = Field(2, gt=0)
+    """Number of racks (1 for ``kind: rack``)."""
+    hosts_per_rack: int = Field(4, gt=0)
+    """Worker hosts per rack."""
+    host_bw_mbps: float = Field(100.0, gt=0)
+    """Rate of every host link, Mbit/s of the emulated network."""
+    uplink_bw_mbps: Optional[float] = Field(None, gt=0)
+    """ToR->core uplink rate, Mbit/s; null: derived from ``oversubscription``."""
+    oversubscription: float = 1.0
+    """(hosts_per_rack x host_bw_mbps) / uplink rate, a ratio >= 1."""
+    delay_ms: float = Field(0.0, ge=0)
+    """One-way delay of every link, ms (needs the netem qdisc)."""
+    loss_pct: float = 0.0
+    """Packet loss of every link, % in [0, 100) (needs the netem qdisc)."""
+    max_queue_packets: Optional[int] = Field(None, gt=0)
+    """Queue limit of every shaped interface, packets (a pfifo leaf); null: the kernel's."""
+    interfaces_per_host: int = Field(1, gt=0)
+    """Links from every host to its ToR, each shaped at ``host_bw_mbps`` with its own address."""
+    background_hosts_per_rack: int = Field(0, ge=0)
+    """Extra hosts ``bg1..`` per rack (rack by rack) that carry only ``background`` flows,
+    so that a busy core can be emulated without loading the workers' own links."""
+    mtu_bytes: int = 1500
+    """MTU of every interface, bytes in [576, 9000] (9000: jumbo frames, less per-packet overhead)."""
+    tcp_notsent_lowat_bytes: Optional[int] = Field(None, gt=0)
+    """The hosts' ``net.ipv4.tcp_notsent_lowat``: unsent bytes a TCP socket accepts before a
+    sender blocks. null keeps the kernel's default (unlimited: a send "completes" once it is
+    in a socket buffer that autotuning grows to 16 MB, 32 ms of a 4 Gbit/s link); a small
+    value (e.g. 131072) makes a blocking send follow the network's pace, which P3's
+    application-level priority queue relies on (P3 Sec. 4.3)."""
+
+    @field_validator("oversubscription")
+    @classmethod
+    def _ratio(cls, v):
+        if v < 1:
+            raise ValueError("a ratio >= 1")
+        return v
+
+    @field_validator("loss_pct")
+    @classmethod
+    def _pct(cls, v):
+        if not 0 <= v < 100:
+            raise ValueError("a percentage in [0, 100)")
+        return v
+
+    @field_validator("mtu_bytes")
+    @classmethod
+    def _mtu(cls, v):
+        if not 576 <= v <= 9000:
+            raise ValueError("an MTU in [576, 9000] bytes (9000: jumbo frames)")
+        return v
+
+    def uplink_mbps(self) -> float:
+        """ToR->core uplink rate in Mbit/s (explicit, or derived from oversubscription)."""
+        if self.uplink_bw_mbps is not None:
+            return float(self.uplink_bw_mbps)
+        return uplink_mbps(self.hosts_per_rack, self.host_bw_mbps, self.oversubscription)
+
+    def cross_errors(self, prefix: str = "topology") -> list[FieldError]:
+        """Checks that involve several fields (run once every field is valid)."""
+        if self.kind == "rack" and self.racks != 1:
+            return [FieldError(f"{prefix}.racks", self.racks,
+                               "1 for topology.kind 'rack' (use 'rack_core' for several racks)")]
+        return []
+
+    def dilated(self, scale: float) -> "TopologySpec":
+        """The topology as shaped on this machine under time dilation ``scale``: every rate
+        divided by ``scale``, every delay multiplied by it."""
+        if scale == 1:
+            return self
+        return self.model_copy(update={"host_bw_mbps": self.host_bw_mbps / scale,
+                                       "uplink_bw_mbps": self.uplink_mbps() / scale,
+                                       "delay_ms": self.delay_ms * scale})

@@ -1,0 +1,234 @@
+"""The workload section of an experiment spec (``workload:``), owned by this package.
+
+``workload.options`` are the scheme's own (each scheme declares them as a
+:class:`~traffic.schemes.base.SchemeOptions` model); :func:`workload_errors` checks them
+with the rest of the section.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, Optional
+
+from pydantic import Field, PrivateAttr, field_validator, model_validator
+
+from topologies.errors import FieldError, SpecError, TestbedError
+from topologies.validation import SpecModel
+from traffic import schemes
+from traffic.data import available_datasets
+from traffic.models import available_models
+from traffic.profiles import load_profile
+
+#: PS configurations of PHub (phub.txt Section 2.1, Figure 4): placement and whether the
+#: keys are centralized on one server process or sharded over several.
+PS_CONFIGS = {"CC": ("colocated", "centralized"), "CS": ("colocated", "sharded"),
+              "NCC": ("dedicated", "centralized"), "NCS": ("dedicated", "sharded")}
+
+
+class ServersSpec(SpecModel):
+    """Where parameter servers run (PS-family schemes only; other schemes ignore it).
+
+    ``config`` is shorthand for the four PS configurations of phub.txt Section 2.1 and
+    Figure 4 (colocated C / non-colocated NC x centralized C / sharded S):
+
+    ====  =====================================  ===========  =========================
+    name  meaning                                placement    count
+    ====  =====================================  ===========  =========================
+    CC    colocated centralized: one server on   colocated    1
+          a worker's host
+    CS    colocated sharded: a server on every   colocated    0 (one per worker), or >= 2
+          worker's host (MXNet's default)
+    NCC   non-colocated centralized: one         dedicated    1
+          dedicated server host (a PBox when
+          ``interfaces`` > 1)
+    NCS   non-colocated sharded: one dedicated   dedicated    0 (one host per worker), or
+          server host per worker                              >= 2
+    ====  =====================================  ===========  =========================
+
+    With ``scope: per_rack`` the count is per rack (NCC per rack: a PBox in every rack,
+    phub.txt Section 3.4). ``count`` and ``placement`` may be given with ``config`` only if
+    they agree with it; left out, they take what ``config`` implies (else 1, colocated).
+    """
+    count: Optional[int] = Field(None, ge=0)
+    """Servers per scope (per rack if ``scope: per_rack``); 0: one per worker."""
+    placement: Optional[Literal["colocated", "dedicated"]] = None
+    """``colocated`` (a server process on a worker's host) or ``dedicated`` (extra hosts
+    ``ps1..`` that run only servers)."""
+    scope: Literal["global", "per_rack"] = "global"
+    """Whether ``count`` is for the whole cluster or for each rack."""
+    interfaces: int = Field(1, gt=0)
+    """Links of each dedicated server host to its ToR, each shaped like a host link with its
+    own address; k > 1 makes a PBox (phub.txt Section 3.3, Figure 9). More than 1 needs
+    ``placement: dedicated``."""
+    config: Optional[Literal["CC", "CS", "NCC", "NCS"]] = None
+    """One of PHub's four PS configurations (table above)."""
+
+    _given: dict = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _resolve(self):
+        self._given = {"count": self.count, "placement": self.placement}
+        if self.config is not None:
+            placement, kind = PS_CONFIGS[self.config]
+            if self.placement is None:
+                self.placement = placement
+            if self.count is None:
+                self.count = 1 if kind == "centralized" else 0
+        if self.count is None:
+            self.count = 1
+        if self.placement is None:
+            self.placement = "colocated"
+        return self
+
+    def __eq__(self, other) -> bool:
+        """Equal placements: the resolved fields agree (however they were given)."""
+        return isinstance(other, ServersSpec) and self.model_dump() == other.model_dump()
+
+    __hash__ = None
+
+    def cross_errors(self, prefix: str = "workload.servers") -> list[FieldError]:
+        """``count`` or ``placement`` contradicting ``config``; ``interfaces`` > 1 colocated."""
+        out = []
+        given = self._given
+        if self.config is not None:
+            placement, kind = PS_CONFIGS[self.config]
+            if given.get("placement") not in (None, placement):
+                out.append(FieldError(f"{prefix}.placement", given["placement"],
+                                      f"{placement!r} for servers.config {self.config} (phub.txt Figure 4), or leave it out"))
+            c = given.get("count")
+            if c is not None and kind == "centralized" and c != 1:
+                out.append(FieldError(f"{prefix}.count", c, f"1 for servers.config {self.config} "
+                                      "(centralized: one server process), or leave it out"))
+            if c is not None and kind == "sharded" and c == 1:
+                out.append(FieldError(f"{prefix}.count", c, f"0 (one per worker) or >= 2 for servers.config "
+                                      f"{self.config} (sharded: several server processes), or leave it out"))
+        if self.interfaces > 1 and self.placement != "dedicated":
+            out.append(FieldError(f"{prefix}.interfaces", self.interfaces,
+                                  "1 unless workload.servers.placement is 'dedicated' (colocated servers use "
+                                  "their worker host's links; topology.interfaces_per_host sets those)"))
+        return out
+
+
+class OptimizerSpec(SpecModel):
+    """SGD with momentum (torch.optim.SGD semantics): v = m*v + g + wd*p; p -= lr*v."""
+    lr: float = Field(0.05, gt=0)
+    """Learning rate."""
+    momentum: float = 0.9
+    """Momentum m, in [0, 1)."""
+    weight_decay: float = Field(0.0, ge=0)
+    """L2 weight decay wd."""
+
+    @field_validator("momentum")
+    @classmethod
+    def _momentum(cls, v):
+        if not 0 <= v < 1:
+            raise ValueError("a number in [0, 1)")
+        return v
+
+
+class ComputeSpec(SpecModel):
+    """How workers compute.
+
+    ``mode: real``: forward and backward of the real model on real data (accuracy and
+    convergence experiments). ``mode: emulated``: every layer's forward and backward take the
+    time a profile gives (times ``scale``), slept precisely without burning CPU, while
+    parameters and gradients stay real tensors of the layers' true sizes (throughput
+    experiments).
+    """
+    mode: Literal["real", "emulated"] = "real"
+    """``real`` or ``emulated``."""
+    profile: str = "zero"
+    """``zero`` (infinitely fast compute: communication only, like PHub's
+    ZeroComputeEngine, phub.txt Section 4.4), a device with a profile for (model, batch) in
+    ``traffic/profiles/data/`` (e.g. ``gtx1080ti``), or the path of a profile JSON file
+    (``testbed profile`` writes one)."""
+
+
+class WorkloadSpec(SpecModel):
+    """What trains: scheme, model, data, batch, iterations.
+
+    ``batch_size`` is per worker; the global batch is ``batch_size * workers``.
+    """
+    scheme: str = "ps"
+    """A registered scheme name, ``package.module:ClassName``, or an entry point of the group
+    ``dl_netbed.schemes`` (:func:`traffic.schemes.get`)."""
+    model: str = "digits_mlp"
+    """A model of :mod:`traffic.models`."""
+    dataset: str = "digits"
+    """A dataset of :mod:`traffic.data` (read in ``compute.mode: real`` only)."""
+    compute: ComputeSpec = Field(default_factory=ComputeSpec)
+    """Real or emulated compute."""
+    batch_size: int = Field(32, gt=0)
+    """Samples per worker per iteration."""
+    iterations: int = Field(100, gt=0)
+    """Training iterations."""
+    warmup_iterations: int = Field(5, ge=0)
+    """First iterations left out of the measured figures."""
+    eval_every: int = Field(0, ge=0)
+    """Evaluate on the test set every this many iterations (0: only at the end)."""
+    seed: int = 0
+    """Seed of the model's initial values and of the data order."""
+    workers: int = Field(0, ge=0)
+    """Worker processes; 0: one per worker host."""
+    save_params: bool = False
+    """Write each process's final parameters to ``params/<proc>.pt``."""
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
+    """The optimizer every scheme applies."""
+    servers: ServersSpec = Field(default_factory=ServersSpec)
+    """Parameter-server placement (PS-family schemes)."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """The scheme's own options (its ``Options`` model says which)."""
+
+    @field_validator("scheme")
+    @classmethod
+    def _scheme(cls, v):
+        try:
+            schemes.get(v)
+        except TestbedError as e:
+            raise ValueError(str(e)) from None
+        return v
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, v):
+        if v not in available_models():
+            raise ValueError("one of " + ", ".join(available_models()))
+        return v
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset(cls, v):
+        if v not in available_datasets():
+            raise ValueError("one of " + ", ".join(available_datasets()))
+        return v
+
+    def cross_errors(self, prefix: str = "workload") -> list[FieldError]:
+        """Checks that involve several fields (run once every field is valid): warm-up
+        shorter than the run, the servers' configuration, a loadable compute profile."""
+        out = []
+        if self.warmup_iterations >= self.iterations:
+            out.append(FieldError(f"{prefix}.warmup_iterations", self.warmup_iterations,
+                                  f"fewer than workload.iterations ({self.iterations})"))
+        out += self.servers.cross_errors(f"{prefix}.servers")
+        if self.compute.mode == "emulated":
+            try:
+                load_profile(self.compute.profile, self.model, self.batch_size)
+            except TestbedError as e:
+                out.append(FieldError(f"{prefix}.compute.profile", self.compute.profile, str(e)))
+        return out
+
+
+def option_errors(raw_workload: Any) -> list[FieldError]:
+    """Errors of ``workload.options`` against the scheme's ``Options``, from the section as
+    given (a mapping): checked even when other fields are wrong, so that one message names
+    every bad field. Nothing is checked when the scheme itself cannot be resolved.
+    """
+    if not isinstance(raw_workload, dict) or not isinstance(raw_workload.get("options", {}), dict):
+        return []  # the structural check names it
+    try:
+        scheme = schemes.get(raw_workload.get("scheme", WorkloadSpec.model_fields["scheme"].default))
+    except (TestbedError, TypeError):
+        return []
+    try:
+        scheme.validate_options(raw_workload.get("options", {}))
+    except SpecError as e:
+        return e.errors
+    return []
