@@ -180,3 +180,23 @@ def test_ctrl_c_tears_everything_down_and_records_the_run(tmp_path):
     summary = json.loads((log.parent.parent / "summary.json").read_text())
     assert summary["status"] == "interrupted"
     assert leftovers() == []
+
+
+@pytest.mark.slow
+@root_only
+def test_a_scheme_outside_the_repository_runs_on_the_quickstart_topology(tmp_path):
+    """README "Writing a scheme": examples/mymod.py found through PYTHONPATH as module:Class."""
+    assert leftovers() == []
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "examples")}
+    out = subprocess.run([sys.executable, "-m", "testbed.cli", "run", "experiments/quickstart.yaml", "--quiet",
+                          "--set", "workload.scheme=mymod:MyAllreduce", "--set", "workload.iterations=8",
+                          "--set", "workload.warmup_iterations=2", "--set", f"run.runs_dir={tmp_path}"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    (summary,) = tmp_path.rglob("summary.json")  # one run: the override replaced the quickstart's sweep
+    s = json.loads(summary.read_text())
+    assert s["status"] == "ok" and s["scheme"] == "mymod:MyAllreduce"
+    assert s["bytes"]["core"] > 0  # ring allreduce over 8 workers in 2 racks crosses the core
+    clips = [e for e in analysis.load(summary.parent).events.to_dict("records") if e["kind"] == "clip"]
+    assert len(clips) == 8 * 8  # every worker clipped every iteration
+    assert leftovers() == []

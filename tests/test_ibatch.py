@@ -40,6 +40,7 @@ from testbed.local import run_local
 from traffic import schemes
 from traffic.schemes import ibatch as scheme_mod
 from traffic.schemes.ibatch import batching
+from tests.conftest import experiment
 
 # ----------------------------------------------------------------------------- model
 
@@ -153,14 +154,9 @@ def test_options():
 
 
 def _experiment(options, compute=None):
-    w = {"scheme": "ibatch", "workers": W, "iterations": ITERS, "warmup_iterations": P + 1, "batch_size": BATCH,
-         "eval_every": 2, "save_params": True, "seed": 3, "servers": {"count": SERVERS},
-         "optimizer": {"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-4},
-         "options": {"bigarray_bound": 100_000, "profile_iterations": P, **options}}
-    if compute:
-        w["compute"] = compute
-    return from_dict({"topology": {"kind": "rack", "racks": 1, "hosts_per_rack": 4},
-                      "workload": w, "run": {"timeout_s": 120}})
+    return experiment("ibatch", workers=W, iterations=ITERS, warmup_iterations=P + 1, batch_size=BATCH,
+                      servers={"count": SERVERS}, **({"compute": compute} if compute else {}),
+                      options={"bigarray_bound": 100_000, "profile_iterations": P, **options})
 
 
 @pytest.fixture(scope="module")

@@ -36,6 +36,7 @@ from traffic.runtime.events import read_events
 from testbed.local import run_local
 from traffic import schemes
 from traffic.schemes.p3 import assign_slices
+from tests.conftest import experiment
 
 W, ITERS, BATCH, SERVERS, SLICE = 4, 3, 16, 2, 20_000
 CASES = {
@@ -68,11 +69,8 @@ def test_options():
 
 
 def _experiment(scheme, options):
-    w = {"scheme": scheme, "workers": W, "iterations": ITERS, "warmup_iterations": 1, "batch_size": BATCH,
-         "eval_every": 2, "save_params": True, "seed": 3, "servers": {"count": SERVERS},
-         "optimizer": {"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-4}, "options": options}
-    return from_dict({"topology": {"kind": "rack", "racks": 1, "hosts_per_rack": 4},
-                      "workload": w, "run": {"timeout_s": 120}})
+    return experiment(scheme, workers=W, iterations=ITERS, batch_size=BATCH, servers={"count": SERVERS},
+                      options=options)
 
 
 @pytest.fixture(scope="module")

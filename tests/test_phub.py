@@ -45,6 +45,7 @@ from traffic import schemes
 from analysis.models.phub import (PAPER_TABLE2, bandwidth_lower_bounds, cross_rack_bytes, hierarchical_pays,
                                   hierarchical_terms, table2)
 from traffic.schemes.phub import META, PHubOptions, assign_chunks, job_groups, lpt
+from tests.conftest import experiment
 
 ITERS, BATCH = 3, 16
 NUMELS = [32768, 512, 262144, 512, 5120, 10]   # digits_mlp's keys
@@ -180,11 +181,8 @@ def test_hierarchical_auto_decides_from_the_spec_bandwidths():
 
 
 def _experiment(options, servers, racks=1, per_rack=4, workers=0):
-    topo = ({"kind": "rack", "racks": 1, "hosts_per_rack": per_rack} if racks == 1 else
-            {"kind": "rack_core", "racks": racks, "hosts_per_rack": per_rack})
-    w = {"scheme": "phub", "workers": workers, "iterations": ITERS, "warmup_iterations": 1, "batch_size": BATCH,
-         "eval_every": 2, "save_params": True, "seed": 3, "servers": servers, "optimizer": OPT, "options": options}
-    return from_dict({"topology": topo, "workload": w, "run": {"timeout_s": 120}})
+    return experiment("phub", racks=racks, hosts_per_rack=per_rack, workers=workers, iterations=ITERS,
+                      batch_size=BATCH, servers=servers, optimizer=OPT, options=options)
 
 
 def _assert_equal(state, ref, what):

@@ -39,6 +39,7 @@ from testbed.local import free_port, run_local
 from traffic.runtime.trainer import make_optimizer
 from traffic import schemes
 from traffic.schemes.pipe_sgd import Compression, grad_iteration
+from tests.conftest import experiment
 
 # ----------------------------------------------------------------------------- codecs
 
@@ -163,12 +164,9 @@ OPT = {"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-3}
 
 
 def _experiment(options: dict, compute: dict | None = None, model: str = "mnist_mlp"):
-    w = {"scheme": "pipe_sgd", "model": model, "workers": W, "iterations": ITERS, "warmup_iterations": 1,
-         "batch_size": BATCH, "save_params": True, "seed": SEED, "optimizer": OPT, "options": options}
-    if compute:
-        w["compute"] = compute
-    return from_dict({"topology": {"kind": "rack", "racks": 1, "hosts_per_rack": W},
-                      "workload": w, "run": {"timeout_s": 120}})
+    return experiment("pipe_sgd", hosts_per_rack=W, model=model, workers=W, iterations=ITERS, batch_size=BATCH,
+                      eval_every=0, seed=SEED, optimizer=OPT, options=options,
+                      **({"compute": compute} if compute else {}))
 
 
 def delayed_reference(workload, workers: int, K: int) -> dict[str, torch.Tensor]:

@@ -18,6 +18,7 @@ from topologies import HostInfo, TopologySpec
 from traffic.schemes import available, get
 from traffic.schemes.allreduce import make_buckets
 from traffic.schemes.ps import assign_keys
+from tests.conftest import experiment
 
 REQUIRED = {"proc", "role", "rank", "thread", "kind", "ts", "dur", "iteration", "layer"}
 COMM_KINDS = {"push", "pull", "allreduce", "send", "recv", "broadcast", "all_gather"}
@@ -140,11 +141,7 @@ CASES = {
 
 
 def _experiment(scheme, extra):
-    w = {"scheme": scheme, "workers": W, "iterations": ITERS, "warmup_iterations": 1, "batch_size": BATCH,
-         "eval_every": 2, "save_params": True, "seed": 3,
-         "optimizer": {"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-4}, **extra}
-    return from_dict({"topology": {"kind": "rack", "racks": 1, "hosts_per_rack": 4},
-                      "workload": w, "run": {"timeout_s": 180}})
+    return experiment(scheme, timeout_s=180, workers=W, iterations=ITERS, batch_size=BATCH, **extra)
 
 
 @pytest.fixture(scope="module")

@@ -30,6 +30,7 @@ from topologies.hosts import HostInfo
 from traffic import schemes
 from traffic.schemes.stanza import assignment, checkpoint_holder, fc_groups, fc_of, split_shape
 from traffic.models import build_model
+from tests.conftest import experiment
 
 ITERS, BATCH, SEED = 3, 16, 5
 
@@ -177,11 +178,9 @@ def test_auto_assignment_uses_the_search():
 
 
 def _experiment(n_c, n_f, **options):
-    w = {"scheme": "stanza", "model": "digits_cnn", "workers": n_c, "iterations": ITERS, "warmup_iterations": 1,
-         "batch_size": BATCH, "eval_every": 2, "save_params": True, "seed": SEED,
-         "optimizer": {"lr": 0.1, "momentum": 0.9, "weight_decay": 1e-4}, "options": {"fc_workers": n_f, **options}}
-    return from_dict({"topology": {"kind": "rack", "racks": 1, "hosts_per_rack": 8},
-                      "workload": w, "run": {"timeout_s": 120}})
+    return experiment("stanza", hosts_per_rack=8, model="digits_cnn", workers=n_c, iterations=ITERS,
+                      batch_size=BATCH, seed=SEED, optimizer={"lr": 0.1, "momentum": 0.9, "weight_decay": 1e-4},
+                      options={"fc_workers": n_f, **options})
 
 
 @pytest.mark.parametrize("n_c,n_f", [(2, 1), (3, 1), (4, 2), (5, 2)])
