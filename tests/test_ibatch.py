@@ -136,10 +136,13 @@ def test_option_validation():
     assert (opts.pull, opts.profile_iterations, opts.overlap) == ("ibatch", 2, False)
     for pull in STRATEGIES:
         assert scheme.validate_options({"pull": pull, "overlap": True}).pull == pull
-    for key, bad in [("pull", "bulk"), ("profile_iterations", 0), ("profile_iterations", True),
-                     ("bigarray_bound", 0), ("nope", 1)]:
-        with pytest.raises(SpecError, match=f"workload.options.{key}"):
-            scheme.validate_options({key: bad})
+
+
+@pytest.mark.parametrize("key, bad", [("pull", "bulk"), ("profile_iterations", 0), ("profile_iterations", True),
+                                      ("bigarray_bound", 0), ("nope", 1)])
+def test_bad_options_are_named(key, bad):
+    with pytest.raises(SpecError, match=f"workload.options.{key}"):
+        schemes.get("ibatch").validate_options({key: bad})
 
 
 def test_options():

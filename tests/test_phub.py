@@ -102,11 +102,15 @@ def test_options_are_validated():
     ok = {"chunk_bytes": 4 << 20, "server_threads": 3, "hierarchical": "auto", "jobs": 2, "overlap": False}
     from_dict({"topology": {"kind": "rack", "racks": 1, "hosts_per_rack": 4},
                "workload": {"scheme": "phub", "options": ok}})
-    for bad in ({"chunk_bytes": 6}, {"chunk_bytes": 0}, {"server_threads": 0}, {"hierarchical": "yes"},
-                {"jobs": 0}, {"bad_token_worker": -1}, {"slice_params": 5}):
-        key = next(iter(bad))
-        with pytest.raises(SpecError, match=f"workload.options.{key}"):
-            from_dict({"workload": {"scheme": "phub", "options": bad}})
+
+
+@pytest.mark.parametrize("bad", [{"chunk_bytes": 6}, {"chunk_bytes": 0}, {"server_threads": 0},
+                                 {"hierarchical": "yes"}, {"jobs": 0}, {"bad_token_worker": -1},
+                                 {"slice_params": 5}])
+def test_bad_options_are_named(bad):
+    key = next(iter(bad))
+    with pytest.raises(SpecError, match=f"workload.options.{key}"):
+        from_dict({"workload": {"scheme": "phub", "options": bad}})
 
 
 @pytest.mark.parametrize("scheme", ["phub", "ps", "ibatch"])

@@ -202,9 +202,16 @@ def test_grad_iteration_and_options():
     assert [grad_iteration(t, 2) for t in range(4)] == [None, 0, 1, 2]
     assert [grad_iteration(t, 1) for t in range(3)] == [0, 1, 2]
     assert [grad_iteration(t, 3) for t in range(4)] == [None, None, 0, 1]
-    for bad in ({"K": 0}, {"K": 1.5}, {"compression": "zip"}, {"bucket_mb": -1}, {"nope": 1}):
-        with pytest.raises(SpecError, match="workload.options." + next(iter(bad))):
-            _experiment(bad)
+
+
+BAD_OPTIONS = [{"K": 0}, {"K": 1.5}, {"K": True}, {"compression": "zip"}, {"bucket_mb": -1},
+               {"bucket_mb": True}, {"nope": 1}]
+
+
+@pytest.mark.parametrize("bad", BAD_OPTIONS)
+def test_bad_options_are_named_in_the_spec(bad):
+    with pytest.raises(SpecError, match="workload.options." + next(iter(bad))):
+        _experiment(bad)
 
 
 def test_option_validation():
@@ -215,10 +222,12 @@ def test_option_validation():
     assert (o.K, o.compression, o.bucket_mb) == (2, "none", None)
     o = scheme.validate_options({"K": 1, "compression": "quantization", "bucket_mb": 25})
     assert (o.K, o.compression, o.bucket_mb) == (1, "quantization", 25.0)
-    for bad in ({"K": 0}, {"K": 1.5}, {"K": True}, {"compression": "zip"}, {"bucket_mb": -1},
-                {"bucket_mb": True}, {"nope": 1}):
-        with pytest.raises(SpecError, match="workload.options." + next(iter(bad))):
-            scheme.validate_options(bad)
+
+
+@pytest.mark.parametrize("bad", BAD_OPTIONS)
+def test_bad_options_are_named_by_the_scheme(bad):
+    with pytest.raises(SpecError, match="workload.options." + next(iter(bad))):
+        schemes.get("pipe_sgd").validate_options(bad)
 
 
 @pytest.mark.parametrize("K", [1, 2])
