@@ -48,6 +48,7 @@ import pandas as pd
 from analysis import traces as tr
 from analysis.load import ITERATION_COLUMNS, Run, iteration_table, load, port_table  # noqa: F401 (iteration_table: re-exported)
 from traffic.rundir import write_json
+from traffic.runtime.hostcost import OVERRUN_THRESHOLD
 
 CPU_IDLE_RULE = "Mininet-HiFi: keep >= 35% CPU idle"
 MIN_IDLE_PCT = 35.0
@@ -301,6 +302,32 @@ def final_accuracy(run: Run) -> dict:
 # ----------------------------------------------------------------------------- summary
 
 
+def host_cost_totals(results: dict[str, dict]) -> dict[str, dict] | None:
+    """Every process's host costs (``results/<proc>.json`` ``host_costs``, see
+    :mod:`traffic.runtime.hostcost`) added up per kind: ``{count, modelled, emulated_s,
+    budget_s, real_s, overruns, overrun_s, overrun_fraction}`` (seconds: ``emulated_s`` of
+    the emulated machine, the others real). None when no process reported any."""
+    out: dict[str, dict] = {}
+    for r in results.values():
+        for kind, v in (r.get("host_costs") or {}).items():
+            t = out.setdefault(kind, {"count": 0, "modelled": True, "emulated_s": 0.0, "budget_s": 0.0,
+                                      "real_s": 0.0, "overruns": 0, "overrun_s": 0.0})
+            for k in ("count", "emulated_s", "budget_s", "real_s", "overruns", "overrun_s"):
+                t[k] += v.get(k, 0)
+            t["modelled"] = t["modelled"] and bool(v.get("modelled"))
+    for t in out.values():
+        t["overrun_fraction"] = t["overrun_s"] / t["budget_s"] if t["budget_s"] > 0 else 0.0
+    return out or None
+
+
+def host_cost_overrun(totals: dict[str, dict] | None) -> bool | None:
+    """True when, for any modelled kind, the real work overran more than
+    :data:`~traffic.runtime.hostcost.OVERRUN_THRESHOLD` of its budgeted time."""
+    if totals is None:
+        return None
+    return any(t["modelled"] and t["overrun_fraction"] > OVERRUN_THRESHOLD for t in totals.values())
+
+
 def compute_summary(run: Run, status: str = "ok", error: str | None = None) -> dict:
     """The summary of a loaded run (what :func:`summarize` writes), without writing anything.
 
@@ -327,7 +354,8 @@ def compute_summary(run: Run, status: str = "ok", error: str | None = None) -> d
                "throughput": None, "iteration_time_s": None, "bytes": None, "bytes_per_iteration": None,
                "final_accuracy": None, "final_loss": None, "accuracy_source": None, "cpu": None,
                "fidelity": {"cpu_starved": None, "min_idle_pct": None, "idle_pct_mean": None, "rule": CPU_IDLE_RULE,
-                            "shaping_failed": None, "rates": None},
+                            "shaping_failed": None, "rates": None, "host_cost_overrun": None},
+               "host_costs": None,
                "capture_s": None, "analysis_errors": []}
     window = None
 
@@ -383,6 +411,10 @@ def compute_summary(run: Run, status: str = "ok", error: str | None = None) -> d
         f["min_idle_pct"], f["idle_pct_mean"] = c["min_idle_pct"], c["idle_pct_mean"]
         f["cpu_starved"] = None if c["idle_pct_mean"] is None else bool(c["idle_pct_mean"] < MIN_IDLE_PCT)
 
+    def do_host_costs():
+        s["host_costs"] = host_cost_totals(run.results)
+        s["fidelity"]["host_cost_overrun"] = host_cost_overrun(s["host_costs"])
+
     def do_rates():
         rc = rate_check(run.rates, run.topology)
         s["fidelity"]["shaping_failed"] = rc["shaping_failed"]
@@ -394,7 +426,7 @@ def compute_summary(run: Run, status: str = "ok", error: str | None = None) -> d
     except OSError:
         s["capture_errors"] = []
     for name, fn in (("iterations", do_iterations), ("bytes", do_bytes), ("accuracy", do_accuracy),
-                     ("cpu", do_cpu), ("rates", do_rates)):
+                     ("cpu", do_cpu), ("rates", do_rates), ("host_costs", do_host_costs)):
         guard(name, fn)
     return s
 

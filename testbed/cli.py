@@ -69,7 +69,8 @@ def format_table(df) -> str:
     out = df.copy()
     cols = {"scheme": "scheme", "samples_per_s": "samples/s", "samples_per_s_ci95": "+-1.96sd",
             "iter_mean_s": "iter mean ms", "iter_p95_s": "iter p95 ms", "core_bytes": "core MB",
-            "accuracy": "test acc", "cpu_starved": "cpu starved", "status": "status"}
+            "accuracy": "test acc", "cpu_starved": "cpu starved", "host_cost_overrun": "host overrun",
+            "status": "status"}
     extra = [c for c in out.columns if c not in cols and c not in ("run_dir", "workload.scheme")]
     for c in ("iter_mean_s", "iter_p95_s"):
         out[c] = out[c].astype(float) * 1e3
@@ -90,8 +91,11 @@ def _cmd_ls(args) -> int:
             continue
         s = read_json(d / "summary.json") if (d / "summary.json").is_file() else {}
         tp = (s.get("throughput") or {}).get("mean")
+        flags = [name for name, key in (("CPU-starved", "cpu_starved"), ("host-cost overrun", "host_cost_overrun"))
+                 if (s.get("fidelity") or {}).get(key)]
         rows.append(f"{str(d.relative_to(root)):60s} {s.get('status', 'running?'):11s} "
-                    f"{str(s.get('scheme', '')):10s} {'' if tp is None else f'{tp:10.1f} samples/s'}")
+                    f"{str(s.get('scheme', '')):10s} {'' if tp is None else f'{tp:10.1f} samples/s'}"
+                    + (f"  [{', '.join(flags)}]" if flags else ""))
     print("\n".join(rows) if rows else f"no runs under {root}")
     return 0
 

@@ -259,7 +259,8 @@ def headline(res: RunResult) -> dict:
             "samples_per_s": tp.get("mean"), "samples_per_s_ci95": tp.get("ci95"),
             "iter_mean_s": it.get("mean"), "iter_p95_s": it.get("p95"),
             "core_bytes": b.get("core"), "accuracy": s.get("final_accuracy"),
-            "cpu_starved": (s.get("fidelity") or {}).get("cpu_starved"), "run_dir": str(res.run_dir)}
+            "cpu_starved": (s.get("fidelity") or {}).get("cpu_starved"),
+            "host_cost_overrun": (s.get("fidelity") or {}).get("host_cost_overrun"), "run_dir": str(res.run_dir)}
 
 
 def one_line(res: RunResult) -> str:
@@ -271,6 +272,8 @@ def one_line(res: RunResult) -> str:
     def f(v, fmt):
         return "n/a" if v is None else format(v, fmt)
     flag = "  [CPU-starved: figures unreliable]" if h["cpu_starved"] else ""
+    if h["host_cost_overrun"]:
+        flag += "  [host-cost overrun: the real work took longer than the host model's budget]"
     return (f"{res.run_dir}: ok, {h['scheme']}, {f(h['samples_per_s'], '.1f')} +- {f(h['samples_per_s_ci95'], '.1f')} "
             f"samples/s, iteration {f(h['iter_mean_s'] and h['iter_mean_s'] * 1e3, '.1f')} ms "
             f"(p95 {f(h['iter_p95_s'] and h['iter_p95_s'] * 1e3, '.1f')} ms), core {f(h['core_bytes'] and h['core_bytes'] / 1e6, '.2f')} MB, "

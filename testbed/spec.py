@@ -1,7 +1,7 @@
 """Experiment specs: YAML -> validated, typed :class:`Experiment`; overrides and sweeps.
 
 A spec has the sections ``topology`` (owned by :mod:`topologies.spec`), ``workload``
-(:mod:`traffic.spec`; its ``options`` by the scheme), and ``capture``, ``run``,
+(:mod:`traffic.spec`; its ``options`` by the scheme), ``host`` (:mod:`traffic.host`), and ``capture``, ``run``,
 ``background``, ``sweep``, ``variants``, ``scale`` and ``name`` (this module). Every field has
 a default, so ``{}`` is a valid spec. Validation happens before anything is built; every
 malformed field is reported at once in one :class:`SpecError` naming each dotted field, the
@@ -25,6 +25,7 @@ from pydantic import Field, PrivateAttr, ValidationError, field_validator
 from topologies.errors import FieldError, SpecError
 from topologies.spec import TopologySpec
 from topologies.validation import SpecModel, field_errors, load_yaml
+from traffic.host import HostSpec
 from traffic.spec import WorkloadSpec, option_errors
 
 __all__ = ["Experiment", "CaptureSpec", "RunSpec", "BackgroundFlow", "TopologySpec", "WorkloadSpec",
@@ -112,6 +113,8 @@ class Experiment(SpecModel):
     """The emulated network."""
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
     """What trains."""
+    host: HostSpec = Field(default_factory=HostSpec)
+    """The emulated machine's non-network costs (a host profile and rates; :mod:`traffic.host`)."""
     capture: CaptureSpec = Field(default_factory=CaptureSpec)
     """What is recorded."""
     run: RunSpec = Field(default_factory=RunSpec)
@@ -133,7 +136,7 @@ class Experiment(SpecModel):
 
     def cross_errors(self) -> list[FieldError]:
         """Checks that involve several fields or sections (every field being valid)."""
-        out = self.topology.cross_errors() + self.workload.cross_errors()
+        out = self.topology.cross_errors() + self.workload.cross_errors() + self.host.cross_errors()
         if self.scale != 1 and self.workload.compute.mode != "emulated":
             out.append(FieldError("scale", self.scale, "1 unless workload.compute.mode is 'emulated' (time "
                                   "dilation slows emulated compute and links; real compute cannot be slowed)"))

@@ -7,7 +7,7 @@ import torch
 
 from analysis.load import to_emulated_time
 from traffic.models import build_model
-from traffic.runtime import emulation
+from traffic.runtime import hostcost
 from traffic.runtime.emulation import EmulatedCompute, PreciseSleeper
 
 
@@ -19,8 +19,8 @@ def test_sleeper_pays_back_overshoot(monkeypatch):
         asked.append(d)
         clock["t"] += d + 0.001
 
-    monkeypatch.setattr(emulation.time, "sleep", fake_sleep)
-    monkeypatch.setattr(emulation.time, "perf_counter", lambda: clock["t"])
+    monkeypatch.setattr(hostcost.time, "sleep", fake_sleep)
+    monkeypatch.setattr(hostcost.time, "perf_counter", lambda: clock["t"])
     s = PreciseSleeper()
     for _ in range(10):
         s.sleep(0.010)

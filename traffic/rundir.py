@@ -65,13 +65,16 @@ seconds of wall clock, unless a name says otherwise.
     and ``backward`` (per layer), ``send``/``recv``/``allreduce``/``broadcast``/
     ``all_gather``/``barrier`` or a scheme's names (``push``, ``pull`` ...), ``update``,
     ``finish``, ``eval`` (worker 0, every ``workload.eval_every`` iterations if > 0 and once
-    at the end with ``final`` true: ``accuracy`` in [0, 1], ``loss``, ``samples``). A span
-    that raised has ``error`` (the exception type).
+    at the end with ``final`` true: ``accuracy`` in [0, 1], ``loss``, ``samples``),
+    ``host_<kind>`` (one charged host cost, :mod:`traffic.runtime.hostcost`: ``emulated_s``,
+    ``real_s``, ``overrun``). A span that raised has ``error`` (the exception type).
 
 ``results/<proc>.json`` (:mod:`traffic.runtime`)
     ``proc, role, rank, final_accuracy, final_loss`` (worker 0; null elsewhere),
     ``iterations, wall_s, startup_s, bytes_sent, bytes_received`` (point-to-point payload),
-    ``bytes_reduced`` (collective payload), ``train_loss``, plus any scheme fields.
+    ``bytes_reduced`` (collective payload), ``train_loss``, ``host_costs`` (per kind of host
+    cost, :meth:`traffic.runtime.hostcost.HostCosts.summary`: ``count, modelled, emulated_s,
+    budget_s, real_s, overruns, overrun_s, overrun_fraction``), plus any scheme fields.
 
 ``traces/bwm-ng.csv`` (:mod:`testbed.capture`)
     bwm-ng's own output, no header, from ``bwm-ng -o csv -T rate -t <capture.interval_ms>
@@ -142,7 +145,9 @@ seconds of wall clock, unless a name says otherwise.
     ``accuracy_source``;
     ``cpu.{idle_pct_mean, min_idle_pct}`` in % (lowest 1-s mean), ``cpu.idle_pct_per_core``,
     ``cpu.procs_busy_pct_mean`` (% of one core), ``cpu.window``;
-    ``fidelity.{cpu_starved}`` (mean idle < 35 %), ``fidelity.{min_idle_pct,
+    ``host_costs`` (every process's ``host_costs`` added up per kind; null when none),
+    ``fidelity.host_cost_overrun`` (a modelled kind overran more than 5 % of its budgeted
+    time), ``fidelity.{cpu_starved}`` (mean idle < 35 %), ``fidelity.{min_idle_pct,
     idle_pct_mean}`` (%), ``fidelity.rule``, ``fidelity.shaping_failed`` (a link ran more
     than 10 % above its ``bw_mbps``), ``fidelity.rates.{shaping_failed, window_s, rule, links: [{iface,
     class, bw_mbps, max_tx_mbps, max_rx_mbps, max_ratio}]}``;

@@ -38,15 +38,15 @@ bytes summed), each with ``step``; every event also carries the caller's ``field
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import torch
 
 from traffic.compression import Codec, Identity
-
-if TYPE_CHECKING:  # pragma: no cover
-    from traffic.runtime.transport import Transport
+from traffic.runtime.hostcost import HostCosts
+from traffic.runtime.transport import Transport
 
 __all__ = ["RingStats", "ring_allreduce", "compressions_per_element", "ring_blocks"]
 
@@ -82,7 +82,8 @@ def ring_blocks(tensor: torch.Tensor, p: int) -> list[torch.Tensor]:
 
 
 def ring_allreduce(transport: "Transport", tensor: torch.Tensor, ranks: Sequence[int],
-                   codec: Codec | None = None, *, tag: int = 0, **fields) -> RingStats:
+                   codec: Codec | None = None, *, tag: int = 0, costs: HostCosts | None = None,
+                   **fields) -> RingStats:
     """Sum ``tensor`` over the members ``ranks`` in place (see the module docstring).
 
     Args:
@@ -95,6 +96,10 @@ def ring_allreduce(transport: "Transport", tensor: torch.Tensor, ranks: Sequence
         codec: per-step codec (default :class:`~traffic.compression.Identity`: exact sum up
             to float32 summation order).
         tag: base tag; step ``k`` (``0 .. 2p-3``) uses ``tag + k``.
+        costs: the process's host-cost accountant: each encode and decode is charged as
+            ``codec`` (the uncompressed bytes), each local sum as ``aggregate`` (the bytes
+            of the incoming block), inside the ``compress``/``decompress``/``reduce``
+            spans; None: their real time only.
         fields: extra event fields (``iteration``, ``bucket`` ...).
 
     Returns:
@@ -140,16 +145,21 @@ def ring_allreduce(transport: "Transport", tensor: torch.Tensor, ranks: Sequence
         stats.comm_s += time.perf_counter() - t0
         stats.steps += 1
 
+    def charged(kind: str, nbytes: int):
+        return costs.charge(kind, nbytes=nbytes, span=False) if costs is not None else nullcontext()
+
     def encode(x: torch.Tensor, step: int) -> torch.Tensor:
         ts, t0 = time.time(), time.perf_counter()
-        out = codec.encode(x)
+        with charged("codec", x.numel() * 4):
+            out = codec.encode(x)
         stats.compress_s += time.perf_counter() - t0
         span("compress", t0, ts, step=step, bytes=x.numel() * 4)
         return out
 
     def decode(payload: torch.Tensor, n: int, step: int) -> torch.Tensor:
         ts, t0 = time.time(), time.perf_counter()
-        out = codec.decode(payload, n)
+        with charged("codec", n * 4):
+            out = codec.decode(payload, n)
         stats.decompress_s += time.perf_counter() - t0
         span("decompress", t0, ts, step=step, bytes=n * 4)
         return out
@@ -163,7 +173,8 @@ def ring_allreduce(transport: "Transport", tensor: torch.Tensor, ranks: Sequence
         exchange("reduce_scatter", s, send, recv, sb, rb)
         part = recv if exact else decode(recv, n_r, s)
         ts, t0 = time.time(), time.perf_counter()
-        blk[rb].add_(part)
+        with charged("aggregate", n_r * 4):
+            blk[rb].add_(part)
         stats.reduce_s += time.perf_counter() - t0
         span("reduce", t0, ts, step=s, bytes=n_r * 4)
 

@@ -36,11 +36,13 @@ from topologies.validation import load_yaml, validate  # noqa: E402
 from traffic import schemes  # noqa: E402
 from traffic.data import GlobalBatches, load_dataset  # noqa: E402
 from traffic.models import build_model  # noqa: E402
+from traffic.host import HostSpec  # noqa: E402
 from traffic.profiles import load_profile  # noqa: E402
 from traffic.rundir import read_json, write_json  # noqa: E402
 from traffic.runtime.comm import CommThread  # noqa: E402
 from traffic.runtime.context import Context, InjectedCrash  # noqa: E402
 from traffic.runtime.events import EventLog  # noqa: E402
+from traffic.runtime.hostcost import HostCosts  # noqa: E402
 from traffic.runtime.transport import Transport  # noqa: E402
 from traffic.spec import WorkloadSpec  # noqa: E402
 
@@ -59,8 +61,8 @@ def _is_peer_failure(e: BaseException) -> bool:
 def run_process(run_dir: str | Path, name: str) -> int:
     """Run process ``name`` of the run in ``run_dir`` to completion; returns the exit status.
 
-    Reads the sections of ``spec.yaml`` this package owns (``workload``, ``topology``,
-    ``scale``) and ``processes.json`` (which gives the run's ``timeout_s``). Does not call
+    Reads the sections of ``spec.yaml`` this package owns (``workload``, ``host``,
+    ``topology``, ``scale``) and ``processes.json`` (which gives the run's ``timeout_s``). Does not call
     ``os._exit`` (:func:`main` does).
     """
     t_start = _T_START
@@ -70,6 +72,7 @@ def run_process(run_dir: str | Path, name: str) -> int:
     w = validate(WorkloadSpec, spec.get("workload", {}), "workload")
     topology = validate(TopologySpec, spec.get("topology", {}), "topology")
     scale = float(spec.get("scale", 1.0))
+    host = validate(HostSpec, spec.get("host") or {}, "host").resolve()
     doc = read_json(run_dir / "processes.json")
     entry = next((p for p in doc["processes"] if p["name"] == name), None)
     if entry is None:
@@ -100,7 +103,7 @@ def run_process(run_dir: str | Path, name: str) -> int:
             run_dir=run_dir, workload=w, topology=topology, scale=scale, name=name, role=role, index=index, rank=rank, world_size=world,
             processes=doc["processes"], model=model, data=data, batches=batches,
             transport=Transport(events, rank, world), events=events, comm=CommThread("comm"),
-            crash_at=Context.crash_iteration(name), profile=profile)
+            crash_at=Context.crash_iteration(name), profile=profile, costs=HostCosts(host, scale, events))
         scheme = scheme_cls(ctx)
         t0 = time.perf_counter()
         scheme.main()
@@ -114,6 +117,7 @@ def run_process(run_dir: str | Path, name: str) -> int:
             "final_loss": ctx.results.pop("final_loss", None),
             "iterations": w.iterations, "wall_s": wall, "startup_s": round(time.time() - t_start - wall, 3),
             "bytes_sent": tr.bytes_sent, "bytes_received": tr.bytes_received, "bytes_reduced": tr.bytes_reduced,
+            "host_costs": ctx.costs.summary(),
             **ctx.results})
         if w.save_params:
             state = scheme.final_state()

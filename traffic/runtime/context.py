@@ -11,6 +11,7 @@ from traffic.data import Dataset, GlobalBatches
 from traffic.models import LayeredModel
 from traffic.runtime.comm import CommThread
 from traffic.runtime.events import EventLog
+from traffic.runtime.hostcost import HostCosts
 from traffic.runtime.transport import Transport
 from traffic.spec import WorkloadSpec
 
@@ -65,6 +66,9 @@ class Context:
             ``comm``: the background communication thread (FIFO, started on first use; a
             scheme that needs another order may replace it in ``setup``, e.g. with a
             ``PriorityCommThread``; the runtime closes whatever ``ctx.comm`` is at the end).
+        costs: the host-cost accountant (:mod:`traffic.runtime.hostcost`): every
+            non-network operation (aggregation, optimizer, codec, per-message and per-request
+            work, emulated compute) is charged through it at the spec's ``host`` rates.
         results: extra fields for ``results/<proc>.json`` (the trainer sets
             ``final_accuracy``, ``final_loss``; a scheme may add its own).
     """
@@ -84,6 +88,7 @@ class Context:
     transport: Transport
     events: EventLog
     comm: CommThread
+    costs: HostCosts = field(default_factory=HostCosts)
     results: dict[str, Any] = field(default_factory=dict)
     crash_at: int | None = None
     profile: Any = None

@@ -104,10 +104,8 @@ class Trainer:
         self._missing = [0] * len(self.layers)
         self.emulated = None
         if ctx.workload.compute.mode == "emulated":
-            scale = ctx.scale
-            self.emulated = EmulatedCompute(self.model, [t * scale for t in ctx.profile.forward_s()],
-                                            [t * scale for t in ctx.profile.backward_s()],
-                                            seed=ctx.workload.seed * 100_003 + ctx.rank)
+            self.emulated = EmulatedCompute(self.model, ctx.profile.forward_s(), ctx.profile.backward_s(),
+                                            seed=ctx.workload.seed * 100_003 + ctx.rank, costs=ctx.costs)
 
     # ---------------------------------------------------------------- hooks
 
@@ -203,7 +201,7 @@ class Trainer:
             ts, t0 = time.time(), time.perf_counter()
             em.forward(l)
             ev.record("forward", ts, time.perf_counter() - t0, iteration=it, layer=l,
-                      requested_s=em.forward_s[l])
+                      requested_s=em.forward_s[l] * em.costs.scale)
 
     def _backward_emulated(self) -> None:
         """Backward of every layer, last first, as profiled sleeps (``after_backward`` hooks)."""
@@ -213,7 +211,7 @@ class Trainer:
             self._bwd_mark = (time.time(), time.perf_counter())
             for l in reversed(range(len(self.layers))):
                 em.backward(l, self._layer_params[l])
-                self._layer_done(l, requested_s=em.backward_s[l])
+                self._layer_done(l, requested_s=em.backward_s[l] * em.costs.scale)
         finally:
             self._active = False
 

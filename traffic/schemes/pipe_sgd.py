@@ -137,7 +137,8 @@ class PipeSGD(Scheme):
         for b, flat in enumerate(flats):
             with ev.span("allreduce", iteration=it, bucket=b, keys=self.buckets[b], bytes=flat.numel() * 4,
                          group_size=self.W, compression=self.codec.name) as f:
-                st = ring_allreduce(self.ctx.transport, flat, self.ring, self.codec, iteration=it, bucket=b)
+                st = ring_allreduce(self.ctx.transport, flat, self.ring, self.codec, costs=self.ctx.costs,
+                                    iteration=it, bucket=b)
                 f.update(wire_bytes=st.bytes_sent, compress_s=st.compress_s, decompress_s=st.decompress_s,
                          reduce_s=st.reduce_s)
         return flats

@@ -71,6 +71,9 @@ from traffic.schemes.base import ProcessPlan, Scheme, SchemeOptions, worker_host
 
 __all__ = ["BIGARRAY_BOUND", "Shard", "assign_keys", "model_shards", "ParameterServer"]
 
+#: bytes per element of every key (float32)
+ELEMENT_BYTES = 4
+
 BIGARRAY_BOUND = 1_000_000
 
 
@@ -355,7 +358,9 @@ class ParameterServer(Scheme):
         """Serve ``workload.iterations`` rounds of push/update/pull for this server's shards.
 
         Per round, for each own shard as :meth:`_aggregated` yields it (all workers' pushes
-        in): average, SGD step, send to every worker.
+        in): average, SGD step, send to every worker. The summation of the ``W`` copies and
+        the step are charged as host costs ``aggregate`` (``W x`` the shard's bytes of
+        incoming gradient) and ``optimizer`` (the shard's bytes of parameters).
 
         Raises:
             RuntimeError / DistBackendError: a worker died or communication timed out.
@@ -376,13 +381,17 @@ class ParameterServer(Scheme):
             sends = []
             for i in self._aggregated(it):
                 s = self.mine[i]
+                nbytes = s.numel * ELEMENT_BYTES
                 with ev.span("update", **self._fields(it, s)):
-                    g = bufs[i][0]  # summed in place: the buffers are refilled only next round
-                    for b in bufs[i][1:]:
-                        g += b
-                    g /= W
+                    # host costs (traffic.host): summing W copies, then the optimizer on the shard
+                    with ctx.costs.charge("aggregate", nbytes=W * nbytes, iteration=it, shard=s.id):
+                        g = bufs[i][0]  # summed in place: the buffers are refilled only next round
+                        for b in bufs[i][1:]:
+                            g += b
+                        g /= W
                     self.values[i].grad = g
-                    opts[i].step()
+                    with ctx.costs.charge("optimizer", nbytes=nbytes, iteration=it, shard=s.id):
+                        opts[i].step()
                 sends += self._publish(it, i)
             tr.wait_all(sends)  # before the next round changes the values in place
             self._round_end(it)

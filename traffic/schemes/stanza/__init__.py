@@ -458,11 +458,10 @@ class Stanza(Scheme):
         if self.emulated:
             for layer in model.layers[:s]:
                 layer.to("meta")  # CONV layers live on the CONV workers only
-            scale = ctx.scale
             em = EmulatedCompute(_part(model, s, len(model.layers)),
-                                 [t * scale * g for t in ctx.profile.forward_s()[s:]],
-                                 [t * scale * g for t in ctx.profile.backward_s()[s:]],
-                                 seed=ctx.workload.seed * 100_003 + ctx.rank)
+                                 [t * g for t in ctx.profile.forward_s()[s:]],
+                                 [t * g for t in ctx.profile.backward_s()[s:]],
+                                 seed=ctx.workload.seed * 100_003 + ctx.rank, costs=ctx.costs)
             gen = torch.Generator().manual_seed(ctx.workload.seed * 7919 + ctx.rank)
             fake_grad = torch.randn((g * K, *self.split_shape), generator=gen)
         ckpt = []
@@ -481,12 +480,12 @@ class Stanza(Scheme):
                         ts, t0 = time.time(), time.perf_counter()
                         em.forward(l)
                         ev.record("forward", ts, time.perf_counter() - t0, iteration=it, layer=s + l,
-                                  requested_s=em.forward_s[l])
+                                  requested_s=em.forward_s[l] * em.costs.scale)
                     for l in reversed(range(len(fc_layers))):
                         ts, t0 = time.time(), time.perf_counter()
                         em.backward(l, _params([fc_layers[l]]))
                         ev.record("backward", ts, time.perf_counter() - t0, iteration=it, layer=s + l,
-                                  requested_s=em.backward_s[l])
+                                  requested_s=em.backward_s[l] * em.costs.scale)
                     grad = fake_grad
                 rows = grad.split(K)
                 tx = [tr.isend(rows[k], r, tag=TAG_GRAD, kind="activation_grad", **f) for k, r in enumerate(group)]

@@ -1,0 +1,188 @@
+"""The emulated host: what every non-network cost of an emulated machine takes.
+
+The spec's ``host:`` section (:class:`HostSpec`) states, in the emulated machine's units,
+the rates of the work a scheme does besides communicating: per-message software overhead,
+the start-up a server pays before answering a pull request, summation of gradients, the
+optimizer update and compression. A host *profile* (``traffic/host/data/<name>.yaml``, one per
+system the papers describe, every value with its source) supplies them; fields written
+inline override the profile's. ``null`` means not modelled: the work takes this machine's
+real time, reported as such. :class:`HostModel` is the resolved form the runtime uses
+(:class:`traffic.runtime.hostcost.HostCosts` charges each operation at it, dilated by
+``scale``).
+
+Profile file format (YAML)::
+
+    description: "..."
+    message_overhead_us: {value: 12.0, source: "phub.txt Sec. 4.1: \\"...\\""}
+    request_startup_ms: {value: null, source: "the paper gives no figure"}
+    aggregate_gb_per_s: {...}
+    optimizer_gb_per_s: {...}
+    codec_gb_per_s: {...}
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import yaml
+from pydantic import Field, field_validator
+
+from topologies.errors import FieldError, SpecError, TestbedError
+from topologies.validation import SpecModel, load_yaml, validate
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+"""Directory of the shipped host profiles ``<name>.yaml``."""
+
+RATE_FIELDS = ("message_overhead_us", "request_startup_ms", "aggregate_gb_per_s", "optimizer_gb_per_s",
+               "codec_gb_per_s")
+
+
+class HostSpec(SpecModel):
+    """The ``host:`` section: the emulated machine's non-network costs (emulated units)."""
+    profile: Optional[str] = None
+    """A host profile: a name in ``traffic/host/data/`` or the path of a profile file; the
+    fields below, when written, override its values."""
+    message_overhead_us: Optional[float] = Field(None, ge=0)
+    """Software cost per message sent and per message received, microseconds (0 when neither
+    given nor in the profile)."""
+    request_startup_ms: Optional[float] = Field(None, ge=0)
+    """What a server pays before answering each pull request (iBatch's T_s), milliseconds
+    (0 when neither given nor in the profile)."""
+    aggregate_gb_per_s: Optional[float] = Field(None, gt=0)
+    """Server summation, GB of incoming gradient per second; null: not modelled."""
+    optimizer_gb_per_s: Optional[float] = Field(None, gt=0)
+    """Optimizer update, GB of parameters per second; null: not modelled."""
+    codec_gb_per_s: Optional[float] = Field(None, gt=0)
+    """Compression and decompression, GB of uncompressed data per second; null: not modelled."""
+
+    def cross_errors(self, prefix: str = "host") -> list[FieldError]:
+        """A profile that cannot be found or read."""
+        if self.profile is None:
+            return []
+        try:
+            load_host_profile(self.profile)
+        except TestbedError as e:
+            return [FieldError(f"{prefix}.profile", self.profile, str(e))]
+        return []
+
+    def resolve(self) -> "HostModel":
+        """The rates in force: the profile's, overridden by the fields written inline.
+
+        Raises:
+            TestbedError: the profile cannot be loaded.
+        """
+        values = {f: None for f in RATE_FIELDS}
+        sources = {f: "not modelled" for f in RATE_FIELDS}
+        if self.profile is not None:
+            prof = load_host_profile(self.profile)
+            for f in RATE_FIELDS:
+                values[f], sources[f] = prof[f].value, f"profile {self.profile}: {prof[f].source}"
+        for f in RATE_FIELDS:
+            if f in self.model_fields_set:
+                values[f], sources[f] = getattr(self, f), "spec"
+        gb = 1e9
+        return HostModel(
+            message_overhead_s=(values["message_overhead_us"] or 0.0) * 1e-6,
+            request_startup_s=(values["request_startup_ms"] or 0.0) * 1e-3,
+            aggregate_bytes_per_s=values["aggregate_gb_per_s"] and values["aggregate_gb_per_s"] * gb,
+            optimizer_bytes_per_s=values["optimizer_gb_per_s"] and values["optimizer_gb_per_s"] * gb,
+            codec_bytes_per_s=values["codec_gb_per_s"] and values["codec_gb_per_s"] * gb,
+            sources=sources)
+
+
+class SourcedValue(SpecModel):
+    """One value of a host profile and where it comes from."""
+    value: Optional[float] = None
+    """The value in the field's unit; null: not modelled."""
+    source: str
+    """A paper's table, figure or sentence (quoted), or a measurement with its command, or why
+    there is none."""
+
+    @field_validator("value")
+    @classmethod
+    def _non_negative(cls, v):
+        if v is not None and v < 0:
+            raise ValueError("a number >= 0 or null")
+        return v
+
+    @field_validator("source")
+    @classmethod
+    def _stated(cls, v):
+        if not v.strip():
+            raise ValueError("a non-empty statement of where the value comes from")
+        return v
+
+
+class HostProfile(SpecModel):
+    """A host profile file: a description and every rate with its source."""
+    description: str
+    """What system this is (which paper, which machines)."""
+    message_overhead_us: SourcedValue
+    request_startup_ms: SourcedValue
+    aggregate_gb_per_s: SourcedValue
+    optimizer_gb_per_s: SourcedValue
+    codec_gb_per_s: SourcedValue
+
+    def __getitem__(self, name: str) -> SourcedValue:
+        return getattr(self, name)
+
+
+def available_host_profiles() -> list[str]:
+    """Names of the shipped host profiles, sorted."""
+    return sorted(p.stem for p in DATA_DIR.glob("*.yaml"))
+
+
+def load_host_profile(ref: str) -> HostProfile:
+    """The host profile ``ref``: a shipped name or the path of a profile file.
+
+    Raises:
+        TestbedError: no such profile, not YAML, or a malformed field (named).
+    """
+    path = DATA_DIR / f"{ref}.yaml"
+    if not path.is_file():
+        path = Path(ref)
+    if not path.is_file():
+        raise TestbedError(f"no host profile {ref!r}: one of {', '.join(available_host_profiles()) or 'none'}, "
+                           "or the path of a host profile file (testbed profile --host writes one)")
+    try:
+        data = load_yaml(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise TestbedError(f"host profile {path} is not valid YAML ({e})") from None
+    try:
+        return validate(HostProfile, data, "")
+    except SpecError as e:
+        raise TestbedError(f"host profile {path} is malformed: {e}") from None
+
+
+@dataclass(frozen=True)
+class HostModel:
+    """Resolved host rates in SI units of the emulated machine (None: not modelled)."""
+    message_overhead_s: float = 0.0
+    request_startup_s: float = 0.0
+    aggregate_bytes_per_s: float | None = None
+    optimizer_bytes_per_s: float | None = None
+    codec_bytes_per_s: float | None = None
+    sources: dict | None = None
+
+    def cost_s(self, kind: str, nbytes: int = 0) -> float | None:
+        """Emulated seconds of one operation of ``kind`` on ``nbytes`` bytes; None when the
+        kind is not modelled.
+
+        Kinds: ``message`` (one message sent or received), ``request_startup`` (one pull
+        request answered), ``aggregate`` (``nbytes`` of incoming gradient summed),
+        ``optimizer`` (``nbytes`` of parameters updated), ``codec`` (``nbytes`` of
+        uncompressed data compressed or decompressed).
+
+        Raises:
+            ValueError: an unknown kind.
+        """
+        if kind == "message":
+            return self.message_overhead_s
+        if kind == "request_startup":
+            return self.request_startup_s
+        rate = {"aggregate": self.aggregate_bytes_per_s, "optimizer": self.optimizer_bytes_per_s,
+                "codec": self.codec_bytes_per_s}
+        if kind not in rate:
+            raise ValueError(f"unknown host cost kind {kind!r}")
+        return None if rate[kind] is None else nbytes / rate[kind]

@@ -1,0 +1,156 @@
+"""Host costs: every non-network operation of an emulated machine charged at its stated rate.
+
+One mechanism for every such cost (design.md, "The emulated host is modelled, not
+borrowed"): :meth:`HostCosts.charge` wraps the real work (values stay exact), then waits
+until ``scale x`` the operation's emulated cost has passed since the work began. The real
+work is only the floor of the emulated cost: when it alone takes longer than the budget,
+the operation is an *overrun*, counted and reported (``results/<proc>.json`` and
+``summary.json``: ``host_costs``), never silently folded into the result. A kind the host
+model does not state (``null`` rate) takes its real time and is reported as not modelled.
+
+Emulated compute (:class:`traffic.runtime.emulation.EmulatedCompute`) is the kind
+``compute``: no real work, a stated time per layer.
+
+Usage in a scheme::
+
+    with self.ctx.costs.charge("aggregate", nbytes=grad.numel() * 4, iteration=it, key=k):
+        acc += grad                     # the real summation
+    with self.ctx.costs.charge("optimizer", nbytes=shard_bytes, iteration=it):
+        optimizer.step()
+
+Waits are precise on average without burning CPU (a per-thread :class:`PreciseSleeper`). Thread-safe: a scheme's comm and server
+threads charge concurrently, each operation on its own clock.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+from traffic.host import HostModel
+
+__all__ = ["HostCosts", "PreciseSleeper", "KINDS", "OVERRUN_THRESHOLD"]
+
+#: Overshoot carried over is capped at this (seconds): a long stall (e.g. a blocking
+#: before_forward hook that itself overshot) must not erase many later layers.
+MAX_DEBT_S = 0.005
+
+
+class PreciseSleeper:
+    """``sleep(d)`` sleeps ``d`` seconds minus the overshoot owed from earlier sleeps.
+
+    Attributes:
+        debt_s: overshoot (achieved - requested) carried into the next request, seconds.
+    """
+
+    def __init__(self):
+        self.debt_s = 0.0
+
+    def sleep(self, seconds: float) -> float:
+        """Sleep about ``seconds``; returns the time actually slept (seconds)."""
+        if seconds <= 0:
+            return 0.0
+        want = seconds - self.debt_s
+        if want <= 0:
+            self.debt_s = -want
+            return 0.0
+        t0 = time.perf_counter()
+        time.sleep(want)
+        slept = time.perf_counter() - t0
+        self.debt_s = min(max(slept - want, 0.0), MAX_DEBT_S)
+        return slept
+
+#: the kinds of cost (``compute`` is emulated compute; the rest are :meth:`HostModel.cost_s`'s)
+KINDS = ("compute", "message", "request_startup", "aggregate", "optimizer", "codec")
+
+#: a kind whose overrun time exceeds this fraction of its budgeted time flags the run
+OVERRUN_THRESHOLD = 0.05
+
+
+class HostCosts:
+    """Charges operations their emulated cost, dilated by ``scale``.
+
+    Args:
+        model: the resolved host rates (:meth:`traffic.host.HostSpec.resolve`).
+        scale: the time dilation factor (every budget is ``scale x`` the emulated cost).
+        events: an event log to record each operation as a span (kind ``host_<kind>``), or None.
+
+    Attributes:
+        stats: per kind, ``{count, modelled, emulated_s, budget_s, real_s, overruns,
+            overrun_s}``: operations, whether the kind has a stated cost, the emulated
+            seconds charged (for a kind not modelled: real seconds / scale), the real seconds
+            budgeted (``scale x emulated``), the real seconds the work took, and how many
+            operations, and how many real seconds, went beyond their budget.
+    """
+
+    def __init__(self, model: HostModel | None = None, scale: float = 1.0, events=None):
+        self.model = model or HostModel()
+        self.scale = float(scale)
+        self.events = events
+        self.stats: dict[str, dict] = {}
+        self._lock = threading.Lock()
+        self._local = threading.local()
+
+    def _sleeper(self) -> PreciseSleeper:
+        s = getattr(self._local, "sleeper", None)
+        if s is None:
+            s = self._local.sleeper = PreciseSleeper()
+        return s
+
+    @contextmanager
+    def charge(self, kind: str, *, nbytes: int = 0, seconds: float | None = None, span: bool = True,
+               **fields) -> Iterator[None]:
+        """Run the block (the real work), then wait out ``scale x`` the emulated cost.
+
+        Args:
+            kind: one of :data:`KINDS`.
+            nbytes: bytes the operation handles (for the rate-based kinds).
+            seconds: the emulated cost itself, overriding the host model (``compute``).
+            span: record the operation as an event ``host_<kind>`` (``emulated_s``,
+                ``real_s``, ``overrun``; plus ``fields``, e.g. ``iteration``).
+
+        Raises:
+            ValueError: an unknown kind.
+        """
+        if kind not in KINDS:
+            raise ValueError(f"unknown host cost kind {kind!r}; one of {', '.join(KINDS)}")
+        ts, t0 = time.time(), time.perf_counter()
+        yield
+        real = time.perf_counter() - t0
+        cost = seconds if seconds is not None else self.model.cost_s(kind, nbytes)
+        modelled = cost is not None
+        overrun = 0.0
+        if modelled:
+            budget = cost * self.scale
+            if real < budget:
+                self._sleeper().sleep(budget - real)
+            else:
+                overrun = real - budget
+        else:
+            cost, budget = real / self.scale, real
+        with self._lock:
+            s = self.stats.setdefault(kind, {"count": 0, "modelled": modelled, "emulated_s": 0.0, "budget_s": 0.0,
+                                             "real_s": 0.0, "overruns": 0, "overrun_s": 0.0})
+            s["count"] += 1
+            s["modelled"] = s["modelled"] and modelled
+            s["emulated_s"] += cost
+            s["budget_s"] += budget
+            s["real_s"] += real
+            if overrun > 0:
+                s["overruns"] += 1
+                s["overrun_s"] += overrun
+        if span and self.events is not None:
+            self.events.record(f"host_{kind}", ts, time.perf_counter() - t0, emulated_s=cost, real_s=real,
+                               overrun=overrun > 0, bytes=nbytes or None, **fields)
+
+    def wait(self, kind: str, seconds: float, **fields) -> None:
+        """An operation with no real work that takes ``seconds`` of emulated time (``compute``)."""
+        with self.charge(kind, seconds=seconds, **fields):
+            pass
+
+    def summary(self) -> dict[str, dict]:
+        """A copy of :attr:`stats` with ``overrun_fraction`` (overrun / budgeted real seconds)."""
+        with self._lock:
+            return {k: {**v, "overrun_fraction": (v["overrun_s"] / v["budget_s"]) if v["budget_s"] > 0 else 0.0}
+                    for k, v in self.stats.items()}
