@@ -9,6 +9,7 @@ value given and what is allowed. :func:`load_yaml` reads YAML with ``1e12`` as a
 from __future__ import annotations
 
 import re
+import typing
 from typing import Any, Iterable, TypeVar
 
 import yaml
@@ -130,9 +131,7 @@ def field_errors(exc: ValidationError, model: type[BaseModel], prefix: str = "",
     """
     out: dict[str, FieldError] = {}
     for err in exc.errors(include_url=False):
-        loc = tuple(p for p in err["loc"] if not str(p).startswith("function-"))
-        # a member of a union adds its type name to loc: drop it, and merge the members' words
-        clean = tuple(p for p in loc if not (isinstance(p, str) and p in _UNION_MEMBERS))
+        clean = _field_loc(model, err["loc"], extra=err["type"] == "extra_forbidden")
         path = _path(prefix, clean)
         allowed = _allowed({**err, "loc": clean}, model, prefix, what)
         value = err.get("input")
@@ -144,7 +143,21 @@ def field_errors(exc: ValidationError, model: type[BaseModel], prefix: str = "",
     return list(out.values())
 
 
-_UNION_MEMBERS = {"int", "float", "str", "bool", "none", "literal['auto']", "dict[str,any]", "list[any]"}
+def _field_loc(model: type[BaseModel], loc: tuple, extra: bool) -> tuple:
+    """``loc`` without the tags pydantic adds for union members and validators (``int``,
+    ``literal['auto']``, ``function-after[...]``). Walking the models along ``loc``, a string
+    that names no field of the model at that point is such a tag (except the unknown field of
+    an ``extra_forbidden`` error, the last part); below a mapping field its keys are kept;
+    below any other field only list indices are."""
+    out, cur = [], model  # cur: a model class, "mapping", or None (a leaf value)
+    for n, part in enumerate(loc):
+        if isinstance(part, int) or cur == "mapping":
+            out.append(part)
+        elif isinstance(cur, type) and (part in cur.model_fields or (extra and n == len(loc) - 1)):
+            out.append(part)
+            ann = cur.model_fields[part].annotation if part in cur.model_fields else None
+            cur = _inner_model(ann) or ("mapping" if typing.get_origin(ann) is dict or ann is dict else None)
+    return tuple(out)
 
 
 def validate(model: type[M], data: Any, prefix: str = "", what: str | None = None) -> M:
