@@ -8,7 +8,9 @@ Everything is in the emulated network's time: event times are converted by
 * :func:`run_row` -- one run: model, pull strategy, nodes (workers), samples/s
   (``summary.json``'s ``throughput.mean``, or computed from the events for a loopback run),
   the batches used, the model's phase (eq. (4) ``model_exe_s`` and the two-thread timeline
-  ``model_pipeline_s``, from the run's measured profile) and the measured phase.
+  ``model_pipeline_s``, from the run's measured profile), the measured phase and the run's
+  fidelity flags (``flags``, :func:`analysis.report.fidelity_flags`; both tables show them
+  and explain them under a table with a flagged row).
 * :func:`measured_phase` -- the pull-plus-forward phase of every (worker, iteration) after
   the profiling: from the end of the iteration's ``sync`` (every server has updated; the
   pulls start) to the end of the last layer's ``forward`` event.
@@ -95,7 +97,7 @@ def run_row(run_dir) -> dict:
             "model_exe_s": used["exe_s"] / scale, "model_pipeline_s": used["pipeline_s"] / scale,
             "meets_5": used["meets_constraint"],
             "measured_phase_s": float(phase["phase_s"].median()) if len(phase) else np.nan,
-            "optimal_exe_s": doc["optimal"]["exe_s"] / scale}
+            "optimal_exe_s": doc["optimal"]["exe_s"] / scale, "flags": skeleton.fidelity_flags(run_dir)}
 
 
 def speedup_table(rows: pd.DataFrame) -> pd.DataFrame:
@@ -129,13 +131,13 @@ def table(paths) -> str:
     t = rows.assign(eq4_ms=1e3 * rows["model_exe_s"], timeline_ms=1e3 * rows["model_pipeline_s"],
                     measured_ms=1e3 * rows["measured_phase_s"], optimum_eq4_ms=1e3 * rows["optimal_exe_s"])
     # pandas' display precision (6 decimals) and the 2 decimals of before, printed as rounded
-    first = rows[["model", "pull", "nodes", "samples_per_s", "speedup", "batches", "ends"]].round(6)
+    first = rows[["model", "pull", "nodes", "samples_per_s", "speedup", "batches", "ends", "flags"]].round(6)
     second = t[["model", "pull", "nodes", "T_s_ms", "meets_5", "eq4_ms", "timeline_ms", "measured_ms",
-                "optimum_eq4_ms"]].round(2)
+                "optimum_eq4_ms", "flags"]].round(2)
     return ("Throughput and speedup over one node (iBatch Fig. 5):\n"
-            f"{skeleton.markdown(first, floatfmt='')}\n"
+            f"{skeleton.flagged_markdown(first, floatfmt='')}\n"
             "\nPull-plus-forward phase, model (eq. (4) / two-thread timeline) against measured (median), ms:\n"
-            f"{skeleton.markdown(second, floatfmt='')}")
+            f"{skeleton.flagged_markdown(second, floatfmt='')}")
 
 
 def plots(paths, out_dir) -> list[Path]:

@@ -5,7 +5,8 @@
 
 For each sweep directory: a table (markdown, on stdout) with every point's throughput, the
 speedup of each variant over the layer-wise baseline at the same swept value, and the idle
-fraction and mean utilization of worker 0's link (:mod:`analysis.utilization`; P3 Sec. 5.3);
+fraction and mean utilization of worker 0's link (:mod:`analysis.utilization`; P3 Sec. 5.3)
+and the run's fidelity flags (``flags``, explained under a table that has any);
 plots (in ``<sweep>/plots/`` with ``python -m analysis.p3_report``, in ``DIR/<sweep>/`` with
 ``--plots DIR``): throughput against the swept value (P3 Fig. 7, or Fig. 12 for a slice-size
 sweep) and, for every swept value that has both, the baseline's and P3's link utilization
@@ -59,8 +60,9 @@ def sweep_table(sweep_dir: str | Path, baseline: str = "baseline") -> pd.DataFra
 
     Returns:
         ``variant``, the swept column, ``samples_per_s``, ``ci95``, ``tx_idle``,
-        ``rx_idle``, ``tx_mean``, ``rx_mean`` (worker 0's link), ``cpu_starved``, ``status``,
-        ``speedup`` (over ``baseline`` at the same swept value; NaN without one).
+        ``rx_idle``, ``tx_mean``, ``rx_mean`` (worker 0's link), ``flags`` (the run's fidelity
+        flags from ``sweep.csv``, :func:`analysis.report.row_flags`), ``status``, ``speedup``
+        (over ``baseline`` at the same swept value; NaN without one).
 
     Raises:
         TestbedError: not a sweep directory, or no ``sweep.csv`` in it.
@@ -71,7 +73,7 @@ def sweep_table(sweep_dir: str | Path, baseline: str = "baseline") -> pd.DataFra
         u = utilization_summary(r["run"]) if r["status"] == "ok" else {}
         rows.append({"variant": r["variant"], **({x: r[x]} if x else {}), "samples_per_s": r["samples_per_s"],
                      "ci95": r["samples_per_s_ci95"], "tx_idle": u.get("tx_idle"), "rx_idle": u.get("rx_idle"),
-                     "tx_mean": u.get("tx_mean"), "rx_mean": u.get("rx_mean"), "cpu_starved": r["cpu_starved"],
+                     "tx_mean": u.get("tx_mean"), "rx_mean": u.get("rx_mean"), "flags": skeleton.row_flags(r),
                      "status": r["status"]})
     table = pd.DataFrame(rows)
     table["speedup"] = skeleton.per_point(table, "samples_per_s", baseline, [x]) if x else float("nan")
@@ -115,7 +117,7 @@ def _section(sweep_dir: Path, t: pd.DataFrame, written=()) -> str:
     model = (spec.get("workload") or {}).get("model")
     key = "slices" if "slice" in " ".join((spec.get("sweep") or {}).keys()) else model
     return (f"## {sweep_dir.name} ({model}, scale {spec.get('scale')})\n\n"
-            f"{skeleton.markdown(t, floatfmt='.3g')}\n\npaper: {PAPER.get(key, '-')}\n"
+            f"{skeleton.flagged_markdown(t, floatfmt='.3g')}\n\npaper: {PAPER.get(key, '-')}\n"
             + "".join(f"plot: {p}\n" for p in written))
 
 

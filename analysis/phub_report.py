@@ -23,7 +23,8 @@ One row per point of each sweep (markdown on stdout):
   (``results/worker*.json`` ``job_samples_per_s``, mean over the job's workers) and the drop
   of the mean per-job throughput against the single-job variant of the same model
   (PHub Fig. 18);
-* whether the run was flagged CPU-starved.
+* the run's fidelity flags (``flags``: CPU-starved, host-cost overrun, from ``sweep.csv``;
+  :func:`analysis.report.row_flags`), explained under a table that has a flagged row.
 
 ``--plots DIR`` draws each sweep's table as grouped bars (:func:`plot_table`).
 ``--table2`` also prints Table 2 recomputed (:func:`analysis.models.phub.table2`) from
@@ -117,7 +118,7 @@ def sweep_table(sweep_dir: str | Path, baseline: str | None = "mxnet-cs", flat: 
                      "iter_ms": None if pd.isna(r["iter_mean_s"]) else 1e3 * r["iter_mean_s"],
                      "core_MB_per_iter": None if core is None else core / 1e6,
                      "worker_link_MB_per_iter": None if bpi.get("worker_link") is None else bpi["worker_link"] / 1e6,
-                     "cpu_starved": r["cpu_starved"], "sec34_hier_pays": _sec34(spec, s.get("workers")),
+                     "flags": skeleton.row_flags(r), "sec34_hier_pays": _sec34(spec, s.get("workers")),
                      "jobs": len(per_job) or None,
                      "per_job_samples_per_s": ", ".join(f"{v:.1f}" for v in per_job.values()) or None,
                      "per_job_mean": sum(per_job.values()) / len(per_job) if per_job else None})
@@ -178,7 +179,7 @@ def plot_table(table: pd.DataFrame, path: str | Path, title: str = "") -> Path:
 
 
 def _sweep_section(d: Path, t: pd.DataFrame) -> str:
-    return f"## {d.name}\n\n{skeleton.markdown(t, floatfmt='.4g')}\n"
+    return f"## {d.name}\n\n{skeleton.flagged_markdown(t, floatfmt='.4g')}\n"
 
 
 def _closing(with_table2: bool) -> str:

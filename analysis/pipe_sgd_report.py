@@ -37,6 +37,9 @@ Definitions (means over the post-warm-up iterations and over workers):
 * ``final_accuracy``: worker 0's final evaluation; the accuracy curve uses worker 0's
   ``eval`` events against train time (wall time from the first iteration's start, minus the
   time spent evaluating).
+* ``flags``: the run's fidelity flags (:func:`analysis.report.fidelity_flags`); in the
+  speed-up table, those of the variant's run and of the baselines it is divided by. A table
+  with a flagged row says what the flags mean under it.
 """
 from __future__ import annotations
 
@@ -117,7 +120,7 @@ def analyze_run(run_dir: str | Path, alpha_s: float = 0.0) -> dict:
     """The figures of one run (module docstring); keys: ``variant``, ``model``, ``workers``,
     ``period_s``, ``samples_per_s``, ``compute_s``, ``update_s``, ``compress_s``, ``comm_s``,
     ``exposed_s``, ``wire_bytes``, ``model_s``, ``model_comm_s``, ``model_codec_s``,
-    ``final_accuracy``, ``run``.
+    ``final_accuracy``, ``run``, ``flags`` (:func:`analysis.report.fidelity_flags`).
 
     Raises:
         FileNotFoundError: not a run directory.
@@ -163,24 +166,34 @@ def analyze_run(run_dir: str | Path, alpha_s: float = 0.0) -> dict:
             "samples_per_s": int(w.get("batch_size", 0)) * p / period, "compute_s": compute, "update_s": update,
             "compress_s": compress, "comm_s": comm, "exposed_s": period - compute - update,
             "wire_bytes": float(wire), "model_s": m.iteration_s, "model_comm_s": m.l_comm,
-            "model_codec_s": m.l_codec, "final_accuracy": acc, "run": str(run_dir)}
+            "model_codec_s": m.l_codec, "final_accuracy": acc, "run": str(run_dir),
+            "flags": skeleton.fidelity_flags(run_dir)}
 
 
 def speedups(df: pd.DataFrame) -> pd.DataFrame:
     """Per model and variant (the last run of each): ``vs_dsync`` = D-Sync's period / the
     variant's, ``vs_ps`` = PS-Sync's period / the variant's (NaN where the baseline run is
-    missing). Models in the order they first appear."""
+    missing), and ``flags``: the fidelity flags of the variant's run and of the baseline runs
+    it is compared with (:func:`analysis.report.union_flags`). Models in the order they first
+    appear.
+
+    Args:
+        df: :func:`analyze_run` rows (``model``, ``variant``, ``period_s``, ``flags``).
+    """
     parts = []
     for _, g in df.groupby("model", sort=False):
         last = g.drop_duplicates("variant", keep="last").set_index("variant", drop=False)
         parts.append(last.loc[list(dict.fromkeys(g["variant"]))])
     if not parts:
-        return pd.DataFrame(columns=["model", "variant", "vs_dsync", "vs_ps"])
+        return pd.DataFrame(columns=["model", "variant", "vs_dsync", "vs_ps", "flags"])
     runs = pd.concat(parts).reset_index(drop=True)
+    bases = [skeleton.baseline_rows(runs, b, ["model"]) for b in ("D-Sync", "PS-Sync")]
+    flags = [skeleton.union_flags(runs.at[i, "flags"], *(runs.at[b[i], "flags"] for b in bases if b[i] is not None))
+             for i in runs.index]
     return pd.DataFrame({"model": runs["model"], "variant": runs["variant"],
                          "vs_dsync": skeleton.per_point(runs, "period_s", "D-Sync", ["model"], inverse=True),
-                         "vs_ps": skeleton.per_point(runs, "period_s", "PS-Sync", ["model"], inverse=True)}
-                        ).reset_index(drop=True)
+                         "vs_ps": skeleton.per_point(runs, "period_s", "PS-Sync", ["model"], inverse=True),
+                         "flags": flags}).reset_index(drop=True)
 
 
 _MS = ["period_s", "compute_s", "update_s", "compress_s", "comm_s", "exposed_s", "model_s", "model_comm_s",
@@ -199,14 +212,15 @@ def _text(df: pd.DataFrame, alpha_s: float, notes: list[str]) -> str:
     """The tables and notes of the module docstring for :func:`analyze_run` rows ``df``."""
     if df.empty:
         return "\n".join(notes + ["no runs"])
-    show = df[["model", "variant", "final_accuracy", "samples_per_s", *_MS]].copy()
+    show = df[["model", "variant", "final_accuracy", "samples_per_s", *_MS, "flags"]].copy()
     for c in _MS:
         show[c] = show[c] * 1e3
     show.columns = [c.replace("_s", "_ms") if c in _MS else c for c in show.columns]
-    lines = notes + ["per variant (times in ms per iteration, emulated time):", skeleton.markdown(show, floatfmt=".4g"),
+    lines = notes + ["per variant (times in ms per iteration, emulated time):",
+                     skeleton.flagged_markdown(show, floatfmt=".4g"),
                      "", "speed-up (period of baseline / period of variant); paper: Pipe-SGD "
                      f"{PAPER['speedup_vs_dsync']} vs D-Sync, {PAPER['speedup_vs_ps']} vs PS-Sync:",
-                     skeleton.markdown(speedups(df), floatfmt=".4g")]
+                     skeleton.flagged_markdown(speedups(df), floatfmt=".4g")]
     for _, r in df[df["variant"] == "D-Sync"].iterrows():  # the alpha that would make eq. (5)'s ring term match D-Sync
         fit = (r["comm_s"] - r["model_comm_s"]) / (2 * (r["workers"] - 1)) + alpha_s
         lines.append(f"{r['model']}: measured D-Sync allreduce {r['comm_s'] * 1e3:.4g} ms vs eq. (5) term "

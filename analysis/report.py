@@ -16,6 +16,10 @@ builds on the pieces here:
   be read noted and left out);
 * ratios to a baseline variant *per point*: :func:`per_point` (a point = the runs that share
   every swept value except the variant);
+* fidelity flags: every table row that comes from runs carries a ``flags`` column,
+  :func:`fidelity_flags` of its run (from ``summary.json``) or :func:`row_flags` of its
+  ``sweep.csv`` row, :func:`union_flags` for a row that compares several runs; a table with
+  a flagged row is printed by :func:`flagged_markdown`, which adds :data:`FLAGS_NOTE` under it;
 * rendering: :func:`markdown` (``tabulate``'s pipe format, what ``DataFrame.to_markdown``
   gives);
 * figures: written by :func:`analysis.plots.save_figure` (the paper modules import
@@ -33,16 +37,19 @@ import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import pandas as pd
 from tabulate import tabulate
 
+from analysis.metrics import MIN_IDLE_PCT
 from topologies.errors import TestbedError
-from traffic.rundir import find_runs, is_run
+from traffic.rundir import find_runs, is_run, read_json
+from traffic.runtime.hostcost import OVERRUN_THRESHOLD
 
-__all__ = ["REPORTS", "Report", "ReportError", "UnknownReport", "alias", "get_report", "load_rows", "markdown",
-           "per_point", "baseline_rows", "sweep_dirs", "sweep_rows"]
+__all__ = ["FLAGS", "FLAGS_NOTE", "REPORTS", "Report", "ReportError", "UnknownReport", "alias", "fidelity_flags",
+           "flagged_markdown", "get_report", "load_rows", "markdown", "per_point", "baseline_rows", "row_flags",
+           "sweep_dirs", "sweep_rows", "union_flags"]
 
 #: Every paper's report: name -> the module that defines its ``REPORT`` (a :class:`Report`).
 REPORTS = {"p3": "analysis.p3_report", "phub": "analysis.phub_report", "ibatch": "analysis.ibatch_report",
@@ -273,6 +280,80 @@ def per_point(table: pd.DataFrame, value: str, baseline, point: Sequence[str], v
         out.append(float(num) / float(den) if num is not None and den is not None and den != 0
                    and not (math.isnan(num) or math.isnan(den)) else math.nan)
     return out
+
+
+# ----------------------------------------------------------------------------- fidelity flags
+
+#: The fidelity flags a row can carry: the key in ``summary.json``'s ``fidelity`` (and the
+#: column of ``sweep.csv``) -> the marker printed in the ``flags`` column.
+FLAGS = {"cpu_starved": "cpu-starved", "host_cost_overrun": "host-overrun"}
+
+#: The line printed under a table with a flagged row.
+FLAGS_NOTE = (f"flags: cpu-starved = the emulation's mean CPU idle was below {MIN_IDLE_PCT:g} % "
+              f"(summary.json fidelity.idle_pct_mean), so link rates and times may be off; "
+              f"host-overrun = a modelled host cost's real work exceeded its dilated budget by more than "
+              f"{100 * OVERRUN_THRESHOLD:g} % of the budget (see summary.json host_costs), so the run is "
+              f"slower than the host model says. A row's flags are its run's; a row of a table comparing runs "
+              f"(a pairing, speed-ups) has those of every run compared; a ratio to a baseline in a table of runs "
+              f"rests on the baseline's row too, flagged there.")
+
+
+def _is_set(v) -> bool:
+    """A flag's value as recorded (JSON true/false/null, or a ``sweep.csv`` cell: a bool, NaN for
+    an empty cell, the strings ``True``/``False`` in a column pandas could not type)."""
+    if isinstance(v, str):
+        return v.strip().lower() == "true"
+    return v is not None and not (isinstance(v, float) and math.isnan(v)) and bool(v)
+
+
+def row_flags(fields: Mapping) -> str:
+    """The markers of :data:`FLAGS` set in ``fields``, joined with ``+`` (``""`` when none).
+
+    Args:
+        fields: a mapping with the keys of :data:`FLAGS`: ``summary.json``'s ``fidelity``
+            section, or a row of ``sweep.csv`` (a :class:`pandas.Series`); a missing key (a
+            ``sweep.csv`` written before the column existed) or an unknown value (null, an empty
+            cell) counts as not set.
+
+    Returns:
+        e.g. ``""``, ``"cpu-starved"``, ``"cpu-starved+host-overrun"`` (in :data:`FLAGS` order).
+    """
+    return "+".join(marker for key, marker in FLAGS.items() if _is_set(fields.get(key)))
+
+
+def fidelity_flags(run_dir: str | Path) -> str:
+    """:func:`row_flags` of a run's ``summary.json`` ``fidelity`` section; ``""`` for a run
+    without a summary (still running, or killed before the harness wrote it).
+
+    Raises:
+        ValueError: ``summary.json`` exists but is not JSON.
+    """
+    p = Path(run_dir) / "summary.json"
+    if not p.is_file():
+        return ""
+    return row_flags(read_json(p).get("fidelity") or {})
+
+
+def union_flags(*flags: str) -> str:
+    """The flags of a row that compares several runs (a ratio, a pairing): every marker set in
+    any of ``flags`` (each a :func:`row_flags` string; ``None`` or NaN count as ``""``), once, in
+    :data:`FLAGS` order."""
+    have = {m for f in flags if isinstance(f, str) for m in f.split("+") if m}
+    return "+".join(m for m in FLAGS.values() if m in have)
+
+
+def flagged_markdown(table: pd.DataFrame, column: str = "flags", **kw) -> str:
+    """:func:`markdown` of ``table`` (``kw`` passed on), followed by a blank line and
+    :data:`FLAGS_NOTE` when any cell of its flags column (``column``, :func:`row_flags`
+    strings) is set.
+
+    Raises:
+        KeyError: ``table`` has no column ``column``.
+    """
+    text = markdown(table, **kw)
+    if any(isinstance(f, str) and f for f in table[column]):
+        text += "\n\n" + FLAGS_NOTE
+    return text
 
 
 # ----------------------------------------------------------------------------- rendering

@@ -24,13 +24,15 @@ For every run (a run directory, or every run of a sweep directory) of scheme ``s
   ImageNet-12 training set (1,281,167 images) for emulated runs and the dataset's training
   set for real-compute runs;
 * ``final_accuracy`` and the ``eval`` curve (accuracy against seconds since the first
-  iteration started) for real-compute runs.
+  iteration started) for real-compute runs;
+* ``flags``: the run's fidelity flags (:func:`analysis.report.fidelity_flags`).
 
 :func:`pair` puts each Stanza run next to the PS run of the same model and worker count
 (the last one if there are several) and gives the speedup ``t_ps / t_stanza`` (equal global
-batches, so equal work per iteration). Both tables are printed as markdown. ``--plot``
-draws accuracy against wall time of every real-compute run into ``stanza_accuracy.png`` in
-the first directory given (``--plots DIR``: into ``DIR``).
+batches, so equal work per iteration), flagged with both runs' fidelity flags. Both tables
+are printed as markdown, their ``flags`` explained under a table that has a flagged row.
+``--plot`` draws accuracy against wall time of every real-compute run into
+``stanza_accuracy.png`` in the first directory given (``--plots DIR``: into ``DIR``).
 """
 from __future__ import annotations
 
@@ -80,7 +82,8 @@ def run_figures(run_dir: str | Path) -> dict:
     workers), ``fc_workers`` / ``servers``, ``batch_size``, ``measured_s``, ``predicted_s``,
     ``model_error`` (``(predicted - measured) / measured``), ``fc_bytes_per_iter``,
     ``bytes_per_iter``, ``wire_bytes_per_iter``, ``iters_per_epoch``, ``bytes_per_epoch``,
-    ``final_accuracy``, ``accuracy_curve`` (list of ``(seconds, accuracy)``).
+    ``final_accuracy``, ``accuracy_curve`` (list of ``(seconds, accuracy)``), ``flags``
+    (:func:`analysis.report.fidelity_flags`).
 
     Raises:
         FileNotFoundError: not a run directory.
@@ -97,7 +100,8 @@ def run_figures(run_dir: str | Path) -> dict:
     measured = _measured_iterations(run, warmup) if not ev.empty else []
     out = {"run": run.path.name, "scheme": scheme, "model": model, "workers": n,
            "fc_workers" if scheme == "stanza" else "servers": other, "batch_size": K,
-           "measured_s": _iteration_time(run, measured), "predicted_s": None, "model_error": None}
+           "measured_s": _iteration_time(run, measured), "predicted_s": None, "model_error": None,
+           "flags": skeleton.fidelity_flags(run_dir)}
     split = model_info(model)["split_index"]
     tx = ev[(ev.get("dir") == "tx") & ev["iteration"].isin(measured)] if not ev.empty and "dir" in ev else ev.iloc[0:0]
     m = max(len(measured), 1)
@@ -150,7 +154,8 @@ def pair(rows) -> pd.DataFrame:
     """Stanza and PS rows of the same model and worker count side by side (columns
     ``<figure>_stanza`` and ``<figure>_ps``), with ``speedup`` (measured ``t_ps /
     t_stanza``), ``speedup_predicted`` (eq. 6 / eq. 3), ``fc_data_ratio`` and
-    ``epoch_data_ratio`` (PS bytes over Stanza bytes). One row per Stanza run that has a PS
+    ``epoch_data_ratio`` (PS bytes over Stanza bytes), and ``flags``: the union of both runs'
+    fidelity flags (:func:`analysis.report.union_flags`). One row per Stanza run that has a PS
     run at its point (the last one if several).
 
     Args:
@@ -168,6 +173,7 @@ def pair(rows) -> pd.DataFrame:
                    df.loc[[partner[i] for i in keep], rest].add_suffix("_ps").reset_index(drop=True)], axis=1)
     for k, v in ratios.items():
         j[k] = [v[i] for i in keep]
+    j["flags"] = [skeleton.union_flags(a, b) for a, b in zip(j["flags_stanza"], j["flags_ps"])]
     return j
 
 
@@ -187,26 +193,28 @@ def _run_table(rows: list[dict]) -> pd.DataFrame:
         "err": "-" if r["model_error"] is None else f"{100 * r['model_error']:+.0f}%",
         "FC MB/it": _mb(r["fc_bytes_per_iter"]), "MB/it": _mb(r["bytes_per_iter"]),
         "wire MB/it": _mb(r["wire_bytes_per_iter"]), "MB/epoch": _mb(r["bytes_per_epoch"]),
-        "acc": "-" if r["final_accuracy"] is None else f"{100 * r['final_accuracy']:.1f}"} for r in rows],
+        "acc": "-" if r["final_accuracy"] is None else f"{100 * r['final_accuracy']:.1f}", "flags": r["flags"]}
+        for r in rows],
         columns=["scheme", "model", "n", "K", "measured", "predicted", "err", "FC MB/it", "MB/it", "wire MB/it",
-                 "MB/epoch", "acc"])
+                 "MB/epoch", "acc", "flags"])
 
 
 def _pair_table(j: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame([{"model": r.model, "n": r.workers, "speedup": f"{r.speedup:.2f}",
                           "predicted": f"{r.speedup_predicted:.2f}", "FC-data ps/stanza": f"{r.fc_data_ratio:.1f}",
-                          "epoch-data ps/stanza": f"{r.epoch_data_ratio:.1f}"} for r in j.itertuples()])
+                          "epoch-data ps/stanza": f"{r.epoch_data_ratio:.1f}", "flags": r.flags}
+                         for r in j.itertuples()])
 
 
 def _text(rows: list[dict]) -> str:
     """The text report of :func:`run_figures` rows."""
     right = ["left", "left"] + ["right"] * 10
     lines = ["run figures (times in s of the emulated network; bytes in MB of payload):",
-             skeleton.markdown(_run_table(rows), preformatted=True, colalign=right)]
+             skeleton.flagged_markdown(_run_table(rows), preformatted=True, colalign=right + ["left"])]
     j = pair(rows)
     if not j.empty:
         lines += ["", "stanza vs ps (same model, workers, global batch):",
-                  skeleton.markdown(_pair_table(j), preformatted=True, colalign=right[1:7])]
+                  skeleton.flagged_markdown(_pair_table(j), preformatted=True, colalign=right[1:7] + ["left"])]
     curves = [r for r in rows if r["accuracy_curve"]]
     if curves:
         lines += ["", "accuracy against wall time (worker 0's eval events; s since the first iteration):"]

@@ -7,6 +7,13 @@ in microseconds from the run start (:attr:`analysis.load.Run.t0`). ``pid`` is 1 
 process's rank (its position in processes.json), ``tid`` numbers the threads of a process
 (``main`` first); ``M`` metadata events name them (``process_name``, ``thread_name``,
 ``process_sort_index``). Optionally, ``C`` counter events add each switch port's rates.
+
+A charged host cost (event ``host_<kind>``, :mod:`traffic.runtime.hostcost`; ``kind`` one of
+its ``KINDS``) is a span of category ``host_cost`` on the thread that charged it, named
+``host_<kind>``, with ``cname`` :data:`HOST_COST_CNAME`; one whose real work overran its
+dilated budget (``overrun`` true) is named ``host_<kind> OVERRUN`` and coloured
+:data:`OVERRUN_CNAME`. ``args`` keep the event's fields (``emulated_s``, ``real_s``,
+``overrun``, ``bytes``, ``iteration`` ...).
 """
 from __future__ import annotations
 
@@ -16,8 +23,16 @@ from pathlib import Path
 
 from analysis import traces as tr
 from analysis.load import load
+from traffic.runtime.hostcost import KINDS as HOST_COST_KINDS
 
 _BASE_FIELDS = {"proc", "role", "rank", "thread", "kind", "ts", "dur"}
+
+#: category of the host-cost spans
+HOST_COST_CATEGORY = "host_cost"
+#: trace-viewer colour (a name of its fixed palette) of a host-cost span within its budget
+HOST_COST_CNAME = "generic_work"
+#: ... and of one whose real work overran its budget (red)
+OVERRUN_CNAME = "terrible"
 
 
 def _clean(v):
@@ -76,9 +91,14 @@ def trace_events(run, include_rates: bool = False, rate_window_s: float = 0.1) -
         name = kind if layer is None else f"{kind} L{int(layer)}"
         args = {k: _clean(r[k]) for k in extra}
         args = {k: v for k, v in args.items() if v is not None}
-        out.append({"ph": "X", "name": name, "cat": kind, "pid": pid_of[n], "tid": tid_of[(n, th)],
-                    "ts": round((r["ts"] - t0) * 1e6, 3), "dur": round(max(0.0, _clean(r["dur"]) or 0.0) * 1e6, 3),
-                    "args": args})
+        x = {"ph": "X", "name": name, "cat": kind, "pid": pid_of[n], "tid": tid_of[(n, th)],
+             "ts": round((r["ts"] - t0) * 1e6, 3), "dur": round(max(0.0, _clean(r["dur"]) or 0.0) * 1e6, 3),
+             "args": args}
+        if kind.startswith("host_") and kind[len("host_"):] in HOST_COST_KINDS:
+            over = bool(args.get("overrun"))
+            x.update(cat=HOST_COST_CATEGORY, cname=OVERRUN_CNAME if over else HOST_COST_CNAME,
+                     name=f"{name} OVERRUN" if over else name)
+        out.append(x)
     if include_rates and not run.rates.empty:
         cpid = next_free
         out.append({"ph": "M", "name": "process_name", "pid": cpid, "tid": 0, "args": {"name": "switch ports (Mbit/s)"}})

@@ -317,6 +317,66 @@ def test_timeline_is_valid_chrome_trace(run_dir):
     assert any(e["ph"] == "C" for e in with_rates["traceEvents"])
 
 
+def test_timeline_shows_host_costs_as_spans(tmp_path):
+    import threading
+    import time
+
+    from traffic.host import HostModel
+    from traffic.runtime.events import EventLog, read_events
+    from traffic.runtime.hostcost import HostCosts
+    d = tmp_path / "hostcost"
+    d.mkdir()
+    (d / "spec.yaml").write_text(yaml.safe_dump({"name": "hostcost", "scale": 2.0, "workload": {"scheme": "ps"}}))
+    (d / "processes.json").write_text(json.dumps({"processes": [
+        {"name": "worker0", "role": "worker", "rank": 0, "host": "h1"},
+        {"name": "server0", "role": "server", "rank": 1, "host": "h2"}]}))
+    model = HostModel(message_overhead_s=1e-4, aggregate_bytes_per_s=1e9)
+    worker = EventLog(d / "events" / "worker0.jsonl", "worker0", "worker", 0)
+    server = EventLog(d / "events" / "server0.jsonl", "server0", "server", 1)
+    wc, sc = HostCosts(model, 2.0, worker), HostCosts(model, 2.0, server)
+    with worker.span("iteration", iteration=0):
+        wc.wait("compute", 0.01, iteration=0)  # within its budget of 2 x 10 ms
+
+        def comm():
+            with wc.charge("message", nbytes=4096, iteration=0):  # budget 2 x 0.1 ms: overrun
+                time.sleep(0.02)
+        t = threading.Thread(target=comm, name="comm")
+        t.start()
+        t.join()
+    with sc.charge("aggregate", nbytes=1000):  # budget 2 x 1 us: overrun
+        time.sleep(0.005)
+    worker.close()
+    server.close()
+    recorded = {e["kind"]: e for f in ("worker0", "server0") for e in read_events(d / "events" / f"{f}.jsonl")}
+    doc = json.loads(timeline.write_timeline(d).read_text())
+    ev = doc["traceEvents"]
+    tracks = {(e["pid"], e["tid"]): e["args"]["name"] for e in ev if e["name"] == "thread_name"}
+    procs = {e["pid"]: e["args"]["name"] for e in ev if e["name"] == "process_name"}
+    host = {e["args"]["bytes"] if "bytes" in e["args"] else "compute": e for e in ev if e.get("cat") == "host_cost"}
+    assert len(host) == 3 and all(e["ph"] == "X" for e in host.values())
+    compute, message, aggregate = host["compute"], host[4096], host[1000]
+    # on the process and thread that charged it
+    assert procs[compute["pid"]].startswith("worker0") and tracks[(compute["pid"], compute["tid"])] == "main"
+    assert procs[message["pid"]].startswith("worker0") and tracks[(message["pid"], message["tid"])] == "comm"
+    assert procs[aggregate["pid"]].startswith("server0") and tracks[(aggregate["pid"], aggregate["tid"])] == "main"
+    # within budget: plain name and colour; overrun: marked by name, colour and args
+    assert compute["name"] == "host_compute" and compute["cname"] == timeline.HOST_COST_CNAME
+    assert compute["args"]["overrun"] is False and compute["args"]["emulated_s"] == pytest.approx(0.01)
+    assert message["name"] == "host_message OVERRUN" and message["cname"] == timeline.OVERRUN_CNAME
+    assert aggregate["name"] == "host_aggregate OVERRUN" and aggregate["cname"] == timeline.OVERRUN_CNAME
+    assert message["args"]["overrun"] is True and message["args"]["iteration"] == 0
+    assert message["args"]["real_s"] == recorded["host_message"]["real_s"] >= 0.02
+    # times in the emulated network's (scale 2) microseconds from the run start (to 0.5 us: a
+    # unix time in float64 is good to about 0.2 us)
+    t0 = min(e["ts"] for e in recorded.values())
+    for e, kind in ((compute, "host_compute"), (message, "host_message"), (aggregate, "host_aggregate")):
+        assert e["ts"] == pytest.approx((recorded[kind]["ts"] - t0) / 2 * 1e6, abs=0.5)
+        assert e["dur"] == pytest.approx(recorded[kind]["dur"] / 2 * 1e6, abs=0.5)
+    # other events keep their kind as category, without a colour
+    it = next(e for e in ev if e.get("cat") == "iteration")
+    assert it["name"] == "iteration" and "cname" not in it
+
+
 def test_host_utilization_and_idle_fraction(tmp_path):
     from analysis.utilization import host_utilization, idle_fraction, utilization_summary
     # h1 sends 100,000 bytes per 10 ms sample (80 Mbit/s of its 100) and receives 100 bytes

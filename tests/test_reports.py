@@ -452,7 +452,7 @@ def test_stanza_accuracy_curves_without_prediction(tmp_path):
     assert _cell(text, {"scheme": "stanza"}, "predicted") == "-"  # real compute: no prediction
     pairs = _tables(text)[1]
     assert pairs == [{"model": "digits_cnn", "n": "4", "speedup": "2.00", "predicted": "nan", "FC-data ps/stanza": "1.0",
-                      "epoch-data ps/stanza": "1.0"}]
+                      "epoch-data ps/stanza": "1.0", "flags": ""}]
 
 
 def test_pipe_sgd_speedups_and_skipped_run(tmp_path):
@@ -522,6 +522,111 @@ def test_testbed_report_reaches_every_paper(paper, tmp_path, capsys):
         assert _cell(out, where, column) == value
     pngs = [line.split("plot: ", 1)[1] for line in out.splitlines() if line.startswith("plot: ")]
     assert pngs and all(Path(p).stat().st_size > 5_000 for p in pngs)
+    # no run is flagged: every table from runs has an empty flags column and no note
+    flag_cells = [r["flags"] for t in _tables(out) for r in t if "flags" in r]
+    assert flag_cells and set(flag_cells) == {""}
+    assert skeleton.FLAGS_NOTE not in out
+
+
+# ----------------------------------------------------------------------------- fidelity flags
+
+
+def _set_fidelity(sweep: Path, run_name: str, **flags: bool) -> None:
+    """Flag one run of a sweep as the harness and the runner would: ``summary.json``'s
+    ``fidelity`` and the run's row of ``sweep.csv`` (a column the builders did not write, e.g.
+    ``host_cost_overrun``, is added, empty for the other rows)."""
+    run = sweep / run_name
+    summary = json.loads((run / "summary.json").read_text())
+    summary.setdefault("fidelity", {}).update(flags)
+    (run / "summary.json").write_text(json.dumps(summary))
+    df = pd.read_csv(sweep / "sweep.csv")
+    row = df["run_dir"].map(lambda p: Path(p).name == run_name)
+    assert row.sum() == 1
+    for key, value in flags.items():
+        if key not in df:
+            df[key] = None
+        df[key] = df[key].astype(object)
+        df.loc[row, key] = value
+    df.to_csv(sweep / "sweep.csv", index=False)
+
+
+HOST = {"host_cost_overrun": True}
+BOTH = {"cpu_starved": True, "host_cost_overrun": True}
+#: paper -> (the runs flagged: (builder index, run directory, flags), [(row, the flags cell of
+#: every table row that matches, in the order printed)], tables with a flagged row)
+FLAGGED = {
+    "p3": ([(0, "005_host_bw_mbps=4000_p3", HOST)],
+           [({"variant": "p3", P3_X: "4000"}, ["host-overrun"]), ({"variant": "baseline", P3_X: "4000"}, [""])], 1),
+    "phub": ([(0, "005_racks=2_bg=True_phub_hier", BOTH)],
+             [({"variant": "phub_hier", "racks": "2", "background": "True"}, ["cpu-starved+host-overrun"]),
+              ({"variant": "phub_hier", "racks": "2", "background": "False"}, [""]),
+              ({"variant": "2jobs"}, [""])], 1),
+    "ibatch": ([(0, "004_googlenet_ibatch_4", HOST)],  # both tables are per run
+               [({"model": "googlenet", "pull": "ibatch", "nodes": "4"}, ["host-overrun", "host-overrun"]),
+                ({"model": "googlenet", "pull": "ibatch", "nodes": "2"}, ["", ""])], 2),
+    "stanza": ([(0, "003_workers=4_ps", HOST), (0, "002_workers=4_stanza", {"cpu_starved": True})],
+               [({"scheme": "ps", "model": "alexnet", "n": "4"}, ["host-overrun"]),
+                ({"scheme": "stanza", "model": "alexnet", "n": "4"}, ["cpu-starved"]),
+                ({"model": "alexnet", "n": "4", "speedup": "2.50"}, ["cpu-starved+host-overrun"]),  # the pair
+                ({"model": "alexnet", "n": "2"}, ["", "", ""])], 2),  # stanza run, ps run, their pair
+    # per variant, then speed-ups: every variant is divided by D-Sync, and Pipe-SGD is cpu-starved
+    "pipe_sgd": ([(0, "001_D-Sync", HOST), (0, "002_Pipe-SGD", {"cpu_starved": True})],
+                 [({"variant": "D-Sync"}, ["host-overrun", "host-overrun"]),
+                  ({"variant": "Pipe-SGD"}, ["cpu-starved", "cpu-starved+host-overrun"]),
+                  ({"variant": "PS-Sync"}, ["", "host-overrun"])], 2),
+}
+
+
+@pytest.mark.parametrize("paper", list(FLAGGED))
+def test_reports_flag_the_rows_of_flagged_runs(paper, tmp_path, capsys):
+    dirs = [b(tmp_path) for b in BUILDERS[paper]]
+    flagged, cells, noted = FLAGGED[paper]
+    for i, run, flags in flagged:
+        _set_fidelity(dirs[i], run, **flags)
+    extra = CLI[paper][0]
+    assert cli_main(["report", paper, *map(str, dirs), *extra]) == 0
+    out = capsys.readouterr().out
+    for where, values in cells:
+        hits = [r["flags"] for t in _tables(out) for r in t
+                if "flags" in r and all(r.get(k) == v for k, v in where.items())]
+        assert hits == values, where
+    # the note, once under each table with a flagged row, after a blank line
+    assert out.count(skeleton.FLAGS_NOTE) == noted
+    assert out.count("|\n\n" + skeleton.FLAGS_NOTE) == noted
+
+
+def test_flags_from_summary_and_sweep_rows(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    assert skeleton.fidelity_flags(run) == ""  # no summary yet
+    (run / "summary.json").write_text(json.dumps({"fidelity": {"cpu_starved": None, "host_cost_overrun": True}}))
+    assert skeleton.fidelity_flags(run) == "host-overrun"
+    (run / "summary.json").write_text(json.dumps({"status": "failed", "fidelity": None}))
+    assert skeleton.fidelity_flags(run) == ""
+    # sweep.csv cells: bools, NaN for an empty cell, strings in a column pandas left untyped, a missing column
+    assert skeleton.row_flags(pd.Series({"cpu_starved": True, "host_cost_overrun": math.nan})) == "cpu-starved"
+    assert skeleton.row_flags(pd.Series({"cpu_starved": "False", "host_cost_overrun": "True"})) == "host-overrun"
+    assert skeleton.row_flags(pd.Series({"cpu_starved": False})) == ""
+    assert skeleton.union_flags("host-overrun", "", None, "cpu-starved+host-overrun") == "cpu-starved+host-overrun"
+    assert skeleton.union_flags("", math.nan) == ""
+
+
+def test_ls_and_show_flag_a_host_cost_overrun(tmp_path, capsys):
+    fidelity = {"cpu_starved": False, "host_cost_overrun": True}
+    over = _write_run(tmp_path / "runs" / "over", {"scale": 4}, summary={
+        "status": "ok", "scheme": "ps", "throughput": {"mean": 12.5}, "fidelity": fidelity,
+        "host_costs": {"aggregate": {"count": 3, "modelled": True, "emulated_s": 0.3, "budget_s": 1.2, "real_s": 1.5,
+                                     "overruns": 2, "overrun_s": 0.3, "overrun_fraction": 0.25}}})
+    _write_run(tmp_path / "runs" / "clean", {"scale": 4}, summary={
+        "status": "ok", "scheme": "ps", "throughput": {"mean": 20.0},
+        "fidelity": {"cpu_starved": False, "host_cost_overrun": False}})
+    assert cli_main(["ls", str(tmp_path / "runs")]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert lines["over"].endswith("12.5 samples/s  [host-cost overrun]")
+    assert lines["clean"].endswith("20.0 samples/s")
+    assert cli_main(["show", str(over)]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["fidelity"] == fidelity and shown["host_costs"]["aggregate"]["overruns"] == 2
 
 
 @pytest.mark.parametrize("module, args", [("analysis.p3_report", ["--baseline", "baseline"]), ("analysis.phub_report", ["--table2"]),
