@@ -9,10 +9,14 @@ and 2 (with equal and unequal groups). The events must show recursive doubling's
 count (Stanza §4.1.2) and true-size activation messages; worker 0's evaluations must equal
 the reference model's; the ``n_c = 2`` case also writes §5.3 checkpoints (each process's
 own, and FC worker 0's copy on a randomly chosen CONV worker), equal to SGD after two
-iterations.
+iterations. The ``(5, 2)`` case runs with host costs (``aggregate`` and ``optimizer`` rates)
+and counts the charges: one ``aggregate`` per local sum of each recursive doubling, one
+``optimizer`` per FC worker iteration; an emulated-compute run counts the ``compute``
+charges of the FC layers (``g`` times their profiled time).
 """
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -22,8 +26,9 @@ from analysis.models import stanza as model
 from analysis.stanza_report import run_figures
 from topologies.errors import SpecError
 from testbed.spec import from_dict
-from traffic.collectives.recursive_doubling import rounds, schedule
+from traffic.collectives.recursive_doubling import rounds, schedule, sums
 from traffic.reference import reference_accuracy, reference_train
+from traffic.rundir import read_json
 from traffic.runtime.events import read_events
 from testbed.local import local_entries, run_local
 from topologies.hosts import HostInfo
@@ -58,6 +63,20 @@ def test_recursive_doubling_schedule_sums_everything_everywhere(p):
     assert all(h == set(range(p)) for h in have)
     with pytest.raises(ValueError):
         rounds(0)
+
+
+@pytest.mark.parametrize("p", range(1, 12))
+def test_recursive_doubling_sums_are_the_transfers_received_and_added(p):
+    # every fold or exchange transfer is added into its receiver's tensor; an unfold overwrites
+    added = [0] * p
+    for transfers in schedule(p):
+        for _, dst, phase in transfers:
+            added[dst] += phase != "unfold"
+    assert [sums(p, i) for i in range(p)] == added
+    q = 1 << (p.bit_length() - 1)
+    assert sums(p, 0) == (rounds(p) if p == q else rounds(p) - 1)  # log2 q exchanges (+ a fold)
+    with pytest.raises(ValueError):
+        sums(p, p)
 
 
 # ----------------------------------------------------------------------------- model and search
@@ -177,16 +196,52 @@ def test_auto_assignment_uses_the_search():
 # ----------------------------------------------------------------------------- end to end
 
 
-def _experiment(n_c, n_f, **options):
-    return experiment("stanza", hosts_per_rack=8, model="digits_cnn", workers=n_c, iterations=ITERS,
-                      batch_size=BATCH, seed=SEED, optimizer={"lr": 0.1, "momentum": 0.9, "weight_decay": 1e-4},
-                      options={"fc_workers": n_f, **options})
+#: host rates of the host-cost case, GB/s
+HOST = {"aggregate_gb_per_s": 0.5, "optimizer_gb_per_s": 1.0}
+AGG_BPS, OPT_BPS = HOST["aggregate_gb_per_s"] * 1e9, HOST["optimizer_gb_per_s"] * 1e9
 
 
-@pytest.mark.parametrize("n_c,n_f", [(2, 1), (3, 1), (4, 2), (5, 2)])
-def test_stanza_matches_single_process_sgd(n_c, n_f, tmp_path):
+def _experiment(n_c, n_f, host=None, compute=None, **options):
+    exp = experiment("stanza", hosts_per_rack=8, model="digits_cnn", workers=n_c, iterations=ITERS,
+                     batch_size=BATCH, seed=SEED, optimizer={"lr": 0.1, "momentum": 0.9, "weight_decay": 1e-4},
+                     options={"fc_workers": n_f, **options}, **({"compute": compute} if compute else {}))
+    return from_dict({**exp.to_dict(), "host": host}) if host else exp
+
+
+def _check_host_costs(run_dir, n_c, n_f):
+    """One ``aggregate`` charge per local sum of each recursive doubling (CONV and FC
+    gradients, whole flat buffers), one ``optimizer`` per FC iteration (the FC parameters'
+    bytes), at the stated rates; the results' ``host_costs`` add up to the events."""
+    m = build_model("digits_cnn", SEED)
+    conv_bytes = sum(p.numel() * 4 for l in m.layers[:2] for p in l.parameters())
+    fc_bytes = sum(p.numel() * 4 for l in m.layers[2:] for p in l.parameters())
+    procs = [(f"worker{i}", sums(n_c, i), conv_bytes) for i in range(n_c)]
+    procs += [(f"fc{j}", sums(n_f, j), fc_bytes) for j in range(n_f)]
+    assert sum(k for _, k, _ in procs) > 0
+    for name, k, nbytes in procs:
+        ev = read_events(run_dir / "events" / f"{name}.jsonl")
+        agg = [e for e in ev if e["kind"] == "host_aggregate"]
+        for it in range(ITERS):
+            mine = [e for e in agg if e["iteration"] == it]
+            assert len(mine) == k, (name, it)
+            assert all(e["bytes"] == nbytes and e["emulated_s"] == pytest.approx(nbytes / AGG_BPS) for e in mine)
+        opt = [e for e in ev if e["kind"] == "host_optimizer"]
+        hc = read_json(run_dir / "results" / f"{name}.json")["host_costs"]
+        if name.startswith("fc"):
+            assert [e["iteration"] for e in opt] == list(range(ITERS)), name
+            assert all(e["bytes"] == fc_bytes and e["emulated_s"] == pytest.approx(fc_bytes / OPT_BPS) for e in opt)
+            assert hc["optimizer"]["count"] == ITERS and hc["optimizer"]["modelled"]
+        if k:
+            assert hc["aggregate"]["count"] == ITERS * k and hc["aggregate"]["modelled"]
+            assert hc["aggregate"]["emulated_s"] == pytest.approx(ITERS * k * nbytes / AGG_BPS)
+        else:  # a surplus process of the recursive doubling adds nothing
+            assert "aggregate" not in hc, name
+
+
+@pytest.mark.parametrize("n_c,n_f,host", [(2, 1, None), (3, 1, None), (4, 2, None), (5, 2, HOST)])
+def test_stanza_matches_single_process_sgd(n_c, n_f, host, tmp_path):
     ckpt = 2 if n_c == 2 else 0  # Stanza §5.3 checkpoints, once (after iteration 1)
-    exp = _experiment(n_c, n_f, checkpoint_every=ckpt)
+    exp = _experiment(n_c, n_f, host=host, checkpoint_every=ckpt)
     ref = reference_train(exp.workload, n_c)
     init = build_model("digits_cnn", SEED).state_dict()
     assert max(float((ref[k] - init[k]).abs().max()) for k in ref) > 1e-2  # training moved far
@@ -249,3 +304,30 @@ def test_stanza_matches_single_process_sgd(n_c, n_f, tmp_path):
     for e in evals:
         acc, loss = reference_accuracy(exp.workload, n_c, iterations=e["iteration"] + 1)
         assert e["accuracy"] == pytest.approx(acc, abs=1 / 360) and e["loss"] == pytest.approx(loss, rel=1e-4)
+    if host:
+        _check_host_costs(run_dir, n_c, n_f)
+
+
+def test_emulated_fc_compute_is_charged_as_compute(tmp_path):
+    """Emulated compute: the FC worker charges each FC layer's profiled forward and backward
+    time x its group size ``g`` as host cost ``compute`` (Stanza eq. (2)), the CONV workers
+    their CONV layers' times."""
+    fwd, bwd = [0.002, 0.003, 0.001, 0.0005], [0.004, 0.006, 0.002, 0.001]  # digits_cnn: conv1 conv2 | fc1 fc2
+    prof = tmp_path / "p.json"
+    prof.write_text(json.dumps({
+        "model": "digits_cnn", "device": "test", "batch_size": BATCH, "source": "written by the test",
+        "method": "test", "derived": False,
+        "layers": [{"index": i, "name": f"layer{i}", "forward_s": f, "backward_s": b}
+                   for i, (f, b) in enumerate(zip(fwd, bwd))]}))
+    n_c, n_f, s = 3, 1, 2
+    run_dir = run_local(_experiment(n_c, n_f, compute={"mode": "emulated", "profile": str(prof)}), tmp_path / "run")
+    fc = read_json(run_dir / "results" / "fc0.json")["host_costs"]["compute"]
+    assert fc["count"] == ITERS * 2 * (len(fwd) - s)
+    assert fc["emulated_s"] == pytest.approx(ITERS * n_c * (sum(fwd[s:]) + sum(bwd[s:])))
+    for i in range(n_c):
+        conv = read_json(run_dir / "results" / f"worker{i}.json")["host_costs"]["compute"]
+        assert conv["count"] == ITERS * 2 * s
+        assert conv["emulated_s"] == pytest.approx(ITERS * (sum(fwd[:s]) + sum(bwd[:s])))
+    ev = read_events(run_dir / "events" / "fc0.jsonl")
+    assert sorted(e["requested_s"] for e in ev if e["kind"] == "forward" and e["iteration"] == 0) == \
+        pytest.approx(sorted(n_c * t for t in fwd[s:]))

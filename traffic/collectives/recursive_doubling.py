@@ -22,16 +22,23 @@ footnote 3: its allreduce must not let workers' copies drift through different r
 Each transfer is one :class:`~traffic.runtime.transport.Transport` ``isend``/``irecv`` and so
 one event, with ``round`` (0-based, as in :func:`schedule`), ``phase`` (``fold``,
 ``exchange``, ``unfold``) and the caller's fields; ``bytes`` is the payload of the tensor.
+
+Local sums. Every addition of a received tensor into one's own (the ``fold`` partner's
+once, then one per ``exchange`` round; a surplus process sums nothing) is charged, when the
+caller passes its host-cost accountant, as host cost ``aggregate`` of the tensor's bytes
+(:func:`sums`): ``log2 p`` sums per process when ``p`` is a power of two.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Sequence
 
 import torch
 
+from traffic.runtime.hostcost import HostCosts
 from traffic.runtime.transport import Transport
 
-__all__ = ["rounds", "schedule", "allreduce"]
+__all__ = ["rounds", "schedule", "sums", "allreduce"]
 
 
 def _pof2(p: int) -> int:
@@ -76,8 +83,24 @@ def schedule(p: int) -> list[list[tuple[int, int, str]]]:
     return out
 
 
+def sums(p: int, i: int) -> int:
+    """Local sums (additions of a received tensor into one's own) process ``i`` of ``p`` does
+    in :func:`allreduce`: one per ``exchange`` round it takes part in, plus one for a ``fold``
+    partner; 0 for a surplus process and for ``p = 1``.
+
+    Raises:
+        ValueError: ``p`` < 1 or ``i`` not in ``0 .. p-1``.
+    """
+    if not 0 <= i < p:
+        raise ValueError(f"need 0 <= i < p, got i={i}, p={p}")
+    q = _pof2(p)
+    if i >= q:
+        return 0
+    return (q.bit_length() - 1) + (1 if i < p - q else 0)
+
+
 def allreduce(transport: Transport, tensor: torch.Tensor, ranks: Sequence[int], *, tag: int = 0,
-              kind: str = "allreduce", **fields) -> int:
+              kind: str = "allreduce", costs: HostCosts | None = None, **fields) -> int:
     """Sum ``tensor`` over the processes ``ranks`` in place by recursive doubling.
 
     Every process of ``ranks`` must call it with a tensor of the same shape and dtype, the
@@ -91,6 +114,9 @@ def allreduce(transport: Transport, tensor: torch.Tensor, ranks: Sequence[int], 
             between the same processes).
         kind: event kind of every transfer; ``fields`` are added to each event (e.g.
             ``iteration``; not ``group``, which the transport reserves for process groups).
+        costs: the process's host-cost accountant: each local sum (:func:`sums` of them) is
+            charged as ``aggregate`` of the tensor's bytes, recorded as a ``host_aggregate``
+            span with ``round``, ``phase`` and ``fields``; None: their real time only.
 
     Returns:
         The number of rounds of the algorithm (:func:`rounds` of ``len(ranks)``), whether or
@@ -116,6 +142,13 @@ def allreduce(transport: Transport, tensor: torch.Tensor, ranks: Sequence[int], 
     r = p - q
     f = dict(fields, group_size=p)
     buf = torch.empty_like(tensor)
+    nbytes = tensor.numel() * tensor.element_size()
+
+    def charged(rnd: int, phase: str):
+        if costs is None:
+            return nullcontext()
+        return costs.charge("aggregate", nbytes=nbytes, round=rnd, phase=phase, **f)
+
     rnd = 0
     if r:
         if i >= q:  # surplus: fold in, then wait for the result
@@ -124,7 +157,8 @@ def allreduce(transport: Transport, tensor: torch.Tensor, ranks: Sequence[int], 
             return n_rounds
         if i < r:
             transport.recv(buf, ranks[i + q], tag=tag, kind=kind, round=0, phase="fold", **f)
-            tensor.add_(buf)
+            with charged(0, "fold"):
+                tensor.add_(buf)
         rnd = 1
     mask = 1
     while mask < q:
@@ -133,7 +167,8 @@ def allreduce(transport: Transport, tensor: torch.Tensor, ranks: Sequence[int], 
         tx = transport.isend(tensor, peer, tag=tag, kind=kind, round=rnd, phase="exchange", **f)
         tx.wait()
         rx.wait()
-        tensor.add_(buf)
+        with charged(rnd, "exchange"):
+            tensor.add_(buf)
         mask <<= 1
         rnd += 1
     if r and i < r:

@@ -11,8 +11,26 @@ Buckets, as torch DDP's: keys (parameter tensors) taken in backward order (last 
 first) are packed into flat buckets of at most ``bucket_mb`` MiB; a key larger than that is
 a bucket by itself; ``bucket_mb: 0`` gives one all_reduce per key.
 
+Host cost of the local reduction. gloo's ring all_reduce sums inside the collective, out of
+our reach: in its reduce-scatter phase each of the ``p = W`` processes adds ``p - 1``
+incoming blocks of ``n/p`` bytes to its own, ``(p-1)/p x n`` bytes of an ``n``-byte bucket
+(:func:`ring_reduced_bytes`). Source: Pipe-SGD (pipe-sgd.txt) Sec. 3.1: each worker "transmits
+only a block of the entire gradient vector to its neighbor and performs the sum reduction on
+the received block", and Eq. (5), the Ring-AllReduce model of Thakur et al. [47], whose
+summation term is ``(p-1)/p · n · γ`` with "γ the byte sum reduction time". After each
+bucket's all_reduce returns, that many bytes are charged as host cost ``aggregate``
+(:mod:`traffic.runtime.hostcost`); the block of the charge is the averaging division ``/= W``
+(the only reduction work done in Python, counted in the same charge). The real summation
+already took place, and its real time was counted, inside the collective (gloo adds while it
+communicates), so the emulated iteration holds the summation twice: this machine's real adds
+within the measured collective, plus the stated cost after it. The project's own ring
+(:func:`traffic.collectives.ring.ring_allreduce` with ``costs=``, used by Pipe-SGD) avoids
+that by charging each sum as it happens, with the real work as the floor; this scheme keeps
+gloo's collective.
+
 Events: ``allreduce`` per bucket (``bytes`` = the bucket's payload, ``bucket``, ``keys``,
-``group_size``) and ``update`` for the optimizer step.
+``group_size``), ``host_aggregate`` per bucket (``bytes`` = the charged
+:func:`ring_reduced_bytes`, ``bucket``) and ``update`` for the optimizer step.
 """
 from __future__ import annotations
 
@@ -23,7 +41,7 @@ from traffic.runtime.trainer import make_optimizer
 from traffic.schemes import register
 from traffic.schemes.base import Scheme, SchemeOptions
 
-__all__ = ["AllReduce", "make_buckets"]
+__all__ = ["AllReduce", "make_buckets", "ring_reduced_bytes"]
 
 
 def make_buckets(key_bytes: list[int], bucket_mb: float) -> list[list[int]]:
@@ -56,6 +74,19 @@ def make_buckets(key_bytes: list[int], bucket_mb: float) -> list[list[int]]:
     return buckets
 
 
+def ring_reduced_bytes(nbytes: int, p: int) -> int:
+    """Bytes of incoming data one process sums in a ring allreduce of ``nbytes`` over ``p``
+    processes: ``(p-1)/p x nbytes`` (the reduce-scatter's ``p - 1`` blocks of ``nbytes/p``;
+    Pipe-SGD Sec. 3.1, Eq. (5)), rounded down; 0 for ``p = 1``.
+
+    Raises:
+        ValueError: ``nbytes`` < 0 or ``p`` < 1.
+    """
+    if nbytes < 0 or p < 1:
+        raise ValueError(f"need nbytes >= 0 and p >= 1, got nbytes={nbytes}, p={p}")
+    return nbytes * (p - 1) // p
+
+
 class AllReduceOptions(SchemeOptions):
     """Options of ``allreduce``."""
     bucket_mb: float = Field(25.0, ge=0)
@@ -81,7 +112,8 @@ class AllReduce(Scheme):
         self.W = len(worker_ranks)
 
     def on_backward_end(self, it: int) -> None:
-        """All_reduce each bucket of gradients, average, and step the optimizer."""
+        """All_reduce each bucket of gradients, average, and step the optimizer. Each
+        bucket's local reduction is charged as host cost ``aggregate`` (module docstring)."""
         tr = self.ctx.transport
         for b, keys in enumerate(self.buckets):
             grads = []
@@ -92,7 +124,10 @@ class AllReduce(Scheme):
                 grads.append(p.grad)
             flat = torch.cat([g.reshape(-1) for g in grads]) if len(grads) > 1 else grads[0].reshape(-1).clone()
             tr.all_reduce(flat, group=self.group, kind="allreduce", iteration=it, bucket=b, keys=keys)
-            flat /= self.W
+            # gloo summed inside the collective; charge that sum here (module docstring)
+            with self.ctx.costs.charge("aggregate", nbytes=ring_reduced_bytes(flat.numel() * flat.element_size(),
+                                                                              self.W), iteration=it, bucket=b):
+                flat /= self.W
             off = 0
             for g in grads:
                 g.copy_(flat[off:off + g.numel()].view_as(g))

@@ -51,6 +51,32 @@ size: activations and their gradients ``(K, *split_shape)``, labels ``(K,)``, gr
 every CONV (FC) parameter. CONV workers keep no FC parameters and FC workers no CONV
 parameters in that mode (their layers are moved to the meta device), as in the paper.
 
+Host costs (:mod:`traffic.runtime.hostcost`, rates from the ``host:`` section):
+
+* FC compute (``compute``): in emulated compute the FC worker's forward and backward of each
+  FC layer are charged their profiled times ``x g`` through
+  :class:`~traffic.runtime.emulation.EmulatedCompute` (Stanza §3.2, Figure 4: the FC worker
+  "continues the forward pass to compute the loss values. It then starts backpropagation and
+  computes gradients for all FC layers and the last CONV layer"; §4.2.1 eq. (2): the FC
+  computation time is ``(n_c/n_f) T_f``), as the CONV workers' layers are charged by the
+  :class:`~traffic.runtime.trainer.Trainer`. Real compute takes this machine's time, as
+  everywhere in real mode.
+* Local sums of the allreduces (``aggregate``): every addition of a received tensor in the
+  CONV workers' allreduce of the CONV gradients (§4.1.2: "the objective of CONV worker
+  communication is to disseminate the global average gradients among all CONV workers,
+  which is essentially an allreduce operation", by recursive doubling) and in the FC
+  workers' one of the FC gradients (§4.1.3: "Stanza relies on the same recursive doubling
+  algorithm described above to exchange gradients"), as it happens, of the whole flat
+  gradient's bytes (:func:`traffic.collectives.recursive_doubling.sums` additions per
+  process). No averaging division follows: the loss is already scaled by ``g / n_c``.
+* Between CONV and FC workers nothing is reduced: §4.1.1, "it is thus not possible to combine
+  the activations or gradients to reduce the transmission volume". The FC worker
+  concatenates its group's activations and splits the activations' gradient by rows
+  (copies and views); summing the per-sample FC gradients over its ``g K`` rows is part of
+  the FC backward, i.e. of ``compute``.
+* The FC worker's update (``optimizer``, the FC parameters' bytes): §3.2, it "pushes
+  gradients of the last CONV layer ... to the CONV workers, and updates FC layer parameters".
+
 Evaluation and the final parameters. Only an FC worker has the trained FC layers. Before
 CONV worker 0 evaluates (every ``workload.eval_every`` iterations and after the last,
 real compute only), FC worker 0 sends it its FC parameters (kind ``fc_sync``).
@@ -79,9 +105,11 @@ next ``n_f`` hosts, one process per host as in the paper. ``workload.workers`` i
 
 Events: CONV workers log ``activation`` (tx) and ``label`` (tx) to their FC worker,
 ``activation_grad`` (rx), ``allreduce`` per recursive-doubling transfer (``round``,
-``phase``, ``members: conv``) and ``update``; FC workers log ``fc_iteration`` (span, with
+``phase``, ``members: conv``), ``host_aggregate`` per local sum of it (``bytes``, ``round``,
+``phase``, ``members``) and ``update``; FC workers log ``fc_iteration`` (span, with
 ``samples`` and ``loss``), the matching rx/tx events, ``allreduce`` (``members: fc``),
-``update`` and ``fc_sync``. Every event has ``iteration``.
+``host_aggregate``, ``update`` (with ``host_optimizer`` inside it) and ``fc_sync``. Every
+event has ``iteration``.
 """
 from __future__ import annotations
 
@@ -406,12 +434,13 @@ class Stanza(Scheme):
         return self.grad_buf
 
     def on_backward_end(self, it: int) -> None:
-        """CONV worker: allreduce the CONV gradients (recursive doubling), SGD step; worker 0
-        fetches the FC layers from FC worker 0 before an evaluation."""
+        """CONV worker: allreduce the CONV gradients (recursive doubling, each local sum charged
+        as host cost ``aggregate``), SGD step; worker 0 fetches the FC layers from FC worker 0
+        before an evaluation."""
         ctx = self.ctx
         flat = _flat_grads(self.conv_params)
         recursive_doubling.allreduce(ctx.transport, flat, self.conv_ranks, tag=TAG_RD_CONV, kind="allreduce",
-                                     iteration=it, members="conv")
+                                     costs=ctx.costs, iteration=it, members="conv")
         _assign_grads(self.conv_params, flat)
         with ctx.events.span("update", iteration=it):
             self.optimizer.step()
@@ -439,7 +468,9 @@ class Stanza(Scheme):
 
     def run_fc(self) -> None:
         """An FC worker: ``workload.iterations`` rounds of receive activations, FC forward and
-        backward, send activation gradients, FC allreduce (``n_f`` > 1), SGD step.
+        backward, send activation gradients, FC allreduce (``n_f`` > 1), SGD step. Host costs
+        (module docstring): emulated FC layers as ``compute``, each local sum of the FC
+        allreduce as ``aggregate``, the step as ``optimizer`` of the FC parameters' bytes.
 
         Raises:
             RuntimeError / DistBackendError: a peer died or communication timed out.
@@ -451,6 +482,7 @@ class Stanza(Scheme):
         g = len(group)
         fc_layers = list(model.layers[s:])
         params = _params(fc_layers)
+        fc_bytes = sum(p.numel() * p.element_size() for p in params)  # what the update touches
         opt = make_optimizer(params, ctx.workload.optimizer)
         acts = [torch.empty((K, *self.split_shape)) for _ in group]
         labels = [torch.empty(K, dtype=torch.long) for _ in group]
@@ -492,9 +524,10 @@ class Stanza(Scheme):
                 if self.n_f > 1:  # overlaps the CONV workers' allreduce (§4.1.3)
                     flat = _flat_grads(params)
                     recursive_doubling.allreduce(tr, flat, self.fc_ranks, tag=TAG_RD_FC, kind="allreduce",
-                                                 iteration=it, members="fc")
+                                                 costs=ctx.costs, iteration=it, members="fc")
                     _assign_grads(params, flat)
-                with ev.span("update", iteration=it):
+                with ev.span("update", iteration=it), \
+                        ctx.costs.charge("optimizer", nbytes=fc_bytes, iteration=it, members="fc"):
                     opt.step()
                 tr.wait_all(tx)
                 if ctx.index == 0 and self._evaluates_after(it):
