@@ -40,13 +40,29 @@ MXNet's KVStore with wait-free backprop (Poseidon), the P3 paper's baseline. Per
 Servers process their shards in the order workers push them (last layer first) and send
 each updated shard to every worker as soon as it is aggregated and updated: the pull of a
 key is "issued" once that key is aggregated. (MXNet's worker sends a pull request on the
-update notification; here the server sends unasked, saving that request's round trip.)
+update notification; here the server sends unasked, saving that request's round trip, as
+P3Server does.)
 
-Messages: push and pull of shard ``i`` use tag ``i`` (``Shard.id``). Events: workers log
-``push`` (dir tx) and ``pull`` (dir rx); servers log ``push`` (dir rx), ``update`` and
-``pull`` (dir tx), each with ``bytes``, ``peer``, ``iteration``, ``layer``, ``key``,
-``shard`` and ``slice`` (both the shard's id) and ``priority`` (the layer index; ``ps``
-does not schedule by it, the field lets plots compare with ``p3``).
+Pull requests (option ``pull_request: true``; default ``false``, the unasked sends above):
+MXNet KVStore's own pull path, the P3 paper's baseline (p3.txt Sec. 4.1, 4.2), in
+:mod:`traffic.schemes.ps_pull_request`. A server sends each worker a small update
+*notification* per updated shard instead of the values; a worker's ``pull`` thread, once it
+holds the notifications of every shard of a layer, sends one pull request per server holding
+shards of that layer and receives the answers straight into the model; each server answers
+on one ``respond<j>`` thread per worker, charging the host cost ``request_startup`` per
+request. Bulk mode: ``on_backward_end`` pushes every shard, then waits until every layer
+is pulled; with ``overlap``: ``after_backward`` only pushes, ``before_forward(it, l)`` waits
+for layer ``l`` of round ``it - 1``. The values each forward pass reads are the same as
+without the option; only the messages (and their timing) differ.
+
+Messages: push and pull of shard ``i`` use tag ``i`` (``Shard.id``); notifications and pull
+requests their own tags (:data:`traffic.schemes.ps_pull_request.NOTIFY_TAG`,
+``PULL_REQUEST_TAG``). Events: workers log ``push`` (dir tx) and ``pull`` (dir rx); servers
+log ``push`` (dir rx), ``update`` and ``pull`` (dir tx), each with ``bytes``, ``peer``,
+``iteration``, ``layer``, ``key``, ``shard`` and ``slice`` (both the shard's id) and
+``priority`` (the layer index; ``ps`` does not schedule by it, the field lets plots compare
+with ``p3``). With ``pull_request`` also ``notify`` and ``pull_request`` on both ends (fields
+in :mod:`traffic.schemes.ps_pull_request`).
 
 Subclasses (``p3``) change the cut of keys (:meth:`ParameterServer._make_shards`), the
 message kinds, the worker's send path (:meth:`ParameterServer._submit_push`) and the
@@ -68,6 +84,7 @@ from traffic.runtime.transport import Pending
 from traffic.runtime.trainer import make_optimizer
 from traffic.schemes import register
 from traffic.schemes.base import ProcessPlan, Scheme, SchemeOptions, worker_hosts
+from traffic.schemes.ps_pull_request import NotifiedPuller, RequestResponder
 
 __all__ = ["BIGARRAY_BOUND", "Shard", "assign_keys", "model_shards", "ParameterServer"]
 
@@ -151,6 +168,17 @@ class PSOptions(SchemeOptions):
     """Push each layer's gradient as soon as its backward is done and wait, before each
     layer's forward, only for that layer's parameters (false: push and pull everything
     after the whole backward pass)."""
+    pull_request: bool = False
+    """Pull as MXNet's KVStore, the P3 paper's baseline: a server sends an update
+    notification per updated shard, and a worker that holds the notifications of every shard
+    of a layer sends a pull request to each server holding shards of it, which answers with
+    them (p3.txt Sec. 4.1: "KVWorker receives a notification, it immediately issues a Pull
+    request to the KVServer(s) for the corresponding updated parameter values. KVServer then
+    sends the latest parameter values in response"; Sec. 4.2: "MXNet only issues a pull
+    request once it has received the update notification for all the slices of a layer").
+    Each request costs the server ``host.request_startup_ms``. False: servers send updated
+    shards unasked, as P3Server (Sec. 4.2: "we remove the explicit update notification and
+    pull requests")."""
 
 
 @register("ps")
@@ -165,6 +193,9 @@ class ParameterServer(Scheme):
     Options = PSOptions
     push_kind = "push"    # event kind of a gradient message
     pull_kind = "pull"    # event kind of an updated-parameter message (server -> worker)
+    # with pull_request: the worker's puller (setup) and the server's responder (run_server)
+    _notified: NotifiedPuller | None = None
+    _responder: RequestResponder | None = None
 
     @classmethod
     def hosts(cls, workload, topology) -> list[HostRequest]:
@@ -237,6 +268,12 @@ class ParameterServer(Scheme):
         """True when pushes start in ``after_backward`` and pulls are awaited per layer."""
         return self.opts.overlap
 
+    @property
+    def pull_requested(self) -> bool:
+        """True when workers pull on update notifications (option ``pull_request``; subclasses
+        whose options lack it: false)."""
+        return bool(getattr(self.opts, "pull_request", False))
+
     def _make_shards(self) -> list[Shard]:
         """The cut of the model's keys into shards with their servers (ps: :func:`model_shards`)."""
         return model_shards(self.ctx.model, len(self.server_ranks), self.opts.bigarray_bound)
@@ -274,6 +311,10 @@ class ParameterServer(Scheme):
             flat = [p.data.view(-1) for p in self.params]
             tr.wait_all([tr.isend(flat[s.key][s.lo:s.hi], self.server_ranks[s.server], tag=s.id,
                                   kind="init", **self._fields(-1, s)) for s in self.shards])
+        if self.pull_requested:
+            self._notified = NotifiedPuller(self.ctx.transport, self.shards, self.key_layer, self.server_ranks,
+                                          self.ctx.iterations, self._post_pull)
+            self._notified.start()
 
     def _grad_slice(self, s: Shard) -> torch.Tensor:
         p = self.params[s.key]
@@ -290,13 +331,21 @@ class ParameterServer(Scheme):
         """Bulk: push every shard of the gradient, pull every shard of the new parameters.
 
         With ``overlap``: nothing, except on worker 0 before an evaluation (wait for every pull).
+        With ``pull_request``: the pulls are the ``pull`` thread's; bulk waits for all of them.
         """
         if self.overlapped:
             every = self.ctx.workload.eval_every
             if self.ctx.index == 0 and every > 0 and (it + 1) % every == 0:
+                if self._notified is not None:
+                    self._notified.wait_round(it)
                 self._wait_pulls()
             return
         tr = self.ctx.transport
+        if self._notified is not None:
+            tr.wait_all([tr.isend(self._grad_slice(s), self.server_ranks[s.server], tag=s.id,
+                                  kind=self.push_kind, **self._fields(it, s)) for s in self.shards])
+            self._notified.wait_round(it)
+            return
         pulls = [self._post_pull(it, s) for s in self.shards]
         pushes = [tr.isend(self._grad_slice(s), self.server_ranks[s.server], tag=s.id,
                            kind=self.push_kind, **self._fields(it, s)) for s in self.shards]
@@ -308,7 +357,8 @@ class ParameterServer(Scheme):
         if not self.overlapped or not self.layer_shards[layer]:
             return
         shards = self.layer_shards[layer]
-        self._pulls[layer] = [self._post_pull(it, s) for s in shards]
+        if self._notified is None:  # with pull_request the pull thread posts them on the notifications
+            self._pulls[layer] = [self._post_pull(it, s) for s in shards]
         self._submit_push(it, layer, [(s, self._grad_slice(s)) for s in shards])
 
     def _submit_push(self, it: int, layer: int, items: list[tuple[Shard, torch.Tensor]]) -> None:
@@ -323,6 +373,8 @@ class ParameterServer(Scheme):
     def before_forward(self, it: int, layer: int) -> None:
         """Overlap: wait until layer ``layer``'s parameters of the previous iteration arrived."""
         if self.overlapped:
+            if self._notified is not None and it > 0:
+                self._notified.wait_layer(it - 1, layer)
             self.ctx.transport.wait_all(self._pulls.pop(layer, []))
 
     def _wait_pulls(self) -> None:
@@ -330,7 +382,12 @@ class ParameterServer(Scheme):
             self.ctx.transport.wait_all(self._pulls.pop(layer))
 
     def finish(self) -> None:
-        """Overlap: wait for every outstanding pull and push (the final parameters are in the model)."""
+        """Overlap: wait for every outstanding pull and push (the final parameters are in the
+        model). With ``pull_request``: also the last round's pulls, then stop the pull threads."""
+        if self._notified is not None:
+            if self.ctx.iterations > 0:
+                self._notified.wait_round(self.ctx.iterations - 1)
+            self._notified.close()
         if self.overlapped:
             self._wait_pulls()
             self.ctx.comm.drain()
@@ -375,6 +432,9 @@ class ParameterServer(Scheme):
         opts = [make_optimizer([v], ctx.workload.optimizer) for v in self.values]
         bufs = self._bufs = [[torch.empty(s.numel) for _ in range(W)] for s in self.mine]
         ev.instant("server_keys", shards=[s.id for s in self.mine], numel=sum(s.numel for s in self.mine))
+        if self.pull_requested:
+            self._responder = RequestResponder(tr, ctx.costs, self.mine, self.values, self.key_layer,
+                                               self.worker_ranks, self.pull_kind, self._fields)
         for it in range(ctx.iterations):
             ctx.maybe_crash(it)
             self._round_start(it)
@@ -397,17 +457,30 @@ class ParameterServer(Scheme):
             self._round_end(it)
 
     def _round_start(self, it: int) -> None:
-        """Server hook at the start of round ``it``, before any push is received (ps: nothing)."""
+        """Server hook at the start of round ``it``, before any push is received (ps: nothing;
+        with ``pull_request``: start answering the workers' requests)."""
+        if self._responder is not None:
+            self._responder.start_round(it)
 
     def _publish(self, it: int, i: int) -> list[Pending]:
         """Server hook: shard ``self.mine[i]`` was just updated in round ``it``; returns the
-        sends to wait for before the next round (ps: send it unasked to every worker)."""
+        sends to wait for before the next round (ps: send it unasked to every worker; with
+        ``pull_request``: its update notification to every worker)."""
+        if self._responder is not None:
+            return self._responder.notify(it, i)
         s, v = self.mine[i], self.values[i].detach()
         return [self.ctx.transport.isend(v, wr, tag=s.id, kind=self.pull_kind, **self._fields(it, s))
                 for wr in self.worker_ranks]
 
     def _round_end(self, it: int) -> None:
-        """Server hook after round ``it``'s sends completed, before the next round's updates (ps: nothing)."""
+        """Server hook after round ``it``'s sends completed, before the next round's updates (ps:
+        nothing; with ``pull_request``: wait until every worker pulled every own shard).
+
+        Raises:
+            RuntimeError / DistBackendError: a protocol error or failed transfer while answering.
+        """
+        if self._responder is not None:
+            self._responder.end_round(it)
 
     def final_state(self) -> dict | None:
         """Workers: the model's state dict. Servers: ``{"<param>[lo:hi]": shard values (1-D)}``."""
