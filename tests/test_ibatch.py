@@ -156,6 +156,17 @@ def test_options():
         from_dict({"workload": {"scheme": "ibatch", "options": {"profile_iterations": 0}}})
 
 
+def test_pull_request_is_a_ps_option():
+    """``pull_request: true`` under ibatch is an error naming the field (ps's MXNet-like
+    notify-then-pull; ibatch always pulls by request), whether or not ps has the option."""
+    with pytest.raises(SpecError, match="workload.options.pull_request") as e:
+        from_dict({"workload": {"scheme": "ibatch", "options": {"pull_request": True}}})
+    if "pull_request" in schemes.get("ps").Options.model_fields:
+        assert "ibatch always pulls by request; pull_request applies to ps" in str(e.value)
+        assert from_dict({"workload": {"scheme": "ps", "options": {"pull_request": True}}})
+        assert schemes.get("ibatch").validate_options({"pull_request": False}).pull == "ibatch"
+
+
 def _experiment(options, compute=None):
     return experiment("ibatch", workers=W, iterations=ITERS, warmup_iterations=P + 1, batch_size=BATCH,
                       servers={"count": SERVERS}, **({"compute": compute} if compute else {}),
@@ -232,3 +243,42 @@ def test_pull_overlaps_forward(pull, tmp_path):
             # a pull that ends after the forward of an earlier layer started: overlapped
             overlapped = [b for b in bs if _end(b) > fwd[(it, 0)]["ts"]]
             assert bool(overlapped) == (pull == "layer_by_layer"), (it, pull)
+
+
+def test_servers_charge_request_startup_per_pull_and_probe(tmp_path, reference):
+    """``request_startup`` once per pull and probe request a server answers (none per sync),
+    every point-to-point message charged on both ends, the parameters still the reference's,
+    and the workers' measured ``T_s`` includes the start-up."""
+    startup_s, overhead_s = 0.010, 50e-6
+    exp = _experiment({"pull": "ibatch"})
+    exp = from_dict({**exp.to_dict(), "host": {"request_startup_ms": startup_s * 1e3,
+                                               "message_overhead_us": overhead_s * 1e6}})
+    assert exp.scale == 1
+    run_dir = run_local(exp, tmp_path / "run")
+    for w in range(W):
+        state = torch.load(run_dir / "params" / f"worker{w}.pt")
+        for k in reference:
+            torch.testing.assert_close(state[k], reference[k], rtol=1e-4, atol=1e-5, msg=f"worker{w} {k}")
+    procs = {p["name"]: p for p in json.loads((run_dir / "processes.json").read_text())["processes"]}
+    events = {name: read_events(run_dir / "events" / f"{name}.jsonl") for name in procs}
+    requests = [e for w in range(W) for e in events[f"worker{w}"] if e["kind"] == "pull_request"]
+    assert {e["request"] for e in requests} == {"sync", "probe", "pull"}
+    for s in range(SERVERS):
+        name, rank = f"server{s}", procs[f"server{s}"]["rank"]
+        costs = json.loads((run_dir / "results" / f"{name}.json").read_text())["host_costs"]
+        asked = {r: sum(1 for e in requests if e["peer"] == rank and e["request"] == r) for r in ("probe", "pull")}
+        assert asked["probe"] == W * P  # every worker probes every server once per profiling iteration
+        assert costs["request_startup"]["count"] == asked["probe"] + asked["pull"]
+        assert costs["request_startup"]["emulated_s"] == pytest.approx(startup_s * (asked["probe"] + asked["pull"]))
+        charged = [e for e in events[name] if e["kind"] == "host_request_startup"]
+        assert {r: sum(1 for e in charged if e["request"] == r) for r in ("probe", "pull")} == asked
+    for name, ev in events.items():  # one message charge per point-to-point message logged
+        costs = json.loads((run_dir / "results" / f"{name}.json").read_text())["host_costs"]
+        assert costs["message"]["count"] == sum(1 for e in ev if e.get("dir") in ("tx", "rx")) > 0, name
+    for w in range(W):
+        prof = json.loads((run_dir / "results" / f"worker{w}.json").read_text())["ibatch_profile"]
+        assert prof["startup_s"] >= startup_s  # the probe waits for a server's start-up
+        single = [e for e in events[f"worker{w}"] if e["kind"] == "pull_batch" and e["profiling"]]
+        assert len(single) == 3 * P
+        # each layer's pull pays it too (at least half: a sleep may give back an earlier overshoot)
+        assert all(e["dur"] >= startup_s / 2 for e in single)

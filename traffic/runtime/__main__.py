@@ -99,11 +99,12 @@ def run_process(run_dir: str | Path, name: str) -> int:
             data = load_dataset(w.dataset, w.seed)
             model = build_model(w.model, w.seed, data.input_shape, data.num_classes, device=device)
             batches = GlobalBatches(data, w.batch_size, max(n_workers, 1), w.seed)
+        costs = HostCosts(host, scale, events)  # one accountant: the scheme's and the transport's messages
         ctx = Context(
             run_dir=run_dir, workload=w, topology=topology, scale=scale, name=name, role=role, index=index, rank=rank, world_size=world,
             processes=doc["processes"], model=model, data=data, batches=batches,
-            transport=Transport(events, rank, world), events=events, comm=CommThread("comm"),
-            crash_at=Context.crash_iteration(name), profile=profile, costs=HostCosts(host, scale, events))
+            transport=Transport(events, rank, world, costs=costs), events=events, comm=CommThread("comm"),
+            crash_at=Context.crash_iteration(name), profile=profile, costs=costs)
         scheme = scheme_cls(ctx)
         t0 = time.perf_counter()
         scheme.main()

@@ -14,6 +14,20 @@ other end's rank, point-to-point only), ``dir`` (``tx``/``rx``, point-to-point o
 ``layer``, ``key`` ...). A blocking call's event spans the call; an asynchronous one's spans
 from posting to the return of :meth:`Pending.wait` -- call ``wait`` to get the event.
 
+Host costs: with a :class:`~traffic.runtime.hostcost.HostCosts` whose model states a
+per-message software overhead (``host.message_overhead_us``; the issue 14 text: "software
+cost per message sent and per message received"), every point-to-point message is charged
+one ``message`` cost (``nbytes`` = its payload) on each end: the sender pays before the
+message is posted (``send``, ``isend``: on the calling thread, as a sender's CPU does), the
+receiver once it is in (``recv`` after the data arrived; an ``irecv`` in the first
+:meth:`Pending.wait`). A blocking call's event includes its charge, as does an ``irecv``'s;
+an ``isend``'s starts after it (at posting). A transfer that is not a separate message of
+the emulated system passes ``message=False``. Collectives are *not* charged per message:
+gloo's algorithms send messages of their own that this layer never sees (a scheme that
+models a collective's messages builds it from point-to-point calls, e.g.
+:mod:`traffic.collectives.ring`). With no costs, or an overhead of 0, nothing is charged
+and no statistics are kept.
+
 Matching rules are gloo's: messages between a pair of ranks with the same tag arrive in the
 order sent; a ``recv`` with ``src=None`` takes a message from any rank (with that tag).
 Collectives must be issued in the same order by every member of the group: issue them from
@@ -29,6 +43,7 @@ import torch
 import torch.distributed as dist
 
 from traffic.runtime.events import EventLog, thread_name
+from traffic.runtime.hostcost import HostCosts
 
 __all__ = ["Transport", "Pending", "nbytes"]
 
@@ -42,18 +57,25 @@ def nbytes(t: torch.Tensor) -> int:
 
 
 class Pending:
-    """An asynchronous operation in flight; :meth:`wait` completes it and logs its event."""
+    """An asynchronous operation in flight; :meth:`wait` completes it and logs its event.
 
-    def __init__(self, log: EventLog | None, work, kind: str, fields: dict, on_done=None):
+    ``charge``: the host costs that charge one ``message`` (the payload's ``bytes``) when the
+    operation completes (a received message), or ``None``.
+    """
+
+    def __init__(self, log: EventLog | None, work, kind: str, fields: dict, on_done=None,
+                 charge: HostCosts | None = None):
         self._log, self._work, self._kind, self._fields = log, work, kind, fields
         self._ts, self._t0 = time.time(), time.perf_counter()
         self._thread = thread_name()
         self._on_done = on_done
+        self._charge = charge
         self._done = False
         self.source: int | None = fields.get("peer")
 
     def wait(self) -> int | None:
-        """Block until the operation completes (idempotent).
+        """Block until the operation completes (idempotent: a received message is charged
+        its host cost once, in the first call).
 
         Returns:
             For a receive, the rank the message came from; otherwise ``None``.
@@ -68,6 +90,8 @@ class Pending:
         if self._fields.get("dir") == "rx" and self.source is None:
             self.source = int(self._work._source_rank())
             self._fields["peer"] = self.source
+        if self._charge is not None:
+            _charge_message(self._charge, self._fields["bytes"])
         if self._on_done:
             self._on_done(self._fields)
         if self._log is not None:
@@ -80,6 +104,12 @@ class Pending:
         return self._done or self._work.is_completed()
 
 
+def _charge_message(costs: HostCosts, nbytes: int) -> None:
+    """One message's software overhead (no real work in the block: the transfer is gloo's)."""
+    with costs.charge("message", nbytes=nbytes, span=False):
+        pass
+
+
 class Transport:
     """Logged communication primitives for one process.
 
@@ -87,14 +117,20 @@ class Transport:
         events: where events go (``None``: log nothing, e.g. in tests).
         rank: this process's global rank.
         world_size: number of processes.
+        costs: the process's host costs: each point-to-point message is charged
+            ``costs.model.message_overhead_s`` on each end (module docstring); ``None``, or
+            an overhead of 0: nothing is charged. Fixed at construction.
 
     Attributes:
         bytes_sent / bytes_received: point-to-point payload bytes so far.
         bytes_reduced: payload bytes of completed collectives so far.
     """
 
-    def __init__(self, events: EventLog | None, rank: int, world_size: int):
+    def __init__(self, events: EventLog | None, rank: int, world_size: int, *, costs: HostCosts | None = None):
         self.events, self.rank, self.world_size = events, rank, world_size
+        self.costs = costs
+        # the costs that charge messages, or None: the default path tests one attribute
+        self._message_costs = costs if costs is not None and costs.model.message_overhead_s > 0 else None
         self.bytes_sent = 0
         self.bytes_received = 0
         self.bytes_reduced = 0
@@ -124,9 +160,15 @@ class Transport:
 
     # ------------------------------------------------------------------ point-to-point
 
+    def _costs_of(self, message: bool) -> HostCosts | None:
+        return self._message_costs if message else None
+
     def send(self, tensor: torch.Tensor, dst: int, *, tag: int = 0, kind: str = "send",
-             group=None, **fields) -> None:
+             group=None, message: bool = True, **fields) -> None:
         """Send ``tensor`` to rank ``dst``; blocks until gloo has sent it.
+
+        ``message``: the transfer is a message of the emulated system (charged its host cost
+        before it is posted; module docstring); false: not charged.
 
         Raises:
             RuntimeError / DistBackendError: the peer is gone or the op timed out.
@@ -134,12 +176,17 @@ class Transport:
         tensor = tensor.contiguous()
         f = {**fields, "bytes": nbytes(tensor), "peer": int(dst), "dir": "tx", "tag": tag}
         ts, t0 = time.time(), time.perf_counter()
+        costs = self._costs_of(message)
+        if costs is not None:
+            _charge_message(costs, f["bytes"])
         dist.send(tensor, dst, group=group, tag=tag)
         self._log(kind, ts, t0, f)
 
     def recv(self, tensor: torch.Tensor, src: int | None = None, *, tag: int = 0,
-             kind: str = "recv", group=None, **fields) -> int:
+             kind: str = "recv", group=None, message: bool = True, **fields) -> int:
         """Receive into ``tensor`` (contiguous, of the sent size) from ``src`` (``None``: any rank).
+
+        ``message``: as :meth:`send` (charged once the data is in).
 
         Returns:
             The sender's rank.
@@ -151,25 +198,35 @@ class Transport:
         self._check_recv_buffer(tensor)
         ts, t0 = time.time(), time.perf_counter()
         source = dist.recv(tensor, src, group=group, tag=tag)
+        costs = self._costs_of(message)
+        if costs is not None:
+            _charge_message(costs, nbytes(tensor))
         f = {**fields, "bytes": nbytes(tensor), "peer": int(source), "dir": "rx", "tag": tag}
         self._log(kind, ts, t0, f)
         return int(source)
 
     def isend(self, tensor: torch.Tensor, dst: int, *, tag: int = 0, kind: str = "send",
-              group=None, **fields) -> Pending:
-        """Start sending ``tensor`` to ``dst``; do not modify it before ``wait()`` returns."""
+              group=None, message: bool = True, **fields) -> Pending:
+        """Start sending ``tensor`` to ``dst``; do not modify it before ``wait()`` returns.
+
+        ``message``: as :meth:`send` (the calling thread pays the charge before posting).
+        """
         tensor = tensor.contiguous()
         f = {**fields, "bytes": nbytes(tensor), "peer": int(dst), "dir": "tx", "tag": tag}
+        costs = self._costs_of(message)
+        if costs is not None:
+            _charge_message(costs, f["bytes"])
         work = dist.isend(tensor, dst, group=group, tag=tag)
         p = Pending(self.events, work, kind, f, on_done=self._count)
         p._keep = tensor  # keep a contiguous copy alive until sent
         return p
 
     def irecv(self, tensor: torch.Tensor, src: int | None = None, *, tag: int = 0,
-              kind: str = "recv", group=None, **fields) -> Pending:
+              kind: str = "recv", group=None, message: bool = True, **fields) -> Pending:
         """Start receiving into ``tensor`` from ``src`` (``None``: any rank).
 
-        ``Pending.wait()`` returns the sender's rank.
+        ``Pending.wait()`` returns the sender's rank. ``message``: as :meth:`send` (charged
+        in the first ``wait()``, on the waiting thread, once the data is in).
 
         Raises:
             ValueError: ``tensor`` is not contiguous.
@@ -178,7 +235,7 @@ class Transport:
         f = {**fields, "bytes": nbytes(tensor), "peer": None if src is None else int(src),
              "dir": "rx", "tag": tag}
         work = dist.irecv(tensor, src, group=group, tag=tag)
-        return Pending(self.events, work, kind, f, on_done=self._count)
+        return Pending(self.events, work, kind, f, on_done=self._count, charge=self._costs_of(message))
 
     @staticmethod
     def wait_all(pendings: Sequence[Pending]) -> None:

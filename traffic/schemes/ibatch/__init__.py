@@ -44,6 +44,21 @@ has one thread per worker (``serve<j>``) answering that worker's requests of ite
 ``it + 1`` until it has pulled every shard of the server once; a shard is sent once its
 update of the round is done.
 
+Host cost (``host.request_startup_ms``, :class:`~traffic.runtime.hostcost.HostCosts` kind
+``request_startup``): a server pays it once per ``pull`` request and once per ``probe``,
+after receiving the request and before answering it (the lookup of the requested shards is
+the real work inside it). This is the paper's ``T_s``: "The time in each communication
+consists of a startup time (e.g., searching the servers that store parameters and handling
+TCP connections) and a transfer time. The startup time is independent of the size of
+parameters in the communication" (ibatch.txt, Case Study), measured as "The runtime
+difference between getWeights and fetchBlockSync is regarded as T_s" (Implementation,
+"Computation and communication profile"). So the probe, which stands for the part of a
+pull that is not transfer, pays it as a pull does, and the workers' measured ``T_s``
+(below) includes it while ``T_t^i`` (a layer's pull minus ``T_s``) does not. A ``sync``
+does not pay it: it is this emulation's synchronization barrier, not a communication of the
+paper's model (eqs. (1)-(3) count ``N`` startups for ``N`` batches, none for the barrier),
+and it is kept out of the measured pulls.
+
 Profiling (iterations ``1 .. P``), measured by the workers over the network as it is:
 after the ``sync``, a ``probe`` (a request every server answers at once with one element)
 gives ``T_s``, then every layer is pulled alone, one after another, and the forward pass
@@ -62,7 +77,9 @@ Events (worker): ``sync`` and ``probe`` (spans on thread ``pull``, ``servers``),
 (span of one batch pull: ``batch``, ``first_layer``, ``last_layer`` (0-based, inclusive),
 ``servers``, ``payload_bytes``, ``profiling``), ``pull`` (rx, per shard, as ``ps``),
 ``batching`` (instant at the decision: ``ends``, ``strategy``). Server: ``pull_request``
-(rx), ``pull_reply`` and ``pull`` (tx, per shard, on thread ``serve<j>`` for worker ``j``).
+(rx), ``pull_reply`` and ``pull`` (tx, per shard, on thread ``serve<j>`` for worker ``j``),
+``host_request_startup`` (span of the charge: ``iteration``, ``request`` (``pull`` or
+``probe``), ``worker``, and for a pull ``first_layer``, ``last_layer``).
 Results: ``pull``, ``batch_ends``, ``ibatch_profile`` (this worker's measured profile).
 
 Timing model and algorithms: :mod:`traffic.schemes.ibatch.batching` (eqs. (1)-(5), Algorithms 1-2),
@@ -76,7 +93,7 @@ import time
 from concurrent.futures import Future
 
 import torch
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from traffic.rundir import write_json
 from traffic.runtime.comm import CommThread
@@ -107,6 +124,15 @@ class IBatchOptions(PSOptions):
     layer ``l`` is in) or ``ibatch`` (the batches of Algorithms 1-2)."""
     profile_iterations: int = Field(2, ge=1)
     """``P``: iterations ``1 .. P`` measure the pull and forward times the batches are chosen from."""
+
+    # check_fields=False: validates ps's ``pull_request`` when PSOptions has it (the MXNet-like
+    # notify-then-pull of ``ps``); without that field, an unknown option is an error anyway
+    @field_validator("pull_request", check_fields=False)
+    @classmethod
+    def _pull_request_is_ps_only(cls, v):
+        if v:
+            raise ValueError("false (ibatch always pulls by request; pull_request applies to ps)")
+        return v
 
 
 @register("ibatch")
@@ -352,8 +378,9 @@ class IBatch(ParameterServer):
             raise self._serve_errors[0]
 
     def _serve(self, it: int, j: int, wr: int) -> None:
-        """Answer worker ``j``'s requests until it has pulled every own shard once."""
-        tr = self.ctx.transport
+        """Answer worker ``j``'s requests until it has pulled every own shard once; each
+        ``pull`` and ``probe`` request is charged ``request_startup`` (module docstring)."""
+        tr, costs = self.ctx.transport, self.ctx.costs
         try:
             left = list(range(len(self.mine)))
             sends, req = [], torch.empty(4, dtype=torch.int64)
@@ -363,13 +390,18 @@ class IBatch(ParameterServer):
                 if rit != it + 1:
                     raise RuntimeError(f"ibatch server: request of iteration {rit} from worker {j} in round {it}")
                 if kind in (PROBE, SYNC):
-                    if kind == SYNC:
+                    if kind == SYNC:  # the barrier: no startup (not a communication of the paper's model)
                         for e in self._updated:
                             e.wait()
+                    else:
+                        with costs.charge("request_startup", iteration=rit, request="probe", worker=j):
+                            pass
                     sends.append(tr.isend(torch.zeros(1), wr, tag=REPLY_TAG, kind="pull_reply", iteration=rit,
                                           request=_REQUEST_NAMES[kind]))
                     continue
-                now = [i for i in left if lo <= self.key_layer[self.mine[i].key] < hi]
+                with costs.charge("request_startup", iteration=rit, request="pull", worker=j, first_layer=lo,
+                                  last_layer=hi - 1):
+                    now = [i for i in left if lo <= self.key_layer[self.mine[i].key] < hi]  # the shard lookup
                 for i in now:
                     self._updated[i].wait()
                     s = self.mine[i]
