@@ -171,3 +171,13 @@ def test_pipe_sgd_charges_every_encode_decode_and_local_sum(tmp_path):
     assert c["codec"]["count"] == iters * buckets * (p + 2 * p - 1)
     assert c["aggregate"]["count"] == iters * buckets * (p - 1)
     assert c["codec"]["modelled"] and c["codec"]["emulated_s"] > 0
+
+
+def test_a_zero_overhead_is_not_an_overrun():
+    """A per-request start-up left at 0 (the default) has nothing to wait for: the work is
+    reported at its real time, not as an overrun of a zero budget."""
+    costs = HostCosts(HostModel(), scale=10.0)
+    with costs.charge("request_startup"):
+        time.sleep(0.005)
+    s = costs.summary()["request_startup"]
+    assert not s["modelled"] and s["overruns"] == 0 and s["count"] == 1

@@ -6,7 +6,8 @@ until ``scale x`` the operation's emulated cost has passed since the work began.
 work is only the floor of the emulated cost: when it alone takes longer than the budget,
 the operation is an *overrun*, counted and reported (``results/<proc>.json`` and
 ``summary.json``: ``host_costs``), never silently folded into the result. A kind the host
-model does not state (``null`` rate) takes its real time and is reported as not modelled.
+model does not state (``null`` rate, or a zero overhead) takes its real time and is reported
+as not modelled.
 
 Emulated compute (:class:`traffic.runtime.emulation.EmulatedCompute`) is the kind
 ``compute``: no real work, a stated time per layer.
@@ -119,7 +120,10 @@ class HostCosts:
         yield
         real = time.perf_counter() - t0
         cost = seconds if seconds is not None else self.model.cost_s(kind, nbytes)
-        modelled = cost is not None
+        # a zero cost (a per-message or per-request overhead left at 0) states nothing to
+        # wait for: the work is reported at its real time, like a kind not modelled, not as
+        # an overrun of a zero budget
+        modelled = cost is not None and cost > 0
         overrun = 0.0
         if modelled:
             budget = cost * self.scale
