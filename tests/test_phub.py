@@ -16,7 +16,7 @@ server processes, hierarchy or tenancy.
   rack (hosts from ``processes.json``, racks as ``run_local`` fakes them: ``h1, h2`` rack 0,
   ``h3, h4`` rack 1, ``ps1`` rack 0, ``ps2`` rack 1). Flat: a worker's push and the reply
   of each chunk held by the other rack's PBox (payload + 8 bytes of metadata each way).
-  Hierarchical: the two PBoxes' ring transfers, ``2(R-1) = 2`` blocks summing to one chunk
+  Hierarchical: the two PBoxes' ring transfers, ``2(R-1) = 2`` blocks summing to one frame
   per PBox. Both are checked exactly, and their ratio is 1/N up to the metadata.
 * **Wrong token** (Sec. 3.1): two jobs of two workers share the server; worker 4 intrudes
   on job 0 with a made-up token. Each server counts one refused connection and one refused
@@ -44,11 +44,12 @@ from topologies.spec import TopologySpec
 from traffic import schemes
 from analysis.models.phub import (PAPER_TABLE2, bandwidth_lower_bounds, cross_rack_bytes, hierarchical_pays,
                                   hierarchical_terms, table2)
-from traffic.schemes.phub import META, PHubOptions, assign_chunks, job_groups, lpt
+from traffic.schemes.phub import FRAME_BYTES, META, PHubOptions, assign_chunks, job_groups, lpt, pack_frames
 from tests.conftest import experiment
 
 ITERS, BATCH = 3, 16
 NUMELS = [32768, 512, 262144, 512, 5120, 10]   # digits_mlp's keys
+LAYER_OF_KEY = [0, 0, 1, 1, 2, 2]               # their layers (weight, bias)
 OPT = {"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-4}
 
 
@@ -201,14 +202,16 @@ def _procs(run_dir):
 
 def _check_mapping(run_dir, exp):
     """Every chunk is received by one fixed (server process, thread) of each PBox (host) in
-    every iteration; returns ``{(host, chunk id): (server index, thread name)}``."""
+    every iteration (each push transfer, a frame, lists its chunks); returns
+    ``{(host, chunk id): (server index, thread name)}``."""
     procs = _procs(run_dir)
     servers = [p for p in procs if p["role"] == "server"]
     seen: dict[int, set] = {}
     for s in servers:
         for e in read_events(run_dir / "events" / f"{s['name']}.jsonl"):
             if e["kind"] == "push" and e.get("dir") == "rx" and e["iteration"] >= 0:
-                seen.setdefault((s["host"], e["chunk"]), set()).add((s["index"], e["thread"], e["iteration"]))
+                for c in e["chunks"]:
+                    seen.setdefault((s["host"], c), set()).add((s["index"], e["thread"], e["iteration"]))
                 assert e["thread"] == f"srv{e['server_thread']}"
     placed = {c: {(i, t) for i, t, _ in v} for c, v in seen.items()}
     assert all(len(v) == 1 for v in placed.values()), placed
@@ -224,10 +227,11 @@ def reference():
 
 CASES = {
     # PBox: one non-colocated central server host (NCC) with 3 interfaces -> 3 server
-    # processes x 2 threads, PHub's 32 KB chunks
+    # processes x 2 threads, PHub's 32 KB chunks in frames of the default size
     "pbox": ({"server_threads": 2}, {"config": "NCC", "interfaces": 3}),
-    # colocated sharded (CS, "PShard"): 4 server processes x 3 threads, 8 KB chunks, bulk push_pull
-    "cs-bulk": ({"server_threads": 3, "chunk_bytes": 8192, "overlap": False}, {"count": 0}),
+    # colocated sharded (CS, "PShard"): 4 server processes x 3 threads, 8 KB chunks, bulk
+    # push_pull, frames of up to 4 chunks
+    "cs-bulk": ({"server_threads": 3, "chunk_bytes": 8192, "overlap": False, "frame_bytes": 32768}, {"count": 0}),
 }
 
 
@@ -246,12 +250,14 @@ def test_matches_reference_and_fixed_mapping(case, tmp_path, reference):
     if host:
         assert {h for h, _ in placed} == {host}
     ranks = {p["index"]: p["rank"] for p in _procs(run_dir) if p["role"] == "server"}
+    frames = pack_frames(chunks, options.get("frame_bytes", FRAME_BYTES) // 4, lambda c: LAYER_OF_KEY[c.key])
     for w in range(4):   # every push of a chunk goes to its server process, with the token's 8 bytes
         pushes = [e for e in read_events(run_dir / "events" / f"worker{w}.jsonl")
                   if e["kind"] == "push" and e["iteration"] >= 0]
-        assert len(pushes) == ITERS * len(chunks)
-        assert all(e["peer"] == ranks[chunks[e["chunk"]].server] for e in pushes)
-        assert all(e["bytes"] == 4 * (chunks[e["chunk"]].numel + META) for e in pushes)
+        assert len(pushes) == ITERS * len(frames)
+        assert sorted(c for e in pushes for c in e["chunks"]) == sorted(c.id for c in chunks for _ in range(ITERS))
+        assert all(e["peer"] == ranks[chunks[c].server] for e in pushes for c in e["chunks"])
+        assert all(e["bytes"] == sum(4 * (chunks[c].numel + META) for c in e["chunks"]) for e in pushes)
 
 
 def _cross_rack_bytes(run_dir, exp) -> int:
@@ -269,8 +275,9 @@ def _cross_rack_bytes(run_dir, exp) -> int:
 def test_hierarchical_matches_reference_and_cuts_cross_rack_bytes(tmp_path, reference):
     servers = {"count": 1, "placement": "dedicated", "scope": "per_rack"}
     runs = {}
-    for hier in (False, True):
-        exp = _experiment({"hierarchical": hier, "server_threads": 2}, servers, racks=2, per_rack=2)
+    for hier in (False, True):   # flat with one message per chunk, hierarchical in frames: the same bytes
+        exp = _experiment({"hierarchical": hier, "server_threads": 2, "frame_bytes": 0 if not hier else FRAME_BYTES},
+                          servers, racks=2, per_rack=2)
         run_dir = run_local(exp, tmp_path / f"hier-{hier}")
         for w in range(4):
             _assert_equal(torch.load(run_dir / "params" / f"worker{w}.pt"), reference, f"hier={hier} worker{w}")
@@ -293,7 +300,8 @@ def test_hierarchical_matches_reference_and_cuts_cross_rack_bytes(tmp_path, refe
     assert placed == {(f"ps{r + 1}", c.id): (r, f"srv{c.thread}") for r in range(2) for c in hier_chunks}
     ring = [e for e in read_events(runs[True][0] / "events" / "server0.jsonl")
             if e["kind"] in ("reduce_scatter", "all_gather") and e.get("dir") == "tx"]
-    assert len(ring) == ITERS * 2 * len(hier_chunks) and all(e["thread"].startswith("srv") for e in ring)
+    hier_frames = pack_frames(hier_chunks, FRAME_BYTES // 4, lambda c: LAYER_OF_KEY[c.key])   # a ring per frame
+    assert len(ring) == ITERS * 2 * len(hier_frames) and all(e["thread"].startswith("srv") for e in ring)
 
 
 def test_jobs_and_wrong_token_rejected(tmp_path):

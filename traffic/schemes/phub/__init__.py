@@ -22,7 +22,7 @@ its ToR (``workload.servers.interfaces``); the PBox runs one server process per 
   thread averages, applies the optimizer to the chunk and sends it back to every worker at
   once. Threads never synchronize with each other; chunks of different keys and threads
   are aggregated while other chunks are still arriving. A thread keeps the receives of its
-  next chunks posted ahead (``RECV_WINDOW_BYTES`` = 64 MB of copies), so a push rarely
+  next frames posted ahead (``RECV_WINDOW_BYTES`` = 64 MB of copies), so a push rarely
   waits for its receive while the server's memory stays bounded.
 * **Fused push_pull** (Sec. 3.1): a worker's push of a chunk is answered by the chunk's new
   values; there is no pull request. The worker posts the receive of the new values before it
@@ -63,27 +63,71 @@ its ToR (``workload.servers.interfaces``); the PBox runs one server process per 
   for the spec's bandwidths; ``false`` (default) is the flat scheme: chunks spread over every server
   process of every PBox (an array of sharded PSs).
 
-Server processes and tags: chunk ``c`` of job ``g`` has the global id ``c.id = g * n + i``
-(``n`` chunks per namespace), the tag of its push, pull and init messages; ring step ``s``
-of chunk ``c`` uses tag ``RING_TAG + c.id * 2(R-1) + s``.
+* **Frames** (this testbed's, not PHub's): the chunks a worker sends to one server process
+  and thread, of one layer, travel in *frames* of at most ``frame_bytes`` of payload (option,
+  default 256 KB; 0: one message per chunk), one transport message each
+  (:mod:`~traffic.schemes.phub.frames`), because a message costs real Python and gloo time
+  on this machine (measurement below). Each chunk keeps its own metadata slots and is
+  checked, aggregated, optimized and charged one by one, so the parameters, the bytes on the
+  wire and the host costs are those of one message per chunk.
 
-Events (each with ``iteration``, ``layer``, ``key``, ``chunk``/``shard``/``slice`` (the
-chunk id), ``job``, ``iface`` (the chunk's interface index), ``server_thread``,
-``priority``, ``bytes``): workers ``push`` (dir tx, on the ``comm`` thread) and ``pull``
-(dir rx); servers ``push`` (dir rx) and ``pull`` (dir tx) on thread ``srv<t>`` (``srv<t>-job<g>``
-with several jobs), ``update``
-(span of average + optimizer step), ``reject`` (instant: ``op`` push or connect, ``peer``),
-and with hierarchical reduction the ring's ``reduce_scatter``/``all_gather`` transfers.
-Set-up messages: ``token``, ``create_service``, ``connect``, ``init``.
+**Host costs** (:mod:`traffic.runtime.hostcost`, rates from the spec's ``host:``; spans one
+per frame, :mod:`~traffic.schemes.phub.charges`): on a server, every chunk copy added as it
+arrives is charged ``aggregate`` (the chunk's bytes; Sec. 3.2.2: "Aggregation is simply
+vector addition"), every chunk's optimizer step ``optimizer`` (the chunk's bytes; Sec.
+3.2.2: "the thread that aggregates a particular chunk also optimizes that chunk"), and with
+hierarchical reduction the ring's local sums ``aggregate`` (Sec. 4.8: "each performing one
+additional aggregation"). Every chunk message sent or received, on workers and servers, is
+charged ``message`` (the per-message software overhead, when the host model states one):
+frames are sent with ``message=False`` and their chunks charged one by one.
+
+**Measured cost of a message** (``testbed.local`` on loopback, this 2-core machine: 4
+workers, a PBox of 2 interfaces with 1 thread each, 32 KB chunks, emulated zero compute,
+no host model, 30 iterations; the PBox's CPU time while serving, ``serve_cpu_s``, all
+threads including gloo's, per chunk and iteration, i.e. 4 pushes received and summed, one
+optimizer step and 4 replies sent):
+
+======================  =============  ==========  ==========  ==========
+frame_bytes             0 (per chunk)  64 KB       256 KB      1 MB
+======================  =============  ==========  ==========  ==========
+digits_mlp (40 chunks)  1180 us        760-858 us  544-552 us  458-508 us
+mnist_mlp (83 chunks)   1268 us        831 us      440 us      329 us
+======================  =============  ==========  ==========  ==========
+
+(idle machine, 2 runs and 1 run; with other test runs loading it, 3 runs each: digits_mlp
+1116-1483, 744-1293, 494-749, 444-496 us; mnist_mlp 1027-1466, 698-739, 370-477, 242-381
+us). So about 100 us of CPU per message at the server; what frames cannot save is the
+per-chunk work (checks, sums, optimizer step, charges) and the bytes' copy through loopback.
+
+Server processes and tags: chunk ``c`` of job ``g`` has the global id ``c.id = g * n + i``
+(``n`` chunks per namespace); frames are numbered by their first chunk's id (every job's
+chunks, :func:`pack_frames`); frame ``f``'s id is the tag of its push, pull and init
+messages; ring step ``s`` of frame ``f`` uses tag ``RING_TAG + f.id * 2(R-1) + s``.
+
+Events (each with ``iteration``, ``layer``, ``frame``/``shard``/``slice`` (the frame id),
+``chunks`` (the frame's chunk ids), ``job``, ``iface`` (the frame's interface index),
+``server_thread``, ``priority``, ``bytes``): workers ``push`` (dir tx, on the ``comm``
+thread) and ``pull`` (dir rx); servers ``push`` (dir rx) and ``pull`` (dir tx; or
+``reject_reply`` to a sender all of whose chunks were refused) on thread ``srv<t>``
+(``srv<t>-job<g>`` with several jobs), ``update`` (span of a frame's ring, averages and
+optimizer steps), ``reject`` (instant: ``op`` push (with the ``chunk``) or connect,
+``peer``), the host-cost spans ``host_aggregate``, ``host_optimizer``, ``host_message``
+(one per frame copy or frame, ``ops`` charges each), and with hierarchical reduction the
+ring's ``reduce_scatter``/``all_gather`` transfers. Set-up messages: ``token``,
+``create_service``, ``connect``, ``init``.
 
 Results (``results/<proc>.json``): workers ``job``, ``job_workers``, ``job_samples_per_s``
 (the job's global batch over the mean iteration period after warm-up, in the emulated
-network's time), ``rejected_pulls``; servers ``rejected_pushes``, ``rejected_connects``,
-``chunks``, ``chunk_bytes``, ``hierarchical``.
+network's time), ``rejected_pulls`` (chunks); servers ``rejected_pushes`` (chunk copies),
+``rejected_connects``, ``chunks``, ``frames``, ``chunk_bytes``, ``frame_bytes``,
+``hierarchical``, ``serve_cpu_s`` (CPU seconds of the server process, all threads, while
+serving).
 
 Modules: :mod:`~traffic.schemes.phub.chunks` (chunks and their placement),
+:mod:`~traffic.schemes.phub.frames` (chunks packed into messages),
 :mod:`~traffic.schemes.phub.tenancy` (jobs, tokens, metadata),
 :mod:`~traffic.schemes.phub.aggregation` (tall aggregation on a server thread),
+:mod:`~traffic.schemes.phub.charges` (host costs per chunk, spans per frame),
 :mod:`~traffic.schemes.phub.hierarchy` (cross-rack ring, Sec. 3.4's inequality); this
 module holds the scheme (:class:`PHub`, options :class:`PHubOptions`).
 """
@@ -105,19 +149,26 @@ from traffic.runtime.trainer import make_optimizer
 from traffic.schemes import register
 from traffic.schemes.base import ProcessPlan, SchemeOptions
 from traffic.schemes.phub.aggregation import RECV_WINDOW_BYTES, recv_window, tall_aggregate
+from traffic.schemes.phub.charges import ChargeBatch, charge_messages
 from traffic.schemes.phub.chunks import CHUNK_BYTES, ELEMENT_BYTES, Chunk, assign_chunks, lpt
+from traffic.schemes.phub.frames import FRAME_BYTES, Frame, pack_frames, refused_reply
 from traffic.schemes.phub.hierarchy import RING_TAG, hierarchical_pays, host_racks, ring_reduce
-from traffic.schemes.phub.tenancy import (ACCEPTED, META, REJECTED, SETUP_TAG, JobShards, job_groups, meta_value,
-                                          new_token, rejection, token_meta)
+from traffic.schemes.phub.tenancy import (ACCEPTED, META, REJECTED, SETUP_TAG, JobShards, job_groups, new_token,
+                                          token_meta)
 from traffic.schemes.ps import ParameterServer
 
-__all__ = ["CHUNK_BYTES", "ELEMENT_BYTES", "META", "ACCEPTED", "REJECTED", "RING_TAG", "SETUP_TAG",
-           "RECV_WINDOW_BYTES", "Chunk", "assign_chunks", "lpt", "job_groups", "host_racks", "hierarchical_pays",
-           "PHubOptions", "PHub"]
+__all__ = ["CHUNK_BYTES", "FRAME_BYTES", "ELEMENT_BYTES", "META", "ACCEPTED", "REJECTED", "RING_TAG", "SETUP_TAG",
+           "RECV_WINDOW_BYTES", "Chunk", "Frame", "assign_chunks", "pack_frames", "lpt", "job_groups", "host_racks",
+           "hierarchical_pays", "PHubOptions", "PHub"]
 
 
 class PHubOptions(SchemeOptions):
-    """Options of ``phub`` (chunks replace ``ps``'s key split: no ``bigarray_bound``)."""
+    """Options of ``phub`` (chunks replace ``ps``'s key split: no ``bigarray_bound``).
+
+    Frames (``frame_bytes``) pack several chunks into one transport message, because each
+    real message costs Python and gloo CPU time at both ends on this 2-core machine (about
+    100-150 us per message at the server, measured in the module docstring); the chunks
+    inside are still handled and charged one by one, as PHub's messages."""
     chunk_bytes: int = Field(CHUNK_BYTES, gt=0)
     """Bytes per chunk, a multiple of 4 (float32 elements); the last chunk of a key holds
     the rest (phub.txt Sec. 3.2.3: PHub's default 32 KB; MXNet uses 4 MB)."""
@@ -137,8 +188,28 @@ class PHubOptions(SchemeOptions):
     """Push each layer's chunks as soon as its backward is done and wait, before each
     layer's forward, only for that layer's chunks (false: push_pull everything after the
     whole backward pass)."""
+    frame_bytes: int = Field(FRAME_BYTES, ge=0)
+    """Payload bytes per *frame*, a multiple of 4; 0: one message per chunk, as PHub.
 
-    @field_validator("chunk_bytes")
+    Frames pack chunks: the chunks a worker sends to the same server process (interface)
+    and server thread, of the same layer, travel as one transport message of at most this
+    many payload bytes (:func:`~traffic.schemes.phub.frames.pack_frames`), and so do the
+    server's replies and the initial values. Why: on this 2-core machine every message
+    costs real Python and gloo time at both ends (the module docstring's measurement: the
+    server's CPU per 32 KB chunk and iteration, 4 workers, falls from 1116-1483 us with one
+    message per chunk to 494-749 us with 256 KB frames), which at PHub's 32 KB chunks would
+    dwarf the emulated cost of a chunk and starve the machine. A frame is
+    packaging only: every chunk keeps its own 8 bytes of metadata (the bytes on the wire are
+    those of one message per chunk), and is checked, aggregated as its copies arrive,
+    optimized and charged its host costs one by one, its per-message software overhead
+    (``host.message_overhead_us``) included: the emulated system still sends one message
+    per chunk. Parameters are exactly those without frames. Default 256 KB (8 chunks of
+    32 KB): it removes most of the per-message cost (1 MB saves only 7-25 % more of the
+    server's CPU per chunk), while a frame is short enough to stream (it is aggregated while
+    the layer's next frames are in flight; a chunk waits for at most its frame, 8.4 ms at a
+    host link of 10 Gbit/s dilated 40x to 250 Mbit/s, against 34 ms for 1 MB)."""
+
+    @field_validator("chunk_bytes", "frame_bytes")
     @classmethod
     def _whole_elements(cls, v):
         if v % ELEMENT_BYTES:
@@ -210,7 +281,8 @@ class PHub(ParameterServer):
 
     def _make_shards(self) -> list[Chunk]:
         """The cut of the keys into chunks (called by :meth:`ParameterServer._layout` once the
-        roles are known), with what it depends on: racks, PBoxes, jobs, hierarchical or not.
+        roles are known), with what it depends on: racks, PBoxes, jobs, hierarchical or not;
+        also packs them into ``self.frames`` (:func:`pack_frames`, the same on every process).
 
         Raises:
             RuntimeError: hierarchical reduction without one PBox per rack with workers.
@@ -238,10 +310,10 @@ class PHub(ParameterServer):
             self.pbox_of_rack = {self.rack_of[p[0]]: p for p in self.pboxes}
         interfaces = k if self.hier else len(self.server_ranks)
         named = list(ctx.model.named_parameters())
-        self.chunk_elems = self.opts.chunk_bytes // ELEMENT_BYTES
-        self.chunks = assign_chunks([p.numel() for _, p in named], self.chunk_elems, interfaces,
+        self.chunks = assign_chunks([p.numel() for _, p in named], self.opts.chunk_bytes // ELEMENT_BYTES, interfaces,
                                     self.opts.server_threads, [n for n, _ in named], jobs=len(self.jobs))
-        self.per_job = len(self.chunks) // len(self.jobs)
+        self.frames = pack_frames(self.chunks, self.opts.frame_bytes // ELEMENT_BYTES,
+                                  lambda c: self.key_layer[c.key])
         return self.chunks
 
     def _namespace(self, widx: int) -> int:
@@ -251,22 +323,41 @@ class PHub(ParameterServer):
                 return g
         return 0
 
-    def _job_chunks(self, g: int) -> list[Chunk]:
-        return self.chunks[g * self.per_job:(g + 1) * self.per_job]
+    def _job_frames(self, g: int) -> list[Frame]:
+        return [f for f in self.frames if f.job == g]
 
-    def _server_of(self, c: Chunk, worker_rank: int) -> int:
-        """Global rank of the server process that serves chunk ``c`` to ``worker_rank``."""
+    def _server_of(self, f: Frame, worker_rank: int) -> int:
+        """Global rank of the server process that serves frame ``f`` to ``worker_rank``."""
         if self.hier:
-            return self.pbox_of_rack[self.rack_of[worker_rank]][c.server]
-        return self.server_ranks[c.server]
+            return self.pbox_of_rack[self.rack_of[worker_rank]][f.server]
+        return self.server_ranks[f.server]
 
     def _servers_used(self, worker_rank: int) -> list[int]:
         return list(self.pbox_of_rack[self.rack_of[worker_rank]]) if self.hier else list(self.server_ranks)
 
-    def _fields(self, it: int, s: Chunk) -> dict:
-        return {"iteration": it, "layer": self.key_layer[s.key], "key": s.key, "chunk": s.id, "shard": s.id,
-                "slice": s.id, "job": s.job, "iface": s.server, "server_thread": s.thread,
-                "priority": self.key_layer[s.key]}
+    def _fields(self, it: int, f: Frame) -> dict:
+        return {"iteration": it, "layer": f.layer, "frame": f.id, "shard": f.id, "slice": f.id,
+                "chunks": [c.id for c in f.chunks], "job": f.job, "iface": f.server, "server_thread": f.thread,
+                "priority": f.layer}
+
+    @staticmethod
+    def _message_sizes(f: Frame) -> list[int]:
+        """Bytes of each chunk's message in frame ``f`` (payload and metadata)."""
+        return [(c.numel + META) * ELEMENT_BYTES for c in f.chunks]
+
+    def _send_frame(self, buf: torch.Tensor, f: Frame, dst: int, kind: str, fields: dict,
+                    sizes: list[int] | None = None) -> Pending:
+        """Send frame ``f`` (``buf``) to ``dst`` as one transfer that is not a message of the
+        emulated system; its chunks are charged one ``message`` each first (the sender pays
+        before posting, as the transport does)."""
+        tr = self.ctx.transport
+        charge_messages(self.ctx.costs, sizes or self._message_sizes(f), **fields)
+        return tr.isend(buf, dst, tag=f.id, kind=kind, message=False, **fields)
+
+    def _recv_frame(self, buf: torch.Tensor, f: Frame, src: int, kind: str, fields: dict) -> Pending:
+        """Post the receive of frame ``f`` into ``buf`` (not a message of the emulated system:
+        the receiver charges its chunks' messages once the frame is in)."""
+        return self.ctx.transport.irecv(buf, src, tag=f.id, kind=kind, message=False, **fields)
 
     # ---------------------------------------------------------------- worker
 
@@ -279,11 +370,11 @@ class PHub(ParameterServer):
         self.job = self._namespace(me)
         self.is_intruder = me == self.intruder
         members = self.jobs[self.job]
-        self.mine = self._job_chunks(self.job)
-        self.layer_chunks: list[list[Chunk]] = [[] for _ in ctx.model.layers]
-        for c in self.mine:
-            self.layer_chunks[self.key_layer[c.key]].append(c)
-        self._pulls: dict[int, list[tuple[Chunk, torch.Tensor, Pending]]] = {}
+        self.mine = self._job_frames(self.job)
+        self.layer_frames: list[list[Frame]] = [[] for _ in ctx.model.layers]
+        for f in self.mine:
+            self.layer_frames[f.layer].append(f)
+        self._pulls: dict[int, list[tuple[Frame, torch.Tensor, Pending, dict]]] = {}
         self.rejected_pulls = 0
         self._starts: list[float] = []
         # CreateService: the job's first worker draws the token, gives it to the job and the servers
@@ -312,8 +403,9 @@ class PHub(ParameterServer):
                          self.rack_of[self.worker_ranks[w]] == self.rack_of[my_rank]]
             if me == same_rack[0]:
                 flat = [p.data.view(-1) for p in self.params]
-                tr.wait_all([tr.isend(flat[c.key][c.lo:c.hi], self._server_of(c, my_rank), tag=c.id, kind="init",
-                                      **self._fields(-1, c)) for c in self.mine])
+                tr.wait_all([self._send_frame(torch.cat([flat[c.key][c.lo:c.hi] for c in f.chunks]), f,
+                                              self._server_of(f, my_rank), "init", self._fields(-1, f),
+                                              [c.numel * ELEMENT_BYTES for c in f.chunks]) for f in self.mine])
         # data: the job's own global batches (a job of m workers trains as the reference of m)
         if ctx.batches is not None and (len(self.jobs) > 1 or self.intruder is not None):
             m = len(members)
@@ -323,43 +415,44 @@ class PHub(ParameterServer):
     def on_iteration_start(self, it: int) -> None:
         self._starts.append(time.perf_counter())
 
-    def _push_pull(self, it: int, chunks: list[Chunk]) -> list[tuple[Chunk, torch.Tensor, Pending]]:
-        """Fused push_pull of ``chunks``: post the receives of their new values, then queue one
-        comm job that pushes every chunk (payload + token) and waits for the sends."""
-        tr, me = self.ctx.transport, self.ctx.rank
+    def _push_pull(self, it: int, frames: list[Frame]) -> list[tuple[Frame, torch.Tensor, Pending, dict]]:
+        """Fused push_pull of ``frames``: post the receives of their new values, then queue one
+        comm job that pushes every frame (each chunk's payload and token) and waits for the
+        sends."""
+        me = self.ctx.rank
         pulls = []
-        for c in chunks:
-            buf = torch.empty(c.numel + META)
-            pulls.append((c, buf, tr.irecv(buf, self._server_of(c, me), tag=c.id, kind=self.pull_kind,
-                                           **self._fields(it, c))))
-        grads = [(c, self._grad_slice(c)) for c in chunks]
+        for f in frames:
+            buf, fields = torch.empty(f.size), self._fields(it, f)
+            pulls.append((f, buf, self._recv_frame(buf, f, self._server_of(f, me), self.pull_kind, fields), fields))
+        grads = [(f, [self._grad_slice(c) for c in f.chunks]) for f in frames]
 
         def push() -> None:
             sends = []
-            for c, g in grads:
-                msg = torch.empty(c.numel + META)
-                msg[:c.numel].copy_(g)
-                msg[c.numel:].copy_(self._meta)
-                sends.append(tr.isend(msg, self._server_of(c, me), tag=c.id, kind=self.push_kind,
-                                      **self._fields(it, c)))
-            tr.wait_all(sends)
+            for f, gs in grads:
+                msg = torch.empty(f.size)
+                torch.cat(gs, out=msg[:f.numel])
+                msg[f.numel:].copy_(self._meta.repeat(len(f.chunks)))
+                sends.append(self._send_frame(msg, f, self._server_of(f, me), self.push_kind, self._fields(it, f)))
+            self.ctx.transport.wait_all(sends)
         self.ctx.comm.submit(push)
         return pulls
 
-    def _apply(self, pulls: list[tuple[Chunk, torch.Tensor, Pending]]) -> None:
-        """Wait for replies and copy accepted chunks into the model (a rejected reply carries
-        no parameters: the worker keeps its own)."""
-        for c, buf, p in pulls:
+    def _apply(self, pulls: list[tuple[Frame, torch.Tensor, Pending, dict]]) -> None:
+        """Wait for replies (each chunk charged one received message) and copy accepted chunks
+        into the model (a rejected chunk carries no parameters: the worker keeps its own)."""
+        for f, buf, p, fields in pulls:
             p.wait()
-            if meta_value(buf) == ACCEPTED:
-                self.params[c.key].data.view(-1)[c.lo:c.hi].copy_(buf[:c.numel])
-            else:
-                self.rejected_pulls += 1
+            charge_messages(self.ctx.costs, self._message_sizes(f), **fields)
+            for j, c in enumerate(f.chunks):
+                if f.meta(buf, j) == ACCEPTED:
+                    self.params[c.key].data.view(-1)[c.lo:c.hi].copy_(f.payload(buf, j))
+                else:
+                    self.rejected_pulls += 1
 
     def after_backward(self, it: int, layer: int) -> None:
-        """Overlap: push_pull layer ``layer``'s chunks as soon as its gradients are ready."""
-        if self.overlapped and self.layer_chunks[layer]:
-            self._pulls[layer] = self._push_pull(it, self.layer_chunks[layer])
+        """Overlap: push_pull layer ``layer``'s frames as soon as its gradients are ready."""
+        if self.overlapped and self.layer_frames[layer]:
+            self._pulls[layer] = self._push_pull(it, self.layer_frames[layer])
 
     def before_forward(self, it: int, layer: int) -> None:
         """Overlap: wait for layer ``layer``'s new values before its forward."""
@@ -430,22 +523,28 @@ class PHub(ParameterServer):
                 ev.instant("reject", op="connect", peer=r, job=g)
             self.senders[g].append(r)  # listened to, so that each of its pushes is received and refused
         self.tokens = tokens
-        # own chunks: my interface's, of the jobs with workers here
-        self.mine = [c for c in self.chunks if c.server == my_iface and self._legit(c.job, my_rack)]
-        self.stores = [torch.empty(c.numel + META) for c in self.mine]
-        for st in self.stores:
-            st[-META:].copy_(token_meta(ACCEPTED))  # the reply status travels with the values
-        self.values = [torch.nn.Parameter(st[:-META]) for st in self.stores]
+        # own frames: my interface's, of the jobs with workers here; a frame's store holds its
+        # chunks' values, then their reply statuses (the frame's layout), and is the reply itself
+        self.mine = [f for f in self.frames if f.server == my_iface and self._legit(f.job, my_rack)]
+        self.stores = [torch.empty(f.size) for f in self.mine]
+        for f, st in zip(self.mine, self.stores):
+            st[f.numel:].copy_(token_meta(ACCEPTED).repeat(len(f.chunks)))
+        self.values = [[torch.nn.Parameter(f.payload(st, j)) for j in range(len(f.chunks))]
+                       for f, st in zip(self.mine, self.stores)]
         inits = []
-        for c, v in zip(self.mine, self.values):
-            src = self._legit(c.job, my_rack)[0]
-            inits.append(tr.irecv(v.data, src, tag=c.id, kind="init", **self._fields(-1, c)))
-        tr.wait_all(inits)
-        self.optimizers = [make_optimizer([v], ctx.workload.optimizer) for v in self.values]
-        ev.instant("server_keys", chunks=[c.id for c in self.mine], numel=sum(c.numel for c in self.mine),
-                   iface=my_iface, hierarchical=self.hier)
+        for f, st in zip(self.mine, self.stores):
+            fields = self._fields(-1, f)
+            inits.append((f, fields, self._recv_frame(st[:f.numel], f, self._legit(f.job, my_rack)[0], "init",
+                                                      fields)))
+        for f, fields, p in inits:
+            p.wait()
+            charge_messages(ctx.costs, [c.numel * ELEMENT_BYTES for c in f.chunks], **fields)
+        self.optimizers = [[make_optimizer([v], ctx.workload.optimizer) for v in vs] for vs in self.values]
+        chunks = [c for f in self.mine for c in f.chunks]
+        ev.instant("server_keys", chunks=[c.id for c in chunks], frames=[f.id for f in self.mine],
+                   numel=sum(c.numel for c in chunks), iface=my_iface, hierarchical=self.hier)
         T = self.opts.server_threads
-        jobs_here = sorted({c.job for c in self.mine})
+        jobs_here = sorted({f.job for f in self.mine})
         self._count_lock = threading.Lock()
         errors: list[BaseException] = []
 
@@ -457,6 +556,7 @@ class PHub(ParameterServer):
         threads = [threading.Thread(target=serve, args=(t, g), daemon=True,
                                     name=f"srv{t}" if len(self.jobs) == 1 else f"srv{t}-job{g}")
                    for t in range(T) for g in jobs_here]
+        cpu0 = time.process_time()
         for th in threads:
             th.start()
         while any(th.is_alive() for th in threads) and not errors:  # a failed thread fails the server now
@@ -465,8 +565,9 @@ class PHub(ParameterServer):
         if errors:
             raise errors[0]
         ctx.results.update(rejected_pushes=self.rejected_pushes, rejected_connects=self.rejected_connects,
-                           chunks=len(self.mine), chunk_bytes=self.opts.chunk_bytes, hierarchical=self.hier,
-                           iface=my_iface)
+                           chunks=len(chunks), frames=len(self.mine), chunk_bytes=self.opts.chunk_bytes,
+                           frame_bytes=self.opts.frame_bytes, hierarchical=self.hier, iface=my_iface,
+                           serve_cpu_s=time.process_time() - cpu0)
 
     def _legit(self, g: int, rack: int | None) -> list[int]:
         """Global ranks of job ``g``'s workers (in ``rack`` only, if given)."""
@@ -474,30 +575,39 @@ class PHub(ParameterServer):
         return [r for r in ranks if rack is None or self.rack_of[r] == rack]
 
     def _order(self, idx: list[int]) -> list[int]:
-        """Processing order of a thread's chunks: the order workers push them (last layer
-        first with overlap, key order in bulk), then chunk id."""
+        """Processing order of a thread's frames (indices into ``self.mine``): the order
+        workers push them (last layer first with overlap, key order in bulk), then id."""
         if self.overlapped:
-            return sorted(idx, key=lambda i: (-self.key_layer[self.mine[i].key], self.mine[i].id))
+            return sorted(idx, key=lambda i: (-self.mine[i].layer, self.mine[i].id))
         return sorted(idx, key=lambda i: self.mine[i].id)
 
     def _serve_thread(self, t: int, job: int, jobs_here: int, my_iface: int, my_rack: int | None) -> None:
         """Tall aggregation and optimization of thread ``t``'s chunks of job ``job``, every
-        round (``jobs_here`` jobs share the thread's receive window)."""
+        round (``jobs_here`` jobs share the thread's receive window), frame by frame.
+
+        Host costs (phub.txt Sec. 3.2.2): every chunk copy added as it arrives is charged
+        ``aggregate`` (the chunk's bytes; :func:`tall_aggregate`), and every chunk's optimizer
+        step, done by this thread right after the chunk's last copy ("the thread that
+        aggregates a particular chunk also optimizes that chunk"), ``optimizer`` (the chunk's
+        bytes; the average, MXNet's ``rescale_grad``, is part of the step); with hierarchical
+        reduction the ring's local sums are charged ``aggregate`` too (:func:`ring_reduce`).
+        Each chunk message received or sent is charged ``message``.
+        """
         ctx, tr, ev = self.ctx, self.ctx.transport, self.ctx.events
-        order = self._order([i for i, c in enumerate(self.mine) if c.thread == t and c.job == job])
+        order = self._order([i for i, f in enumerate(self.mine) if f.thread == t and f.job == job])
         if not order:
             return
         W = len(self.senders[job]) or 1
-        window = recv_window(self.chunk_elems, W, jobs_here)
+        window = recv_window(max(self.mine[i].size for i in order), W, jobs_here)
         R = len(self.pboxes) if self.hier else 1
 
         def post(it: int, i: int):
-            c = self.mine[i]
-            f = self._fields(it, c)
+            f = self.mine[i]
+            fields = self._fields(it, f)
             out = []
-            for r in self.senders[c.job]:
-                buf = torch.empty(c.numel + META)
-                out.append((r, buf, tr.irecv(buf, r, tag=c.id, kind=self.push_kind, **f)))
+            for r in self.senders[f.job]:
+                buf = torch.empty(f.size)
+                out.append((r, buf, self._recv_frame(buf, f, r, self.push_kind, fields)))
             return out
 
         for it in range(ctx.iterations):
@@ -509,45 +619,51 @@ class PHub(ParameterServer):
                 if n + window < len(order):
                     j = order[n + window]
                     posted[j] = post(it, j)
-                c = self.mine[i]
-                f = self._fields(it, c)
-                agg, accepted, refused = tall_aggregate(posted.pop(i), c.numel, self.tokens.get(c.job),
-                                                        partial(self._reject_push, fields=f))
-                with ev.span("update", copies=len(accepted), **f):
+                f = self.mine[i]
+                fields = self._fields(it, f)
+                agg, accepted, refused = tall_aggregate(posted.pop(i), f, self.tokens.get(f.job),
+                                                        partial(self._reject_push, fields=fields), ctx.costs, fields)
+                with ev.span("update", copies=max(len(a) for a in accepted), **fields):
                     if self.hier:
-                        if agg is None:
-                            agg = torch.zeros(c.numel)
-                        ring = [box[c.server] for box in self.pboxes if self._legit(c.job, self.rack_of[box[0]])]
-                        ring_reduce(tr, agg, ring, c.id, R, **f)
-                        count = len(self._legit(c.job, None))
+                        ring = [box[f.server] for box in self.pboxes if self._legit(f.job, self.rack_of[box[0]])]
+                        ring_reduce(tr, agg, ring, f.id, R, chunk_numels=[c.numel for c in f.chunks],
+                                    costs=ctx.costs, **fields)
+                        counts = [len(self._legit(f.job, None))] * len(f.chunks)
                     else:
-                        count = len(accepted)
-                    if agg is not None and count:
-                        agg /= count
-                        self.values[i].grad = agg
-                        self.optimizers[i].step()
-                        self.values[i].grad = None
-                store = self.stores[i]
-                sends += [tr.isend(store, r, tag=c.id, kind=self.pull_kind, **f) for r in accepted]
-                if refused:
-                    nothing = rejection(c.numel)  # no parameters for a wrong token
-                    sends += [tr.isend(nothing, r, tag=c.id, kind="reject_reply", **f) for r in refused]
+                        counts = [len(a) for a in accepted]
+                    with ChargeBatch(ctx.costs, "optimizer", **fields) as batch:
+                        for j, c in enumerate(f.chunks):
+                            if not counts[j]:
+                                continue
+                            with batch.charge(c.numel * ELEMENT_BYTES):
+                                g = f.payload(agg, j)
+                                g /= counts[j]
+                                self.values[i][j].grad = g
+                                self.optimizers[i][j].step()
+                                self.values[i][j].grad = None
+                store, k = self.stores[i], len(f.chunks)
+                for r in self.senders[f.job]:  # each sender pushed a copy of every chunk of the frame
+                    no = [j for j in range(k) if r in refused[j]]  # no parameters for a wrong token
+                    sends.append(self._send_frame(refused_reply(store, f, no) if no else store, f, r,
+                                                  "reject_reply" if len(no) == k else self.pull_kind, fields))
                 done = [s for s in sends if s.is_completed()]
                 for s in done:
                     s.wait()
                 sends = [s for s in sends if s not in done]
             tr.wait_all(sends)  # before the next round changes the values in place
 
-    def _reject_push(self, peer: int, fields: dict) -> None:
-        """Count and log (event ``reject``, ``op`` push) a push from ``peer`` with a wrong token."""
+    def _reject_push(self, peer: int, j: int, fields: dict) -> None:
+        """Count and log (event ``reject``, ``op`` push, ``chunk``) chunk ``j`` of a frame
+        pushed by ``peer`` with a wrong token."""
         with self._count_lock:
             self.rejected_pushes += 1
-        self.ctx.events.instant("reject", op="push", peer=peer, **fields)
+        self.ctx.events.instant("reject", op="push", peer=peer, chunk=fields["chunks"][j], **fields)
 
     def final_state(self) -> dict | None:
         """Workers: the model's state dict. Servers: ``{"<param>[lo:hi]": chunk values}``
         (prefixed ``job<g>/`` with several jobs)."""
         if self.ctx.role == "server":
             pre = (lambda c: f"job{c.job}/") if len(self.jobs) > 1 else (lambda c: "")
-            return {f"{pre(c)}{c.name}[{c.lo}:{c.hi}]": v.detach() for c, v in zip(self.mine, self.values)}
+            return {f"{pre(c)}{c.name}[{c.lo}:{c.hi}]": v.detach()
+                    for f, vs in zip(self.mine, self.values) for c, v in zip(f.chunks, vs)}
         return super().final_state()

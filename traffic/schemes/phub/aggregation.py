@@ -2,9 +2,16 @@
 
 Each server thread owns its chunks; it adds a worker's copy of a chunk into the chunk's
 aggregation buffer as soon as the copy is in (copies already received are added first)
-(:func:`tall_aggregate`). A thread keeps the receives of its next chunks posted ahead
-(``RECV_WINDOW_BYTES`` of copies, :func:`recv_window`), so a push rarely waits for its
+(:func:`tall_aggregate`). Copies travel in frames (:mod:`~traffic.schemes.phub.frames`):
+a frame's copy from one worker is taken as soon as it is in, and each of its logical chunks
+is checked and added on its own. A thread keeps the receives of its next frames posted
+ahead (``RECV_WINDOW_BYTES`` of copies, :func:`recv_window`), so a push rarely waits for its
 receive while the server's memory stays bounded.
+
+Host costs (:mod:`~traffic.schemes.phub.charges`): each logical chunk of an arriving copy is
+one received message (``message``, when the host model states a per-message overhead) and,
+if its token is right, one aggregation of the chunk's bytes (``aggregate``: phub.txt Sec.
+3.2.2, "Aggregation is simply vector addition: we read two floats and write one back.").
 """
 from __future__ import annotations
 
@@ -12,58 +19,73 @@ from typing import Callable
 
 import torch
 
+from traffic.runtime.hostcost import HostCosts
 from traffic.runtime.transport import Pending
+from traffic.schemes.phub.charges import ChargeBatch, charge_messages
 from traffic.schemes.phub.chunks import ELEMENT_BYTES
-from traffic.schemes.phub.tenancy import META, meta_value
+from traffic.schemes.phub.frames import Frame
+from traffic.schemes.phub.tenancy import META
 
 __all__ = ["RECV_WINDOW_BYTES", "recv_window", "tall_aggregate"]
 
 RECV_WINDOW_BYTES = 64 << 20  # receive buffers a server thread keeps posted ahead (all workers' copies)
 
 
-def recv_window(chunk_elems: int, senders: int, jobs_here: int) -> int:
-    """Chunks whose receives a server thread keeps posted ahead: as many as fit in
-    ``RECV_WINDOW_BYTES`` with ``senders`` copies of ``chunk_elems`` elements (+ metadata)
-    each, the window shared by the ``jobs_here`` jobs the thread serves; at least 2."""
-    return max(2, RECV_WINDOW_BYTES // (jobs_here * senders * (chunk_elems + META) * ELEMENT_BYTES))
+def recv_window(frame_size: int, senders: int, jobs_here: int) -> int:
+    """Frames whose receives a server thread keeps posted ahead: as many as fit in
+    ``RECV_WINDOW_BYTES`` with ``senders`` copies of ``frame_size`` elements (payload and
+    metadata, the largest frame's :attr:`Frame.size`) each, the window shared by the
+    ``jobs_here`` jobs the thread serves; at least 2."""
+    return max(2, RECV_WINDOW_BYTES // (jobs_here * senders * frame_size * ELEMENT_BYTES))
 
 
-def tall_aggregate(pending: list[tuple[int, torch.Tensor, Pending]], numel: int, token: int | None,
-                   on_reject: Callable[[int], None]) -> tuple[torch.Tensor | None, list[int], list[int]]:
-    """Sum the copies of one chunk as they arrive.
+def tall_aggregate(pending: list[tuple[int, torch.Tensor, Pending]], frame: Frame, token: int | None,
+                   on_reject: Callable[[int, int], None], costs: HostCosts | None = None,
+                   fields: dict | None = None) -> tuple[torch.Tensor, list[list[int]], list[list[int]]]:
+    """Sum the copies of a frame's chunks as they arrive.
 
     Args:
-        pending: ``(sender rank, buffer, posted receive)`` per copy; each buffer holds the
-            chunk's ``numel`` elements then the sender's token in the ``META`` slots. The
-            list is emptied.
-        numel: elements of the chunk.
+        pending: ``(sender rank, buffer, posted receive)`` per copy of ``frame``; each buffer
+            is laid out as :class:`Frame` says (payloads, then each chunk's sender token in
+            its ``META`` slots). The list is emptied.
+        frame: the frame.
         token: the job's token (None: no job registered, every copy is refused).
-        on_reject: called with the sender's rank for each copy with a wrong token (not added).
+        on_reject: called with the sender's rank and the chunk's index in the frame for each
+            chunk copy with a wrong token (not added).
+        costs: the accountant: per copy, one ``message`` per chunk (:func:`charge_messages`)
+            and one ``aggregate`` of the chunk's bytes per accepted chunk, each copy's charges
+            one span (:class:`ChargeBatch`); None: nothing charged.
+        fields: extra fields of those spans (``iteration``, ``frame`` ...).
 
     Returns:
-        ``(sum, accepted, refused)``: the sum of the accepted copies (a view into the first
-        accepted copy's buffer, added to in place; None if none was accepted), and the
-        senders accepted and refused, in the order their copies were taken.
+        ``(sum, accepted, refused)``: the sum of the accepted copies of every chunk
+        (``frame.numel`` elements, chunk ``j`` at ``frame.offsets[j]``; zeros where no copy
+        was accepted), and per chunk the senders accepted and refused, in the order their
+        copies were taken.
 
     Raises:
         RuntimeError / DistBackendError: a receive failed.
     """
-    agg: torch.Tensor | None = None
-    accepted: list[int] = []
-    refused: list[int] = []
+    k = len(frame.chunks)
+    fields = fields or {}
+    agg = torch.zeros(frame.numel)
+    accepted: list[list[int]] = [[] for _ in range(k)]
+    refused: list[list[int]] = [[] for _ in range(k)]
+    sizes = [(c.numel + META) * ELEMENT_BYTES for c in frame.chunks]
     while pending:  # tall aggregation: add each copy as soon as it is in
         ready = [x for x in pending if x[2].is_completed()] or [pending[0]]
         for x in ready:
             pending.remove(x)
             r, buf, p = x
             p.wait()
-            if meta_value(buf) != token:
-                refused.append(r)
-                on_reject(r)
-                continue
-            accepted.append(r)
-            if agg is None:
-                agg = buf[:numel]
-            else:
-                agg.add_(buf[:numel])
+            charge_messages(costs, sizes, peer=r, **fields)
+            with ChargeBatch(costs, "aggregate", peer=r, **fields) as batch:
+                for j, c in enumerate(frame.chunks):
+                    if frame.meta(buf, j) != token:
+                        refused[j].append(r)
+                        on_reject(r, j)
+                        continue
+                    accepted[j].append(r)
+                    with batch.charge(c.numel * ELEMENT_BYTES):
+                        frame.payload(agg, j).add_(frame.payload(buf, j))
     return agg, accepted, refused

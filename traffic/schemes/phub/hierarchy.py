@@ -4,7 +4,14 @@ With one PBox per rack, each PBox sums its rack's copies of a chunk, the PBox pr
 the same interface index in every rack then sum their partial sums with a ring allreduce
 (:func:`ring_reduce`: :func:`traffic.collectives.ring.ring_allreduce`, reduce-scatter then
 all-gather, the "widely used ring reduction" of Sec. 4.8), and each PBox sends the result
-to its own rack's workers.
+to its own rack's workers. The ring runs once per frame (:mod:`~traffic.schemes.phub.frames`:
+the frame's chunk sums are one contiguous tensor); its host costs are the emulated
+system's, a ring per chunk (Sec. 4.8 models it per chunk: "sending and receiving N
+chunk-size messages sequentially, each performing one additional aggregation, for each of
+the keys"): each local sum is charged ``aggregate`` by the ring (rate-based, so the frame's
+sums cost what the chunks' would), and the per-message overhead is charged per chunk, for
+the messages each chunk's own ring would send and receive (:func:`ring_messages`), instead
+of per frame transfer.
 
 **When it pays** (Sec. 3.4): when the flat scheme's cross-rack transfer takes longer than
 the added latency of a two-level reduction::
@@ -19,13 +26,16 @@ The scheme evaluates it for ``hierarchical: auto`` (:func:`hierarchical_pays`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
 from traffic.collectives.ring import RingStats, ring_allreduce
+from traffic.runtime.hostcost import HostCosts
+from traffic.schemes.phub.charges import charge_messages, charges_messages
 
 __all__ = ["RING_TAG", "inter_rack_cost", "HierarchicalTerms", "hierarchical_terms", "hierarchical_pays",
-           "host_racks", "ring_tag", "ring_reduce"]
+           "host_racks", "ring_tag", "ring_messages", "ring_reduce"]
 
 RING_TAG = 1 << 29           # hierarchical ring steps
 
@@ -96,20 +106,77 @@ def host_racks(processes: list[dict]) -> dict[str, int]:
     return {p["host"]: p["rack"] for p in processes}
 
 
-def ring_tag(chunk_id: int, racks: int) -> int:
-    """Base tag of chunk ``chunk_id``'s cross-rack ring among ``racks`` PBoxes:
-    ``RING_TAG + chunk_id * 2(R-1)``; the ring's ``2(R-1)`` steps use the tags from there."""
-    return RING_TAG + chunk_id * 2 * (racks - 1)
+def ring_tag(frame_id: int, racks: int) -> int:
+    """Base tag of frame ``frame_id``'s cross-rack ring among ``racks`` PBoxes:
+    ``RING_TAG + frame_id * 2(R-1)``; the ring's ``2(R-1)`` steps use the tags from there."""
+    return RING_TAG + frame_id * 2 * (racks - 1)
 
 
-def ring_reduce(transport, partial: torch.Tensor, ring: list[int], chunk_id: int, racks: int,
-                **fields) -> RingStats:
-    """Sum ``partial`` (1-D float32, a PBox's sum of its rack's copies of chunk
-    ``chunk_id``) in place over the PBox processes ``ring`` (global ranks, ring order) with
-    a ring allreduce on the tags of :func:`ring_tag` (``racks``: every PBox of the run,
-    which fixes the tag range). ``fields`` go into every event of the ring.
+def ring_messages(numel: int, p: int, i: int) -> tuple[int, int]:
+    """Messages ``(sent, received)`` member ``i`` of a ring of ``p`` handles in one
+    :func:`~traffic.collectives.ring.ring_allreduce` of ``numel`` elements: the ring's
+    ``2(p-1)`` steps each send one block and receive one (``p`` near-equal blocks,
+    :func:`~traffic.collectives.ring.ring_blocks`), and a transfer of an empty block is
+    skipped. ``(0, 0)`` for ``p`` <= 1.
+
+    Raises:
+        ValueError: ``i`` not in ``[0, p)`` for ``p`` > 1, or ``numel`` < 0.
+    """
+    if p <= 1:
+        return 0, 0
+    if not 0 <= i < p or numel < 0:
+        raise ValueError(f"need 0 <= i < p and numel >= 0; got i={i}, p={p}, numel={numel}")
+    size = [numel // p + (1 if b < numel % p else 0) for b in range(p)]
+    own = (i + 1) % p
+    sent = sum(size[(i - s) % p] > 0 for s in range(p - 1)) + sum(size[(own - s) % p] > 0 for s in range(p - 1))
+    received = sum(size[(i - s - 1) % p] > 0 for s in range(p - 1)) + sum(size[(i - s) % p] > 0 for s in range(p - 1))
+    return sent, received
+
+
+class _Unmessaged:
+    """A transport whose point-to-point transfers are not charged as messages
+    (``message=False``): the ring of a frame, whose chunks' messages are charged one by one."""
+
+    def __init__(self, transport):
+        self._tr = transport
+        self.rank, self.events = transport.rank, transport.events
+
+    def isend(self, *args, **kw):
+        return self._tr.isend(*args, message=False, **kw)
+
+    def irecv(self, *args, **kw):
+        return self._tr.irecv(*args, message=False, **kw)
+
+    def wait_all(self, pendings) -> None:
+        self._tr.wait_all(pendings)
+
+
+def ring_reduce(transport, partial: torch.Tensor, ring: list[int], frame_id: int, racks: int,
+                chunk_numels: Sequence[int] | None = None, costs: HostCosts | None = None, **fields) -> RingStats:
+    """Sum ``partial`` (1-D float32, a PBox's sum of its rack's copies of frame ``frame_id``'s
+    chunks, back to back) in place over the PBox processes ``ring`` (global ranks, ring
+    order) with a ring allreduce on the tags of :func:`ring_tag` (``racks``: every PBox of the
+    run, which fixes the tag range). ``fields`` go into every event of the ring.
+
+    Host costs (module docstring): the ring charges each local sum as ``aggregate`` on
+    ``costs``; with ``chunk_numels`` (the elements of each logical chunk in ``partial``) and
+    a host model that states a per-message overhead, the ring's transfers are not charged
+    per transfer; each chunk is charged the messages of its own ring (:func:`ring_messages`):
+    the sent ones before the ring starts, the received ones once it is done.
 
     Raises:
         RuntimeError / DistBackendError: a peer died or communication timed out.
+        ValueError: ``chunk_numels`` do not add up to ``partial``'s elements.
     """
-    return ring_allreduce(transport, partial, ring, tag=ring_tag(chunk_id, racks), **fields)
+    if chunk_numels is not None and sum(chunk_numels) != partial.numel():
+        raise ValueError(f"chunks of {sum(chunk_numels)} elements for a partial sum of {partial.numel()}")
+    if chunk_numels is None or not charges_messages(costs) or transport.rank not in ring:
+        return ring_allreduce(transport, partial, ring, tag=ring_tag(frame_id, racks), costs=costs, **fields)
+    p, i = len(ring), ring.index(transport.rank)
+    counts = [ring_messages(n, p, i) for n in chunk_numels]
+    sizes = [4 * n // p for n in chunk_numels]  # about one block of the chunk per message
+    charge_messages(costs, [b for b, (s, _) in zip(sizes, counts) for _ in range(s)], **fields)
+    stats = ring_allreduce(_Unmessaged(transport), partial, ring, tag=ring_tag(frame_id, racks), costs=costs,
+                           **fields)
+    charge_messages(costs, [b for b, (_, r) in zip(sizes, counts) for _ in range(r)], **fields)
+    return stats

@@ -1,9 +1,11 @@
 """PHub's multi-tenancy and access control (phub.txt Sec. 3.1): jobs, namespaces and tokens.
 
 The workers split into equal jobs (:func:`job_groups`), each with its own key namespace and
-a random 63-bit token (:func:`new_token`). Every push carries the token in ``META`` float32
-slots (8 bytes) after the chunk's payload (:func:`token_meta`); a server's reply carries a
-status (``ACCEPTED`` / ``REJECTED``) in the same slots (:func:`meta_value` reads either).
+a random 63-bit token (:func:`new_token`). Every chunk of a push carries the token in
+``META`` float32 slots (8 bytes, :func:`token_meta`; where they sit in a frame:
+:class:`~traffic.schemes.phub.frames.Frame`); a server's reply carries a status
+(``ACCEPTED`` / ``REJECTED``) in the same slots (:func:`meta_value` reads the slots at the end
+of a buffer).
 Each job trains on global batches of its own workers (:class:`JobShards`).
 """
 from __future__ import annotations
@@ -13,7 +15,7 @@ import os
 import torch
 
 __all__ = ["META", "ACCEPTED", "REJECTED", "SETUP_TAG", "job_groups", "token_meta", "meta_value",
-           "new_token", "rejection", "JobShards"]
+           "new_token", "JobShards"]
 
 META = 2                     # float32 slots after a chunk's payload: the token (int64 bits) or a status
 ACCEPTED, REJECTED = 1, 0    # reply status
@@ -53,14 +55,6 @@ def new_token() -> int:
         t = int.from_bytes(os.urandom(8), "little") >> 1
         if t:
             return t
-
-
-def rejection(numel: int) -> torch.Tensor:
-    """The reply to a push with a wrong token: no parameters (``numel`` zeros) and the
-    status ``REJECTED`` in the metadata slots."""
-    nothing = torch.zeros(numel + META)
-    nothing[-META:].copy_(token_meta(REJECTED))
-    return nothing
 
 
 class JobShards:

@@ -1,0 +1,113 @@
+"""PHub's host costs: charged per logical chunk, shown on the timeline per batch of chunks.
+
+PHub works chunk by chunk (phub.txt Sec. 3.2.2: the thread that owns a chunk adds each
+worker's copy as it arrives, and "the thread that aggregates a particular chunk also
+optimizes that chunk"; Sec. 3.2.4: every message of a chunk is sent and received on its
+core). So every such operation is charged on its own through the accountant
+(:meth:`traffic.runtime.hostcost.HostCosts.charge`): the counts, budgets and overruns of
+``results/<proc>.json`` ``host_costs`` are per logical chunk. At 32 KB a model has thousands
+of chunks, so a span per charge would flood the event log; each charge is made with
+``span=False`` and :class:`ChargeBatch` records one event ``host_<kind>`` per batch (the
+chunks of one frame: one copy's aggregation, one frame's optimizer steps, one frame's
+messages), in the accountant's format plus ``ops`` (the charges it stands for).
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+from traffic.runtime.hostcost import HostCosts
+
+__all__ = ["ChargeBatch", "charges_messages", "charge_messages"]
+
+
+class ChargeBatch:
+    """Charges of one ``kind``, one per logical chunk, recorded as one span.
+
+    Each :meth:`charge` is one operation of the accountant (``costs.charge(kind, nbytes=...,
+    span=False)``); :meth:`close` (or leaving the ``with`` block) writes one event
+    ``host_<kind>`` from the first charge's start to now, with ``emulated_s`` and ``real_s``
+    (sums over the batch, seconds; a kind not modelled, or a zero cost, counts its real
+    time / scale, as the accountant does), ``overrun`` (any charge of the batch took longer
+    than its budget), ``bytes`` (sum), ``ops`` (the number of charges) and ``fields``. An
+    empty batch writes nothing.
+
+    Args:
+        costs: the process's accountant; None: the blocks just run, nothing is charged.
+        kind: a rate-based kind of :meth:`traffic.host.HostModel.cost_s` (``message``,
+            ``aggregate``, ``optimizer`` ...).
+        fields: extra event fields (``iteration``, ``frame`` ...).
+    """
+
+    def __init__(self, costs: HostCosts | None, kind: str, **fields):
+        self.costs, self.kind, self.fields = costs, kind, fields
+        self.count = 0
+        self.nbytes = 0
+        self.emulated_s = 0.0
+        self.real_s = 0.0
+        self.overrun = False
+        self._ts: float | None = None
+        self._t0 = 0.0
+
+    @contextmanager
+    def charge(self, nbytes: int) -> Iterator[None]:
+        """Run the block (one chunk's real work) as one charged operation of ``nbytes`` bytes.
+
+        Raises:
+            ValueError: an unknown kind (or ``compute``, which has no rate).
+        """
+        if self.costs is None:
+            yield
+            return
+        if self._ts is None:
+            self._ts, self._t0 = time.time(), time.perf_counter()
+        with self.costs.charge(self.kind, nbytes=nbytes, span=False):
+            w0 = time.perf_counter()
+            yield
+            real = time.perf_counter() - w0
+        cost = self.costs.model.cost_s(self.kind, nbytes)
+        if cost is None or cost <= 0:  # not modelled (or a zero overhead): its real time, as the accountant
+            cost = real / self.costs.scale
+        elif real > cost * self.costs.scale:
+            self.overrun = True
+        self.count += 1
+        self.nbytes += nbytes
+        self.emulated_s += cost
+        self.real_s += real
+
+    def close(self) -> None:
+        """Write the batch's span (nothing if no charge was made or there is no event log)."""
+        events = self.costs.events if self.costs is not None else None
+        if self.count and events is not None and self._ts is not None:
+            events.record(f"host_{self.kind}", self._ts, time.perf_counter() - self._t0, emulated_s=self.emulated_s,
+                          real_s=self.real_s, overrun=self.overrun, bytes=self.nbytes or None, ops=self.count,
+                          **self.fields)
+        self._ts = None
+
+    def __enter__(self) -> "ChargeBatch":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def charges_messages(costs: HostCosts | None) -> bool:
+    """True when ``costs`` states a per-message overhead (> 0): only then are messages charged
+    (as :class:`traffic.runtime.transport.Transport` does: nothing charged, no statistics
+    kept otherwise)."""
+    return costs is not None and costs.model.message_overhead_s > 0
+
+
+def charge_messages(costs: HostCosts | None, sizes, **fields) -> None:
+    """Charge one ``message`` per logical chunk (``sizes``: each chunk message's bytes, its
+    metadata included) of a frame sent or received as one transfer (``message=False`` to the
+    transport), and record them as one span. The emulated system sends one message per chunk
+    (phub.txt Sec. 3.2.4); the cost is the host model's per-message software overhead
+    (``host.message_overhead_us``). Nothing when :func:`charges_messages` is false."""
+    if not charges_messages(costs):
+        return
+    with ChargeBatch(costs, "message", **fields) as batch:
+        for n in sizes:
+            with batch.charge(n):
+                pass
