@@ -22,9 +22,15 @@ Order properties checked from the events logs:
 * **Server update order.** A server's ``broadcast`` of slice ``j`` in iteration ``it``
   starts no earlier than the end of each of the ``W`` matching ``push`` receives (all
   logged by the server), i.e. a slice is never sent before every worker's copy is in.
+
+Messages (P3 cases): exactly one push message per slice, worker and iteration, carrying its
+id (:func:`~traffic.schemes.p3.pack_slice`); the slices shorter than the largest land in
+longer posted receive rows, so these runs also check that gloo accepts a message shorter
+than its receive buffer, which the server's receives rely on.
 """
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -35,10 +41,12 @@ from traffic.reference import reference_train
 from traffic.runtime.events import read_events
 from testbed.local import run_local
 from traffic import schemes
-from traffic.schemes.p3 import assign_slices
+from traffic.models import available_models, build_model
+from traffic.schemes.p3 import ID_ELEMENTS, MAX_SLICE_ID, PUSH_TAG, assign_slices, pack_slice, slice_id_of
 from tests.conftest import experiment
 
 W, ITERS, BATCH, SERVERS, SLICE = 4, 3, 16, 2, 20_000
+NUMELS = [32768, 512, 262144, 512, 5120, 10]  # digits_mlp's keys
 CASES = {
     "p3": ("p3", {"slice_params": SLICE}),
     "p3-fifo": ("p3", {"slice_params": SLICE, "priority": False}),
@@ -47,7 +55,7 @@ CASES = {
 
 
 def test_assign_slices_round_robin_and_cover():
-    numels = [32768, 512, 262144, 512, 5120, 10]
+    numels = NUMELS
     sl = assign_slices(numels, 3, 20_000)
     assert [s.id for s in sl] == list(range(len(sl)))
     assert [s.server for s in sl] == [j % 3 for j in range(len(sl))]
@@ -68,6 +76,29 @@ def test_options():
     from_dict({"workload": {"scheme": "ps", "options": {"overlap": True}}})
 
 
+def test_slice_id_round_trips_through_the_message():
+    """Every id up to the largest slice count any model can have (``slice_params`` 1: one
+    slice per parameter) comes back from a message, and the gradient part is the slice."""
+    largest = max(build_model(m, 0, device="meta").num_params() for m in available_models())
+    ids = sorted({*range(3000), 2**23 - 1, 2**23, 2**24 + 1, 2**30, largest - 1, largest, MAX_SLICE_ID})
+    assert largest < PUSH_TAG <= MAX_SLICE_ID  # ids (also the broadcast tags) never reach the push tag
+    buf = torch.full((8,), float("nan"))
+    for sid in ids:
+        g = torch.randn(5) * 1e-38  # tiny floats too: the id is bits, never a computed value
+        msg = pack_slice(buf, sid, g)
+        assert msg.numel() == 5 + ID_ELEMENTS and msg.data_ptr() == buf.data_ptr()
+        copied = torch.cat([msg.clone()])  # as a message: copied, never computed with
+        assert slice_id_of(copied) == sid
+        assert torch.equal(copied[ID_ELEMENTS:], g)
+    for bad in (-1, MAX_SLICE_ID + 1):
+        with pytest.raises(ValueError):
+            pack_slice(buf, bad, torch.zeros(1))
+    with pytest.raises(ValueError):
+        pack_slice(buf, 0, torch.zeros(8))  # no room for the id
+    with pytest.raises(ValueError):
+        pack_slice(buf.double(), 0, torch.zeros(1))
+
+
 def _experiment(scheme, options):
     return experiment(scheme, workers=W, iterations=ITERS, batch_size=BATCH, servers={"count": SERVERS},
                       options=options)
@@ -76,6 +107,19 @@ def _experiment(scheme, options):
 @pytest.fixture(scope="module")
 def reference():
     return reference_train(_experiment("ps", {}).workload, W)
+
+
+@pytest.fixture(scope="module")
+def run_of(tmp_path_factory):
+    """``run_of(case)``: the run directory of a loopback run of ``CASES[case]`` (run once per module)."""
+    runs = {}
+
+    def run(case):
+        if case not in runs:
+            scheme, options = CASES[case]
+            runs[case] = run_local(_experiment(scheme, options), tmp_path_factory.mktemp("p3") / case)
+        return runs[case]
+    return run
 
 
 def _end(e):
@@ -118,10 +162,9 @@ def check_server_order(events: list[dict], bcast_kind: str) -> None:
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_matches_reference_and_order(case, tmp_path, reference):
+def test_matches_reference_and_order(case, run_of, reference):
     scheme, options = CASES[case]
-    exp = _experiment(scheme, options)
-    run_dir = run_local(exp, tmp_path / case)
+    run_dir = run_of(case)
     for w in range(W):
         state = torch.load(run_dir / "params" / f"worker{w}.pt")
         assert set(state) == set(reference)
@@ -137,17 +180,58 @@ def test_matches_reference_and_order(case, tmp_path, reference):
         assert all(fields <= set(e) and e["bytes"] > 0 and e["priority"] == e["layer"] for e in comm)
         pushes = [e for e in comm if e["kind"] == "push"]
         assert all(e["thread"] == "comm" for e in pushes)
-        assert sum(e["bytes"] for e in pushes) == ITERS * 4 * 301066
-        if scheme == "p3":
-            assert all(e["bytes"] <= 4 * SLICE for e in pushes)
-            assert len(pushes) == ITERS * len(assign_slices([32768, 512, 262144, 512, 5120, 10], SERVERS, SLICE))
+        if scheme == "p3":  # the payload is the gradient and its 4-byte slice id
+            assert sum(e["grad_bytes"] for e in pushes) == ITERS * 4 * 301066
+            assert all(e["bytes"] == e["grad_bytes"] + 4 * ID_ELEMENTS <= 4 * (SLICE + ID_ELEMENTS) for e in pushes)
+            assert len(pushes) == ITERS * len(assign_slices(NUMELS, SERVERS, SLICE))
             if options.get("priority", True):
                 judged += check_send_order(events)
             else:  # FIFO: slices go out in the order they were produced
                 enq = sorted((e for e in comm if e["kind"] == "enqueue"), key=lambda e: e["ts"])
                 assert [(e["iteration"], e["slice"]) for e in sorted(pushes, key=lambda e: e["ts"])] == \
                     [(e["iteration"], e["slice"]) for e in enq]
+        else:
+            assert sum(e["bytes"] for e in pushes) == ITERS * 4 * 301066
     if case == "p3":
         assert judged > 0, "no send was ever judged against a queued slice of another layer"
     for s in range(SERVERS):
         check_server_order(read_events(run_dir / "events" / f"server{s}.jsonl"), bcast)
+
+
+@pytest.mark.parametrize("case", ["p3", "p3-fifo"])
+def test_one_push_message_per_slice(case, run_of):
+    """Each worker sends each slice to its server exactly once per iteration, as one message
+    of tag ``PUSH_TAG`` whose payload is the gradient plus the 4-byte id, and sends nothing
+    else after the initial values; each server receives exactly those messages, logged with
+    their slice and exact size; the transports' byte counters agree with the events."""
+    run_dir = run_of(case)
+    slices = assign_slices(NUMELS, SERVERS, SLICE)
+    want = {(it, s.id) for it in range(ITERS) for s in slices}
+    size = {s.id: 4 * s.numel for s in slices}
+
+    def result(proc):
+        return json.loads((run_dir / "results" / f"{proc}.json").read_text())
+
+    for w in range(W):
+        events = read_events(run_dir / "events" / f"worker{w}.jsonl")
+        tx = [e for e in events if e.get("dir") == "tx"]
+        assert {e["kind"] for e in tx} == ({"init", "push"} if w == 0 else {"push"})
+        pushes = [e for e in tx if e["kind"] == "push"]
+        keys = [(e["iteration"], e["slice"]) for e in pushes]
+        assert len(keys) == len(want) and set(keys) == want  # one message per slice and iteration
+        for e in pushes:
+            s = slices[e["slice"]]
+            assert e["tag"] == PUSH_TAG and e["peer"] == W + s.server  # ranks: workers, then servers
+            assert e["grad_bytes"] == size[s.id] and e["bytes"] == size[s.id] + 4
+        assert result(f"worker{w}")["bytes_sent"] == sum(e["bytes"] for e in tx)
+    for srv in range(SERVERS):
+        events = read_events(run_dir / "events" / f"server{srv}.jsonl")
+        rx = [e for e in events if e.get("dir") == "rx"]
+        pushes = [e for e in rx if e["kind"] == "push"]
+        keys = [(e["iteration"], e["slice"], e["peer"]) for e in pushes]
+        assert len(keys) == len(set(keys)) == W * ITERS * sum(s.server == srv for s in slices)
+        assert {(it, sid) for it, sid, _ in keys} == {(it, sid) for it, sid in want if slices[sid].server == srv}
+        for e in pushes:
+            assert e["grad_bytes"] == size[e["slice"]] and e["bytes"] == size[e["slice"]] + 4
+            assert e["layer"] == e["priority"] and e["key"] == slices[e["slice"]].key
+        assert result(f"server{srv}")["bytes_received"] == sum(e["bytes"] for e in rx)

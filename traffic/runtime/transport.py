@@ -64,8 +64,9 @@ class Pending:
     """
 
     def __init__(self, log: EventLog | None, work, kind: str, fields: dict, on_done=None,
-                 charge: HostCosts | None = None):
+                 charge: HostCosts | None = None, on_arrival=None):
         self._log, self._work, self._kind, self._fields = log, work, kind, fields
+        self._on_arrival = on_arrival
         self._ts, self._t0 = time.time(), time.perf_counter()
         self._thread = thread_name()
         self._on_done = on_done
@@ -90,6 +91,8 @@ class Pending:
         if self._fields.get("dir") == "rx" and self.source is None:
             self.source = int(self._work._source_rank())
             self._fields["peer"] = self.source
+        if self._on_arrival is not None:
+            self._fields.update(self._on_arrival() or {})
         if self._charge is not None:
             _charge_message(self._charge, self._fields["bytes"])
         if self._on_done:
@@ -222,11 +225,16 @@ class Transport:
         return p
 
     def irecv(self, tensor: torch.Tensor, src: int | None = None, *, tag: int = 0,
-              kind: str = "recv", group=None, message: bool = True, **fields) -> Pending:
+              kind: str = "recv", group=None, message: bool = True, on_arrival=None, **fields) -> Pending:
         """Start receiving into ``tensor`` from ``src`` (``None``: any rank).
 
         ``Pending.wait()`` returns the sender's rank. ``message``: as :meth:`send` (charged
         in the first ``wait()``, on the waiting thread, once the data is in).
+        ``on_arrival``: called with no argument once the data is in, before the receive is
+        counted, charged and logged; the dict it returns updates the event's fields (for a
+        message whose size or identity is known only from its payload: P3's slices).
+        The message may be shorter than ``tensor`` (gloo accepts it); then ``on_arrival``
+        should return the real ``bytes``.
 
         Raises:
             ValueError: ``tensor`` is not contiguous.
@@ -235,7 +243,8 @@ class Transport:
         f = {**fields, "bytes": nbytes(tensor), "peer": None if src is None else int(src),
              "dir": "rx", "tag": tag}
         work = dist.irecv(tensor, src, group=group, tag=tag)
-        return Pending(self.events, work, kind, f, on_done=self._count, charge=self._costs_of(message))
+        return Pending(self.events, work, kind, f, on_done=self._count, charge=self._costs_of(message),
+                       on_arrival=on_arrival)
 
     @staticmethod
     def wait_all(pendings: Sequence[Pending]) -> None:

@@ -6,70 +6,113 @@ A parameter server (the ``ps`` scheme's servers, initialisation and layer-wise o
 * **Slicing** (P3 Sec. 4.2, "parameter slicing"): every key (parameter tensor) is cut into
   contiguous *slices* of ``slice_params`` elements (option, default 50,000, the paper's
   value, Sec. 5.6; MXNet's later ``dist_p3`` uses 40,000), the last slice of a key holding
-  the rest. Slices are numbered in key order (the slice id, also the message tag) and go
-  to the servers round robin: slice ``j`` to server ``j mod S`` (:func:`assign_slices`).
-  There is no big-array split: slicing replaces it.
+  the rest. Slices are numbered in key order (the slice id) and go to the servers round
+  robin: slice ``j`` to server ``j mod S`` (:func:`assign_slices`). There is no big-array
+  split: slicing replaces it.
 * **Priority** (option ``priority``, default true): a slice inherits its layer's priority,
   the layer index in forward order (0 = first layer = most urgent).
 
 Worker (per iteration ``it``):
 
 * ``after_backward(it, l)`` on the compute thread (the *producer*): post the receives of
-  every slice of layer ``l`` straight into the model's parameters, then submit one job per
-  slice -- a blocking ``send`` of the gradient slice to its server -- to the comm thread
-  (the *consumer*), a :class:`~traffic.runtime.comm.PriorityCommThread` keyed by the slice's
-  priority. The consumer always starts the queued slice of highest priority (lowest
-  number; equal priorities in production order); a slice being sent is never interrupted,
-  so a later-produced higher-priority slice preempts the queued lower-priority ones at slice
-  granularity. With ``priority: false`` the consumer is FIFO (slicing only: the paper's
-  middle curve in Fig. 7).
+  every slice of layer ``l`` straight into the model's parameters (one batch per layer),
+  then submit one job per slice -- copy the slice into the one send buffer behind its id
+  and ``send`` it, blocking, to its server -- to the comm thread (the *consumer*), a :class:`~traffic.runtime.comm.PriorityCommThread` keyed
+  by the slice's priority. The consumer always starts the queued slice of highest priority
+  (lowest number; equal priorities in production order); a slice being sent is never
+  interrupted, so a later-produced higher-priority slice preempts the queued lower-priority
+  ones at slice granularity. With ``priority: false`` the consumer is FIFO (slicing only:
+  the paper's middle curve in Fig. 7).
 * ``before_forward(it + 1, l)``: wait until every slice of layer ``l`` has arrived.
 
-Every push is followed by an 8-byte *meta* message (the slice id, tag ``META_TAG``) on the
-same worker-server pair, as ps-lite's messages carry their key: a server cannot know in
-which order a worker sends (priorities decide), and gloo receives need a tag. Server, per
-round: the receives of every own slice from every worker (tag = slice id) and of each
-worker's ``n`` meta messages are all posted when the round starts, so a worker's send
-never waits for the server to post its receive (gloo hands a send to the socket at once
-when the matching receive is already posted; otherwise it first waits a round trip for
-the receiver). One receiver thread per worker then takes that worker's meta messages in
-arrival order (receives with one tag from one peer match in posting order); the slice
-named by meta ``k`` arrived before it on the same connection, so its copy is in; the thread
-counts each slice's copies. A slice whose ``W`` copies are all in enters the ready queue, a
-priority queue keyed by ``(priority, slice id)`` (with ``priority: false`` a FIFO). The
-server's main thread (the consumer) repeatedly takes the head of the ready queue, averages
-and updates that slice (SGD, as ``ps``) and at once sends it to every worker
-(``broadcast``; there is no pull request, P3 Sec. 4.2).
+**One message per slice.** A push is one float32 message ``[id | gradient]``
+(:func:`pack_slice`): element 0 holds the slice id as int32 bits, elements ``1 .. numel``
+the gradient slice, nothing else (P3 Sec. 4.2: the consumer "sends the slice to the
+P3Server ... with its priority stamped on the packet header"; ps-lite messages carry their
+key). Every push of every slice has the one tag :data:`PUSH_TAG`: a server cannot know in
+which order a worker sends (the worker's priority queue decides at run time), so it cannot
+post a receive per slice id. It posts, when a round starts, ``n`` receives per worker (``n``
+= its own slices) with that tag, each into a row of ``max own numel + 1`` elements; gloo
+matches receives of one tag from one peer in posting order, and accepts a message shorter
+than the posted buffer (``pair.cc``, ``prepareRead``: the incoming length must be ``<=``
+the receive's size), so the ``k``-th slice a worker sends lands whole in row ``k`` and its
+first element says which slice it is. No size classes, no padding on the wire: the only
+extra bytes are the 4-byte ids, one per slice and worker per iteration -- for the default
+``slice_params`` 11,608 B per worker per iteration for VGG-19 (2,902 slices; 0.0020 % of its
+574.7 MB of gradient) and 2,572 B for ResNet-50 (643 slices; 0.0025 % of 102.2 MB). (The
+earlier design sent an 8-byte meta message after every slice: two messages per slice.
+Padding every slice to one of a few size classes -- powers of two from 256 elements up to
+``slice_params`` -- would need 8 classes, ``8 W`` receiver threads per server, and send
+0.09 % (VGG-19) / 0.89 % (ResNet-50) extra bytes.) The price is receive memory on the
+servers: every row is as long as the server's largest slice, about 1 % more than the
+gradients it holds for VGG-19, 26-28 % for ResNet-50 (many small batch-norm slices; 1-4
+servers).
+
+Server, per round: the ``W x n`` receives are posted when the round starts, so a worker's
+send never waits for the server to post its receive (gloo hands a send to the socket at
+once when the matching receive is already posted; otherwise it first waits a round trip for
+the receiver -- why receives from any source, which gloo only matches after such a round
+trip, are not used). One receiver thread per worker (``recv<j>``: ``W`` per server, e.g. 4-8
+for the 4-8 workers of the VGG-19 and ResNet-50 runs, whatever the model) takes that
+worker's messages in the order it sent them and reads each one's slice id; a slice whose
+``W`` copies are all in enters the ready queue, a priority queue keyed by ``(priority,
+slice id)`` (with ``priority: false`` a FIFO). The server's main thread (the consumer)
+repeatedly takes the head of the ready queue, averages and updates that slice (SGD, as
+``ps``, summing the gradients in place in the receive rows) and at once sends it to every
+worker (``broadcast``, tag = slice id; there is no pull request, P3 Sec. 4.2).
+
+GIL switch interval: every P3 process sets ``sys.setswitchinterval`` to
+:data:`SWITCH_INTERVAL_S` (0.5 ms; CPython's default is 5 ms). A server runs ``W + 1``
+Python threads and a worker two (compute and comm); a thread whose gloo operation has
+completed must take the GIL back to act on it (count the slice, send the next one), and
+while another thread runs Python code it waits up to the switch interval for it -- with
+the default, up to 5 ms per slice on the critical path of the next send or update.
+(Measured on this project's 2-core machine: a thread back from a blocking call while
+another runs Python waited 5.3 ms at 5 ms, 0.7 ms at 0.5 ms (medians). Loopback, 4 workers,
+2 servers, ``digits_mlp``, ``slice_params`` 1,000, 4 alternating runs each: median iteration
+227 ms at 0.5 ms and 233 ms at 5 ms, CPU 24.5 s and 24.1 s per run: no cost visible beyond
+the noise of a shared machine.)
 
 Events (each with ``iteration``, ``layer``, ``key``, ``slice``, ``priority``, ``bytes``):
-worker ``enqueue`` (instant, logged right *after* the slice entered the send queue),
-``push`` and ``meta`` (dir tx, each spans its blocking send, on the ``comm`` thread) and
-``broadcast`` (dir rx, posted in ``after_backward``, ends when ``before_forward`` has it);
-server ``meta`` and ``push`` (dir rx, posted at the round's start; each ends when the
-receiver thread ``recv<j>`` of worker ``j`` finds it complete), ``update`` and ``broadcast`` (dir tx, starts when the send is
+worker ``enqueue`` (instant, logged right *after* the slice entered the send queue) and
+``push`` (dir tx, spans its blocking send, on the ``comm`` thread), both with ``bytes`` =
+the payload sent (``4 (numel + 1)``, the id included) and ``grad_bytes`` = the gradient's
+``4 numel``; ``broadcast`` (dir rx, posted in ``after_backward``, ends when
+``before_forward`` has it); server ``push`` (dir rx, ``bytes`` and ``grad_bytes`` as the
+worker's, posted at the round's start, ends when the receiver thread ``recv<j>`` of worker
+``j`` finds it complete), ``update`` and ``broadcast`` (dir tx, starts when the send is
 posted, after the update).
 """
 from __future__ import annotations
 
 import itertools
 import queue
+import sys
 import threading
 from functools import partial
-from typing import Iterator, Sequence
+from typing import ClassVar, Iterator, Sequence
 
 import torch
 from pydantic import Field
 
 from traffic.runtime.comm import PriorityCommThread
-from traffic.runtime.transport import nbytes
+from traffic.runtime.transport import Pending, nbytes
 from traffic.schemes import register
 from traffic.schemes.base import SchemeOptions
-from traffic.schemes.ps import ParameterServer, Shard
+from traffic.schemes.ps import ELEMENT_BYTES, ParameterServer, Shard
 
-__all__ = ["SLICE_PARAMS", "assign_slices", "P3"]
+__all__ = ["SLICE_PARAMS", "PUSH_TAG", "ID_ELEMENTS", "MAX_SLICE_ID", "SWITCH_INTERVAL_S",
+           "assign_slices", "pack_slice", "slice_id_of", "P3"]
 
 SLICE_PARAMS = 50_000
-META_TAG = 1 << 30  # tag of the slices' meta messages (slice ids are the data tags)
+#: tag of every push message (slice ids, the init and broadcast tags, stay below it)
+PUSH_TAG = 1 << 30
+#: elements of a push message before the gradient (the slice id)
+ID_ELEMENTS = 1
+#: the largest slice id a push can carry (int32)
+MAX_SLICE_ID = (1 << 31) - 1
+#: CPython GIL switch interval (seconds) in P3's processes (CPython's default: 0.005)
+SWITCH_INTERVAL_S = 0.0005
 
 
 def assign_slices(numels: Sequence[int], num_servers: int, slice_params: int = SLICE_PARAMS,
@@ -103,6 +146,41 @@ def assign_slices(numels: Sequence[int], num_servers: int, slice_params: int = S
     return out
 
 
+def pack_slice(buf: torch.Tensor, slice_id: int, grad: torch.Tensor) -> torch.Tensor:
+    """Write the push message of one slice, ``[id | grad]``, at the start of ``buf``.
+
+    Args:
+        buf: contiguous 1-D float32, at least ``grad.numel() + ID_ELEMENTS`` elements.
+        slice_id: 0 .. :data:`MAX_SLICE_ID`; stored as the int32 bits of element 0 (exact:
+            the element is only ever copied, never computed with).
+        grad: the gradient slice (float32, any shape; flattened).
+
+    Returns:
+        The message: the view ``buf[:grad.numel() + 1]``.
+
+    Raises:
+        ValueError: ``slice_id`` out of range, ``buf`` too short or not contiguous
+            float32, or ``grad`` not float32.
+    """
+    n = grad.numel()
+    if not 0 <= slice_id <= MAX_SLICE_ID:
+        raise ValueError(f"slice id {slice_id} outside 0..{MAX_SLICE_ID}")
+    if buf.dtype != torch.float32 or grad.dtype != torch.float32 or buf.dim() != 1 or not buf.is_contiguous():
+        raise ValueError(f"need a contiguous 1-D float32 buffer and a float32 gradient, got "
+                         f"{buf.dtype} {tuple(buf.shape)} and {grad.dtype}")
+    if buf.numel() < n + ID_ELEMENTS:
+        raise ValueError(f"buffer of {buf.numel()} elements cannot hold a slice of {n} and its id")
+    buf.view(torch.int32)[0] = slice_id
+    buf[ID_ELEMENTS:ID_ELEMENTS + n].copy_(grad.reshape(-1))
+    return buf[:ID_ELEMENTS + n]
+
+
+def slice_id_of(message: torch.Tensor) -> int:
+    """The slice id of a push message (or of a receive row holding one): :func:`pack_slice`'s
+    element 0 read back as int32. ``message``: contiguous float32, at least 1 element."""
+    return int(message[:ID_ELEMENTS].view(torch.int32)[0])
+
+
 class P3Options(SchemeOptions):
     """Options of ``p3`` (P3 always overlaps, and slices replace ``ps``'s key split)."""
     slice_params: int = Field(SLICE_PARAMS, gt=0)
@@ -117,6 +195,9 @@ class P3(ParameterServer):
     Options = P3Options
     push_kind = "push"
     pull_kind = "broadcast"
+    #: the GIL switch interval :meth:`main` sets (seconds)
+    switch_interval_s: ClassVar[float] = SWITCH_INTERVAL_S
+    _rows: list[torch.Tensor] | None = None  # server: the push receive rows, one (n, cap) tensor per worker
 
     @property
     def overlapped(self) -> bool:
@@ -127,6 +208,11 @@ class P3(ParameterServer):
     def prioritized(self) -> bool:
         return self.opts.priority
 
+    def main(self) -> None:
+        """Set the process's GIL switch interval (module docstring), then run the role."""
+        sys.setswitchinterval(self.switch_interval_s)
+        super().main()
+
     def _make_shards(self) -> list[Shard]:
         named = list(self.ctx.model.named_parameters())
         return assign_slices([p.numel() for _, p in named], len(self.server_ranks),
@@ -135,25 +221,29 @@ class P3(ParameterServer):
     # ---------------------------------------------------------------- worker
 
     def setup(self) -> None:
-        """The ``ps`` setup (slices, initial values to the servers); priority consumer thread."""
+        """The ``ps`` setup (slices, initial values to the servers); priority consumer
+        thread; the send buffer of the push messages (one: the consumer sends one at a time)."""
         super().setup()
         if self.prioritized:
             self.ctx.comm.close(wait=False)  # never started: nothing ran on it
             self.ctx.comm = PriorityCommThread("comm")
+        self._send_buf = torch.empty(max(s.numel for s in self.shards) + ID_ELEMENTS)
 
     def _submit_push(self, it: int, layer: int, items: list[tuple[Shard, torch.Tensor]]) -> None:
-        """Producer: one job per slice (blocking send + meta), queued with the slice's priority."""
+        """Producer: one job per slice (one blocking send), queued with the slice's priority."""
         comm, ev = self.ctx.comm, self.ctx.events
         for s, g in items:
             f = self._fields(it, s)
             comm.submit(partial(self._send_slice, g, s, f), priority=f["priority"])
-            ev.instant("enqueue", bytes=nbytes(g), **f)  # after the put: the slice is queued by now
+            ev.instant("enqueue", bytes=(s.numel + ID_ELEMENTS) * ELEMENT_BYTES,  # after the put: queued by now
+                       grad_bytes=s.numel * ELEMENT_BYTES, **f)
 
     def _send_slice(self, g: torch.Tensor, s: Shard, f: dict) -> None:
-        """Consumer job: the slice's gradient, then its meta message (its id, tag ``META_TAG``)."""
-        tr, dst = self.ctx.transport, self.server_ranks[s.server]
-        tr.send(g, dst, tag=s.id, kind=self.push_kind, **f)
-        tr.send(torch.tensor([s.id], dtype=torch.int64), dst, tag=META_TAG, kind="meta", **f)
+        """Consumer job: the slice's push message ``[id | gradient]`` (:func:`pack_slice`),
+        tag :data:`PUSH_TAG`; the send buffer is free again when the blocking send returns."""
+        msg = pack_slice(self._send_buf, s.id, g)
+        self.ctx.transport.send(msg, self.server_ranks[s.server], tag=PUSH_TAG, kind=self.push_kind,
+                                grad_bytes=nbytes(g), **f)
 
     # ---------------------------------------------------------------- server
 
@@ -161,20 +251,46 @@ class P3(ParameterServer):
         """Complete slices, highest priority first among those complete at each choice
         (completion order with ``priority: false``).
 
-        Every receive of the round is posted first (the slices' into ``self._bufs``, the
-        meta messages into one ``(W, n)`` int64 tensor); then one receiver thread per worker
-        takes that worker's ``n`` meta messages in the order it sent them and counts the
-        copy of the slice each names; a slice whose ``W`` copies are in enters the ready
-        queue (the P3Server's priority queue). Raises what a receiver thread raised.
+        Every receive of the round is posted first: ``n`` per worker (tag :data:`PUSH_TAG`),
+        into the rows of one ``(n, max own numel + 1)`` float32 tensor per worker, allocated
+        in the first round (the ``ps`` per-shard buffers are dropped then). One receiver
+        thread per worker takes that worker's rows in the order it sent them, reads each
+        one's slice id and points ``self._bufs[i][j]`` (slice ``i``, worker ``j``) at the
+        gradient in the row; a slice whose ``W`` copies are in enters the ready queue (the
+        P3Server's priority queue).
+
+        Raises:
+            RuntimeError: a worker sent a slice id this server does not own, or one slice
+                twice in a round; and what a receive raised (a worker died, a timeout).
         """
         tr, W, n = self.ctx.transport, len(self.worker_ranks), len(self.mine)
+        if n == 0:
+            return
+        if self._rows is None:
+            cap = max(s.numel for s in self.mine) + ID_ELEMENTS
+            self._rows = [torch.empty((n, cap)) for _ in range(W)]
+            for per_worker in self._bufs:  # the gradients are views into the rows from now on
+                per_worker[:] = [None] * W
         index = {s.id: i for i, s in enumerate(self.mine)}
-        pushes = [[tr.irecv(self._bufs[i][j], wr, tag=s.id, kind=self.push_kind, **self._fields(it, s))
-                   for j, wr in enumerate(self.worker_ranks)] for i, s in enumerate(self.mine)]
-        metas = torch.empty((W, n), dtype=torch.int64)
-        meta_recvs = [[tr.irecv(metas[j, k:k + 1], wr, tag=META_TAG, kind="meta", iteration=it)
-                       for k in range(n)] for j, wr in enumerate(self.worker_ranks)]
+
+        def slice_in(row: torch.Tensor) -> int:
+            sid = slice_id_of(row)
+            if sid not in index:
+                raise RuntimeError(f"server {self.ctx.index} got a push of slice {sid}, not one of its own")
+            return index[sid]
+
+        def post(j: int, k: int) -> Pending:
+            row = self._rows[j][k]
+            def fill() -> dict:  # the slice's fields and real size, before the event is logged
+                s = self.mine[slice_in(row)]
+                return {**self._fields(it, s), "bytes": (s.numel + ID_ELEMENTS) * ELEMENT_BYTES,
+                        "grad_bytes": s.numel * ELEMENT_BYTES}
+            return tr.irecv(row, self.worker_ranks[j], tag=PUSH_TAG, kind=self.push_kind, iteration=it,
+                            on_arrival=fill)
+
+        pushes = [[post(j, k) for k in range(n)] for j in range(W)]
         left = [W] * n
+        got = [[False] * W for _ in range(n)]
         lock = threading.Lock()
         ready: queue.Queue = queue.PriorityQueue() if self.prioritized else queue.Queue()
         seq = itertools.count()
@@ -182,13 +298,16 @@ class P3(ParameterServer):
         def receive(j: int) -> None:
             try:
                 for k in range(n):
-                    meta_recvs[j][k].wait()
-                    i = index[int(metas[j, k])]
-                    pushes[i][j].wait()  # sent before its meta on the same connection: in already
+                    pushes[j][k].wait()
+                    i = slice_in(self._rows[j][k])
+                    s = self.mine[i]
+                    if got[i][j]:
+                        raise RuntimeError(f"worker {j} pushed slice {s.id} twice in round {it}")
+                    got[i][j] = True
+                    self._bufs[i][j] = self._rows[j][k, ID_ELEMENTS:ID_ELEMENTS + s.numel]
                     with lock:
                         left[i] -= 1
                         if left[i] == 0:
-                            s = self.mine[i]
                             order = (self._priority(s), s.id) if self.prioritized else (next(seq),)
                             ready.put((order, i))
             except BaseException as e:  # noqa: BLE001 - handed to the server loop
