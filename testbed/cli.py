@@ -160,6 +160,11 @@ def _cmd_clean(args) -> int:
 
 
 def _cmd_profile(args) -> int:
+    if args.host:
+        return _cmd_profile_host(args)
+    if args.model is None or args.batch is None:
+        raise TestbedError("testbed profile needs a model and --batch "
+                           "(or --host OUT.yaml for this machine's host rates)")
     from traffic.profiles import profile_filename  # lazy: torch
     from traffic.profiles.measure import format_table, measure_profile  # lazy: torch
     out = Path(args.out) if args.out else Path.cwd() / profile_filename(args.model, args.device, args.batch)
@@ -169,6 +174,21 @@ def _cmd_profile(args) -> int:
                            warmup=args.warmup)
     print(format_table(prof))
     print(f"wrote {prof.save(out)}")
+    return 0
+
+
+def _cmd_profile_host(args) -> int:
+    if args.model is not None or args.batch is not None:
+        raise TestbedError("--host measures this machine's host rates, not a model: give no model or --batch")
+    out = Path(args.host)
+    if out.exists():  # checked before measuring too, so a measurement is not wasted
+        raise TestbedError(f"{out} exists; host profiles are never overwritten: remove it or name another file")
+    from traffic.host.measure import measure_host_profile, write_host_profile  # lazy: torch
+    prof = measure_host_profile(threads=args.threads)
+    for field, v in prof.items():
+        if field != "description":
+            print(f"{field:20s} {'null' if v['value'] is None else v['value']}")
+    print(f"wrote {write_host_profile(prof, out)}")
     return 0
 
 
@@ -210,13 +230,18 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("clean", help="remove namespaces, links, bridges and processes a killed run left")
     s.add_argument("--force", action="store_true", help="also clean runs whose harness is still alive")
     s.set_defaults(fn=_cmd_clean)
-    s = sub.add_parser("profile", help="measure per-layer forward/backward times of a model on this machine")
-    s.add_argument("model", help="registered model name, e.g. digits_mlp")
-    s.add_argument("--batch", type=int, required=True, help="samples per batch")
+    s = sub.add_parser("profile", help="measure per-layer forward/backward times of a model on this machine "
+                                       "(or, with --host, this machine's host rates)")
+    s.add_argument("model", nargs="?", help="registered model name, e.g. digits_mlp")
+    s.add_argument("--batch", type=int, help="samples per batch (required with a model)")
     s.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     s.add_argument("--iterations", type=int, default=20, help="timed iterations; the median is reported")
     s.add_argument("--warmup", type=int, default=3, help="untimed iterations first")
     s.add_argument("--out", help="profile JSON to write (default ./<model>-<device>-b<batch>.json; never overwritten)")
+    s.add_argument("--host", metavar="OUT.yaml", help="instead of a model: measure this machine's host rates (message "
+                   "overhead, aggregation, optimizer, codec) and write them as a host profile (never overwritten)")
+    s.add_argument("--threads", type=int, default=1,
+                   help="torch threads for --host (default 1, as the runtime's processes)")
     s.set_defaults(fn=_cmd_profile)
     return p
 
