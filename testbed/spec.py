@@ -131,8 +131,13 @@ class Experiment(SpecModel):
     _given: dict = PrivateAttr(default_factory=dict)
 
     def to_dict(self) -> dict:
-        """The spec as a mapping, every default filled in (what ``spec.yaml`` holds)."""
-        return self.model_dump(mode="python")
+        """The spec as a mapping, every default filled in (what ``spec.yaml`` holds); the
+        ``host`` section with its rates resolved (:meth:`traffic.host.HostSpec.pinned`: a
+        field left out would otherwise be written as an explicit null and, read back,
+        override the profile's value)."""
+        d = self.model_dump(mode="python")
+        d["host"] = self.host.pinned()
+        return d
 
     def cross_errors(self) -> list[FieldError]:
         """Checks that involve several fields or sections (every field being valid)."""

@@ -181,3 +181,20 @@ def test_a_zero_overhead_is_not_an_overrun():
         time.sleep(0.005)
     s = costs.summary()["request_startup"]
     assert not s["modelled"] and s["overruns"] == 0 and s["count"] == 1
+
+
+@pytest.mark.parametrize("host", [{"profile": "phub_pbox"},
+                                  {"profile": "phub_pbox", "optimizer_gb_per_s": 3, "request_startup_ms": 2}])
+def test_a_runs_spec_yaml_keeps_the_profiles_rates(host):
+    """What a run's spec.yaml holds resolves to the rates the spec resolved to: a rate not
+    written inline must not come back as an explicit null that overrides the profile."""
+    import yaml
+    from testbed.spec import dump_spec
+    exp = from_dict({"topology": {"kind": "rack", "racks": 1, "hosts_per_rack": 2}, "workload": {"scheme": "ps"}, "host": host})
+    before = exp.host.resolve()
+    dumped = yaml.safe_load(dump_spec(exp))["host"]
+    after = HostSpec(**dumped).resolve()
+    assert before.aggregate_bytes_per_s == after.aggregate_bytes_per_s == 40e9
+    assert before.optimizer_bytes_per_s == after.optimizer_bytes_per_s
+    assert before.request_startup_s == after.request_startup_s
+    assert dumped["profile"] == "phub_pbox"

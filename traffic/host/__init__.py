@@ -66,8 +66,9 @@ class HostSpec(SpecModel):
             return [FieldError(f"{prefix}.profile", self.profile, str(e))]
         return []
 
-    def resolve(self) -> "HostModel":
-        """The rates in force: the profile's, overridden by the fields written inline.
+    def _values(self) -> tuple[dict, dict]:
+        """The rates in force (the profile's, overridden by the fields written inline) and
+        where each comes from.
 
         Raises:
             TestbedError: the profile cannot be loaded.
@@ -81,6 +82,26 @@ class HostSpec(SpecModel):
         for f in RATE_FIELDS:
             if f in self.model_fields_set:
                 values[f], sources[f] = getattr(self, f), "spec"
+        return values, sources
+
+    def pinned(self) -> dict:
+        """This section with every rate written out as resolved (what a run's ``spec.yaml``
+        records: the run keeps the rates it used even if the profile file changes later, and
+        reading it back resolves to the same rates).
+
+        Raises:
+            TestbedError: the profile cannot be loaded.
+        """
+        values, _ = self._values()
+        return {"profile": self.profile, **values}
+
+    def resolve(self) -> "HostModel":
+        """The rates in force: the profile's, overridden by the fields written inline.
+
+        Raises:
+            TestbedError: the profile cannot be loaded.
+        """
+        values, sources = self._values()
         gb = 1e9
         return HostModel(
             message_overhead_s=(values["message_overhead_us"] or 0.0) * 1e-6,
