@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from testbed.spec import Experiment, from_dict
 
@@ -26,3 +27,16 @@ def experiment(scheme: str, *, racks: int = 1, hosts_per_rack: int = 4, timeout_
 def make_experiment():
     """The factory :func:`experiment`, for tests that take it as a fixture."""
     return experiment
+
+
+def assert_server_shards_match(run_dir, ref: dict, servers: int) -> None:
+    """The servers' saved shards (``params/server<s>.pt``, keys ``name[lo:hi]``) reassemble
+    into the reference parameters ``ref`` (every element covered, equal within tolerance)."""
+    flat = {k: torch.full((v.numel(),), float("nan")) for k, v in ref.items()}
+    for s in range(servers):
+        for name, val in torch.load(run_dir / "params" / f"server{s}.pt").items():
+            key, rng = name[:-1].split("[")
+            lo, hi = map(int, rng.split(":"))
+            flat[key][lo:hi] = val
+    for k in ref:
+        torch.testing.assert_close(flat[k], ref[k].reshape(-1), rtol=1e-4, atol=1e-5, msg=f"server shards of {k}")

@@ -24,7 +24,7 @@ import torch
 
 from testbed.local import run_local
 from testbed.spec import from_dict
-from tests.conftest import experiment
+from tests.conftest import assert_server_shards_match, experiment
 from topologies.errors import SpecError
 from traffic.host import HostModel
 from traffic.reference import reference_train
@@ -237,14 +237,7 @@ def test_pull_request_matches_reference_and_counts_messages(overlap, tmp_path, r
         assert set(state) == set(ref)
         for k in ref:
             torch.testing.assert_close(state[k], ref[k], rtol=1e-4, atol=1e-5, msg=f"worker{w} {k}")
-    flat = {k: torch.full((v.numel(),), float("nan")) for k, v in ref.items()}
-    for s in range(SERVERS):
-        for name, val in torch.load(run / "params" / f"server{s}.pt").items():
-            key, rng = name[:-1].split("[")
-            lo, hi = map(int, rng.split(":"))
-            flat[key][lo:hi] = val
-    for k in ref:
-        torch.testing.assert_close(flat[k], ref[k].reshape(-1), rtol=1e-4, atol=1e-5)
+    assert_server_shards_match(run, ref, SERVERS)
 
     shards = _shards()
     n_params = sum(NUMELS)

@@ -18,7 +18,7 @@ from topologies import HostInfo, TopologySpec
 from traffic.schemes import available, get
 from traffic.schemes.allreduce import make_buckets
 from traffic.schemes.ps import assign_keys
-from tests.conftest import experiment
+from tests.conftest import assert_server_shards_match, experiment
 
 REQUIRED = {"proc", "role", "rank", "thread", "kind", "ts", "dur", "iteration", "layer"}
 COMM_KINDS = {"push", "pull", "allreduce", "send", "recv", "broadcast", "all_gather"}
@@ -211,14 +211,7 @@ def test_scheme_matches_reference(case, tmp_path, reference):
     assert n_servers == {"ps-1server": 1, "ps-2servers-split": 2, "ps-server-per-worker": W,
                          "allreduce": 0}[case]
     if n_servers:  # the servers' shards reassemble into the reference too
-        flat = {k: torch.full((v.numel(),), float("nan")) for k, v in ref.items()}
-        for s in range(n_servers):
-            for name, val in torch.load(run_dir / "params" / f"server{s}.pt").items():
-                key, rng = name[:-1].split("[")
-                lo, hi = map(int, rng.split(":"))
-                flat[key][lo:hi] = val
-        for k in ref:
-            torch.testing.assert_close(flat[k], ref[k].reshape(-1), rtol=1e-4, atol=1e-5)
+        assert_server_shards_match(run_dir, ref, n_servers)
 
     from traffic.rundir import read_json
     res = read_json(run_dir / "results" / "worker0.json")
