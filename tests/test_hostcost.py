@@ -49,6 +49,23 @@ def test_real_work_beyond_the_budget_is_an_overrun():
     assert s["overrun_fraction"] > 0.05
 
 
+def test_one_block_charged_as_several_operations():
+    costs = HostCosts(HostModel(optimizer_bytes_per_s=1000 * MB, message_overhead_s=50e-6), scale=1.0)
+    with costs.charge("optimizer", nbytes=3 * MB, ops=3):  # three 1 MB steps done as one
+        pass
+    with costs.charge("message", nbytes=300, ops=4):       # four messages' overheads
+        pass
+    s = costs.summary()
+    assert s["optimizer"]["count"] == 3 and s["optimizer"]["emulated_s"] == pytest.approx(0.003)
+    assert s["message"]["count"] == 4 and s["message"]["emulated_s"] == pytest.approx(200e-6)
+    with costs.charge("optimizer", nbytes=2 * MB, ops=2):  # budget 2 ms: both count as overruns
+        time.sleep(0.010)
+    assert costs.summary()["optimizer"]["overruns"] == 2
+    with pytest.raises(ValueError, match="ops"):
+        with costs.charge("optimizer", nbytes=MB, ops=0):
+            pass
+
+
 def test_a_kind_not_modelled_takes_and_reports_its_real_time():
     costs = HostCosts(HostModel(), scale=10.0)
     with costs.charge("codec", nbytes=MB):

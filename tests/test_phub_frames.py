@@ -4,7 +4,9 @@
   (job, interface, thread, layer), within ``frame_bytes`` unless alone; the buffer layout
   (payloads, then each chunk's metadata) and the reply of a refused sender.
 * **Charges per logical chunk** (phub.txt Sec. 3.2.2, 3.2.4, 4.8): :class:`ChargeBatch`
-  makes one accountant operation per chunk and one span per batch; the ring of a frame
+  makes one accountant operation per chunk (or one block charged as its chunks) and one
+  span per batch; a frame's one real optimizer step equals one step per chunk
+  (:func:`step_frame`); the ring of a frame
   charges each chunk the messages of its own ring (:func:`ring_messages` checked against the
   transfers :func:`ring_allreduce` makes).
 * **End to end** on loopback, ``digits_mlp`` (40 chunks of at most 32 KB), with a host
@@ -35,6 +37,9 @@ from traffic.schemes.phub.charges import ChargeBatch
 from traffic.schemes.phub.frames import refused_reply
 from traffic.schemes.phub.hierarchy import ring_messages, ring_reduce
 from traffic.schemes.phub.tenancy import token_meta
+from traffic.schemes.phub.update import step_frame
+from traffic.runtime.trainer import make_optimizer
+from traffic.spec import OptimizerSpec
 
 ITERS, BATCH = 3, 16
 NUMELS = [32768, 512, 262144, 512, 5120, 10]   # digits_mlp's keys
@@ -110,6 +115,45 @@ def test_charge_batch_charges_each_chunk_and_records_one_span(tmp_path):
         with batch.charge(10):
             x.add_(1)
     assert x[0] == 4
+
+
+def test_charge_batch_charges_one_block_as_its_chunks():
+    costs = HostCosts(HostModel(aggregate_bytes_per_s=1e9), 1.0)
+    with ChargeBatch(costs, "aggregate") as batch:
+        with batch.charge(6000, ops=3):
+            pass
+    assert (batch.count, batch.nbytes) == (3, 6000) and batch.emulated_s == pytest.approx(6e-6)
+    assert costs.summary()["aggregate"]["count"] == 3
+
+
+@pytest.mark.parametrize("counts", [[3, 3, 3], [2, 3, 1], [3, 0, 2]])
+def test_step_frame_equals_one_step_per_chunk(counts):
+    """One real step over a frame (chunks skipped where no copy was accepted) gives the values
+    and momentum of one SGD step per chunk, over several rounds, and charges per chunk."""
+    spec = OptimizerSpec(lr=0.1, momentum=0.9, weight_decay=1e-3)
+    chunks = assign_chunks([5, 3, 4], 8, interfaces=1, threads=1)
+    (f,) = pack_frames(chunks, 100, lambda c: 0)
+    torch.manual_seed(0)
+    init = torch.randn(f.numel)
+    value = torch.nn.Parameter(init.clone())
+    opt = make_optimizer([value], spec)
+    ref = [torch.nn.Parameter(f.payload(init, j).clone()) for j in range(3)]
+    ref_opt = [make_optimizer([p], spec) for p in ref]
+    costs = HostCosts(HostModel(optimizer_bytes_per_s=1e9), 1.0)
+    for rnd in range(3):
+        agg = torch.randn(f.numel)
+        cs = counts if rnd != 1 else [1, 1, 1]    # a skipped chunk is stepped again later
+        for j in range(3):
+            if cs[j]:
+                ref[j].grad = f.payload(agg, j) / cs[j]
+                ref_opt[j].step()
+        step_frame(f, value, opt, agg.clone(), cs, costs)
+        for j in range(3):
+            assert torch.allclose(f.payload(value.detach(), j), ref[j].detach(), atol=1e-6), (rnd, j)
+    stepped = sum(c > 0 for c in counts) * 2 + 3
+    assert costs.summary()["optimizer"]["count"] == stepped
+    with pytest.raises(ValueError, match="entries"):
+        step_frame(f, value, opt, torch.zeros(f.numel), [1, 1])
 
 
 class FakeTransport:

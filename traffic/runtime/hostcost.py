@@ -101,25 +101,38 @@ class HostCosts:
 
     @contextmanager
     def charge(self, kind: str, *, nbytes: int = 0, seconds: float | None = None, span: bool = True,
-               **fields) -> Iterator[None]:
+               ops: int = 1, **fields) -> Iterator[None]:
         """Run the block (the real work), then wait out ``scale x`` the emulated cost.
 
         Args:
             kind: one of :data:`KINDS`.
-            nbytes: bytes the operation handles (for the rate-based kinds).
+            nbytes: bytes the operation handles (for the rate-based kinds; with ``ops`` > 1,
+                the sum over the operations).
             seconds: the emulated cost itself, overriding the host model (``compute``).
             span: record the operation as an event ``host_<kind>`` (``emulated_s``,
                 ``real_s``, ``overrun``; plus ``fields``, e.g. ``iteration``).
+            ops: how many operations of the emulated system the block's real work stands
+                for (>= 1), e.g. the optimizer steps of several chunks done as one real step.
+                They are charged together: ``ops x`` the cost of one operation on
+                ``nbytes / ops`` bytes (for a rate, the cost of ``nbytes``; for a per-message
+                or per-request overhead, ``ops`` overheads), counted as ``ops`` operations;
+                if the block overruns the budget, all ``ops`` count as overruns.
 
         Raises:
-            ValueError: an unknown kind.
+            ValueError: an unknown kind, or ``ops`` < 1.
         """
         if kind not in KINDS:
             raise ValueError(f"unknown host cost kind {kind!r}; one of {', '.join(KINDS)}")
+        if ops < 1:
+            raise ValueError(f"ops must be >= 1, got {ops}")
         ts, t0 = time.time(), time.perf_counter()
         yield
         real = time.perf_counter() - t0
-        cost = seconds if seconds is not None else self.model.cost_s(kind, nbytes)
+        if seconds is not None:
+            cost = seconds
+        else:
+            one = self.model.cost_s(kind, nbytes / ops if ops > 1 else nbytes)
+            cost = None if one is None else one * ops
         # a zero cost (a per-message or per-request overhead left at 0) states nothing to
         # wait for: the work is reported at its real time, like a kind not modelled, not as
         # an overrun of a zero budget
@@ -136,17 +149,18 @@ class HostCosts:
         with self._lock:
             s = self.stats.setdefault(kind, {"count": 0, "modelled": modelled, "emulated_s": 0.0, "budget_s": 0.0,
                                              "real_s": 0.0, "overruns": 0, "overrun_s": 0.0})
-            s["count"] += 1
+            s["count"] += ops
             s["modelled"] = s["modelled"] and modelled
             s["emulated_s"] += cost
             s["budget_s"] += budget
             s["real_s"] += real
             if overrun > 0:
-                s["overruns"] += 1
+                s["overruns"] += ops
                 s["overrun_s"] += overrun
         if span and self.events is not None:
             self.events.record(f"host_{kind}", ts, time.perf_counter() - t0, emulated_s=cost, real_s=real,
-                               overrun=overrun > 0, bytes=nbytes or None, **fields)
+                               overrun=overrun > 0, bytes=nbytes or None,
+                               **({"ops": ops} if ops > 1 else {}), **fields)
 
     def wait(self, kind: str, seconds: float, **fields) -> None:
         """An operation with no real work that takes ``seconds`` of emulated time (``compute``)."""

@@ -67,9 +67,12 @@ its ToR (``workload.servers.interfaces``); the PBox runs one server process per 
   and thread, of one layer, travel in *frames* of at most ``frame_bytes`` of payload (option,
   default 256 KB; 0: one message per chunk), one transport message each
   (:mod:`~traffic.schemes.phub.frames`), because a message costs real Python and gloo time
-  on this machine (measurement below). Each chunk keeps its own metadata slots and is
-  checked, aggregated, optimized and charged one by one, so the parameters, the bytes on the
-  wire and the host costs are those of one message per chunk.
+  on this machine (measurement below). Each chunk keeps its own metadata slots, is checked
+  and charged its host costs one by one, so the parameters, the bytes on the wire and the
+  host costs are those of one message per chunk. The real sums and optimizer steps are done
+  per frame copy and per frame where that gives the same values
+  (:mod:`~traffic.schemes.phub.update`), so that their real time stays within the chunks'
+  budgets at 32 KB.
 
 **Host costs** (:mod:`traffic.runtime.hostcost`, rates from the spec's ``host:``; spans one
 per frame, :mod:`~traffic.schemes.phub.charges`): on a server, every chunk copy added as it
@@ -128,6 +131,7 @@ Modules: :mod:`~traffic.schemes.phub.chunks` (chunks and their placement),
 :mod:`~traffic.schemes.phub.tenancy` (jobs, tokens, metadata),
 :mod:`~traffic.schemes.phub.aggregation` (tall aggregation on a server thread),
 :mod:`~traffic.schemes.phub.charges` (host costs per chunk, spans per frame),
+:mod:`~traffic.schemes.phub.update` (a frame's optimizer step),
 :mod:`~traffic.schemes.phub.hierarchy` (cross-rack ring, Sec. 3.4's inequality); this
 module holds the scheme (:class:`PHub`, options :class:`PHubOptions`).
 """
@@ -149,9 +153,10 @@ from traffic.runtime.trainer import make_optimizer
 from traffic.schemes import register
 from traffic.schemes.base import ProcessPlan, SchemeOptions
 from traffic.schemes.phub.aggregation import RECV_WINDOW_BYTES, recv_window, tall_aggregate
-from traffic.schemes.phub.charges import ChargeBatch, charge_messages
+from traffic.schemes.phub.charges import charge_messages
 from traffic.schemes.phub.chunks import CHUNK_BYTES, ELEMENT_BYTES, Chunk, assign_chunks, lpt
 from traffic.schemes.phub.frames import FRAME_BYTES, Frame, pack_frames, refused_reply
+from traffic.schemes.phub.update import step_frame
 from traffic.schemes.phub.hierarchy import RING_TAG, hierarchical_pays, host_racks, ring_reduce
 from traffic.schemes.phub.tenancy import (ACCEPTED, META, REJECTED, SETUP_TAG, JobShards, job_groups, new_token,
                                           token_meta)
@@ -529,8 +534,9 @@ class PHub(ParameterServer):
         self.stores = [torch.empty(f.size) for f in self.mine]
         for f, st in zip(self.mine, self.stores):
             st[f.numel:].copy_(token_meta(ACCEPTED).repeat(len(f.chunks)))
-        self.values = [[torch.nn.Parameter(f.payload(st, j)) for j in range(len(f.chunks))]
-                       for f, st in zip(self.mine, self.stores)]
+        # one Parameter per frame (its chunks' values, contiguous): one real optimizer step per
+        # frame, charged per chunk (:func:`step_frame`)
+        self.values = [torch.nn.Parameter(st[:f.numel]) for f, st in zip(self.mine, self.stores)]
         inits = []
         for f, st in zip(self.mine, self.stores):
             fields = self._fields(-1, f)
@@ -539,7 +545,7 @@ class PHub(ParameterServer):
         for f, fields, p in inits:
             p.wait()
             charge_messages(ctx.costs, [c.numel * ELEMENT_BYTES for c in f.chunks], **fields)
-        self.optimizers = [[make_optimizer([v], ctx.workload.optimizer) for v in vs] for vs in self.values]
+        self.optimizers = [make_optimizer([v], ctx.workload.optimizer) for v in self.values]
         chunks = [c for f in self.mine for c in f.chunks]
         ev.instant("server_keys", chunks=[c.id for c in chunks], frames=[f.id for f in self.mine],
                    numel=sum(c.numel for c in chunks), iface=my_iface, hierarchical=self.hier)
@@ -631,16 +637,7 @@ class PHub(ParameterServer):
                         counts = [len(self._legit(f.job, None))] * len(f.chunks)
                     else:
                         counts = [len(a) for a in accepted]
-                    with ChargeBatch(ctx.costs, "optimizer", **fields) as batch:
-                        for j, c in enumerate(f.chunks):
-                            if not counts[j]:
-                                continue
-                            with batch.charge(c.numel * ELEMENT_BYTES):
-                                g = f.payload(agg, j)
-                                g /= counts[j]
-                                self.values[i][j].grad = g
-                                self.optimizers[i][j].step()
-                                self.values[i][j].grad = None
+                    step_frame(f, self.values[i], self.optimizers[i], agg, counts, ctx.costs, fields)
                 store, k = self.stores[i], len(f.chunks)
                 for r in self.senders[f.job]:  # each sender pushed a copy of every chunk of the frame
                     no = [j for j in range(k) if r in refused[j]]  # no parameters for a wrong token
@@ -664,6 +661,6 @@ class PHub(ParameterServer):
         (prefixed ``job<g>/`` with several jobs)."""
         if self.ctx.role == "server":
             pre = (lambda c: f"job{c.job}/") if len(self.jobs) > 1 else (lambda c: "")
-            return {f"{pre(c)}{c.name}[{c.lo}:{c.hi}]": v.detach()
-                    for f, vs in zip(self.mine, self.values) for c, v in zip(f.chunks, vs)}
+            return {f"{pre(c)}{c.name}[{c.lo}:{c.hi}]": f.payload(v.detach(), j)
+                    for f, v in zip(self.mine, self.values) for j, c in enumerate(f.chunks)}
         return super().final_state()

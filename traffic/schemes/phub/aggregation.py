@@ -54,7 +54,8 @@ def tall_aggregate(pending: list[tuple[int, torch.Tensor, Pending]], frame: Fram
             chunk copy with a wrong token (not added).
         costs: the accountant: per copy, one ``message`` per chunk (:func:`charge_messages`)
             and one ``aggregate`` of the chunk's bytes per accepted chunk, each copy's charges
-            one span (:class:`ChargeBatch`); None: nothing charged.
+            one span (:class:`ChargeBatch`); None: nothing charged. A copy whose chunks are
+            all accepted is added with one real addition, charged as its chunks' operations.
         fields: extra fields of those spans (``iteration``, ``frame`` ...).
 
     Returns:
@@ -79,9 +80,16 @@ def tall_aggregate(pending: list[tuple[int, torch.Tensor, Pending]], frame: Fram
             r, buf, p = x
             p.wait()
             charge_messages(costs, sizes, peer=r, **fields)
+            ok = [frame.meta(buf, j) == token for j in range(k)]
             with ChargeBatch(costs, "aggregate", peer=r, **fields) as batch:
+                if all(ok):  # the common case: the copy's payloads are contiguous, one real addition
+                    for j in range(k):
+                        accepted[j].append(r)
+                    with batch.charge(frame.numel * ELEMENT_BYTES, ops=k):
+                        agg.add_(buf[:frame.numel])
+                    continue
                 for j, c in enumerate(frame.chunks):
-                    if frame.meta(buf, j) != token:
+                    if not ok[j]:
                         refused[j].append(r)
                         on_reject(r, j)
                         continue

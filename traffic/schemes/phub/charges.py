@@ -3,13 +3,21 @@
 PHub works chunk by chunk (phub.txt Sec. 3.2.2: the thread that owns a chunk adds each
 worker's copy as it arrives, and "the thread that aggregates a particular chunk also
 optimizes that chunk"; Sec. 3.2.4: every message of a chunk is sent and received on its
-core). So every such operation is charged on its own through the accountant
+core). So every such operation is charged as one operation of the accountant
 (:meth:`traffic.runtime.hostcost.HostCosts.charge`): the counts, budgets and overruns of
-``results/<proc>.json`` ``host_costs`` are per logical chunk. At 32 KB a model has thousands
-of chunks, so a span per charge would flood the event log; each charge is made with
-``span=False`` and :class:`ChargeBatch` records one event ``host_<kind>`` per batch (the
-chunks of one frame: one copy's aggregation, one frame's optimizer steps, one frame's
-messages), in the accountant's format plus ``ops`` (the charges it stands for).
+``results/<proc>.json`` ``host_costs`` are per logical chunk.
+
+The *real* work of a frame's chunks is done at once where the result is the same (one
+addition of a whole copy whose chunks are all accepted, one optimizer step over a frame's
+contiguous values, ``SGD`` being elementwise; :mod:`traffic.schemes.phub.frames`): at 32 KB
+a real Python step per chunk costs more on this machine than the PBox's stated rate allows
+(an overrun), while the emulated cost is still the sum of the chunks' costs
+(``charge(nbytes, ops=k)``: ``k`` chunks' bytes, counted as ``k`` operations).
+
+At 32 KB a model has thousands of chunks, so a span per charge would flood the event log;
+each charge is made with ``span=False`` and :class:`ChargeBatch` records one event
+``host_<kind>`` per batch (one copy's aggregation, one frame's optimizer steps, one frame's
+messages), in the accountant's format plus ``ops`` (the chunk operations it stands for).
 """
 from __future__ import annotations
 
@@ -51,27 +59,29 @@ class ChargeBatch:
         self._t0 = 0.0
 
     @contextmanager
-    def charge(self, nbytes: int) -> Iterator[None]:
-        """Run the block (one chunk's real work) as one charged operation of ``nbytes`` bytes.
+    def charge(self, nbytes: int, ops: int = 1) -> Iterator[None]:
+        """Run the block (the real work of ``ops`` chunks, ``nbytes`` bytes in all) as ``ops``
+        charged operations (:meth:`~traffic.runtime.hostcost.HostCosts.charge`'s ``ops``).
 
         Raises:
-            ValueError: an unknown kind (or ``compute``, which has no rate).
+            ValueError: an unknown kind (or ``compute``, which has no rate); ``ops`` < 1.
         """
         if self.costs is None:
             yield
             return
         if self._ts is None:
             self._ts, self._t0 = time.time(), time.perf_counter()
-        with self.costs.charge(self.kind, nbytes=nbytes, span=False):
+        with self.costs.charge(self.kind, nbytes=nbytes, span=False, ops=ops):
             w0 = time.perf_counter()
             yield
             real = time.perf_counter() - w0
-        cost = self.costs.model.cost_s(self.kind, nbytes)
+        one = self.costs.model.cost_s(self.kind, nbytes / ops)
+        cost = None if one is None else one * ops
         if cost is None or cost <= 0:  # not modelled (or a zero overhead): its real time, as the accountant
             cost = real / self.costs.scale
         elif real > cost * self.costs.scale:
             self.overrun = True
-        self.count += 1
+        self.count += ops
         self.nbytes += nbytes
         self.emulated_s += cost
         self.real_s += real
@@ -107,7 +117,8 @@ def charge_messages(costs: HostCosts | None, sizes, **fields) -> None:
     (``host.message_overhead_us``). Nothing when :func:`charges_messages` is false."""
     if not charges_messages(costs):
         return
-    with ChargeBatch(costs, "message", **fields) as batch:
-        for n in sizes:
-            with batch.charge(n):
+    sizes = list(sizes)
+    if sizes:
+        with ChargeBatch(costs, "message", **fields) as batch:
+            with batch.charge(sum(sizes), ops=len(sizes)):
                 pass
