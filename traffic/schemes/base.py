@@ -37,6 +37,7 @@ returned futures where it must.
 from __future__ import annotations
 
 from dataclasses import dataclass
+import sys
 from typing import ClassVar
 
 from topologies.errors import SpecError
@@ -79,10 +80,16 @@ class Scheme:
         roles: the roles it needs, e.g. ``("worker", "server")``.
         Options: its options model (a :class:`SchemeOptions` subclass); ``self.opts`` is
             the validated instance.
+        switch_interval_s: the GIL switch interval (seconds, ``sys.setswitchinterval``) its
+            processes run with, or None for CPython's default (5 ms). A scheme whose
+            processes run several Python threads sets it lower: a thread back from a gloo
+            operation (or a stated host cost's wait) otherwise waits up to 5 ms for the GIL
+            while another thread runs Python code (measured in :mod:`traffic.schemes.p3`).
     """
     name: ClassVar[str] = ""
     roles: ClassVar[tuple[str, ...]] = ("worker",)
     Options: ClassVar[type[SchemeOptions]] = SchemeOptions
+    switch_interval_s: ClassVar[float | None] = None
 
     def __init__(self, ctx):
         self.ctx = ctx
@@ -134,7 +141,8 @@ class Scheme:
     # ---------------------------------------------------------------- process side
 
     def main(self) -> None:
-        """Entry point of a process: runs ``run_<role>``.
+        """Entry point of a process: sets :attr:`switch_interval_s` (when not None), then
+        runs ``run_<role>``.
 
         Raises:
             NotImplementedError: the scheme has no method for this process's role.
@@ -142,6 +150,8 @@ class Scheme:
         fn = getattr(self, f"run_{self.ctx.role}", None)
         if fn is None:
             raise NotImplementedError(f"scheme {self.name!r} has no role {self.ctx.role!r}")
+        if self.switch_interval_s is not None:
+            sys.setswitchinterval(self.switch_interval_s)
         fn()
 
     def run_worker(self) -> None:

@@ -87,7 +87,6 @@ from __future__ import annotations
 
 import itertools
 import queue
-import sys
 import threading
 from functools import partial
 from typing import ClassVar, Iterator, Sequence
@@ -195,7 +194,6 @@ class P3(ParameterServer):
     Options = P3Options
     push_kind = "push"
     pull_kind = "broadcast"
-    #: the GIL switch interval :meth:`main` sets (seconds)
     switch_interval_s: ClassVar[float] = SWITCH_INTERVAL_S
     _rows: list[torch.Tensor] | None = None  # server: the push receive rows, one (n, cap) tensor per worker
 
@@ -207,11 +205,6 @@ class P3(ParameterServer):
     @property
     def prioritized(self) -> bool:
         return self.opts.priority
-
-    def main(self) -> None:
-        """Set the process's GIL switch interval (module docstring), then run the role."""
-        sys.setswitchinterval(self.switch_interval_s)
-        super().main()
 
     def _make_shards(self) -> list[Shard]:
         named = list(self.ctx.model.named_parameters())

@@ -59,7 +59,6 @@ for a zero gradient; ``staleness`` = ``K - 1``).
 """
 from __future__ import annotations
 
-import sys
 from concurrent.futures import Future
 from typing import Literal, Optional
 
@@ -108,6 +107,10 @@ class PipeSGD(Scheme):
     """Pipe-SGD worker (see the module docstring). Options: :class:`PipeSGDOptions`."""
     roles = ("worker",)
     Options = PipeSGDOptions
+    # A thread that gets a transfer back must not wait CPython's default 5 ms switch
+    # interval for the GIL while the other thread runs Python code: with 2(p-1) ring steps
+    # per allreduce that would put up to 2(p-1) x 5 ms on the communication path.
+    switch_interval_s = SWITCH_INTERVAL_S
 
     def setup(self) -> None:
         ctx = self.ctx
@@ -122,10 +125,6 @@ class PipeSGD(Scheme):
             self.buckets = make_buckets([p.numel() * p.element_size() for p in self.params], float(b))
         self.ring = ctx.ranks("worker")
         self.W = len(self.ring)
-        # A thread that gets a transfer back must not wait CPython's default 5 ms switch
-        # interval for the GIL while the other thread runs Python code: with 2(p-1) ring steps
-        # per allreduce that would put up to 2(p-1) x 5 ms on the communication path.
-        sys.setswitchinterval(SWITCH_INTERVAL_S)
         self._sums: dict[int, Future] = {}   # iteration -> future of its aggregated buckets
         ctx.results.update(K=self.K, compression=self.codec.name)
 
