@@ -37,11 +37,12 @@ kinds charged around no work):
   requests the same way; no experiment spec sets it, so only iBatch's setting shows it.)
 - ``aggregate``: PS-family servers (``ps``, ``p3``, ``ibatch``): the ``W`` copies of a
   shard/slice summed in place and divided by ``W``, charged ``W x`` its bytes; ``phub``
-  (tall aggregation): one worker's copy of a chunk added into the chunk's sum, charged the
-  chunk's bytes, ``W`` per chunk; Pipe-SGD's ring: one ``blk.add_(part)`` of a ring block
+  (tall aggregation): one worker's copy of a frame added into the frame's sum (one real
+  addition for the frame's chunks, :mod:`traffic.schemes.phub.update`), charged the frame's
+  bytes, ``W`` per frame (with ``frame_bytes`` 0: per chunk); Pipe-SGD's ring: one ``blk.add_(part)`` of a ring block
   (model / p); Stanza: one recursive-doubling sum of the CONV workers' flat gradient.
 - ``optimizer``: one ``step()`` of ``make_optimizer``'s SGD (momentum 0.9) on one
-  shard/slice/chunk (Stanza: the FC worker's FC parameters).
+  shard/slice/PHub frame (Stanza: the FC worker's FC parameters).
 - ``codec``: one ``encode`` or ``decode`` of a ring block (model / p), each charged the
   block's uncompressed bytes.
 - ``compute``: emulated compute sleeps its budget (``PreciseSleeper``); no work can overrun
@@ -85,6 +86,7 @@ from traffic.runtime.hostcost import OVERRUN_THRESHOLD, PreciseSleeper  # noqa: 
 from traffic.runtime.trainer import make_optimizer  # noqa: E402
 from traffic.runtime.transport import Transport  # noqa: E402
 from traffic.schemes.p3 import SLICE_PARAMS, assign_slices  # noqa: E402
+from traffic.schemes.phub import FRAME_BYTES, PHubOptions, assign_chunks, pack_frames  # noqa: E402
 from traffic.schemes.phub.chunks import CHUNK_BYTES  # noqa: E402
 from traffic.schemes.ps import BIGARRAY_BOUND, assign_keys  # noqa: E402
 from traffic.spec import OptimizerSpec  # noqa: E402
@@ -109,9 +111,10 @@ class Paper:
 
 
 PAPERS = (
-    Paper("phub_pbox", "phub_pbox.yaml", "pbox", "phub PBox, 32 KiB chunks (PHub's default, phub.txt 3.2.3)",
+    Paper("phub_pbox", "phub_pbox.yaml", "pbox", "phub PBox, 32 KiB chunks (phub.txt 3.2.3) in the spec's frames",
           ("message", "aggregate", "optimizer"), (("chunk_bytes", CHUNK_BYTES),)),
-    Paper("phub_pbox", "phub_pbox.yaml", "pbox", "phub PBox, the spec's chunks", ("aggregate", "optimizer")),
+    Paper("phub_pbox", "phub_pbox.yaml", "pbox", "phub PBox, 32 KiB chunks, one real op per chunk (frame_bytes 0)",
+          ("aggregate", "optimizer"), (("chunk_bytes", CHUNK_BYTES), ("frame_bytes", 0))),
     Paper("mxnet_kvstore_phub", "phub_pbox.yaml", "mxnet-cs", "ps CS (MXNet KVStore), keys per layer",
           ("message", "aggregate", "optimizer")),
     Paper("mxnet_p3", "p3_vgg19.yaml", "p3", "p3, slices of 50,000 parameters", ("message", "aggregate", "optimizer")),
@@ -182,9 +185,8 @@ def setting_ops(pt: Point, kind: str) -> list[Op]:
     if kind in ("aggregate", "optimizer") and sch in ("ps", "p3", "ibatch", "phub"):
         if sch == "p3":
             sizes = [s.numel for s in assign_slices(numels, S, o.get("slice_params", SLICE_PARAMS))]
-        elif sch == "phub":
-            ce = o.get("chunk_bytes", CHUNK_BYTES) // 4
-            sizes = [min(ce, n - lo) for n in numels for lo in range(0, n, ce)]
+        elif sch == "phub":  # one real op per frame (one per chunk with frame_bytes 0), charged per chunk
+            sizes = [f.numel for f in _phub_frames(pt.model, S, o)]
         else:
             sizes = [s.numel for s in assign_keys(numels, S, o.get("bigarray_bound", BIGARRAY_BOUND))]
         if sch == "phub" and kind == "aggregate":  # tall: each copy added as it arrives, charged the chunk's bytes
@@ -206,6 +208,16 @@ def setting_ops(pt: Point, kind: str) -> list[Op]:
             return _count([("add", conv, 1)] * (W * max(1, int(math.log2(W)))), lambda sh: sh[1] * 4)
         return _count([("sgd_step", fc, 1)], lambda sh: sh[1] * 4)  # one FC worker (fc_workers: 1)
     raise ValueError(f"no {kind} ops for scheme {sch}")
+
+
+def _phub_frames(model_name: str, interfaces: int, o: dict):
+    """The frames a PHub server set of ``interfaces`` processes works on (the scheme's own
+    :func:`assign_chunks` and :func:`pack_frames` on the model's keys)."""
+    numels, _, model = _numels(model_name)
+    layer_of_key = [li for li, layer in enumerate(model.layers) for _ in layer.parameters()]
+    chunks = assign_chunks(numels, o.get("chunk_bytes", CHUNK_BYTES) // 4, interfaces,
+                           o.get("server_threads", PHubOptions().server_threads))
+    return pack_frames(chunks, o.get("frame_bytes", FRAME_BYTES) // 4, lambda c: layer_of_key[c.key])
 
 
 def _count(shapes: list[tuple], nbytes) -> list[Op]:
