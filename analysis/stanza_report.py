@@ -98,7 +98,9 @@ def run_figures(run_dir: str | Path) -> dict:
     warmup = int(w.get("warmup_iterations") or 0)
     ev = run.events
     measured = _measured_iterations(run, warmup) if not ev.empty else []
+    compute = w.get("compute") or {}
     out = {"run": run.path.name, "scheme": scheme, "model": model, "workers": n,
+           "profile": _profile_name(compute),
            "fc_workers" if scheme == "stanza" else "servers": other, "batch_size": K,
            "measured_s": _iteration_time(run, measured), "predicted_s": None, "model_error": None,
            "flags": skeleton.fidelity_flags(run_dir)}
@@ -113,7 +115,6 @@ def run_figures(run_dir: str | Path) -> dict:
     out["fc_bytes_per_iter"] = float(fc["bytes"].sum()) / m
     hl = ((run.summary or {}).get("bytes_per_iteration") or {}).get("host_links")
     out["wire_bytes_per_iter"] = None if hl is None else hl / 2
-    compute = w.get("compute") or {}
     if compute.get("mode") == "emulated":
         samples = IMAGENET_TRAIN
     else:
@@ -134,6 +135,15 @@ def run_figures(run_dir: str | Path) -> dict:
     return out
 
 
+def _profile_name(compute: dict) -> str:
+    """The compute profile of a run as a short name: ``real``, a device (``v100``), or a
+    profile file's stem (``alexnet-v100table1-b128``)."""
+    if compute.get("mode") != "emulated":
+        return "real"
+    ref = str(compute.get("profile", "zero"))
+    return Path(ref).stem if ref.endswith(".json") else ref
+
+
 def _predict(run: Run, scheme: str, model: str, K: int, n: int, other: int, profile: str) -> float:
     c = sm.Constants.from_profile(model, load_profile(profile, model, K))
     bw = float((run.spec.get("topology") or {}).get("host_bw_mbps") or 0) * 1e6
@@ -142,8 +152,9 @@ def _predict(run: Run, scheme: str, model: str, K: int, n: int, other: int, prof
     return sm.ps_iteration_time(c, n, other, bw)
 
 
-#: What identifies a Stanza run's PS baseline: the same model and worker count.
-POINT = ["model", "workers"]
+#: What identifies a Stanza run's PS baseline: the same model, worker count and compute
+#: profile (a sweep over profiles gives the band of issue 14: PHub-derived against Table 1).
+POINT = ["model", "workers", "profile"]
 
 #: ``pair``'s ratios, PS over Stanza: name -> the per-run figure compared.
 RATIOS = {"speedup": "measured_s", "speedup_predicted": "predicted_s", "fc_data_ratio": "fc_bytes_per_iter",
@@ -151,7 +162,7 @@ RATIOS = {"speedup": "measured_s", "speedup_predicted": "predicted_s", "fc_data_
 
 
 def pair(rows) -> pd.DataFrame:
-    """Stanza and PS rows of the same model and worker count side by side (columns
+    """Stanza and PS rows of the same model, worker count and compute profile side by side (columns
     ``<figure>_stanza`` and ``<figure>_ps``), with ``speedup`` (measured ``t_ps /
     t_stanza``), ``speedup_predicted`` (eq. 6 / eq. 3), ``fc_data_ratio`` and
     ``epoch_data_ratio`` (PS bytes over Stanza bytes), and ``flags``: the union of both runs'
@@ -200,7 +211,7 @@ def _run_table(rows: list[dict]) -> pd.DataFrame:
 
 
 def _pair_table(j: pd.DataFrame) -> pd.DataFrame:
-    return pd.DataFrame([{"model": r.model, "n": r.workers, "speedup": f"{r.speedup:.2f}",
+    return pd.DataFrame([{"model": r.model, "n": r.workers, "profile": r.profile, "speedup": f"{r.speedup:.2f}",
                           "predicted": f"{r.speedup_predicted:.2f}", "FC-data ps/stanza": f"{r.fc_data_ratio:.1f}",
                           "epoch-data ps/stanza": f"{r.epoch_data_ratio:.1f}", "flags": r.flags}
                          for r in j.itertuples()])

@@ -444,6 +444,20 @@ def test_stanza_pairs_with_ps_at_the_same_workers(tmp_path):
     assert j.loc[2, "speedup_predicted"] == pytest.approx(rows[1]["predicted_s"] / rows[0]["predicted_s"])
 
 
+def test_stanza_pairs_each_compute_profile_with_its_own_ps(tmp_path):
+    """A sweep over compute profiles (the band: PHub-derived against Table 1) pairs each
+    Stanza run with the PS run of the same profile, not the last PS run of its worker count."""
+    d = tmp_path / "band"
+    for i, (profile, scheme, t) in enumerate((("v100", "stanza", 0.5), ("v100", "ps", 1.0),
+                                              ("titanxp", "stanza", 0.8), ("titanxp", "ps", 1.2))):
+        _stanza_run(d / f"{i:03d}_{profile}_{scheme}", scheme, "alexnet", 2, t, 1_000_000, 4_000_000,
+                    {"mode": "emulated", "profile": profile})
+    rows = [stanza_report.run_figures(r) for r in rundir.find_runs([d])]
+    assert [r["profile"] for r in rows] == ["v100", "v100", "titanxp", "titanxp"]
+    j = stanza_report.pair(rows).set_index("profile")
+    assert j.loc["v100", "speedup"] == pytest.approx(2.0) and j.loc["titanxp", "speedup"] == pytest.approx(1.5)
+
+
 def test_stanza_accuracy_curves_without_prediction(tmp_path):
     text = stanza_report.report([build_stanza_accuracy(tmp_path)])
     assert "stanza: 0.5s 50.0%, 0.9s 90.0%" in text.splitlines()
@@ -451,7 +465,7 @@ def test_stanza_accuracy_curves_without_prediction(tmp_path):
     assert _cell(text, {"scheme": "stanza"}, "acc") == "90.0" and _cell(text, {"scheme": "ps"}, "acc") == "89.0"
     assert _cell(text, {"scheme": "stanza"}, "predicted") == "-"  # real compute: no prediction
     pairs = _tables(text)[1]
-    assert pairs == [{"model": "digits_cnn", "n": "4", "speedup": "2.00", "predicted": "nan", "FC-data ps/stanza": "1.0",
+    assert pairs == [{"model": "digits_cnn", "n": "4", "profile": "real", "speedup": "2.00", "predicted": "nan", "FC-data ps/stanza": "1.0",
                       "epoch-data ps/stanza": "1.0", "flags": ""}]
 
 
