@@ -199,14 +199,14 @@ def _s(x) -> str:
 def _run_table(rows: list[dict]) -> pd.DataFrame:
     """The run figures as the report prints them (strings)."""
     return pd.DataFrame([{
-        "scheme": r["scheme"], "model": r["model"], "n": r["workers"], "K": r["batch_size"],
+        "scheme": r["scheme"], "model": r["model"], "n": r["workers"], "K": r["batch_size"], "profile": r["profile"],
         "measured": _s(r["measured_s"]), "predicted": _s(r["predicted_s"]),
         "err": "-" if r["model_error"] is None else f"{100 * r['model_error']:+.0f}%",
         "FC MB/it": _mb(r["fc_bytes_per_iter"]), "MB/it": _mb(r["bytes_per_iter"]),
         "wire MB/it": _mb(r["wire_bytes_per_iter"]), "MB/epoch": _mb(r["bytes_per_epoch"]),
         "acc": "-" if r["final_accuracy"] is None else f"{100 * r['final_accuracy']:.1f}", "flags": r["flags"]}
         for r in rows],
-        columns=["scheme", "model", "n", "K", "measured", "predicted", "err", "FC MB/it", "MB/it", "wire MB/it",
+        columns=["scheme", "model", "n", "K", "profile", "measured", "predicted", "err", "FC MB/it", "MB/it", "wire MB/it",
                  "MB/epoch", "acc", "flags"])
 
 

@@ -448,11 +448,11 @@ def test_stanza_pairs_each_compute_profile_with_its_own_ps(tmp_path):
     """A sweep over compute profiles (the band: PHub-derived against Table 1) pairs each
     Stanza run with the PS run of the same profile, not the last PS run of its worker count."""
     d = tmp_path / "band"
-    for i, (profile, scheme, t) in enumerate((("v100", "stanza", 0.5), ("v100", "ps", 1.0),
-                                              ("titanxp", "stanza", 0.8), ("titanxp", "ps", 1.2))):
-        _stanza_run(d / f"{i:03d}_{profile}_{scheme}", scheme, "alexnet", 2, t, 1_000_000, 4_000_000,
-                    {"mode": "emulated", "profile": profile})
-    rows = [stanza_report.run_figures(r) for r in rundir.find_runs([d])]
+    runs = [_stanza_run(d / f"{i:03d}_{profile}_{scheme}", scheme, "alexnet", 2, t, 1_000_000, 4_000_000,
+                        {"mode": "emulated", "profile": profile})
+            for i, (profile, scheme, t) in enumerate((("v100", "stanza", 0.5), ("v100", "ps", 1.0),
+                                                      ("titanxp", "stanza", 0.8), ("titanxp", "ps", 1.2)))]
+    rows = [stanza_report.run_figures(r) for r in runs]
     assert [r["profile"] for r in rows] == ["v100", "v100", "titanxp", "titanxp"]
     j = stanza_report.pair(rows).set_index("profile")
     assert j.loc["v100", "speedup"] == pytest.approx(2.0) and j.loc["titanxp", "speedup"] == pytest.approx(1.5)
