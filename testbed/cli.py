@@ -2,6 +2,7 @@
 
     testbed check                         what this machine can emulate
     testbed run SPEC.yaml [--set a.b=v]   run an experiment (or every point of its sweep)
+                   [--dry-run]            only validate and plan every point (nothing built or written)
     testbed ls [RUNS_DIR]                 list runs
     testbed show RUN                      a run's summary
     testbed plot RUN [RUN ...]            draw plots (PNG files in the run directories)
@@ -11,7 +12,10 @@
     testbed clean                         remove what a killed run left on the machine
     testbed profile MODEL --batch B       measure per-layer forward/backward times here
 
-Errors a user can cause print one message, no traceback, and exit with status 2.
+Errors a user can cause (a bad spec, file, ``--set`` value or run path, a missing tool) are
+:class:`~topologies.errors.TestbedError` s, raised wherever they are found and caught in one
+place, :func:`main`: one message, no traceback, exit status 2. Bad command-line syntax is
+argparse's (usage message, status 2).
 """
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ from analysis.report import REPORTS, get_report
 from testbed.check import format_checks, run_checks
 from testbed.clean import clean
 from topologies.errors import TestbedError
-from traffic.rundir import is_run, read_json
+from traffic.rundir import NotARunError, find_runs, is_run, read_json
 
 # Modules that load torch, Mininet or matplotlib (seconds) are imported lazily in the
 # commands that need them, so that `testbed clean`, `ls`, `show` and `check` start at once.
@@ -50,6 +54,10 @@ def _cmd_run(args) -> int:
     exp = load_spec(args.spec, overrides=args.set)
     if args.runs_dir:
         exp.run.runs_dir = args.runs_dir
+    if args.dry_run:
+        from testbed.runner import describe_plan, plan_experiment  # lazy: Mininet, torch
+        print(describe_plan(plan_experiment(exp)))
+        return 0
     results = run_experiment(exp, progress=not args.quiet)
     if len(results) == 1:
         print(one_line(results[0]))
@@ -81,34 +89,54 @@ def format_table(df) -> str:
 
 def _cmd_ls(args) -> int:
     root = Path(args.runs_dir)
-    if not root.is_dir():
-        print(f"no runs under {root}")
-        return 0
+    try:
+        if not root.is_dir():
+            print(f"no runs under {root}")
+            return 0
+        specs = sorted(root.rglob("spec.yaml"))
+    except OSError as e:  # e.g. a name too long for the file system
+        raise TestbedError(f"cannot list {root}: {e.strerror or e}") from None
     rows = []
-    for p in sorted(root.rglob("spec.yaml")):
+    for p in specs:
         d = p.parent
         if not is_run(d):
             continue
-        s = read_json(d / "summary.json") if (d / "summary.json").is_file() else {}
-        tp = (s.get("throughput") or {}).get("mean")
+        s = _summary(d) if (d / "summary.json").is_file() else {}
+        tp = _field(s, "throughput").get("mean")
+        tp = tp if isinstance(tp, (int, float)) and not isinstance(tp, bool) else None
         flags = [name for name, key in (("CPU-starved", "cpu_starved"), ("host-cost overrun", "host_cost_overrun"))
-                 if (s.get("fidelity") or {}).get(key)]
-        rows.append(f"{str(d.relative_to(root)):60s} {s.get('status', 'running?'):11s} "
+                 if _field(s, "fidelity").get(key)]
+        rows.append(f"{str(d.relative_to(root)):60s} {str(s.get('status', 'running?')):11s} "
                     f"{str(s.get('scheme', '')):10s} {'' if tp is None else f'{tp:10.1f} samples/s'}"
                     + (f"  [{', '.join(flags)}]" if flags else ""))
     print("\n".join(rows) if rows else f"no runs under {root}")
     return 0
 
 
+def _field(summary: dict, key: str) -> dict:
+    v = summary.get(key)
+    return v if isinstance(v, dict) else {}
+
+
+def _summary(run_dir: Path) -> dict:
+    """A run's summary.json; ``{"status": "unreadable"}`` when it is not a JSON mapping."""
+    try:
+        s = read_json(run_dir / "summary.json")
+    except (OSError, ValueError):
+        return {"status": "unreadable"}
+    return s if isinstance(s, dict) else {"status": "unreadable"}
+
+
 def _resolve_runs(paths: list[str]) -> list[Path]:
-    out = []
-    for p in map(Path, paths):
-        if is_run(p):
-            out.append(p)
-        elif p.is_dir() and (p / "sweep.yaml").is_file():  # a sweep: all its points
-            out += sorted(d for d in p.iterdir() if is_run(d))
-        else:
-            raise TestbedError(f"{p} is not a run directory (no spec.yaml and summary.json); see 'testbed ls'")
+    """The run directories among ``paths`` (a sweep directory stands for its runs).
+
+    Raises:
+        NotARunError: a path is missing, is a file, or is neither a run nor a sweep directory.
+    """
+    out = find_runs(paths)
+    if not out:
+        raise NotARunError(f"no run directories in {', '.join(paths)} (a sweep whose first point has not "
+                           f"started has none); see 'testbed ls'")
     return out
 
 
@@ -138,7 +166,15 @@ def _cmd_plot(args) -> int:
 
 def _cmd_show(args) -> int:
     for d in _resolve_runs([args.run]):
-        print(json.dumps(read_json(d / "summary.json"), indent=2))
+        path = d / "summary.json"
+        if not path.is_file():
+            raise NotARunError(f"{d} has no summary.json yet: it is still running, or its runner was killed "
+                               f"(see 'testbed ls')")
+        try:
+            summary = read_json(path)
+        except (OSError, ValueError) as e:
+            raise NotARunError(f"{path} is not readable JSON ({e})") from None
+        print(json.dumps(summary, indent=2))
     return 0
 
 
@@ -203,6 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override a spec field, e.g. --set workload.iterations=20 (repeatable)")
     s.add_argument("--runs-dir", help="where run directories go (default: the spec's run.runs_dir)")
     s.add_argument("--plot", action="store_true", help="draw plots after the runs")
+    s.add_argument("--dry-run", action="store_true",
+                   help="only validate the spec and plan every run (hosts, processes); build and write nothing")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     s.set_defaults(fn=_cmd_run)
     s = sub.add_parser("ls", help="list runs")

@@ -1,10 +1,15 @@
 """Run experiments: one run, or every point of a sweep, each in its own run directory.
 
+Before anything is built or written, every point of the spec is validated and planned
+(:func:`plan_experiment`: the hosts of its topology and the scheme's processes on them,
+computed on the topology graph), so that a spec that cannot run fails at once with a
+:class:`SpecError`; ``testbed run --dry-run`` stops there.
+
 One run (see design.md, "The flow of one run")::
 
-    run dir created (never reused) -> spec.yaml -> lock + ledger -> Network.start()
-    -> scheme.plan() -> processes.json -> Capture.start() -> background iperf3 servers
-    -> background clients (each waits its start) + launch.start() -> watch()
+    run dir created (never reused, always inside the runs directory) -> spec.yaml
+    -> lock + ledger -> Network.start() -> scheme.plan() -> processes.json -> Capture.start()
+    -> background iperf3 servers -> background clients (each waits its start) + launch.start() -> watch()
     -> teardown (always: processes, background flows, capture, network, ledger sweep)
     -> summary.json
 
@@ -34,9 +39,11 @@ from testbed.ledger import Ledger, NetworkLock
 from testbed.network import Network, bind_to_interface
 from testbed.network import preflight as network_preflight
 from testbed.spec import Experiment, dump_spec, expand_sweep
-from topologies.errors import SpecError, TestbedError
+from topologies import build_topo, hosts_of
+from topologies.errors import FieldError, SpecError, TestbedError
 from topologies.hosts import HostInfo
 from traffic import rundir, schemes
+from traffic.schemes import ProcessPlan
 
 log = logging.getLogger("testbed")
 
@@ -205,6 +212,97 @@ def uplink_ports(topology: dict) -> list[str]:
     return [l[f"intf{e}"] for l in topology["links"] if l["class"] == "uplink" for e in ("1", "2")]
 
 
+@dataclass
+class PlannedRun:
+    """One point of a spec as it will run: its sweep point (swept paths and their values,
+    ``variant``: the variant's name), the experiment, the hosts of its network (worker,
+    requested and background hosts, as :func:`topologies.hosts_of` reads the topology
+    graph) and the scheme's processes on them."""
+    point: dict
+    exp: Experiment
+    hosts: list[HostInfo]
+    processes: list[ProcessPlan]
+
+    @property
+    def label(self) -> str:
+        """``scheme=ps_host_bw_mbps=50``-style name of the point ('' for a spec without sweep)."""
+        return point_label(self.point)
+
+
+def point_label(point: dict) -> str:
+    """The point's settings as ``<last path part>=<value>`` (the variant by its name) joined by ``_``."""
+    return "_".join(f"{k.split('.')[-1]}={v}" if k != "variant" else str(v) for k, v in point.items())
+
+
+def plan_point(exp: Experiment) -> tuple[list[HostInfo], list[ProcessPlan]]:
+    """The hosts the network of ``exp`` (no sweep) will have and the scheme's process plan on
+    them, from the topology graph (no root needed, nothing built or written): the checks the
+    run would otherwise make only once the network is up.
+
+    Raises:
+        SpecError: the plan does not fit the topology (more workers or servers than hosts, an
+            interface a host lacks, a scheme's host outside the racks) or a background flow
+            names a host the topology will not have.
+    """
+    scheme = schemes.get(exp.workload.scheme)
+    try:
+        topo = build_topo(exp.topology, scheme.hosts(exp.workload, exp.topology))
+    except ValueError as e:  # a requested host in a rack the topology lacks
+        raise SpecError("workload.servers", exp.workload.servers.model_dump(), f"hosts the topology can hold ({e})") \
+            from None
+    hosts = hosts_of(topo)
+    plan = scheme.plan(exp.workload, hosts)
+    by_name = {h.name: h for h in hosts}
+    for p in plan:
+        if p.host not in by_name or not 0 <= p.iface < by_name[p.host].interfaces:
+            raise SpecError(f"plan of {p.name}", f"{p.host} interface {p.iface}",
+                            f"a host of the topology and one of its interfaces (scheme {exp.workload.scheme!r})")
+    for i, f in enumerate(exp.background):
+        for end in ("src", "dst"):
+            if getattr(f, end) not in by_name:
+                raise SpecError(f"background[{i}].{end}", getattr(f, end),
+                                "a host of the topology: " + ", ".join(by_name) +
+                                " (topology.background_hosts_per_rack adds hosts bg1.. for background flows)")
+    return hosts, plan
+
+
+def plan_experiment(exp: Experiment) -> list[PlannedRun]:
+    """Every point of ``exp`` (variants x sweep, :func:`testbed.spec.expand_sweep`) planned
+    (:func:`plan_point`), in the order they run. Nothing is built or written.
+
+    Raises:
+        SpecError: a point is invalid or its plan does not fit its topology; the message
+            names the point.
+    """
+    out = []
+    for point, e in expand_sweep(exp):
+        try:
+            hosts, plan = plan_point(e)
+        except SpecError as err:
+            if not point:
+                raise
+            raise SpecError.of([FieldError(x.field, x.value, f"{x.allowed} (in the point {point_label(point)})")
+                                for x in err.errors]) from None
+        out.append(PlannedRun(point, e, hosts, plan))
+    return out
+
+
+def describe_plan(planned: list[PlannedRun]) -> str:
+    """What ``testbed run --dry-run`` prints: per point its label, hosts by kind and processes
+    (``name@host``, with ``:iface`` when not 0)."""
+    lines = []
+    for i, pr in enumerate(planned):
+        kinds: dict[str, int] = {}
+        for h in pr.hosts:
+            kinds[h.kind] = kinds.get(h.kind, 0) + 1
+        procs = " ".join(f"{p.name}@{p.host}" + (f":{p.iface}" if p.iface else "") for p in pr.processes)
+        head = f"point {i:03d} {pr.label}" if pr.point else "run"
+        lines.append(f"{head}: {pr.exp.workload.scheme}, {pr.exp.topology.kind} x{pr.exp.topology.racks}, hosts "
+                     + ", ".join(f"{n} {k}" for k, n in kinds.items()) + f"; {len(pr.processes)} processes: {procs}")
+    lines.append(f"{len(planned)} run(s) valid and planned; nothing was built or written (--dry-run)")
+    return "\n".join(lines)
+
+
 def preflight(exp: Experiment) -> None:
     """Everything a run needs from the machine, checked before anything is created.
 
@@ -221,11 +319,16 @@ def run_experiment(exp: Experiment, progress: bool = True) -> list[RunResult]:
 
     The sweep directory gets ``sweep.csv`` (one row per point: the swept values, status,
     run directory and headline figures), rewritten after every point.
+
+    Raises:
+        SpecError: a point is invalid or does not fit its topology (:func:`plan_experiment`),
+            before anything is built or written.
+        MissingRequirement: the machine lacks what the run needs (:func:`preflight`).
     """
+    points = [(pr.point, pr.exp) for pr in plan_experiment(exp)]
     preflight(exp)
     parent = Path(exp.run.runs_dir)
     base_id = exp.run.id or rundir.new_run_id(exp.name)
-    points = expand_sweep(exp)
     if not exp.sweep and not exp.variants:
         return [run_one(exp, parent, base_id, exclusive_id=bool(exp.run.id))]
     sweep_dir = rundir.create(parent, base_id, exclusive_id=bool(exp.run.id), subdirs=())
@@ -233,7 +336,7 @@ def run_experiment(exp: Experiment, progress: bool = True) -> list[RunResult]:
     results, rows = [], []
     bar = tqdm(points, desc=f"sweep {sweep_dir.name}", unit="run", disable=not progress)
     for i, (point, e) in enumerate(bar):
-        label = "_".join(f"{k.split('.')[-1]}={v}" if k != "variant" else str(v) for k, v in point.items())
+        label = point_label(point)
         bar.set_postfix_str(label)
         res = run_one(e, sweep_dir, f"{i:03d}_{_safe(label)}")
         res.point = point
@@ -245,8 +348,13 @@ def run_experiment(exp: Experiment, progress: bool = True) -> list[RunResult]:
     return results
 
 
+_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789=._-")
+
+
 def _safe(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "=._-" else "-" for c in text)[:80]
+    """``text`` as part of a directory name: ASCII letters, digits and ``=._-`` kept, anything
+    else ``-``, at most 80 characters (a point's directory is ``NNN_<this>``)."""
+    return "".join(c if c in _ID_CHARS else "-" for c in text)[:80]
 
 
 def headline(res: RunResult) -> dict:

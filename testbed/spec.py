@@ -16,20 +16,25 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 from pathlib import Path
 from typing import Any, Literal, Optional
 
 import yaml
 from pydantic import Field, PrivateAttr, ValidationError, field_validator
 
-from topologies.errors import FieldError, SpecError
-from topologies.spec import TopologySpec
-from topologies.validation import SpecModel, field_errors, load_yaml
+from topologies.errors import FieldError, SpecError, show_value
+from topologies.spec import MAX_HOSTS, MAX_INTERFACES, TopologySpec
+from topologies.validation import (SAFE_LABEL_ALLOWED, SAFE_NAME_ALLOWED, SpecModel, check_depth, field_errors,
+                                   is_safe_label, is_safe_name, load_yaml, safe_name, to_safe_name)
 from traffic.host import HostSpec
 from traffic.spec import WorkloadSpec, option_errors
 
 __all__ = ["Experiment", "CaptureSpec", "RunSpec", "BackgroundFlow", "TopologySpec", "WorkloadSpec",
-           "from_dict", "load_spec", "parse_override", "expand_sweep", "dump_spec"]
+           "from_dict", "load_spec", "parse_override", "expand_sweep", "dump_spec", "MAX_POINTS"]
+
+#: the most runs (variants x sweep points) one spec may ask for
+MAX_POINTS = 1000
 
 
 class BackgroundFlow(SpecModel):
@@ -51,7 +56,8 @@ class BackgroundFlow(SpecModel):
     protocol: Literal["tcp", "udp"] = "tcp"
     """``tcp`` (paced at the rate; backs off under congestion) or ``udp`` (constant rate)."""
     name: Optional[str] = None
-    """File name of its results (default ``bg<index>``)."""
+    """File name of its results (default ``bg<index>``): a safe name (letters, digits, ``_``,
+    ``-``, ``.``; no leading ``.``)."""
 
 
 class CaptureSpec(SpecModel):
@@ -82,9 +88,10 @@ class RunSpec(SpecModel):
     timeout_s: float = Field(600.0, gt=0)
     """Limit of the whole run, seconds of wall clock."""
     runs_dir: str = "runs"
-    """Where run directories are created."""
+    """Where run directories are created (nothing of a run is written outside it)."""
     id: Optional[str] = None
-    """A fixed run id (the run fails if its directory exists)."""
+    """A fixed run id (the run fails if its directory exists): a safe name (letters, digits,
+    ``_``, ``-``, ``.``; no leading ``.`` or ``-``; at most 100 characters)."""
     master_port: int = 29500
     """The torch.distributed rendezvous port, in [1024, 65535]."""
 
@@ -94,6 +101,11 @@ class RunSpec(SpecModel):
         if not 1024 <= v < 65536:
             raise ValueError("a port in [1024, 65535]")
         return v
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v):
+        return v if v is None else safe_name(v)
 
 
 class Experiment(SpecModel):
@@ -106,7 +118,8 @@ class Experiment(SpecModel):
     s != 1 needs ``workload.compute.mode: emulated`` (real compute cannot be slowed down).
     """
     name: str = "experiment"
-    """Name of the experiment (run ids start with it)."""
+    """Name of the experiment (run ids start with it): letters, digits, ``_``, ``-``, ``.``; no
+    leading ``.`` or ``-``; at most 100 characters. Left out in a spec file: the file's name."""
     scale: float = Field(1.0, gt=0)
     """Time dilation factor (see above)."""
     topology: TopologySpec = Field(default_factory=TopologySpec)
@@ -122,13 +135,19 @@ class Experiment(SpecModel):
     sweep: dict[str, Any] = Field(default_factory=dict)
     """Dotted field paths -> lists of values; the runs are every combination."""
     variants: list[Any] = Field(default_factory=list)
-    """Arms: each a mapping of dotted field paths to values (and an optional ``name``), for
-    settings that go together (a scheme and its options); combined with every sweep point."""
+    """Arms: each a mapping of dotted field paths to values (and an optional ``name``, a label
+    such as ``D-Sync+T``: letters, digits and ``_-.+=@%,``, unique), for settings that go
+    together (a scheme and its options); combined with every sweep point."""
     background: list[BackgroundFlow] = Field(default_factory=list)
     """iperf3 flows between hosts during the run, e.g. to load the core."""
 
     # the spec as given (before defaults), from which sweep and variant points are built
     _given: dict = PrivateAttr(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v):
+        return safe_name(v)
 
     def to_dict(self) -> dict:
         """The spec as a mapping, every default filled in (what ``spec.yaml`` holds); the
@@ -139,9 +158,34 @@ class Experiment(SpecModel):
         d["host"] = self.host.pinned()
         return d
 
+    def _size_errors(self) -> list[FieldError]:
+        """Counts that size the network, checked before a scheme turns them into hosts: workers
+        within the worker hosts, servers and their links within :data:`MAX_HOSTS` and
+        :data:`MAX_INTERFACES` (the topology's own counts: :meth:`TopologySpec.cross_errors`)."""
+        t, w = self.topology, self.workload
+        out = []
+        if w.workers > t.racks * t.hosts_per_rack:
+            out.append(FieldError("workload.workers", w.workers,
+                                  f"at most {t.racks * t.hosts_per_rack} (the topology's worker hosts)"))
+        if w.servers.count > MAX_HOSTS:
+            out.append(FieldError("workload.servers.count", w.servers.count, f"at most {MAX_HOSTS}"))
+        if w.servers.interfaces > MAX_INTERFACES:
+            out.append(FieldError("workload.servers.interfaces", w.servers.interfaces, f"at most {MAX_INTERFACES}"))
+        return out
+
     def cross_errors(self) -> list[FieldError]:
         """Checks that involve several fields or sections (every field being valid)."""
-        out = self.topology.cross_errors() + self.workload.cross_errors() + self.host.cross_errors()
+        out = self.topology.cross_errors() + self.workload.cross_errors() + self._size_errors()
+        try:
+            out += self.host.cross_errors()
+        except (OSError, ValueError) as e:  # a profile path the OS refuses (too long, ...)
+            out.append(FieldError("host.profile", self.host.profile,
+                                  f"a shipped host profile or the path of a readable one ({type(e).__name__}: {e})"))
+        t, s = self.topology, self.scale
+        if not (math.isfinite(t.delay_ms * s) and t.host_bw_mbps / s > 0 and t.uplink_mbps() / s > 0):
+            out.append(FieldError("scale", s, f"a factor that keeps the dilated links finite and non-zero "
+                                              f"(delay_ms x scale = {t.delay_ms * s:g}, host_bw_mbps / scale = "
+                                              f"{t.host_bw_mbps / s:g} Mbit/s)"))
         if self.scale != 1 and self.workload.compute.mode != "emulated":
             out.append(FieldError("scale", self.scale, "1 unless workload.compute.mode is 'emulated' (time "
                                   "dilation slows emulated compute and links; real compute cannot be slowed)"))
@@ -153,12 +197,19 @@ class Experiment(SpecModel):
 
 
 def _set_path(data: dict, path: str, value) -> None:
+    """Set the dotted ``path`` of ``data`` to ``value``, creating mappings on the way.
+
+    Raises:
+        SpecError: an empty part in ``path``, or a part that is not a mapping.
+    """
     keys = path.split(".")
+    if not all(keys):
+        raise SpecError(path, value, "a dotted path of field names with no empty part, e.g. workload.iterations")
     node = data
     for k in keys[:-1]:
         nxt = node.setdefault(k, {})
         if not isinstance(nxt, dict):
-            raise SpecError(path, value, f"a path into a mapping, but '{k}' is {nxt!r}")
+            raise SpecError(path, value, f"a path into a mapping, but '{k}' is {show_value(nxt)}")
         node = nxt
     node[keys[-1]] = value
 
@@ -209,13 +260,15 @@ def from_dict(data: dict, overrides: list[str] | None = None) -> Experiment:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise SpecError("<spec>", data, "a YAML mapping with sections topology, workload, capture, run, sweep")
+        raise SpecError("<spec>", data, f"a YAML mapping with sections {', '.join(Experiment.model_fields)}")
+    check_depth(data)
     data = copy.deepcopy(data)
     for text in overrides or []:
         path, value = parse_override(text)
         _set_path(data, path, value)
         if isinstance(data.get("sweep"), dict):
             data["sweep"].pop(path, None)  # an override of a swept field wins over the sweep axis
+    check_depth(data)
     exp = _validate(data)
     _check_points(exp)
     return exp
@@ -224,41 +277,50 @@ def from_dict(data: dict, overrides: list[str] | None = None) -> Experiment:
 def load_spec(path: str | Path, overrides: list[str] | None = None) -> Experiment:
     """Read a YAML spec file and validate it (see :func:`from_dict`).
 
+    A spec without ``name`` is named after its file (made safe: ``my spec.yaml`` is
+    ``my-spec``).
+
     Raises:
-        SpecError: the file is missing, is not YAML, or fields are malformed.
+        SpecError: the file is missing or unreadable, is not YAML (or not UTF-8), or fields
+            are malformed.
     """
     p = Path(path)
-    if not p.is_file():
-        raise SpecError("<file>", str(path), "the path of an existing YAML spec file")
     try:
-        data = load_yaml(p.read_text())
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        if not p.is_file():
+            raise SpecError("<file>", str(path), "the path of an existing YAML spec file")
+        text = p.read_text()
+    except (OSError, ValueError) as e:  # a path the OS refuses (too long, NUL), unreadable, not UTF-8
+        raise SpecError("<file>", str(path), f"a readable UTF-8 YAML spec file ({type(e).__name__}: {e})") from None
+    try:
+        data = load_yaml(text)
+    except yaml.YAMLError as e:
         raise SpecError("<file>", str(path), f"valid YAML ({e})") from None
     data = {} if data is None else data
     if isinstance(data, dict) and "name" not in data:
-        data["name"] = p.stem
+        data["name"] = to_safe_name(p.stem)
     return from_dict(data, overrides)
 
 
-_FLOW_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
-
-
 def _background_errors(exp: Experiment) -> list[FieldError]:
-    """Background flows: distinct endpoints, whole dilated seconds, unique file-safe names.
-    (Whether the hosts exist is checked against the built network: :mod:`testbed.background`.)"""
+    """Background flows: distinct endpoints, finite dilated rates and times, whole dilated
+    seconds, unique file-safe names. (Whether the hosts exist depends on the topology and the
+    scheme's hosts: :func:`testbed.runner.plan_point` checks it before anything is built.)"""
     out, names = [], set()
     for i, f in enumerate(exp.background):
         path = f"background[{i}]"
         if f.src == f.dst:
             out.append(FieldError(f"{path}.dst", f.dst, f"a host other than src ({f.src})"))
         dilated = f.duration_s * exp.scale
-        if abs(dilated - round(dilated)) > 1e-9 or round(dilated) < 1:
+        if not math.isfinite(f.rate_mbps * 1e6 / exp.scale) or not math.isfinite(f.start_s * exp.scale):
+            out.append(FieldError(f"{path}.rate_mbps", f.rate_mbps, f"a rate whose shaped value rate_mbps x 1e6 / "
+                                  f"scale, and a start_s whose dilated value start_s x scale, are finite"))
+        if not math.isfinite(dilated) or abs(dilated - round(dilated)) > 1e-9 or round(dilated) < 1:
             out.append(FieldError(f"{path}.duration_s", f.duration_s,
                                   f"a duration that is a whole number (>= 1) of seconds once dilated: duration_s x "
                                   f"scale = {dilated:g} (iperf3 -t takes whole seconds)"))
         name = f.name if f.name is not None else f"bg{i}"
-        if not name or not set(name) <= _FLOW_NAME_CHARS or name.startswith("."):
-            out.append(FieldError(f"{path}.name", f.name, "letters, digits, '_', '.', '-' (a file name)"))
+        if not is_safe_name(name):
+            out.append(FieldError(f"{path}.name", f.name, f"a file name: {SAFE_NAME_ALLOWED}"))
         elif name in names:
             out.append(FieldError(f"{path}.name", f.name, f"a name no other flow has ({name!r} is taken)"))
         names.add(name)
@@ -274,24 +336,56 @@ def _point_data(exp: Experiment, settings: dict) -> dict:
     return d
 
 
+_POINT_KEYS = ("sweep", "variants")
+
+
+def _axis_error(where: str, path: str, value) -> FieldError | None:
+    """A dotted path a variant or sweep axis may not set: the sweep and variants themselves."""
+    if path.split(".", 1)[0] in _POINT_KEYS:
+        return FieldError(where, value, "a field path outside 'sweep' and 'variants' (a point cannot hold "
+                                        "another sweep)")
+    return None
+
+
 def _check_points(exp: Experiment) -> None:
     """Every variant and every swept value must give a valid spec.
 
     Raises:
-        SpecError: a malformed variant or sweep axis, or the errors of the first bad point.
+        SpecError: a malformed variant (not a mapping of dotted paths, an unsafe or repeated
+            name) or sweep axis (not a non-empty list), more than :data:`MAX_POINTS` points,
+            or the errors of the first bad point.
     """
-    errors = []
+    errors, names = [], set()
     for i, v in enumerate(exp.variants):
         if not isinstance(v, dict) or not [k for k in v if k != "name"]:
             errors.append(FieldError(f"variants[{i}]", v, "a mapping of dotted field paths to values "
                                                            "(and an optional name)"))
+            continue
+        for k in v:
+            if not isinstance(k, str):
+                errors.append(FieldError(f"variants[{i}]", k, "keys that are dotted field paths (strings), "
+                                                               "e.g. workload.scheme"))
+            elif k != "name" and (err := _axis_error(f"variants[{i}].{k}", k, v[k])):
+                errors.append(err)
+        if "name" in v:
+            if not is_safe_label(v["name"]):
+                errors.append(FieldError(f"variants[{i}].name", v["name"], SAFE_LABEL_ALLOWED))
+            elif v["name"] in names:
+                errors.append(FieldError(f"variants[{i}].name", v["name"], "a name no other variant has"))
+            else:
+                names.add(v["name"])
     for path, values in exp.sweep.items():
         if not isinstance(values, list) or not values:
             errors.append(FieldError(f"sweep.{path}", values, "a non-empty list of values"))
-        elif path.startswith("sweep"):
-            errors.append(FieldError(f"sweep.{path}", values, "a field path outside 'sweep'"))
+        elif err := _axis_error(f"sweep.{path}", path, values):
+            errors.append(err)
     if errors:
         raise SpecError.of(errors)
+    n = max(1, len(exp.variants)) * math.prod(len(v) for v in exp.sweep.values())
+    if n > MAX_POINTS:
+        raise SpecError("sweep" if exp.sweep else "variants",
+                        {"variants": len(exp.variants), **{p: len(v) for p, v in exp.sweep.items()}},
+                        f"at most {MAX_POINTS} runs in all (variants x swept values), not {n}: split the sweep")
     for v in exp.variants:
         _validate(_point_data(exp, {k: x for k, x in v.items() if k != "name"}))
     for path, values in exp.sweep.items():

@@ -9,6 +9,7 @@ these errors without importing a package to its right.
 """
 from __future__ import annotations
 
+import reprlib
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -19,6 +20,20 @@ class TestbedError(Exception):
     __test__ = False  # not a pytest test class despite its name
 
 
+_VALUE_REPR = reprlib.Repr()
+_VALUE_REPR.maxlevel, _VALUE_REPR.maxdict, _VALUE_REPR.maxlist, _VALUE_REPR.maxtuple = 3, 6, 6, 6
+_VALUE_REPR.maxset, _VALUE_REPR.maxstring, _VALUE_REPR.maxother, _VALUE_REPR.maxlong = 6, 120, 120, 60
+
+
+def show_value(value: Any) -> str:
+    """``repr(value)`` cut to a few lines: long strings, big or deeply nested (even
+    self-referencing) collections and huge integers are elided with ``...``."""
+    try:
+        return _VALUE_REPR.repr(value)
+    except Exception:  # noqa: BLE001 - a value whose repr fails still gets a message
+        return f"<{type(value).__name__}>"
+
+
 @dataclass(frozen=True)
 class FieldError:
     """One malformed spec field: its dotted path, the value given and what is allowed."""
@@ -27,7 +42,7 @@ class FieldError:
     allowed: str
 
     def __str__(self) -> str:
-        return f"spec field '{self.field}': got {self.value!r}; allowed: {self.allowed}"
+        return f"spec field '{self.field}': got {show_value(self.value)}; allowed: {self.allowed}"
 
 
 class SpecError(TestbedError):

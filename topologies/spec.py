@@ -3,26 +3,34 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from topologies.errors import FieldError
 from topologies.hosts import uplink_mbps
 from topologies.validation import SpecModel
 
 
+#: the most hosts (worker, background and scheme-requested) a spec may ask for, and the most
+#: links from one host to its ToR: far beyond what one machine emulates (each host is a
+#: process and a network namespace), so that a typo (``racks: 2000``) is refused at once
+#: instead of being planned; what fits this machine is a separate, measured estimate
+MAX_HOSTS = 4096
+MAX_INTERFACES = 64
+
+
 class TopologySpec(SpecModel):
     """The emulated datacenter.
 
-    ``rack``: ``hosts_per_rack`` hosts on one top-of-rack (ToR) switch (``racks`` must be 1).
-    ``rack_core``: ``racks`` racks of ``hosts_per_rack`` hosts; each ToR has one uplink to a
-    core switch of ``uplink_bw_mbps``, by default ``hosts_per_rack * host_bw_mbps /
-    oversubscription`` (Mbit/s). Hosts a scheme asks for (parameter-server hosts, PBoxes)
+    ``rack``: ``hosts_per_rack`` hosts on one top-of-rack (ToR) switch (``racks`` is 1, its
+    default for this kind). ``rack_core``: ``racks`` racks (default 2) of ``hosts_per_rack``
+    hosts; each ToR has one uplink to a core switch of ``uplink_bw_mbps``, by default
+    ``hosts_per_rack * host_bw_mbps / oversubscription`` (Mbit/s). Hosts a scheme asks for (parameter-server hosts, PBoxes)
     are added to their racks (:class:`topologies.hosts.HostRequest`).
     """
     kind: Literal["rack", "rack_core"] = "rack_core"
     """``rack`` (one ToR) or ``rack_core`` (racks under a core switch)."""
     racks: int = Field(2, gt=0)
-    """Number of racks (1 for ``kind: rack``)."""
+    """Number of racks; left out: 1 for ``kind: rack``, 2 for ``kind: rack_core``."""
     hosts_per_rack: int = Field(4, gt=0)
     """Worker hosts per rack."""
     host_bw_mbps: float = Field(100.0, gt=0)
@@ -50,6 +58,16 @@ class TopologySpec(SpecModel):
     in a socket buffer that autotuning grows to 16 MB, 32 ms of a 4 Gbit/s link); a small
     value (e.g. 131072) makes a blocking send follow the network's pace, which P3's
     application-level priority queue relies on (P3 Sec. 4.3)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _racks_of_kind(cls, data):
+        """``racks`` left out takes the kind's default: one rack for ``kind: rack`` (the
+        field's default, 2, is that of ``rack_core``), so that a default never contradicts
+        the kind the user wrote."""
+        if isinstance(data, dict) and "racks" not in data and data.get("kind") == "rack":
+            return {**data, "racks": 1}
+        return data
 
     @field_validator("oversubscription")
     @classmethod
@@ -79,11 +97,22 @@ class TopologySpec(SpecModel):
         return uplink_mbps(self.hosts_per_rack, self.host_bw_mbps, self.oversubscription)
 
     def cross_errors(self, prefix: str = "topology") -> list[FieldError]:
-        """Checks that involve several fields (run once every field is valid)."""
+        """Checks that involve several fields (run once every field is valid): one rack for
+        ``kind: rack``; at most :data:`MAX_HOSTS` hosts and :data:`MAX_INTERFACES` links per host."""
+        out = []
         if self.kind == "rack" and self.racks != 1:
-            return [FieldError(f"{prefix}.racks", self.racks,
-                               "1 for topology.kind 'rack' (use 'rack_core' for several racks)")]
-        return []
+            out.append(FieldError(f"{prefix}.racks", self.racks,
+                                  "1 for topology.kind 'rack' (use 'rack_core' for several racks)"))
+        hosts = self.racks * (self.hosts_per_rack + self.background_hosts_per_rack)
+        if hosts > MAX_HOSTS:
+            out.append(FieldError(prefix, {"racks": self.racks, "hosts_per_rack": self.hosts_per_rack,
+                                           "background_hosts_per_rack": self.background_hosts_per_rack},
+                                  f"at most {MAX_HOSTS} hosts in all (racks x (hosts_per_rack + "
+                                  f"background_hosts_per_rack) = {hosts})"))
+        if self.interfaces_per_host > MAX_INTERFACES:
+            out.append(FieldError(f"{prefix}.interfaces_per_host", self.interfaces_per_host,
+                                  f"at most {MAX_INTERFACES}"))
+        return out
 
     def dilated(self, scale: float) -> "TopologySpec":
         """The topology as shaped on this machine under time dilation ``scale``: every rate

@@ -4,7 +4,12 @@ Each package owns its part of an experiment spec as a :class:`SpecModel` (``topo
 the topology, ``traffic`` the workload and each scheme's options, ``testbed`` capture, run
 and the whole experiment). :func:`validate` turns pydantic's errors into one
 :class:`~topologies.errors.SpecError` that names every bad field by its dotted path, the
-value given and what is allowed. :func:`load_yaml` reads YAML with ``1e12`` as a number.
+value given and what is allowed. :func:`load_yaml` reads YAML with ``1e12`` as a number
+(every reader of a spec, its ``--set`` values and a run's ``spec.yaml`` uses it), and refuses
+documents nested deeper than :data:`MAX_DEPTH` levels. :func:`safe_name` is the rule for every
+name that becomes a path component (a spec's ``name``, a run id, a background flow's name);
+:func:`is_safe_label` the looser one of a variant's name (``D-Sync+T``), which reaches a path
+only through a mapping to those characters.
 """
 from __future__ import annotations
 
@@ -22,10 +27,94 @@ M = TypeVar("M", bound=BaseModel)
 
 class SpecModel(BaseModel):
     """Base of every spec section: unknown fields are errors, types are strict (``"5"`` is
-    not an integer, ``1`` is not ``true``; an integer is a valid number), and each field's
-    docstring is its description."""
+    not an integer, ``1`` is not ``true``; an integer is a valid number; ``.inf`` and
+    ``.nan`` are not), and each field's docstring is its description."""
     model_config = ConfigDict(extra="forbid", strict=True, use_attribute_docstrings=True,
-                              validate_default=False)
+                              validate_default=False, allow_inf_nan=False)
+
+
+#: the longest name that becomes part of a path (a run id adds ``-YYYYmmdd-HHMMSS`` and a
+#: ``-N`` suffix to it, and a file name may have at most 255 bytes)
+NAME_MAX = 100
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+#: what :func:`safe_name` allows, in words (the ``allowed`` of its spec errors)
+SAFE_NAME_ALLOWED = (f"a name of 1 to {NAME_MAX} characters: ASCII letters, digits, '_', '-' and '.', "
+                     "starting with a letter, a digit or '_' (it becomes part of a path: no '/', "
+                     "no '..', no leading '.' or '-', no spaces)")
+# e.g. "exp-1", "p3_vgg19", "run.2"; never "..", ".hidden", "a/b", "/abs", "-rf", "a b", "x\n"
+
+
+def is_safe_name(value: Any, max_len: int = NAME_MAX) -> bool:
+    """True if ``value`` is a string that :func:`safe_name` accepts."""
+    return (isinstance(value, str) and len(value) <= max_len and _SAFE_NAME.fullmatch(value) is not None
+            and ".." not in value)
+
+
+_SAFE_LABEL = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+=@%,-]*")
+#: what :func:`is_safe_label` allows, in words
+SAFE_LABEL_ALLOWED = (f"a label of 1 to {NAME_MAX} characters: ASCII letters, digits and _ - . + = @ % , "
+                      "starting with a letter, a digit or '_' (no '/', no '..', no spaces or control characters; "
+                      "in a directory name every character but letters, digits and _ - . = becomes '-')")
+
+
+def is_safe_label(value: Any, max_len: int = NAME_MAX) -> bool:
+    """True if ``value`` may name a variant: a :func:`safe_name` that may also hold ``+ = @ %
+    ,`` (e.g. the paper's ``D-Sync+T``). A label is shown in tables and becomes part of a
+    directory name only through a mapping that turns those characters into ``-``."""
+    return (isinstance(value, str) and len(value) <= max_len and _SAFE_LABEL.fullmatch(value) is not None
+            and ".." not in value)
+
+
+def safe_name(value: str) -> str:
+    """``value`` if it is safe as one path component (see :data:`SAFE_NAME_ALLOWED`): it can
+    never name a parent directory, an absolute path, a hidden file or an option.
+
+    Raises:
+        ValueError: with :data:`SAFE_NAME_ALLOWED` as message (a field validator turns it
+            into a spec error naming the field and the value).
+    """
+    if not is_safe_name(value):
+        raise ValueError(SAFE_NAME_ALLOWED)
+    return value
+
+
+def to_safe_name(text: str, default: str = "experiment") -> str:
+    """``text`` made safe (:func:`safe_name`): every other character becomes ``-``, runs of
+    ``.`` one ``.``, leading ``.``/``-`` are dropped and it is cut to :data:`NAME_MAX`;
+    ``default`` if nothing is left. Used for a name the user did not write (a spec's file name)."""
+    out = re.sub(r"\.{2,}", ".", re.sub(r"[^A-Za-z0-9_.-]", "-", text)).lstrip(".-")[:NAME_MAX]
+    return out if is_safe_name(out) else default
+
+
+#: the deepest nesting of mappings and lists a spec may have
+MAX_DEPTH = 32
+
+
+def check_depth(data: Any, limit: int = MAX_DEPTH) -> None:
+    """Refuse data nested deeper than ``limit`` mappings/lists, which also refuses a
+    self-referencing structure (a recursive YAML anchor). Shared sub-structures (YAML aliases)
+    are not expanded: each distinct container is walked at most ``limit`` times.
+
+    Raises:
+        SpecError: field ``<spec>``, the part nested too deep as value, the limit.
+    """
+    seen: dict[int, int] = {}  # id -> deepest depth at which its children were walked
+    stack = [(data, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children = list(node.values())
+        elif isinstance(node, (list, tuple, set, frozenset)):
+            children = list(node)
+        else:
+            continue
+        if depth > limit:
+            raise SpecError("<spec>", node, f"mappings and lists nested at most {limit} levels deep "
+                                            "(and no recursive YAML anchors)")
+        if seen.get(id(node), 0) >= depth:  # walked at least this deep already
+            continue
+        seen[id(node)] = depth
+        stack.extend((c, depth + 1) for c in children)
 
 
 _TYPE_WORDS = {
@@ -40,8 +129,10 @@ _TYPE_WORDS = {
 def _path(prefix: str, loc: Iterable) -> str:
     out = prefix
     for part in loc:
-        if isinstance(part, int):
+        if isinstance(part, int) and not isinstance(part, bool):
             out += f"[{part}]"
+        elif not isinstance(part, str):  # a key that is not a string (YAML ``1:``, ``null:``)
+            out += f"[{part!r}]"
         elif str(part).startswith(("function-after[", "function-before[", "function-wrap[")):
             continue
         else:
@@ -193,6 +284,20 @@ def load_yaml(text: str) -> Any:
     """Parse YAML text; ``1e12`` is a number (PyYAML alone reads it as a string).
 
     Raises:
-        yaml.YAMLError: not YAML.
+        yaml.YAMLError: not YAML, a value its tag cannot hold (``2001-13-01``, ``!!int x``,
+            an integer of more than 4300 digits), or nesting deeper than :data:`MAX_DEPTH`
+            levels (or a recursive anchor).
     """
-    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    try:
+        data = yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError:
+        raise
+    except RecursionError:
+        raise yaml.YAMLError(f"nested more than {MAX_DEPTH} levels deep") from None
+    except (ValueError, TypeError, OverflowError) as e:  # PyYAML's constructors let these through
+        raise yaml.YAMLError(f"a value its type cannot hold ({e})") from None
+    try:
+        check_depth(data)
+    except SpecError as e:
+        raise yaml.YAMLError(e.allowed) from None
+    return data

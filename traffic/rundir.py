@@ -165,6 +165,7 @@ from pathlib import Path
 import yaml
 
 from topologies.errors import TestbedError
+from topologies.validation import load_yaml
 
 SUBDIRS = ("events", "results", "params", "logs", "traces")
 
@@ -174,17 +175,43 @@ def new_run_id(name: str) -> str:
     return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def _contained(parent: Path, name: str) -> Path:
+    """``parent / name``, checked to be a directory entry directly inside ``parent``.
+
+    Raises:
+        TestbedError: ``name`` is not one path component (empty, ``.``, ``..``, a ``/`` or a
+            NUL in it, longer than 255 bytes), or ``parent / name`` resolves outside ``parent``.
+    """
+    if (not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\0" in name
+            or len(name.encode("utf-8", "surrogateescape")) > 255):
+        raise TestbedError(f"run id {name!r} is not a directory name: a run's output never goes outside "
+                           f"the runs directory {parent}")
+    path = parent / name
+    if path.resolve().parent != parent.resolve():
+        raise TestbedError(f"run directory {path} resolves to {path.resolve()}, outside the runs directory "
+                           f"{parent.resolve()}: a run's output never goes outside it")
+    return path
+
+
 def create(parent: str | Path, run_id: str, exclusive_id: bool = True, subdirs=SUBDIRS) -> Path:
     """Create ``parent/run_id`` with its subdirectories, never reusing an existing one.
 
     If ``exclusive_id`` is false and the name is taken, ``-2``, ``-3`` ... is appended.
+    ``run_id`` must be one directory name: the run directory is always directly inside
+    ``parent`` (checked after resolving symbolic links too). Spec names are checked earlier
+    (:func:`topologies.validation.safe_name`); this is the second guard.
 
     Raises:
-        TestbedError: the directory exists and ``exclusive_id`` is true.
+        TestbedError: the directory exists and ``exclusive_id`` is true; ``run_id`` is not one
+            path component or leads outside ``parent``; ``parent`` or the directory cannot be
+            created (the message gives the OS's reason).
     """
     parent = Path(parent)
-    parent.mkdir(parents=True, exist_ok=True)
-    path = parent / run_id
+    path = _contained(parent, run_id)  # before anything is created
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise TestbedError(f"cannot create the runs directory {parent}: {e.strerror or e}") from None
     n = 1
     while True:
         try:
@@ -195,7 +222,9 @@ def create(parent: str | Path, run_id: str, exclusive_id: bool = True, subdirs=S
                 raise TestbedError(f"run directory {path} already exists; earlier results are never "
                                    f"overwritten: choose another run.id or remove it yourself") from None
             n += 1
-            path = parent / f"{run_id}-{n}"
+            path = _contained(parent, f"{run_id}-{n}")
+        except OSError as e:
+            raise TestbedError(f"cannot create the run directory {path}: {e.strerror or e}") from None
     for d in subdirs:
         (path / d).mkdir()
     return path
@@ -214,9 +243,13 @@ def read_json(path: str | Path):
 
 
 def is_run(path: str | Path) -> bool:
-    """True if ``path`` looks like a run directory (has spec.yaml and processes or summary)."""
+    """True if ``path`` looks like a run directory (has spec.yaml and processes or summary);
+    False for a path the OS refuses to look at (e.g. a name that is too long)."""
     p = Path(path)
-    return (p / "spec.yaml").is_file() and ((p / "summary.json").is_file() or (p / "processes.json").is_file())
+    try:
+        return (p / "spec.yaml").is_file() and ((p / "summary.json").is_file() or (p / "processes.json").is_file())
+    except OSError:
+        return False
 
 
 class NotARunError(TestbedError):
@@ -227,7 +260,10 @@ def is_sweep(path: str | Path) -> bool:
     """True if ``path`` is a sweep directory: it holds ``sweep.yaml`` (written when the sweep
     starts) or ``sweep.csv`` (rewritten after each point), next to one run directory per point."""
     p = Path(path)
-    return (p / "sweep.yaml").is_file() or (p / "sweep.csv").is_file()
+    try:
+        return (p / "sweep.yaml").is_file() or (p / "sweep.csv").is_file()
+    except OSError:
+        return False
 
 
 def find_runs(paths) -> list[Path]:
@@ -247,11 +283,19 @@ def find_runs(paths) -> list[Path]:
     """
     out: list[Path] = []
     for p in map(Path, paths):
+        try:
+            exists, is_dir = p.exists(), p.is_dir()
+        except OSError as e:  # e.g. a name too long for the file system
+            raise NotARunError(f"{p} cannot be looked at ({e.strerror or e}); give run or sweep directories "
+                               f"(see 'testbed ls')") from None
         if is_run(p):
             out.append(p)
-        elif p.is_dir() and is_sweep(p):
-            out += sorted(d for d in p.iterdir() if d.is_dir() and is_run(d))
-        elif not p.exists():
+        elif is_dir and is_sweep(p):
+            try:
+                out += sorted(d for d in p.iterdir() if d.is_dir() and is_run(d))
+            except OSError as e:
+                raise NotARunError(f"cannot list the sweep directory {p}: {e.strerror or e}") from None
+        elif not exists:
             raise NotARunError(f"{p} does not exist; give run or sweep directories (see 'testbed ls')")
         else:
             raise NotARunError(f"{p} is neither a run directory (spec.yaml with summary.json or "
@@ -262,10 +306,10 @@ def find_runs(paths) -> list[Path]:
 
 def _read_yaml_mapping(path: Path) -> dict:
     try:
-        doc = yaml.safe_load(path.read_text())
+        doc = load_yaml(path.read_text())  # the loader every spec is read with (1e12 is a number)
     except FileNotFoundError:
         raise NotARunError(f"{path} not found: {path.parent} is not a run or sweep directory") from None
-    except (OSError, yaml.YAMLError) as e:
+    except (OSError, ValueError, yaml.YAMLError) as e:  # ValueError: not UTF-8
         raise NotARunError(f"cannot read {path}: {e}") from None
     if doc is None:
         return {}

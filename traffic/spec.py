@@ -107,6 +107,10 @@ class ServersSpec(SpecModel):
         return out
 
 
+#: warm-up iterations when ``workload.warmup_iterations`` is left out (fewer in a shorter run)
+DEFAULT_WARMUP = 5
+
+
 class OptimizerSpec(SpecModel):
     """SGD with momentum (torch.optim.SGD semantics): v = m*v + g + wd*p; p -= lr*v."""
     lr: float = Field(0.05, gt=0)
@@ -160,8 +164,9 @@ class WorkloadSpec(SpecModel):
     """Samples per worker per iteration."""
     iterations: int = Field(100, gt=0)
     """Training iterations."""
-    warmup_iterations: int = Field(5, ge=0)
-    """First iterations left out of the measured figures."""
+    warmup_iterations: int = Field(DEFAULT_WARMUP, ge=0)
+    """First iterations left out of the measured figures; left out: 5, or ``iterations - 1``
+    when the run is shorter (a default never contradicts the ``iterations`` written)."""
     eval_every: int = Field(0, ge=0)
     """Evaluate on the test set every this many iterations (0: only at the end)."""
     seed: int = 0
@@ -182,9 +187,15 @@ class WorkloadSpec(SpecModel):
     def _scheme(cls, v):
         try:
             schemes.get(v)
-        except TestbedError as e:
-            raise ValueError(str(e)) from None
+        except _BAD_SCHEME_NAME as e:
+            raise ValueError(_scheme_not_found(v, e)) from None
         return v
+
+    @model_validator(mode="after")
+    def _warmup_default(self):
+        if "warmup_iterations" not in self.model_fields_set:
+            self.warmup_iterations = min(DEFAULT_WARMUP, self.iterations - 1)
+        return self
 
     @field_validator("model")
     @classmethod
@@ -213,7 +224,24 @@ class WorkloadSpec(SpecModel):
                 load_profile(self.compute.profile, self.model, self.batch_size)
             except TestbedError as e:
                 out.append(FieldError(f"{prefix}.compute.profile", self.compute.profile, str(e)))
+            except (OSError, ValueError) as e:  # a path the OS refuses (too long), a file not UTF-8
+                out.append(FieldError(f"{prefix}.compute.profile", self.compute.profile,
+                                      f"'zero', a device with a shipped profile, or the path of a readable "
+                                      f"profile JSON file ({type(e).__name__}: {e})"))
         return out
+
+
+#: what :func:`traffic.schemes.get` raises for a name that names no scheme: its own error, or
+#: the import machinery's for a ``module:Class`` it cannot even try (``":x"``, ``"..:x"``), or
+#: a value that is not a string
+_BAD_SCHEME_NAME = (TestbedError, ImportError, ValueError, TypeError)
+
+
+def _scheme_not_found(name: str, e: Exception) -> str:
+    if isinstance(e, TestbedError):
+        return str(e)
+    return (f"one of {', '.join(schemes.available())}, a package.module:ClassName or an entry point "
+            f"of the group {schemes.ENTRY_POINT_GROUP} (cannot import {name!r}: {type(e).__name__}: {e})")
 
 
 def option_errors(raw_workload: Any) -> list[FieldError]:
@@ -225,8 +253,8 @@ def option_errors(raw_workload: Any) -> list[FieldError]:
         return []  # the structural check names it
     try:
         scheme = schemes.get(raw_workload.get("scheme", WorkloadSpec.model_fields["scheme"].default))
-    except (TestbedError, TypeError):
-        return []
+    except _BAD_SCHEME_NAME:
+        return []  # the scheme's own check names it
     try:
         scheme.validate_options(raw_workload.get("options", {}))
     except SpecError as e:
