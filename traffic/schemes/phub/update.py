@@ -17,11 +17,10 @@ import torch
 
 from traffic.runtime.hostcost import HostCosts
 from traffic.schemes.phub.charges import ChargeBatch
+from traffic.schemes.phub.chunks import ELEMENT_BYTES
 from traffic.schemes.phub.frames import Frame
 
 __all__ = ["step_frame"]
-
-ELEMENT_BYTES = 4
 
 
 def step_frame(frame: Frame, value: torch.nn.Parameter, optimizer: torch.optim.Optimizer, agg: torch.Tensor,
