@@ -27,11 +27,12 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Iterator
 
 from traffic.host import HostModel
 
-__all__ = ["HostCosts", "PreciseSleeper", "KINDS", "OVERRUN_THRESHOLD"]
+__all__ = ["HostCosts", "Charge", "PreciseSleeper", "KINDS", "OVERRUN_THRESHOLD"]
 
 #: Overshoot carried over is capped at this (seconds): a long stall (e.g. a blocking
 #: before_forward hook that itself overshot) must not erase many later layers.
@@ -69,6 +70,20 @@ KINDS = ("compute", "message", "request_startup", "aggregate", "optimizer", "cod
 OVERRUN_THRESHOLD = 0.05
 
 
+@dataclass
+class Charge:
+    """What one :meth:`HostCosts.charge` came to, filled in when its block has run.
+
+    Attributes:
+        emulated_s: the emulated seconds charged (a kind not modelled: real / scale).
+        real_s: the real seconds the block's work took.
+        overrun: the work took longer than its budget (``scale x emulated_s``).
+    """
+    emulated_s: float = 0.0
+    real_s: float = 0.0
+    overrun: bool = False
+
+
 class HostCosts:
     """Charges operations their emulated cost, dilated by ``scale``.
 
@@ -101,8 +116,9 @@ class HostCosts:
 
     @contextmanager
     def charge(self, kind: str, *, nbytes: int = 0, seconds: float | None = None, span: bool = True,
-               ops: int = 1, **fields) -> Iterator[None]:
-        """Run the block (the real work), then wait out ``scale x`` the emulated cost.
+               ops: int = 1, **fields) -> Iterator[Charge]:
+        """Run the block (the real work), then wait out ``scale x`` the emulated cost. Yields
+        a :class:`Charge` that holds the outcome once the block has run.
 
         Args:
             kind: one of :data:`KINDS`.
@@ -126,7 +142,8 @@ class HostCosts:
         if ops < 1:
             raise ValueError(f"ops must be >= 1, got {ops}")
         ts, t0 = time.time(), time.perf_counter()
-        yield
+        outcome = Charge()
+        yield outcome
         real = time.perf_counter() - t0
         if seconds is not None:
             cost = seconds
@@ -146,6 +163,7 @@ class HostCosts:
                 overrun = real - budget
         else:
             cost, budget = real / self.scale, real
+        outcome.emulated_s, outcome.real_s, outcome.overrun = cost, real, overrun > 0
         with self._lock:
             s = self.stats.setdefault(kind, {"count": 0, "modelled": modelled, "emulated_s": 0.0, "budget_s": 0.0,
                                              "real_s": 0.0, "overruns": 0, "overrun_s": 0.0})

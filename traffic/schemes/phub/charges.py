@@ -71,20 +71,13 @@ class ChargeBatch:
             return
         if self._ts is None:
             self._ts, self._t0 = time.time(), time.perf_counter()
-        with self.costs.charge(self.kind, nbytes=nbytes, span=False, ops=ops):
-            w0 = time.perf_counter()
+        with self.costs.charge(self.kind, nbytes=nbytes, span=False, ops=ops) as op:
             yield
-            real = time.perf_counter() - w0
-        one = self.costs.model.cost_s(self.kind, nbytes / ops)
-        cost = None if one is None else one * ops
-        if cost is None or cost <= 0:  # not modelled (or a zero overhead): its real time, as the accountant
-            cost = real / self.costs.scale
-        elif real > cost * self.costs.scale:
-            self.overrun = True
+        self.overrun = self.overrun or op.overrun
         self.count += ops
         self.nbytes += nbytes
-        self.emulated_s += cost
-        self.real_s += real
+        self.emulated_s += op.emulated_s
+        self.real_s += op.real_s
 
     def close(self) -> None:
         """Write the batch's span (nothing if no charge was made or there is no event log)."""
