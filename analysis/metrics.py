@@ -439,11 +439,16 @@ def summarize(run_dir: str | Path, status: str = "ok", error: str | None = None)
 
     Args:
         run_dir: the run directory.
-        status: ``"ok"`` or ``"failed"`` (as decided by the harness).
+        status: ``"ok"``, ``"failed"``, ``"interrupted"`` (Ctrl-C or SIGTERM) or ``"killed"`` (the
+            runner died; written by ``testbed clean``), as decided by the harness.
         error: the error message of a failed run.
 
     Returns:
         The summary dict (see the module doc for every definition).
+
+    Raises:
+        OSError: ``iterations.csv`` or ``summary.json`` cannot be written (e.g. a full disk);
+            ``summary.json`` is then absent or its earlier content, never a torn file.
     """
 
     p = Path(run_dir)

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Callable
 
 from topologies.errors import SpecError, TestbedError
+from testbed.interrupts import deferred_signals
 from testbed.launch import Launched, kill_all
 from traffic.rundir import write_json
 
@@ -176,13 +177,14 @@ class Background:
 
     def _popen(self, fp: FlowPlan, role: str, cmd: list[str]) -> Launched:
         log = self.run_dir / "logs" / f"background-{fp.name}-{role}.log"
-        with open(log, "ab") as f:
-            p = self.hosts[fp.src if role == "client" else fp.dst].popen(
-                cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        launched = Launched({"name": f"background:{fp.name}:{role}", "role": role,
-                             "host": fp.src if role == "client" else fp.dst}, p, log)
-        self.procs.append(launched)
-        self.on_pid(launched.info["name"], p.pid)
+        with deferred_signals():  # recorded before a Ctrl-C can interrupt
+            with open(log, "ab") as f:
+                p = self.hosts[fp.src if role == "client" else fp.dst].popen(
+                    cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            launched = Launched({"name": f"background:{fp.name}:{role}", "role": role,
+                                 "host": fp.src if role == "client" else fp.dst}, p, log)
+            self.procs.append(launched)
+            self.on_pid(launched.info["name"], p.pid)
         return launched
 
     def start_servers(self, timeout_s: float = 10.0) -> None:

@@ -9,10 +9,18 @@ a bwm-ng or a background iperf3 (or the ``sh`` that delays it) writing into a ru
 ``traces/``. Mininet host namespaces are unnamed: they vanish with their shell process
 (recorded in the ledger) or when their last interface's peer is deleted and no process holds
 them.
+
+A run whose runner died leaves a run directory without ``summary.json``; ``clean`` writes it
+from whatever the run had written, with status ``killed`` (:func:`mark_killed`).
+
+While a run is live (its harness holds the network lock), ``clean`` refuses; ``clean --force``
+then removes only what dead runs left, and never touches the live run's objects: the
+bridges and interfaces its ledger lists and every process descended from its harness.
 """
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import psutil
@@ -20,7 +28,9 @@ from pyroute2 import IPRoute
 
 from topologies.errors import TestbedError
 from topologies.hosts import BRIDGE_RE, INTF_RE, NODE_RE
-from testbed.ledger import NetworkLock, _kill_tree, delete_link, stale_ledgers
+from testbed.ledger import (Ledger, NetworkLock, _kill_tree, delete_link, describe_holder, live_ledgers,
+                            lock_holder, stale_ledgers)
+from traffic.rundir import is_run
 
 
 def _in_other_netns(pid: int) -> bool:
@@ -50,29 +60,63 @@ def _our_process(p: psutil.Process) -> bool:
     return False
 
 
-def clean(force: bool = False) -> list[str]:
-    """Remove leftovers of dead runs; with ``force`` also those of a live one.
+def mark_killed(led: Ledger) -> str | None:
+    """Write ``summary.json`` of the run of a stale ledger if its runner died before writing
+    it: status ``killed``, the error saying so, and every figure the run's files still give
+    (:func:`analysis.metrics.summarize`). Nothing the run wrote is removed or changed.
 
     Returns:
-        one line per removed object.
+        a line for the clean report, or None when there was nothing to mark.
+    """
+    d = Path(led.run_dir) if led.run_dir else None
+    if d is None or not is_run(d) or (d / "summary.json").exists():
+        return None
+    from analysis.metrics import summarize  # lazy: pandas, only when a killed run needs its summary
+    when = time.strftime("%Y-%m-%d %H:%M:%S")
+    summarize(d, status="killed", error=f"the runner (pid {led.owner_pid}) died before the run ended; "
+                                        f"'testbed clean' removed what it left on the machine at {when}")
+    return f"run {d} marked killed (its files are kept)"
+
+
+def clean(force: bool = False) -> list[str]:
+    """Remove leftovers of dead runs and mark their run directories ``killed``.
+
+    With ``force`` while a run is live, remove only what dead runs left: the live run's
+    ledgered bridges and interfaces and every process descended from its harness are kept.
+
+    Returns:
+        one line per removed object (and per run marked killed).
 
     Raises:
         TestbedError: a run is in progress (its harness holds the network lock) and
-            ``force`` is false.
+            ``force`` is false; the message names the run.
     """
     removed = []
     try:
         lock = NetworkLock().__enter__()
     except TestbedError:
+        holder = lock_holder()
         if not force:
-            raise TestbedError("a testbed run is in progress; it tears down after itself. "
-                               "Use 'testbed clean --force' only if that run is stuck") from None
+            raise TestbedError(
+                f"a testbed run is in progress: {describe_holder(holder) if holder else 'a run'}. It tears down "
+                f"after itself. To stop it: Ctrl-C in its terminal or kill its pid, then 'testbed clean'. "
+                f"'testbed clean --force' removes only what dead runs left, never the live run's objects") from None
         lock = None
     try:
-        for led in stale_ledgers(include_live=force or lock is not None):
+        live = live_ledgers()
+        keep_names = {n for led in live for n in led.bridges + led.interfaces}
+        keep_pids = set().union(*(led.owner_processes() for led in live)) if live else set()
+        for led in stale_ledgers():
+            led.bridges = [n for n in led.bridges if n not in keep_names]
+            led.interfaces = [n for n in led.interfaces if n not in keep_names]
+            led.pids = {k: v for k, v in led.pids.items() if v not in keep_pids}
             removed += led.sweep()
+            marked = mark_killed(led)
+            if marked:
+                removed.append(marked)
+        keep_pids |= set().union(*(led.owner_processes() for led in live_ledgers())) if live else set()
         for p in psutil.process_iter():
-            if _our_process(p):
+            if p.pid not in keep_pids and _our_process(p):
                 try:
                     what = " ".join(p.cmdline()[:4])
                 except psutil.Error:
@@ -80,7 +124,11 @@ def clean(force: bool = False) -> list[str]:
                 if _kill_tree(p.pid):
                     removed.append(f"process {p.pid} ({what})")
         ours = [p.name for p in sorted(Path("/sys/class/net").iterdir())
-                if INTF_RE.match(p.name) or BRIDGE_RE.match(p.name)]
+                if (INTF_RE.match(p.name) or BRIDGE_RE.match(p.name)) and p.name not in keep_names]
+        if ours and lock is None:
+            # a live run's objects not yet in its ledger would match the patterns too: while a
+            # run is live only ledgered objects of dead runs are removed
+            ours = []
         if ours:
             with IPRoute() as ipr:
                 for n in ours:

@@ -28,6 +28,7 @@ from pathlib import Path
 from analysis.report import REPORTS, get_report
 from testbed.check import format_checks, run_checks
 from testbed.clean import clean
+from testbed.ledger import live_ledgers
 from topologies.errors import TestbedError
 from traffic.rundir import NotARunError, find_runs, is_run, read_json
 
@@ -96,21 +97,31 @@ def _cmd_ls(args) -> int:
         specs = sorted(root.rglob("spec.yaml"))
     except OSError as e:  # e.g. a name too long for the file system
         raise TestbedError(f"cannot list {root}: {e.strerror or e}") from None
+    live = {Path(led.run_dir).resolve() for led in live_ledgers() if led.run_dir}
     rows = []
     for p in specs:
         d = p.parent
         if not is_run(d):
             continue
-        s = _summary(d) if (d / "summary.json").is_file() else {}
+        s = _summary(d) if (d / "summary.json").is_file() else {"status": _unfinished_status(d, live)}
         tp = _field(s, "throughput").get("mean")
         tp = tp if isinstance(tp, (int, float)) and not isinstance(tp, bool) else None
         flags = [name for name, key in (("CPU-starved", "cpu_starved"), ("host-cost overrun", "host_cost_overrun"))
                  if _field(s, "fidelity").get(key)]
-        rows.append(f"{str(d.relative_to(root)):60s} {str(s.get('status', 'running?')):11s} "
+        rows.append(f"{str(d.relative_to(root)):60s} {str(s.get('status')):11s} "
                     f"{str(s.get('scheme', '')):10s} {'' if tp is None else f'{tp:10.1f} samples/s'}"
                     + (f"  [{', '.join(flags)}]" if flags else ""))
     print("\n".join(rows) if rows else f"no runs under {root}")
     return 0
+
+
+def _unfinished_status(run_dir: Path, live: set[Path]) -> str:
+    """Status of a run without ``summary.json``: ``running`` (a live harness's ledger names
+    it), ``killed`` (the harness made it, see logs/harness.log, and died: 'testbed clean'
+    writes its summary) or ``no summary`` (a loopback run of testbed.local, which writes none)."""
+    if run_dir.resolve() in live:
+        return "running"
+    return "killed" if (run_dir / "logs" / "harness.log").is_file() else "no summary"
 
 
 def _field(summary: dict, key: str) -> dict:
@@ -266,7 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run or sweep directories, then options (e.g. phub's --baseline, pipe_sgd's --alpha-us)")
     s.set_defaults(fn=_cmd_report)
     s = sub.add_parser("clean", help="remove namespaces, links, bridges and processes a killed run left")
-    s.add_argument("--force", action="store_true", help="also clean runs whose harness is still alive")
+    s.add_argument("--force", action="store_true",
+                   help="while a run is live, still remove what dead runs left (never the live run's objects)")
     s.set_defaults(fn=_cmd_clean)
     s = sub.add_parser("profile", help="measure per-layer forward/backward times of a model on this machine "
                                        "(or, with --host, this machine's host rates)")
@@ -294,9 +306,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("testbed: interrupted; everything the run built was torn down", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # output piped into e.g. head, which closed early
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+    except OSError as e:  # the machine refused a file operation (e.g. a full disk): say which, no traceback
+        if isinstance(e, BrokenPipeError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+        where = f": {e.filename}" if e.filename else ""
+        print(f"testbed: error: {e.strerror or e}{where}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

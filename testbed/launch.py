@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from testbed.interrupts import deferred_signals
 from topologies.errors import RunFailed
 from traffic.rundir import write_json
 
@@ -81,12 +82,13 @@ def start(run_dir: Path, doc: dict, popen: PopenFn = local_popen,
     out = []
     for info in doc["processes"]:
         log_path = run_dir / "logs" / f"{info['name']}.log"
-        with open(log_path, "ab") as log:
-            p = popen(info, runtime_command(run_dir, info["name"]), process_env(info), log)
-        launched = Launched(info, p, log_path)
-        out.append(launched)
-        if on_start:
-            on_start(launched)
+        with deferred_signals():  # a Ctrl-C here is delivered once the process is recorded
+            with open(log_path, "ab") as log:
+                p = popen(info, runtime_command(run_dir, info["name"]), process_env(info), log)
+            launched = Launched(info, p, log_path)
+            out.append(launched)
+            if on_start:
+                on_start(launched)
     return out
 
 
@@ -122,8 +124,9 @@ def watch(procs: list[Launched], timeout_s: float, poll_s: float = 0.2) -> None:
             l, rc = failed[0]
             others = ", ".join(f.info["name"] for f, _ in failed[1:])
             kill_all(procs)
+            how = f"was killed by signal {_signal_name(-rc)}" if rc < 0 else f"exited with code {rc}"
             raise RunFailed(f"process {l.info['name']} (role {l.info['role']} on host {l.info['host']}) "
-                            f"exited with code {rc}" + (f" (also failed: {others})" if others else "") +
+                            f"{how}" + (f" (also failed: {others})" if others else "") +
                             f"; its log {l.log} ends with:\n{log_tail(l.log)}")
         if not running:
             return
@@ -133,6 +136,13 @@ def watch(procs: list[Launched], timeout_s: float, poll_s: float = 0.2) -> None:
             raise RunFailed(f"run timed out after {timeout_s:.0f} s (run.timeout_s) with "
                             f"{', '.join(alive)} still running; logs are in {procs[0].log.parent}")
         time.sleep(poll_s)
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return str(signum)
 
 
 def kill_all(procs: list[Launched], grace_s: float = 2.0) -> None:

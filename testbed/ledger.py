@@ -6,7 +6,8 @@ run keeps one JSON file in ``LEDGER_DIR`` (``/run/testbed/ledger``, a tmpfs that
 clears along with the namespaces) listing the bridges and interfaces it plans to create (all
 names are known from the Topo before anything is built), and the pids of the processes it
 starts (Mininet host shells, training processes, bwm-ng, iperf3). The file is removed when
-teardown completes; a file whose owner pid is dead marks a run that needs cleaning.
+teardown completes; a file whose owner is dead (its pid gone, or reused by a process that
+started later) marks a run that needs cleaning.
 """
 from __future__ import annotations
 
@@ -37,6 +38,9 @@ class Ledger:
     """What one run created. Every ``add_*`` persists the file immediately."""
     path: Path
     owner_pid: int = field(default_factory=os.getpid)
+    owner_start: float | None = field(default_factory=lambda: _start_time(os.getpid()))
+    """The owner's start time (``psutil.Process.create_time``, unix s), to tell a dead owner
+    whose pid was reused from a live one; None in ledgers written before it was recorded."""
     run_dir: str = ""
     bridges: list[str] = field(default_factory=list)
     interfaces: list[str] = field(default_factory=list)
@@ -52,13 +56,14 @@ class Ledger:
     @classmethod
     def read(cls, path: Path) -> "Ledger":
         d = json.loads(path.read_text())
-        return cls(path=path, owner_pid=d["owner_pid"], run_dir=d.get("run_dir", ""),
+        return cls(path=path, owner_pid=d["owner_pid"], owner_start=d.get("owner_start"), run_dir=d.get("run_dir", ""),
                    bridges=d.get("bridges", []), interfaces=d.get("interfaces", []),
                    pids={k: int(v) for k, v in d.get("pids", {}).items()})
 
     def save(self) -> None:
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"owner_pid": self.owner_pid, "run_dir": self.run_dir,
+        tmp.write_text(json.dumps({"owner_pid": self.owner_pid, "owner_start": self.owner_start,
+                                   "run_dir": self.run_dir,
                                    "bridges": self.bridges, "interfaces": self.interfaces,
                                    "pids": self.pids}, indent=1))
         os.replace(tmp, self.path)
@@ -76,7 +81,24 @@ class Ledger:
         self.save()
 
     def owner_alive(self) -> bool:
-        return self.owner_pid != os.getpid() and psutil.pid_exists(self.owner_pid)
+        """True if the harness that wrote this ledger still runs (and is not this process)."""
+        if self.owner_pid == os.getpid():
+            return False
+        start = _start_time(self.owner_pid)
+        if start is None:
+            return False
+        return self.owner_start is None or abs(start - self.owner_start) < 0.5
+
+    def owner_processes(self) -> set[int]:
+        """Pids of the live owner and all its descendants (empty if the owner is dead): the
+        processes a live run started, recorded in the ledger yet or not."""
+        if not self.owner_alive():
+            return set()
+        try:
+            root = psutil.Process(self.owner_pid)
+            return {root.pid} | {c.pid for c in root.children(recursive=True)}
+        except psutil.NoSuchProcess:
+            return set()
 
     def sweep(self) -> list[str]:
         """Kill every recorded process (and its process group), delete every recorded
@@ -118,6 +140,13 @@ def delete_link(ipr: IPRoute, name: str, bridge: bool = False) -> bool:
     return True
 
 
+def _start_time(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
 def _kill_tree(pid: int) -> bool:
     """SIGKILL ``pid`` and all its descendants; True if anything was alive."""
     try:
@@ -134,37 +163,89 @@ def _kill_tree(pid: int) -> bool:
     return True
 
 
-def stale_ledgers(include_live: bool = False) -> list[Ledger]:
-    """Ledgers of runs whose harness is gone (or all of them with ``include_live``)."""
+def all_ledgers() -> list[Ledger]:
+    """Every ledger on the machine (an unreadable one is deleted: it lists nothing usable)."""
     if not LEDGER_DIR.is_dir():
         return []
     out = []
     for p in sorted(LEDGER_DIR.glob("*.json")):
         try:
-            led = Ledger.read(p)
-        except (OSError, ValueError, KeyError):
+            out.append(Ledger.read(p))
+        except (OSError, ValueError, KeyError, TypeError):
             p.unlink(missing_ok=True)
-            continue
-        if include_live or not led.owner_alive():
-            out.append(led)
     return out
+
+
+def stale_ledgers() -> list[Ledger]:
+    """Ledgers of runs whose harness is gone."""
+    return [led for led in all_ledgers() if not led.owner_alive()]
+
+
+def live_ledgers() -> list[Ledger]:
+    """Ledgers of runs whose harness still runs."""
+    return [led for led in all_ledgers() if led.owner_alive()]
+
+
+def lock_holder() -> dict | None:
+    """Who holds the network lock: ``{"pid", "run_dir", "since"}`` (``since``: unix s), or
+    None when no live process holds it."""
+    try:
+        fd = open(LOCK_PATH)
+    except OSError:
+        return None
+    with fd:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:  # held exclusively: read who holds it
+            text = fd.read().strip()
+            try:
+                d = json.loads(text)
+                return d if isinstance(d, dict) else {"pid": d, "run_dir": "", "since": None}
+            except ValueError:
+                return {"pid": text or "unknown", "run_dir": "", "since": None}
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+
+
+def describe_holder(holder: dict) -> str:
+    """``run runs/x (pid 123, since 12:00:03)`` for a :func:`lock_holder` result."""
+    since = time.strftime("%H:%M:%S", time.localtime(holder["since"])) if holder.get("since") else "?"
+    what = f"run {holder['run_dir']}" if holder.get("run_dir") else "a run"
+    return f"{what} (pid {holder.get('pid')}, since {since})"
 
 
 class NetworkLock:
     """An exclusive lock on the machine's emulation: one network at a time.
 
     Interface names (``h1-eth0``, ``tor1``...) are the same in every run, so two runs at
-    once would collide; the lock makes the second one fail clearly instead.
+    once would collide; the lock makes the second one fail clearly, naming the run that holds
+    it. The lock file records the holder (pid, run or sweep directory, since when). A process
+    that holds the lock may enter it again (a sweep holds it across its runs; each run enters
+    it too and names itself as the holder).
+
+    Args:
+        wait_s: how long to wait for another holder to finish, seconds.
+        run_dir: the run (or sweep) directory to name as the holder ('' before it exists).
 
     Raises:
         TestbedError: another run holds the lock after ``wait_s`` seconds.
     """
 
-    def __init__(self, wait_s: float = 0.0):
+    _held: "NetworkLock | None" = None  # this process's outermost holder
+    _depth = 0
+
+    def __init__(self, wait_s: float = 0.0, run_dir: str | Path = ""):
         self.wait_s = wait_s
+        self.run_dir = str(run_dir)
         self.fd = None
 
     def __enter__(self):
+        outer = NetworkLock._held
+        if outer is not None:  # re-entered by the holder
+            NetworkLock._depth += 1
+            if self.run_dir:
+                outer._write_holder(self.run_dir)
+            return self
         STATE_DIR.mkdir(parents=True, exist_ok=True)
         self.fd = open(LOCK_PATH, "a+")
         deadline = time.monotonic() + self.wait_s
@@ -174,19 +255,29 @@ class NetworkLock:
                 break
             except BlockingIOError:
                 if time.monotonic() >= deadline:
-                    self.fd.seek(0)
-                    holder = self.fd.read().strip() or "unknown"
                     self.fd.close()
-                    raise TestbedError(f"another testbed run (pid {holder}) is using the network emulation; "
-                                       f"wait for it, or if it was killed run 'testbed clean'") from None
+                    holder = lock_holder()
+                    raise TestbedError(
+                        f"another testbed run is using the network emulation: "
+                        f"{describe_holder(holder) if holder else 'a run that has just ended'}. One network at a "
+                        f"time: wait for it to finish, or stop it (Ctrl-C in its terminal, or kill its pid) and "
+                        f"then run 'testbed clean' if it was killed") from None
                 time.sleep(0.5)
-        self.fd.seek(0)
-        self.fd.truncate()
-        self.fd.write(str(os.getpid()))
-        self.fd.flush()
+        NetworkLock._held, NetworkLock._depth = self, 1
+        self._write_holder(self.run_dir)
         return self
 
+    def _write_holder(self, run_dir: str) -> None:
+        self.fd.seek(0)
+        self.fd.truncate()
+        self.fd.write(json.dumps({"pid": os.getpid(), "run_dir": run_dir, "since": time.time()}))
+        self.fd.flush()
+
     def __exit__(self, *exc):
+        if NetworkLock._held is not self and NetworkLock._held is not None:
+            NetworkLock._depth -= 1
+            return False
+        NetworkLock._held, NetworkLock._depth = None, 0
         fcntl.flock(self.fd, fcntl.LOCK_UN)
         self.fd.close()
         return False

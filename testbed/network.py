@@ -24,6 +24,7 @@ from mininet.nodelib import LinuxBridge
 from pyroute2 import IPRoute, NetNS
 
 from topologies.errors import MissingRequirement, TestbedError
+from testbed.interrupts import deferred_signals
 from testbed.ledger import Ledger
 from traffic.rundir import write_json
 from testbed.check import kernel_qdiscs
@@ -128,8 +129,9 @@ class _LedgeredMininet(Mininet):
         super().__init__(*a, **kw)
 
     def addHost(self, name, cls=None, **params):
-        host = super().addHost(name, cls=cls, **params)
-        self._ledger.add_pid(f"host:{name}", host.pid)
+        with deferred_signals():  # the shell is recorded before a Ctrl-C can interrupt
+            host = super().addHost(name, cls=cls, **params)
+            self._ledger.add_pid(f"host:{name}", host.pid)
         return host
 
 

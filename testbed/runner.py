@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
+from mininet.log import StreamHandlerNoNewline
 from tqdm import tqdm
 
 from analysis.metrics import summarize
@@ -61,11 +62,27 @@ class RunResult:
         return self.summary.get("status") == "ok"
 
 
+class _HarnessLog(logging.FileHandler):
+    """logs/harness.log. A line that cannot be written (a full disk) is dropped silently:
+    the run's failure and its summary say why, and logging's own traceback on stderr would
+    bury that message."""
+
+    def handleError(self, record):
+        pass
+
+
 def _harness_log(run_dir: Path) -> logging.Handler:
-    h = logging.FileHandler(run_dir / "logs" / "harness.log")
+    h = _HarnessLog(run_dir / "logs" / "harness.log")
     h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    # Mininet makes every logger created after its import a MininetLogger with its own stderr
+    # handler: the testbed's loggers write to the harness log only
+    for name, lg in list(logging.Logger.manager.loggerDict.items()):
+        if (name == "testbed" or name.startswith("testbed.")) and isinstance(lg, logging.Logger):
+            for other in [x for x in lg.handlers if isinstance(x, StreamHandlerNoNewline)]:
+                lg.removeHandler(other)
     log.addHandler(h)
     log.setLevel(logging.INFO)
+    log.propagate = False  # the harness log holds the details (tracebacks); the CLI prints the outcome
     return h
 
 
@@ -114,7 +131,7 @@ def run_one(exp: Experiment, parent: Path, run_id: str, exclusive_id: bool = Tru
     old_int = signal.getsignal(signal.SIGINT)
     t0 = time.time()
     try:
-        with NetworkLock():
+        with NetworkLock(run_dir=run_dir):
             ledger = Ledger.create(run_dir.name, run_dir)
             with ExitStack() as teardown:
                 teardown.callback(lambda: _log_leftovers(ledger.sweep()))
@@ -136,7 +153,7 @@ def run_one(exp: Experiment, parent: Path, run_id: str, exclusive_id: bool = Tru
     except TestbedError as e:  # the lock is held by another run
         status, error = "failed", str(e)
     finally:
-        summary = summarize(run_dir, status=status, error=error)
+        summary = _summarize(run_dir, status, error)
         log.removeHandler(handler)
         handler.close()
         signal.signal(signal.SIGTERM, old_term)
@@ -144,6 +161,37 @@ def run_one(exp: Experiment, parent: Path, run_id: str, exclusive_id: bool = Tru
     if interrupted is not None:
         raise KeyboardInterrupt()
     return RunResult(run_dir, summary)
+
+
+def _summarize(run_dir: Path, status: str, error: str | None) -> dict:
+    """:func:`analysis.metrics.summarize`, with a full file system named as the cause: the
+    run's error says so, and when ``summary.json`` itself cannot be written the summary is
+    returned (status ``failed``) without it."""
+    full = _disk_full(run_dir)
+    if full and status == "failed":  # the cause first: the other errors follow from it
+        status = "failed"
+        error = f"{full}{'; ' + error if error else ''}"
+    try:
+        return summarize(run_dir, status=status, error=error)
+    except OSError as e:
+        return {"status": "failed", "run_id": run_dir.name,
+                "error": f"summary.json could not be written ({e.strerror or e}){'; ' + error if error else ''}"}
+
+
+_MIN_FREE_BYTES = 64 << 10
+
+
+def _disk_full(run_dir: Path) -> str | None:
+    """A message if the file system holding ``run_dir`` has less than 64 KiB free, else None."""
+    try:
+        st = os.statvfs(run_dir)
+    except OSError:
+        return None
+    free = st.f_bavail * st.f_frsize
+    if free >= _MIN_FREE_BYTES:
+        return None
+    return (f"the file system of {run_dir} is full ({free} bytes free): what the run wrote until then is kept; "
+            f"free space there or point run.runs_dir (--runs-dir) at a larger file system")
 
 
 def _log_leftovers(left: list[str]) -> None:
@@ -175,6 +223,7 @@ def _run(exp: Experiment, run_dir: Path, ledger: Ledger, teardown: ExitStack, t0
                       spec=exp.capture, on_pid=lambda pid, what: ledger.add_pid(what, pid))
     teardown.callback(capture.stop)
     capture.start()
+    log.info("capture started")
     background.start_servers()
 
     def popen(info, cmd, env, logf):
@@ -324,15 +373,27 @@ def run_experiment(exp: Experiment, progress: bool = True) -> list[RunResult]:
         SpecError: a point is invalid or does not fit its topology (:func:`plan_experiment`),
             before anything is built or written.
         MissingRequirement: the machine lacks what the run needs (:func:`preflight`).
+        TestbedError: another run holds the network (the message names it), checked before
+            any directory is created; or a run or sweep directory cannot be created.
     """
     points = [(pr.point, pr.exp) for pr in plan_experiment(exp)]
     preflight(exp)
+    with NetworkLock():  # a second run is refused before it creates anything
+        return _run_points(exp, points, progress)
+
+
+def _run_points(exp: Experiment, points: list[tuple[dict, Experiment]], progress: bool) -> list[RunResult]:
     parent = Path(exp.run.runs_dir)
     base_id = exp.run.id or rundir.new_run_id(exp.name)
     if not exp.sweep and not exp.variants:
         return [run_one(exp, parent, base_id, exclusive_id=bool(exp.run.id))]
     sweep_dir = rundir.create(parent, base_id, exclusive_id=bool(exp.run.id), subdirs=())
-    (sweep_dir / "sweep.yaml").write_text(dump_spec(exp))
+    with NetworkLock(run_dir=sweep_dir):
+        pass  # names the sweep as the lock's holder until its first run names itself
+    try:
+        (sweep_dir / "sweep.yaml").write_text(dump_spec(exp))
+    except OSError as e:
+        raise TestbedError(f"cannot write {sweep_dir / 'sweep.yaml'}: {e.strerror or e}") from None
     results, rows = [], []
     bar = tqdm(points, desc=f"sweep {sweep_dir.name}", unit="run", disable=not progress)
     for i, (point, e) in enumerate(bar):
@@ -342,7 +403,10 @@ def run_experiment(exp: Experiment, progress: bool = True) -> list[RunResult]:
         res.point = point
         results.append(res)
         rows.append(headline(res))
-        pd.DataFrame(rows).to_csv(sweep_dir / "sweep.csv", index=False)
+        try:
+            pd.DataFrame(rows).to_csv(sweep_dir / "sweep.csv", index=False)
+        except OSError as e:  # e.g. a full disk: the runs' own directories say the rest
+            log.warning("could not write %s: %s", sweep_dir / "sweep.csv", e)
         if progress:
             tqdm.write(one_line(res))
     return results

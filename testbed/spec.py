@@ -94,6 +94,9 @@ class RunSpec(SpecModel):
     ``_``, ``-``, ``.``; no leading ``.`` or ``-``; at most 100 characters)."""
     master_port: int = 29500
     """The torch.distributed rendezvous port, in [1024, 65535]."""
+    force: bool = False
+    """Run even when the capacity check (:mod:`testbed.capacity`) estimates more memory than
+    the machine has available: the refusal becomes a warning."""
 
     @field_validator("master_port")
     @classmethod

@@ -103,9 +103,10 @@ def test_failure_during_build_leaves_nothing(run_dir, monkeypatch):
 
 
 def test_second_run_is_refused_while_one_holds_the_network():
-    with NetworkLock():
-        with pytest.raises(TestbedError, match="another testbed run"):
-            NetworkLock().__enter__()
+    with NetworkLock(run_dir="runs/first"):
+        out = subprocess.run([sys.executable, "-c", "from testbed.ledger import NetworkLock; NetworkLock().__enter__()"],
+                             capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert out.returncode != 0 and "another testbed run" in out.stderr and "runs/first" in out.stderr
 
 
 KILLED = r"""

@@ -82,3 +82,9 @@ class MissingRequirement(TestbedError):
 
 class RunFailed(TestbedError):
     """A run ended abnormally: a process died, the run timed out, or teardown found a problem."""
+
+
+class CapacityError(TestbedError):
+    """A run would not fit this machine (its estimated memory exceeds what is available), or
+    the measured cost model the estimate needs is missing or malformed; the message gives the
+    estimate, what the machine has and what to change (:mod:`testbed.capacity`)."""

@@ -231,11 +231,20 @@ def create(parent: str | Path, run_id: str, exclusive_id: bool = True, subdirs=S
 
 
 def write_json(path: str | Path, data) -> None:
-    """Write JSON atomically (temp file then rename)."""
+    """Write JSON atomically (temp file then rename): ``path`` is either its old content or
+    the whole new one, never a torn file (the temp file is removed if the write fails).
+
+    Raises:
+        OSError: the file cannot be written (e.g. the disk is full).
+    """
     path = Path(path)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(data, indent=2, default=str))
+        os.replace(tmp, path)
+    except BaseException:  # e.g. a full disk: leave the old file (if any), not a torn temp file
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def read_json(path: str | Path):

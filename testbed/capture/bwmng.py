@@ -49,6 +49,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from testbed.interrupts import deferred_signals
 from topologies.errors import MissingRequirement, TestbedError
 
 log = logging.getLogger(__name__)
@@ -116,10 +117,11 @@ class BwmNgRecorder:
             self._log = open(self.log_file, "ab")
             self._log.write((" ".join(cmd) + "\n").encode())
             self._log.flush()
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
-            if self.on_pid:
-                self.on_pid(self.proc.pid, "bwm-ng")
+            with deferred_signals():  # recorded before a Ctrl-C can interrupt
+                self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log,
+                                             stderr=subprocess.STDOUT, start_new_session=True)
+                if self.on_pid:
+                    self.on_pid(self.proc.pid, "bwm-ng")
             self._wait_first_line()
         except BaseException:
             self.stop()
