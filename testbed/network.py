@@ -67,6 +67,29 @@ def bind_to_interface(cmd: list[str], index: int) -> list[str]:
             f"--ambient-caps={IFACE_CAPS}", *cmd]
 
 
+def nameservers(resolv_conf: str = "/etc/resolv.conf") -> list[str]:
+    """IPv4 nameservers of this machine, which every emulated host gets an ``unreachable``
+    route to.
+
+    The hosts have no DNS, but they share this machine's ``/etc/resolv.conf``. When its
+    nameserver falls inside the hosts' 10.0.0.0/8, a host takes it for a neighbour and each
+    lookup waits for ARP replies that never come: measured on this machine (nameserver
+    10.255.255.53), a reverse lookup of 10.0.0.1 or an AAAA lookup of the machine's name took
+    6.1 s, and every process's ``init_process_group`` in a Mininet host took 6.2 s against
+    0.5 s on loopback. With the route, a lookup fails at once, as on a machine without DNS.
+    """
+    try:
+        text = Path(resolv_conf).read_text()
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] == "nameserver" and parts[1].count(".") == 3:
+            out.append(parts[1])
+    return out
+
+
 def htb_burst_bytes(bw_mbps: float) -> int:
     """htb burst (and cburst) for a rate: max(15 kB, 1 ms worth of bytes at the rate).
 
@@ -204,8 +227,11 @@ class Network:
         self.net.build()
         self.net.start()
         self.hosts = {h.name: h for h in self.net.hosts}
+        unreachable = nameservers()
         for h in self.net.hosts:
             self._configure_extra_interfaces(h)
+            for ns in unreachable:
+                h.cmd(f"ip route add unreachable {ns}/32")
         if self.spec.mtu_bytes != 1500:
             self._set_mtu(self.spec.mtu_bytes)
         if self.spec.tcp_notsent_lowat_bytes is not None:
