@@ -1,0 +1,142 @@
+"""``python -u -m traffic.runtime.zygote [--netns]``: pay for importing torch once per run.
+
+Every training process of a run imports torch and the project (1.6 s alone on an idle core;
+with ten processes contending for two cores, most of the 15 s from launch to the first
+iteration). The zygote imports them once, then forks one child per process on request. A
+child, before it runs anything else: starts its own session (its pid is its process group,
+so the harness's ``killpg`` reaches it), enters the network namespace of its Mininet host
+(``setns`` on ``/proc/<host shell pid>/ns/net``, through pyroute2), points stdout and stderr
+at its log, takes the environment the harness gives it, then runs
+:func:`traffic.runtime.__main__.run_process` and leaves through ``os._exit`` like a process
+started with ``python -m traffic.runtime``. The zygote itself starts no thread, so forking it
+is safe (checked: one OS thread after the imports).
+
+Protocol: one JSON object per line. On stdin, requests ``{"op": "spawn", "name", "run_dir",
+"netns_pid" (null: stay in this namespace), "env": {...}, "log": path}``; on stdout, ``{"op":
+"ready", "import_s"}`` once, ``{"op": "spawned", "name", "pid"}`` or ``{"op": "error", "name",
+"error"}`` per request, and ``{"op": "exit", "pid", "status"}`` when a child ends (``status``
+as ``subprocess`` gives it: the exit code, or minus the signal that killed it). The zygote
+exits when its stdin closes (the harness ended), leaving its children to the harness's
+teardown (their pids are in the run's ledger). ``--netns`` only marks a zygote that serves
+Mininet hosts, so that ``testbed clean`` knows it for the harness's.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+_T_IMPORT = time.time()
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported: no thread pool to fork
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+import json  # noqa: E402
+import select  # noqa: E402
+import signal  # noqa: E402
+import sys  # noqa: E402
+import traceback  # noqa: E402
+
+from pyroute2.netns import setns  # noqa: E402
+
+import traffic.runtime.__main__ as runtime  # noqa: E402  (torch and the whole runtime)
+
+__all__ = ["main"]
+
+
+def _send(out, msg: dict) -> None:
+    out.write(json.dumps(msg) + "\n")
+    out.flush()
+
+
+def _child(req: dict, keep_fds: tuple[int, ...]) -> None:
+    """In the forked child: become the requested process, run it, exit. Never returns."""
+    code = 1
+    try:
+        os.setsid()
+        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
+            signal.signal(s, signal.SIG_DFL)
+        log = os.open(req["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)  # (replaces the zygote's request pipe)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        for fd in {log, null, *keep_fds} - {0, 1, 2}:  # the zygote's reply pipe is not the child's
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        sys.stdout = open(1, "w", buffering=1, closefd=False)
+        sys.stderr = open(2, "w", buffering=1, closefd=False)
+        if req.get("netns_pid"):
+            setns(f"/proc/{int(req['netns_pid'])}/ns/net")
+        os.environ.clear()
+        os.environ.update(req["env"])
+        runtime._T_START = time.time()  # this process's start-up begins at the fork
+        code = runtime.run_process(req["run_dir"], req["name"])
+    except BaseException:  # noqa: BLE001 - reported in the process's log, then exit 1
+        try:
+            traceback.print_exc(file=sys.stdout)
+        except BaseException:  # noqa: BLE001
+            pass
+        code = 1
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except BaseException:  # noqa: BLE001
+            pass
+        os._exit(code)
+
+
+def _reap(out) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        _send(out, {"op": "exit", "pid": pid, "status": os.waitstatus_to_exitcode(status)})
+
+
+def main() -> None:
+    """Serve spawn requests on stdin until it closes."""
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # stray prints of imported code never reach the protocol
+    inp = sys.stdin.buffer
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the harness stops the run, not a Ctrl-C to the group
+    _send(out, {"op": "ready", "import_s": round(time.time() - _T_IMPORT, 3)})
+    buf = b""
+    while True:
+        r, _, _ = select.select([inp], [], [], 0.05)
+        _reap(out)
+        if not r:
+            continue
+        chunk = os.read(inp.fileno(), 65536)
+        if not chunk:  # the harness closed the pipe: nothing more to start
+            break
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            try:
+                req = json.loads(line)
+                out.flush()
+                pid = os.fork()
+            except Exception as e:  # noqa: BLE001 - a bad request or a failed fork is reported
+                _send(out, {"op": "error", "name": None, "error": f"{type(e).__name__}: {e}"})
+                continue
+            if pid == 0:
+                _child(req, (out.fileno(),))
+            _send(out, {"op": "spawned", "name": req.get("name"), "pid": pid})
+    # keep reporting exits until the children are gone or the reader is gone
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        try:
+            _reap(out)
+        except (BrokenPipeError, OSError):
+            break
+        time.sleep(0.05)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
