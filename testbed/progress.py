@@ -1,0 +1,131 @@
+"""What a run shows while it runs: its phase, then a bar of iterations with the live
+samples/s and the busiest link's utilization.
+
+Phases: ``building network``, ``starting N processes``, ``training``, ``analysing``,
+``tearing down``. While training, the bar counts global iterations (the fewest any worker
+has finished) from the ``iteration`` events the processes already write
+(``events/<worker>.jsonl``, read incrementally), the samples/s of the last iterations (in
+the emulated network's time: real time divided by ``scale``), and the busiest switch port's
+transmit rate as a share of the rate shaped on its link (psutil's interface counters of the
+root namespace, where the switch ports are). Nothing is shown under ``--quiet`` or when
+stderr is not a terminal; the display reads files and counters once a second and never
+affects the run.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import psutil
+from tqdm import tqdm
+
+__all__ = ["RunProgress"]
+
+
+class RunProgress:
+    """The live display of one run (a no-op when ``enabled`` is false).
+
+    Args:
+        enabled: show anything at all (false under ``--quiet`` or without a terminal).
+        label: what the bar is named (the run directory's name).
+        iterations: iterations each worker runs (the bar's total).
+        scale: the run's time dilation (rates are shown in emulated time).
+        position: the bar's line (1 under a sweep's bar).
+    """
+
+    def __init__(self, enabled: bool, label: str, iterations: int, scale: float = 1.0, position: int = 0):
+        self.enabled = enabled and sys.stderr.isatty()
+        self.label, self.iterations, self.scale, self.position = label, iterations, scale, position
+        self.bar: tqdm | None = None
+        self._events: dict[Path, int] = {}  # events file -> bytes read
+        self._done: dict[str, list[tuple[float, int]]] = {}  # worker -> (end unix s, samples) per iteration
+        self._ports: dict[str, float] = {}  # switch port -> shaped rate, bit/s
+        self._last_counters: tuple[float, dict] | None = None
+        self._next_poll = 0.0
+
+    def phase(self, text: str) -> None:
+        """Show the current phase."""
+        if not self.enabled:
+            return
+        if self.bar is None:
+            self.bar = tqdm(total=self.iterations, desc=self.label, unit="it", position=self.position,
+                            leave=self.position == 0, dynamic_ncols=True, bar_format="{desc}{postfix}")
+        self.bar.set_postfix_str(text)
+
+    def training(self, run_dir: Path, workers: list[str], topology: dict) -> None:
+        """Switch to the iteration bar: ``workers`` are the worker process names, ``topology``
+        the run's ``topology.json`` (switch ports and their shaped rates)."""
+        if not self.enabled:
+            return
+        self._events = {Path(run_dir) / "events" / f"{w}.jsonl": 0 for w in workers}
+        self._done = {w: [] for w in workers}
+        switches = {s["name"] for s in topology.get("switches", [])}
+        for link in topology.get("links", []):
+            rate = (link.get("shaped_mbps") or link.get("bw_mbps") or 0) * 1e6
+            for end in ("1", "2"):
+                if link.get(f"node{end}") in switches and rate > 0:
+                    self._ports[link[f"intf{end}"]] = rate
+        if self.bar is not None:
+            self.bar.close()
+        self.bar = tqdm(total=self.iterations, desc=self.label, unit="it", position=self.position,
+                        leave=self.position == 0, dynamic_ncols=True)
+        self.bar.set_postfix_str("training")
+
+    def poll(self) -> None:
+        """Read what is new (at most once a second) and redraw."""
+        if not self.enabled or not self._events or time.monotonic() < self._next_poll:
+            return
+        self._next_poll = time.monotonic() + 1.0
+        for path, offset in self._events.items():
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    data = f.read()
+            except OSError:
+                continue
+            end = data.rfind(b"\n") + 1  # whole lines only
+            self._events[path] = offset + end
+            for line in data[:end].splitlines():
+                if b'"iteration"' not in line:
+                    continue
+                try:
+                    ev = json.loads(line)
+                except ValueError:
+                    continue
+                if ev.get("kind") == "iteration" and ev.get("proc") in self._done:
+                    self._done[ev["proc"]].append((ev["ts"] + ev.get("dur", 0.0), ev.get("samples") or 0))
+        done = min(len(v) for v in self._done.values()) if self._done else 0
+        parts = []
+        if done >= 2:  # over the last (up to) 10 global iterations: each ends when its last worker does
+            k = min(10, done - 1)
+            ends = [max(v[i][0] for v in self._done.values()) for i in (done - 1 - k, done - 1)]
+            samples = sum(v[i][1] for v in self._done.values() for i in range(done - k, done))
+            if ends[1] > ends[0]:
+                parts.append(f"{samples / ((ends[1] - ends[0]) / self.scale):.1f} samples/s")
+        busiest = self._busiest_port()
+        if busiest:
+            parts.append(f"busiest link {busiest[0]} {busiest[1]:.0%}")
+        self.bar.n = done
+        self.bar.set_postfix_str(", ".join(parts) or "training", refresh=False)
+        self.bar.refresh()
+
+    def _busiest_port(self) -> tuple[str, float] | None:
+        if not self._ports:
+            return None
+        now = time.monotonic()
+        counters = psutil.net_io_counters(pernic=True)
+        cur = {p: (counters[p].bytes_sent, counters[p].bytes_recv) for p in self._ports if p in counters}
+        prev, self._last_counters = self._last_counters, (now, cur)
+        if prev is None or now <= prev[0]:
+            return None
+        dt = now - prev[0]
+        util = {p: 8 * max(b[0] - prev[1].get(p, b)[0], b[1] - prev[1].get(p, b)[1]) / dt / self._ports[p]
+                for p, b in cur.items()}  # the busier direction of each link
+        return max(util.items(), key=lambda kv: kv[1]) if util else None
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
