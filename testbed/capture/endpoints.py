@@ -1,0 +1,124 @@
+"""Which training process owns which TCP endpoints: ``traces/endpoints.csv``.
+
+A packet capture names flows by address and port; this record names the process at each
+end. Every ``capture.endpoints_interval_ms`` a sampler (:class:`EndpointSampler`, driven by
+:class:`testbed.capture.periodic.SampledCsv`) reads, for each training process, its socket
+inodes (``/proc/<pid>/fd``) and the TCP socket tables of *its* network namespace
+(``/proc/<pid>/net/tcp`` and ``tcp6``: procfs shows a process's own namespace there, which
+``psutil.net_connections`` cannot, as it reads this process's namespace). A socket is written
+once, when first seen: ``time, proc, role, rank, host, pid, local_ip, local_port, remote_ip,
+remote_port, state`` (``remote`` ``0.0.0.0:0`` for a listener; ``state`` the kernel's TCP
+state name). Connections that open and close between two samples (the rendezvous store's
+short ones) can be missed; gloo's and the schemes' connections live for the whole run.
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import struct
+from typing import Callable
+
+__all__ = ["EndpointSampler", "ENDPOINT_FIELDS", "read_tcp_table"]
+
+ENDPOINT_FIELDS = ["time", "proc", "role", "rank", "host", "pid", "local_ip", "local_port", "remote_ip",
+                   "remote_port", "state"]
+
+#: include/net/tcp_states.h
+TCP_STATES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2", 6: "TIME_WAIT",
+              7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK", 10: "LISTEN", 11: "CLOSING", 12: "NEW_SYN_RECV"}
+
+
+def _addr(hex_addr: str) -> tuple[str, int]:
+    """``0100007F:1F90`` (procfs: address in host byte order per 32-bit word) -> ('127.0.0.1', 8080);
+    an IPv4-mapped IPv6 address is given as IPv4."""
+    ip_hex, port_hex = hex_addr.split(":")
+    raw = bytes.fromhex(ip_hex)
+    raw = b"".join(struct.pack("<I", struct.unpack(">I", raw[i:i + 4])[0]) for i in range(0, len(raw), 4))
+    if len(raw) == 4:
+        ip = socket.inet_ntop(socket.AF_INET, raw)
+    else:
+        a = ipaddress.IPv6Address(raw)
+        ip = str(a.ipv4_mapped) if a.ipv4_mapped else str(a)
+    return ip, int(port_hex, 16)
+
+
+def read_tcp_table(pid: int) -> dict[int, tuple]:
+    """``{inode: (local_ip, local_port, remote_ip, remote_port, state)}`` of the TCP sockets of
+    the network namespace of process ``pid`` (``/proc/<pid>/net/tcp`` and ``tcp6``); empty if
+    the process is gone."""
+    out = {}
+    for name in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/{pid}/net/{name}") as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            parts = line.split()
+            if len(parts) < 10:
+                continue
+            (lip, lport), (rip, rport) = _addr(parts[1]), _addr(parts[2])
+            out[int(parts[9])] = (lip, lport, rip, rport, TCP_STATES.get(int(parts[3], 16), parts[3]))
+    return out
+
+
+def socket_inodes(pid: int) -> set[int]:
+    """Inodes of the sockets open in process ``pid`` (its threads share them); empty if gone."""
+    out = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return out
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            out.add(int(target[8:-1]))
+    return out
+
+
+class EndpointSampler:
+    """Rows of ``endpoints.csv`` (the columns after ``time``) for sockets not seen before.
+
+    Args:
+        procs: called at every sample; returns ``[(info, pid)]`` for the training processes
+            started so far, ``info`` a ``processes.json`` entry (name, role, rank, host).
+    """
+
+    def __init__(self, procs: Callable[[], list[tuple[dict, int]]]):
+        self.procs = procs
+        self._seen: set[tuple] = set()
+
+    def open(self) -> "EndpointSampler":
+        self._seen.clear()
+        return self
+
+    def close(self) -> None:
+        self._seen.clear()
+
+    def read(self) -> list[tuple]:
+        rows = []
+        tables: dict[str, dict[int, tuple]] = {}  # one read of the tables per namespace
+        for info, pid in self.procs() or []:
+            inodes = socket_inodes(pid)
+            if not inodes:
+                continue
+            try:
+                ns = os.readlink(f"/proc/{pid}/ns/net")
+            except OSError:
+                continue
+            if ns not in tables:
+                tables[ns] = read_tcp_table(pid)
+            for inode in sorted(inodes):
+                sock = tables[ns].get(inode)
+                if sock is None:
+                    continue
+                key = (pid, inode, sock[:4])
+                if key in self._seen:
+                    continue
+                self._seen.add(key)
+                rows.append((info["name"], info.get("role"), info.get("rank"), info.get("host"), pid, *sock))
+        return rows
