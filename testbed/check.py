@@ -64,6 +64,7 @@ def run_checks() -> list[Item]:
                            ("brctl", "bridge-utils", "Linux-bridge switches"),
                            ("bwm-ng", "bwm-ng", "per-interface traces"),
                            ("iperf3", "iperf3", "background traffic and link benchmarks"),
+                           ("tcpdump", "tcpdump", "header capture (capture.pcap), read by testbed flows"),
                            ("tc", "iproute2", "traffic shaping"),
                            ("setpriv", "util-linux", "binds a process to a PBox's extra interface"),
                            ("ethtool", "ethtool", "interface offload settings")):

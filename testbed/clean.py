@@ -5,8 +5,8 @@ interfaces and bridges deleted. Then, in case a ledger itself was lost, a patter
 removes objects that only this testbed makes (the name patterns of :mod:`topologies.hosts`):
 bridges ``torN``/``coreN``, interfaces ``<node>-ethK`` (``hN``, ``psN``, ``fcN``, ``bgN``,
 ``torN``, ``coreN``) in the root namespace, and processes running ``-m traffic.runtime``, or
-a bwm-ng or a background iperf3 (or the ``sh`` that delays it) writing into a run's
-``traces/``. Mininet host namespaces are unnamed: they vanish with their shell process
+a bwm-ng, a tcpdump or a background iperf3 (or the ``sh`` that delays it) writing into a
+run's ``traces/``. Mininet host namespaces are unnamed: they vanish with their shell process
 (recorded in the ledger) or when their last interface's peer is deleted and no process holds
 them.
 
@@ -51,7 +51,11 @@ def _our_process(p: psutil.Process) -> bool:
         return True  # a Mininet node's shell (holds a host's network namespace)
     if "traffic.runtime" in text and "-m" in cmd and _in_other_netns(p.pid):
         return True  # (processes of the local launcher live in the root namespace: not ours to kill)
+    if "traffic.runtime.zygote" in cmd and "--netns" in cmd:
+        return True  # the harness's zygote (the local launcher's, without --netns, is not ours to kill)
     if cmd and Path(cmd[0]).name == "bwm-ng" and "/traces/" in text:
+        return True
+    if cmd and Path(cmd[0]).name == "tcpdump" and "/traces/pcap/" in text:
         return True
     if cmd and Path(cmd[0]).name == "iperf3" and "--logfile" in text and "/traces/" in text:
         return True

@@ -3,30 +3,38 @@
 The harness (Mininet hosts) and the local launcher (loopback, for tests and development)
 share this module; they differ only in the ``popen`` used to start a command on a host.
 
+Two ways to start a process (``run.launcher``): ``zygote`` (the default) forks it from a
+:class:`Zygote`, one process per run that has imported torch and the runtime once
+(:mod:`traffic.runtime.zygote`); ``exec`` runs ``python -m traffic.runtime`` in the host, each
+process importing everything itself. A process bound to a host's second interface
+(:func:`testbed.network.bind_to_interface`, run under another uid) always uses ``exec``.
+
 A process that exits non-zero ends the whole run within ``poll_s`` seconds: the others are
 killed and :class:`RunFailed` carries the dead process's log tail.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from testbed.interrupts import deferred_signals
-from topologies.errors import RunFailed
+from topologies.errors import RunFailed, TestbedError
 from traffic.rundir import write_json
 
 
 @dataclass
 class Launched:
-    """A started process: its plan entry, its Popen and its log file."""
+    """A started process: its plan entry, its Popen (or :class:`ZygoteProcess`) and its log file."""
     info: dict
-    popen: subprocess.Popen
+    popen: "subprocess.Popen | ZygoteProcess"
     log: Path
 
 
@@ -92,6 +100,172 @@ def start(run_dir: Path, doc: dict, popen: PopenFn = local_popen,
     return out
 
 
+class ZygoteProcess:
+    """A process forked by a :class:`Zygote`: the part of ``subprocess.Popen`` that
+    :func:`watch` and :func:`kill_all` use (``pid``, ``returncode``, ``poll``, ``wait``,
+    ``send_signal``, ``kill``). Its exit status comes from the zygote, its parent."""
+
+    def __init__(self, zygote: "Zygote", pid: int):
+        self.zygote, self.pid = zygote, pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.zygote.exits.get(self.pid)
+
+    def poll(self) -> int | None:
+        rc = self.returncode
+        if rc is None and not self.zygote.alive() and not _pid_alive(self.pid):
+            return -signal.SIGKILL  # the zygote died before reporting: the process is gone
+        return rc
+
+    def wait(self, timeout: float | None = None) -> int:
+        end = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if end is not None and time.monotonic() > end:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
+            time.sleep(0.02)
+        return self.poll()
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+class Zygote:
+    """One :mod:`traffic.runtime.zygote` process of a run, started in this (the root) network
+    namespace; :meth:`popen` forks a training process from it into a host's namespace.
+
+    Start it early (``start()`` returns at once; the imports overlap the network's build);
+    :meth:`popen` waits until it is ready. ``close()`` ends it (its children are the run's,
+    stopped by the teardown like any other process).
+
+    Args:
+        on_pid: called with the zygote's pid once it runs (the run's ledger).
+        ready_timeout_s: how long :meth:`popen` waits for the imports.
+        netns: it serves Mininet hosts (the harness's; ``--netns`` on its command line, which
+            ``testbed clean`` recognizes); false for the local launcher's.
+
+    Raises:
+        TestbedError (from :meth:`popen`): the zygote died or did not get ready in time, or
+            refused a request; the message has its output.
+    """
+
+    def __init__(self, on_pid: Callable[[int], None] | None = None, ready_timeout_s: float = 120.0,
+                 netns: bool = True):
+        self.on_pid = on_pid
+        self.netns = netns
+        self.ready_timeout_s = ready_timeout_s
+        self.proc: subprocess.Popen | None = None
+        self.exits: dict[int, int] = {}
+        self.import_s: float | None = None
+        self._replies: list[dict] = []
+        self._cond = threading.Condition()
+        self._reader: threading.Thread | None = None
+        self._stderr: list[str] = []
+
+    def start(self) -> "Zygote":
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        root = str(Path(__file__).resolve().parents[1])
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        with deferred_signals():
+            cmd = [sys.executable, "-u", "-m", "traffic.runtime.zygote"] + (["--netns"] if self.netns else [])
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                                         start_new_session=True)
+            if self.on_pid:
+                self.on_pid(self.proc.pid)
+        self._reader = threading.Thread(target=self._read, name="zygote-reader", daemon=True)
+        self._reader.start()
+        threading.Thread(target=self._read_stderr, name="zygote-stderr", daemon=True).start()
+        return self
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue
+            with self._cond:
+                if msg.get("op") == "exit":
+                    self.exits[int(msg["pid"])] = int(msg["status"])
+                else:
+                    if msg.get("op") == "ready":
+                        self.import_s = msg.get("import_s")
+                    self._replies.append(msg)
+                self._cond.notify_all()
+        with self._cond:
+            self._cond.notify_all()
+
+    def _read_stderr(self) -> None:
+        for line in self.proc.stderr:
+            self._stderr.append(line.decode(errors="replace"))
+            del self._stderr[:-50]
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def _reply(self, op_ok: str, timeout_s: float) -> dict:
+        end = time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                for i, m in enumerate(self._replies):
+                    if m.get("op") in (op_ok, "error"):
+                        return self._replies.pop(i)
+                if not self.alive() and not self._replies:
+                    raise TestbedError(f"the zygote (pid {self.proc.pid}) exited with code {self.proc.poll()}: "
+                                       + "".join(self._stderr)[-2000:])
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise TestbedError(f"the zygote did not answer within {timeout_s:.0f} s: "
+                                       + "".join(self._stderr)[-2000:])
+                self._cond.wait(min(left, 0.5))
+
+    def popen(self, info: dict, run_dir: Path, env: dict, log, netns_pid: int | None) -> ZygoteProcess:
+        """Fork process ``info["name"]`` of ``run_dir`` into the network namespace of process
+        ``netns_pid`` (None: this one) with environment ``env``, output appended to ``log``
+        (an open file: its path is used)."""
+        if self.import_s is None:
+            self._reply("ready", self.ready_timeout_s)
+        req = {"op": "spawn", "name": info["name"], "run_dir": str(run_dir), "netns_pid": netns_pid,
+               "env": env, "log": str(Path(log.name).resolve())}
+        try:
+            self.proc.stdin.write((json.dumps(req) + "\n").encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass  # reported by _reply: the zygote is gone
+        msg = self._reply("spawned", 30.0)
+        if msg["op"] == "error":
+            raise TestbedError(f"the zygote could not start {info['name']}: {msg.get('error')}")
+        return ZygoteProcess(self, int(msg["pid"]))
+
+    def close(self) -> None:
+        """End the zygote (idempotent): close its stdin, then SIGKILL if it lingers."""
+        if self.proc is None:
+            return
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=3)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
 def log_tail(path: Path, lines: int = 25) -> str:
     """Last ``lines`` lines of a log file ('' if missing)."""
     try:
@@ -101,8 +275,10 @@ def log_tail(path: Path, lines: int = 25) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
-def watch(procs: list[Launched], timeout_s: float, poll_s: float = 0.2) -> None:
-    """Wait until every process exits 0.
+def watch(procs: list[Launched], timeout_s: float, poll_s: float = 0.2,
+          on_poll: Callable[[], None] | None = None) -> None:
+    """Wait until every process exits 0; ``on_poll`` is called at every poll (a progress
+    display; it must be quick).
 
     Raises:
         RunFailed: a process exited non-zero (message has its log tail), or ``timeout_s``
@@ -130,6 +306,8 @@ def watch(procs: list[Launched], timeout_s: float, poll_s: float = 0.2) -> None:
                             f"; its log {l.log} ends with:\n{log_tail(l.log)}")
         if not running:
             return
+        if on_poll is not None:
+            on_poll()
         if time.monotonic() > deadline:
             alive = [l.info["name"] for l in procs if l.popen.poll() is None]
             kill_all(procs)

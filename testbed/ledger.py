@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,7 @@ LEDGER_DIR = STATE_DIR / "ledger"
 LOCK_PATH = STATE_DIR / "network.lock"
 
 log = logging.getLogger(__name__)
+_SAVE_LOCK = threading.Lock()
 
 
 @dataclass
@@ -61,6 +63,10 @@ class Ledger:
                    pids={k: int(v) for k, v in d.get("pids", {}).items()})
 
     def save(self) -> None:
+        with _SAVE_LOCK:  # capture threads record pids too (a tcpdump started on a timer)
+            self._save()
+
+    def _save(self) -> None:
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"owner_pid": self.owner_pid, "owner_start": self.owner_start,
                                    "run_dir": self.run_dir,

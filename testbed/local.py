@@ -11,7 +11,8 @@ It builds the spec's Topo (a plain graph, no root needed) with the hosts the sch
 for (:meth:`Scheme.hosts`), reads its hosts (:func:`topologies.hosts_of`: the same names,
 racks, kinds and interfaces as the real network), asks the scheme for its plan, gives every
 process ip ``127.0.0.1`` and iface ``lo``, picks a free master port, and starts and watches
-the processes with :mod:`testbed.launch` exactly as the harness does. Nothing is shaped,
+the processes with :mod:`testbed.launch` exactly as the harness does (forked from a zygote
+unless ``run.launcher`` is ``exec``). Nothing is shaped,
 nothing is captured and no ``background`` flow runs: the run directory gets spec.yaml,
 processes.json, events/, results/, params/ and logs/ (no topology.json, traces/ or
 summary.json).
@@ -109,7 +110,11 @@ def run_local(exp: Experiment, run_dir: str | Path | None = None, *, timeout_s: 
     doc = launch.write_processes(run_dir, entries, LOCAL_IP, free_port(), exp.run.timeout_s)
     extra = dict(env or {})
 
+    zygote = launch.Zygote(netns=False).start() if exp.run.launcher == "zygote" else None
+
     def popen(info, cmd, penv, log):
+        if zygote is not None:
+            return zygote.popen(info, run_dir, {**penv, **extra}, log, netns_pid=None)
         return launch.local_popen(info, cmd, {**penv, **extra}, log)
 
     procs: list[launch.Launched] = []
@@ -124,6 +129,8 @@ def run_local(exp: Experiment, run_dir: str | Path | None = None, *, timeout_s: 
         launch.watch(procs, exp.run.timeout_s if timeout_s is None else timeout_s, poll_s=poll_s)
     finally:
         launch.kill_all(procs)  # no-op when all exited; on any error nothing is left running
+        if zygote is not None:
+            zygote.close()
     return run_dir
 
 

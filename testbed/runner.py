@@ -23,6 +23,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -36,7 +37,9 @@ from analysis.metrics import summarize
 from testbed import launch
 from testbed.background import Background
 from testbed.capture import Capture, find_bwm_ng
+from testbed.capture.pcap import find_tcpdump, resolve_ports, topo_links
 from testbed.ledger import Ledger, NetworkLock
+from testbed.progress import RunProgress
 from testbed.network import Network, bind_to_interface
 from testbed.network import preflight as network_preflight
 from testbed.spec import Experiment, dump_spec, expand_sweep
@@ -114,8 +117,10 @@ def _interface(host: dict, p) -> dict:
     return {"ip": intfs[p.iface]["ip"], "iface": intfs[p.iface]["name"], "iface_index": p.iface}
 
 
-def run_one(exp: Experiment, parent: Path, run_id: str, exclusive_id: bool = True) -> RunResult:
-    """Run one experiment (its sweep must be empty) in ``parent/run_id``.
+def run_one(exp: Experiment, parent: Path, run_id: str, exclusive_id: bool = True,
+            progress: RunProgress | None = None) -> RunResult:
+    """Run one experiment (its sweep must be empty) in ``parent/run_id``; ``progress`` shows
+    its phase and iterations while it runs (:mod:`testbed.progress`).
 
     Never raises for a failed run: the failure is in the returned summary. Raises only for
     problems that precede the run directory (it exists already) and for Ctrl-C/SIGTERM,
@@ -124,6 +129,7 @@ def run_one(exp: Experiment, parent: Path, run_id: str, exclusive_id: bool = Tru
     """
     run_dir = rundir.create(parent, run_id, exclusive_id=exclusive_id)
     (run_dir / "spec.yaml").write_text(dump_spec(exp))
+    progress = progress or RunProgress(False, run_dir.name, exp.workload.iterations)
     handler = _harness_log(run_dir)
     status, error = "ok", None
     interrupted = None
@@ -135,8 +141,9 @@ def run_one(exp: Experiment, parent: Path, run_id: str, exclusive_id: bool = Tru
             ledger = Ledger.create(run_dir.name, run_dir)
             with ExitStack() as teardown:
                 teardown.callback(lambda: _log_leftovers(ledger.sweep()))
+                teardown.callback(progress.phase, "tearing down")  # shown first: callbacks run last-in first-out
                 try:
-                    _run(exp, run_dir, ledger, teardown, t0)
+                    _run(exp, run_dir, ledger, teardown, t0, progress)
                 except TestbedError as e:
                     status, error = "failed", str(e)
                     log.error("run failed: %s", e)
@@ -153,7 +160,9 @@ def run_one(exp: Experiment, parent: Path, run_id: str, exclusive_id: bool = Tru
     except TestbedError as e:  # the lock is held by another run
         status, error = "failed", str(e)
     finally:
+        progress.phase("analysing")
         summary = _summarize(run_dir, status, error)
+        progress.close()
         log.removeHandler(handler)
         handler.close()
         signal.signal(signal.SIGTERM, old_term)
@@ -199,12 +208,18 @@ def _log_leftovers(left: list[str]) -> None:
         log.warning("teardown removed leftovers: %s", ", ".join(left))
 
 
-def _run(exp: Experiment, run_dir: Path, ledger: Ledger, teardown: ExitStack, t0: float) -> None:
+def _run(exp: Experiment, run_dir: Path, ledger: Ledger, teardown: ExitStack, t0: float,
+         progress: RunProgress) -> None:
     """Build, launch and watch one run; every start registers its stop on ``teardown``."""
     scheme = schemes.get(exp.workload.scheme)
     network = Network(exp.topology, scheme.hosts(exp.workload, exp.topology), run_dir, ledger, scale=exp.scale)
     teardown.callback(lambda: _log_leftovers(network.stop()))
+    zygote = None
+    if exp.run.launcher == "zygote":  # its imports overlap the network's build
+        zygote = launch.Zygote(on_pid=lambda pid: ledger.add_pid("zygote", pid)).start()
+        teardown.callback(zygote.close)  # after the processes are stopped (last in, first out)
     log.info("building network")
+    progress.phase("building network")
     network.start()
     log.info("network up in %.1f s", time.time() - t0)
     topo = network.topology
@@ -218,21 +233,28 @@ def _run(exp: Experiment, run_dir: Path, ledger: Ledger, teardown: ExitStack, t0
                 **_interface(by_name[p.host], p)} for p in plan]
     doc = launch.write_processes(run_dir, entries, entries[0]["ip"], exp.run.master_port, exp.run.timeout_s)
     procs: list[launch.Launched] = []
+    pcap_ports = resolve_ports(exp.capture.pcap.ports, topo["links"], {s["name"] for s in topo["switches"]}) \
+        if exp.capture.pcap else []
     capture = Capture(run_dir, ports=switch_ports(topo), qdisc_ifaces=uplink_ports(topo) or switch_ports(topo),
                       pids=lambda: {l.info["name"]: l.popen.pid for l in procs},
-                      spec=exp.capture, on_pid=lambda pid, what: ledger.add_pid(what, pid))
+                      spec=exp.capture, on_pid=lambda pid, what: ledger.add_pid(what, pid),
+                      procs=lambda: [(l.info, l.popen.pid) for l in list(procs)], pcap_ports=pcap_ports,
+                      scale=exp.scale)
     teardown.callback(capture.stop)
     capture.start()
     log.info("capture started")
     background.start_servers()
 
     def popen(info, cmd, env, logf):
+        if zygote is not None and info.get("iface_index", 0) == 0:
+            return zygote.popen(info, run_dir, env, logf, netns_pid=network.hosts[info["host"]].pid)
         if len(by_name[info["host"]]["intfs"]) > 1:
             cmd = bind_to_interface(cmd, info.get("iface_index", 0))
         return network.hosts[info["host"]].popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT,
                                                  stdin=subprocess.DEVNULL)
 
     log.info("launching %d processes", len(entries))
+    progress.phase(f"starting {len(entries)} processes")
     background.start_clients()
     teardown.callback(launch.kill_all, procs)  # no-op when all exited
 
@@ -241,7 +263,8 @@ def _run(exp: Experiment, run_dir: Path, ledger: Ledger, teardown: ExitStack, t0
         ledger.add_pid(l.info["name"], l.popen.pid)
 
     launch.start(run_dir, doc, popen, on_start=started)
-    launch.watch(procs, exp.run.timeout_s)
+    progress.training(run_dir, [e["name"] for e in entries if e["role"] == "worker"], topo)
+    launch.watch(procs, exp.run.timeout_s, on_poll=progress.poll)
     log.info("all processes done after %.1f s", time.time() - t0)
 
 
@@ -290,8 +313,9 @@ def plan_point(exp: Experiment) -> tuple[list[HostInfo], list[ProcessPlan]]:
 
     Raises:
         SpecError: the plan does not fit the topology (more workers or servers than hosts, an
-            interface a host lacks, a scheme's host outside the racks) or a background flow
-            names a host the topology will not have.
+            interface a host lacks, a scheme's host outside the racks), a background flow
+            names a host the topology will not have, or ``capture.pcap.ports`` names a port
+            it will not have.
     """
     scheme = schemes.get(exp.workload.scheme)
     try:
@@ -300,6 +324,8 @@ def plan_point(exp: Experiment) -> tuple[list[HostInfo], list[ProcessPlan]]:
         raise SpecError("workload.servers", exp.workload.servers.model_dump(), f"hosts the topology can hold ({e})") \
             from None
     hosts = hosts_of(topo)
+    if exp.capture.pcap:
+        resolve_ports(exp.capture.pcap.ports, topo_links(topo), set(topo.switches()))
     plan = scheme.plan(exp.workload, hosts)
     by_name = {h.name: h for h in hosts}
     for p in plan:
@@ -356,11 +382,13 @@ def preflight(exp: Experiment) -> None:
     """Everything a run needs from the machine, checked before anything is created.
 
     Raises:
-        MissingRequirement: not root, or mnexec / brctl / tc / bwm-ng / a needed qdisc missing;
-            the message names the remedy.
+        MissingRequirement: not root, or mnexec / brctl / tc / bwm-ng / a needed qdisc (or
+            tcpdump, with ``capture.pcap``) missing; the message names the remedy.
     """
     network_preflight(exp.topology)
     find_bwm_ng()
+    if exp.capture.pcap:
+        find_tcpdump()
 
 
 def run_experiment(exp: Experiment, progress: bool = True) -> list[RunResult]:
@@ -386,7 +414,8 @@ def _run_points(exp: Experiment, points: list[tuple[dict, Experiment]], progress
     parent = Path(exp.run.runs_dir)
     base_id = exp.run.id or rundir.new_run_id(exp.name)
     if not exp.sweep and not exp.variants:
-        return [run_one(exp, parent, base_id, exclusive_id=bool(exp.run.id))]
+        return [run_one(exp, parent, base_id, exclusive_id=bool(exp.run.id),
+                        progress=RunProgress(progress, base_id, exp.workload.iterations, exp.scale))]
     sweep_dir = rundir.create(parent, base_id, exclusive_id=bool(exp.run.id), subdirs=())
     with NetworkLock(run_dir=sweep_dir):
         pass  # names the sweep as the lock's holder until its first run names itself
@@ -395,11 +424,13 @@ def _run_points(exp: Experiment, points: list[tuple[dict, Experiment]], progress
     except OSError as e:
         raise TestbedError(f"cannot write {sweep_dir / 'sweep.yaml'}: {e.strerror or e}") from None
     results, rows = [], []
-    bar = tqdm(points, desc=f"sweep {sweep_dir.name}", unit="run", disable=not progress)
+    bar = tqdm(points, desc=f"sweep {sweep_dir.name}", unit="run", disable=not progress or not sys.stderr.isatty())
     for i, (point, e) in enumerate(bar):
         label = point_label(point)
         bar.set_postfix_str(label)
-        res = run_one(e, sweep_dir, f"{i:03d}_{_safe(label)}")
+        run_id = f"{i:03d}_{_safe(label)}"
+        res = run_one(e, sweep_dir, run_id,
+                      progress=RunProgress(progress, run_id, e.workload.iterations, e.scale, position=1))
         res.point = point
         results.append(res)
         rows.append(headline(res))

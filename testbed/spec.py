@@ -30,7 +30,7 @@ from topologies.validation import (SAFE_LABEL_ALLOWED, SAFE_NAME_ALLOWED, SpecMo
 from traffic.host import HostSpec
 from traffic.spec import WorkloadSpec, option_errors
 
-__all__ = ["Experiment", "CaptureSpec", "RunSpec", "BackgroundFlow", "TopologySpec", "WorkloadSpec",
+__all__ = ["Experiment", "CaptureSpec", "PcapSpec", "RunSpec", "BackgroundFlow", "TopologySpec", "WorkloadSpec",
            "from_dict", "load_spec", "parse_override", "expand_sweep", "dump_spec", "MAX_POINTS"]
 
 #: the most runs (variants x sweep points) one spec may ask for
@@ -60,6 +60,42 @@ class BackgroundFlow(SpecModel):
     ``-``, ``.``; no leading ``.``)."""
 
 
+class PcapSpec(SpecModel):
+    """Header capture with tcpdump on chosen switch ports (:mod:`testbed.capture.pcap`), read by
+    :func:`analysis.flows`. Off unless given."""
+    ports: list[str] = Field(min_length=1)
+    """``uplinks`` (the ToR end of every uplink), ``host:<name>`` (the ToR port facing that
+    host) or switch port names (``tor1-eth3``); an unknown one is refused before anything is
+    built."""
+    snaplen_bytes: int = Field(128, ge=96, le=65535)
+    """Bytes kept of each packet: 128 holds Ethernet, IP and TCP headers with options. Flow
+    bytes come from the IP length, not from what was kept."""
+    filter: Optional[str] = "tcp"
+    """A BPF filter expression (tcpdump's syntax, e.g. ``tcp and port 29500``) or null for
+    every packet; checked with libpcap's compiler before anything is built."""
+    start_s: float = Field(0.0, ge=0)
+    """Start this many emulated seconds after the training processes are launched (a time
+    window for runs whose whole capture would be too large to analyse)."""
+    duration_s: Optional[float] = Field(None, gt=0)
+    """Stop after this many emulated seconds (null: with the run)."""
+
+    @field_validator("filter")
+    @classmethod
+    def _bpf(cls, v):
+        if v is None or not v.strip():
+            return None
+        from scapy.arch.common import compile_filter  # lazy: scapy takes ~0.5 s to import
+        from scapy.error import Scapy_Exception  # lazy: as above
+        try:
+            compile_filter(v, linktype=1)  # DLT_EN10MB, as the switch ports
+        except Scapy_Exception as e:
+            raise ValueError(f"a BPF filter libpcap can compile ({e})") from None
+        except (OSError, ImportError) as e:  # no libpcap: tcpdump is missing too
+            raise ValueError(f"a BPF filter; none can be checked here without libpcap "
+                             f"(apt-get install tcpdump): {e}") from None
+        return v
+
+
 class CaptureSpec(SpecModel):
     """What the harness records while a run trains (periods in milliseconds)."""
     interval_ms: int = Field(10, gt=0)
@@ -74,6 +110,13 @@ class CaptureSpec(SpecModel):
     """Sample per-core and per-process CPU use."""
     cpu_interval_ms: int = 100
     """The CPU sampler's period, an integer >= 10."""
+    endpoints: bool = True
+    """Record which training process owns which TCP endpoints (``traces/endpoints.csv``,
+    :mod:`testbed.capture.endpoints`): what attributes captured flows to processes."""
+    endpoints_interval_ms: int = Field(500, ge=50)
+    """The endpoint sampler's period."""
+    pcap: Optional[PcapSpec] = None
+    """Header capture on chosen ports (off by default)."""
 
     @field_validator("cpu_interval_ms")
     @classmethod
@@ -94,6 +137,10 @@ class RunSpec(SpecModel):
     ``_``, ``-``, ``.``; no leading ``.`` or ``-``; at most 100 characters)."""
     master_port: int = 29500
     """The torch.distributed rendezvous port, in [1024, 65535]."""
+    launcher: Literal["zygote", "exec"] = "zygote"
+    """How training processes start (:mod:`testbed.launch`): ``zygote`` forks each from one
+    process per run that imported torch and the runtime once (start-up in seconds);
+    ``exec`` runs ``python -m traffic.runtime`` per process (each imports everything)."""
     force: bool = False
     """Run even when the capacity check (:mod:`testbed.capacity`) estimates more memory than
     the machine has available: the refusal becomes a warning."""

@@ -1,6 +1,6 @@
 """Record what crosses the network and how busy the machine is while a run trains.
 
-Three recorders write into ``<run_dir>/traces/`` (formats in :mod:`traffic.rundir`), one
+The recorders write into ``<run_dir>/traces/`` (formats in :mod:`traffic.rundir`), one
 module each; :class:`Capture` starts and stops them together:
 
 ``bwm-ng.csv`` (:mod:`testbed.capture.bwmng`)
@@ -29,6 +29,14 @@ module each; :class:`Capture` starts and stops them together:
     used by the process and all its descendants), including ``bwm-ng`` and ``harness`` (this
     Python process, which also runs the samplers).
 
+``endpoints.csv`` (:mod:`testbed.capture.endpoints`)
+    A thread that records, every ``capture.endpoints_interval_ms``, the TCP sockets of each
+    training process read in its own network namespace: which process owns which
+    (address, port), so that captured flows can be attributed to processes.
+
+``pcap/<port>.pcap`` (:mod:`testbed.capture.pcap`, only with ``capture.pcap``)
+    tcpdump on the chosen switch ports, headers only, with ``pcap/ports.json``.
+
 Samplers schedule on a fixed grid (``k * interval``); a sample that overruns its slot skips
 the missed slots (the next one starts on the next free slot) instead of bursting to catch
 up, so a slow sample lowers the rate and the timestamps show the rate achieved
@@ -54,6 +62,8 @@ from typing import Callable
 from topologies.errors import TestbedError
 from testbed.capture.bwmng import BwmNgRecorder, bwm_ng_command, find_bwm_ng
 from testbed.capture.cpu import CPU_FIELDS, CpuSampler
+from testbed.capture.endpoints import ENDPOINT_FIELDS, EndpointSampler
+from testbed.capture.pcap import PcapRecorder
 from testbed.capture.periodic import Periodic, SampledCsv
 from testbed.capture.qdisc import QDISC_FIELDS, QdiscSampler
 from testbed.spec import CaptureSpec
@@ -86,7 +96,12 @@ class Capture:
         pids: called at every CPU sample; returns ``{process name: pid}`` of the training
             processes started so far (their descendants are included).
         spec: ``capture`` section of the experiment (periods in ms, qdisc/cpu on or off).
-        on_pid: called as ``on_pid(pid, "bwm-ng")`` once bwm-ng runs (the harness ledger).
+        on_pid: called as ``on_pid(pid, what)`` for every capture process started (bwm-ng,
+            each tcpdump): the harness ledger.
+        procs: called at every endpoint sample; ``[(processes.json entry, pid)]`` of the
+            training processes started so far (``traces/endpoints.csv``).
+        pcap_ports: resolved ``capture.pcap`` ports (:func:`testbed.capture.pcap.resolve_ports`).
+        scale: the run's time dilation (the pcap window is in emulated seconds).
 
     Use ``start()``/``stop()`` or ``with Capture(...) as cap:``. ``stop()`` is idempotent,
     always kills bwm-ng and joins the threads. ``errors`` lists sampler problems (a sampler
@@ -96,13 +111,18 @@ class Capture:
 
     def __init__(self, run_dir, ports: list[str], qdisc_ifaces: list[str] | None = None,
                  pids: Callable[[], dict] | None = None, spec: CaptureSpec | None = None,
-                 on_pid: Callable[[int, str], None] | None = None):
+                 on_pid: Callable[[int, str], None] | None = None,
+                 procs: Callable[[], list[tuple[dict, int]]] | None = None, pcap_ports: list[str] | None = None,
+                 scale: float = 1.0):
         self.run_dir = Path(run_dir)
         self.ports = list(dict.fromkeys(ports))
         self.qdisc_ifaces = list(dict.fromkeys(qdisc_ifaces or []))
         self.pids = pids or (lambda: {})
         self.spec = spec or CaptureSpec()
         self.on_pid = on_pid
+        self.procs = procs
+        self.pcap_ports = list(pcap_ports or [])
+        self.scale = scale
         self.traces_dir = self.run_dir / "traces"
         self.bwm_path = self.traces_dir / "bwm-ng.csv"
         self.qdisc_path = self.traces_dir / "qdisc.csv"
@@ -160,6 +180,17 @@ class Capture:
                 self._start_sampler(SampledCsv(
                     "cpu", CpuSampler(self._named_pids), self.cpu_path, CPU_FIELDS, self.spec.cpu_interval_ms / 1000.0,
                     self.errors, row_format=CpuSampler.csv_row, first_after_period=True))
+            if self.spec.endpoints and self.procs is not None:
+                self._start_sampler(SampledCsv(
+                    "endpoints", EndpointSampler(self.procs), self.traces_dir / "endpoints.csv", ENDPOINT_FIELDS,
+                    self.spec.endpoints_interval_ms / 1000.0, self.errors))
+            if self.spec.pcap is not None and self.pcap_ports:
+                pc = self.spec.pcap
+                pcap = PcapRecorder(self.pcap_ports, self.run_dir, pc, start_after_s=pc.start_s * self.scale,
+                                    duration_s=None if pc.duration_s is None else pc.duration_s * self.scale,
+                                    on_pid=lambda pid, what: self.on_pid(pid, what) if self.on_pid else None,
+                                    errors=self.errors)
+                self._recorders.enter_context(pcap)
         except BaseException:
             self.stop()
             raise
