@@ -15,7 +15,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from analysis import traces as tr  # noqa: E402
-from analysis.load import Run, load  # noqa: E402
+from analysis.flows import flow_labels, flows_and_rates  # noqa: E402
+from analysis.load import Run, load, port_table  # noqa: E402
 from analysis.metrics import compute_summary, global_iterations  # noqa: E402
 from analysis.utilization import host_utilization, idle_fraction  # noqa: E402
 
@@ -273,5 +274,81 @@ def plot_sweep(sweep_dir, x: str, path=None, speedup_over: str | None = None, xs
                  fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def plot_flow_rates(run, port: str, path=None, top: int = 8, bin_s: float | None = None) -> Path:
+    """Per-flow rates on one captured switch port, stacked (which flows share a link, and when).
+
+    One panel per direction of the port when the topology tells the directions apart (``out``:
+    leaving the switch through the port, toward its peer; ``in``: entering it), else one panel
+    of both. Each panel stacks the ``top`` labels with the most bytes in it, the rest as
+    ``other``; a label is ``src_proc->dst_proc`` (:func:`analysis.flows.flow_labels`), and
+    several connections between the same two processes are one band. The port's configured
+    rate is a dashed line (named in the panel's title instead when it is over twice the peak).
+
+    Args:
+        run: a :class:`Run` or a run directory with a packet capture (``capture.pcap``).
+        port: a captured port (``traces/pcap/ports.json``).
+        path: PNG to write (default ``<run>/plots/flows-<port>.png``).
+        top: bands per panel before ``other``.
+        bin_s: rate bins in emulated seconds (default: see :func:`analysis.flows.flow_rates`).
+
+    Returns:
+        The PNG path. Rates in Mbit/s of the emulated network, time in seconds since the run's
+        start (:attr:`Run.t0`).
+
+    Raises:
+        analysis.flows.CaptureError: no capture, or ``port`` was not captured.
+    """
+    run = _as_run(run)
+    path = _out(path, run, f"flows-{port}.png")
+    fl, rates = flows_and_rates(run, port, bin_s=bin_s)
+    label = dict(zip(fl["flow_id"], flow_labels(fl))) if not fl.empty else {}
+    ports = port_table(run.topology)
+    row = ports[ports["iface"] == port]
+    bw = float(row["bw_mbps"].iloc[0]) if not row.empty and pd.notna(row["bw_mbps"].iloc[0]) else None
+    peer = str(row["peer"].iloc[0]) if not row.empty else "peer"
+    switch = str(row["switch"].iloc[0]) if not row.empty else "switch"
+    directed = not fl.empty and fl["fwd_on_port"].notna().any()
+    panels = ([("out", f"{switch} -> {peer} (out of {port})"), ("in", f"{peer} -> {switch} (into {port})")]
+              if directed else [("both", f"{port}, both directions")])
+    if rates["both"].empty:
+        fig, ax = plt.subplots(figsize=(8, 2.5))
+        ax.text(0.5, 0.5, f"no TCP packets captured on {port} in {run.name}", ha="center", va="center",
+                transform=ax.transAxes)
+        ax.set_axis_off()
+        return save_figure(fig, path)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 2.8 * len(panels) + 0.6), sharex=True, squeeze=False)
+    for ax, (direction, title) in zip(axes[:, 0], panels):
+        r = rates[direction]
+        if r.empty or r.shape[1] == 0:
+            ax.text(0.5, 0.5, "no packets this way", ha="center", va="center", transform=ax.transAxes)
+            ax.set_title(title, fontsize=9)
+            continue
+        by_label = r.T.groupby([label.get(c, str(c)) for c in r.columns]).sum().T  # bytes/s per label
+        order = by_label.sum().sort_values(ascending=False).index
+        keep = list(order[:top])
+        series = [by_label[c] for c in keep]
+        names = keep
+        if len(order) > top:
+            series.append(by_label[list(order[top:])].sum(axis=1))
+            names = keep + [f"other ({len(order) - top})"]
+        x = np.r_[r.index.to_numpy(float), float(r.index[-1]) + r.attrs["bin_s"]]  # bin edges
+        ys = np.vstack([np.r_[s.to_numpy(float), float(s.iloc[-1])] * 8 / 1e6 for s in series])
+        ax.stackplot(x, ys, labels=names, step="post", alpha=0.85)  # each bin's mean rate, flat over it
+        peak = float(ys.sum(axis=0).max())
+        if bw is not None and bw <= 2 * peak:  # else the line would flatten the bands: named in the title
+            ax.axhline(bw, color="gray", ls="--", lw=0.8, label=f"configured {bw:g} Mbit/s")
+        elif bw is not None:
+            title += f"; configured {bw:g} Mbit/s, off the scale"
+        ax.set_title(title, fontsize=9)
+        ax.set_ylabel("Mbit/s")
+        ax.set_ylim(0, 1.3 * max(peak, bw if bw is not None and bw <= 2 * peak else 0.0) or 1.0)
+        ax.legend(loc="upper right", fontsize=7, ncol=3)
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel(f"time since run start (s), bins of {rates['both'].attrs['bin_s']:g} s")
+    fig.suptitle(f"{run.name}: TCP flows on {port} ({run.scheme or '?'})", fontsize=10)
     fig.tight_layout()
     return save_figure(fig, path)

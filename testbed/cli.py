@@ -7,6 +7,7 @@
     testbed show RUN                      a run's summary
     testbed plot RUN [RUN ...]            draw plots (PNG files in the run directories)
     testbed timeline RUN                  Chrome trace-event JSON of a run's events
+    testbed flows RUN [--port P] [--plot] TCP flows of a run's packet capture (capture.pcap)
     testbed report PAPER RUN_OR_SWEEP...  a paper's tables (p3, phub, ibatch, stanza, pipe_sgd)
                    [--plots DIR]          and figures; the paper's own options pass through
     testbed clean                         remove what a killed run left on the machine
@@ -196,6 +197,67 @@ def _cmd_timeline(args) -> int:
     return 0
 
 
+def _cmd_flows(args) -> int:
+    import warnings
+
+    import analysis  # lazy: pandas, scapy
+    from analysis import plots  # lazy: matplotlib
+    from analysis.flows import check_against_counters  # lazy: pandas, scapy
+    for d in _resolve_runs([args.run]):
+        if not (d / "traces" / "pcap" / "ports.json").is_file():
+            raise NotARunError(f"{d} has no packet capture: run with capture.pcap, e.g. "
+                               f"--set 'capture.pcap={{ports: [uplinks]}}'")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            df = analysis.flows(d, port=args.port)
+            check = check_against_counters(d)
+        print(format_flows(df, d, top=args.top))
+        for _, c in check.iterrows():
+            if args.port in (None, c["port"]):
+                print(f"port {c['port']}: captured frames {c['flow_frame_bytes'] / 1e6:.2f} MB vs interface counters "
+                      f"{c['counter_bytes'] / 1e6:.2f} MB over the same interval: ratio {c['ratio']:.3f}")
+        for w in caught:
+            print(f"warning: {w.message}")
+        if args.plot:
+            ports = [args.port] if args.port else sorted(df["port"].unique()) if not df.empty else []
+            for port in ports:
+                print(f"wrote {plots.plot_flow_rates(d, port)}")
+    return 0
+
+
+def format_flows(df, run_dir: Path, top: int = 10) -> str:
+    """What ``testbed flows`` prints for a run: per port, its ``top`` flows by bytes (both
+    ways), the processes at each end, retransmitted segments and the RTT estimate; then the
+    flows that crossed the core (their ends in different racks) and every flow that
+    retransmitted."""
+    if df.empty:
+        return f"{run_dir}: no TCP flows in the capture"
+    topo = read_json(run_dir / "topology.json") if (run_dir / "topology.json").is_file() else {"hosts": []}
+    rack = {h["name"]: h.get("rack") for h in topo.get("hosts", [])}
+    out = df.copy()
+    out["flow"] = [f"{a or '?'}->{b or '?'}" for a, b in zip(out["src_proc"], out["dst_proc"])]
+    out["ends"] = [f"{si}:{sp}->{di}:{dp}" for si, sp, di, dp in
+                   zip(out["src_ip"], out["src_port"], out["dst_ip"], out["dst_port"])]
+    out["MB"] = (out["bytes_fwd"] + out["bytes_rev"]) / 1e6
+    out["retx"] = out["retransmits_fwd"] + out["retransmits_rev"]
+    out["cross_core"] = [rack.get(a) is not None and rack.get(b) is not None and rack.get(a) != rack.get(b)
+                         for a, b in zip(out["src_host"], out["dst_host"])]
+    cols = ["flow", "ends", "MB", "packets_fwd", "packets_rev", "retx", "rtt_ms"]
+    lines = []
+    for port, g in out.groupby("port", sort=True):
+        g = g.sort_values("MB", ascending=False)
+        lines.append(f"port {port}: {len(g)} flows, {g['MB'].sum():.2f} MB, {int(g['retx'].sum())} retransmitted segments")
+        lines.append(g[cols].head(top).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+        lines.append("")
+    core = out[out["cross_core"]].drop_duplicates(["src_ip", "src_port", "dst_ip", "dst_port"])
+    lines.append(f"crossed the core: {len(core)} flows, {core['MB'].sum():.2f} MB (counted once each)")
+    retx = out[out["retx"] > 0].sort_values("retx", ascending=False)
+    lines.append(f"retransmitted: {len(retx)} of {len(out)} flow observations"
+                 + ("" if retx.empty else "\n" + retx[["port", "flow", "ends", "retransmits_fwd",
+                                                        "retransmits_rev"]].to_string(index=False)))
+    return "\n".join(lines)
+
+
 def _cmd_report(args) -> int:
     return get_report(args.paper).main(args.args, prog=f"testbed report {args.paper}")
 
@@ -268,6 +330,13 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("timeline", help="write a Chrome trace-event JSON of a run's events")
     s.add_argument("runs", nargs="+")
     s.set_defaults(fn=_cmd_timeline)
+    s = sub.add_parser("flows", help="TCP flows of a run's packet capture (capture.pcap): top flows, what crossed "
+                                     "the core, retransmissions")
+    s.add_argument("run")
+    s.add_argument("--port", help="only this captured port (default: every one)")
+    s.add_argument("--top", type=int, default=10, help="flows listed per port (by bytes)")
+    s.add_argument("--plot", action="store_true", help="also draw per-flow rates over time, stacked, per port")
+    s.set_defaults(fn=_cmd_flows)
     s = sub.add_parser("report", help="a paper's tables and figures from run or sweep directories",
                        description="Print a paper's tables (markdown) from run or sweep directories; "
                                    "--plots DIR also draws its figures. 'testbed report PAPER --help' "
