@@ -108,3 +108,32 @@ def test_tcpdump_records_the_port_and_reports_its_counts(tmp_path):
     assert entry["port"] == "lo" and entry["stopped"] >= entry["started"] and entry["packets_captured"] >= 4
     assert (tmp_path / "traces" / "pcap" / "lo.pcap").stat().st_size > 24
     rec.stop()  # idempotent
+
+
+@pytest.mark.skipif(needs_root, reason="needs root (tcpdump)")
+def test_a_capture_window_records_only_inside_it(tmp_path):
+    """start_after_s / duration_s: packets sent before the window opens and after it closes are
+    not in the pcap (its ports.json times bound the window)."""
+    (tmp_path / "logs").mkdir()
+    srv = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    srv.bind(("127.0.0.1", 0))
+    cli = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rec = PcapRecorder(["lo"], tmp_path, PcapSpec(ports=["lo"], filter=f"udp and port {srv.getsockname()[1]}"),
+                       start_after_s=1.0, duration_s=1.0).start()
+    try:
+        t0 = time.time()
+        sent = []
+        while time.time() - t0 < 3.5:
+            cli.sendto(b"x", srv.getsockname())
+            sent.append(time.time())
+            time.sleep(0.02)
+    finally:
+        rec.stop()
+        cli.close()
+        srv.close()
+    (entry,) = json.loads((tmp_path / "traces" / "pcap" / "ports.json").read_text())
+    from scapy.utils import RawPcapReader
+    stamps = [m.sec + m.usec / 1e6 for _, m in RawPcapReader(str(tmp_path / "traces" / "pcap" / "lo.pcap"))]
+    assert stamps and entry["started"] - 0.05 <= min(stamps) and max(stamps) <= entry["stopped"] + 0.05
+    assert 0.9 <= entry["started"] - t0 <= 1.6 and 0.9 <= entry["stopped"] - entry["started"] <= 1.6
+    assert 20 <= len(stamps) <= 0.6 * len(sent)  # about a second's worth of the 3.5 s sent
