@@ -1,0 +1,624 @@
+"""Benchmark: measure this machine's cost model (``testbed/data/machine_costs.yaml``).
+
+Measures every value :mod:`testbed.capacity` needs (:data:`testbed.capacity.COST_KEYS`),
+prints the figures and writes them as YAML to ``OUT`` (refused if it exists), each with its
+unit and its source: this command, the step that measured it, the date and the machine
+(cores, RAM, kernel). Steps:
+
+1. *Base process*: 3 processes that import what a runtime process imports
+   (``traffic.runtime.__main__``: torch and the project) and wait; ``psutil``'s
+   ``memory_full_info`` of each: USS, PSS (3 sharers) and RSS. The harness: one process that
+   imports ``testbed.cli`` and ``testbed.runner``.
+2. *Loopback runs* (:func:`testbed.local.run_local`, 2 workers on ``kind: rack``; every
+   process's USS/PSS/RSS sampled every 0.2 s, peak kept):
+   ``ps`` and ``allreduce`` with ``digits_mlp`` and ``alexnet`` (emulated compute, profile
+   ``zero``, the zygote launcher) give each role's USS at two model sizes: the line through
+   them is its USS at zero parameters and its bytes per parameter byte; ``digits_mlp`` with
+   ``run.launcher: exec`` gives the USS at zero parameters of a process that imports
+   everything itself (a generic worker's figures are the larger of ``ps``'s and
+   ``allreduce``'s); the zygote's RSS is sampled too; ``ps`` with ``digits_mlp`` in real
+   compute gives the real mode's extra memory. ``ps`` and ``allreduce`` with ``alexnet`` at
+   3 and 13 iterations give the runtime's user CPU per byte sent (difference of the runs'
+   children user time, ``getrusage``, over the difference of the bytes sent on ``lo``).
+   ``ps`` with ``digits_mlp`` and a profile of 0.2 s per layer forward and backward gives
+   the CPU of a waiting process (``cpu_times`` of each process over iterations 1..n-2,
+   from the event log).
+3. *Networks* (:class:`testbed.network.Network`, ``kind: rack``, 100 Mbit/s links, torn
+   down in a ``finally``): ``psutil.virtual_memory().used`` (settled) before and after
+   building 10 and 100 hosts (and 100 hosts with 2 links each) gives the memory per host and
+   per further link; on networks of 10 and 100 hosts :class:`testbed.capture.Capture` runs
+   10 s with the default periods, with and without the qdisc sampler: bwm-ng's CPU (its
+   process) and the samplers' (this process) per sample, against the port count.
+4. *Forwarding*: iperf3 (TCP, 10 s) between two namespaces over one bridge (``kind: rack``,
+   2 hosts) and over three (``rack_core``, 2 racks of 1 host: ToR, core, ToR), each at 1000,
+   3000 and 6000 Mbit/s (rates at which the CPU a byte costs is well above the noise); busy
+   CPU of the machine from ``psutil.cpu_times`` deltas (busy = all time but idle and
+   iowait, as the capture's CPU sampler counts it). The slope of busy cores over received
+   bytes/s is the CPU per byte; (3-bridge slope - 1-bridge slope) / 2 per further bridge.
+
+Steps 3-4 need root (network namespaces). ``--quiet-flag FILE``: before every measurement,
+wait (polling every 20 s) until ``FILE`` exists (a machine kept quiet for measuring), and
+measure again when it vanished during the measurement. The values of every finished step
+are kept in ``OUT.partial.json`` until ``OUT`` is written; ``--resume`` skips the steps it
+holds. Run ``testbed clean`` afterwards if the run was killed.
+
+    sudo .venv/bin/python benchmarks/machine_costs.py OUT.yaml [--quiet-flag FILE] [--seconds 10] [--resume]
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import psutil  # noqa: E402
+import yaml  # noqa: E402
+
+from testbed.capacity import COST_KEYS  # noqa: E402
+from testbed.capture import Capture  # noqa: E402
+from testbed.ledger import Ledger, NetworkLock  # noqa: E402
+from testbed.local import run_local  # noqa: E402
+from testbed.network import Network  # noqa: E402
+from testbed.runner import switch_ports  # noqa: E402
+from testbed.spec import CaptureSpec, from_dict  # noqa: E402
+from topologies import TopologySpec  # noqa: E402
+from traffic.models import model_info  # noqa: E402
+from traffic.profiles.profile import LayerProfile, Profile, load_profile  # noqa: E402
+from traffic.rundir import read_json  # noqa: E402
+
+SMALL, BIG = "digits_mlp", "alexnet"
+IMPORT_RUNTIME = "import time, traffic.runtime.__main__; print('ready', flush=True); time.sleep(600)"
+IMPORT_HARNESS = "import time, testbed.cli, testbed.runner; print('ready', flush=True); time.sleep(600)"
+SLOW_LAYER_S = 0.2
+LONG = 13  # iterations of the longer alexnet runs (the shorter: 3)
+
+
+class Bench:
+    """Shared state: the command, the machine, the quiet flag, the measured values."""
+
+    def __init__(self, args):
+        self.args = args
+        exe = os.path.relpath(sys.executable, ROOT) if sys.executable.startswith(str(ROOT)) else "python"
+        self.command = f"{exe} benchmarks/machine_costs.py " + " ".join(sys.argv[1:])
+        self.date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        vm = psutil.virtual_memory()
+        cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines()
+                    if l.startswith("model name")), platform.processor() or "?")
+        self.machine = {"cores": int(psutil.cpu_count()), "cpu": cpu, "memory_total_bytes": int(vm.total),
+                        "kernel": platform.release(), "date": self.date}
+        self.values: dict[str, dict] = {}
+        self._absent_at = -1.0  # time.monotonic() when the quiet flag was last seen missing
+        self._runs = 0
+        if args.quiet_flag:
+            threading.Thread(target=self._watch, daemon=True).start()
+
+    def _watch(self) -> None:
+        while True:
+            if not Path(self.args.quiet_flag).exists():
+                self._absent_at = time.monotonic()
+            time.sleep(0.5)
+
+    def quiet(self, what: str, fn):
+        """``fn()``, measured while the quiet flag exists throughout: measured again when the
+        flag vanished meanwhile (someone else may have loaded the machine)."""
+        while True:
+            self.wait_quiet(what)
+            t0 = time.monotonic()
+            out = fn()
+            time.sleep(0.6)  # one period of the watcher
+            if self._absent_at < t0:
+                return out
+            print(f"  ({self.args.quiet_flag} vanished during: {what}; measuring it again)", flush=True)
+
+    def label(self, what: str) -> str:
+        """A unique directory name for one attempt of a measurement."""
+        self._runs += 1
+        return f"{what}-{self._runs}"
+
+    def wait_quiet(self, what: str) -> None:
+        flag = self.args.quiet_flag
+        if not flag:
+            return
+        while not Path(flag).exists():
+            print(f"  (waiting for {flag} before: {what})", flush=True)
+            time.sleep(20)
+
+    def put(self, key: str, value: float, step: str) -> None:
+        unit = COST_KEYS[key][0]
+        m = self.machine
+        self.values[key] = {
+            "value": float(value), "unit": unit,
+            "source": f"{self.command} [{step}] on {self.date}; machine: {m['cores']} cores ({m['cpu']}), "
+                      f"{m['memory_total_bytes'] / 2**30:.1f} GiB RAM, kernel {m['kernel']}"}
+        print(f"  {key} = {value:.6g} {unit}", flush=True)
+
+
+def mib(n: float) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+# ------------------------------------------------------------------------------ 1. base process
+
+
+def idle_processes(code: str, n: int) -> list[dict]:
+    """Start ``n`` processes running ``code`` (which prints 'ready' then sleeps); once all are
+    ready, their memory_full_info (uss, pss, rss); they are killed afterwards."""
+    procs = []
+    try:
+        for _ in range(n):
+            procs.append(subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
+                                          start_new_session=True))
+        for p in procs:
+            if p.stdout.readline().strip() != b"ready":
+                raise SystemExit(f"probe process failed: {code}")
+        time.sleep(2)
+        out = []
+        for p in procs:
+            mi = psutil.Process(p.pid).memory_full_info()
+            out.append({"uss": mi.uss, "pss": mi.pss, "rss": mi.rss})
+        return out
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def base_process(b: Bench) -> None:
+    print("1. base process memory", flush=True)
+    rt = b.quiet("base process", lambda: idle_processes(IMPORT_RUNTIME, 3))
+    for i, r in enumerate(rt):
+        print(f"  runtime process {i}: USS {mib(r['uss'])}, PSS {mib(r['pss'])}, RSS {mib(r['rss'])}")
+    uss = sum(r["uss"] for r in rt) / len(rt)
+    pss = sum(r["pss"] for r in rt) / len(rt)
+    shared = sum(r["rss"] - r["uss"] for r in rt) / len(rt)
+    how = ("3 processes 'python -c \"import traffic.runtime.__main__\"' (torch + the project) idle; "
+           "psutil memory_full_info, mean of the 3")
+    b.put("process_uss_bytes", uss, f"step 1: {how}: USS")
+    b.put("process_pss_bytes", pss, f"step 1: {how}: PSS (3 sharers)")
+    b.put("process_shared_bytes", shared, f"step 1: {how}: RSS - USS")
+    (h,) = b.quiet("harness process", lambda: idle_processes(IMPORT_HARNESS, 1))
+    print(f"  harness: USS {mib(h['uss'])}, PSS {mib(h['pss'])}, RSS {mib(h['rss'])}")
+    b.put("harness_uss_bytes", h["uss"], "step 1: one process 'import testbed.cli, testbed.runner' idle; USS")
+
+
+# ------------------------------------------------------------------------------ 2. loopback runs
+
+
+def loopback(b: Bench, spec: dict, label: str, tmp: Path) -> dict:
+    """Run ``spec`` with run_local; per process the peak USS/PSS/RSS and (t, cpu s) samples;
+    the children's rusage delta, wall time, bytes sent (results, and on ``lo``), and the
+    worker0 event log."""
+    return b.quiet(f"loopback {label}", lambda: _loopback(spec, b.label(label), tmp))
+
+
+def _loopback(spec: dict, label: str, tmp: Path) -> dict:
+    exp = from_dict(spec)
+    launched, peaks, cpu = [], {}, {}
+    stop = threading.Event()
+    me = psutil.Process()
+
+    def sample_one(name: str, role: str, pid: int) -> None:
+        try:
+            p = psutil.Process(pid)
+            ct = p.cpu_times()
+            t = time.time()
+            mi = p.memory_full_info()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            return
+        cpu.setdefault(name, []).append((t, ct.user + ct.system))
+        pk = peaks.setdefault(name, {"role": role, "uss": 0, "pss": 0, "rss": 0})
+        pk["uss"], pk["pss"], pk["rss"] = max(pk["uss"], mi.uss), max(pk["pss"], mi.pss), max(pk["rss"], mi.rss)
+
+    def sample():
+        while not stop.is_set():
+            for l in list(launched):
+                sample_one(l.info["name"], l.info["role"], l.popen.pid)
+            for c in me.children():  # the zygote (run.launcher: zygote)
+                try:
+                    if any("traffic.runtime.zygote" in a for a in c.cmdline()):
+                        sample_one("zygote", "zygote", c.pid)
+                except psutil.Error:
+                    pass
+            stop.wait(0.2)
+
+    th = threading.Thread(target=sample, daemon=True)
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    lo0 = psutil.net_io_counters(pernic=True)["lo"].bytes_sent
+    t0 = time.perf_counter()
+    th.start()
+    try:
+        run_dir = run_local(exp, tmp / label, on_start=launched.append)
+    finally:
+        stop.set()
+        th.join()
+    wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    lo1 = psutil.net_io_counters(pernic=True)["lo"].bytes_sent
+    results = [read_json(p) for p in sorted((run_dir / "results").glob("*.json"))]
+    events = [json.loads(l) for l in (run_dir / "events" / "worker0.jsonl").read_text().splitlines() if l.strip()]
+    out = {"peaks": peaks, "cpu": cpu, "user_s": r1.ru_utime - r0.ru_utime, "system_s": r1.ru_stime - r0.ru_stime,
+           "wall_s": wall, "bytes_sent": sum(r["bytes_sent"] for r in results), "lo_bytes": lo1 - lo0, "events": events}
+    roles = ", ".join(f"{n} USS {mib(p['uss'])} PSS {mib(p['pss'])} RSS {mib(p['rss'])}"
+                      for n, p in sorted(peaks.items()))
+    print(f"  {label} ({exp.run.launcher}): {wall:.1f} s, user {out['user_s']:.1f} s, system {out['system_s']:.1f} s, "
+          f"sent {out['bytes_sent'] / 1e6:.1f} MB (lo {out['lo_bytes'] / 1e6:.1f} MB); peaks: {roles}", flush=True)
+    return out
+
+
+def role_peak(run: dict, role: str) -> float:
+    """Mean peak USS of the processes of ``role``."""
+    v = [p["uss"] for p in run["peaks"].values() if p["role"] == role]
+    return sum(v) / len(v)
+
+
+def workload(scheme: str, model: str, iterations: int, mode: str = "emulated", profile: str = "zero",
+             launcher: str = "zygote") -> dict:
+    w = {"scheme": scheme, "model": model, "iterations": iterations, "workers": 2,
+         "compute": {"mode": mode} if mode == "real" else {"mode": mode, "profile": profile}}
+    return {"name": "machine-costs", "topology": {"kind": "rack", "hosts_per_rack": 2}, "workload": w,
+            "run": {"timeout_s": 900, "launcher": launcher}}
+
+
+def slow_profile(path: Path) -> str:
+    """A profile of SMALL at batch 32: SLOW_LAYER_S per layer forward and backward."""
+    zero = load_profile("zero", SMALL, 32)
+    Profile(model=SMALL, device="slow", batch_size=32, derived=False,
+            method="synthetic: a fixed time per layer (a temporary profile of this benchmark)",
+            source=f"benchmarks/machine_costs.py: {SLOW_LAYER_S} s per layer, to keep processes waiting",
+            layers=[LayerProfile(l.index, l.name, SLOW_LAYER_S, SLOW_LAYER_S) for l in zero.layers]).save(path)
+    return str(path)
+
+
+def cpu_in_window(samples: list[tuple[float, float]], ta: float, tb: float) -> float | None:
+    """CPU seconds between ``ta`` and ``tb`` from (t, cumulative cpu s) samples (interpolated)."""
+    def at(t):
+        for (t0, c0), (t1, c1) in zip(samples, samples[1:]):
+            if t0 <= t <= t1:
+                return c0 + (c1 - c0) * (t - t0) / (t1 - t0) if t1 > t0 else c0
+        return None
+    a, z = at(ta), at(tb)
+    return None if a is None or z is None else z - a
+
+
+def loopback_runs(b: Bench, tmp: Path) -> None:
+    print("2. loopback runs", flush=True)
+    small, big = model_info(SMALL)["param_bytes"], model_info(BIG)["param_bytes"]
+    runs = {}
+    for scheme in ("ps", "allreduce"):
+        for launcher in ("zygote", "exec"):
+            runs[(scheme, SMALL, launcher)] = loopback(b, workload(scheme, SMALL, 5, launcher=launcher),
+                                                       f"{scheme}-{SMALL}-5-{launcher}", tmp)
+        for it in (3, LONG):
+            runs[(scheme, BIG, it)] = loopback(b, workload(scheme, BIG, it), f"{scheme}-{BIG}-{it}", tmp)
+    real = loopback(b, workload("ps", SMALL, 5, mode="real"), f"ps-{SMALL}-5-real", tmp)
+    prof = slow_profile(tmp / "slow-profile.json")
+    n_it = 10
+    slow = loopback(b, workload("ps", SMALL, n_it, profile=prof), f"ps-{SMALL}-{n_it}-slow", tmp)
+
+    run_desc = ("run_local of {workload: {scheme: %s, model: M, workers: 2, iterations: 5 (alexnet: 3 and "
+                f"{LONG}), "
+                "compute: {mode: emulated, profile: zero}}, topology: {kind: rack, hosts_per_rack: 2}, run: {launcher: "
+                f"L}}}} for M = {SMALL} ({small} parameter bytes, L = zygote and exec) and {BIG} ({big}, L = zygote); "
+                "peak USS of each process sampled every 0.2 s (psutil memory_full_info)")
+    fits = {}
+    for scheme, role in (("ps", "worker"), ("ps", "server"), ("allreduce", "worker")):
+        lo = role_peak(runs[(scheme, SMALL, "zygote")], role)
+        lo_exec = role_peak(runs[(scheme, SMALL, "exec")], role)
+        hi = max(role_peak(runs[(scheme, BIG, 3)], role), role_peak(runs[(scheme, BIG, LONG)], role))
+        slope = (hi - lo) / (big - small)
+        fits[(scheme, role)] = {"per": slope, "base": lo - slope * small, "exec": lo_exec - slope * small}
+        print(f"  {scheme} {role}: USS {mib(lo)} ({SMALL}; exec {mib(lo_exec)}), {mib(hi)} ({BIG}): {slope:.3f} bytes "
+              f"per parameter byte; at 0 parameters {mib(lo - slope * small)} (exec {mib(lo_exec - slope * small)})")
+
+    def put_role(prefix: str, f: dict, scheme: str, role: str, note: str = "") -> None:
+        d = run_desc % scheme
+        b.put(f"{prefix}_bytes_per_param_byte", f["per"], f"step 2: {d}: {role} slope (M = {BIG} vs {SMALL}){note}")
+        b.put(f"{prefix}_base_uss_bytes", f["base"], f"step 2: {d}: {role} intercept at 0 parameter bytes, "
+              f"L = zygote{note}")
+        b.put(f"{prefix}_exec_base_uss_bytes", f["exec"], f"step 2: {d}: {role} intercept at 0 parameter bytes, "
+              f"L = exec (USS at {SMALL} minus the slope's share){note}")
+
+    put_role("ps_worker", fits[("ps", "worker")], "ps", "worker")
+    put_role("allreduce_worker", fits[("allreduce", "worker")], "allreduce", "worker")
+    put_role("server", fits[("ps", "server")], "ps", "server (1, holding the whole model)")
+    pw, aw = fits[("ps", "worker")], fits[("allreduce", "worker")]
+    put_role("worker", {k: max(pw[k], aw[k]) for k in pw}, "ps|allreduce", "worker",
+             " (for schemes not measured on their own: the larger of ps's and allreduce's)")
+    zyg = max(r["peaks"]["zygote"]["rss"] for r in runs.values() if "zygote" in r["peaks"])
+    b.put("zygote_bytes", zyg, f"step 2: {run_desc % 'ps|allreduce'}: RSS of the zygote (largest of the L = zygote "
+          f"runs): its pages, shared with every process it forks, resident once")
+    extra = role_peak(real, "worker") - role_peak(runs[("ps", SMALL, "zygote")], "worker")
+    b.put("real_compute_worker_bytes", max(extra, 0.0),
+          f"step 2: peak worker USS of run_local {{scheme: ps, model: {SMALL}, workers: 2, iterations: 5, compute: "
+          f"{{mode: real}}, dataset: digits, batch_size: 32}} minus that of the same run with emulated compute "
+          f"(launcher zygote): measured {extra:.0f}; a negative value is floored at 0")
+
+    per_byte = []
+    for scheme in ("ps", "allreduce"):
+        a, z = runs[(scheme, BIG, 3)], runs[(scheme, BIG, LONG)]
+        u = (z["user_s"] - a["user_s"]) / (z["lo_bytes"] - a["lo_bytes"])
+        per_byte.append((u, scheme))
+        print(f"  {scheme}: runtime user CPU {u * 1e9:.3f} ns per byte sent "
+              f"({z['user_s'] - a['user_s']:.2f} s for {(z['lo_bytes'] - a['lo_bytes']) / 1e6:.0f} MB on lo)")
+    u, which = max(per_byte)
+    b.put("runtime_user_cpu_s_per_byte", u,
+          f"step 2: run_local of {{scheme: S, model: {BIG}, workers: 2, compute: {{mode: emulated, profile: zero}}}} "
+          f"at 3 and {LONG} iterations: (children user CPU, getrusage, of the {LONG}-iteration run - the 3-iteration "
+          f"run) / (bytes sent on lo, psutil.net_io_counters, difference); the larger of S = ps, allreduce ({which}; "
+          + ", ".join(f"{s} {v:.3g}" for v, s in per_byte) + ")")
+
+    its = [e for e in slow["events"] if e["kind"] == "iteration"]
+    first = next(e for e in its if e["iteration"] == 1)
+    last = next(e for e in its if e["iteration"] == n_it - 2)
+    ta, tb = first["ts"], last["ts"] + last["dur"]
+    rates = {}
+    for name, smp in slow["cpu"].items():
+        c = cpu_in_window(smp, ta, tb)
+        if c is not None and name != "zygote":
+            rates[name] = c / (tb - ta)
+    print(f"  waiting processes over {tb - ta:.1f} s: " + ", ".join(f"{n} {r * 100:.2f}%" for n, r in rates.items()))
+    b.put("process_idle_cores", sum(rates.values()) / len(rates),
+          f"step 2: run_local of {{scheme: ps, model: {SMALL}, workers: 2, iterations: {n_it}, compute: {{mode: "
+          f"emulated, profile: {SLOW_LAYER_S} s per layer forward and backward}}}}: mean over its 3 processes of "
+          f"(user + system CPU, psutil cpu_times sampled every 0.2 s) / wall time over iterations 1..{n_it - 2}")
+
+
+# ------------------------------------------------------------------------------ 3-4. networks
+
+
+@contextlib.contextmanager
+def network(spec: TopologySpec, label: str, tmp: Path):
+    """A built Network (run directory under ``tmp``), always stopped."""
+    run_dir = tmp / label
+    (run_dir / "logs").mkdir(parents=True)
+    with NetworkLock():
+        ledger = Ledger.create(f"machine-costs-{label}", run_dir)
+        net = Network(spec, [], run_dir, ledger)
+        try:
+            net.start()
+            yield net
+        finally:
+            left = net.stop()
+            if left:
+                print(f"  teardown removed leftovers: {', '.join(left)}")
+
+
+def busy_s() -> float:
+    """Busy CPU seconds of the machine so far (all cores; idle and iowait count as idle)."""
+    t = psutil.cpu_times()
+    total = sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
+    return total - t.idle - getattr(t, "iowait", 0.0)
+
+
+def capture_cost(net, label: str, tmp: Path, seconds: float, qdisc: bool) -> dict:
+    """Run Capture on every switch port for ``seconds``: bwm-ng's and this process's CPU, the
+    samples each recorder took, bwm-ng's USS."""
+    ports = switch_ports(net.topology)
+    run_dir = tmp / label
+    me = psutil.Process()
+    cap = Capture(run_dir, ports=ports, qdisc_ifaces=ports, spec=CaptureSpec(qdisc=qdisc))
+    with cap:
+        bwm = psutil.Process(cap.bwm.pid)
+        time.sleep(1)
+        c0, m0, t0 = bwm.cpu_times(), me.cpu_times(), time.perf_counter()
+        time.sleep(seconds)
+        c1, m1, t1 = bwm.cpu_times(), me.cpu_times(), time.perf_counter()
+        uss = bwm.memory_full_info().uss
+    dt = t1 - t0
+    bwm_cpu = (c1.user + c1.system - c0.user - c0.system) / dt
+    me_cpu = (m1.user + m1.system - m0.user - m0.system) / dt
+    traces = run_dir / "traces"
+
+    def per_s(name: str, sep: str, header: bool, only: str | None = None) -> float:
+        """Samples per second of a trace: distinct timestamps (first field) over their span
+        (``only``: of the lines whose second field is that)."""
+        p = traces / name
+        lines = p.read_text().splitlines()[1 if header else 0:] if p.exists() else []
+        ts = sorted({float(l.split(sep)[0]) for l in lines
+                     if sep in l and (only is None or l.split(sep)[1] == only)})
+        return (len(ts) - 1) / (ts[-1] - ts[0]) if len(ts) > 1 else 0.0
+
+    out = {"ports": len(ports), "bwm_cores": bwm_cpu, "harness_cores": me_cpu, "bwm_uss": uss,
+           "bwm_samples_per_s": per_s("bwm-ng.csv", ";", False, only="total"),
+           "qdisc_samples_per_s": per_s("qdisc.csv", ",", True),
+           "cpu_samples_per_s": per_s("cpu.csv", ",", True)}
+    print(f"  capture {label}: {len(ports)} ports, qdisc {qdisc}: bwm-ng {bwm_cpu * 100:.2f}% of a core "
+          f"({out['bwm_samples_per_s']:.0f} samples/s), harness {me_cpu * 100:.2f}% "
+          f"(qdisc {out['qdisc_samples_per_s']:.1f}/s, cpu {out['cpu_samples_per_s']:.1f}/s), bwm-ng USS {mib(uss)}",
+          flush=True)
+    return out
+
+
+def settled_used(limit_s: float = 60.0) -> int:
+    """``psutil.virtual_memory().used`` once it has settled (the last 5 one-second samples
+    within 2 MiB: the kernel frees the namespaces of a stopped network asynchronously)."""
+    samples, t0 = [], time.monotonic()
+    while True:
+        samples.append(psutil.virtual_memory().used)
+        last = samples[-5:]
+        if len(last) == 5 and max(last) - min(last) < 2 * 2**20 or time.monotonic() - t0 > limit_s:
+            return int(sum(last) / len(last))
+        time.sleep(1)
+
+
+def network_memory(b: Bench, n: int, k: int, tmp: Path) -> tuple[int, int]:
+    """(used after - used before, host shells' USS) of building ``n`` hosts of ``k`` links."""
+    spec = TopologySpec(kind="rack", hosts_per_rack=n, host_bw_mbps=100, interfaces_per_host=k)
+    before = settled_used()
+    with network(spec, b.label(f"net{n}x{k}"), tmp) as net:
+        after = settled_used()
+        shells = sum(psutil.Process(h.pid).memory_full_info().uss for h in net.net.hosts)
+    print(f"  {n} hosts x {k} links: used +{mib(after - before)} (host shells' USS {mib(shells)})", flush=True)
+    return after - before, shells
+
+
+def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares line through (x, y) points: (intercept, slope)."""
+    n = len(points)
+    mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
+    slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
+    return my - slope * mx, slope
+
+
+def networks(b: Bench, tmp: Path) -> None:
+    print("3. network memory and capture CPU", flush=True)
+    small, big = 10, 100
+    mem = {(n, k): b.quiet(f"network of {n} hosts x {k} links", lambda n=n, k=k: network_memory(b, n, k, tmp))[0]
+           for n, k in ((small, 1), (big, 1), (big, 2))}
+    how = ("testbed.network.Network of TopologySpec(kind=rack, hosts_per_rack=N, host_bw_mbps=100, "
+           "interfaces_per_host=K); psutil.virtual_memory().used once settled (5 one-second samples within 2 MiB) "
+           "after the build minus before it")
+    b.put("network_host_bytes", (mem[(big, 1)] - mem[(small, 1)]) / (big - small),
+          f"step 3: {how}: (N={big} - N={small}, K=1) / {big - small} (+{mem[(small, 1)]} bytes for {small} hosts, "
+          f"+{mem[(big, 1)]} for {big})")
+    link = (mem[(big, 2)] - mem[(big, 1)]) / big
+    b.put("network_link_bytes", max(link, 0.0),
+          f"step 3: {how}: (K=2 - K=1 at N={big}) / {big} (+{mem[(big, 2)]} bytes with K=2; measured {link:.0f} "
+          f"per link; a negative value is floored at 0)")
+    cap = {}
+    for n in (small, big):
+        spec = TopologySpec(kind="rack", hosts_per_rack=n, host_bw_mbps=100)
+        with network(spec, b.label(f"capnet{n}"), tmp) as net:
+            for q in (True, False):
+                cap[(n, q)] = b.quiet(f"capture on {n} hosts, qdisc {q}", lambda q=q: capture_cost(
+                    net, b.label(f"cap{n}{'q' if q else ''}"), tmp, b.args.seconds, q))
+    b.put("bwm_ng_uss_bytes", max(c["bwm_uss"] for c in cap.values()),
+          "step 3: USS of bwm-ng sampling the switch ports every 10 ms (largest of the capture runs)")
+    capd = ("testbed.capture.Capture(ports=switch ports, qdisc_ifaces=switch ports, CaptureSpec(qdisc=Q)) on the "
+            f"Network of N hosts (kind rack, 1 link each), {b.args.seconds:g} s, no training processes; CPU from "
+            "psutil cpu_times of bwm-ng and of this process (the samplers' threads); samples per second from the "
+            "traces' timestamps (bwm-ng: its 'total' lines)")
+    bwm = [(cap[(n, True)]["ports"], cap[(n, q)]["bwm_cores"] / cap[(n, q)]["bwm_samples_per_s"])
+           for n in (small, big) for q in (True, False)]
+    icpt, slope = fit(bwm)
+    listing = ", ".join(f"{p} ports: {v:.3g}" for p, v in bwm)
+    b.put("bwm_ng_cpu_s_per_sample_port", max(slope, 0.0), f"step 3: {capd}: bwm-ng CPU per sample, "
+          f"least-squares slope over ports, N={small} and N={big}, Q both ({listing} s per sample)")
+    b.put("bwm_ng_cpu_s_per_sample", max(icpt, 0.0), f"step 3: {capd}: bwm-ng CPU per sample, intercept at 0 ports")
+    q = [(cap[(n, True)]["ports"], (cap[(n, True)]["harness_cores"] - cap[(n, False)]["harness_cores"])
+          / cap[(n, True)]["qdisc_samples_per_s"]) for n in (small, big)]
+    qi, qs = fit(q)
+    b.put("qdisc_cpu_s_per_sample_port", max(qs, 0.0), f"step 3: {capd}: (harness CPU with Q=true - with Q=false) "
+          f"per qdisc sample, slope over ports between N={small} and N={big} ({q[0][1]:.3g} and {q[1][1]:.3g} s per "
+          f"sample)")
+    b.put("qdisc_cpu_s_per_sample", max(qi, 0.0), f"step 3: {capd}: qdisc sampler CPU per sample, intercept at 0 ports")
+    cs = [cap[(n, False)]["harness_cores"] / cap[(n, False)]["cpu_samples_per_s"] for n in (small, big)]
+    b.put("cpu_sampler_cpu_s_per_sample", sum(cs) / 2,
+          f"step 3: {capd}: harness CPU with Q=false per CPU sample (mean of N={small} and N={big}: {cs[0]:.3g}, "
+          f"{cs[1]:.3g})")
+
+
+def iperf_busy(net, src: str, dst: str, seconds: float) -> tuple[float, float]:
+    """(received bytes/s, busy cores of the machine) of one iperf3 TCP flow src -> dst."""
+    server = net.hosts[dst].popen(["iperf3", "-s", "-1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(1)
+        client = net.hosts[src].popen(["iperf3", "-c", net.hosts[dst].IP(), "-t", str(int(seconds)), "-J"],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        b0, t0 = busy_s(), time.perf_counter()
+        out, err = client.communicate(timeout=seconds + 60)
+        b1, t1 = busy_s(), time.perf_counter()
+        if client.returncode != 0:
+            raise SystemExit(f"iperf3 failed: {err.decode()[-1000:]}")
+        end = json.loads(out)["end"]["sum_received"]
+        return end["bytes"] / end["seconds"], (b1 - b0) / (t1 - t0)
+    finally:
+        server.kill()
+        server.wait()
+
+
+def idle_busy(seconds: float) -> float:
+    b0, t0 = busy_s(), time.perf_counter()
+    time.sleep(seconds)
+    return (busy_s() - b0) / (time.perf_counter() - t0)
+
+
+def forwarding(b: Bench, tmp: Path) -> None:
+    print("4. forwarding CPU", flush=True)
+    rates = (1000.0, 3000.0, 6000.0)
+    slopes = {}
+    for bridges, spec_kw in ((1, dict(kind="rack", hosts_per_rack=2)), (3, dict(kind="rack_core", racks=2,
+                                                                                   hosts_per_rack=1))):
+        pts = []
+        for rate in rates:
+            spec = TopologySpec(host_bw_mbps=rate, **spec_kw)
+            with network(spec, b.label(f"fwd{bridges}-{rate:g}"), tmp) as net:
+                base, (bps, busy) = b.quiet(f"iperf3 over {bridges} bridge(s) at {rate:g} Mbit/s", lambda net=net: (
+                    idle_busy(5), iperf_busy(net, "h1", "h2", b.args.seconds)))
+            pts.append((bps, busy, base))
+            print(f"  {bridges} bridge(s), {rate:g} Mbit/s: received {bps * 8 / 1e6:.1f} Mbit/s, busy {busy:.3f} cores "
+                  f"(idle network {base:.3f}): {(busy - base) / bps * 1e9:.3f} ns per byte above idle", flush=True)
+        slopes[bridges] = (fit([(x, y) for x, y, _ in pts])[1], pts)
+    how = ("iperf3 -c (TCP, {s:g} s) from h1 to h2 of a testbed.network.Network ({desc}) with host_bw_mbps "
+           + ", ".join(f"{r:g}" for r in rates) + "; busy cores from psutil.cpu_times deltas over the client's run "
+           "(busy = all but idle and iowait); least-squares slope of busy cores over received bytes/s")
+    one, three = slopes[1][0], slopes[3][0]
+    fmt = lambda pts: "; ".join(f"{x * 8 / 1e6:.0f} Mbit/s: {y:.3f} cores (idle {z:.3f})" for x, y, z in pts)
+    b.put("path_cpu_s_per_byte", one, "step 4: " + how.format(s=b.args.seconds, desc="kind rack, 2 hosts: 1 bridge")
+          + f" ({fmt(slopes[1][1])})")
+    extra = (three - one) / 2
+    b.put("extra_bridge_cpu_s_per_byte", max(extra, 0.0),
+          "step 4: " + how.format(s=b.args.seconds, desc="kind rack_core, 2 racks of 1 host: 3 bridges")
+          + f" ({fmt(slopes[3][1])}): (3-bridge slope {three:.4g} - 1-bridge slope {one:.4g}) / 2"
+          + ("" if extra >= 0 else " floored at 0"))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out", help="YAML file to write (must not exist)")
+    ap.add_argument("--quiet-flag", help="wait until this file exists before every measurement")
+    ap.add_argument("--seconds", type=float, default=10.0, help="length of each CPU measurement, s")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the values of OUT.partial.json (the steps a failed invocation finished)")
+    args = ap.parse_args()
+    out = Path(args.out)
+    if out.exists():
+        print(f"error: {out} exists; give a new file (measurements are never overwritten)", file=sys.stderr)
+        return 2
+    if os.geteuid() != 0:
+        print("error: steps 3-4 build networks: run as root", file=sys.stderr)
+        return 2
+    b = Bench(args)
+    print(f"machine: {b.machine}", flush=True)
+    partial = out.with_name(out.name + ".partial.json")
+    if args.resume and partial.exists():  # values of the steps a failed invocation finished
+        b.values.update(json.loads(partial.read_text()))
+        print(f"resumed {len(b.values)} values from {partial}")
+    steps = ((base_process, ("process_uss_bytes", "harness_uss_bytes")),
+             (loopback_runs, ("worker_bytes_per_param_byte", "process_idle_cores")),
+             (networks, ("network_host_bytes", "cpu_sampler_cpu_s_per_sample")),
+             (forwarding, ("path_cpu_s_per_byte", "extra_bridge_cpu_s_per_byte")))
+    with tempfile.TemporaryDirectory(prefix="machine-costs-") as d:
+        tmp = Path(d)
+        for step, keys in steps:
+            if all(k in b.values for k in keys):
+                continue
+            step(b) if step is base_process else step(b, tmp)
+            partial.write_text(json.dumps(b.values, indent=1))
+    missing = [k for k in COST_KEYS if k not in b.values]
+    if missing:
+        print(f"error: not measured: {', '.join(missing)}", file=sys.stderr)
+        return 1
+    doc = {"machine": b.machine, "values": {k: b.values[k] for k in COST_KEYS}}
+    with open(out, "x") as f:
+        f.write("# Measured cost model of this machine for testbed.capacity; written by benchmarks/machine_costs.py.\n")
+        yaml.safe_dump(doc, f, sort_keys=False, width=120)
+    partial.unlink(missing_ok=True)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,446 @@
+"""Capacity checked before anything is built: will a run fit this machine, and at what dilation.
+
+From a point's hosts, processes, model and ``scale`` this module estimates the memory and
+the CPU the run needs on this machine, with a cost model *measured on it*
+(``testbed/data/machine_costs.yaml``, written by ``benchmarks/machine_costs.py``; every value
+carries its unit and the command, date and machine that measured it). :func:`check` refuses
+a point whose memory estimate exceeds the memory the machine has available
+(:class:`~topologies.errors.CapacityError`, unless ``run.force: true``) and warns where the
+run's fidelity will suffer: when the CPU estimate at the spec's ``scale`` leaves less than
+35 % of the cores idle (Mininet-HiFi's rule, :data:`analysis.metrics.CPU_IDLE_RULE`), naming
+the smallest dilation that keeps it (:attr:`Estimate.min_scale`).
+
+Memory (bytes), a sum over what the run starts:
+
+* every process: its USS (unique set size) at zero model size, ``<kind>_base_uss_bytes``
+  when forked by the zygote (``run.launcher: zygote``, the default), or
+  ``<kind>_exec_base_uss_bytes`` when started with exec (``run.launcher: exec``, and always
+  a process on a host's second interface), plus ``<kind>_bytes_per_param_byte`` x the model
+  parameter bytes it holds, plus ``real_compute_worker_bytes`` for a non-server process in
+  ``compute.mode: real`` (data set, activations, autograd). ``<kind>`` is ``server`` for
+  parameter servers, which hold their shards (the model's parameter bytes divided over the
+  servers), and for every other role (workers, Stanza's ``fc``, which build the whole
+  model) ``<scheme>_worker`` where the scheme was measured on its own (``ps``,
+  ``allreduce``), else ``worker`` (the larger of those);
+* once, the pages the processes share: the zygote's RSS (``zygote_bytes``: torch and the
+  project, imported once and shared copy-on-write by every process it forks) or, when every
+  process is exec'd, the library pages they all map (``process_shared_bytes``). Per process
+  the model counts USS, not PSS: PSS charges each process 1/n of the shared pages, so it
+  depends on how many processes share them when it is read, whereas the USS of each plus
+  the shared pages once is the total for any n (``process_pss_bytes`` is recorded for
+  reference);
+* the network: ``network_host_bytes`` per Mininet host (its shell, namespace and first
+  veth pair with htb on both ends) + ``network_link_bytes`` per further link of a host;
+* the harness: ``harness_uss_bytes`` + ``bwm_ng_uss_bytes``.
+
+Model parameter bytes are the registry's (:func:`traffic.models.model_info`,
+``param_bytes``: float32 at the model's native input). In ``compute.mode: real`` the runtime
+builds the model for the data set's input instead; the only shipped data set (``digits``,
+64 features) makes that model no larger, so the native size is an upper bound.
+
+CPU (busy cores), an upper bound:
+
+* every process waiting: ``process_idle_cores`` each;
+* capture (bwm-ng, the qdisc and CPU samplers in the harness): per sample costs of
+  ``bwm_ng_*``, ``qdisc_*`` (growing with the switch ports) and ``cpu_sampler_*``, times the
+  samples per second of the spec's ``capture`` periods;
+* the network: every host interface that carries a process sends at its dilated line rate
+  ``host_bw_mbps / scale`` (background hosts: their flows' rates, capped at their links),
+  each byte costing ``path_cpu_s_per_byte`` (two namespaces' TCP ends over one bridge with
+  htb on the veths) and ``extra_bridge_cpu_s_per_byte`` for each further bridge; with
+  ``rack_core``, bytes crossing the core (at most the total rate, and at most ``racks x
+  uplink / scale``) traverse two more bridges (ToR, core, ToR); bytes sent by the runtime
+  add ``runtime_user_cpu_s_per_byte`` (gloo, aggregation, optimizer: the runtime's own user
+  time per byte sent).
+
+``cpu(scale) = fixed + network(1) / scale``, so the smallest dilation keeping the rule is
+``min_scale = network(1) / (0.65 x cores - fixed)`` (infinite when the fixed part alone
+breaks it). Not in the model (not measured): real compute's own CPU (``compute.mode: real``
+runs undilated, as fast as the cores allow), the runtime's per-*message* work (the
+per-byte figure comes from ``ps``/``allreduce`` moving whole large tensors: schemes that cut
+them into many small messages, P3's slices or PHub's chunks, cost more; checked against
+finished runs on this machine, those used 1.3-3.3x the estimate), compression codecs, the
+endpoint sampler (``capture.endpoints``), tcpdump (``capture.pcap``) and background flows'
+iperf3 memory. Example::
+
+    from testbed.runner import plan_point
+    hosts, procs = plan_point(exp)
+    print(describe(estimate(exp, hosts, procs)))
+    warnings = check([("", exp, hosts, procs)], force=exp.run.force)   # may raise CapacityError
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import psutil
+import yaml
+
+from analysis.metrics import CPU_IDLE_RULE, MIN_IDLE_PCT
+from testbed.spec import Experiment
+from topologies.errors import CapacityError
+from topologies.hosts import HostInfo
+from traffic.models import model_info
+from traffic.schemes import ProcessPlan
+
+__all__ = ["COST_KEYS", "COSTS_PATH", "Cost", "CostModel", "Machine", "Estimate", "estimate", "check", "describe",
+           "CapacityError"]
+
+#: the measured cost model shipped with the package
+COSTS_PATH = Path(__file__).resolve().parent / "data" / "machine_costs.yaml"
+
+GIB = 1024 ** 3
+
+#: every value of the cost model: key -> (unit, what it is)
+COST_KEYS: dict[str, tuple[str, str]] = {
+    "process_uss_bytes": ("bytes", "USS of a process that imported torch and the project, idle (reference)"),
+    "process_pss_bytes": ("bytes", "PSS of the same process with 3 such processes alive (reference)"),
+    "process_shared_bytes": ("bytes", "RSS - USS of that process: library pages every process maps, resident once"),
+    "zygote_bytes": ("bytes", "RSS of the zygote: pages every process it forks shares, resident once"),
+    "worker_base_uss_bytes": ("bytes", "USS of a running worker at zero model size, forked by the zygote "
+                              "(schemes without their own figures: the larger of the measured schemes')"),
+    "worker_exec_base_uss_bytes": ("bytes", "the same for a worker started with exec"),
+    "worker_bytes_per_param_byte": ("bytes/byte", "a worker's USS per byte of model parameters"),
+    "ps_worker_base_uss_bytes": ("bytes", "worker_base_uss_bytes of scheme ps"),
+    "ps_worker_exec_base_uss_bytes": ("bytes", "worker_exec_base_uss_bytes of scheme ps"),
+    "ps_worker_bytes_per_param_byte": ("bytes/byte", "worker_bytes_per_param_byte of scheme ps"),
+    "allreduce_worker_base_uss_bytes": ("bytes", "worker_base_uss_bytes of scheme allreduce"),
+    "allreduce_worker_exec_base_uss_bytes": ("bytes", "worker_exec_base_uss_bytes of scheme allreduce"),
+    "allreduce_worker_bytes_per_param_byte": ("bytes/byte", "worker_bytes_per_param_byte of scheme allreduce"),
+    "server_base_uss_bytes": ("bytes", "USS of a running parameter server at zero model size, forked"),
+    "server_exec_base_uss_bytes": ("bytes", "the same for a server started with exec"),
+    "server_bytes_per_param_byte": ("bytes/byte", "a server's USS per byte of parameters it holds"),
+    "real_compute_worker_bytes": ("bytes", "extra USS of a worker in compute.mode real over emulated"),
+    "harness_uss_bytes": ("bytes", "USS of the harness process after importing testbed.cli"),
+    "bwm_ng_uss_bytes": ("bytes", "USS of bwm-ng while it samples"),
+    "network_host_bytes": ("bytes", "memory per Mininet host with one shaped link"),
+    "network_link_bytes": ("bytes", "memory per further shaped link of a host"),
+    "process_idle_cores": ("cores", "CPU of a runtime process waiting (emulated compute, small messages)"),
+    "runtime_user_cpu_s_per_byte": ("cpu-s/byte", "runtime processes' user CPU per byte they send"),
+    "path_cpu_s_per_byte": ("cpu-s/byte", "busy CPU per byte between two namespaces over one htb-shaped bridge"),
+    "extra_bridge_cpu_s_per_byte": ("cpu-s/byte", "busy CPU per byte for each further bridge of a path"),
+    "bwm_ng_cpu_s_per_sample": ("cpu-s/sample", "bwm-ng CPU per sample, fixed part"),
+    "bwm_ng_cpu_s_per_sample_port": ("cpu-s/sample/port", "bwm-ng CPU per sample per switch port"),
+    "qdisc_cpu_s_per_sample": ("cpu-s/sample", "the harness's qdisc sampler CPU per sample, fixed part"),
+    "qdisc_cpu_s_per_sample_port": ("cpu-s/sample/port", "the qdisc sampler CPU per sample per switch port"),
+    "cpu_sampler_cpu_s_per_sample": ("cpu-s/sample", "the harness's CPU sampler CPU per sample"),
+}
+
+#: fraction of the cores that may be busy (Mininet-HiFi keeps >= 35 % idle)
+BUSY_FRACTION = 1.0 - MIN_IDLE_PCT / 100.0
+
+
+@dataclass(frozen=True)
+class Cost:
+    """One measured value: ``value`` in ``unit``, and ``source``: the command that measured it,
+    the date and the machine (cores, RAM, kernel)."""
+    value: float
+    unit: str
+    source: str
+
+
+class CostModel:
+    """The measured costs of this machine (:data:`COST_KEYS`), read from a YAML file::
+
+        machine: {cores: 2, memory_total_bytes: ..., kernel: ..., cpu: ..., date: ...}
+        values:
+          process_uss_bytes: {value: 1.9e8, unit: bytes, source: "python benchmarks/machine_costs.py ..."}
+          ...
+
+    ``model[key]`` is the value of ``key``; ``model.costs[key]`` the :class:`Cost`;
+    ``model.machine`` the machine that measured them.
+    """
+
+    def __init__(self, costs: dict[str, Cost], machine: dict, path: str | Path = "<memory>"):
+        self.costs = dict(costs)
+        self.machine = dict(machine)
+        self.path = str(path)
+
+    def __getitem__(self, key: str) -> float:
+        return self.costs[key].value
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> "CostModel":
+        """Read and check a cost model (default :data:`COSTS_PATH`).
+
+        Raises:
+            CapacityError: the file is missing or unreadable, not YAML, or a value of
+                :data:`COST_KEYS` is missing, not a finite number, in another unit or without
+                a source; the message names the file, the key and the remedy (measure this
+                machine with ``benchmarks/machine_costs.py``).
+        """
+        path = Path(path) if path is not None else COSTS_PATH
+        remedy = f"measure this machine: python benchmarks/machine_costs.py <new file>, then move it to {path}"
+        try:
+            doc = yaml.safe_load(path.read_text())
+        except (OSError, ValueError, yaml.YAMLError) as e:
+            raise CapacityError(f"cannot read the machine cost model {path} ({type(e).__name__}: {e}); {remedy}") \
+                from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("values"), dict):
+            raise CapacityError(f"the machine cost model {path} has no 'values' mapping; {remedy}")
+        costs, bad = {}, []
+        for key, (unit, _) in COST_KEYS.items():
+            v = doc["values"].get(key)
+            if not isinstance(v, dict):
+                bad.append(f"{key}: missing")
+                continue
+            value, got_unit, source = v.get("value"), v.get("unit"), v.get("source")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                bad.append(f"{key}: value {value!r} is not a finite number")
+            elif got_unit != unit:
+                bad.append(f"{key}: unit {got_unit!r}, expected {unit!r}")
+            elif not isinstance(source, str) or not source.strip():
+                bad.append(f"{key}: no source")
+            else:
+                costs[key] = Cost(float(value), unit, source)
+        if bad:
+            raise CapacityError(f"the machine cost model {path} is incomplete ({'; '.join(bad)}); {remedy}")
+        machine = doc.get("machine") if isinstance(doc.get("machine"), dict) else {}
+        return cls(costs, machine, path)
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What this machine offers: logical cores, total and available memory (bytes)."""
+    cores: int
+    total_bytes: int
+    available_bytes: int
+
+    @classmethod
+    def current(cls) -> "Machine":
+        """This machine now (``psutil.cpu_count()``, ``psutil.virtual_memory()``)."""
+        vm = psutil.virtual_memory()
+        return cls(int(psutil.cpu_count() or 1), int(vm.total), int(vm.available))
+
+
+@dataclass
+class Estimate:
+    """What a run would demand of this machine.
+
+    Attributes:
+        memory_bytes: estimated memory of the run, bytes (sum of ``memory_breakdown``).
+        memory_breakdown: bytes per part: ``processes`` (their USS), ``shared pages`` (the
+            zygote's, or the libraries of processes started with exec, once), ``network``,
+            ``harness``.
+        cpu_cores: busy cores demanded at ``scale`` (an upper bound; sum of ``cpu_breakdown``).
+        cpu_breakdown: busy cores per part: ``processes``, ``capture``, ``network``.
+        scale: the spec's dilation the CPU figure is for.
+        min_scale: smallest dilation keeping >= 35 % of the cores idle (``math.inf`` when the
+            fixed part alone breaks the rule; may be below 1).
+        cores: this machine's logical cores.
+        available_bytes: memory available now (``psutil.virtual_memory().available``).
+        total_bytes: the machine's memory.
+        processes: processes of the run; hosts: hosts of its network.
+        param_bytes: the model's parameter bytes.
+    """
+    memory_bytes: int
+    memory_breakdown: dict[str, int]
+    cpu_cores: float
+    cpu_breakdown: dict[str, float]
+    scale: float
+    min_scale: float
+    cores: int
+    available_bytes: int
+    total_bytes: int
+    processes: int = 0
+    hosts: int = 0
+    param_bytes: int = 0
+    network_cores_at_scale_1: float = field(default=0.0, repr=False)
+
+    @property
+    def fixed_cores(self) -> float:
+        """Busy cores that dilation does not reduce (processes waiting, capture)."""
+        return self.cpu_cores - self.cpu_breakdown["network"]
+
+    def cpu_at(self, scale: float) -> float:
+        """Busy cores demanded at dilation ``scale`` (> 0)."""
+        return self.fixed_cores + self.network_cores_at_scale_1 / scale
+
+
+def _link_bytes_per_s(mbps: float) -> float:
+    return mbps * 1e6 / 8.0
+
+
+def estimate(exp: Experiment, hosts: Sequence[HostInfo], processes: Sequence[ProcessPlan],
+             model: CostModel | None = None, machine: Machine | None = None) -> Estimate:
+    """Memory and CPU that one point of a spec demands of this machine (module docstring).
+
+    Args:
+        exp: the point (no sweep): a validated :class:`testbed.spec.Experiment`.
+        hosts: the hosts of its network (:func:`testbed.runner.plan_point`, all kinds).
+        processes: the scheme's processes on them (:func:`testbed.runner.plan_point`).
+        model: the cost model; default :meth:`CostModel.load` of :data:`COSTS_PATH`.
+        machine: the machine; default :meth:`Machine.current`.
+
+    Returns:
+        The :class:`Estimate` (memory in bytes, CPU in busy cores at ``exp.scale``).
+
+    Raises:
+        CapacityError: the cost model is missing or malformed.
+        KeyError: a model name the registry does not know (a validated spec has none).
+    """
+    m = model if model is not None else CostModel.load()
+    mach = machine if machine is not None else Machine.current()
+    w, t = exp.workload, exp.topology
+    param_bytes = int(model_info(w.model)["param_bytes"])
+    n_servers = sum(1 for p in processes if p.role == "server")
+    real = w.compute.mode == "real"
+
+    worker = f"{w.scheme}_worker" if f"{w.scheme}_worker_bytes_per_param_byte" in m.costs else "worker"
+    proc_bytes, forked, execed = 0.0, 0, 0
+    for p in processes:
+        by_exec = exp.run.launcher == "exec" or p.iface > 0  # a second interface's process is always exec'd
+        forked, execed = forked + (not by_exec), execed + by_exec
+        kind = "server" if p.role == "server" else worker
+        b = m[f"{kind}_exec_base_uss_bytes" if by_exec else f"{kind}_base_uss_bytes"]
+        if p.role == "server":
+            b += m["server_bytes_per_param_byte"] * param_bytes / n_servers
+        else:
+            b += m[f"{kind}_bytes_per_param_byte"] * param_bytes
+            if real:
+                b += m["real_compute_worker_bytes"]
+        proc_bytes += b
+    shared = m["zygote_bytes"] if forked else (m["process_shared_bytes"] if execed else 0.0)
+    extra_links = sum(max(h.interfaces - 1, 0) for h in hosts)
+    memory = {
+        "processes": int(round(proc_bytes)),
+        "shared pages": int(round(shared)),
+        "network": int(round(len(hosts) * m["network_host_bytes"] + extra_links * m["network_link_bytes"])),
+        "harness": int(round(m["harness_uss_bytes"] + m["bwm_ng_uss_bytes"])),
+    }
+
+    # CPU: fixed part
+    idle = len(processes) * m["process_idle_cores"]
+    cross_links = t.racks if t.kind == "rack_core" else 0
+    ports = sum(h.interfaces for h in hosts) + 2 * cross_links  # switch-side ends (what bwm-ng samples)
+    c = exp.capture
+    capture = (m["bwm_ng_cpu_s_per_sample"] + m["bwm_ng_cpu_s_per_sample_port"] * ports) * 1000.0 / c.interval_ms
+    if c.qdisc:
+        capture += ((m["qdisc_cpu_s_per_sample"] + m["qdisc_cpu_s_per_sample_port"] * ports)
+                    * 1000.0 / c.qdisc_interval_ms)
+    if c.cpu:
+        capture += m["cpu_sampler_cpu_s_per_sample"] * 1000.0 / c.cpu_interval_ms
+
+    # CPU: the network at scale 1 (divided by the scale below)
+    line = _link_bytes_per_s(t.host_bw_mbps)
+    by_name = {h.name: h for h in hosts}
+    busy_hosts = {p.host for p in processes}
+    sent_proc = sum(by_name[n].interfaces * line for n in busy_hosts if n in by_name)
+    bg_rate: dict[str, float] = {}
+    for f in exp.background:
+        bg_rate[f.src] = bg_rate.get(f.src, 0.0) + _link_bytes_per_s(f.rate_mbps)
+    sent_bg = sum(min(r, by_name[s].interfaces * line) for s, r in bg_rate.items() if s in by_name)
+    sent = sent_proc + sent_bg
+    crossing = min(sent, t.racks * _link_bytes_per_s(t.uplink_mbps())) if t.kind == "rack_core" and t.racks > 1 else 0.0
+    network_1 = (sent * m["path_cpu_s_per_byte"] + 2.0 * crossing * m["extra_bridge_cpu_s_per_byte"]
+                 + sent_proc * m["runtime_user_cpu_s_per_byte"])
+
+    fixed = idle + capture
+    room = BUSY_FRACTION * mach.cores - fixed
+    if room <= 0:
+        min_scale = math.inf
+    else:
+        min_scale = network_1 / room
+    cpu = {"processes": idle, "capture": capture, "network": network_1 / exp.scale}
+    return Estimate(memory_bytes=sum(memory.values()), memory_breakdown=memory, cpu_cores=sum(cpu.values()),
+                    cpu_breakdown=cpu, scale=exp.scale, min_scale=min_scale, cores=mach.cores,
+                    available_bytes=mach.available_bytes, total_bytes=mach.total_bytes, processes=len(processes),
+                    hosts=len(hosts), param_bytes=param_bytes, network_cores_at_scale_1=network_1)
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+def _scale_text(s: float) -> str:
+    return "no scale" if math.isinf(s) else f"{s:.3g}"
+
+
+def describe(est: Estimate) -> str:
+    """One line: ``estimated memory X GiB of Y available; CPU Z cores busy of N at scale S
+    (keeps 35% idle from scale M)``."""
+    keeps = ("no scale keeps 35% idle: the processes and capture alone are too busy" if math.isinf(est.min_scale)
+             else f"keeps 35% idle from scale {_scale_text(est.min_scale)}")
+    return (f"estimated memory {_gib(est.memory_bytes)} of {_gib(est.available_bytes)} available; "
+            f"CPU {est.cpu_cores:.2f} cores busy of {est.cores} at scale {est.scale:g} ({keeps})")
+
+
+def _who(label: str, exp: Experiment) -> str:
+    return f"point '{label}'" if label else f"run '{exp.name}'"
+
+
+def _memory_refusal(who: str, est: Estimate) -> str:
+    parts = ", ".join(f"{k} {_gib(v)}" for k, v in est.memory_breakdown.items())
+    return (f"{who}: estimated memory {_gib(est.memory_bytes)} ({parts}; {est.processes} processes, {est.hosts} hosts, "
+            f"model {est.param_bytes / 1e6:.1f} MB of parameters) exceeds the {_gib(est.available_bytes)} this machine "
+            f"has available (of {_gib(est.total_bytes)}): use fewer hosts or workers (topology.racks, "
+            f"topology.hosts_per_rack, workload.workers, workload.servers), a smaller model (workload.model), or set "
+            f"run.force: true to run anyway")
+
+
+def _cpu_warning(who: str, exp: Experiment, est: Estimate) -> str:
+    head = (f"{who}: CPU estimate {est.cpu_cores:.2f} cores busy of {est.cores} at scale {exp.scale:g} (upper bound: "
+            f"every host link at its dilated line rate) leaves less than {MIN_IDLE_PCT:g}% idle ({CPU_IDLE_RULE}); "
+            f"link rates and timings may be off")
+    if math.isinf(est.min_scale):
+        return (head + f"; no dilation suffices: {est.processes} waiting processes and the capture alone keep "
+                f"{est.fixed_cores:.2f} cores busy: use fewer processes (workload.workers, workload.servers) or "
+                f"longer capture periods (capture.*interval_ms, capture.qdisc: false)")
+    fix = f"; use scale >= {math.ceil(est.min_scale * 100) / 100:g}"
+    if exp.workload.compute.mode != "emulated":
+        fix += " (with workload.compute.mode: emulated: real compute cannot be dilated)"
+    return head + fix + " or fewer hosts"
+
+
+def _machine_warning(model: CostModel, machine: Machine) -> str | None:
+    """A line when the cost model was measured on a machine with other cores or memory."""
+    cores, total = model.machine.get("cores"), model.machine.get("memory_total_bytes")
+    if not isinstance(cores, int) or not isinstance(total, (int, float)):
+        return None
+    if cores != machine.cores or abs(total - machine.total_bytes) > 0.1 * machine.total_bytes:
+        return (f"capacity: the cost model {model.path} was measured on a machine with {cores} cores and "
+                f"{_gib(total)} ({model.machine.get('kernel', '?')}); this one has {machine.cores} cores and "
+                f"{_gib(machine.total_bytes)}: estimates are approximate (re-measure with "
+                f"benchmarks/machine_costs.py)")
+    return None
+
+
+def check(points: Iterable[tuple[str, Experiment, Sequence[HostInfo], Sequence[ProcessPlan]]], force: bool = False,
+          model: CostModel | None = None, machine: Machine | None = None) -> list[str]:
+    """Check every point of a spec against this machine before anything is built.
+
+    Args:
+        points: ``(label, exp, hosts, processes)`` per point (label '' for a spec without
+            sweep; hosts and processes as :func:`testbed.runner.plan_point` returns them).
+        force: turn the memory refusal into a warning line (``run.force: true``).
+        model: the cost model; default :meth:`CostModel.load`.
+        machine: the machine; default :meth:`Machine.current` (read once for all points).
+
+    Returns:
+        Warning lines: a point whose ``scale`` is below its ``min_scale`` (naming the point,
+        the CPU estimate and the scale to use); with ``force``, each memory refusal; a cost
+        model measured on another machine.
+
+    Raises:
+        CapacityError: a point's memory estimate exceeds the available memory (and not
+            ``force``); the message names every such point, its estimate, what the machine
+            has and what to change. Also: the cost model is missing or malformed.
+    """
+    m = model if model is not None else CostModel.load()
+    mach = machine if machine is not None else Machine.current()
+    warnings, refusals = [], []
+    if (line := _machine_warning(m, mach)) is not None:
+        warnings.append(line)
+    for label, exp, hosts, processes in points:
+        est = estimate(exp, hosts, processes, model=m, machine=mach)
+        who = _who(label, exp)
+        if est.memory_bytes > est.available_bytes:
+            refusals.append(_memory_refusal(who, est))
+        if exp.scale < est.min_scale:
+            warnings.append(_cpu_warning(who, exp, est))
+    if refusals and not force:
+        raise CapacityError("this machine cannot hold the run:\n  " + "\n  ".join(refusals) if len(refusals) > 1
+                            else "this machine cannot hold the run: " + refusals[0])
+    return [f"{r} (run.force: true: running anyway)" for r in refusals] + warnings

@@ -1,0 +1,282 @@
+"""The capacity check (testbed.capacity): memory and CPU estimates from a measured cost model,
+the refusal of what cannot fit, the fidelity warning and the smallest dilation that keeps 35 %
+of the cores idle. No root, no network: points are planned on the topology graph."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from testbed import capacity
+from testbed.capacity import COST_KEYS, Cost, CostModel, Machine, check, describe, estimate
+from testbed.runner import plan_point
+from testbed.spec import from_dict
+from topologies.errors import CapacityError, TestbedError
+from topologies.spec import MAX_HOSTS
+from traffic.models import model_info
+
+MIB = 2 ** 20
+GIB = 2 ** 30
+
+#: a cost model with round values, so that estimates can be computed by hand
+VALUES = {
+    "process_uss_bytes": 200 * MIB, "process_pss_bytes": 250 * MIB, "process_shared_bytes": 300 * MIB,
+    "zygote_bytes": 400 * MIB,
+    "worker_base_uss_bytes": 40 * MIB, "worker_exec_base_uss_bytes": 210 * MIB, "worker_bytes_per_param_byte": 3.0,
+    "ps_worker_base_uss_bytes": 30 * MIB, "ps_worker_exec_base_uss_bytes": 160 * MIB,
+    "ps_worker_bytes_per_param_byte": 2.0,
+    "allreduce_worker_base_uss_bytes": 40 * MIB, "allreduce_worker_exec_base_uss_bytes": 210 * MIB,
+    "allreduce_worker_bytes_per_param_byte": 3.0,
+    "server_base_uss_bytes": 130 * MIB, "server_exec_base_uss_bytes": 220 * MIB, "server_bytes_per_param_byte": 4.0,
+    "real_compute_worker_bytes": 20 * MIB, "harness_uss_bytes": 150 * MIB, "bwm_ng_uss_bytes": 1 * MIB,
+    "network_host_bytes": 2 * MIB, "network_link_bytes": 0.5 * MIB,
+    "process_idle_cores": 0.01, "runtime_user_cpu_s_per_byte": 1e-9,
+    "path_cpu_s_per_byte": 5e-9, "extra_bridge_cpu_s_per_byte": 2e-9,
+    "bwm_ng_cpu_s_per_sample": 1e-5, "bwm_ng_cpu_s_per_sample_port": 1e-6,
+    "qdisc_cpu_s_per_sample": 2e-4, "qdisc_cpu_s_per_sample_port": 5e-5,
+    "cpu_sampler_cpu_s_per_sample": 2e-3,
+}
+MACHINE = Machine(cores=2, total_bytes=24 * GIB, available_bytes=23 * GIB)
+
+
+def synthetic(**changes) -> CostModel:
+    vals = {**VALUES, **changes}
+    return CostModel({k: Cost(float(v), COST_KEYS[k][0], "test") for k, v in vals.items()},
+                     {"cores": 2, "memory_total_bytes": 24 * GIB, "kernel": "test"})
+
+
+def point(topology: dict, run: dict | None = None, **workload):
+    exp = from_dict({"topology": topology, "workload": {"scheme": "ps", **workload}, "run": run or {}})
+    hosts, procs = plan_point(exp)
+    return exp, hosts, procs
+
+
+def test_memory_estimate_is_the_sum_of_its_parts():
+    exp, hosts, procs = point({"kind": "rack", "hosts_per_rack": 4}, model="digits_mlp")
+    assert [p.role for p in procs].count("worker") == 4 and [p.role for p in procs].count("server") == 1
+    p = model_info("digits_mlp")["param_bytes"]
+    est = estimate(exp, hosts, procs, model=synthetic(), machine=MACHINE)
+    v = VALUES
+    procs_bytes = (4 * (v["ps_worker_base_uss_bytes"] + 2.0 * p) + v["server_base_uss_bytes"] + 4.0 * p
+                   + 4 * v["real_compute_worker_bytes"])  # compute real (the default)
+    assert est.memory_breakdown == {"processes": round(procs_bytes), "shared pages": 400 * MIB,  # the zygote
+                                    "network": 4 * 2 * MIB, "harness": 151 * MIB}
+    assert est.memory_bytes == sum(est.memory_breakdown.values())
+    assert (est.cores, est.available_bytes, est.total_bytes, est.param_bytes) == (2, 23 * GIB, 24 * GIB, p)
+
+
+def test_a_scheme_without_its_own_figures_takes_the_larger_ones():
+    exp = from_dict({"topology": {"kind": "rack", "hosts_per_rack": 4},
+                     "workload": {"scheme": "pipe_sgd", "model": "digits_mlp", "compute": {"mode": "emulated"}}})
+    hosts, procs = plan_point(exp)
+    assert [p.role for p in procs] == ["worker"] * 4
+    est = estimate(exp, hosts, procs, model=synthetic(), machine=MACHINE)
+    p = model_info("digits_mlp")["param_bytes"]
+    assert est.memory_breakdown["processes"] == round(4 * (VALUES["worker_base_uss_bytes"] + 3.0 * p))
+
+
+def test_exec_launcher_counts_each_process_imports_and_the_libraries_once():
+    exp, hosts, procs = point({"kind": "rack", "hosts_per_rack": 2}, run={"launcher": "exec"},
+                              model="alexnet", compute={"mode": "emulated"})
+    est = estimate(exp, hosts, procs, model=synthetic(), machine=MACHINE)
+    p = model_info("alexnet")["param_bytes"]
+    assert est.memory_breakdown["processes"] == round(2 * (160 * MIB + 2.0 * p) + 220 * MIB + 4.0 * p)
+    assert est.memory_breakdown["shared pages"] == 300 * MIB  # no zygote: the libraries, once
+
+
+def test_a_process_on_a_second_interface_is_execd_beside_the_zygote():
+    # a PBox of 2 interfaces runs 2 servers, the one on interface 1 started with exec
+    exp, hosts, procs = point({"kind": "rack", "hosts_per_rack": 2}, model="alexnet", compute={"mode": "emulated"},
+                              servers={"placement": "dedicated", "interfaces": 2})
+    assert [(p.role, p.iface) for p in procs if p.role == "server"] == [("server", 0), ("server", 1)]
+    est = estimate(exp, hosts, procs, model=synthetic(), machine=MACHINE)
+    p = model_info("alexnet")["param_bytes"]
+    assert est.memory_breakdown["processes"] == round(2 * (30 * MIB + 2.0 * p) + 130 * MIB + 220 * MIB + 4.0 * p)
+    assert est.memory_breakdown["shared pages"] == 400 * MIB
+    assert est.memory_breakdown["network"] == round(3 * 2 * MIB + 0.5 * MIB)  # ps1's second link
+
+
+def test_servers_share_the_model_and_extra_links_cost_memory():
+    one, h1, p1 = point({"kind": "rack", "hosts_per_rack": 4}, model="alexnet", compute={"mode": "emulated"})
+    two, h2, p2 = point({"kind": "rack", "hosts_per_rack": 4, "interfaces_per_host": 2}, model="alexnet",
+                        compute={"mode": "emulated"}, servers={"count": 2})
+    m = synthetic()
+    e1, e2 = estimate(one, h1, p1, model=m, machine=MACHINE), estimate(two, h2, p2, model=m, machine=MACHINE)
+    p = model_info("alexnet")["param_bytes"]
+    # one more server process; the servers' parameter bytes are the same model split in two
+    assert e2.memory_breakdown["processes"] - e1.memory_breakdown["processes"] == round(VALUES["server_base_uss_bytes"])
+    assert e2.memory_breakdown["network"] - e1.memory_breakdown["network"] == 4 * VALUES["network_link_bytes"]
+    assert e1.param_bytes == p
+
+
+def test_cpu_estimate_matches_the_model_by_hand():
+    exp, hosts, procs = point({"kind": "rack_core", "racks": 2, "hosts_per_rack": 2, "host_bw_mbps": 100,
+                               "oversubscription": 2}, model="digits_mlp")
+    est = estimate(exp, hosts, procs, model=synthetic(), machine=MACHINE)
+    v = VALUES
+    sent = 4 * 100e6 / 8                    # 4 hosts carry processes (the server is colocated)
+    crossing = min(sent, 2 * 100e6 / 8)     # two uplinks of 2 x 100 / 2 Mbit/s
+    network = sent * 5e-9 + 2 * crossing * 2e-9 + sent * 1e-9
+    ports = 4 + 2 * 2
+    capture = (1e-5 + 1e-6 * ports) * 100 + (2e-4 + 5e-5 * ports) * 20 + 2e-3 * 10
+    assert est.cpu_breakdown == pytest.approx({"processes": 5 * v["process_idle_cores"], "capture": capture,
+                                               "network": network})
+    assert est.cpu_cores == pytest.approx(5 * 0.01 + capture + network)
+    assert est.min_scale == pytest.approx(network / (0.65 * 2 - 5 * 0.01 - capture))
+
+
+def test_background_flows_add_their_rate_up_to_the_link():
+    base = {"topology": {"kind": "rack", "hosts_per_rack": 2, "background_hosts_per_rack": 2, "host_bw_mbps": 100},
+            "workload": {"scheme": "ps", "model": "digits_mlp"}}
+    flows = [{"src": "bg1", "dst": "bg2", "rate_mbps": 40, "duration_s": 1},
+             {"src": "bg1", "dst": "bg2", "rate_mbps": 80, "duration_s": 1}]  # 120 > the 100 Mbit/s link
+    a, b = from_dict(base), from_dict({**base, "background": flows})
+    ea = estimate(a, *plan_point(a), model=synthetic(), machine=MACHINE)
+    eb = estimate(b, *plan_point(b), model=synthetic(), machine=MACHINE)
+    assert eb.cpu_breakdown["network"] - ea.cpu_breakdown["network"] == pytest.approx(100e6 / 8 * 5e-9)
+
+
+def test_estimate_grows_with_hosts_and_model_size():
+    m = CostModel.load()
+    small = point({"kind": "rack_core", "racks": 2, "hosts_per_rack": 2}, model="digits_mlp")
+    more_hosts = point({"kind": "rack_core", "racks": 2, "hosts_per_rack": 8}, model="digits_mlp")
+    bigger_model = point({"kind": "rack_core", "racks": 2, "hosts_per_rack": 2}, model="alexnet",
+                         compute={"mode": "emulated"})
+    e0, e1, e2 = (estimate(e, h, p, model=m, machine=MACHINE) for e, h, p in (small, more_hosts, bigger_model))
+    assert e1.memory_bytes > e0.memory_bytes and e1.cpu_cores > e0.cpu_cores and e1.min_scale > e0.min_scale
+    assert e2.memory_bytes - e0.memory_bytes >= 4 * (model_info("alexnet")["param_bytes"]
+                                                     - model_info("digits_mlp")["param_bytes"])
+
+
+def test_min_scale_keeps_35_percent_idle():
+    exp, hosts, procs = point({"kind": "rack_core", "racks": 2, "hosts_per_rack": 4, "host_bw_mbps": 1000},
+                              model="digits_mlp")
+    for m in (synthetic(), CostModel.load()):
+        est = estimate(exp, hosts, procs, model=m, machine=MACHINE)
+        assert est.min_scale > 1  # 8 hosts at 1 Gbit/s do not fit 2 cores undilated
+        assert est.cpu_at(est.min_scale) <= 0.65 * MACHINE.cores * (1 + 1e-9)
+        assert est.cpu_at(est.min_scale * 0.99) > 0.65 * MACHINE.cores  # and it is the smallest
+        assert est.cpu_at(1.0) == pytest.approx(est.cpu_cores)  # the spec's scale is 1
+
+
+def test_min_scale_is_infinite_when_waiting_processes_alone_break_the_rule():
+    exp, hosts, procs = point({"kind": "rack", "hosts_per_rack": 8}, model="digits_mlp")
+    est = estimate(exp, hosts, procs, model=synthetic(process_idle_cores=0.2), machine=MACHINE)  # 9 x 0.2 > 1.3
+    assert math.isinf(est.min_scale)
+    (line,) = check([("p", exp, hosts, procs)], model=synthetic(process_idle_cores=0.2), machine=MACHINE)
+    assert "no dilation suffices" in line and "point 'p'" in line
+
+
+def test_scale_below_min_scale_warns_with_the_scale_to_use():
+    exp, hosts, procs = point({"kind": "rack_core", "racks": 2, "hosts_per_rack": 4, "host_bw_mbps": 1000},
+                              model="digits_mlp")
+    m = synthetic()
+    est = estimate(exp, hosts, procs, model=m, machine=MACHINE)
+    (line,) = check([("host_bw_mbps=1000", exp, hosts, procs)], model=m, machine=MACHINE)
+    assert "point 'host_bw_mbps=1000'" in line
+    assert f"{est.cpu_cores:.2f} cores busy of 2 at scale 1" in line
+    assert f"use scale >= {math.ceil(est.min_scale * 100) / 100:g}" in line
+    assert "compute.mode: emulated" in line  # the spec computes for real: dilation needs emulated compute
+    dilated = from_dict({"topology": exp.topology.model_dump(), "scale": math.ceil(est.min_scale * 100) / 100,
+                         "workload": {"scheme": "ps", "model": "digits_mlp", "compute": {"mode": "emulated"}}})
+    assert check([("", dilated, *plan_point(dilated))], model=m, machine=MACHINE) == []
+
+
+def test_memory_beyond_available_is_refused_and_force_makes_it_a_warning():
+    exp, hosts, procs = point({"kind": "rack", "hosts_per_rack": 4}, model="alexnet", compute={"mode": "emulated"})
+    m = synthetic()
+    est = estimate(exp, hosts, procs, model=m, machine=MACHINE)
+    small = Machine(cores=2, total_bytes=24 * GIB, available_bytes=est.memory_bytes - 1)
+    with pytest.raises(CapacityError) as err:
+        check([("model=alexnet", exp, hosts, procs)], model=m, machine=small)
+    msg = str(err.value)
+    assert isinstance(err.value, TestbedError)
+    assert "point 'model=alexnet'" in msg
+    assert f"estimated memory {est.memory_bytes / GIB:.2f} GiB" in msg
+    assert f"the {(est.memory_bytes - 1) / GIB:.2f} GiB this machine has available" in msg
+    assert "fewer hosts or workers" in msg and "smaller model" in msg and "run.force: true" in msg
+    lines = check([("model=alexnet", exp, hosts, procs)], force=True, model=m, machine=small)
+    assert len(lines) == 1 and "point 'model=alexnet'" in lines[0] and "running anyway" in lines[0]
+    fits = Machine(cores=2, total_bytes=24 * GIB, available_bytes=est.memory_bytes)
+    assert check([("model=alexnet", exp, hosts, procs)], model=m, machine=fits) == []
+
+
+def test_refusal_reads_available_memory_from_psutil(monkeypatch):
+    exp, hosts, procs = point({"kind": "rack", "hosts_per_rack": 2}, model="digits_mlp")
+
+    class VM:
+        total, available = 24 * GIB, 64 * MIB
+
+    monkeypatch.setattr(capacity.psutil, "virtual_memory", lambda: VM)
+    with pytest.raises(CapacityError, match=r"run 'experiment'.*0\.06 GiB this machine has available"):
+        check([("", exp, hosts, procs)], model=synthetic())
+
+
+def test_max_hosts_rack_core_is_refused_on_this_machine():
+    racks = 64
+    exp = from_dict({"topology": {"kind": "rack_core", "racks": racks, "hosts_per_rack": MAX_HOSTS // racks},
+                     "workload": {"scheme": "ps"}})
+    hosts, procs = plan_point(exp)
+    assert len(hosts) == MAX_HOSTS and len(procs) == MAX_HOSTS + 1
+    machine = Machine.current()
+    assert machine.total_bytes < 32 * GIB  # this 24 GiB machine
+    with pytest.raises(CapacityError) as err:
+        check([("", exp, hosts, procs)])
+    assert f"{MAX_HOSTS + 1} processes, {MAX_HOSTS} hosts" in str(err.value)
+
+
+def test_shipped_cost_model_loads_with_a_source_for_every_value():
+    m = CostModel.load()
+    assert set(m.costs) == set(COST_KEYS)
+    for key, c in m.costs.items():
+        assert c.unit == COST_KEYS[key][0]
+        assert "benchmarks/machine_costs.py" in c.source and "cores" in c.source and "GiB RAM" in c.source \
+            and "kernel" in c.source, key
+        assert c.value >= 0, key
+    assert m["process_uss_bytes"] > 10 * MIB and m["path_cpu_s_per_byte"] > 0
+    assert {"cores", "memory_total_bytes", "kernel", "date"} <= set(m.machine)
+
+
+def test_malformed_cost_model_names_the_key(tmp_path):
+    path = tmp_path / "costs.yaml"
+    path.write_text("values:\n  process_uss_bytes: {value: 1, unit: MB, source: x}\n")
+    with pytest.raises(CapacityError, match="process_uss_bytes: unit 'MB', expected 'bytes'.*machine_costs.py"):
+        CostModel.load(path)
+    with pytest.raises(CapacityError, match="cannot read"):
+        CostModel.load(tmp_path / "missing.yaml")
+
+
+def test_cost_model_of_another_machine_is_flagged():
+    exp, hosts, procs = point({"kind": "rack", "hosts_per_rack": 2}, model="digits_mlp")
+    other = Machine(cores=16, total_bytes=128 * GIB, available_bytes=120 * GIB)
+    (line,) = check([("", exp, hosts, procs)], model=synthetic(), machine=other)
+    assert "measured on a machine with 2 cores" in line and "this one has 16 cores" in line
+
+
+def test_describe_is_one_line():
+    exp, hosts, procs = point({"kind": "rack", "hosts_per_rack": 4}, model="digits_mlp")
+    est = estimate(exp, hosts, procs, model=synthetic(), machine=MACHINE)
+    assert describe(est) == (f"estimated memory {est.memory_bytes / GIB:.2f} GiB of 23.00 GiB available; "
+                             f"CPU {est.cpu_cores:.2f} cores busy of 2 at scale 1 (keeps 35% idle from scale "
+                             f"{est.min_scale:.3g})")
+
+
+def test_run_force_defaults_to_false():
+    assert from_dict({}).run.force is False
+    assert from_dict({"run": {"force": True}}).run.force is True
+
+
+def test_the_cli_refuses_a_run_that_cannot_fit_before_anything_is_built(tmp_path):
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parents[1]
+    args = [sys.executable, "-m", "testbed.cli", "run", "experiments/quickstart.yaml", "--set", "sweep={}",
+            "--set", "topology.racks=100", "--set", "topology.hosts_per_rack=20", "--runs-dir", str(tmp_path / "r")]
+    out = subprocess.run(args, capture_output=True, text=True, cwd=root)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "cannot hold the run" in out.stderr and "GiB" in out.stderr and "run.force" in out.stderr
+    assert not (tmp_path / "r").exists()
+    out = subprocess.run(args + ["--set", "run.force=true", "--dry-run"], capture_output=True, text=True, cwd=root)
+    assert out.returncode == 0, out.stderr
+    assert "running anyway" in out.stdout and "capacity:" in out.stdout
