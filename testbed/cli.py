@@ -57,10 +57,14 @@ def _cmd_run(args) -> int:
     if args.runs_dir:
         exp.run.runs_dir = args.runs_dir
     if args.dry_run:
-        from testbed.runner import describe_plan, plan_experiment  # lazy: Mininet, torch
-        print(describe_plan(plan_experiment(exp)))
+        from testbed.runner import check_capacity, describe_plan, plan_experiment  # lazy: Mininet, torch
+        planned = plan_experiment(exp)
+        lines = check_capacity(planned)
+        print(describe_plan(planned))
+        print("\n".join(lines))
         return 0
-    results = run_experiment(exp, progress=not args.quiet)
+    results = run_experiment(exp, progress=not args.quiet,
+                             say=lambda line: print(f"testbed: {line}", file=sys.stderr))
     if len(results) == 1:
         print(one_line(results[0]))
     else:

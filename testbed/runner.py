@@ -28,13 +28,14 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 from mininet.log import StreamHandlerNoNewline
 from tqdm import tqdm
 
 from analysis.metrics import summarize
-from testbed import launch
+from testbed import capacity, launch
 from testbed.background import Background
 from testbed.capture import Capture, find_bwm_ng
 from testbed.capture.pcap import find_tcpdump, resolve_ports, topo_links
@@ -157,6 +158,8 @@ def run_one(exp: Experiment, parent: Path, run_id: str, exclusive_id: bool = Tru
                 except Exception as e:  # a bug, not user input: keep the traceback, still tear down
                     status, error = "failed", f"internal error: {type(e).__name__}: {e} (traceback in logs/harness.log)"
                     log.exception("internal error")
+                t_down = time.time()
+            log.info("torn down in %.1f s", time.time() - t_down)
     except TestbedError as e:  # the lock is held by another run
         status, error = "failed", str(e)
     finally:
@@ -378,6 +381,30 @@ def describe_plan(planned: list[PlannedRun]) -> str:
     return "\n".join(lines)
 
 
+def check_capacity(planned: list[PlannedRun]) -> list[str]:
+    """The capacity check of every planned point (:func:`testbed.capacity.check`), before
+    anything is built, and the estimate of the most demanding point.
+
+    Returns:
+        lines to show the user: ``capacity: <estimate>`` (the point with the largest memory
+        estimate, or the run's own), then one warning line per point whose ``scale`` is below
+        the dilation that keeps 35 % of the CPU idle, or whose memory refusal ``run.force``
+        overrode.
+
+    Raises:
+        CapacityError: a point's memory estimate exceeds what the machine has available and
+            ``run.force`` is false (the message names each such point and what to change).
+    """
+    if not planned:
+        return []
+    warnings = capacity.check([(pr.label, pr.exp, pr.hosts, pr.processes) for pr in planned],
+                              force=any(pr.exp.run.force for pr in planned))
+    ests = [(capacity.estimate(pr.exp, pr.hosts, pr.processes), pr) for pr in planned]
+    est, pr = max(ests, key=lambda e: e[0].memory_bytes)
+    head = f"capacity{' (' + pr.label + ')' if pr.label and len(planned) > 1 else ''}: {capacity.describe(est)}"
+    return [head] + [f"warning: {w}" for w in warnings]
+
+
 def preflight(exp: Experiment) -> None:
     """Everything a run needs from the machine, checked before anything is created.
 
@@ -391,20 +418,26 @@ def preflight(exp: Experiment) -> None:
         find_tcpdump()
 
 
-def run_experiment(exp: Experiment, progress: bool = True) -> list[RunResult]:
+def run_experiment(exp: Experiment, progress: bool = True,
+                   say: Callable[[str], None] | None = None) -> list[RunResult]:
     """Run ``exp``: one run directory, or for a sweep one per point under a sweep directory.
 
     The sweep directory gets ``sweep.csv`` (one row per point: the swept values, status,
-    run directory and headline figures), rewritten after every point.
+    run directory and headline figures), rewritten after every point. ``say`` gets the
+    capacity estimate and its warnings before anything is built (:func:`check_capacity`).
 
     Raises:
         SpecError: a point is invalid or does not fit its topology (:func:`plan_experiment`),
             before anything is built or written.
+        CapacityError: a point will not fit this machine's memory (:func:`check_capacity`).
         MissingRequirement: the machine lacks what the run needs (:func:`preflight`).
         TestbedError: another run holds the network (the message names it), checked before
             any directory is created; or a run or sweep directory cannot be created.
     """
-    points = [(pr.point, pr.exp) for pr in plan_experiment(exp)]
+    planned = plan_experiment(exp)
+    for line in check_capacity(planned):  # before anything is built
+        (say or log.info)(line)
+    points = [(pr.point, pr.exp) for pr in planned]
     preflight(exp)
     with NetworkLock():  # a second run is refused before it creates anything
         return _run_points(exp, points, progress)
