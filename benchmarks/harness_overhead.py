@@ -1,0 +1,153 @@
+"""Benchmark: what the harness costs a run, and how many hosts this machine emulates faithfully.
+
+Prints (issue 16's figures), each from real runs through ``testbed.runner`` on this machine:
+
+1. per process count (4, 8, 16, 32 workers of ring allreduce on digits_mlp, racks of 4 hosts
+   behind a 2:1 core): network build, launch to every process ready (the last ``init``
+   event's end), launch to the first iteration, and teardown, in seconds of wall clock, for
+   each launcher (``zygote``, ``exec``);
+2. a sweep of 10 points (host_bw_mbps varied, 20 iterations each): its wall time and the share
+   of it spent training (first iteration start to last iteration end, summed over points);
+3. ring-allreduce fidelity (the ring bound 2 (p-1)/p * n / B over the achieved time, VGG-19's
+   gradients) for 8, 16, 24, 32 hosts at an emulated 1 Gbit/s, each at the smallest dilation
+   that the capacity model (:mod:`testbed.capacity`) says keeps 35 % of the CPU idle.
+
+Run it alone on an idle machine (it builds networks one after the other)::
+
+    sudo .venv/bin/python benchmarks/harness_overhead.py [--quick] [--sizes 4,8,16,32] [--launchers zygote,exec]
+
+``--quick``: sizes 4 and 8, a 3-point sweep, fidelity at 8 hosts.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import glob
+import json
+import math
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from testbed import capacity  # noqa: E402
+from testbed.runner import plan_point, run_experiment  # noqa: E402
+from testbed.spec import from_dict  # noqa: E402
+
+
+def spec(runs_dir: Path, hosts: int, launcher: str, iterations: int = 10, **extra) -> dict:
+    d = {"name": "overhead",
+         "topology": {"kind": "rack_core", "racks": max(1, hosts // 4), "hosts_per_rack": min(4, hosts),
+                      "host_bw_mbps": 100, "oversubscription": 2},
+         "workload": {"scheme": "allreduce", "model": "digits_mlp", "dataset": "digits", "batch_size": 32,
+                      "iterations": iterations, "warmup_iterations": 2},
+         "run": {"runs_dir": str(runs_dir), "timeout_s": 600, "launcher": launcher}}
+    for k, v in extra.items():
+        d.setdefault(k, {}).update(v) if isinstance(v, dict) else d.__setitem__(k, v)
+    return d
+
+
+def _log_times(run_dir: Path) -> dict[str, float]:
+    out = {}
+    marks = {"building network": "build", "network up": "up", "launching": "launch",
+             "all processes done": "done", "torn down": "down"}
+    for line in (run_dir / "logs" / "harness.log").read_text().splitlines():
+        for text, key in marks.items():
+            if text in line and key not in out:
+                out[key] = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+    return out
+
+
+def _events(run_dir: Path) -> list[dict]:
+    return [json.loads(l) for f in glob.glob(str(run_dir / "events" / "*.jsonl")) for l in open(f)
+            if l.strip().endswith("}")]
+
+
+def phases(run_dir: Path) -> dict[str, float]:
+    t = _log_times(run_dir)
+    ev = _events(run_dir)
+    ready = max(e["ts"] + e["dur"] for e in ev if e["kind"] == "init" and "world_size" in e)
+    first = min(e["ts"] for e in ev if e["kind"] == "iteration")
+    return {"build_s": t["up"] - t["build"], "ready_s": ready - t["launch"], "first_iteration_s": first - t["launch"],
+            "teardown_s": t["down"] - t["done"]}
+
+
+def training_s(run_dir: Path) -> float:
+    its = [e for e in _events(run_dir) if e["kind"] == "iteration"]
+    return max(e["ts"] + e["dur"] for e in its) - min(e["ts"] for e in its)
+
+
+def startup(work: Path, sizes: list[int], launchers: list[str]) -> None:
+    print("processes  launcher  build_s  ready_s  first_iteration_s  teardown_s  idle%")
+    for n in sizes:
+        for launcher in launchers:
+            (res,) = run_experiment(from_dict(spec(work / f"start-{n}-{launcher}", n, launcher)), progress=False)
+            if not res.ok:
+                print(f"{n:9d}  {launcher:8s}  failed: {res.summary.get('error', '')[:200]}")
+                continue
+            p = phases(res.run_dir)
+            idle = (res.summary.get("fidelity") or {}).get("idle_pct_mean")
+            print(f"{n:9d}  {launcher:8s}  {p['build_s']:7.1f}  {p['ready_s']:7.1f}  {p['first_iteration_s']:17.1f}  "
+                  f"{p['teardown_s']:10.1f}  {idle if idle is None else round(idle)}", flush=True)
+
+
+def sweep_share(work: Path, points: int, launcher: str) -> None:
+    d = spec(work / f"sweep-{launcher}", 8, launcher, iterations=20)
+    d["sweep"] = {"topology.host_bw_mbps": [100 + 10 * i for i in range(points)]}
+    t0 = time.time()
+    results = run_experiment(from_dict(d), progress=False)
+    wall = time.time() - t0
+    train = sum(training_s(r.run_dir) for r in results if r.ok)
+    print(f"sweep of {points} points ({launcher}): wall {wall:.0f} s, training {train:.0f} s: "
+          f"{100 * train / wall:.0f}% of the wall time spent training ({sum(r.ok for r in results)} ok)", flush=True)
+
+
+def fidelity(hosts_list: list[int], reps: int) -> None:
+    from emulation_fidelity import hosts_at_1g  # the allreduce measurement, shared with that benchmark
+    from traffic.models import model_info
+    n_params = model_info("vgg19")["param_bytes"] // 4
+    for n in hosts_list:
+        exp = from_dict({"topology": {"kind": "rack_core", "racks": 2, "hosts_per_rack": n // 2, "host_bw_mbps": 1000,
+                                      "oversubscription": 2},
+                         "workload": {"scheme": "allreduce", "model": "vgg19", "workers": n,
+                                      "compute": {"mode": "emulated", "profile": "gtx1080ti"}}})
+        hosts, procs = plan_point(exp)
+        est = capacity.estimate(exp, hosts, procs)
+        scale = max(1.0, float(math.ceil(est.min_scale)))
+        print(f"capacity model: {n} hosts at 1 Gbit/s need scale >= {est.min_scale:.2f}; running at {scale:g}")
+        hosts_at_1g(n_params, [n], [scale], reps)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--sizes", default=None, help="process counts, default 4,8,16,32 (--quick: 4,8); '' for none")
+    ap.add_argument("--launchers", default="zygote,exec")
+    ap.add_argument("--sweep-points", type=int, default=None)
+    ap.add_argument("--fidelity-hosts", default=None, help="default 8,16,24,32 (--quick: 8); '' for none")
+    ap.add_argument("--reps", type=int, default=2)
+    a = ap.parse_args()
+    def ints(text: str | None, default: str) -> list[int]:  # '' selects nothing
+        return [int(x) for x in (default if text is None else text).split(",") if x]
+    sizes = ints(a.sizes, "4,8" if a.quick else "4,8,16,32")
+    launchers = [x for x in a.launchers.split(",") if x]
+    points = a.sweep_points if a.sweep_points is not None else (3 if a.quick else 10)
+    fid = ints(a.fidelity_hosts, "8" if a.quick else "8,16,24,32")
+    work = Path(tempfile.mkdtemp(prefix="harness-overhead-", dir="."))
+    try:
+        if sizes:
+            startup(work, sizes, launchers)
+        if points:
+            sweep_share(work, points, launchers[0])
+        if fid:
+            fidelity(fid, a.reps)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
