@@ -29,6 +29,7 @@ _T_IMPORT = time.time()
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported: no thread pool to fork
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
+import importlib  # noqa: E402
 import json  # noqa: E402
 import select  # noqa: E402
 import signal  # noqa: E402
@@ -85,6 +86,12 @@ def _child(req: dict, keep_fds: tuple[int, ...]) -> None:
             setns(f"/proc/{int(req['netns_pid'])}/ns/net")
         os.environ.clear()
         os.environ.update(req["env"])
+        # a PYTHONPATH given for this process (a researcher's scheme module) takes effect as
+        # it would at an interpreter's start
+        for entry in reversed([e for e in req["env"].get("PYTHONPATH", "").split(os.pathsep) if e]):
+            if entry not in sys.path:
+                sys.path.insert(0, entry)
+        importlib.invalidate_caches()
         runtime._T_START = time.time()  # this process's start-up begins at the fork
         code = runtime.run_process(req["run_dir"], req["name"])
     except BaseException:  # noqa: BLE001 - reported in the process's log, then exit 1
