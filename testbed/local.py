@@ -30,7 +30,7 @@ from typing import Callable
 from testbed import launch
 from testbed.spec import Experiment, dump_spec, load_spec
 from topologies import HostInfo, build_topo, hosts_of
-from topologies.errors import SpecError, TestbedError
+from topologies.errors import RunFailed, SpecError, TestbedError
 from traffic import rundir, schemes
 
 __all__ = ["local_hosts", "local_entries", "free_port", "run_local"]
@@ -135,7 +135,9 @@ def run_local(exp: Experiment, run_dir: str | Path | None = None, *, timeout_s: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line: run a spec locally, print the run directory (exit 1 on a TestbedError)."""
+    """Command line: run a spec locally, print the run directory. Exit status 1 when the run
+    failed (a process died or timed out), 2 for any other TestbedError (a bad spec, file or
+    argument), as ``testbed``."""
     ap = argparse.ArgumentParser(prog="python -m testbed.local", description=__doc__.split("\n")[0])
     ap.add_argument("spec")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE")
@@ -143,9 +145,12 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     try:
         run_dir = run_local(load_spec(a.spec, a.overrides), a.run_dir)
-    except TestbedError as e:
+    except RunFailed as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except TestbedError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(run_dir)
     return 0
 

@@ -386,3 +386,11 @@ def test_a_disk_that_fills_fails_the_run_clearly_and_harms_nothing_else(tmp_path
     finally:
         subprocess.run(["umount", str(small)], check=False)
     assert not os.path.ismount(small)
+
+
+def test_the_local_launcher_gives_a_bad_spec_exit_status_2(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "testbed.local", "experiments/quickstart.yaml", "--set",
+                          "topology.host_bw_mbps=-1", "--run-dir", str(tmp_path / "r")],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 2 and "topology.host_bw_mbps" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "r").exists()
