@@ -76,6 +76,16 @@ def test_endpoint_sampler_records_a_processs_own_sockets_once():
         assert c[:5] == ("worker0", "worker", 0, "h1", os.getpid())
         assert (c[7], c[8], c[9]) == ("127.0.0.1", port, "ESTABLISHED")
         assert s.read() == []  # written once
+        for _ in range(EndpointSampler.FAST_SAMPLES - 2):
+            s.read()
+        late = socket.create_connection(srv.getsockname())  # after the fast samples: seen at the next slow one
+        try:
+            got = [s.read() for _ in range(EndpointSampler.SLOW_EVERY)]
+            assert got[:-1] == [[]] * (EndpointSampler.SLOW_EVERY - 1)
+            assert late.getsockname() in {(r[5], r[6]) for r in got[-1]}
+        finally:
+            late.close()
+        s.close()
         assert read_tcp_table(2 ** 22 + 12345) == {}  # a process that is gone
     finally:
         for x in (cli, acc, srv):
