@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import psutil
+
 from testbed.interrupts import deferred_signals
 from topologies.errors import RunFailed, TestbedError
 from traffic.rundir import write_json
@@ -114,7 +116,7 @@ class ZygoteProcess:
 
     def poll(self) -> int | None:
         rc = self.returncode
-        if rc is None and not self.zygote.alive() and not _pid_alive(self.pid):
+        if rc is None and not self.zygote.alive() and not psutil.pid_exists(self.pid):
             return -signal.SIGKILL  # the zygote died before reporting: the process is gone
         return rc
 
@@ -132,16 +134,6 @@ class ZygoteProcess:
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
 
 
 class Zygote:

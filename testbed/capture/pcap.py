@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from mininet.util import natural
+
 from testbed.interrupts import deferred_signals
 from testbed.spec import PcapSpec
 from topologies.errors import FieldError, MissingRequirement, SpecError
@@ -89,21 +91,17 @@ def resolve_ports(tokens: list[str], links: list[dict], switches: set[str]) -> l
             name = t[len("host:"):]
             if name not in host_port:
                 bad.append(FieldError(_FIELD, t, "host:<name> of a host of the topology: " +
-                                      ", ".join(sorted(host_port, key=_natural))))
+                                      ", ".join(sorted(host_port, key=natural))))
             else:
                 out.append(host_port[name])
         elif t in switch_ports:
             out.append(t)
         else:
             bad.append(FieldError(_FIELD, t, "'uplinks', 'host:<name>' or a switch port: " +
-                                  ", ".join(sorted(switch_ports, key=_natural))))
+                                  ", ".join(sorted(switch_ports, key=natural))))
     if bad:
         raise SpecError.of(bad)
     return list(dict.fromkeys(out))
-
-
-def _natural(name: str):
-    return [int(x) if x.isdigit() else x for x in re.split(r"(\d+)", name)]
 
 
 def tcpdump_command(binary: str, port: str, snaplen: int, out_file: Path, bpf: str | None) -> list[str]:
