@@ -97,9 +97,11 @@ def test_an_incast_drops_in_the_queue_and_retransmits_in_the_same_intervals(tmp_
     df = analysis.flows(res.run_dir, port)
     assert int((df["retransmits_fwd"] + df["retransmits_rev"]).sum()) == len(retx)
     # a retransmission follows a drop: by a round trip (fast retransmit) or a timeout (>= 200 ms);
-    # the qdisc is sampled every 20 ms
+    # the qdisc is sampled every 20 ms. Not every one follows a drop on this port: each worker's
+    # own shaped link has an 8-packet queue too (in its namespace, not sampled), so a sender
+    # also loses packets before they reach the switch (measured: 85-100% near this port's drops)
     near = [((drop_times >= t - 1.5) & (drop_times <= t + 0.05)).any() for t in retx["time"]]
-    assert sum(near) >= 0.9 * len(near), (len(near), sum(near))
+    assert sum(near) >= 0.75 * len(near), (len(near), sum(near))
     # the senders are the workers (pushes into the server's port)
     senders = set(zip(retx["sender_ip"], retx["sender_port"]))
     worker_ips = {h["ip"] for h in run.topology["hosts"] if h["kind"] == "worker"}
