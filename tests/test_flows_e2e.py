@@ -99,7 +99,8 @@ def test_an_incast_drops_in_the_queue_and_retransmits_in_the_same_intervals(tmp_
     # a retransmission follows a drop: by a round trip (fast retransmit) or a timeout (>= 200 ms);
     # the qdisc is sampled every 20 ms. Not every one follows a drop on this port: each worker's
     # own shaped link has an 8-packet queue too (in its namespace, not sampled), so a sender
-    # also loses packets before they reach the switch (measured: 85-100% near this port's drops)
+    # also loses packets before they reach the switch (measured near this port's drops: 44 of 52 in
+    # one run, at least 90% in two others)
     near = [((drop_times >= t - 1.5) & (drop_times <= t + 0.05)).any() for t in retx["time"]]
     assert sum(near) >= 0.75 * len(near), (len(near), sum(near))
     # the senders are the workers (pushes into the server's port)
