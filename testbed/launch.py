@@ -59,19 +59,18 @@ def runtime_command(run_dir: Path, name: str) -> list[str]:
     return [sys.executable, "-u", "-m", "traffic.runtime", str(run_dir), name]
 
 
-def process_env(info: dict) -> dict:
-    """Environment for one process: gloo bound to its host interface, one compute thread."""
-    env = dict(os.environ)
-    env.update({
-        "GLOO_SOCKET_IFNAME": info["iface"],
-        "OMP_NUM_THREADS": "1",
-        "MKL_NUM_THREADS": "1",
-        "PYTHONUNBUFFERED": "1",
-    })
-    # the project must be importable whatever the host's working directory is
+def runtime_env() -> dict:
+    """This process's environment for a runtime process (or the zygote): one compute thread,
+    unbuffered output, and the project importable whatever the working directory is."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
+
+
+def process_env(info: dict) -> dict:
+    """Environment for one process: :func:`runtime_env`, gloo bound to its host interface."""
+    return {**runtime_env(), "GLOO_SOCKET_IFNAME": info["iface"]}
 
 
 PopenFn = Callable[[dict, list[str], dict, object], subprocess.Popen]
@@ -169,9 +168,7 @@ class Zygote:
         self._stderr: list[str] = []
 
     def start(self) -> "Zygote":
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-        root = str(Path(__file__).resolve().parents[1])
-        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env = runtime_env()
         with deferred_signals():
             cmd = [sys.executable, "-u", "-m", "traffic.runtime.zygote"] + (["--netns"] if self.netns else [])
             self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE,

@@ -397,9 +397,10 @@ def check_capacity(planned: list[PlannedRun]) -> list[str]:
     """
     if not planned:
         return []
+    model = capacity.CostModel.load()  # read once for every point
     warnings = capacity.check([(pr.label, pr.exp, pr.hosts, pr.processes) for pr in planned],
-                              force=any(pr.exp.run.force for pr in planned))
-    ests = [(capacity.estimate(pr.exp, pr.hosts, pr.processes), pr) for pr in planned]
+                              force=any(pr.exp.run.force for pr in planned), model=model)
+    ests = [(capacity.estimate(pr.exp, pr.hosts, pr.processes, model=model), pr) for pr in planned]
     est, pr = max(ests, key=lambda e: e[0].memory_bytes)
     head = f"capacity{' (' + pr.label + ')' if pr.label and len(planned) > 1 else ''}: {capacity.describe(est)}"
     return [head] + [f"warning: {w}" for w in warnings]

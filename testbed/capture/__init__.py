@@ -188,7 +188,7 @@ class Capture:
                 pc = self.spec.pcap
                 pcap = PcapRecorder(self.pcap_ports, self.run_dir, pc, start_after_s=pc.start_s * self.scale,
                                     duration_s=None if pc.duration_s is None else pc.duration_s * self.scale,
-                                    on_pid=lambda pid, what: self.on_pid(pid, what) if self.on_pid else None,
+                                    on_pid=self.on_pid,
                                     errors=self.errors)
                 self._recorders.enter_context(pcap)
         except BaseException:
