@@ -136,8 +136,9 @@ class ZygoteProcess:
 
 
 class Zygote:
-    """One :mod:`traffic.runtime.zygote` process of a run, started in this (the root) network
-    namespace; :meth:`popen` forks a training process from it into a host's namespace.
+    """One :mod:`traffic.runtime.zygote` process of a run (or of a whole sweep: its points
+    share it), started in this (the root) network namespace; :meth:`popen` forks a training
+    process from it into a host's namespace.
 
     Start it early (``start()`` returns at once; the imports overlap the network's build);
     :meth:`popen` waits until it is ready. ``close()`` ends it (its children are the run's,
@@ -238,7 +239,10 @@ class Zygote:
         msg = self._reply("spawned", 30.0)
         if msg["op"] == "error":
             raise TestbedError(f"the zygote could not start {info['name']}: {msg.get('error')}")
-        return ZygoteProcess(self, int(msg["pid"]))
+        pid = int(msg["pid"])
+        with self._cond:  # a zygote serving several runs may be given an earlier child's pid again:
+            self.exits.pop(pid, None)  # that child's exit was read before this reply, so it is forgotten here
+        return ZygoteProcess(self, pid)
 
     def close(self) -> None:
         """End the zygote (idempotent): close its stdin, then SIGKILL if it lingers."""

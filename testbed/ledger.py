@@ -47,6 +47,9 @@ class Ledger:
     bridges: list[str] = field(default_factory=list)
     interfaces: list[str] = field(default_factory=list)
     pids: dict[str, int] = field(default_factory=dict)
+    shared: list[str] = field(default_factory=list)
+    """Names in ``pids`` that the owner still uses after this run (a sweep's zygote): only a
+    sweep by another process (``testbed clean`` of a dead owner) kills them."""
 
     @classmethod
     def create(cls, run_id: str, run_dir: str) -> "Ledger":
@@ -60,7 +63,7 @@ class Ledger:
         d = json.loads(path.read_text())
         return cls(path=path, owner_pid=d["owner_pid"], owner_start=d.get("owner_start"), run_dir=d.get("run_dir", ""),
                    bridges=d.get("bridges", []), interfaces=d.get("interfaces", []),
-                   pids={k: int(v) for k, v in d.get("pids", {}).items()})
+                   pids={k: int(v) for k, v in d.get("pids", {}).items()}, shared=d.get("shared", []))
 
     def save(self) -> None:
         with _SAVE_LOCK:  # capture threads record pids too (a tcpdump started on a timer)
@@ -71,7 +74,7 @@ class Ledger:
         tmp.write_text(json.dumps({"owner_pid": self.owner_pid, "owner_start": self.owner_start,
                                    "run_dir": self.run_dir,
                                    "bridges": self.bridges, "interfaces": self.interfaces,
-                                   "pids": self.pids}, indent=1))
+                                   "pids": self.pids, "shared": self.shared}, indent=1))
         os.replace(tmp, self.path)
 
     def add_bridges(self, names) -> None:
@@ -82,8 +85,12 @@ class Ledger:
         self.interfaces += [n for n in names if n not in self.interfaces]
         self.save()
 
-    def add_pid(self, what: str, pid: int) -> None:
+    def add_pid(self, what: str, pid: int, shared: bool = False) -> None:
+        """Record process ``what``; ``shared``: the owner goes on using it after this run
+        (:attr:`shared`)."""
         self.pids[what] = int(pid)
+        if shared and what not in self.shared:
+            self.shared.append(what)
         self.save()
 
     def owner_alive(self) -> bool:
@@ -108,13 +115,17 @@ class Ledger:
 
     def sweep(self) -> list[str]:
         """Kill every recorded process (and its process group), delete every recorded
-        interface and bridge that still exists, then remove the ledger file.
+        interface and bridge that still exists, then remove the ledger file. The owner's own
+        sweep leaves its :attr:`shared` processes running; anyone else's kills them too.
 
         Returns:
             what was removed, one line each (empty if nothing was left).
         """
         removed = []
+        own = self.owner_pid == os.getpid()
         for what, pid in self.pids.items():
+            if own and what in self.shared:
+                continue
             if _kill_tree(pid):
                 removed.append(f"process {what} (pid {pid})")
         if self.interfaces or self.bridges:

@@ -119,9 +119,12 @@ def _interface(host: dict, p) -> dict:
 
 
 def run_one(exp: Experiment, parent: Path, run_id: str, exclusive_id: bool = True,
-            progress: RunProgress | None = None) -> RunResult:
+            progress: RunProgress | None = None, zygote: launch.Zygote | None = None) -> RunResult:
     """Run one experiment (its sweep must be empty) in ``parent/run_id``; ``progress`` shows
-    its phase and iterations while it runs (:mod:`testbed.progress`).
+    its phase and iterations while it runs (:mod:`testbed.progress`). ``zygote``: a running
+    zygote the caller owns (a sweep's, shared by its points); this run forks from it if it
+    is alive and ``run.launcher`` is ``zygote``, records its pid in the ledger and leaves it
+    running; without one, a zygote of this run's own is started and ended.
 
     Never raises for a failed run: the failure is in the returned summary. Raises only for
     problems that precede the run directory (it exists already) and for Ctrl-C/SIGTERM,
@@ -140,11 +143,12 @@ def run_one(exp: Experiment, parent: Path, run_id: str, exclusive_id: bool = Tru
     try:
         with NetworkLock(run_dir=run_dir):
             ledger = Ledger.create(run_dir.name, run_dir)
+            shared = zygote if zygote is not None and zygote.alive() and exp.run.launcher == "zygote" else None
             with ExitStack() as teardown:
                 teardown.callback(lambda: _log_leftovers(ledger.sweep()))
                 teardown.callback(progress.phase, "tearing down")  # shown first: callbacks run last-in first-out
                 try:
-                    _run(exp, run_dir, ledger, teardown, t0, progress)
+                    _run(exp, run_dir, ledger, teardown, t0, progress, shared)
                 except TestbedError as e:
                     status, error = "failed", str(e)
                     log.error("run failed: %s", e)
@@ -212,15 +216,19 @@ def _log_leftovers(left: list[str]) -> None:
 
 
 def _run(exp: Experiment, run_dir: Path, ledger: Ledger, teardown: ExitStack, t0: float,
-         progress: RunProgress) -> None:
-    """Build, launch and watch one run; every start registers its stop on ``teardown``."""
+         progress: RunProgress, zygote: launch.Zygote | None = None) -> None:
+    """Build, launch and watch one run; every start registers its stop on ``teardown``.
+    ``zygote``: a live shared zygote (:func:`run_one`), used and left running."""
     scheme = schemes.get(exp.workload.scheme)
     network = Network(exp.topology, scheme.hosts(exp.workload, exp.topology), run_dir, ledger, scale=exp.scale)
     teardown.callback(lambda: _log_leftovers(network.stop()))
-    zygote = None
-    if exp.run.launcher == "zygote":  # its imports overlap the network's build
+    if zygote is not None:  # a dead runner's ledger still names it for testbed clean
+        ledger.add_pid("zygote", zygote.proc.pid, shared=True)
+        log.info("processes fork from the sweep's zygote (pid %d)", zygote.proc.pid)
+    elif exp.run.launcher == "zygote":  # its imports overlap the network's build
         zygote = launch.Zygote(on_pid=lambda pid: ledger.add_pid("zygote", pid)).start()
         teardown.callback(zygote.close)  # after the processes are stopped (last in, first out)
+        log.info("processes fork from this run's zygote (pid %d)", zygote.proc.pid)
     log.info("building network")
     progress.phase("building network")
     network.start()
@@ -459,21 +467,28 @@ def _run_points(exp: Experiment, points: list[tuple[dict, Experiment]], progress
         raise TestbedError(f"cannot write {sweep_dir / 'sweep.yaml'}: {e.strerror or e}") from None
     results, rows = [], []
     bar = tqdm(points, desc=f"sweep {sweep_dir.name}", unit="run", disable=not progress or not sys.stderr.isatty())
-    for i, (point, e) in enumerate(bar):
-        label = point_label(point)
-        bar.set_postfix_str(label)
-        run_id = f"{i:03d}_{_safe(label)}"
-        res = run_one(e, sweep_dir, run_id,
-                      progress=RunProgress(progress, run_id, e.workload.iterations, e.scale, position=1))
-        res.point = point
-        results.append(res)
-        rows.append(headline(res))
-        try:
-            pd.DataFrame(rows).to_csv(sweep_dir / "sweep.csv", index=False)
-        except OSError as e:  # e.g. a full disk: the runs' own directories say the rest
-            log.warning("could not write %s: %s", sweep_dir / "sweep.csv", e)
-        if progress:
-            tqdm.write(one_line(res))
+    # One zygote for the whole sweep: torch's import and the warm-up (2.3 s) are paid once,
+    # not at every point. Its stdin is this process's pipe: if the harness dies, it exits.
+    zygote = launch.Zygote().start() if any(e.run.launcher == "zygote" for _, e in points) else None
+    try:
+        for i, (point, e) in enumerate(bar):
+            label = point_label(point)
+            bar.set_postfix_str(label)
+            run_id = f"{i:03d}_{_safe(label)}"
+            res = run_one(e, sweep_dir, run_id, zygote=zygote,
+                          progress=RunProgress(progress, run_id, e.workload.iterations, e.scale, position=1))
+            res.point = point
+            results.append(res)
+            rows.append(headline(res))
+            try:
+                pd.DataFrame(rows).to_csv(sweep_dir / "sweep.csv", index=False)
+            except OSError as e:  # e.g. a full disk: the runs' own directories say the rest
+                log.warning("could not write %s: %s", sweep_dir / "sweep.csv", e)
+            if progress:
+                tqdm.write(one_line(res))
+    finally:
+        if zygote is not None:
+            zygote.close()
     return results
 
 

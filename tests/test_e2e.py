@@ -4,12 +4,14 @@ Marked ``slow``: each case builds a network and starts torch in every host (tens
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pandas as pd
+import psutil
 import pytest
 
 import analysis
@@ -109,6 +111,11 @@ def test_sweep_goes_on_after_a_failed_point(tmp_path):
     assert "timed out" in results[0].summary["error"]
     table = pd.read_csv(results[0].run_dir.parent / "sweep.csv")
     assert list(table["status"]) == ["failed", "ok"]
+    # both points forked from one zygote: the failed point's teardown left it to the next
+    pids = [re.findall(r"fork from the sweep's zygote \(pid (\d+)\)", (r.run_dir / "logs" / "harness.log").read_text())
+            for r in results]
+    assert pids[0] == pids[1] and len(pids[0]) == 1
+    assert not psutil.pid_exists(int(pids[0][0]))  # ended (and reaped) with the sweep
     assert leftovers() == []
 
 

@@ -140,6 +140,30 @@ def test_a_ledger_whose_pid_was_reused_is_stale(state_dir, tmp_path):
         other.wait()
 
 
+def test_a_shared_process_outlives_its_owners_sweep_but_not_anothers(state_dir, tmp_path):
+    """A sweep's zygote is shared by its points: each point's own teardown leaves it running;
+    the sweep of its ledger by another process (testbed clean of a dead runner) kills it."""
+    zygote, child = subprocess.Popen(["sleep", "60"]), subprocess.Popen(["sleep", "60"])
+    try:
+        led = Ledger.create("point", tmp_path)
+        led.add_pid("zygote", zygote.pid, shared=True)
+        led.add_pid("worker0", child.pid)
+        assert led.sweep() == [f"process worker0 (pid {child.pid})"]
+        child.wait(5)  # ended (psutil reaped it, so its status is not kept)
+        assert zygote.poll() is None
+        led = Ledger.create("point", tmp_path)
+        led.add_pid("zygote", zygote.pid, shared=True)
+        stale = Ledger.read(led.path)
+        assert stale.shared == ["zygote"]
+        stale.owner_pid = os.getpid() + 1  # read by another process: the owner is not the sweeper
+        assert stale.sweep() == [f"process zygote (pid {zygote.pid})"]
+        zygote.wait(5)
+    finally:
+        for p in (zygote, child):
+            p.kill()
+            p.wait()
+
+
 def test_clean_marks_a_dead_runners_run_killed_and_keeps_its_files(state_dir, tmp_path):
     d = fake_run(tmp_path / "runs" / "r1", harness=True)
     led = Ledger.create("r1", d)
