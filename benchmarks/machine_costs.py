@@ -35,6 +35,22 @@ unit and its source: this command, the step that measured it, the date and the m
    CPU of the machine from ``psutil.cpu_times`` deltas (busy = all time but idle and
    iowait, as the capture's CPU sampler counts it). The slope of busy cores over received
    bytes/s is the CPU per byte; (3-bridge slope - 1-bridge slope) / 2 per further bridge.
+5. *Per-message CPU* (``message``): two processes on 127.0.0.1 in a gloo group
+   (:func:`traffic.host.measure.run_pair`, 1 torch thread each, as the runtime's), each
+   with the runtime's :class:`~traffic.runtime.transport.Transport` and an event log, as in
+   a run, and a host model that charges no per-message cost (``HostModel()``: overhead 0,
+   so nothing is charged and nothing waits: this machine's real CPU, not emulated
+   waiting). Rank 0 sends ``N`` float32 messages to rank 1 with ``isend`` in windows of
+   :data:`MESSAGE_WINDOW` (then ``wait`` on each, as ``ps`` pushes a layer); rank 1 keeps
+   :data:`MESSAGE_WINDOW` ``irecv`` posted ahead (as P3's and PHub's servers) and ``wait``
+   s them in order. Sizes :data:`MESSAGE_SIZES`, two counts each
+   (:data:`MESSAGE_COUNTS`), every configuration :data:`MESSAGE_REPEATS` times
+   (interleaved; median). CPU = user + system of both processes (``psutil`` ``cpu_times``,
+   every thread, gloo's included) between two barriers. The least-squares fit
+   ``CPU = a x messages + b x bytes + c`` over the configurations gives
+   ``runtime_message_cpu_s`` = ``a`` (both ends); ``b`` (which the model already counts
+   as ``path_cpu_s_per_byte`` and ``runtime_user_cpu_s_per_byte``) and ``c`` (a run's fixed
+   part: barriers, timers) are printed and named in the source.
 
 Steps 3-4 need root (network namespaces). ``--quiet-flag FILE``: before every measurement,
 wait (polling every 20 s) until ``FILE`` exists (a machine kept quiet for measuring), and
@@ -42,7 +58,13 @@ measure again when it vanished during the measurement. The values of every finis
 are kept in ``OUT.partial.json`` until ``OUT`` is written; ``--resume`` skips the steps it
 holds. Run ``testbed clean`` afterwards if the run was killed.
 
+``--only STEP`` (repeatable; ``base``, ``loopback``, ``networks``, ``forwarding``,
+``message``) measures only those steps and merges their values into the existing ``OUT``
+(which must exist): every other value, and the file's ``machine`` section, stay as they
+are; each new value's source names its own command, date and machine.
+
     sudo .venv/bin/python benchmarks/machine_costs.py OUT.yaml [--quiet-flag FILE] [--seconds 10] [--resume]
+    .venv/bin/python benchmarks/machine_costs.py testbed/data/machine_costs.yaml --only message
 """
 from __future__ import annotations
 
@@ -63,7 +85,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import numpy as np  # noqa: E402
 import psutil  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 import yaml  # noqa: E402
 
 from testbed.capacity import COST_KEYS  # noqa: E402
@@ -74,15 +99,32 @@ from testbed.network import Network  # noqa: E402
 from testbed.runner import switch_ports  # noqa: E402
 from testbed.spec import CaptureSpec, from_dict  # noqa: E402
 from topologies import TopologySpec  # noqa: E402
+from traffic.host import HostModel  # noqa: E402
+from traffic.host.measure import run_pair  # noqa: E402
 from traffic.models import model_info  # noqa: E402
 from traffic.profiles.profile import LayerProfile, Profile, load_profile  # noqa: E402
 from traffic.rundir import read_json  # noqa: E402
+from traffic.runtime.events import EventLog  # noqa: E402
+from traffic.runtime.hostcost import HostCosts  # noqa: E402
+from traffic.runtime.transport import Transport  # noqa: E402
 
 SMALL, BIG = "digits_mlp", "alexnet"
 IMPORT_RUNTIME = "import time, traffic.runtime.__main__; print('ready', flush=True); time.sleep(600)"
 IMPORT_HARNESS = "import time, testbed.cli, testbed.runner; print('ready', flush=True); time.sleep(600)"
 SLOW_LAYER_S = 0.2
 LONG = 13  # iterations of the longer alexnet runs (the shorter: 3)
+KIB, MIB = 1024, 1024 * 1024
+#: step 5: payload bytes of the messages (float32 tensors)
+MESSAGE_SIZES = (4 * KIB, 64 * KIB, 256 * KIB, MIB)
+#: step 5: the two message counts at each size (about 0.4-2.5 s of CPU each on this machine;
+#: CPU times tick at 10 ms)
+MESSAGE_COUNTS = {4 * KIB: (5000, 20000), 64 * KIB: (3000, 12000), 256 * KIB: (1000, 4000), MIB: (400, 1600)}
+#: step 5: sends in flight (rank 0) and receives posted ahead (rank 1)
+MESSAGE_WINDOW = 16
+#: step 5: runs of every (size, count), interleaved; the median is kept
+MESSAGE_REPEATS = 3
+#: step 5: the tag of every message (one tag, as P3's pushes)
+MESSAGE_TAG = 7
 
 
 class Bench:
@@ -575,34 +617,175 @@ def forwarding(b: Bench, tmp: Path) -> None:
           + ("" if extra >= 0 else " floored at 0"))
 
 
+
+# ------------------------------------------------------------------------------ 5. per-message CPU
+
+
+def _cpu_s() -> float:
+    """User + system CPU seconds of this process so far (every thread)."""
+    t = psutil.Process().cpu_times()
+    return t.user + t.system
+
+
+def _message_stream(rank: int, plan: list[tuple[int, int]], log_dir: str) -> list[dict] | None:
+    """:func:`traffic.host.measure.run_pair` target: for each ``(nbytes, n)`` of ``plan``,
+    rank 0 sends ``n`` float32 messages of ``nbytes`` to rank 1 through :class:`Transport`
+    (``isend`` in windows of :data:`MESSAGE_WINDOW`, then ``wait`` on each); rank 1 keeps
+    :data:`MESSAGE_WINDOW` ``irecv`` posted ahead and waits them in order. Each process's
+    user + system CPU between two barriers; rank 1 hands its figures to rank 0 afterwards.
+
+    Returns (rank 0): per plan entry ``{"nbytes", "n", "cpu_s": [rank 0's, rank 1's],
+    "wall_s"}``; rank 1: None.
+    """
+    events = EventLog(Path(log_dir) / f"p{rank}.jsonl", f"p{rank}", "worker" if rank == 0 else "server", rank)
+    # a host model stating no per-message overhead: the transport charges nothing, waits for nothing
+    tr = Transport(events, rank, 2, costs=HostCosts(HostModel()))
+    out = []
+    for nbytes, n in plan:
+        bufs = [torch.zeros(nbytes // 4) for _ in range(MESSAGE_WINDOW)]
+        pending = ([tr.irecv(bufs[k], 0, tag=MESSAGE_TAG, kind="push") for k in range(min(MESSAGE_WINDOW, n))]
+                   if rank == 1 else [])
+        dist.barrier()
+        c0, t0 = _cpu_s(), time.perf_counter()
+        if rank == 0:
+            for lo in range(0, n, MESSAGE_WINDOW):
+                tr.wait_all([tr.isend(bufs[k], 1, tag=MESSAGE_TAG, kind="push")
+                             for k in range(min(MESSAGE_WINDOW, n - lo))])
+        else:
+            for i in range(n):
+                k = i % MESSAGE_WINDOW
+                pending[k].wait()
+                if i + MESSAGE_WINDOW < n:
+                    pending[k] = tr.irecv(bufs[k], 0, tag=MESSAGE_TAG, kind="push")
+        c1, t1 = _cpu_s(), time.perf_counter()
+        dist.barrier()
+        mine = torch.tensor([c1 - c0, t1 - t0], dtype=torch.float64)
+        if rank == 1:
+            dist.send(mine, 0)
+        else:
+            other = torch.empty(2, dtype=torch.float64)
+            dist.recv(other, 1)
+            out.append({"nbytes": nbytes, "n": n, "cpu_s": [float(mine[0]), float(other[0])],
+                        "wall_s": max(float(mine[1]), float(other[1]))})
+    events.close()
+    return out if rank == 0 else None
+
+
+def fit_messages(runs: list[dict]) -> tuple[float, float, float]:
+    """Least squares ``CPU = a x messages + b x bytes + c`` over runs (``n``, ``nbytes``,
+    summed ``cpu_s``): ``(a, b, c)`` in CPU seconds per message, per byte and per run.
+
+    Raises:
+        ValueError: fewer than 3 runs, or fewer than 2 sizes (a and b not separable).
+    """
+    if len(runs) < 3 or len({r["nbytes"] for r in runs}) < 2:
+        raise ValueError("need at least 3 runs at 2 or more message sizes")
+    x = np.array([[r["n"], r["n"] * r["nbytes"], 1.0] for r in runs], dtype=float)
+    y = np.array([sum(r["cpu_s"]) for r in runs], dtype=float)
+    (a, b, c), *_ = np.linalg.lstsq(x, y, rcond=None)
+    return float(a), float(b), float(c)
+
+
+def message_cpu(b: Bench, tmp: Path) -> None:
+    print("5. per-message CPU of the runtime's transport", flush=True)
+    configs = [(nb, n) for nb in MESSAGE_SIZES for n in MESSAGE_COUNTS[nb]]
+    warm = [(64 * KIB, 200)]  # connections, allocator, event log opened: not measured
+    log_dir = tmp / b.label("messages")
+    log_dir.mkdir(parents=True)
+
+    def measure():
+        return run_pair(_message_stream, (warm + configs * MESSAGE_REPEATS, str(log_dir)), threads=1,
+                        timeout_s=900)[len(warm):]
+
+    load = os.getloadavg()[0]
+    raw = b.quiet("per-message CPU", measure)
+    med = []
+    for nb, n in configs:
+        mine = [r for r in raw if (r["nbytes"], r["n"]) == (nb, n)]
+        tot = sorted(mine, key=lambda r: sum(r["cpu_s"]))
+        m = tot[len(tot) // 2]  # the median run (by summed CPU)
+        med.append(m)
+        print(f"  {n} x {nb // KIB} KiB: CPU {sum(m['cpu_s']):.3f} s (sender {m['cpu_s'][0]:.3f}, receiver "
+              f"{m['cpu_s'][1]:.3f}) in {m['wall_s']:.2f} s; runs: "
+              + ", ".join(f"{sum(r['cpu_s']):.3f}" for r in mine), flush=True)
+    a, per_byte, c = fit_messages(med)
+    resid = [sum(r["cpu_s"]) - (a * r["n"] + per_byte * r["n"] * r["nbytes"] + c) for r in med]
+    print(f"  fit: {a * 1e6:.1f} us per message + {per_byte * 1e9:.3f} ns per byte + {c * 1e3:.1f} ms per run "
+          f"(largest residual {max(abs(x) for x in resid) * 1e3:.1f} ms)", flush=True)
+    if a <= 0:
+        raise SystemExit(f"per-message CPU fit is not positive ({a:.3g} s): the machine was too noisy; run again")
+    listing = "; ".join(f"{r['n']} x {r['nbytes']} B: {sum(r['cpu_s']):.3f} s" for r in med)
+    b.put("runtime_message_cpu_s", a,
+          "step 5: traffic.host.measure.run_pair (2 processes, gloo over TCP on 127.0.0.1, 1 torch thread each), "
+          "traffic.runtime.transport.Transport with an EventLog and HostCosts(HostModel()) (per-message overhead 0: "
+          f"nothing charged, nothing waited); rank 0 isends N float32 messages to rank 1 in windows of "
+          f"{MESSAGE_WINDOW} (wait each), rank 1 keeps {MESSAGE_WINDOW} irecvs posted ahead; CPU = user + system "
+          f"of both processes (psutil cpu_times, all threads) between barriers; sizes and counts "
+          + ", ".join(f"{nb} B x {MESSAGE_COUNTS[nb]}" for nb in MESSAGE_SIZES)
+          + f", each {MESSAGE_REPEATS} times interleaved, median; least-squares CPU = a x messages + b x bytes "
+          f"+ c: a (this value, both ends), b = {per_byte:.4g} s/byte, c = {c:.4g} s ({listing}); 1-minute load "
+          f"average {load:.2f} at the start")
+
+#: the steps: name for --only, function, whether it needs root, keys that show it is done (--resume)
+STEPS = (("base", base_process, False, ("process_uss_bytes", "harness_uss_bytes")),
+         ("loopback", loopback_runs, False, ("worker_bytes_per_param_byte", "process_idle_cores")),
+         ("networks", networks, True, ("network_host_bytes", "cpu_sampler_cpu_s_per_sample")),
+         ("forwarding", forwarding, True, ("path_cpu_s_per_byte", "extra_bridge_cpu_s_per_byte")),
+         ("message", message_cpu, False, ("runtime_message_cpu_s",)))
+HEADER = "# Measured cost model of this machine for testbed.capacity; written by benchmarks/machine_costs.py.\n"
+
+
+def merge(out: Path, values: dict[str, dict]) -> None:
+    """Replace or add ``values`` in the cost model file ``out``; every other value and the
+    ``machine`` section stay as they are (values in :data:`COST_KEYS` order, others after)."""
+    doc = yaml.safe_load(out.read_text())
+    old = doc.get("values") or {}
+    merged = {**old, **values}
+    doc["values"] = {**{k: merged[k] for k in COST_KEYS if k in merged},
+                     **{k: v for k, v in merged.items() if k not in COST_KEYS}}
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(HEADER + yaml.safe_dump(doc, sort_keys=False, width=120))
+    tmp.replace(out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("out", help="YAML file to write (must not exist)")
+    ap.add_argument("out", help="YAML file to write (must not exist; with --only: must exist, merged into)")
     ap.add_argument("--quiet-flag", help="wait until this file exists before every measurement")
     ap.add_argument("--seconds", type=float, default=10.0, help="length of each CPU measurement, s")
     ap.add_argument("--resume", action="store_true",
                     help="keep the values of OUT.partial.json (the steps a failed invocation finished)")
+    ap.add_argument("--only", action="append", choices=[name for name, *_ in STEPS], metavar="STEP",
+                    help="measure only this step (repeatable: " + ", ".join(n for n, *_ in STEPS)
+                         + ") and merge its values into the existing OUT")
     args = ap.parse_args()
     out = Path(args.out)
-    if out.exists():
+    steps = [s for s in STEPS if not args.only or s[0] in args.only]
+    if args.only and not out.exists():
+        print(f"error: --only merges into an existing cost model; {out} does not exist", file=sys.stderr)
+        return 2
+    if not args.only and out.exists():
         print(f"error: {out} exists; give a new file (measurements are never overwritten)", file=sys.stderr)
         return 2
-    if os.geteuid() != 0:
-        print("error: steps 3-4 build networks: run as root", file=sys.stderr)
+    if any(root for _, _, root, _ in steps) and os.geteuid() != 0:
+        print("error: steps networks and forwarding build networks: run as root", file=sys.stderr)
         return 2
     b = Bench(args)
     print(f"machine: {b.machine}", flush=True)
+    if args.only:
+        with tempfile.TemporaryDirectory(prefix="machine-costs-") as d:
+            for _, step, _, _ in steps:
+                step(b) if step is base_process else step(b, Path(d))
+        merge(out, b.values)
+        print(f"merged {', '.join(b.values)} into {out}")
+        return 0
     partial = out.with_name(out.name + ".partial.json")
     if args.resume and partial.exists():  # values of the steps a failed invocation finished
         b.values.update(json.loads(partial.read_text()))
         print(f"resumed {len(b.values)} values from {partial}")
-    steps = ((base_process, ("process_uss_bytes", "harness_uss_bytes")),
-             (loopback_runs, ("worker_bytes_per_param_byte", "process_idle_cores")),
-             (networks, ("network_host_bytes", "cpu_sampler_cpu_s_per_sample")),
-             (forwarding, ("path_cpu_s_per_byte", "extra_bridge_cpu_s_per_byte")))
     with tempfile.TemporaryDirectory(prefix="machine-costs-") as d:
         tmp = Path(d)
-        for step, keys in steps:
+        for _, step, _, keys in steps:
             if all(k in b.values for k in keys):
                 continue
             step(b) if step is base_process else step(b, tmp)
@@ -613,7 +796,7 @@ def main() -> int:
         return 1
     doc = {"machine": b.machine, "values": {k: b.values[k] for k in COST_KEYS}}
     with open(out, "x") as f:
-        f.write("# Measured cost model of this machine for testbed.capacity; written by benchmarks/machine_costs.py.\n")
+        f.write(HEADER)
         yaml.safe_dump(doc, f, sort_keys=False, width=120)
     partial.unlink(missing_ok=True)
     print(f"wrote {out}")

@@ -51,17 +51,29 @@ CPU (busy cores), an upper bound:
   ``rack_core``, bytes crossing the core (at most the total rate, and at most ``racks x
   uplink / scale``) traverse two more bridges (ToR, core, ToR); bytes sent by the runtime
   add ``runtime_user_cpu_s_per_byte`` (gloo, aggregation, optimizer: the runtime's own user
-  time per byte sent).
+  time per byte sent);
+* the runtime's messages: the processes' sending rate over the scheme's mean message
+  (:meth:`traffic.schemes.Scheme.message_bytes`: P3's slices, PHub's frames, gloo's ring
+  segments ...) is messages per second, each costing ``runtime_message_cpu_s`` (the
+  transport's CPU per message, sender and receiver together, measured with the runtime's
+  :class:`~traffic.runtime.transport.Transport` between two processes on loopback), listed
+  as ``messages`` in :attr:`Estimate.cpu_breakdown`.
 
-``cpu(scale) = fixed + network(1) / scale``, so the smallest dilation keeping the rule is
-``min_scale = network(1) / (0.65 x cores - fixed)`` (infinite when the fixed part alone
-breaks it). Not in the model (not measured): real compute's own CPU (``compute.mode: real``
-runs undilated, as fast as the cores allow), the runtime's per-*message* work (the
-per-byte figure comes from ``ps``/``allreduce`` moving whole large tensors: schemes that cut
-them into many small messages, P3's slices or PHub's chunks, cost more; checked against
-finished runs on this machine, those used 1.3-3.3x the estimate), compression codecs, the
-endpoint sampler (``capture.endpoints``), tcpdump (``capture.pcap``) and background flows'
-iperf3 memory. Example::
+``cpu(scale) = fixed + network(1) / scale`` (``network`` including the messages), so the
+smallest dilation keeping the rule is ``min_scale = network(1) / (0.65 x cores - fixed)``
+(infinite when the fixed part alone breaks it). Not in the model (not measured): a
+scheme's own work per message beyond the transport (P3's priority queue, receiver threads
+and per-slice update, PHub's per-chunk checks and charges, their events: P3 runs imply
+about 0.6-0.9 ms of CPU per slice against the transport's 0.1 ms), real compute's own CPU
+(``compute.mode: real`` runs undilated, as fast as the cores allow), compression codecs,
+the endpoint sampler (``capture.endpoints``), tcpdump (``capture.pcap``) and background
+flows' iperf3 memory. Checked against 53 finished runs on this machine
+(``benchmarks/capacity_vs_runs.py``, busy cores measured over the measured iterations /
+the estimate, without the message term in brackets): iBatch 0.4-0.7x (0.6-1.0x), Stanza
+0.1-0.3x, ps 0.1-1.4x (0.1-1.4x; the MXNet-CS baselines of PHub's spec reach 1.2-1.4x),
+PHub 0.5-1.7x (0.5-2.1x), P3 1.9-2.5x (2.4-3.3x), the quickstart's allreduce in real
+compute 1.1-1.4x (1.7-2.1x). So for P3, PHub and some ps runs ``min_scale`` is still below
+the dilation that keeps 35 % idle. Example::
 
     from testbed.runner import plan_point
     hosts, procs = plan_point(exp)
@@ -79,14 +91,15 @@ import psutil
 import yaml
 
 from analysis.metrics import CPU_IDLE_RULE, MIN_IDLE_PCT
-from testbed.spec import Experiment
+from testbed.spec import AUTO, Experiment
 from topologies.errors import CapacityError
 from topologies.hosts import HostInfo
 from traffic.models import model_info
 from traffic.schemes import ProcessPlan
+from traffic.schemes import get as get_scheme
 
-__all__ = ["COST_KEYS", "COSTS_PATH", "Cost", "CostModel", "Machine", "Estimate", "estimate", "check", "describe",
-           "CapacityError"]
+__all__ = ["COST_KEYS", "COSTS_PATH", "Cost", "CostModel", "Machine", "Estimate", "estimate", "auto_scale", "check",
+           "describe", "CapacityError"]
 
 #: the measured cost model shipped with the package
 COSTS_PATH = Path(__file__).resolve().parent / "data" / "machine_costs.yaml"
@@ -119,6 +132,8 @@ COST_KEYS: dict[str, tuple[str, str]] = {
     "network_link_bytes": ("bytes", "memory per further shaped link of a host"),
     "process_idle_cores": ("cores", "CPU of a runtime process waiting (emulated compute, small messages)"),
     "runtime_user_cpu_s_per_byte": ("cpu-s/byte", "runtime processes' user CPU per byte they send"),
+    "runtime_message_cpu_s": ("cpu-s/message", "runtime CPU per point-to-point message, sender and receiver "
+                              "together (Transport over gloo, no emulated per-message cost)"),
     "path_cpu_s_per_byte": ("cpu-s/byte", "busy CPU per byte between two namespaces over one htb-shaped bridge"),
     "extra_bridge_cpu_s_per_byte": ("cpu-s/byte", "busy CPU per byte for each further bridge of a path"),
     "bwm_ng_cpu_s_per_sample": ("cpu-s/sample", "bwm-ng CPU per sample, fixed part"),
@@ -225,7 +240,9 @@ class Estimate:
             zygote's, or the libraries of processes started with exec, once), ``network``,
             ``harness``.
         cpu_cores: busy cores demanded at ``scale`` (an upper bound; sum of ``cpu_breakdown``).
-        cpu_breakdown: busy cores per part: ``processes``, ``capture``, ``network``.
+        cpu_breakdown: busy cores per part: ``processes``, ``capture``, ``network`` (the
+            bytes: forwarding and the runtime's per-byte work), ``messages`` (the runtime's
+            per-message work); the last two at ``scale``.
         scale: the spec's dilation the CPU figure is for.
         min_scale: smallest dilation keeping >= 35 % of the cores idle (``math.inf`` when the
             fixed part alone breaks the rule; may be below 1).
@@ -234,6 +251,8 @@ class Estimate:
         total_bytes: the machine's memory.
         processes: processes of the run; hosts: hosts of its network.
         param_bytes: the model's parameter bytes.
+        message_bytes: the scheme's mean bytes per message
+            (:meth:`traffic.schemes.Scheme.message_bytes`; ``math.inf``: it sends none).
     """
     memory_bytes: int
     memory_breakdown: dict[str, int]
@@ -247,12 +266,13 @@ class Estimate:
     processes: int = 0
     hosts: int = 0
     param_bytes: int = 0
+    message_bytes: float = math.inf
     network_cores_at_scale_1: float = field(default=0.0, repr=False)
 
     @property
     def fixed_cores(self) -> float:
         """Busy cores that dilation does not reduce (processes waiting, capture)."""
-        return self.cpu_cores - self.cpu_breakdown["network"]
+        return self.cpu_breakdown["processes"] + self.cpu_breakdown["capture"]
 
     def cpu_at(self, scale: float) -> float:
         """Busy cores demanded at dilation ``scale`` (> 0)."""
@@ -275,11 +295,13 @@ def estimate(exp: Experiment, hosts: Sequence[HostInfo], processes: Sequence[Pro
         machine: the machine; default :meth:`Machine.current`.
 
     Returns:
-        The :class:`Estimate` (memory in bytes, CPU in busy cores at ``exp.scale``).
+        The :class:`Estimate` (memory in bytes, CPU in busy cores at ``exp.scale``; for
+        ``scale: auto``, at the scale it resolves to, :func:`auto_scale`).
 
     Raises:
         CapacityError: the cost model is missing or malformed.
         KeyError: a model name the registry does not know (a validated spec has none).
+        SchemeNotFound: a scheme the registry does not know (a validated spec has none).
     """
     m = model if model is not None else CostModel.load()
     mach = machine if machine is not None else Machine.current()
@@ -334,8 +356,13 @@ def estimate(exp: Experiment, hosts: Sequence[HostInfo], processes: Sequence[Pro
     sent_bg = sum(min(r, by_name[s].interfaces * line) for s, r in bg_rate.items() if s in by_name)
     sent = sent_proc + sent_bg
     crossing = min(sent, t.racks * _link_bytes_per_s(t.uplink_mbps())) if t.kind == "rack_core" and t.racks > 1 else 0.0
-    network_1 = (sent * m["path_cpu_s_per_byte"] + 2.0 * crossing * m["extra_bridge_cpu_s_per_byte"]
-                 + sent_proc * m["runtime_user_cpu_s_per_byte"])
+    bytes_1 = (sent * m["path_cpu_s_per_byte"] + 2.0 * crossing * m["extra_bridge_cpu_s_per_byte"]
+               + sent_proc * m["runtime_user_cpu_s_per_byte"])
+    # the runtime's messages: the processes' bytes/s over the scheme's mean message, each
+    # costing runtime_message_cpu_s (sender and receiver together)
+    msg_bytes = float(get_scheme(w.scheme).message_bytes(w, processes))
+    messages_1 = sent_proc / msg_bytes * m["runtime_message_cpu_s"] if sent_proc > 0 else 0.0
+    network_1 = bytes_1 + messages_1
 
     fixed = idle + capture
     room = BUSY_FRACTION * mach.cores - fixed
@@ -343,11 +370,13 @@ def estimate(exp: Experiment, hosts: Sequence[HostInfo], processes: Sequence[Pro
         min_scale = math.inf
     else:
         min_scale = network_1 / room
-    cpu = {"processes": idle, "capture": capture, "network": network_1 / exp.scale}
+    scale = _auto_value(exp, min_scale) if exp.scale == AUTO else exp.scale
+    cpu = {"processes": idle, "capture": capture, "network": bytes_1 / scale, "messages": messages_1 / scale}
     return Estimate(memory_bytes=sum(memory.values()), memory_breakdown=memory, cpu_cores=sum(cpu.values()),
-                    cpu_breakdown=cpu, scale=exp.scale, min_scale=min_scale, cores=mach.cores,
+                    cpu_breakdown=cpu, scale=scale, min_scale=min_scale, cores=mach.cores,
                     available_bytes=mach.available_bytes, total_bytes=mach.total_bytes, processes=len(processes),
-                    hosts=len(hosts), param_bytes=param_bytes, network_cores_at_scale_1=network_1)
+                    hosts=len(hosts), param_bytes=param_bytes, message_bytes=msg_bytes,
+                    network_cores_at_scale_1=network_1)
 
 
 def _gib(n: float) -> str:
@@ -381,7 +410,7 @@ def _memory_refusal(who: str, est: Estimate) -> str:
 
 
 def _cpu_warning(who: str, exp: Experiment, est: Estimate) -> str:
-    head = (f"{who}: CPU estimate {est.cpu_cores:.2f} cores busy of {est.cores} at scale {exp.scale:g} (upper bound: "
+    head = (f"{who}: CPU estimate {est.cpu_cores:.2f} cores busy of {est.cores} at scale {est.scale:g} (upper bound: "
             f"every host link at its dilated line rate) leaves less than {MIN_IDLE_PCT:g}% idle ({CPU_IDLE_RULE}); "
             f"link rates and timings may be off")
     if math.isinf(est.min_scale):
@@ -438,9 +467,44 @@ def check(points: Iterable[tuple[str, Experiment, Sequence[HostInfo], Sequence[P
         who = _who(label, exp)
         if est.memory_bytes > est.available_bytes:
             refusals.append(_memory_refusal(who, est))
-        if exp.scale < est.min_scale:
+        if est.scale < est.min_scale:
             warnings.append(_cpu_warning(who, exp, est))
     if refusals and not force:
         raise CapacityError("this machine cannot hold the run:\n  " + "\n  ".join(refusals) if len(refusals) > 1
                             else "this machine cannot hold the run: " + refusals[0])
     return [f"{r} (run.force: true: running anyway)" for r in refusals] + warnings
+
+
+def _auto_value(exp: Experiment, min_scale: float) -> float:
+    if exp.workload.compute.mode != "emulated":
+        return 1.0  # real compute cannot be dilated (testbed.spec.Experiment)
+    base = 1 if math.isinf(min_scale) else max(1, math.ceil(min_scale - 1e-9))  # inf: no scale helps; warned
+    for k in range(base, base + 1000):  # iperf3 -t takes whole seconds: duration_s x scale must be whole
+        if all(abs(f.duration_s * k - round(f.duration_s * k)) <= 1e-9 for f in exp.background):
+            return float(k)
+    return float(base)  # no whole dilation near it does: with_scale names the flows
+
+
+def auto_scale(exp: Experiment, hosts: Sequence[HostInfo], processes: Sequence[ProcessPlan],
+               model: CostModel | None = None, machine: Machine | None = None) -> float:
+    """The dilation ``scale: auto`` stands for on this machine (:class:`testbed.spec.Experiment`).
+
+    1 when ``workload.compute.mode`` is ``real`` (real compute cannot be slowed down). With
+    emulated compute: the smallest whole number >= 1 that is at least the estimate's
+    :attr:`Estimate.min_scale` (the run keeps 35 % of the cores idle by the cost model,
+    Mininet-HiFi's rule) and gives every background flow a whole number of dilated seconds;
+    1 when no dilation keeps the rule (``min_scale`` infinite: the check warns).
+
+    Args:
+        exp, hosts, processes: one planned point (:func:`testbed.runner.plan_point`).
+        model, machine: as for :func:`estimate`.
+
+    Returns:
+        The scale, a whole number >= 1.
+
+    Raises:
+        CapacityError: the cost model is missing or malformed.
+    """
+    if exp.workload.compute.mode != "emulated":
+        return 1.0
+    return estimate(exp, hosts, processes, model=model, machine=machine).scale

@@ -13,7 +13,7 @@ racks, kinds and interfaces as the real network), asks the scheme for its plan, 
 process ip ``127.0.0.1`` and iface ``lo``, picks a free master port, and starts and watches
 the processes with :mod:`testbed.launch` exactly as the harness does (forked from a zygote
 unless ``run.launcher`` is ``exec``). Nothing is shaped,
-nothing is captured and no ``background`` flow runs: the run directory gets spec.yaml,
+nothing is captured and no ``background`` flow runs (``scale: auto`` runs at 1): the run directory gets spec.yaml,
 processes.json, events/, results/, params/ and logs/ (no topology.json, traces/ or
 summary.json).
 
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from testbed import launch
-from testbed.spec import Experiment, dump_spec, load_spec
+from testbed.spec import AUTO, Experiment, dump_spec, load_spec, with_scale
 from topologies import HostInfo, build_topo, hosts_of
 from topologies.errors import RunFailed, SpecError, TestbedError
 from traffic import rundir, schemes
@@ -99,6 +99,8 @@ def run_local(exp: Experiment, run_dir: str | Path | None = None, *, timeout_s: 
     """
     if exp.sweep:
         raise TestbedError("run_local runs one experiment; expand the sweep first (testbed.spec.expand_sweep)")
+    if exp.scale == AUTO:  # no emulated network and no capture to keep within the CPU: undilated
+        exp = with_scale(exp, 1.0)
     if run_dir is None:
         run_dir = rundir.create(exp.run.runs_dir, exp.run.id or rundir.new_run_id(exp.name),
                                 exclusive_id=exp.run.id is not None)

@@ -43,7 +43,7 @@ from testbed.ledger import Ledger, NetworkLock
 from testbed.progress import RunProgress
 from testbed.network import Network, bind_to_interface
 from testbed.network import preflight as network_preflight
-from testbed.spec import Experiment, dump_spec, expand_sweep
+from testbed.spec import AUTO, Experiment, dump_spec, expand_sweep, with_scale
 from topologies import build_topo, hosts_of
 from topologies.errors import FieldError, SpecError, TestbedError
 from topologies.hosts import HostInfo
@@ -300,11 +300,13 @@ class PlannedRun:
     """One point of a spec as it will run: its sweep point (swept paths and their values,
     ``variant``: the variant's name), the experiment, the hosts of its network (worker,
     requested and background hosts, as :func:`topologies.hosts_of` reads the topology
-    graph) and the scheme's processes on them."""
+    graph) and the scheme's processes on them. ``scale_auto``: the spec said ``scale: auto``
+    and ``exp.scale`` is what it resolved to."""
     point: dict
     exp: Experiment
     hosts: list[HostInfo]
     processes: list[ProcessPlan]
+    scale_auto: bool = False
 
     @property
     def label(self) -> str:
@@ -354,22 +356,30 @@ def plan_point(exp: Experiment) -> tuple[list[HostInfo], list[ProcessPlan]]:
 
 def plan_experiment(exp: Experiment) -> list[PlannedRun]:
     """Every point of ``exp`` (variants x sweep, :func:`testbed.spec.expand_sweep`) planned
-    (:func:`plan_point`), in the order they run. Nothing is built or written.
+    (:func:`plan_point`), in the order they run, with ``scale: auto`` resolved
+    (:func:`testbed.capacity.auto_scale`, from this machine's cost model). Nothing is built
+    or written.
 
     Raises:
-        SpecError: a point is invalid or its plan does not fit its topology; the message
-            names the point.
+        SpecError: a point is invalid or its plan does not fit its topology (or is invalid
+            at the scale ``auto`` resolved to); the message names the point.
+        CapacityError: ``scale: auto`` and the cost model is missing or malformed.
     """
     out = []
+    model = None
     for point, e in expand_sweep(exp):
+        auto = e.scale == AUTO
         try:
             hosts, plan = plan_point(e)
+            if auto:
+                model = model or capacity.CostModel.load()  # read once for every point
+                e = with_scale(e, capacity.auto_scale(e, hosts, plan, model=model))
         except SpecError as err:
             if not point:
                 raise
             raise SpecError.of([FieldError(x.field, x.value, f"{x.allowed} (in the point {point_label(point)})")
                                 for x in err.errors]) from None
-        out.append(PlannedRun(point, e, hosts, plan))
+        out.append(PlannedRun(point, e, hosts, plan, scale_auto=auto))
     return out
 
 
@@ -383,8 +393,10 @@ def describe_plan(planned: list[PlannedRun]) -> str:
             kinds[h.kind] = kinds.get(h.kind, 0) + 1
         procs = " ".join(f"{p.name}@{p.host}" + (f":{p.iface}" if p.iface else "") for p in pr.processes)
         head = f"point {i:03d} {pr.label}" if pr.point else "run"
-        lines.append(f"{head}: {pr.exp.workload.scheme}, {pr.exp.topology.kind} x{pr.exp.topology.racks}, hosts "
-                     + ", ".join(f"{n} {k}" for k, n in kinds.items()) + f"; {len(pr.processes)} processes: {procs}")
+        scale = f"scale {pr.exp.scale:g}{' (auto)' if pr.scale_auto else ''}"
+        lines.append(f"{head}: {pr.exp.workload.scheme}, {pr.exp.topology.kind} x{pr.exp.topology.racks}, {scale}, "
+                     "hosts " + ", ".join(f"{n} {k}" for k, n in kinds.items())
+                     + f"; {len(pr.processes)} processes: {procs}")
     lines.append(f"{len(planned)} run(s) valid and planned; nothing was built or written (--dry-run)")
     return "\n".join(lines)
 
@@ -411,7 +423,18 @@ def check_capacity(planned: list[PlannedRun]) -> list[str]:
     ests = [(capacity.estimate(pr.exp, pr.hosts, pr.processes, model=model), pr) for pr in planned]
     est, pr = max(ests, key=lambda e: e[0].memory_bytes)
     head = f"capacity{' (' + pr.label + ')' if pr.label and len(planned) > 1 else ''}: {capacity.describe(est)}"
-    return [head] + [f"warning: {w}" for w in warnings]
+    auto: dict[float, int] = {}
+    for p in planned:
+        if p.scale_auto and p.exp.workload.compute.mode == "emulated":  # real compute: always 1
+            auto[p.exp.scale] = auto.get(p.exp.scale, 0) + 1
+    lines = [head]
+    if auto:
+        counts = ", ".join(f"{s:g}" + (f" ({n} of {len(planned)} points)" if len(planned) > 1 else "")
+                           for s, n in sorted(auto.items()))
+        lines.append(f"scale auto: {counts} (real compute runs at 1; emulated compute at the smallest whole "
+                     f"dilation >= 1 that keeps {capacity.MIN_IDLE_PCT:g}% of the cores idle by this machine's cost "
+                     f"model; set scale to choose)")
+    return lines + [f"warning: {w}" for w in warnings]
 
 
 def preflight(exp: Experiment) -> None:

@@ -18,7 +18,7 @@ import copy
 import itertools
 import math
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional, Union
 
 import yaml
 from pydantic import Field, PrivateAttr, ValidationError, field_validator
@@ -31,7 +31,11 @@ from traffic.host import HostSpec
 from traffic.spec import WorkloadSpec, option_errors
 
 __all__ = ["Experiment", "CaptureSpec", "PcapSpec", "RunSpec", "BackgroundFlow", "TopologySpec", "WorkloadSpec",
-           "from_dict", "load_spec", "parse_override", "expand_sweep", "dump_spec", "MAX_POINTS"]
+           "from_dict", "load_spec", "parse_override", "expand_sweep", "dump_spec", "with_scale", "AUTO",
+           "MAX_POINTS"]
+
+#: ``scale: auto``: the dilation chosen from the machine's cost model at planning
+AUTO = "auto"
 
 #: the most runs (variants x sweep points) one spec may ask for
 MAX_POINTS = 1000
@@ -166,12 +170,17 @@ class Experiment(SpecModel):
     communication to computation is that of the emulated network while the machine runs s
     times slower. Everything reported is converted back to the emulated network's time.
     s != 1 needs ``workload.compute.mode: emulated`` (real compute cannot be slowed down).
+
+    ``scale: auto`` (the default) is resolved when a run is planned, from this machine's
+    measured cost model (:func:`testbed.capacity.auto_scale`): 1 with real compute;
+    with emulated compute the smallest whole number >= 1 at which the run's CPU estimate
+    keeps 35 % of the cores idle. The run's ``spec.yaml`` records the number it ran at.
     """
     name: str = "experiment"
     """Name of the experiment (run ids start with it): letters, digits, ``_``, ``-``, ``.``; no
     leading ``.`` or ``-``; at most 100 characters. Left out in a spec file: the file's name."""
-    scale: float = Field(1.0, gt=0)
-    """Time dilation factor (see above)."""
+    scale: Union[Annotated[float, Field(gt=0)], Literal["auto"]] = "auto"
+    """Time dilation factor (see above): a number > 0, or ``auto`` (the default)."""
     topology: TopologySpec = Field(default_factory=TopologySpec)
     """The emulated network."""
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
@@ -232,6 +241,8 @@ class Experiment(SpecModel):
             out.append(FieldError("host.profile", self.host.profile,
                                   f"a shipped host profile or the path of a readable one ({type(e).__name__}: {e})"))
         t, s = self.topology, self.scale
+        if s == AUTO:  # resolved at planning (testbed.capacity.auto_scale), then checked again
+            return out + _background_errors(self)
         if not (math.isfinite(t.delay_ms * s) and t.host_bw_mbps / s > 0 and t.uplink_mbps() / s > 0):
             out.append(FieldError("scale", s, f"a factor that keeps the dilated links finite and non-zero "
                                               f"(delay_ms x scale = {t.delay_ms * s:g}, host_bw_mbps / scale = "
@@ -356,15 +367,17 @@ def _background_errors(exp: Experiment) -> list[FieldError]:
     seconds, unique file-safe names. (Whether the hosts exist depends on the topology and the
     scheme's hosts: :func:`testbed.runner.plan_point` checks it before anything is built.)"""
     out, names = [], set()
+    auto = exp.scale == AUTO  # checked at scale 1 now, and again at the scale it resolves to
+    scale = 1.0 if auto else exp.scale
     for i, f in enumerate(exp.background):
         path = f"background[{i}]"
         if f.src == f.dst:
             out.append(FieldError(f"{path}.dst", f.dst, f"a host other than src ({f.src})"))
-        dilated = f.duration_s * exp.scale
-        if not math.isfinite(f.rate_mbps * 1e6 / exp.scale) or not math.isfinite(f.start_s * exp.scale):
+        dilated = f.duration_s * scale
+        if not math.isfinite(f.rate_mbps * 1e6 / scale) or not math.isfinite(f.start_s * scale):
             out.append(FieldError(f"{path}.rate_mbps", f.rate_mbps, f"a rate whose shaped value rate_mbps x 1e6 / "
                                   f"scale, and a start_s whose dilated value start_s x scale, are finite"))
-        if not math.isfinite(dilated) or abs(dilated - round(dilated)) > 1e-9 or round(dilated) < 1:
+        if not math.isfinite(dilated) or (not auto and abs(dilated - round(dilated)) > 1e-9) or dilated < 1 - 1e-9:
             out.append(FieldError(f"{path}.duration_s", f.duration_s,
                                   f"a duration that is a whole number (>= 1) of seconds once dilated: duration_s x "
                                   f"scale = {dilated:g} (iperf3 -t takes whole seconds)"))
@@ -462,6 +475,16 @@ def expand_sweep(exp: Experiment) -> list[tuple[dict, Experiment]]:
             point.update(zip(paths, combo))
             out.append((point, _validate(_point_data(exp, {p: v for p, v in point.items() if p != "variant"}))))
     return out
+
+
+def with_scale(exp: Experiment, scale: float) -> Experiment:
+    """``exp`` (one point: no sweep) with ``scale`` set, validated again (the checks that
+    depend on the scale: dilated links, real compute, whole dilated background seconds).
+
+    Raises:
+        SpecError: the point is invalid at ``scale``, naming each field.
+    """
+    return _validate(_point_data(exp, {"scale": scale}))
 
 
 def dump_spec(exp: Experiment) -> str:

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
+import yaml
 
 from testbed import capacity
 from testbed.capacity import COST_KEYS, Cost, CostModel, Machine, check, describe, estimate
@@ -31,7 +32,7 @@ VALUES = {
     "server_base_uss_bytes": 130 * MIB, "server_exec_base_uss_bytes": 220 * MIB, "server_bytes_per_param_byte": 4.0,
     "real_compute_worker_bytes": 20 * MIB, "harness_uss_bytes": 150 * MIB, "bwm_ng_uss_bytes": 1 * MIB,
     "network_host_bytes": 2 * MIB, "network_link_bytes": 0.5 * MIB,
-    "process_idle_cores": 0.01, "runtime_user_cpu_s_per_byte": 1e-9,
+    "process_idle_cores": 0.01, "runtime_user_cpu_s_per_byte": 1e-9, "runtime_message_cpu_s": 1e-4,
     "path_cpu_s_per_byte": 5e-9, "extra_bridge_cpu_s_per_byte": 2e-9,
     "bwm_ng_cpu_s_per_sample": 1e-5, "bwm_ng_cpu_s_per_sample_port": 1e-6,
     "qdisc_cpu_s_per_sample": 2e-4, "qdisc_cpu_s_per_sample_port": 5e-5,
@@ -118,12 +119,76 @@ def test_cpu_estimate_matches_the_model_by_hand():
     sent = 4 * 100e6 / 8                    # 4 hosts carry processes (the server is colocated)
     crossing = min(sent, 2 * 100e6 / 8)     # two uplinks of 2 x 100 / 2 Mbit/s
     network = sent * 5e-9 + 2 * crossing * 2e-9 + sent * 1e-9
+    # ps, one server: a message per key of digits_mlp (64x512, 512, 512x512, 512, 512x10, 10)
+    keys = [64 * 512, 512, 512 * 512, 512, 512 * 10, 10]
+    assert est.message_bytes == pytest.approx(4 * sum(keys) / 6)
+    messages = sent / (4 * sum(keys) / 6) * 1e-4
     ports = 4 + 2 * 2
     capture = (1e-5 + 1e-6 * ports) * 100 + (2e-4 + 5e-5 * ports) * 20 + 2e-3 * 10
     assert est.cpu_breakdown == pytest.approx({"processes": 5 * v["process_idle_cores"], "capture": capture,
-                                               "network": network})
-    assert est.cpu_cores == pytest.approx(5 * 0.01 + capture + network)
-    assert est.min_scale == pytest.approx(network / (0.65 * 2 - 5 * 0.01 - capture))
+                                               "network": network, "messages": messages})
+    assert est.cpu_cores == pytest.approx(5 * 0.01 + capture + network + messages)
+    assert est.min_scale == pytest.approx((network + messages) / (0.65 * 2 - 5 * 0.01 - capture))
+
+
+def test_message_term_is_the_sending_rate_over_the_scheme_message_bytes(monkeypatch):
+    exp = from_dict({"scale": 1, "topology": {"kind": "rack", "hosts_per_rack": 4, "host_bw_mbps": 800},
+                     "workload": {"scheme": "ps", "model": "digits_mlp", "compute": {"mode": "emulated"},
+                                  "servers": {"placement": "dedicated"}}})
+    hosts, procs = plan_point(exp)
+    seen = []
+
+    def scheme_sending(nbytes):
+        class Fixed:
+            @classmethod
+            def message_bytes(cls, workload, processes):
+                seen.append((workload.scheme, [p.role for p in processes]))
+                return nbytes
+        return Fixed
+
+    m = synthetic(runtime_message_cpu_s=3e-5)
+    est = {}
+    for nbytes in (1e3, 1e6, math.inf):
+        monkeypatch.setattr(capacity, "get_scheme", lambda name, n=nbytes: scheme_sending(n))
+        est[nbytes] = estimate(exp, hosts, procs, model=m, machine=MACHINE)
+    assert seen[0] == ("ps", ["worker"] * 4 + ["server"])
+    sent = 5 * 800e6 / 8  # 4 worker hosts and the server's host, each at line rate
+    assert est[1e3].cpu_breakdown["messages"] == pytest.approx(sent / 1e3 * 3e-5)
+    assert est[1e6].cpu_breakdown["messages"] == pytest.approx(sent / 1e6 * 3e-5)
+    assert est[math.inf].cpu_breakdown["messages"] == 0.0  # a scheme that sends no message
+    # everything else is the same; the message term moves min_scale
+    for e in est.values():
+        assert {k: v for k, v in e.cpu_breakdown.items() if k != "messages"} == pytest.approx(
+            {k: v for k, v in est[math.inf].cpu_breakdown.items() if k != "messages"})
+        assert e.cpu_at(e.min_scale) == pytest.approx(0.65 * MACHINE.cores)
+    assert est[1e3].min_scale > est[1e6].min_scale > est[math.inf].min_scale
+    assert est[1e3].fixed_cores == pytest.approx(est[math.inf].fixed_cores)
+
+
+def test_smaller_p3_slices_give_a_larger_cpu_estimate():
+    m = CostModel.load()
+    topo = {"kind": "rack", "hosts_per_rack": 4, "host_bw_mbps": 10000}
+    big, small = (from_dict({"scale": 4, "topology": topo, "workload": {
+        "scheme": "p3", "model": "vgg19", "compute": {"mode": "emulated"}, "options": o}})
+        for o in ({}, {"slice_params": 5000}))
+    eb, es = (estimate(e, *plan_point(e), model=m, machine=MACHINE) for e in (big, small))
+    # VGG-19's 143,667,240 parameters in 2,902 slices of at most 50,000 (id included: +2 bytes per message)
+    assert eb.message_bytes == pytest.approx(4 * 143_667_240 / 2902 + 2)
+    assert es.message_bytes < eb.message_bytes / 9
+    assert es.cpu_breakdown["messages"] / eb.cpu_breakdown["messages"] == pytest.approx(
+        eb.message_bytes / es.message_bytes)
+    assert es.cpu_cores > eb.cpu_cores and es.min_scale > eb.min_scale
+    assert es.cpu_breakdown["network"] == pytest.approx(eb.cpu_breakdown["network"])
+
+
+def test_cost_model_without_the_message_cost_is_refused(tmp_path):
+    doc = yaml.safe_load(capacity.COSTS_PATH.read_text())
+    assert doc["values"]["runtime_message_cpu_s"]["unit"] == "cpu-s/message"
+    del doc["values"]["runtime_message_cpu_s"]
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(CapacityError, match=r"incomplete \(runtime_message_cpu_s: missing\).*machine_costs.py"):
+        CostModel.load(path)
 
 
 def test_background_flows_add_their_rate_up_to_the_link():

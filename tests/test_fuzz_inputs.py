@@ -517,7 +517,7 @@ def test_cli_dry_run_of_a_valid_spec_plans_and_writes_nothing(tmp_path, nothing_
     rc, out, err = _main(["run", "--dry-run", str(spec), "--set", "topology.host_bw_mbps=1e12",
                           "--runs-dir", str(tmp_path / "runs")])
     assert (rc, err) == (0, "")
-    assert "rack x1, hosts 4 worker" in out and "5 processes: worker0@h1 worker1@h2 worker2@h3 worker3@h4 server0@h1" \
+    assert "rack x1, scale 1 (auto), hosts 4 worker" in out and "5 processes: worker0@h1 worker1@h2 worker2@h3 worker3@h4 server0@h1" \
         in out
     assert sorted(os.listdir(tmp_path)) == ["rack.yaml"]
     rc, out, err = _main(["run", "--dry-run", str(ROOT / "experiments" / "quickstart.yaml")])

@@ -251,9 +251,8 @@ def test_servers_charge_request_startup_per_pull_and_probe(tmp_path, reference):
     and the workers' measured ``T_s`` includes the start-up."""
     startup_s, overhead_s = 0.010, 50e-6
     exp = _experiment({"pull": "ibatch"})
-    exp = from_dict({**exp.to_dict(), "host": {"request_startup_ms": startup_s * 1e3,
-                                               "message_overhead_us": overhead_s * 1e6}})
-    assert exp.scale == 1
+    exp = from_dict({**exp.to_dict(), "scale": 1, "host": {"request_startup_ms": startup_s * 1e3,
+                                                           "message_overhead_us": overhead_s * 1e6}})
     run_dir = run_local(exp, tmp_path / "run")
     for w in range(W):
         state = torch.load(run_dir / "params" / f"worker{w}.pt")

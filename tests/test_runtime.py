@@ -16,7 +16,7 @@ import torch
 from topologies.errors import RunFailed
 from testbed.launch import write_processes
 from traffic.runtime.__main__ import run_process
-from testbed.spec import dump_spec, from_dict
+from testbed.spec import dump_spec, from_dict, with_scale
 from traffic.data import GlobalBatches, available_datasets, digits_raw, load_dataset
 from traffic.models import LayeredModel, available_models, build_model
 from traffic.runtime.comm import CommThread, PriorityCommThread
@@ -195,10 +195,18 @@ def _spec(scheme="allreduce", **workload):
 
 
 def test_runtime_rejects_unknown_process(tmp_path):
-    (tmp_path / "spec.yaml").write_text(dump_spec(_spec()))
+    (tmp_path / "spec.yaml").write_text(dump_spec(with_scale(_spec(), 1.0)))
     write_processes(tmp_path, [{"name": "worker0", "role": "worker", "index": 0, "host": "h1", "rack": 0,
                                 "ip": "127.0.0.1", "iface": "lo"}], "127.0.0.1", 29999, timeout_s=60)
     assert run_process(tmp_path, "worker9") == 2
+
+
+def test_runtime_refuses_an_unresolved_scale_clearly(tmp_path, capsys):
+    (tmp_path / "spec.yaml").write_text(dump_spec(_spec()))  # scale: auto, as no harness writes it
+    write_processes(tmp_path, [{"name": "worker0", "role": "worker", "index": 0, "host": "h1", "rack": 0,
+                                "ip": "127.0.0.1", "iface": "lo"}], "127.0.0.1", 29999, timeout_s=60)
+    assert run_process(tmp_path, "worker0") == 2
+    assert "scale 'auto': a number > 0 is needed" in capsys.readouterr().out
 
 
 def _runtime_procs(under) -> list[psutil.Process]:

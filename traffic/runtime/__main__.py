@@ -71,7 +71,12 @@ def run_process(run_dir: str | Path, name: str) -> int:
     spec = load_yaml((run_dir / "spec.yaml").read_text())
     w = validate(WorkloadSpec, spec.get("workload", {}), "workload")
     topology = validate(TopologySpec, spec.get("topology", {}), "topology")
-    scale = float(spec.get("scale", 1.0))
+    scale = spec.get("scale", 1.0)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
+        print(f"traffic.runtime: {run_dir / 'spec.yaml'} has scale {scale!r}: a number > 0 is needed (the harness "
+              f"resolves 'auto' before it writes spec.yaml)", flush=True)
+        return 2
+    scale = float(scale)
     host = validate(HostSpec, spec.get("host") or {}, "host").resolve()
     doc = read_json(run_dir / "processes.json")
     entry = next((p for p in doc["processes"] if p["name"] == name), None)

@@ -31,17 +31,31 @@ gloo's collective.
 Events: ``allreduce`` per bucket (``bytes`` = the bucket's payload, ``bucket``, ``keys``,
 ``group_size``), ``host_aggregate`` per bucket (``bytes`` = the charged
 :func:`ring_reduced_bytes`, ``bucket``) and ``update`` for the optimizer step.
+
+Messages on the wire (:func:`gloo_ring_sends`): gloo's ring (``gloo/allreduce.cc``,
+``ring()``) cuts an ``n``-byte tensor into ``numSegments = roundUp(max(ceil(n /
+maxSegmentSize), 2p), p)`` segments of ``ceil(n / numSegments)`` bytes (rounded up to whole
+elements; ``maxSegmentSize`` = ``kMaxSegmentSize`` = 1 MiB, ``gloo/allreduce.h``), and each
+process sends ``numSegments - numSegments / p`` of them in the reduce-scatter and as many in
+the all-gather, skipping those past the tensor's end: messages of at most 1 MiB and at most
+``n / 2p``, not ``n / p``.
 """
 from __future__ import annotations
+
+import math
+from typing import Sequence
 
 import torch
 from pydantic import Field
 
 from traffic.runtime.trainer import make_optimizer
 from traffic.schemes import register
-from traffic.schemes.base import Scheme, SchemeOptions
+from traffic.schemes.base import ELEMENT_BYTES, ProcessPlan, Scheme, SchemeOptions, count_roles, model_keys
 
-__all__ = ["AllReduce", "make_buckets", "ring_reduced_bytes"]
+__all__ = ["AllReduce", "make_buckets", "ring_reduced_bytes", "gloo_ring_sends", "GLOO_MAX_SEGMENT_BYTES"]
+
+#: gloo's largest ring segment (``AllreduceOptions::kMaxSegmentSize``, ``gloo/allreduce.h``)
+GLOO_MAX_SEGMENT_BYTES = 1024 * 1024
 
 
 def make_buckets(key_bytes: list[int], bucket_mb: float) -> list[list[int]]:
@@ -87,6 +101,33 @@ def ring_reduced_bytes(nbytes: int, p: int) -> int:
     return nbytes * (p - 1) // p
 
 
+def gloo_ring_sends(nbytes: int, p: int, element_bytes: int = ELEMENT_BYTES) -> tuple[int, int]:
+    """Messages and bytes that all ``p`` processes together send in one gloo ring
+    all_reduce of an ``nbytes`` tensor (the module docstring: ``gloo/allreduce.cc``,
+    ``ring()``: in the reduce-scatter rank ``r`` sends segments ``(r+1) numSegments/p + i``
+    and in the all-gather ``r numSegments/p + i``, ``i < numSegments (p-1)/p``, modulo
+    ``numSegments``, each only if it starts before the tensor's end).
+
+    Returns:
+        ``(messages, bytes)``; ``(0, 0)`` for ``p = 1`` or an empty tensor.
+
+    Raises:
+        ValueError: ``nbytes`` < 0, ``p`` < 1 or ``element_bytes`` < 1.
+    """
+    if nbytes < 0 or p < 1 or element_bytes < 1:
+        raise ValueError(f"need nbytes >= 0, p >= 1, element_bytes >= 1; got {nbytes}, {p}, {element_bytes}")
+    if p == 1 or nbytes == 0:
+        return 0, 0
+    max_seg = element_bytes * max(1, GLOO_MAX_SEGMENT_BYTES // element_bytes)
+    n_seg = max(math.ceil(nbytes / max_seg), 2 * p)
+    n_seg = math.ceil(n_seg / p) * p
+    seg = math.ceil(math.ceil(nbytes / n_seg) / element_bytes) * element_bytes
+    # in each phase a rank sends every segment but those of one rank's block, so every
+    # segment goes out p - 1 times per phase; segments past the end (offset >= nbytes) never
+    nonempty = math.ceil(nbytes / seg)
+    return 2 * (p - 1) * nonempty, 2 * (p - 1) * nbytes
+
+
 class AllReduceOptions(SchemeOptions):
     """Options of ``allreduce``."""
     bucket_mb: float = Field(25.0, ge=0)
@@ -99,6 +140,24 @@ class AllReduce(Scheme):
     Options: :class:`AllReduceOptions`."""
     roles = ("worker",)
     Options = AllReduceOptions
+
+    @classmethod
+    def message_bytes(cls, workload, processes: Sequence[ProcessPlan]) -> float:
+        """Mean bytes per message (:meth:`Scheme.message_bytes`): the segments of gloo's ring
+        (:func:`gloo_ring_sends`) of each bucket of :func:`make_buckets` (``bucket_mb``,
+        option) over the plan's workers: about ``min(bucket / 2W, 1 MiB)``. ``math.inf`` for
+        one worker (no message).
+
+        Raises:
+            KeyError: unknown model.
+        """
+        p = count_roles(processes).get("worker", 0)
+        key_bytes = [ELEMENT_BYTES * n for n, _ in model_keys(workload.model)]
+        msgs = sent = 0
+        for keys in make_buckets(key_bytes, cls.options_of(workload).bucket_mb):
+            m, b = gloo_ring_sends(sum(key_bytes[k] for k in keys), p)
+            msgs, sent = msgs + m, sent + b
+        return sent / msgs if msgs else math.inf
 
     def setup(self) -> None:
         ctx = self.ctx

@@ -37,12 +37,14 @@ returned futures where it must.
 from __future__ import annotations
 
 from dataclasses import dataclass
+import functools
 import sys
-from typing import ClassVar
+from typing import ClassVar, Sequence
 
 from topologies.errors import SpecError
 from topologies.hosts import HostInfo, HostRequest
 from topologies.validation import SpecModel, validate
+from traffic.models import build_model
 from traffic.runtime.trainer import Trainer
 
 
@@ -132,6 +134,33 @@ class Scheme:
         return [ProcessPlan("worker", i, h.name) for i, h in enumerate(worker_hosts(workload, hosts))]
 
     @classmethod
+    def message_bytes(cls, workload, processes: Sequence[ProcessPlan]) -> float:
+        """Mean payload of one message this scheme sends, in bytes: the bytes its processes
+        send in one training iteration divided by the number of point-to-point messages (or,
+        for a collective of gloo's, the chunks gloo sends) that carry them, over all
+        processes. What the capacity model (:mod:`testbed.capacity`) divides a sending rate
+        (bytes/s) by to count messages per second, each costing the runtime's per-message
+        CPU.
+
+        ``workload``: a :class:`traffic.spec.WorkloadSpec`; ``processes``: the scheme's
+        :meth:`plan` (roles and their counts). Sizes are those of the model as the registry
+        builds it (native input; ``compute.mode: real`` on a smaller data set may shrink
+        tensors, never their number). Set-up messages (initial values, profiles) and
+        occasional ones (evaluation, checkpoints) are left out: per iteration only.
+
+        Default: one message per parameter tensor (key), the model's parameter bytes over
+        its number of keys -- a scheme that cuts or packs tensors otherwise overrides it.
+
+        Returns:
+            bytes per message (> 0); ``math.inf`` when the scheme sends no message.
+
+        Raises:
+            KeyError: a model name the registry does not know.
+        """
+        keys = model_keys(workload.model)
+        return ELEMENT_BYTES * sum(n for n, _ in keys) / len(keys)
+
+    @classmethod
     def model_device(cls, role: str) -> str | None:
         """Device the runtime builds the model on for ``role``: None (CPU, real values) or
         ``"meta"`` for a role that needs only the layers' shapes (it must then get values
@@ -173,6 +202,30 @@ class Scheme:
         that holds part of the parameters (a parameter server's shards) may return them.
         """
         return self.ctx.model.state_dict() if self.ctx.role == "worker" else None
+
+
+#: bytes of one parameter element (float32)
+ELEMENT_BYTES = 4
+
+
+@functools.lru_cache(maxsize=None)
+def model_keys(model: str) -> tuple[tuple[int, int], ...]:
+    """``(elements, layer)`` of every parameter tensor (key) of registry model ``model``, in
+    ``parameters()`` order (built once on the meta device: no memory; cached per name).
+
+    Raises:
+        KeyError: unknown model.
+    """
+    m = build_model(model, 0, device="meta")
+    return tuple((p.numel(), layer) for p, layer in zip(m.parameters(), m.param_layers()))
+
+
+def count_roles(processes: Sequence[ProcessPlan]) -> dict[str, int]:
+    """Number of processes of each role in a plan."""
+    out: dict[str, int] = {}
+    for p in processes:
+        out[p.role] = out.get(p.role, 0) + 1
+    return out
 
 
 def worker_hosts(workload, hosts: list[HostInfo]) -> list[HostInfo]:

@@ -59,8 +59,9 @@ for a zero gradient; ``staleness`` = ``K - 1``).
 """
 from __future__ import annotations
 
+import math
 from concurrent.futures import Future
-from typing import Literal, Optional
+from typing import Literal, Optional, Sequence
 
 import torch
 from pydantic import Field
@@ -70,7 +71,7 @@ from traffic.compression import make_codec
 from traffic.runtime.trainer import make_optimizer
 from traffic.schemes import register
 from traffic.schemes.allreduce import make_buckets
-from traffic.schemes.base import Scheme, SchemeOptions
+from traffic.schemes.base import ELEMENT_BYTES, ProcessPlan, Scheme, SchemeOptions, count_roles, model_keys
 
 __all__ = ["PipeSGD", "PipeSGDOptions", "Compression", "grad_iteration", "SWITCH_INTERVAL_S"]
 
@@ -111,6 +112,32 @@ class PipeSGD(Scheme):
     # interval for the GIL while the other thread runs Python code: with 2(p-1) ring steps
     # per allreduce that would put up to 2(p-1) x 5 ms on the communication path.
     switch_interval_s = SWITCH_INTERVAL_S
+
+    @classmethod
+    def message_bytes(cls, workload, processes: Sequence[ProcessPlan]) -> float:
+        """Mean bytes per message (:meth:`Scheme.message_bytes`): the project's ring
+        (:func:`~traffic.collectives.ring.ring_allreduce`) cuts each bucket (``bucket_mb``,
+        option; null: the whole gradient) into ``p`` blocks (``torch.tensor_split``), and
+        every block goes ``2(p-1)`` times round the ring of the plan's ``p`` workers as the
+        codec's payload (``compression``, option: :meth:`~traffic.compression.Codec.payload_bytes`,
+        e.g. half the bytes for ``truncation``); empty blocks are not sent. ``math.inf``
+        for one worker.
+
+        Raises:
+            KeyError: unknown model.
+        """
+        o = cls.options_of(workload)
+        p = count_roles(processes).get("worker", 0)
+        if p < 2:
+            return math.inf
+        codec = make_codec(o.compression)
+        numels = [n for n, _ in model_keys(workload.model)]
+        buckets = ([list(range(len(numels)))] if o.bucket_mb is None
+                   else make_buckets([ELEMENT_BYTES * n for n in numels], float(o.bucket_mb)))
+        blocks = [n // p + (1 if b < n % p else 0) for keys in buckets for n in [sum(numels[k] for k in keys)]
+                  for b in range(p)]
+        sent = [codec.payload_bytes(n) for n in blocks if n > 0]
+        return sum(sent) / len(sent) if sent else math.inf
 
     def setup(self) -> None:
         ctx = self.ctx

@@ -83,8 +83,8 @@ from topologies.hosts import HostInfo, HostRequest
 from traffic.runtime.transport import Pending
 from traffic.runtime.trainer import make_optimizer
 from traffic.schemes import register
-from traffic.schemes.base import ProcessPlan, Scheme, SchemeOptions, worker_hosts
-from traffic.schemes.ps_pull_request import NotifiedPuller, RequestResponder
+from traffic.schemes.base import ProcessPlan, Scheme, SchemeOptions, count_roles, model_keys, worker_hosts
+from traffic.schemes.ps_pull_request import CONTROL_BYTES, NotifiedPuller, RequestResponder
 
 __all__ = ["BIGARRAY_BOUND", "Shard", "assign_keys", "model_shards", "ParameterServer"]
 
@@ -257,6 +257,31 @@ class ParameterServer(Scheme):
                 by_rack.setdefault(h.rack, []).append(h.name)
             server_hosts = _interleave(list(by_rack.values()))[:count]
         return procs + [ProcessPlan("server", i, h) for i, h in enumerate(server_hosts)]
+
+    @classmethod
+    def message_bytes(cls, workload, processes: Sequence[ProcessPlan]) -> float:
+        """Mean bytes per message (:meth:`Scheme.message_bytes`): per iteration every worker
+        pushes every shard of :func:`assign_keys` (the model's keys, those of at least
+        ``bigarray_bound`` elements split over the ``S`` server processes of the plan) and
+        receives it back, one message each way, so the mean is the parameter bytes over the
+        number of shards. With ``pull_request`` a worker also receives one notification per
+        shard and sends one request per (layer, server holding shards of it), each
+        :data:`~traffic.schemes.ps_pull_request.CONTROL_BYTES` (16) bytes
+        (:mod:`traffic.schemes.ps_pull_request`), which lowers the mean.
+
+        Raises:
+            KeyError: unknown model.
+        """
+        opts = cls.options_of(workload)
+        servers = max(count_roles(processes).get("server", 0), 1)
+        keys = model_keys(workload.model)
+        shards = assign_keys([n for n, _ in keys], servers, opts.bigarray_bound)
+        data = ELEMENT_BYTES * sum(s.numel for s in shards)
+        if not getattr(opts, "pull_request", False):
+            return data / len(shards)
+        requests = len({(keys[s.key][1], s.server) for s in shards})
+        # per worker: push + pull per shard, a notification per shard, a request per (layer, server)
+        return (2 * data + CONTROL_BYTES * (len(shards) + requests)) / (3 * len(shards) + requests)
 
     @classmethod
     def model_device(cls, role: str) -> str | None:

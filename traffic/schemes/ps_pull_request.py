@@ -66,12 +66,15 @@ import torch
 from traffic.runtime.hostcost import HostCosts
 from traffic.runtime.transport import Pending, Transport
 
-__all__ = ["NOTIFY_TAG", "PULL_REQUEST_TAG", "NOTIFY_KIND", "REQUEST_KIND", "NotifiedPuller", "RequestResponder"]
+__all__ = ["NOTIFY_TAG", "PULL_REQUEST_TAG", "NOTIFY_KIND", "REQUEST_KIND", "CONTROL_BYTES", "NotifiedPuller",
+           "RequestResponder"]
 
 NOTIFY_TAG = (1 << 30) + 21        # server -> worker update notifications
 PULL_REQUEST_TAG = (1 << 30) + 22  # worker -> server pull requests (ibatch uses + 11 .. + 14, p3 + 0)
 NOTIFY_KIND = "notify"
 REQUEST_KIND = "pull_request"
+#: payload bytes of a notification and of a pull request (2 int64)
+CONTROL_BYTES = 16
 
 
 def _by_layer(shards: Sequence, key_layer: Sequence[int]) -> dict[int, list]:

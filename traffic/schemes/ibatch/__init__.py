@@ -91,6 +91,7 @@ import statistics
 import threading
 import time
 from concurrent.futures import Future
+from typing import Sequence
 
 import torch
 from pydantic import Field, field_validator
@@ -99,10 +100,11 @@ from traffic.rundir import write_json
 from traffic.runtime.comm import CommThread
 from traffic.runtime.events import read_events
 from traffic.schemes import register
+from traffic.schemes.base import ProcessPlan, count_roles, model_keys
 from traffic.schemes.ibatch.batching import (STRATEGIES, PullProfile, Strategy, choose_batching, exe_time,
                                              optimal_batching, pipeline_time, satisfies_constraint,
                                              strategy_ends)
-from traffic.schemes.ps import ParameterServer, PSOptions
+from traffic.schemes.ps import ELEMENT_BYTES, ParameterServer, PSOptions, assign_keys
 
 __all__ = ["IBatch", "IBatchOptions", "STRATEGIES", "REQUEST_TAG", "REPLY_TAG"]
 
@@ -112,6 +114,8 @@ PROFILE_TAG = (1 << 30) + 13   # worker j -> worker 0: measured profile
 BATCHING_TAG = (1 << 30) + 14  # worker 0 -> worker j: batch ends
 
 PULL, PROBE, SYNC = 0, 1, 2
+#: payload bytes of a request (4 int64) and of the one-element answer to a sync or probe
+REQUEST_BYTES, REPLY_BYTES = 32, 4
 _REQUEST_NAMES = {PULL: "pull", PROBE: "probe", SYNC: "sync"}
 PROFILE_FILE = "ibatch.json"
 
@@ -140,6 +144,33 @@ class IBatch(ParameterServer):
     """Parameter server with pulls on request: default, layer by layer or iBatch batches
     (see the module docstring). Options: :class:`IBatchOptions`."""
     Options = IBatchOptions
+
+    @classmethod
+    def message_bytes(cls, workload, processes: Sequence[ProcessPlan]) -> float:
+        """Mean bytes per message (:meth:`Scheme.message_bytes`): per iteration a worker
+        pushes and pulls every shard of :func:`~traffic.schemes.ps.assign_keys` (as ``ps``),
+        sends a ``sync`` request (:data:`REQUEST_BYTES`) to every server holding shards and
+        gets a :data:`REPLY_BYTES` answer from each, and sends one pull request per batch and
+        server holding shards of the batch: ``pull: default`` one batch of every layer;
+        ``layer_by_layer``, and ``ibatch`` (whose batches are chosen at run time from a
+        measured profile, at most one per layer), one batch per layer -- the most requests,
+        the smallest mean.
+
+        Raises:
+            KeyError: unknown model.
+        """
+        opts = cls.options_of(workload)
+        servers = max(count_roles(processes).get("server", 0), 1)
+        keys = model_keys(workload.model)
+        shards = assign_keys([n for n, _ in keys], servers, opts.bigarray_bound)
+        active = len({s.server for s in shards})
+        if opts.pull == "default":
+            requests = active
+        else:
+            requests = len({(keys[s.key][1], s.server) for s in shards})
+        data = ELEMENT_BYTES * sum(s.numel for s in shards)
+        return ((2 * data + active * (REQUEST_BYTES + REPLY_BYTES) + requests * REQUEST_BYTES)
+                / (2 * len(shards) + 2 * active + requests))
 
     @property
     def strategy(self) -> str:

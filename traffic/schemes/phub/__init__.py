@@ -137,6 +137,7 @@ module holds the scheme (:class:`PHub`, options :class:`PHubOptions`).
 """
 from __future__ import annotations
 
+import math
 import threading
 import time
 from functools import partial
@@ -151,13 +152,13 @@ from traffic.data import GlobalBatches
 from traffic.runtime.transport import Pending
 from traffic.runtime.trainer import make_optimizer
 from traffic.schemes import register
-from traffic.schemes.base import ProcessPlan, SchemeOptions
+from traffic.schemes.base import ProcessPlan, SchemeOptions, count_roles, model_keys
 from traffic.schemes.phub.aggregation import RECV_WINDOW_BYTES, recv_window, tall_aggregate
 from traffic.schemes.phub.charges import charge_messages
 from traffic.schemes.phub.chunks import CHUNK_BYTES, ELEMENT_BYTES, Chunk, assign_chunks, lpt
 from traffic.schemes.phub.frames import FRAME_BYTES, Frame, pack_frames, refused_reply
 from traffic.schemes.phub.update import step_frame
-from traffic.schemes.phub.hierarchy import RING_TAG, hierarchical_pays, host_racks, ring_reduce
+from traffic.schemes.phub.hierarchy import RING_TAG, hierarchical_pays, host_racks, ring_messages, ring_reduce
 from traffic.schemes.phub.tenancy import (ACCEPTED, META, REJECTED, SETUP_TAG, JobShards, job_groups, new_token,
                                           token_meta)
 from traffic.schemes.ps import ParameterServer
@@ -268,6 +269,42 @@ class PHub(ParameterServer):
                 raise SpecError("workload.options.bad_token_worker", o.bad_token_worker,
                                 "null with hierarchical reduction")
         return workers + servers
+
+    @classmethod
+    def message_bytes(cls, workload, processes: list[ProcessPlan]) -> float:
+        """Mean bytes per transport message (:meth:`Scheme.message_bytes`). The messages on
+        the wire are *frames* (:func:`pack_frames`, ``frame_bytes``, option; 0: one per chunk),
+        not PHub's chunks: each worker pushes every frame of its job and receives its reply,
+        both ``4 x`` the frame's :attr:`Frame.size` (payloads plus ``META`` slots per chunk)
+        bytes; the chunks are :func:`assign_chunks`'s (``chunk_bytes``, ``server_threads``,
+        ``jobs``) over the plan's server processes. With ``hierarchical: true`` each frame's
+        interface index is one of a PBox's ``k`` and every frame also goes round the ring of
+        the ``R`` PBoxes (``2(R-1)`` blocks of ``1/R`` of its payload sent by each,
+        :func:`~traffic.schemes.phub.hierarchy.ring_messages`); ``hierarchical: auto``
+        is counted as flat (the topology's bandwidths decide it at run time; flat has the
+        smaller frames). 32 KB chunks in 256 KB frames give frames of about 256 KB; with
+        ``frame_bytes: 0`` the mean is a chunk's, 32 KB and 8 bytes.
+
+        Raises:
+            KeyError: unknown model.
+        """
+        o = cls.options_of(workload)
+        workers = count_roles(processes).get("worker", 0)
+        servers = [p for p in processes if p.role == "server"]
+        pboxes = max(len({p.host for p in servers}), 1)
+        hier = o.hierarchical is True and pboxes > 1
+        interfaces = max(len(servers) // pboxes if hier else len(servers), 1)
+        keys = model_keys(workload.model)
+        chunks = assign_chunks([n for n, _ in keys], o.chunk_bytes // ELEMENT_BYTES, interfaces, o.server_threads)
+        frames = pack_frames(chunks, o.frame_bytes // ELEMENT_BYTES, lambda c: keys[c.key][1])
+        # one job's frames (every job's are laid out alike); per worker a push and a reply each
+        msgs = 2 * workers * len(frames)
+        sent = 2 * workers * ELEMENT_BYTES * sum(f.size for f in frames)
+        if hier:  # every job's frames go round the ring
+            for f in frames:
+                msgs += o.jobs * sum(ring_messages(f.numel, pboxes, i)[0] for i in range(pboxes))
+                sent += o.jobs * 2 * (pboxes - 1) * ELEMENT_BYTES * f.numel
+        return sent / msgs if msgs else math.inf
 
     # ---------------------------------------------------------------- layout (every process)
 
