@@ -6,8 +6,11 @@ Prints (issue 16's figures), each from real runs through ``testbed.runner`` on t
    behind a 2:1 core): network build, launch to every process ready (the last ``init``
    event's end), launch to the first iteration, and teardown, in seconds of wall clock, for
    each launcher (``zygote``, ``exec``);
-2. a sweep of 10 points (host_bw_mbps varied, 20 iterations each): its wall time and the share
-   of it spent training (first iteration start to last iteration end, summed over points);
+2. a quickstart-sized sweep of 10 points (``experiments/quickstart.yaml``'s workload: 60
+   iterations, warm-up 5, an evaluation every 10; its two schemes x 5 host_bw_mbps values),
+   or with ``--sweep-iterations N`` ring allreduce at N iterations per point: its wall time
+   and the share of it spent training (first iteration start to last iteration end, summed
+   over points), and the wall time per point outside training;
 3. ring-allreduce fidelity (the ring bound 2 (p-1)/p * n / B over the achieved time, VGG-19's
    gradients) for 8, 16, 24, 32 hosts at an emulated 1 Gbit/s, each at the smallest dilation
    that the capacity model (:mod:`testbed.capacity`) says keeps 35 % of the CPU idle.
@@ -16,7 +19,9 @@ Run it alone on an idle machine (it builds networks one after the other)::
 
     sudo .venv/bin/python benchmarks/harness_overhead.py [--quick] [--sizes 4,8,16,32] [--launchers zygote,exec]
 
-``--quick``: sizes 4 and 8, a 3-point sweep, fidelity at 8 hosts.
+``--quick``: sizes 4 and 8, a 4-point sweep, fidelity at 8 hosts. ``--launchers default``
+leaves ``run.launcher`` out of the specs (the spec's default; also for a checkout that
+predates the field: run this file with ``PYTHONPATH`` at that checkout to compare).
 """
 from __future__ import annotations
 
@@ -31,10 +36,12 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from testbed import capacity  # noqa: E402
 from testbed.runner import plan_point, run_experiment  # noqa: E402
 from testbed.spec import from_dict  # noqa: E402
 
@@ -45,7 +52,8 @@ def spec(runs_dir: Path, hosts: int, launcher: str, iterations: int = 10, **extr
                       "host_bw_mbps": 100, "oversubscription": 2},
          "workload": {"scheme": "allreduce", "model": "digits_mlp", "dataset": "digits", "batch_size": 32,
                       "iterations": iterations, "warmup_iterations": 2},
-         "run": {"runs_dir": str(runs_dir), "timeout_s": 600, "launcher": launcher}}
+         "run": {"runs_dir": str(runs_dir), "timeout_s": 600,
+                 **({} if launcher == "default" else {"launcher": launcher})}}
     for k, v in extra.items():
         d.setdefault(k, {}).update(v) if isinstance(v, dict) else d.__setitem__(k, v)
     return d
@@ -73,7 +81,7 @@ def phases(run_dir: Path) -> dict[str, float]:
     ready = max(e["ts"] + e["dur"] for e in ev if e["kind"] == "init" and "world_size" in e)
     first = min(e["ts"] for e in ev if e["kind"] == "iteration")
     return {"build_s": t["up"] - t["build"], "ready_s": ready - t["launch"], "first_iteration_s": first - t["launch"],
-            "teardown_s": t["down"] - t["done"]}
+            "teardown_s": t["down"] - t["done"] if "down" in t else math.nan}  # not logged before 2026-11-22
 
 
 def training_s(run_dir: Path) -> float:
@@ -95,19 +103,30 @@ def startup(work: Path, sizes: list[int], launchers: list[str]) -> None:
                   f"{p['teardown_s']:10.1f}  {idle if idle is None else round(idle)}", flush=True)
 
 
-def sweep_share(work: Path, points: int, launcher: str) -> None:
-    d = spec(work / f"sweep-{launcher}", 8, launcher, iterations=20)
-    d["sweep"] = {"topology.host_bw_mbps": [100 + 10 * i for i in range(points)]}
+def sweep_share(work: Path, points: int, launcher: str, iterations: int | None) -> None:
+    if iterations is None:  # quickstart-sized: the quickstart's own spec, its schemes x bandwidths
+        d = yaml.safe_load((ROOT / "experiments" / "quickstart.yaml").read_text())
+        d["run"] = {**d.get("run", {}), "runs_dir": str(work / f"sweep-{launcher}"),
+                    **({} if launcher == "default" else {"launcher": launcher})}
+        d["sweep"] = {"workload.scheme": ["ps", "allreduce"],
+                      "topology.host_bw_mbps": [100 + 10 * i for i in range(max(1, points // 2))]}
+        what = "quickstart-sized"
+    else:
+        d = spec(work / f"sweep-{launcher}", 8, launcher, iterations=iterations)
+        d["sweep"] = {"topology.host_bw_mbps": [100 + 10 * i for i in range(points)]}
+        what = f"allreduce, {iterations} iterations each"
     t0 = time.time()
     results = run_experiment(from_dict(d), progress=False)
     wall = time.time() - t0
     train = sum(training_s(r.run_dir) for r in results if r.ok)
-    print(f"sweep of {points} points ({launcher}): wall {wall:.0f} s, training {train:.0f} s: "
-          f"{100 * train / wall:.0f}% of the wall time spent training ({sum(r.ok for r in results)} ok)", flush=True)
+    print(f"sweep of {len(results)} points ({what}; launcher {launcher}): wall {wall:.0f} s, training {train:.0f} s: "
+          f"{100 * train / wall:.0f}% of the wall time spent training, {(wall - train) / len(results):.1f} s per "
+          f"point outside training ({sum(r.ok for r in results)} ok)", flush=True)
 
 
 def fidelity(hosts_list: list[int], reps: int) -> None:
     from emulation_fidelity import hosts_at_1g  # the allreduce measurement, shared with that benchmark
+    from testbed import capacity
     from traffic.models import model_info
     n_params = model_info("vgg19")["param_bytes"] // 4
     for n in hosts_list:
@@ -128,6 +147,8 @@ def main() -> None:
     ap.add_argument("--sizes", default=None, help="process counts, default 4,8,16,32 (--quick: 4,8); '' for none")
     ap.add_argument("--launchers", default="zygote,exec")
     ap.add_argument("--sweep-points", type=int, default=None)
+    ap.add_argument("--sweep-iterations", type=int, default=None,
+                    help="ring allreduce at this many iterations per point (default: the quickstart-sized sweep)")
     ap.add_argument("--fidelity-hosts", default=None, help="default 8,16,24,32 (--quick: 8); '' for none")
     ap.add_argument("--reps", type=int, default=2)
     a = ap.parse_args()
@@ -135,14 +156,15 @@ def main() -> None:
         return [int(x) for x in (default if text is None else text).split(",") if x]
     sizes = ints(a.sizes, "4,8" if a.quick else "4,8,16,32")
     launchers = [x for x in a.launchers.split(",") if x]
-    points = a.sweep_points if a.sweep_points is not None else (3 if a.quick else 10)
+    points = a.sweep_points if a.sweep_points is not None else (4 if a.quick else 10)
     fid = ints(a.fidelity_hosts, "8" if a.quick else "8,16,24,32")
     work = Path(tempfile.mkdtemp(prefix="harness-overhead-", dir="."))
     try:
         if sizes:
             startup(work, sizes, launchers)
         if points:
-            sweep_share(work, points, launchers[0])
+            for launcher in launchers:
+                sweep_share(work, points, launcher, a.sweep_iterations)
         if fid:
             fidelity(fid, a.reps)
     finally:
