@@ -126,11 +126,14 @@ def run_one(exp: Experiment, parent: Path, run_id: str, exclusive_id: bool = Tru
     is alive and ``run.launcher`` is ``zygote``, records its pid in the ledger and leaves it
     running; without one, a zygote of this run's own is started and ended.
 
-    Never raises for a failed run: the failure is in the returned summary. Raises only for
-    problems that precede the run directory (it exists already) and for Ctrl-C/SIGTERM,
+    ``scale: auto`` is resolved as :func:`plan_experiment` does. Never raises for a failed
+    run: the failure is in the returned summary. Raises only for problems that precede the
+    run directory (it exists already, a bad point) and for Ctrl-C/SIGTERM,
     after teardown. Teardown is an ExitStack: whatever was started is stopped, last started
     first (processes, background flows, capture, network, then a sweep of the ledger).
     """
+    if exp.scale == AUTO:  # called directly, not through run_experiment's planning
+        exp = plan_experiment(exp)[0].exp
     run_dir = rundir.create(parent, run_id, exclusive_id=exclusive_id)
     (run_dir / "spec.yaml").write_text(dump_spec(exp))
     progress = progress or RunProgress(False, run_dir.name, exp.workload.iterations)
@@ -479,8 +482,9 @@ def _run_points(exp: Experiment, points: list[tuple[dict, Experiment]], progress
     parent = Path(exp.run.runs_dir)
     base_id = exp.run.id or rundir.new_run_id(exp.name)
     if not exp.sweep and not exp.variants:
-        return [run_one(exp, parent, base_id, exclusive_id=bool(exp.run.id),
-                        progress=RunProgress(progress, base_id, exp.workload.iterations, exp.scale))]
+        (_, point_exp), = points  # as planned: scale: auto resolved
+        return [run_one(point_exp, parent, base_id, exclusive_id=bool(exp.run.id),
+                        progress=RunProgress(progress, base_id, exp.workload.iterations, point_exp.scale))]
     sweep_dir = rundir.create(parent, base_id, exclusive_id=bool(exp.run.id), subdirs=())
     with NetworkLock(run_dir=sweep_dir):
         pass  # names the sweep as the lock's holder until its first run names itself
