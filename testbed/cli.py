@@ -30,7 +30,7 @@ from analysis.report import REPORTS, get_report
 from testbed.check import format_checks, run_checks
 from testbed.clean import clean
 from testbed.ledger import live_ledgers
-from topologies.errors import TestbedError
+from topologies.errors import SpecError, TestbedError
 from traffic.rundir import NotARunError, find_runs, is_run, read_json
 
 # Modules that load torch, Mininet or matplotlib (seconds) are imported lazily in the
@@ -53,7 +53,12 @@ def _cmd_check(args) -> int:
 def _cmd_run(args) -> int:
     from testbed.runner import headline, one_line, run_experiment  # lazy: Mininet, torch
     from testbed.spec import load_spec  # lazy: torch (the model registry)
-    exp = load_spec(args.spec, overrides=args.set)
+    if args.program is not None or args.topology is not None:
+        exp = _program_spec(args)
+    elif args.spec is None:
+        raise SpecError("<file>", None, "an experiment spec file, or --program COMMAND [--topology SPEC]")
+    else:
+        exp = load_spec(args.spec, overrides=args.set)
     if args.runs_dir:
         exp.run.runs_dir = args.runs_dir
     if args.dry_run:
@@ -75,6 +80,35 @@ def _cmd_run(args) -> int:
     if args.plot:
         _plot([r.run_dir for r in results], quiet=args.quiet)
     return 0 if all(r.ok for r in results) else 1
+
+
+def _program_spec(args):
+    """The experiment of ``testbed run --program COMMAND [--topology SPEC] [--set ...]``: the
+    command as ``workload.program`` (working directory: the current one), on the topology
+    section of SPEC (its ``name`` too, with ``-program``).
+
+    Raises:
+        SpecError: a spec file given too, no --program, a command shlex cannot split, or what
+            :func:`testbed.spec.load_spec` / :func:`testbed.spec.from_dict` raise.
+    """
+    import shlex
+
+    from testbed.spec import from_dict, load_spec  # lazy: torch (the model registry)
+    if args.spec is not None:
+        raise SpecError("<file>", args.spec, "no spec file with --program (give the network with --topology SPEC, "
+                                             "or put workload.program in the spec)")
+    if args.program is None:
+        raise SpecError("--program", None, "a command with --topology, e.g. --program 'python train.py'")
+    try:
+        command = shlex.split(args.program)
+    except ValueError as e:
+        raise SpecError("--program", args.program, f"a command line shlex can split ({e})") from None
+    data = {"name": "program", "workload": {"program": {"command": command, "cwd": os.getcwd()}}}
+    if args.topology is not None:
+        base = load_spec(args.topology)
+        data["topology"] = base.topology.model_dump(mode="python")
+        data["name"] = f"{base.name}-program"
+    return from_dict(data, args.set)
 
 
 def format_table(df) -> str:
@@ -310,8 +344,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("check", help="what this machine can emulate")
     s.set_defaults(fn=_cmd_check)
-    s = sub.add_parser("run", help="run an experiment spec (all points of its sweep)")
-    s.add_argument("spec", help="experiment YAML, e.g. experiments/quickstart.yaml")
+    s = sub.add_parser("run", help="run an experiment spec (all points of its sweep), or your own program "
+                                   "(--program)")
+    s.add_argument("spec", nargs="?", help="experiment YAML, e.g. experiments/quickstart.yaml")
+    s.add_argument("--program", metavar="COMMAND",
+                   help="run this command unmodified on every worker host instead of a spec's workload, e.g. "
+                        "--program 'python train.py --epochs 1' (torchrun's environment; workload.program)")
+    s.add_argument("--topology", metavar="SPEC",
+                   help="with --program: the network of this spec file (its topology section); default: the "
+                        "built-in default topology")
     s.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
                    help="override a spec field, e.g. --set workload.iterations=20 (repeatable)")
     s.add_argument("--runs-dir", help="where run directories go (default: the spec's run.runs_dir)")

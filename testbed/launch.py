@@ -30,6 +30,7 @@ import psutil
 from testbed.interrupts import deferred_signals
 from topologies.errors import RunFailed, TestbedError
 from traffic.rundir import write_json
+from traffic.schemes.program import torchrun_env
 
 
 @dataclass
@@ -77,23 +78,54 @@ PopenFn = Callable[[dict, list[str], dict, object], subprocess.Popen]
 
 
 def local_popen(info: dict, cmd: list[str], env: dict, log) -> subprocess.Popen:
-    """Start ``cmd`` on this machine (the local launcher's ``popen``)."""
-    return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+    """Start ``cmd`` on this machine (the local launcher's ``popen``), in ``info["cwd"]`` if given."""
+    return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=info.get("cwd"),
                             stdin=subprocess.DEVNULL, start_new_session=True)
 
 
+def program_command(command: list[str]) -> list[str]:
+    """A ``workload.program`` command as run: ``python``/``python3`` first means this
+    interpreter (the one with torch and the project)."""
+    return [sys.executable, *command[1:]] if command[0] in ("python", "python3") else list(command)
+
+
+def program_entry(program) -> dict:
+    """The ``processes.json`` fields of a ``workload.program`` process (``program``: its
+    :class:`traffic.spec.ProgramSpec`): ``command`` as run (:func:`program_command`) and
+    ``cwd``, its working directory made absolute."""
+    return {"command": program_command(program.command), "cwd": str(Path(program.cwd or ".").resolve())}
+
+
+def program_env(info: dict, doc: dict, run_dir: Path, program) -> dict:
+    """Environment of one process of a ``workload.program`` (``program``: its
+    :class:`traffic.spec.ProgramSpec`): :func:`runtime_env` (one compute thread, the project
+    importable for :mod:`traffic.marks`), ``torchrun``'s variables on the emulated network
+    (:func:`traffic.schemes.program.torchrun_env`), ``TESTBED_EVENTS`` (where
+    :mod:`traffic.marks` writes), ``TESTBED_PROC`` and ``TESTBED_RUN_DIR``, then
+    ``program.env`` over all of them."""
+    return {**runtime_env(), **torchrun_env(info, doc, program.processes_per_host),
+            "TESTBED_EVENTS": str(run_dir / "events" / f"{info['name']}.jsonl"), "TESTBED_PROC": info["name"],
+            "TESTBED_RUN_DIR": str(run_dir), **program.env}
+
+
 def start(run_dir: Path, doc: dict, popen: PopenFn = local_popen,
-          on_start: Callable[[Launched], None] | None = None) -> list[Launched]:
+          on_start: Callable[[Launched], None] | None = None,
+          env_for: Callable[[dict], dict] | None = None) -> list[Launched]:
     """Start every process of ``processes.json`` with ``popen``; logs go to ``logs/<name>.log``.
 
-    ``on_start`` is called for each process as soon as it runs (the ledger records pids).
+    A process runs its entry's ``command`` if it has one (a ``workload.program``), else the
+    runtime (:func:`runtime_command`); its environment is ``env_for(entry)``, by default
+    :func:`process_env`. ``on_start`` is called for each process as soon as it runs (the
+    ledger records pids).
     """
     out = []
     for info in doc["processes"]:
         log_path = run_dir / "logs" / f"{info['name']}.log"
+        cmd = info.get("command") or runtime_command(run_dir, info["name"])
+        env = (env_for or process_env)(info)
         with deferred_signals():  # a Ctrl-C here is delivered once the process is recorded
             with open(log_path, "ab") as log:
-                p = popen(info, runtime_command(run_dir, info["name"]), process_env(info), log)
+                p = popen(info, cmd, env, log)
             launched = Launched(info, p, log_path)
             out.append(launched)
             if on_start:

@@ -63,8 +63,9 @@ def local_entries(exp: Experiment) -> list[dict]:
         if not 0 <= p.iface < hosts[p.host].interfaces:
             raise SpecError(f"plan of {p.name}", p.iface,
                             f"interfaces 0..{hosts[p.host].interfaces - 1} of host {p.host}")
+    program = launch.program_entry(exp.workload.program) if exp.workload.program else {}
     return [{"name": p.name, "role": p.role, "index": p.index, "host": p.host, "rack": hosts[p.host].rack,
-             "ip": LOCAL_IP, "iface": LOCAL_IFACE, "iface_index": p.iface} for p in plan]
+             "ip": LOCAL_IP, "iface": LOCAL_IFACE, "iface_index": p.iface, **program} for p in plan]
 
 
 def free_port() -> int:
@@ -112,7 +113,8 @@ def run_local(exp: Experiment, run_dir: str | Path | None = None, *, timeout_s: 
     doc = launch.write_processes(run_dir, entries, LOCAL_IP, free_port(), exp.run.timeout_s)
     extra = dict(env or {})
 
-    zygote = launch.Zygote(netns=False).start() if exp.run.launcher == "zygote" else None
+    program = exp.workload.program  # a researcher's program runs its own command: no zygote
+    zygote = launch.Zygote(netns=False).start() if exp.run.launcher == "zygote" and program is None else None
 
     def popen(info, cmd, penv, log):
         if zygote is not None:
@@ -127,7 +129,8 @@ def run_local(exp: Experiment, run_dir: str | Path | None = None, *, timeout_s: 
             on_start(l)
 
     try:
-        launch.start(run_dir, doc, popen=popen, on_start=started)
+        launch.start(run_dir, doc, popen=popen, on_start=started,
+                     env_for=(lambda info: launch.program_env(info, doc, run_dir, program)) if program else None)
         launch.watch(procs, exp.run.timeout_s if timeout_s is None else timeout_s, poll_s=poll_s)
     finally:
         launch.kill_all(procs)  # no-op when all exited; on any error nothing is left running

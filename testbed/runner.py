@@ -146,7 +146,7 @@ def run_one(exp: Experiment, parent: Path, run_id: str, exclusive_id: bool = Tru
     try:
         with NetworkLock(run_dir=run_dir):
             ledger = Ledger.create(run_dir.name, run_dir)
-            shared = zygote if zygote is not None and zygote.alive() and exp.run.launcher == "zygote" else None
+            shared = zygote if zygote is not None and zygote.alive() and _forks(exp) else None
             with ExitStack() as teardown:
                 teardown.callback(lambda: _log_leftovers(ledger.sweep()))
                 teardown.callback(progress.phase, "tearing down")  # shown first: callbacks run last-in first-out
@@ -228,7 +228,7 @@ def _run(exp: Experiment, run_dir: Path, ledger: Ledger, teardown: ExitStack, t0
     if zygote is not None:  # a dead runner's ledger still names it for testbed clean
         ledger.add_pid("zygote", zygote.proc.pid, shared=True)
         log.info("processes fork from the sweep's zygote (pid %d)", zygote.proc.pid)
-    elif exp.run.launcher == "zygote":  # its imports overlap the network's build
+    elif _forks(exp):  # its imports overlap the network's build
         zygote = launch.Zygote(on_pid=lambda pid: ledger.add_pid("zygote", pid)).start()
         teardown.callback(zygote.close)  # after the processes are stopped (last in, first out)
         log.info("processes fork from this run's zygote (pid %d)", zygote.proc.pid)
@@ -243,8 +243,9 @@ def _run(exp: Experiment, run_dir: Path, ledger: Ledger, teardown: ExitStack, t0
     background = Background(exp.background, topo, network.hosts, run_dir, scale=exp.scale,
                             on_pid=ledger.add_pid)  # refuses hosts the network lacks
     teardown.callback(background.stop)
+    program = exp.workload.program
     entries = [{"name": p.name, "role": p.role, "index": p.index, "host": p.host, "rack": by_name[p.host]["rack"],
-                **_interface(by_name[p.host], p)} for p in plan]
+                **_interface(by_name[p.host], p), **(launch.program_entry(program) if program else {})} for p in plan]
     doc = launch.write_processes(run_dir, entries, entries[0]["ip"], exp.run.master_port, exp.run.timeout_s)
     procs: list[launch.Launched] = []
     pcap_ports = resolve_ports(exp.capture.pcap.ports, topo["links"], {s["name"] for s in topo["switches"]}) \
@@ -265,7 +266,7 @@ def _run(exp: Experiment, run_dir: Path, ledger: Ledger, teardown: ExitStack, t0
         if len(by_name[info["host"]]["intfs"]) > 1:
             cmd = bind_to_interface(cmd, info.get("iface_index", 0))
         return network.hosts[info["host"]].popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT,
-                                                 stdin=subprocess.DEVNULL)
+                                                 stdin=subprocess.DEVNULL, cwd=info.get("cwd"))
 
     log.info("launching %d processes", len(entries))
     progress.phase(f"starting {len(entries)} processes")
@@ -276,10 +277,17 @@ def _run(exp: Experiment, run_dir: Path, ledger: Ledger, teardown: ExitStack, t0
         procs.append(l)  # known at once: an interrupted start still kills what it started
         ledger.add_pid(l.info["name"], l.popen.pid)
 
-    launch.start(run_dir, doc, popen, on_start=started)
+    launch.start(run_dir, doc, popen, on_start=started,
+                 env_for=(lambda info: launch.program_env(info, doc, run_dir, program)) if program else None)
     progress.training(run_dir, [e["name"] for e in entries if e["role"] == "worker"], topo)
     launch.watch(procs, exp.run.timeout_s, on_poll=progress.poll)
     log.info("all processes done after %.1f s", time.time() - t0)
+
+
+def _forks(exp: Experiment) -> bool:
+    """Its processes fork from a zygote: ``run.launcher: zygote`` and the runtime's own
+    processes (a ``workload.program`` runs its own command)."""
+    return exp.run.launcher == "zygote" and exp.workload.program is None
 
 
 def switch_ports(topology: dict) -> list[str]:
@@ -496,7 +504,7 @@ def _run_points(exp: Experiment, points: list[tuple[dict, Experiment]], progress
     bar = tqdm(points, desc=f"sweep {sweep_dir.name}", unit="run", disable=not progress or not sys.stderr.isatty())
     # One zygote for the whole sweep: torch's import and the warm-up (2.3 s) are paid once,
     # not at every point. Its stdin is this process's pipe: if the harness dies, it exits.
-    zygote = launch.Zygote().start() if any(e.run.launcher == "zygote" for _, e in points) else None
+    zygote = launch.Zygote().start() if any(_forks(e) for _, e in points) else None
     try:
         for i, (point, e) in enumerate(bar):
             label = point_label(point)

@@ -359,7 +359,20 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> Experimen
     data = {} if data is None else data
     if isinstance(data, dict) and "name" not in data:
         data["name"] = to_safe_name(p.stem)
+    _program_cwd(data, p.resolve().parent)
     return from_dict(data, overrides)
+
+
+def _program_cwd(data, folder: Path) -> None:
+    """``workload.program.cwd`` of a spec file made absolute: relative to the file's
+    ``folder``, which it is when left out (a malformed section is left to validation)."""
+    w = data.get("workload") if isinstance(data, dict) else None
+    prog = w.get("program") if isinstance(w, dict) else None
+    if isinstance(prog, dict) and (prog.get("cwd") is None or isinstance(prog.get("cwd"), str)):
+        try:
+            prog["cwd"] = str(folder / prog["cwd"]) if prog.get("cwd") else str(folder)
+        except (OSError, ValueError):  # a path the OS refuses: validation names it
+            pass
 
 
 def _background_errors(exp: Experiment) -> list[FieldError]:

@@ -6,6 +6,8 @@ with the rest of the section.
 """
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
 from typing import Any, Literal, Optional
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
@@ -16,6 +18,9 @@ from traffic import schemes
 from traffic.data import available_datasets
 from traffic.models import available_models
 from traffic.profiles import load_profile
+
+#: the scheme name of a researcher's own program (``workload.program``)
+PROGRAM_SCHEME = "program"
 
 #: PS configurations of PHub (phub.txt Section 2.1, Figure 4): placement and whether the
 #: keys are centralized on one server process or sharded over several.
@@ -146,10 +151,66 @@ class ComputeSpec(SpecModel):
     (``testbed profile`` writes one)."""
 
 
+class ProgramSpec(SpecModel):
+    """A researcher's own training program, run unmodified on every worker host instead of
+    a scheme (``workload.program``; scheme ``program``, :mod:`traffic.schemes.program`).
+
+    Each process gets the environment ``torchrun`` gives (``RANK``, ``WORLD_SIZE``,
+    ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``ROLE_RANK``, ``MASTER_ADDR``: rank
+    0's address on the emulated network, ``MASTER_PORT``) and ``GLOO_SOCKET_IFNAME``, so a
+    script that calls ``torch.distributed.init_process_group("gloo")`` with the default
+    ``env://`` runs as it is; it may mark iterations with :mod:`traffic.marks`.
+    """
+    command: list[str] = Field(min_length=1)
+    """The command line, e.g. ``[python, train.py, --epochs, "1"]``; ``python`` is the
+    testbed's interpreter (the one with torch)."""
+    processes_per_host: int = Field(1, ge=1, le=64)
+    """Processes started on each worker host (``LOCAL_WORLD_SIZE``)."""
+    cwd: Optional[str] = None
+    """Working directory: in a spec file, relative to the file's folder; else relative to the
+    current directory; left out: the spec file's folder (the current directory)."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment variables, set last (they override the testbed's, e.g.
+    ``OMP_NUM_THREADS``)."""
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v):
+        if any(not a for a in v[:1]):
+            raise ValueError("a non-empty program name first")
+        return v
+
+    def cross_errors(self, prefix: str = "workload.program") -> list[FieldError]:
+        """The working directory exists and the program can be found (``python`` is always
+        found: the testbed's interpreter; a name with a ``/`` is looked up from ``cwd``)."""
+        cwd = Path(self.cwd or ".")
+        try:
+            if not cwd.is_dir():
+                return [FieldError(f"{prefix}.cwd", self.cwd, "an existing folder (relative to the spec file's "
+                                                               "folder)")]
+            name = self.command[0]
+            found = (name in ("python", "python3") or (("/" in name) and (cwd / name).is_file())
+                     or ("/" not in name and shutil.which(name) is not None))
+        except (OSError, ValueError) as e:  # a path the OS refuses
+            return [FieldError(f"{prefix}.cwd", self.cwd, f"a usable folder ({type(e).__name__}: {e})")]
+        if not found:
+            return [FieldError(f"{prefix}.command", self.command, f"a command whose program exists: {name!r} is not "
+                               f"on PATH" + (f" nor a file under {cwd}" if "/" in name else ""))]
+        script = self.command[1] if name in ("python", "python3") and len(self.command) > 1 else None
+        if script is not None and script.endswith(".py") and not (cwd / script).is_file():
+            return [FieldError(f"{prefix}.command", self.command, f"a script that exists: no {script} under {cwd.resolve()} "
+                               f"(workload.program.cwd, relative to the spec file's folder)")]
+        return []
+
+
 class WorkloadSpec(SpecModel):
     """What trains: scheme, model, data, batch, iterations.
 
-    ``batch_size`` is per worker; the global batch is ``batch_size * workers``.
+    ``batch_size`` is per worker; the global batch is ``batch_size * workers``. With
+    ``program`` the researcher's command runs instead of a scheme (``scheme`` is then
+    ``program``, set by itself), and ``iterations`` is what the program is expected to mark
+    (progress display, ``at_iteration`` events); ``model``, ``dataset``, ``optimizer`` and
+    the servers are unused.
     """
     scheme: str = "ps"
     """A registered scheme name, ``package.module:ClassName``, or an entry point of the group
@@ -181,6 +242,8 @@ class WorkloadSpec(SpecModel):
     """Parameter-server placement (PS-family schemes)."""
     options: dict[str, Any] = Field(default_factory=dict)
     """The scheme's own options (its ``Options`` model says which)."""
+    program: Optional[ProgramSpec] = None
+    """A researcher's own program instead of a scheme (:class:`ProgramSpec`)."""
 
     @field_validator("scheme")
     @classmethod
@@ -190,6 +253,12 @@ class WorkloadSpec(SpecModel):
         except _BAD_SCHEME_NAME as e:
             raise ValueError(_scheme_not_found(v, e)) from None
         return v
+
+    @model_validator(mode="after")
+    def _program_scheme(self):
+        if self.program is not None and "scheme" not in self.model_fields_set:
+            self.scheme = PROGRAM_SCHEME
+        return self
 
     @model_validator(mode="after")
     def _warmup_default(self):
@@ -215,6 +284,17 @@ class WorkloadSpec(SpecModel):
         """Checks that involve several fields (run once every field is valid): warm-up
         shorter than the run, the servers' configuration, a loadable compute profile."""
         out = []
+        if self.program is not None and self.scheme != PROGRAM_SCHEME:
+            out.append(FieldError(f"{prefix}.scheme", self.scheme, f"left out, or {PROGRAM_SCHEME!r}, with "
+                                  f"workload.program (the program runs instead of a scheme)"))
+        if self.program is None and self.scheme == PROGRAM_SCHEME:
+            out.append(FieldError(f"{prefix}.program", None, f"a program (command, ...) with scheme "
+                                  f"{PROGRAM_SCHEME!r}"))
+        if self.program is not None:
+            out += self.program.cross_errors(f"{prefix}.program")
+        if self.program is not None and self.compute.mode != "real":
+            out.append(FieldError(f"{prefix}.compute.mode", self.compute.mode, "'real' with workload.program (the "
+                                  "program computes for itself)"))
         if self.warmup_iterations >= self.iterations:
             out.append(FieldError(f"{prefix}.warmup_iterations", self.warmup_iterations,
                                   f"fewer than workload.iterations ({self.iterations})"))
