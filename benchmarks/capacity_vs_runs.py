@@ -3,9 +3,12 @@
 For every finished run directory (``spec.yaml``, ``iterations.csv``, ``traces/cpu.csv``,
 ``summary.json`` with status ``ok``) under the given roots, prints the busy cores the run
 measured during training and the CPU estimate of :func:`testbed.capacity.estimate` for its
-spec (its own ``scale``), with the shipped cost model (``testbed/data/machine_costs.yaml``)
-and with the same model less the per-message term (``runtime_message_cpu_s`` = 0: the
-estimate before that term existed), and the ratios measured / estimate.
+spec (its own ``scale``) with three versions of the shipped cost model
+(``testbed/data/machine_costs.yaml``): ``old``, without any per-message term
+(``runtime_message_cpu_s`` = 0 and no scheme's ``<scheme>_message_cpu_s``); ``rt``, with the
+runtime's per-message term only (no scheme's own); ``new``, the model as shipped (the
+runtime's term plus the scheme's own, :func:`testbed.capacity.scheme_message_key`); and the
+ratios measured / estimate.
 
 * *measured* (column ``meas``): mean over the CPU sampler's samples (``traces/cpu.csv``,
   rows of kind ``core``, real time) within the measured iterations (``iterations.csv``, in
@@ -20,9 +23,11 @@ estimate before that term existed), and the ratios measured / estimate.
   bound.
 
 Also prints the scheme's mean message bytes (``msg B``,
-:meth:`traffic.schemes.Scheme.message_bytes`), the two estimates (``old``, ``new``), the
-messages' part of the new one (``msgs``) and the ratios (``m/old``, ``m/new``). Compute mode ``real`` runs use real compute's
-CPU, which the model does not count (marked ``real``). Benchmarks print, they do not assert.
+:meth:`traffic.schemes.Scheme.message_bytes`), the three estimates (``old``, ``rt``,
+``new``), the messages' part of the new one (``msgs``), the ratios (``m/old``, ``m/rt``,
+``m/new``) and, per scheme, the range of each ratio. Compute mode ``real`` runs use real
+compute's CPU, which the model does not count (marked ``real``). Benchmarks print, they do
+not assert.
 
     .venv/bin/python benchmarks/capacity_vs_runs.py [RUNS_DIR ...]     # default: runs/
 """
@@ -39,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
 
-from testbed.capacity import Cost, CostModel, Machine, estimate  # noqa: E402
+from testbed.capacity import COST_KEYS, Cost, CostModel, Machine, estimate  # noqa: E402
 from testbed.runner import plan_point  # noqa: E402
 from testbed.spec import from_dict  # noqa: E402
 
@@ -112,15 +117,20 @@ def main(argv=None) -> int:
     ap.add_argument("roots", nargs="*", type=Path, default=[ROOT / "runs"], help="directories holding run dirs")
     a = ap.parse_args(argv)
     new_model = CostModel.load()
-    old_costs = dict(new_model.costs)
+    own = {k: c for k, c in new_model.costs.items() if k not in COST_KEYS}  # the schemes' own per message
+    rt_model = CostModel({k: c for k, c in new_model.costs.items() if k not in own}, new_model.machine,
+                         "<without the schemes' own per-message terms>")
+    old_costs = dict(rt_model.costs)
     c = old_costs["runtime_message_cpu_s"]
     old_costs["runtime_message_cpu_s"] = Cost(0.0, c.unit, "the estimate without the per-message term")
     old_model = CostModel(old_costs, new_model.machine, "<without runtime_message_cpu_s>")
     machine = Machine.current()
     print(f"cost model {new_model.path}: runtime_message_cpu_s = {new_model['runtime_message_cpu_s'] * 1e6:.1f} us "
-          f"per message; machine {machine.cores} cores")
+          f"per message; the schemes' own: "
+          + (", ".join(f"{k} = {c.value * 1e6:.1f} us" for k, c in own.items()) or "none")
+          + f"; machine {machine.cores} cores")
     head = (f"{'run':64s} {'scheme':9s} {'scale':>5s} {'msg B':>9s} {'meas':>5s} {'summ':>5s} {'old':>5s} "
-            f"{'new':>5s} {'msgs':>5s} {'m/old':>5s} {'m/new':>5s}")
+            f"{'rt':>5s} {'new':>5s} {'msgs':>5s} {'m/old':>5s} {'m/rt':>5s} {'m/new':>5s}")
     print(head)
     rows = []
     for d in run_dirs(a.roots):
@@ -133,21 +143,29 @@ def main(argv=None) -> int:
             continue
         hosts, procs = plan_point(exp)
         new = estimate(exp, hosts, procs, model=new_model, machine=machine)
+        rt = estimate(exp, hosts, procs, model=rt_model, machine=machine)
         old = estimate(exp, hosts, procs, model=old_model, machine=machine)
         busy = meas[0]
         label = str(d.relative_to(d.parents[1]))[:64]
         real = " real" if exp.workload.compute.mode == "real" else ""
-        rows.append((label, exp.workload.scheme, busy / old.cpu_cores, busy / new.cpu_cores))
+        rows.append((label, exp.workload.scheme + real, busy / old.cpu_cores, busy / rt.cpu_cores,
+                     busy / new.cpu_cores))
         idle = (summ.get("cpu") or {}).get("idle_pct_mean")
         by_summary = f"{machine.cores * (1 - idle / 100):5.2f}" if idle is not None else f"{'-':>5s}"
         print(f"{label:64s} {exp.workload.scheme:9s} {new.scale:5g} {new.message_bytes:9.3g} {busy:5.2f} "
-              f"{by_summary} {old.cpu_cores:5.2f} {new.cpu_cores:5.2f} {new.cpu_breakdown['messages']:5.2f} "
-              f"{busy / old.cpu_cores:5.2f} {busy / new.cpu_cores:5.2f}{real}", flush=True)
+              f"{by_summary} {old.cpu_cores:5.2f} {rt.cpu_cores:5.2f} {new.cpu_cores:5.2f} "
+              f"{new.cpu_breakdown['messages']:5.2f} {busy / old.cpu_cores:5.2f} {busy / rt.cpu_cores:5.2f} "
+              f"{busy / new.cpu_cores:5.2f}{real}", flush=True)
     if rows:
-        for i, name in ((2, "measured/old"), (3, "measured/new")):
+        for i, name in ((2, "measured/old"), (3, "measured/rt"), (4, "measured/new")):
             v = sorted(r[i] for r in rows)
             print(f"{name}: {len(v)} runs, min {v[0]:.2f}, median {v[len(v) // 2]:.2f}, max {v[-1]:.2f}; "
                   f"above 1: {sum(x > 1 for x in v)}")
+        print(f"{'scheme':16s} {'runs':>4s} {'m/old':>11s} {'m/rt':>11s} {'m/new':>11s}")
+        for scheme in sorted({r[1] for r in rows}):
+            mine = [r for r in rows if r[1] == scheme]
+            cells = " ".join(f"{min(r[i] for r in mine):5.2f}-{max(r[i] for r in mine):<5.2f}" for i in (2, 3, 4))
+            print(f"{scheme:16s} {len(mine):4d} {cells}")
     return 0
 
 

@@ -1,6 +1,7 @@
 """Benchmark: measure this machine's cost model (``testbed/data/machine_costs.yaml``).
 
-Measures every value :mod:`testbed.capacity` needs (:data:`testbed.capacity.COST_KEYS`),
+Measures every value :mod:`testbed.capacity` needs (:data:`testbed.capacity.COST_KEYS`, and
+each built-in scheme's own ``<scheme>_message_cpu_s``),
 prints the figures and writes them as YAML to ``OUT`` (refused if it exists), each with its
 unit and its source: this command, the step that measured it, the date and the machine
 (cores, RAM, kernel). Steps:
@@ -51,6 +52,31 @@ unit and its source: this command, the step that measured it, the date and the m
    ``runtime_message_cpu_s`` = ``a`` (both ends); ``b`` (which the model already counts
    as ``path_cpu_s_per_byte`` and ``runtime_user_cpu_s_per_byte``) and ``c`` (a run's fixed
    part: barriers, timers) are printed and named in the source.
+6. *Each scheme's own CPU per message* (``scheme``): for each scheme of :data:`SCHEMES`,
+   :data:`SCHEME_REPEATS` runs (interleaved with the other schemes') of
+   :func:`~testbed.local.run_local` with :data:`SCHEME_MODEL` (many tensors: many messages),
+   :data:`SCHEME_WORKERS` workers (and a server colocated with each, for the schemes that
+   have servers), :data:`SCHEME_ITERATIONS` iterations of emulated compute with profile
+   ``zero``, scale 1 and ``host: {}`` (no per-message overhead, aggregation and optimizer
+   not modelled: the real sums and optimizer steps run, nothing is waited). Within the window
+   from the last process's start of iteration :data:`SCHEME_FIRST` to the first process's
+   end of iteration ``SCHEME_ITERATIONS - 2`` (start-up and the last iteration's tail
+   outside): ``C`` = user + system CPU of every process (``psutil`` ``cpu_times``, every
+   thread, sampled every :data:`SCHEME_SAMPLE_S` s, interpolated), ``M`` = the transport
+   messages sent and ``B`` their payload bytes (the events: each ``dir: tx``; an
+   ``all_reduce`` as gloo's ring sends). ``<scheme>_message_cpu_s`` = ``(C - a x M -
+   b x B - runtime_user_cpu_s_per_byte x B - process_idle_cores x processes x window) / M``
+   (median run, floored at 0) with step 5's ``a`` (``runtime_message_cpu_s``) and ``b`` (the
+   loopback transport's CPU per byte, mostly the kernel's copies: what a network run counts
+   in ``path_cpu_s_per_byte``): the CPU a scheme spends per message beyond every term
+   :mod:`testbed.capacity` already charges. The real training math is in ``C``: its
+   per-byte part (sums, optimizer steps over whole tensors) is what
+   ``runtime_user_cpu_s_per_byte`` (step 2, the larger of ``ps``'s and ``allreduce``'s)
+   charges and is subtracted with it; what is left is per message (P3's queues, threads and
+   per-slice update calls, PHub's per-chunk checks and charges, the events), and negative
+   where the model's per-byte charge exceeds the scheme's real work. Step 6 uses steps 2 and
+   5's values (this invocation's, else ``OUT``'s; ``b`` is read from the source of
+   ``runtime_message_cpu_s``).
 
 Steps 3-4 need root (network namespaces). ``--quiet-flag FILE``: before every measurement,
 wait (polling every 20 s) until ``FILE`` exists (a machine kept quiet for measuring), and
@@ -59,12 +85,13 @@ are kept in ``OUT.partial.json`` until ``OUT`` is written; ``--resume`` skips th
 holds. Run ``testbed clean`` afterwards if the run was killed.
 
 ``--only STEP`` (repeatable; ``base``, ``loopback``, ``networks``, ``forwarding``,
-``message``) measures only those steps and merges their values into the existing ``OUT``
+``message``, ``scheme``) measures only those steps and merges their values into the existing ``OUT``
 (which must exist): every other value, and the file's ``machine`` section, stay as they
 are; each new value's source names its own command, date and machine.
 
     sudo .venv/bin/python benchmarks/machine_costs.py OUT.yaml [--quiet-flag FILE] [--seconds 10] [--resume]
     .venv/bin/python benchmarks/machine_costs.py testbed/data/machine_costs.yaml --only message
+    .venv/bin/python benchmarks/machine_costs.py testbed/data/machine_costs.yaml --only scheme
 """
 from __future__ import annotations
 
@@ -74,7 +101,9 @@ import datetime
 import json
 import os
 import platform
+import re
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -91,10 +120,10 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import yaml  # noqa: E402
 
-from testbed.capacity import COST_KEYS  # noqa: E402
+from testbed.capacity import COST_KEYS, SCHEME_MESSAGE_UNIT, scheme_message_key  # noqa: E402
 from testbed.capture import Capture  # noqa: E402
 from testbed.ledger import Ledger, NetworkLock  # noqa: E402
-from testbed.local import run_local  # noqa: E402
+from testbed.local import local_entries, local_hosts, run_local  # noqa: E402
 from testbed.network import Network  # noqa: E402
 from testbed.runner import switch_ports  # noqa: E402
 from testbed.spec import CaptureSpec, from_dict  # noqa: E402
@@ -107,6 +136,8 @@ from traffic.rundir import read_json  # noqa: E402
 from traffic.runtime.events import EventLog  # noqa: E402
 from traffic.runtime.hostcost import HostCosts  # noqa: E402
 from traffic.runtime.transport import Transport  # noqa: E402
+from traffic.schemes import get as get_scheme  # noqa: E402
+from traffic.schemes.allreduce import gloo_ring_sends  # noqa: E402
 
 SMALL, BIG = "digits_mlp", "alexnet"
 IMPORT_RUNTIME = "import time, traffic.runtime.__main__; print('ready', flush=True); time.sleep(600)"
@@ -125,6 +156,22 @@ MESSAGE_WINDOW = 16
 MESSAGE_REPEATS = 3
 #: step 5: the tag of every message (one tag, as P3's pushes)
 MESSAGE_TAG = 7
+#: step 6: the schemes measured (the built-in schemes that run the runtime; ``program`` runs
+#: a researcher's own processes, not the runtime, and has no figure)
+SCHEMES = ("ps", "allreduce", "p3", "phub", "pipe_sgd", "stanza", "ibatch")
+#: step 6: the model (161 parameter tensors, 102 MB: many messages of every scheme)
+SCHEME_MODEL = "resnet50"
+#: step 6: workers of each run (parameter servers: one colocated with each)
+SCHEME_WORKERS = 4
+#: step 6: iterations of each run; the measured window runs from the last process's start of
+#: iteration SCHEME_FIRST to the first process's end of iteration SCHEME_ITERATIONS - 2 (start-up,
+#: the first iterations and the last one's tail are outside it)
+SCHEME_ITERATIONS = 14
+SCHEME_FIRST = 2
+#: step 6: period of the processes' CPU samples, s
+SCHEME_SAMPLE_S = 0.1
+#: step 6: runs of every scheme (interleaved); the median is kept
+SCHEME_REPEATS = 3
 
 
 class Bench:
@@ -141,6 +188,7 @@ class Bench:
         self.machine = {"cores": int(psutil.cpu_count()), "cpu": cpu, "memory_total_bytes": int(vm.total),
                         "kernel": platform.release(), "date": self.date}
         self.values: dict[str, dict] = {}
+        self.transport_per_byte: float | None = None  # step 5's b (CPU per byte), for step 6
         self._absent_at = -1.0  # time.monotonic() when the quiet flag was last seen missing
         self._runs = 0
         if args.quiet_flag:
@@ -178,7 +226,7 @@ class Bench:
             time.sleep(20)
 
     def put(self, key: str, value: float, step: str) -> None:
-        unit = COST_KEYS[key][0]
+        unit = COST_KEYS[key][0] if key in COST_KEYS else SCHEME_MESSAGE_UNIT
         m = self.machine
         self.values[key] = {
             "value": float(value), "unit": unit,
@@ -714,6 +762,7 @@ def message_cpu(b: Bench, tmp: Path) -> None:
           f"(largest residual {max(abs(x) for x in resid) * 1e3:.1f} ms)", flush=True)
     if a <= 0:
         raise SystemExit(f"per-message CPU fit is not positive ({a:.3g} s): the machine was too noisy; run again")
+    b.transport_per_byte = per_byte
     listing = "; ".join(f"{r['n']} x {r['nbytes']} B: {sum(r['cpu_s']):.3f} s" for r in med)
     b.put("runtime_message_cpu_s", a,
           "step 5: traffic.host.measure.run_pair (2 processes, gloo over TCP on 127.0.0.1, 1 torch thread each), "
@@ -726,12 +775,226 @@ def message_cpu(b: Bench, tmp: Path) -> None:
           f"+ c: a (this value, both ends), b = {per_byte:.4g} s/byte, c = {c:.4g} s ({listing}); 1-minute load "
           f"average {load:.2f} at the start")
 
+
+# ------------------------------------------------------------------------------ 6. schemes' own CPU per message
+
+
+def scheme_spec(scheme: str, iterations: int) -> dict:
+    """The step-6 run of ``scheme``: :data:`SCHEME_MODEL`, :data:`SCHEME_WORKERS` workers,
+    emulated compute of profile ``zero``, a host model stating no cost (``host: {}``: no
+    per-message overhead, aggregation and optimizer not modelled: real work, nothing waited),
+    scale 1, a server colocated with each worker for the schemes that have servers."""
+    w = {"scheme": scheme, "model": SCHEME_MODEL, "workers": SCHEME_WORKERS, "iterations": iterations,
+         "warmup_iterations": 0, "compute": {"mode": "emulated", "profile": "zero"}}
+    spec = {"name": "machine-costs", "scale": 1, "host": {}, "topology": {"kind": "rack", "hosts_per_rack": 8},
+            "workload": w, "run": {"timeout_s": 600, "launcher": "zygote"}}
+    if any(e["role"] == "server" for e in local_entries(from_dict(spec))):
+        w["servers"] = {"count": 0, "placement": "colocated"}
+    return spec
+
+
+def read_run_events(run_dir: Path) -> list[dict]:
+    """Every event of a run (all ``events/*.jsonl``)."""
+    return [json.loads(line) for f in sorted((run_dir / "events").glob("*.jsonl"))
+            for line in f.read_text().splitlines() if line.strip()]
+
+
+def iteration_window(events: list[dict], first: int, last: int) -> tuple[float, float]:
+    """``(ta, tb)`` (unix s): the latest start of iteration ``first`` and the earliest end of
+    iteration ``last`` over the processes that log ``iteration`` events.
+
+    Raises:
+        ValueError: a process lacks one of them, or the window is empty.
+    """
+    its: dict[str, dict[int, dict]] = {}
+    for e in events:
+        if e["kind"] == "iteration":
+            its.setdefault(e["proc"], {})[e["iteration"]] = e
+    if not its or any(first not in v or last not in v for v in its.values()):
+        raise ValueError(f"iterations {first} and {last} are not in every process's events")
+    ta = max(v[first]["ts"] for v in its.values())
+    tb = min(v[last]["ts"] + v[last]["dur"] for v in its.values())
+    if tb <= ta:
+        raise ValueError(f"empty window: iteration {first} starts at {ta:.3f} after iteration {last} ends at {tb:.3f}")
+    return ta, tb
+
+
+def count_messages(events: list[dict], ta: float, tb: float) -> tuple[float, float]:
+    """Transport messages and payload bytes sent between ``ta`` and ``tb`` (unix s, by each
+    event's ``ts``: a send's posting) by every process: each point-to-point send (``dir: tx``)
+    is one message of its ``bytes``; a gloo ``all_reduce`` (the only collective a scheme issues
+    per iteration) is its ring's messages and bytes
+    (:func:`~traffic.schemes.allreduce.gloo_ring_sends`), counted once (each member logs it:
+    1/``group_size`` per event).
+
+    Raises:
+        ValueError: another collective in the window (not counted here).
+    """
+    msgs = sent = 0.0
+    for e in events:
+        if not ta <= e["ts"] < tb:
+            continue
+        if e.get("dir") == "tx":
+            msgs, sent = msgs + 1, sent + e["bytes"]
+        elif "group_size" in e and not e["kind"].startswith("host_") and e["kind"] != "barrier":
+            if e["kind"] != "allreduce":
+                raise ValueError(f"a collective {e['kind']!r} in the window: only all_reduce is counted")
+            m, nb = gloo_ring_sends(int(e["bytes"]), int(e["group_size"]))
+            msgs, sent = msgs + m / e["group_size"], sent + nb / e["group_size"]
+    return msgs, sent
+
+
+def cpu_at(samples: list[tuple[float, float, float]], t: float) -> tuple[float, float]:
+    """(user, system) CPU seconds of one process at ``t`` from its ``(t, user, system)``
+    samples, interpolated.
+
+    Raises:
+        ValueError: ``t`` outside the samples.
+    """
+    for (t0, u0, s0), (t1, u1, s1) in zip(samples, samples[1:]):
+        if t0 <= t <= t1:
+            f = (t - t0) / (t1 - t0) if t1 > t0 else 0.0
+            return u0 + (u1 - u0) * f, s0 + (s1 - s0) * f
+    raise ValueError(f"no CPU samples around {t:.3f}")
+
+
+def scheme_run(b: Bench, scheme: str, tmp: Path) -> dict:
+    """One step-6 run of ``scheme`` (:func:`scheme_spec`): every process's user and system CPU
+    (``psutil`` ``cpu_times``, all threads, sampled every :data:`SCHEME_SAMPLE_S` s,
+    interpolated), the messages and bytes sent (:func:`count_messages`), both within the
+    window of :func:`iteration_window`; its length and the processes."""
+    exp = from_dict(scheme_spec(scheme, SCHEME_ITERATIONS))
+
+    def run():
+        label = b.label(scheme)
+        launched, samples, procs = [], {}, {}
+        stop = threading.Event()
+
+        def sample():
+            while not stop.is_set():
+                for l in list(launched):
+                    name = l.info["name"]
+                    try:
+                        p = procs.get(name) or procs.setdefault(name, psutil.Process(l.popen.pid))
+                        ct = p.cpu_times()
+                    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                        continue
+                    samples.setdefault(name, []).append((time.time(), ct.user, ct.system))
+                stop.wait(SCHEME_SAMPLE_S)
+
+        th = threading.Thread(target=sample, daemon=True)
+        th.start()
+        try:
+            run_dir = run_local(exp, tmp / label, on_start=launched.append)
+        finally:
+            stop.set()
+            th.join()
+        events = read_run_events(run_dir)
+        ta, tb = iteration_window(events, SCHEME_FIRST, SCHEME_ITERATIONS - 2)
+        user = system = 0.0
+        for name, smp in samples.items():
+            (ua, sa), (ub, sb) = cpu_at(smp, ta), cpu_at(smp, tb)
+            user, system = user + ub - ua, system + sb - sa
+        msgs, sent = count_messages(events, ta, tb)
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return {"user_s": user, "system_s": system, "window_s": tb - ta, "messages": msgs, "bytes": sent,
+                "processes": len(samples)}
+    return b.quiet(f"{scheme}, {SCHEME_ITERATIONS} iterations", run)
+
+
+def _model_value(b: Bench, key: str) -> float:
+    """A cost-model value: this invocation's, else the existing OUT's."""
+    if key in b.values:
+        return b.values[key]["value"]
+    doc = yaml.safe_load(Path(b.args.out).read_text()) if Path(b.args.out).exists() else {}
+    v = (doc.get("values") or {}).get(key)
+    if not isinstance(v, dict):
+        raise SystemExit(f"step 6 needs {key} (steps loopback and message): measure them first")
+    return float(v["value"])
+
+
+def _transport_per_byte(b: Bench) -> float:
+    """Step 5's per-byte CPU of the transport on loopback (the fit's ``b``): this invocation's,
+    else read from the source of ``runtime_message_cpu_s`` (the same fit as its value; resumed
+    from OUT.partial.json, else OUT's)."""
+    if b.transport_per_byte is not None:
+        return b.transport_per_byte
+    if "runtime_message_cpu_s" in b.values:
+        src = b.values["runtime_message_cpu_s"]["source"]
+    else:
+        doc = yaml.safe_load(Path(b.args.out).read_text()) if Path(b.args.out).exists() else {}
+        src = ((doc.get("values") or {}).get("runtime_message_cpu_s") or {}).get("source", "")
+    m = re.search(r"\bb = ([0-9.eE+-]+) s/byte", src)
+    if m is None:
+        raise SystemExit("step 6 needs step 5's per-byte fit (b = ... s/byte in runtime_message_cpu_s's source): "
+                         "run --only message --only scheme")
+    return float(m.group(1))
+
+
+def scheme_message_cpu(b: Bench, tmp: Path) -> None:
+    print("6. each scheme's own CPU per message", flush=True)
+    a = _model_value(b, "runtime_message_cpu_s")
+    per_byte_rt = _model_value(b, "runtime_user_cpu_s_per_byte")
+    idle = _model_value(b, "process_idle_cores")
+    per_byte_lo = _transport_per_byte(b)
+    load = os.getloadavg()[0]
+    runs: dict[str, list[dict]] = {s: [] for s in SCHEMES}
+    for rep in range(SCHEME_REPEATS):
+        for scheme in SCHEMES:
+            r = scheme_run(b, scheme, tmp)
+            cpu, msgs, sent, wall = r["user_s"] + r["system_s"], r["messages"], r["bytes"], r["window_s"]
+            transport = a * msgs + per_byte_lo * sent
+            math_bytes = per_byte_rt * sent
+            waiting = idle * r["processes"] * wall
+            r.update(cpu=cpu, transport=transport, math=math_bytes, waiting=waiting,
+                     own=(cpu - transport - math_bytes - waiting) / msgs,
+                     own_no_lo=(cpu - a * msgs - math_bytes - waiting) / msgs)
+            runs[scheme].append(r)
+            print(f"  {scheme} (repeat {rep + 1}): {wall:.2f} s window: CPU {cpu:.3f} s (user {r['user_s']:.3f}, "
+                  f"system {r['system_s']:.3f}), {msgs:.0f} messages, {sent / 1e6:.1f} MB ({sent / msgs / 1e3:.1f} kB "
+                  f"each); transport {transport:.3f} s, per-byte runtime {math_bytes:.3f} s, waiting {waiting:.3f} s: "
+                  f"own {r['own'] * 1e6:.1f} us per message ({r['own_no_lo'] * 1e6:.1f} without the loopback "
+                  f"per-byte part)", flush=True)
+    for scheme in SCHEMES:
+        rs = sorted(runs[scheme], key=lambda r: r["own"])
+        m = rs[len(rs) // 2]
+        spec = scheme_spec(scheme, SCHEME_ITERATIONS)
+        exp = from_dict(spec)
+        model_bytes = get_scheme(scheme).message_bytes(exp.workload, _plan_of(exp))
+        servers = ", servers: {count: 0, placement: colocated}" if "servers" in spec["workload"] else ""
+        floored = "" if m["own"] >= 0 else f" (measured {m['own']:.4g}, floored at 0)"
+        listing = ", ".join(f"{r['own'] * 1e6:.1f}" for r in runs[scheme])
+        b.put(scheme_message_key(scheme), max(m["own"], 0.0),
+              f"step 6: run_local of {{scheme: {scheme}, model: {SCHEME_MODEL}, workers: {SCHEME_WORKERS}{servers}, "
+              f"iterations: {SCHEME_ITERATIONS}, compute: {{mode: emulated, profile: zero}}}}, scale 1, host: {{}} "
+              f"(no per-message overhead; aggregation and optimizer real, not waited), launcher zygote; window from "
+              f"the last process's start of iteration {SCHEME_FIRST} to the first one's end of iteration "
+              f"{SCHEME_ITERATIONS - 2}: C = user + system CPU of every process (psutil cpu_times, all threads, "
+              f"sampled every {SCHEME_SAMPLE_S:g} s, interpolated), M = transport messages and B = payload bytes "
+              f"sent (events by ts: each dir tx; an all_reduce as gloo's ring sends); own = (C - "
+              f"runtime_message_cpu_s {a:.4g} x M - step 5's loopback transport {per_byte_lo:.4g} s/byte x B (what a "
+              f"network run counts in path_cpu_s_per_byte) - runtime_user_cpu_s_per_byte {per_byte_rt:.4g} x B (the "
+              f"per-byte work: gloo's copies and sums, aggregation and optimizer on real tensors) - "
+              f"process_idle_cores {idle:.4g} x {m['processes']} processes x window) / M: median of "
+              f"{SCHEME_REPEATS} runs interleaved with the other schemes' ({listing} us){floored}; median run: "
+              f"{m['window_s']:.2f} s, C {m['cpu']:.3f} s (user {m['user_s']:.3f}), M {m['messages']:.0f} "
+              f"({m['bytes'] / m['messages']:.0f} B each; Scheme.message_bytes {model_bytes:.0f}), B "
+              f"{m['bytes'] / 1e6:.1f} MB; without subtracting the loopback per-byte part "
+              f"{m['own_no_lo'] * 1e6:.1f} us; 1-minute load average {load:.2f} at the start")
+
+
+def _plan_of(exp):
+    """The scheme's plan on the run's local hosts (as run_local plans it)."""
+    return get_scheme(exp.workload.scheme).plan(exp.workload, local_hosts(exp))
+
+
 #: the steps: name for --only, function, whether it needs root, keys that show it is done (--resume)
 STEPS = (("base", base_process, False, ("process_uss_bytes", "harness_uss_bytes")),
          ("loopback", loopback_runs, False, ("worker_bytes_per_param_byte", "process_idle_cores")),
          ("networks", networks, True, ("network_host_bytes", "cpu_sampler_cpu_s_per_sample")),
          ("forwarding", forwarding, True, ("path_cpu_s_per_byte", "extra_bridge_cpu_s_per_byte")),
-         ("message", message_cpu, False, ("runtime_message_cpu_s",)))
+         ("message", message_cpu, False, ("runtime_message_cpu_s",)),
+         ("scheme", scheme_message_cpu, False, tuple(scheme_message_key(s) for s in SCHEMES)))
 HEADER = "# Measured cost model of this machine for testbed.capacity; written by benchmarks/machine_costs.py.\n"
 
 
@@ -794,7 +1057,8 @@ def main() -> int:
     if missing:
         print(f"error: not measured: {', '.join(missing)}", file=sys.stderr)
         return 1
-    doc = {"machine": b.machine, "values": {k: b.values[k] for k in COST_KEYS}}
+    doc = {"machine": b.machine, "values": {**{k: b.values[k] for k in COST_KEYS},
+                                            **{k: v for k, v in b.values.items() if k not in COST_KEYS}}}
     with open(out, "x") as f:
         f.write(HEADER)
         yaml.safe_dump(doc, f, sort_keys=False, width=120)

@@ -56,24 +56,38 @@ CPU (busy cores), an upper bound:
   (:meth:`traffic.schemes.Scheme.message_bytes`: P3's slices, PHub's frames, gloo's ring
   segments ...) is messages per second, each costing ``runtime_message_cpu_s`` (the
   transport's CPU per message, sender and receiver together, measured with the runtime's
-  :class:`~traffic.runtime.transport.Transport` between two processes on loopback), listed
-  as ``messages`` in :attr:`Estimate.cpu_breakdown`.
+  :class:`~traffic.runtime.transport.Transport` between two processes on loopback) plus the
+  scheme's own ``<scheme>_message_cpu_s`` (:func:`scheme_message_key`: what a loopback run
+  of that scheme spends per message beyond every other term of this model -- the transport's
+  per-message and per-byte CPU, ``runtime_user_cpu_s_per_byte`` and the waiting processes;
+  measured for the built-in schemes by ``benchmarks/machine_costs.py --only scheme``, floored
+  at 0). The key is optional: a scheme without it -- one a researcher adds, or ``program``,
+  which does not run the runtime -- adds 0 beyond ``runtime_message_cpu_s``. Both are listed
+  together as ``messages`` in :attr:`Estimate.cpu_breakdown`.
 
 ``cpu(scale) = fixed + network(1) / scale`` (``network`` including the messages), so the
 smallest dilation keeping the rule is ``min_scale = network(1) / (0.65 x cores - fixed)``
-(infinite when the fixed part alone breaks it). Not in the model (not measured): a
-scheme's own work per message beyond the transport (P3's priority queue, receiver threads
-and per-slice update, PHub's per-chunk checks and charges, their events: P3 runs imply
-about 0.6-0.9 ms of CPU per slice against the transport's 0.1 ms), real compute's own CPU
-(``compute.mode: real`` runs undilated, as fast as the cores allow), compression codecs,
-the endpoint sampler (``capture.endpoints``), tcpdump (``capture.pcap``) and background
-flows' iperf3 memory. Checked against 53 finished runs on this machine
-(``benchmarks/capacity_vs_runs.py``, busy cores measured over the measured iterations /
-the estimate, without the message term in brackets): iBatch 0.4-0.7x (0.6-1.0x), Stanza
-0.1-0.3x, ps 0.1-1.4x (0.1-1.4x; the MXNet-CS baselines of PHub's spec reach 1.2-1.4x),
-PHub 0.5-1.7x (0.5-2.1x), P3 1.9-2.5x (2.4-3.3x), the quickstart's allreduce in real
-compute 1.1-1.4x (1.7-2.1x). So for P3, PHub and some ps runs ``min_scale`` is still below
-the dilation that keeps 35 % idle. Example::
+(infinite when the fixed part alone breaks it). Not in the model (not measured): real
+compute's own CPU (``compute.mode: real`` runs undilated, as fast as the cores allow),
+compression codecs, the endpoint sampler (``capture.endpoints``), tcpdump
+(``capture.pcap``) and background flows' iperf3 memory.
+
+The schemes' own terms as measured on this machine (``resnet50``, 4 workers with a server
+colocated with each, emulated zero compute, scale 1, no host costs; median of 3 runs): P3
+3.5 us per message (runs: -4.7, 3.5, 96 us), PHub 83 us (58, 83, 97 us), the others 0 (ps,
+allreduce, pipe_sgd, Stanza and iBatch spend less on loopback than the model's per-byte and
+per-message terms already charge: -70 to -1060 us before the floor). Checked against 55
+finished runs on this machine (``benchmarks/capacity_vs_runs.py``, busy cores measured over
+the measured iterations / the estimate; without any message term, with the runtime's only,
+with the runtime's and the scheme's own): P3 2.4-3.3x, 1.9-2.5x, 1.9-2.5x; PHub 0.5-2.1x,
+0.5-1.7x, 0.4-1.5x; iBatch 0.6-1.0x, 0.4-0.7x (unchanged); ps 0.1-1.4x (the MXNet-CS
+baselines of PHub's spec 1.2-1.4x); Stanza 0.1-0.3x; the quickstart's allreduce in real
+compute 1.1-1.4x. So for P3 and some PHub and ps runs ``min_scale`` is still below the
+dilation that keeps 35 % idle: the runs' processes spend more per message than a loopback
+run at full speed (P3 VGG-19 at scale 25: about 24 s of process CPU per iteration against
+6.5 s for ``ps`` moving the same bytes, about 0.8 ms per extra slice, where loopback gives
+about 0.2 ms); what a paced, shaped network adds per message (each message's threads
+sleeping and waking, partial writes) is not measured. Example::
 
     from testbed.runner import plan_point
     hosts, procs = plan_point(exp)
@@ -98,8 +112,8 @@ from traffic.models import model_info
 from traffic.schemes import ProcessPlan
 from traffic.schemes import get as get_scheme
 
-__all__ = ["COST_KEYS", "COSTS_PATH", "Cost", "CostModel", "Machine", "Estimate", "estimate", "auto_scale", "check",
-           "describe", "CapacityError"]
+__all__ = ["COST_KEYS", "COSTS_PATH", "SCHEME_MESSAGE_UNIT", "Cost", "CostModel", "Machine", "Estimate", "estimate",
+           "auto_scale", "check", "describe", "scheme_message_key", "CapacityError"]
 
 #: the measured cost model shipped with the package
 COSTS_PATH = Path(__file__).resolve().parent / "data" / "machine_costs.yaml"
@@ -143,6 +157,22 @@ COST_KEYS: dict[str, tuple[str, str]] = {
     "cpu_sampler_cpu_s_per_sample": ("cpu-s/sample", "the harness's CPU sampler CPU per sample"),
 }
 
+#: unit of a scheme's own CPU per message (:func:`scheme_message_key`)
+SCHEME_MESSAGE_UNIT = "cpu-s/message"
+
+
+def scheme_message_key(scheme: str) -> str:
+    """The cost-model key of scheme ``scheme``'s own CPU per message beyond the runtime's
+    (``<scheme>_message_cpu_s``, unit :data:`SCHEME_MESSAGE_UNIT`). Optional: a scheme
+    without it (one a researcher adds, or one not measured) adds nothing per message beyond
+    ``runtime_message_cpu_s``."""
+    return f"{scheme}_message_cpu_s"
+
+
+def _is_scheme_message_key(key: str) -> bool:
+    return key.endswith("_message_cpu_s") and key not in COST_KEYS and key != "_message_cpu_s"
+
+
 #: fraction of the cores that may be busy (Mininet-HiFi keeps >= 35 % idle)
 BUSY_FRACTION = 1.0 - MIN_IDLE_PCT / 100.0
 
@@ -164,6 +194,10 @@ class CostModel:
           process_uss_bytes: {value: 1.9e8, unit: bytes, source: "python benchmarks/machine_costs.py ..."}
           ...
 
+    Besides :data:`COST_KEYS` (all required) it may hold each scheme's own CPU per message,
+    ``<scheme>_message_cpu_s`` (:func:`scheme_message_key`; unit ``cpu-s/message``), which
+    is optional: a scheme without it adds nothing beyond ``runtime_message_cpu_s``.
+
     ``model[key]`` is the value of ``key``; ``model.costs[key]`` the :class:`Cost`;
     ``model.machine`` the machine that measured them.
     """
@@ -176,6 +210,12 @@ class CostModel:
     def __getitem__(self, key: str) -> float:
         return self.costs[key].value
 
+    def scheme_message_cpu_s(self, scheme: str) -> float:
+        """Scheme ``scheme``'s own CPU per message beyond the runtime's (cpu-s/message): the
+        value of :func:`scheme_message_key`, 0.0 when the model has none for it."""
+        c = self.costs.get(scheme_message_key(scheme))
+        return c.value if c is not None else 0.0
+
     @classmethod
     def load(cls, path: str | Path | None = None) -> "CostModel":
         """Read and check a cost model (default :data:`COSTS_PATH`).
@@ -183,8 +223,10 @@ class CostModel:
         Raises:
             CapacityError: the file is missing or unreadable, not YAML, or a value of
                 :data:`COST_KEYS` is missing, not a finite number, in another unit or without
-                a source; the message names the file, the key and the remedy (measure this
-                machine with ``benchmarks/machine_costs.py``).
+                a source, or a scheme's ``<scheme>_message_cpu_s`` that is present is not a
+                finite number >= 0, in another unit or without a source; the message names
+                the file, the key and the remedy (measure this machine with
+                ``benchmarks/machine_costs.py``).
         """
         path = Path(path) if path is not None else COSTS_PATH
         remedy = f"measure this machine: python benchmarks/machine_costs.py <new file>, then move it to {path}"
@@ -196,14 +238,17 @@ class CostModel:
         if not isinstance(doc, dict) or not isinstance(doc.get("values"), dict):
             raise CapacityError(f"the machine cost model {path} has no 'values' mapping; {remedy}")
         costs, bad = {}, []
-        for key, (unit, _) in COST_KEYS.items():
+        optional = {k: SCHEME_MESSAGE_UNIT for k in doc["values"] if isinstance(k, str) and _is_scheme_message_key(k)}
+        for key, unit in [*((k, u) for k, (u, _) in COST_KEYS.items()), *optional.items()]:
             v = doc["values"].get(key)
             if not isinstance(v, dict):
-                bad.append(f"{key}: missing")
+                bad.append(f"{key}: missing" if v is None else f"{key}: not a mapping of value, unit, source")
                 continue
             value, got_unit, source = v.get("value"), v.get("unit"), v.get("source")
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 bad.append(f"{key}: value {value!r} is not a finite number")
+            elif key in optional and value < 0:
+                bad.append(f"{key}: value {value!r} is negative")
             elif got_unit != unit:
                 bad.append(f"{key}: unit {got_unit!r}, expected {unit!r}")
             elif not isinstance(source, str) or not source.strip():
@@ -241,8 +286,8 @@ class Estimate:
             ``harness``.
         cpu_cores: busy cores demanded at ``scale`` (an upper bound; sum of ``cpu_breakdown``).
         cpu_breakdown: busy cores per part: ``processes``, ``capture``, ``network`` (the
-            bytes: forwarding and the runtime's per-byte work), ``messages`` (the runtime's
-            per-message work); the last two at ``scale``.
+            bytes: forwarding and the runtime's per-byte work), ``messages`` (the per-message
+            work: the runtime's and the scheme's own); the last two at ``scale``.
         scale: the spec's dilation the CPU figure is for.
         min_scale: smallest dilation keeping >= 35 % of the cores idle (``math.inf`` when the
             fixed part alone breaks the rule; may be below 1).
@@ -359,9 +404,11 @@ def estimate(exp: Experiment, hosts: Sequence[HostInfo], processes: Sequence[Pro
     bytes_1 = (sent * m["path_cpu_s_per_byte"] + 2.0 * crossing * m["extra_bridge_cpu_s_per_byte"]
                + sent_proc * m["runtime_user_cpu_s_per_byte"])
     # the runtime's messages: the processes' bytes/s over the scheme's mean message, each
-    # costing runtime_message_cpu_s (sender and receiver together)
+    # costing runtime_message_cpu_s (sender and receiver together) plus the scheme's own
+    # <scheme>_message_cpu_s (0 when the model has none for it)
     msg_bytes = float(get_scheme(w.scheme).message_bytes(w, processes))
-    messages_1 = sent_proc / msg_bytes * m["runtime_message_cpu_s"] if sent_proc > 0 else 0.0
+    per_message = m["runtime_message_cpu_s"] + m.scheme_message_cpu_s(w.scheme)
+    messages_1 = sent_proc / msg_bytes * per_message if sent_proc > 0 else 0.0
     network_1 = bytes_1 + messages_1
 
     fixed = idle + capture

@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from testbed import capacity
-from testbed.capacity import COST_KEYS, Cost, CostModel, Machine, check, describe, estimate
+from testbed.capacity import (COST_KEYS, SCHEME_MESSAGE_UNIT, Cost, CostModel, Machine, check, describe, estimate,
+                              scheme_message_key)
 from testbed.runner import plan_point
 from testbed.spec import from_dict
 from topologies.errors import CapacityError, TestbedError
@@ -42,8 +43,11 @@ MACHINE = Machine(cores=2, total_bytes=24 * GIB, available_bytes=23 * GIB)
 
 
 def synthetic(**changes) -> CostModel:
+    """The :data:`VALUES` model with ``changes`` (keys outside COST_KEYS: a scheme's own
+    ``<scheme>_message_cpu_s``)."""
     vals = {**VALUES, **changes}
-    return CostModel({k: Cost(float(v), COST_KEYS[k][0], "test") for k, v in vals.items()},
+    return CostModel({k: Cost(float(v), COST_KEYS[k][0] if k in COST_KEYS else SCHEME_MESSAGE_UNIT, "test")
+                      for k, v in vals.items()},
                      {"cores": 2, "memory_total_bytes": 24 * GIB, "kernel": "test"})
 
 
@@ -163,6 +167,85 @@ def test_message_term_is_the_sending_rate_over_the_scheme_message_bytes(monkeypa
         assert e.cpu_at(e.min_scale) == pytest.approx(0.65 * MACHINE.cores)
     assert est[1e3].min_scale > est[1e6].min_scale > est[math.inf].min_scale
     assert est[1e3].fixed_cores == pytest.approx(est[math.inf].fixed_cores)
+
+
+def _p3_and_ps(bw_mbps: float = 800):
+    """A p3 and a ps point of the same network (4 hosts, a server colocated with each worker)."""
+    out = {}
+    for scheme in ("p3", "ps"):
+        exp = from_dict({"scale": 1, "topology": {"kind": "rack", "hosts_per_rack": 4, "host_bw_mbps": bw_mbps},
+                         "workload": {"scheme": scheme, "model": "resnet50", "compute": {"mode": "emulated"},
+                                      "servers": {"count": 0, "placement": "colocated"}}})
+        out[scheme] = (exp, *plan_point(exp))
+    return out
+
+
+def test_a_scheme_own_message_cost_applies_to_its_scheme_only_and_adds_to_the_runtime_term():
+    points = _p3_and_ps()
+    sent = 4 * 800e6 / 8  # 4 hosts carry processes, each at line rate
+    base = synthetic(runtime_message_cpu_s=1e-4)
+    own = synthetic(runtime_message_cpu_s=1e-4, p3_message_cpu_s=7e-4)
+    runtime_only = synthetic(runtime_message_cpu_s=0.0, p3_message_cpu_s=7e-4)
+    for scheme, (exp, hosts, procs) in points.items():
+        eb, eo, er = (estimate(exp, hosts, procs, model=m, machine=MACHINE) for m in (base, own, runtime_only))
+        msgs_per_s = sent / eb.message_bytes
+        assert eb.cpu_breakdown["messages"] == pytest.approx(msgs_per_s * 1e-4)
+        if scheme == "p3":
+            # the runtime's 100 us plus P3's own 700 us per message; without the runtime's, P3's alone
+            assert eo.cpu_breakdown["messages"] == pytest.approx(msgs_per_s * 8e-4)
+            assert er.cpu_breakdown["messages"] == pytest.approx(msgs_per_s * 7e-4)
+            assert eo.min_scale > eb.min_scale
+        else:  # ps: the p3 figure is not its own
+            assert eo.cpu_breakdown["messages"] == pytest.approx(msgs_per_s * 1e-4)
+            assert er.cpu_breakdown["messages"] == 0.0
+            assert eo.min_scale == pytest.approx(eb.min_scale)
+        # nothing else moves
+        for e in (eo, er):
+            assert {k: v for k, v in e.cpu_breakdown.items() if k != "messages"} == pytest.approx(
+                {k: v for k, v in eb.cpu_breakdown.items() if k != "messages"})
+
+
+def test_a_scheme_without_its_own_message_cost_adds_nothing(monkeypatch):
+    from traffic import schemes
+    monkeypatch.setattr(schemes, "_REGISTRY", dict(schemes._REGISTRY))  # the registration below is undone
+
+    @schemes.register("capacity_test_scheme")
+    class Mine(schemes.get("ps")):  # a scheme a researcher adds: no cost-model key has its name
+        pass
+
+    exp = from_dict({"scale": 1, "topology": {"kind": "rack", "hosts_per_rack": 4, "host_bw_mbps": 800},
+                     "workload": {"scheme": "capacity_test_scheme", "model": "resnet50",
+                                  "compute": {"mode": "emulated"}, "servers": {"count": 0, "placement": "colocated"}}})
+    hosts, procs = plan_point(exp)
+    m = synthetic(runtime_message_cpu_s=1e-4, p3_message_cpu_s=7e-4, ps_message_cpu_s=5e-4)
+    assert m.scheme_message_cpu_s("capacity_test_scheme") == 0.0
+    assert scheme_message_key("capacity_test_scheme") not in m.costs
+    assert (m.scheme_message_cpu_s("p3"), m.scheme_message_cpu_s("ps")) == (7e-4, 5e-4)
+    est = estimate(exp, hosts, procs, model=m, machine=MACHINE)
+    assert est.message_bytes == pytest.approx(schemes.get("ps").message_bytes(exp.workload, procs))
+    # the runtime's 100 us only: not ps's 500 us although the class is ps's
+    assert est.cpu_breakdown["messages"] == pytest.approx(4 * 800e6 / 8 / est.message_bytes * 1e-4)
+
+
+def test_scheme_message_costs_load_when_present_and_are_checked(tmp_path):
+    doc = yaml.safe_load(capacity.COSTS_PATH.read_text())
+    for k in [k for k in doc["values"] if k not in COST_KEYS]:
+        del doc["values"][k]
+    path = tmp_path / "costs.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert set(CostModel.load(path).costs) == set(COST_KEYS)  # optional: a model without any loads
+    doc["values"]["p3_message_cpu_s"] = {"value": 6e-4, "unit": "cpu-s/message", "source": "measured"}
+    path.write_text(yaml.safe_dump(doc))
+    m = CostModel.load(path)
+    assert m.scheme_message_cpu_s("p3") == 6e-4 and m.costs["p3_message_cpu_s"].source == "measured"
+    for bad, match in (({"value": 6e-4, "unit": "cpu-s/byte", "source": "x"}, "unit 'cpu-s/byte'"),
+                       ({"value": -1e-6, "unit": "cpu-s/message", "source": "x"}, "value -1e-06 is negative"),
+                       ({"value": 6e-4, "unit": "cpu-s/message"}, "no source"),
+                       (6e-4, "not a mapping")):
+        doc["values"]["p3_message_cpu_s"] = bad
+        path.write_text(yaml.safe_dump(doc))
+        with pytest.raises(CapacityError, match=f"p3_message_cpu_s: {match}"):
+            CostModel.load(path)
 
 
 def test_smaller_p3_slices_give_a_larger_cpu_estimate():
@@ -293,9 +376,11 @@ def test_max_hosts_rack_core_is_refused_on_this_machine():
 
 def test_shipped_cost_model_loads_with_a_source_for_every_value():
     m = CostModel.load()
-    assert set(m.costs) == set(COST_KEYS)
+    schemes_measured = {scheme_message_key(s) for s in ("ps", "allreduce", "p3", "phub", "pipe_sgd", "stanza",
+                                                        "ibatch")}
+    assert set(m.costs) == set(COST_KEYS) | schemes_measured
     for key, c in m.costs.items():
-        assert c.unit == COST_KEYS[key][0]
+        assert c.unit == (COST_KEYS[key][0] if key in COST_KEYS else SCHEME_MESSAGE_UNIT)
         assert "benchmarks/machine_costs.py" in c.source and "cores" in c.source and "GiB RAM" in c.source \
             and "kernel" in c.source, key
         assert c.value >= 0, key
