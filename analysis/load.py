@@ -55,6 +55,11 @@ class Run:
 
     Dicts: ``spec`` (resolved spec.yaml), ``topology``, ``processes``, ``summary``,
     ``results`` (``{proc: results/<proc>.json}``).
+
+    ``schedule``
+        the scheduled events as the harness recorded them (``schedule.jsonl``,
+        :mod:`testbed.schedule`), in the order applied, each with ``time``: its ``ts`` on the
+        frames' clock (emulated under dilation; None for an event never reached).
     """
     path: Path
     spec: dict = field(default_factory=dict)
@@ -68,6 +73,7 @@ class Run:
     cpu: pd.DataFrame = field(default_factory=pd.DataFrame)
     events: pd.DataFrame = field(default_factory=pd.DataFrame)
     iterations: pd.DataFrame = field(default_factory=pd.DataFrame)
+    schedule: list = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -154,6 +160,24 @@ def read_events(run_dir: str | Path) -> pd.DataFrame:
         df["dur"] = df["dur"].fillna(0.0)
         df = df.sort_values("ts", kind="stable").reset_index(drop=True)
     return df
+
+
+def read_schedule(run_dir: str | Path) -> list[dict]:
+    """The records of ``schedule.jsonl`` (one JSON object per line; lines that are not
+    JSON objects, e.g. cut by a crash, are skipped); empty without the file."""
+    try:
+        text = Path(run_dir, "schedule.jsonl").read_text(errors="replace")
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out
 
 
 def port_table(topology: dict) -> pd.DataFrame:
@@ -244,10 +268,17 @@ def load(run_dir: str | Path) -> Run:
         iterations = tr.read_table(p / "iterations.csv", ITERATION_COLUMNS)
     else:
         iterations = iteration_table(events)
-    return Run(path=p, spec=spec, topology=_read_json(p / "topology.json"),
-               processes=processes, summary=_read_json(p / "summary.json"), results=results,
-               traces=traces, rates=tr.rates(traces), qdisc=qdisc, cpu=cpu, events=events,
-               iterations=iterations)
+    run = Run(path=p, spec=spec, topology=_read_json(p / "topology.json"),
+              processes=processes, summary=_read_json(p / "summary.json"), results=results,
+              traces=traces, rates=tr.rates(traces), qdisc=qdisc, cpu=cpu, events=events,
+              iterations=iterations)
+    run.schedule = read_schedule(p)
+    t0 = run.t0  # the earliest raw timestamp: to_emulated_time keeps it where it was
+    for rec in run.schedule:
+        ts = rec.get("ts")
+        ok = isinstance(ts, (int, float)) and not isinstance(ts, bool)
+        rec["time"] = (t0 + (ts - t0) / scale if t0 is not None else ts) if ok else None
+    return run
 
 
 def iteration_table(events: pd.DataFrame) -> pd.DataFrame:

@@ -34,7 +34,18 @@ Definitions (all documented again in ``summary.json``'s ``*method`` fields):
   at least 35 % idle so that emulated links keep their rates).
 * **Shaping check**: the highest rate of each link direction over windows of
   ``max(0.1 s, 5 samples)``, against the configured ``bw_mbps``; more than 10 % above means
-  the shaping failed.
+  the shaping failed. (A link whose rate a scheduled event raised is checked against its
+  build-time rate.)
+* **Scheduled events** (spec ``events``, ``schedule.jsonl``): ``events`` lists the records
+  of the events applied (``events_not_reached`` those whose trigger never came);
+  ``segments`` splits the measured iterations at each event applied without error: an event
+  applied when the global iteration count was N (every worker had finished N - 1) opens a
+  segment of the iterations from N on; per segment, its measured iterations' throughput
+  (mean per iteration and overall, as above) and iteration time (mean, p95), and when its
+  events were applied (``start_s``/``end_s``, emulated seconds since the first measured
+  iteration started; null: open-ended).
+* **No iterations**: a run whose workers recorded no ``iteration`` event (a program that
+  marks none) says so in ``iterations_note``; its iteration figures are null.
 """
 from __future__ import annotations
 
@@ -130,6 +141,72 @@ def throughput_stats(measured: pd.DataFrame) -> dict:
         it.update(mean=_f(t.mean()), p50=_f(np.percentile(t, 50)), p95=_f(np.percentile(t, 95)),
                   std=_f(t.std()), min=_f(t.min()), max=_f(t.max()))
     return {"throughput": tp, "iteration_time_s": it}
+
+
+# ----------------------------------------------------------------------------- scheduled events
+
+
+#: ``iterations_note`` of a run of a researcher's program that marked no iteration
+NO_MARKS_NOTE = "the program marked no iterations: iteration figures are absent"
+#: ... and of a scheme's run without any iteration event (it failed before one ended)
+NO_ITERATIONS_NOTE = "no worker recorded an iteration: iteration figures are absent"
+
+
+def segments(measured: pd.DataFrame, schedule: list[dict], t_measured: float | None) -> list[dict]:
+    """Throughput and iteration time between consecutive scheduled events (see module doc).
+
+    An event recorded at global iteration count ``N`` (``iteration`` of its record: every
+    worker had finished iteration ``N - 1``) opens a segment that holds the iterations from
+    ``N`` on, until the next event's.
+
+    Args:
+        measured: :func:`measured_iterations` (times on the run's clock, emulated).
+        schedule: :attr:`analysis.load.Run.schedule` (records with ``time`` on the same clock).
+        t_measured: start of the first measured iteration (``start_s``/``end_s`` count from
+            it); None: the earliest start in ``measured``.
+
+    Returns:
+        one dict per segment, in the order the events were applied: ``from_event`` (the
+        record's ``index``, None for the first segment), ``kind``, ``target``, ``iterations``
+        ([first, last] iteration index that may fall in it, last None: open), ``start_s``,
+        ``end_s`` (when its opening and closing events were applied, emulated seconds since
+        t_measured; None: open), ``n`` (measured iterations in it), ``throughput``: ``{mean,
+        overall}`` samples/s, ``iteration_time_s``: ``{mean, p95}`` seconds. Empty when no
+        event was applied.
+    """
+    cuts = sorted((r for r in schedule if r.get("applied") and not r.get("error") and r.get("time") is not None
+                   and r.get("iteration") is not None), key=lambda r: (r["time"], r.get("index", 0)))
+    if not cuts:
+        return []
+    if t_measured is None and not measured.empty:
+        t_measured = float(measured["start"].min())
+
+    def rel(t):
+        return None if t is None or t_measured is None else _f(t - t_measured)
+
+    openers = [None] + cuts
+    out = []
+    for k, opener in enumerate(openers):
+        first = 0 if opener is None else int(opener["iteration"])
+        nxt = openers[k + 1] if k + 1 < len(openers) else None
+        last = None if nxt is None else int(nxt["iteration"]) - 1
+        m = measured
+        if not m.empty:
+            keep = m["iteration"] >= first
+            if last is not None:
+                keep &= m["iteration"] <= last
+            m = m[keep]
+        st = throughput_stats(m)
+        out.append({"from_event": None if opener is None else opener.get("index"),
+                    "kind": None if opener is None else opener.get("kind"),
+                    "target": None if opener is None else opener.get("target"),
+                    "iterations": [first, last],
+                    "start_s": None if opener is None else rel(float(opener["time"])),
+                    "end_s": None if nxt is None else rel(float(nxt["time"])), "n": st["throughput"]["n"],
+                    "throughput": {"mean": st["throughput"]["mean"], "overall": st["throughput"]["overall"],
+                                   "unit": "samples/s"},
+                    "iteration_time_s": {k: st["iteration_time_s"][k] for k in ("mean", "p95")}})
+    return out
 
 
 # ----------------------------------------------------------------------------- bytes
@@ -339,7 +416,7 @@ def compute_summary(run: Run, status: str = "ok", error: str | None = None) -> d
     procs = run.processes.get("processes", [])
     n_workers = sum(1 for p in procs if p.get("role") == "worker") or None
     iters = run.iterations
-    if not iters.empty and iters["samples"].isna().any() and wl.get("batch_size"):
+    if not iters.empty and iters["samples"].isna().any() and wl.get("batch_size") and not wl.get("program"):
         iters = iters.assign(samples=iters["samples"].fillna(wl["batch_size"]))  # a worker that did not say
     if n_workers is None and not iters.empty:
         n_workers = int(iters["worker"].nunique())
@@ -355,8 +432,11 @@ def compute_summary(run: Run, status: str = "ok", error: str | None = None) -> d
                "final_accuracy": None, "final_loss": None, "accuracy_source": None, "cpu": None,
                "fidelity": {"cpu_starved": None, "min_idle_pct": None, "idle_pct_mean": None, "rule": CPU_IDLE_RULE,
                             "shaping_failed": None, "rates": None, "host_cost_overrun": None},
-               "host_costs": None,
-               "capture_s": None, "analysis_errors": []}
+               "host_costs": None, "iterations_note": None, "events": [], "events_not_reached": [],
+               "segments": [], "capture_s": None, "analysis_errors": []}
+    if wl.get("program"):  # a researcher's program: the workload's model, data and batch are not its
+        s.update(program=(wl["program"] or {}).get("command"), model=None, dataset=None, batch_size=None,
+                 global_batch=None)
     window = None
 
     def guard(name, fn):
@@ -376,6 +456,15 @@ def compute_summary(run: Run, status: str = "ok", error: str | None = None) -> d
             s["global_batch"] = _i(measured["samples"].median())
         if not measured.empty:
             window = (float(measured["start"].min()), float(measured["end"].max()))
+        if iters.empty:
+            s["iterations_note"] = NO_MARKS_NOTE if wl.get("program") else NO_ITERATIONS_NOTE
+        s["segments"] = segments(measured, run.schedule, window[0] if window else None)
+
+    def do_events():
+        keep = ("time",)  # added by analysis.load: the records as the harness wrote them
+        s["events"] = [{k: v for k, v in r.items() if k not in keep} for r in run.schedule if r.get("applied")]
+        s["events_not_reached"] = [{k: v for k, v in r.items() if k not in keep} for r in run.schedule
+                                   if not r.get("applied")]
 
     def do_bytes():
         if run.traces.empty:
@@ -425,8 +514,8 @@ def compute_summary(run: Run, status: str = "ok", error: str | None = None) -> d
         s["capture_errors"] = [l for l in text.splitlines() if l.strip()]
     except OSError:
         s["capture_errors"] = []
-    for name, fn in (("iterations", do_iterations), ("bytes", do_bytes), ("accuracy", do_accuracy),
-                     ("cpu", do_cpu), ("rates", do_rates), ("host_costs", do_host_costs)):
+    for name, fn in (("events", do_events), ("iterations", do_iterations), ("bytes", do_bytes),
+                     ("accuracy", do_accuracy), ("cpu", do_cpu), ("rates", do_rates), ("host_costs", do_host_costs)):
         guard(name, fn)
     return s
 

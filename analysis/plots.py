@@ -2,6 +2,9 @@
 
 Every function takes loaded runs (:class:`analysis.load.Run`) or run directories, writes one
 PNG and returns its path. Times are seconds from the run start (:attr:`Run.t0`), rates Mbit/s.
+The figures of one run over time (interface rates, iteration times) mark each scheduled
+event the run applied (spec ``events``, :attr:`Run.schedule`) with a dotted vertical line and
+a label (:func:`mark_events`).
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from analysis import traces as tr  # noqa: E402
 from analysis.flows import flow_labels, flows_and_rates  # noqa: E402
 from analysis.load import Run, load, port_table  # noqa: E402
 from analysis.metrics import compute_summary, global_iterations  # noqa: E402
+from analysis.timeline import event_name  # noqa: E402
 from analysis.utilization import host_utilization, idle_fraction  # noqa: E402
 
 
@@ -45,6 +49,41 @@ def save_figure(fig, path) -> Path:
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+def mark_events(ax, run: Run, axis: str = "time") -> int:
+    """Draw each applied scheduled event of ``run`` on ``ax`` as a dotted vertical line with
+    its label (:func:`analysis.timeline.event_name`) at the top.
+
+    Args:
+        ax: a matplotlib axes.
+        run: the run (its :attr:`~analysis.load.Run.schedule`).
+        axis: ``time`` (x is seconds since :attr:`Run.t0`, the line at the moment it was
+            applied) or ``iteration`` (x is the iteration; the line just before the first
+            iteration that started after it: the global iteration count then, minus 0.5).
+
+    Returns:
+        the number of events drawn.
+    """
+    t0 = run.t0 or 0.0
+    n = 0
+    for rec in run.schedule:
+        if not rec.get("applied"):
+            continue
+        if axis == "time":
+            if rec.get("time") is None:
+                continue
+            x = float(rec["time"]) - t0
+        else:
+            if rec.get("iteration") is None:
+                continue
+            x = float(rec["iteration"]) - 0.5
+        color = "tab:red" if rec.get("error") else "tab:purple"
+        ax.axvline(x, color=color, ls=":", lw=1.0)
+        ax.text(x, 0.98, " " + event_name(rec), transform=ax.get_xaxis_transform(), rotation=90, va="top",
+                ha="right", fontsize=6, color=color)
+        n += 1
+    return n
 
 
 def plot_interface_rates(run, host: str | None = None, path=None, window_s: float | None = None) -> Path:
@@ -102,6 +141,7 @@ def plot_interface_rates(run, host: str | None = None, path=None, window_s: floa
         top = max([float(bw) if bw is not None and pd.notna(bw) else 0.0] +
                   [float(g[c].max()) / 1e6 for c, _ in series if not g.empty])
         ax.set_ylim(0, 1.3 * top if top > 0 else 1.0)  # headroom for the legend
+        mark_events(ax, run)
         ax.legend(loc="upper right", fontsize=7, ncol=3)
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("time since run start (s)")
@@ -146,7 +186,8 @@ def plot_throughput(runs, path, labels: list[str] | None = None) -> Path:
 
 
 def plot_iteration_times(run, path=None) -> Path:
-    """Iteration time per iteration (global span and each worker's own), warm-up shaded.
+    """Iteration time per iteration (global span and each worker's own), warm-up shaded,
+    scheduled events marked where they fell (:func:`mark_events`).
 
     Returns:
         The PNG path (default ``<run>/plots/iteration-times.png``).
@@ -172,6 +213,7 @@ def plot_iteration_times(run, path=None) -> Path:
     ax.set_xlabel("iteration")
     ax.set_ylabel("seconds")
     ax.set_ylim(bottom=0)
+    mark_events(ax, run, axis="iteration")
     ax.set_title(f"{run.name}: iteration times ({run.scheme or '?'})", fontsize=9)
     ax.legend(fontsize=7, ncol=4, loc="upper right")
     ax.grid(alpha=0.3)

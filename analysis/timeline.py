@@ -6,7 +6,18 @@ Format (Trace Event Format, JSON object form): ``{"traceEvents": [...], "display
 in microseconds from the run start (:attr:`analysis.load.Run.t0`). ``pid`` is 1 + the
 process's rank (its position in processes.json), ``tid`` numbers the threads of a process
 (``main`` first); ``M`` metadata events name them (``process_name``, ``thread_name``,
-``process_sort_index``). Optionally, ``C`` counter events add each switch port's rates.
+``process_sort_index``).
+
+Link rates (on by default): one process ``link rates (Mbit/s)`` whose ``C`` counter tracks
+are each host link (``<host> link``: ``tx`` what the host sent, ``rx`` what it received; a
+host with several links has ``<host> link <port>``) and each uplink (``uplink <tor>``: ``up``
+ToR to core, ``down`` core to ToR), measured from the bwm-ng traces over windows of
+``rate_window_s`` (emulated Mbit/s), so that spans, or their absence, line up with what the
+links carried.
+
+Scheduled events (spec ``events``, ``schedule.jsonl``): one process ``scheduled events``
+with an instant event (``ph: i``) per event applied, named by :func:`event_name` (``#0
+uplink:tor1 50 Mbit/s``), ``args`` its record.
 
 A charged host cost (event ``host_<kind>``, :mod:`traffic.runtime.hostcost`; ``kind`` one of
 its ``KINDS``) is a span of category ``host_cost`` on the thread that charged it, named
@@ -44,16 +55,45 @@ def _clean(v):
     return v
 
 
-def trace_events(run, include_rates: bool = False, rate_window_s: float = 0.1) -> list[dict]:
+def event_name(rec: dict) -> str:
+    """``#<index> <what>`` of a scheduled event's record (e.g. ``#0 uplink:tor1 50 Mbit/s``)."""
+    kind, target = rec.get("kind"), rec.get("target")
+    what = {"link_rate": f"{target} {rec.get('bw_mbps', 0):g} Mbit/s", "link_down": f"{target} down",
+            "link_up": f"{target} up", "compute_slowdown": f"{target} x{rec.get('slowdown', 0):g} compute",
+            "kill": f"kill {target}"}.get(kind, f"{kind} {target}")
+    return f"#{rec.get('index')} {what}" + (" FAILED" if rec.get("error") else "")
+
+
+def link_tracks(ports) -> list[tuple[str, str, list[tuple[str, str]]]]:
+    """The counter tracks of the links: ``(track name, switch port, [(counter, rate column of
+    the port)])`` per host link and per uplink (at its ToR end), from
+    :func:`analysis.load.port_table`."""
+    out = []
+    if ports.empty:
+        return out
+    host_ports = ports[ports["link_class"] == "host"]
+    several = host_ports["host"].value_counts()
+    for _, p in host_ports.iterrows():
+        name = f"{p['host']} link" + (f" {p['iface']}" if several.get(p["host"], 0) > 1 else "")
+        out.append((name, p["iface"], [("tx", "rx_bps"), ("rx", "tx_bps")]))  # the host's tx is the port's rx
+    for _, p in ports[ports["tor_side"]].iterrows():
+        out.append((f"uplink {p['switch']}", p["iface"], [("up", "tx_bps"), ("down", "rx_bps")]))
+    return out
+
+
+def trace_events(run, include_rates: bool = True, rate_window_s: float = 0.1) -> list[dict]:
     """The trace events of a loaded run (see module doc).
 
     Args:
         run: :class:`analysis.load.Run`.
-        include_rates: add one counter track per switch port (tx/rx Mbit/s).
+        include_rates: add the counter tracks of every host link and uplink (Mbit/s; a run
+            without a topology gets one per sampled switch port, ``tx``/``rx`` as the port sees
+            them).
         rate_window_s: averaging window of those counters (s).
 
     Returns:
-        list of event dicts: metadata first, then one ``X`` event per recorded event.
+        list of event dicts: metadata first, then one ``X`` event per recorded event, then
+        the scheduled events' ``i`` events and the ``C`` counters.
     """
     t0 = run.t0 or 0.0
     ev = run.events
@@ -99,23 +139,41 @@ def trace_events(run, include_rates: bool = False, rate_window_s: float = 0.1) -
             x.update(cat=HOST_COST_CATEGORY, cname=OVERRUN_CNAME if over else HOST_COST_CNAME,
                      name=f"{name} OVERRUN" if over else name)
         out.append(x)
+    applied = [r for r in getattr(run, "schedule", []) if r.get("applied") and r.get("time") is not None]
+    if applied:
+        spid = next_free
+        next_free += 1
+        out.append({"ph": "M", "name": "process_name", "pid": spid, "tid": 0, "args": {"name": "scheduled events"}})
+        out.append({"ph": "M", "name": "thread_name", "pid": spid, "tid": 1, "args": {"name": "events"}})
+        for r in applied:
+            out.append({"ph": "i", "s": "t", "name": event_name(r), "cat": "scheduled_event", "pid": spid, "tid": 1,
+                        "ts": round((float(r["time"]) - t0) * 1e6, 3),
+                        "args": {k: _clean(v) for k, v in r.items() if k != "time"}})
     if include_rates and not run.rates.empty:
         cpid = next_free
-        out.append({"ph": "M", "name": "process_name", "pid": cpid, "tid": 0, "args": {"name": "switch ports (Mbit/s)"}})
         w = tr.windowed_rates(run.rates, rate_window_s)
-        for row in w.itertuples(index=False):
-            out.append({"ph": "C", "name": row.iface, "pid": cpid, "tid": 0, "ts": round((row.time - t0) * 1e6, 3),
-                        "args": {"tx": round(row.tx_bps / 1e6, 3), "rx": round(row.rx_bps / 1e6, 3)}})
+        tracks = link_tracks(run.ports())
+        if not tracks:  # no topology: every sampled port as it sees itself
+            tracks = [(i, i, [("tx", "tx_bps"), ("rx", "rx_bps")]) for i in sorted(w["iface"].unique())]
+        out.append({"ph": "M", "name": "process_name", "pid": cpid, "tid": 0, "args": {"name": "link rates (Mbit/s)"}})
+        by_port = {i: g for i, g in w.groupby("iface")}
+        for name, iface, counters in tracks:
+            g = by_port.get(iface)
+            if g is None:
+                continue
+            for row in g.to_dict("records"):
+                out.append({"ph": "C", "name": name, "pid": cpid, "tid": 0, "ts": round((row["time"] - t0) * 1e6, 3),
+                            "args": {c: round(row[col] / 1e6, 3) for c, col in counters}})
     return out
 
 
-def write_timeline(run_dir, path=None, include_rates: bool = False) -> Path:
+def write_timeline(run_dir, path=None, include_rates: bool = True) -> Path:
     """Write the run's timeline as Chrome trace-event JSON (open it in https://ui.perfetto.dev).
 
     Args:
         run_dir: the run directory.
         path: output file (default ``<run_dir>/timeline.json``).
-        include_rates: also add switch-port rate counters.
+        include_rates: add the host links' and uplinks' rate counters (see the module doc).
 
     Returns:
         The path written.

@@ -2,7 +2,8 @@
 
 First every stale ledger (see :mod:`testbed.ledger`) is swept: its processes killed, its
 interfaces and bridges deleted. Then, in case a ledger itself was lost, a pattern sweep
-removes objects that only this testbed makes (the name patterns of :mod:`topologies.hosts`):
+removes objects that only this testbed makes (the name patterns of :mod:`topologies.hosts`,
+and cgroups named ``testbed-*``, :mod:`testbed.cgroups`):
 bridges ``torN``/``coreN``, interfaces ``<node>-ethK`` (``hN``, ``psN``, ``fcN``, ``bgN``,
 ``torN``, ``coreN``) in the root namespace, and processes running ``-m traffic.runtime``, or
 a bwm-ng, a tcpdump or a background iperf3 (or the ``sh`` that delays it) writing into a
@@ -28,6 +29,7 @@ from pyroute2 import IPRoute
 
 from topologies.errors import TestbedError
 from topologies.hosts import BRIDGE_RE, INTF_RE, NODE_RE
+from testbed.cgroups import remove_cgroup, testbed_cgroups
 from testbed.ledger import (Ledger, NetworkLock, _kill_tree, delete_link, describe_holder, live_ledgers,
                             lock_holder, stale_ledgers)
 from traffic.rundir import is_run
@@ -139,6 +141,8 @@ def clean(force: bool = False) -> list[str]:
                     bridge = BRIDGE_RE.match(n) is not None
                     if delete_link(ipr, n, bridge=bridge):
                         removed.append(f"{'bridge' if bridge else 'interface'} {n}")
+        if lock is not None:  # a straggler's cgroup whose ledger was lost (none is live: the lock is ours)
+            removed += [f"cgroup {p}" for p in testbed_cgroups() if remove_cgroup(p)]
     finally:
         if lock is not None:
             lock.__exit__(None, None, None)

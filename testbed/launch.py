@@ -301,9 +301,11 @@ def log_tail(path: Path, lines: int = 25) -> str:
 
 
 def watch(procs: list[Launched], timeout_s: float, poll_s: float = 0.2,
-          on_poll: Callable[[], None] | None = None) -> None:
+          on_poll: Callable[[], None] | None = None, killed: Callable[[], dict[str, str]] | None = None) -> None:
     """Wait until every process exits 0; ``on_poll`` is called at every poll (a progress
-    display; it must be quick).
+    display; it must be quick). ``killed()`` names the processes the run killed on purpose
+    (a scheduled ``kill`` event), each with why: their deaths do not fail the run; a
+    survivor that fails after one names it as the likely cause.
 
     Raises:
         RunFailed: a process exited non-zero (message has its log tail), or ``timeout_s``
@@ -313,11 +315,12 @@ def watch(procs: list[Launched], timeout_s: float, poll_s: float = 0.2,
     while True:
         running = False
         failed = []
+        planned = killed() if killed is not None else {}
         for l in procs:
             rc = l.popen.poll()
             if rc is None:
                 running = True
-            elif rc != 0:
+            elif rc != 0 and l.info["name"] not in planned:
                 failed.append((l, rc))
         if failed:
             # the first to fail is the cause; processes that fail because a peer died wait
@@ -326,8 +329,10 @@ def watch(procs: list[Launched], timeout_s: float, poll_s: float = 0.2,
             others = ", ".join(f.info["name"] for f, _ in failed[1:])
             kill_all(procs)
             how = f"was killed by signal {_signal_name(-rc)}" if rc < 0 else f"exited with code {rc}"
+            after = "; ".join(f"{n} {why}" for n, why in planned.items())
             raise RunFailed(f"process {l.info['name']} (role {l.info['role']} on host {l.info['host']}) "
                             f"{how}" + (f" (also failed: {others})" if others else "") +
+                            (f" after {after}" if after else "") +
                             f"; its log {l.log} ends with:\n{log_tail(l.log)}")
         if not running:
             return

@@ -5,7 +5,8 @@ remove exactly that, even after the harness was killed.
 run keeps one JSON file in ``LEDGER_DIR`` (``/run/testbed/ledger``, a tmpfs that a reboot
 clears along with the namespaces) listing the bridges and interfaces it plans to create (all
 names are known from the Topo before anything is built), and the pids of the processes it
-starts (Mininet host shells, training processes, bwm-ng, iperf3). The file is removed when
+starts (Mininet host shells, training processes, bwm-ng, iperf3), and the cgroups it makes
+(a straggler's, :mod:`testbed.cgroups`). The file is removed when
 teardown completes; a file whose owner is dead (its pid gone, or reused by a process that
 started later) marks a run that needs cleaning.
 """
@@ -25,6 +26,7 @@ from pathlib import Path
 import psutil
 from pyroute2 import IPRoute, NetlinkError
 
+from testbed.cgroups import remove_cgroup
 from topologies.errors import TestbedError
 
 STATE_DIR = Path(os.environ.get("TESTBED_STATE_DIR", "/run/testbed"))
@@ -50,6 +52,8 @@ class Ledger:
     shared: list[str] = field(default_factory=list)
     """Names in ``pids`` that the owner still uses after this run (a sweep's zygote): only a
     sweep by another process (``testbed clean`` of a dead owner) kills them."""
+    cgroups: list[str] = field(default_factory=list)
+    """Paths of the cgroups the run made (:mod:`testbed.cgroups`)."""
 
     @classmethod
     def create(cls, run_id: str, run_dir: str) -> "Ledger":
@@ -63,7 +67,8 @@ class Ledger:
         d = json.loads(path.read_text())
         return cls(path=path, owner_pid=d["owner_pid"], owner_start=d.get("owner_start"), run_dir=d.get("run_dir", ""),
                    bridges=d.get("bridges", []), interfaces=d.get("interfaces", []),
-                   pids={k: int(v) for k, v in d.get("pids", {}).items()}, shared=d.get("shared", []))
+                   pids={k: int(v) for k, v in d.get("pids", {}).items()}, shared=d.get("shared", []),
+                   cgroups=d.get("cgroups", []))
 
     def save(self) -> None:
         with _SAVE_LOCK:  # capture threads record pids too (a tcpdump started on a timer)
@@ -74,7 +79,7 @@ class Ledger:
         tmp.write_text(json.dumps({"owner_pid": self.owner_pid, "owner_start": self.owner_start,
                                    "run_dir": self.run_dir,
                                    "bridges": self.bridges, "interfaces": self.interfaces,
-                                   "pids": self.pids, "shared": self.shared}, indent=1))
+                                   "pids": self.pids, "shared": self.shared, "cgroups": self.cgroups}, indent=1))
         os.replace(tmp, self.path)
 
     def add_bridges(self, names) -> None:
@@ -91,6 +96,12 @@ class Ledger:
         self.pids[what] = int(pid)
         if shared and what not in self.shared:
             self.shared.append(what)
+        self.save()
+
+    def add_cgroup(self, path: str) -> None:
+        """Record a cgroup the run made (removed by :meth:`sweep` if still there)."""
+        if path not in self.cgroups:
+            self.cgroups.append(path)
         self.save()
 
     def owner_alive(self) -> bool:
@@ -115,7 +126,7 @@ class Ledger:
 
     def sweep(self) -> list[str]:
         """Kill every recorded process (and its process group), delete every recorded
-        interface and bridge that still exists, then remove the ledger file. The owner's own
+        cgroup, interface and bridge that still exists, then remove the ledger file. The owner's own
         sweep leaves its :attr:`shared` processes running; anyone else's kills them too.
 
         Returns:
@@ -128,6 +139,9 @@ class Ledger:
                 continue
             if _kill_tree(pid):
                 removed.append(f"process {what} (pid {pid})")
+        for path in self.cgroups:
+            if remove_cgroup(path):
+                removed.append(f"cgroup {path}")
         if self.interfaces or self.bridges:
             with IPRoute() as ipr:
                 for name in self.interfaces + self.bridges:

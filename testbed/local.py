@@ -30,7 +30,7 @@ from typing import Callable
 from testbed import launch
 from testbed.spec import AUTO, Experiment, dump_spec, load_spec, with_scale
 from topologies import HostInfo, build_topo, hosts_of
-from topologies.errors import RunFailed, SpecError, TestbedError
+from topologies.errors import FieldError, RunFailed, SpecError, TestbedError
 from traffic import rundir, schemes
 
 __all__ = ["local_hosts", "local_entries", "free_port", "run_local"]
@@ -100,6 +100,11 @@ def run_local(exp: Experiment, run_dir: str | Path | None = None, *, timeout_s: 
     """
     if exp.sweep:
         raise TestbedError("run_local runs one experiment; expand the sweep first (testbed.spec.expand_sweep)")
+    bad = [FieldError(f"events[{i}]", e.given(), "a compute_slowdown on loopback (testbed.local builds no network "
+                      "and kills nothing: link and kill events need testbed run)")
+           for i, e in enumerate(exp.events) if e.kind != "compute_slowdown"]
+    if bad:
+        raise SpecError.of(bad)
     if exp.scale == AUTO:  # no emulated network and no capture to keep within the CPU: undilated
         exp = with_scale(exp, 1.0)
     if run_dir is None:

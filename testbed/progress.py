@@ -14,6 +14,7 @@ affects the run.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -21,7 +22,60 @@ from pathlib import Path
 import psutil
 from tqdm import tqdm
 
-__all__ = ["RunProgress"]
+__all__ = ["RunProgress", "EventTail"]
+
+
+class EventTail:
+    """Reads the events the processes of a run append to ``events/<proc>.jsonl``
+    incrementally: each :meth:`read` returns what was written since the last one (whole
+    lines only; a line still being written waits for the next read).
+
+    Args:
+        events_dir: the run's ``events/`` directory (it may not exist yet).
+        names: only these processes' files; None: every ``*.jsonl`` there, as they appear.
+        kinds: only events of these kinds (matched on the raw line before it is parsed,
+            which keeps a poll cheap on logs full of per-layer events); None: every event.
+    """
+
+    def __init__(self, events_dir: Path, names: list[str] | None = None, kinds: tuple[str, ...] | None = None):
+        self.dir = Path(events_dir)
+        self.names = list(names) if names is not None else None
+        self.kinds = None if kinds is None else set(kinds)
+        self._pattern = None if kinds is None else \
+            re.compile(rb'"kind":\s*"(?:' + b"|".join(re.escape(k.encode()) for k in kinds) + rb')"')
+        self._offsets: dict[Path, int] = {}
+        if self.names is not None:
+            self._offsets = {self.dir / f"{n}.jsonl": 0 for n in self.names}
+
+    def read(self) -> list[dict]:
+        """The new events (JSON objects) of every file, file by file in the order written;
+        unreadable files and lines that are not JSON objects are skipped."""
+        if self.names is None:
+            try:
+                for p in sorted(self.dir.glob("*.jsonl")):
+                    self._offsets.setdefault(p, 0)
+            except OSError:
+                pass
+        out = []
+        for path, offset in self._offsets.items():
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    data = f.read()
+            except OSError:
+                continue
+            end = data.rfind(b"\n") + 1  # whole lines only
+            self._offsets[path] = offset + end
+            for line in data[:end].splitlines():
+                if self._pattern is not None and not self._pattern.search(line):
+                    continue
+                try:
+                    ev = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(ev, dict) and (self.kinds is None or ev.get("kind") in self.kinds):
+                    out.append(ev)
+        return out
 
 
 class RunProgress:
@@ -39,7 +93,7 @@ class RunProgress:
         self.enabled = enabled and sys.stderr.isatty()
         self.label, self.iterations, self.scale, self.position = label, iterations, scale, position
         self.bar: tqdm | None = None
-        self._events: dict[Path, int] = {}  # events file -> bytes read
+        self._tail: EventTail | None = None
         self._done: dict[str, list[tuple[float, int]]] = {}  # worker -> (end unix s, samples) per iteration
         self._ports: dict[str, float] = {}  # switch port -> shaped rate, bit/s
         self._last_counters: tuple[float, dict] | None = None
@@ -59,7 +113,7 @@ class RunProgress:
         the run's ``topology.json`` (switch ports and their shaped rates)."""
         if not self.enabled:
             return
-        self._events = {Path(run_dir) / "events" / f"{w}.jsonl": 0 for w in workers}
+        self._tail = EventTail(Path(run_dir) / "events", workers, kinds=("iteration",))
         self._done = {w: [] for w in workers}
         switches = {s["name"] for s in topology.get("switches", [])}
         for link in topology.get("links", []):
@@ -75,27 +129,12 @@ class RunProgress:
 
     def poll(self) -> None:
         """Read what is new (at most once a second) and redraw."""
-        if not self.enabled or not self._events or time.monotonic() < self._next_poll:
+        if not self.enabled or self._tail is None or time.monotonic() < self._next_poll:
             return
         self._next_poll = time.monotonic() + 1.0
-        for path, offset in self._events.items():
-            try:
-                with open(path, "rb") as f:
-                    f.seek(offset)
-                    data = f.read()
-            except OSError:
-                continue
-            end = data.rfind(b"\n") + 1  # whole lines only
-            self._events[path] = offset + end
-            for line in data[:end].splitlines():
-                if b'"iteration"' not in line:
-                    continue
-                try:
-                    ev = json.loads(line)
-                except ValueError:
-                    continue
-                if ev.get("kind") == "iteration" and ev.get("proc") in self._done:
-                    self._done[ev["proc"]].append((ev["ts"] + ev.get("dur", 0.0), ev.get("samples") or 0))
+        for ev in self._tail.read():
+            if ev.get("kind") == "iteration" and ev.get("proc") in self._done:
+                self._done[ev["proc"]].append((ev["ts"] + ev.get("dur", 0.0), ev.get("samples") or 0))
         done = min(len(v) for v in self._done.values()) if self._done else 0
         parts = []
         if done >= 2:  # over the last (up to) 10 global iterations: each ends when its last worker does

@@ -35,7 +35,7 @@ from mininet.log import StreamHandlerNoNewline
 from tqdm import tqdm
 
 from analysis.metrics import summarize
-from testbed import capacity, launch
+from testbed import capacity, launch, schedule
 from testbed.background import Background
 from testbed.capture import Capture, find_bwm_ng
 from testbed.capture.pcap import find_tcpdump, resolve_ports, topo_links
@@ -269,6 +269,7 @@ def _run(exp: Experiment, run_dir: Path, ledger: Ledger, teardown: ExitStack, t0
                                                  stdin=subprocess.DEVNULL, cwd=info.get("cwd"))
 
     log.info("launching %d processes", len(entries))
+    t_launch = time.time()
     progress.phase(f"starting {len(entries)} processes")
     background.start_clients()
     teardown.callback(launch.kill_all, procs)  # no-op when all exited
@@ -279,8 +280,22 @@ def _run(exp: Experiment, run_dir: Path, ledger: Ledger, teardown: ExitStack, t0
 
     launch.start(run_dir, doc, popen, on_start=started,
                  env_for=(lambda info: launch.program_env(info, doc, run_dir, program)) if program else None)
+    killed: dict[str, str] = {}
+
+    def kill(name: str, why: str = "was killed by a scheduled event") -> None:
+        for l in procs:
+            if l.info["name"] == name and l.popen.poll() is None:
+                killed[name] = why
+                l.popen.kill()
+
+    if exp.events:  # after the launch: its triggers count iterations and emulated seconds
+        sched = schedule.Schedule(exp.events, topo, run_dir, exp.scale, exp.workload.warmup_iterations,
+                         {h: n.pid for h, n in network.hosts.items()}, kill, on_cgroup=ledger.add_cgroup,
+                         compute_mode=exp.workload.compute.mode,
+                         origin=t_launch if program else None).start()  # a program may mark no iterations
+        teardown.callback(sched.stop)  # before the processes, the capture and the network stop
     progress.training(run_dir, [e["name"] for e in entries if e["role"] == "worker"], topo)
-    launch.watch(procs, exp.run.timeout_s, on_poll=progress.poll)
+    launch.watch(procs, exp.run.timeout_s, on_poll=progress.poll, killed=lambda: dict(killed))
     log.info("all processes done after %.1f s", time.time() - t0)
 
 
@@ -351,6 +366,9 @@ def plan_point(exp: Experiment) -> tuple[list[HostInfo], list[ProcessPlan]]:
     if exp.capture.pcap:
         resolve_ports(exp.capture.pcap.ports, topo_links(topo), set(topo.switches()))
     plan = scheme.plan(exp.workload, hosts)
+    if exp.events:
+        schedule.check(exp.events, topo_links(topo), set(topo.switches()), hosts, plan,
+                       compute_mode=exp.workload.compute.mode, scale=exp.scale)
     by_name = {h.name: h for h in hosts}
     for p in plan:
         if p.host not in by_name or not 0 <= p.iface < by_name[p.host].interfaces:

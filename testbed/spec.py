@@ -2,7 +2,8 @@
 
 A spec has the sections ``topology`` (owned by :mod:`topologies.spec`), ``workload``
 (:mod:`traffic.spec`; its ``options`` by the scheme), ``host`` (:mod:`traffic.host`), and ``capture``, ``run``,
-``background``, ``sweep``, ``variants``, ``scale`` and ``name`` (this module). Every field has
+``background``, ``sweep``, ``variants``, ``scale`` and ``name`` (this module), and ``events``
+(:mod:`traffic.scheduled`, which the runtime reads too). Every field has
 a default, so ``{}`` is a valid spec. Validation happens before anything is built; every
 malformed field is reported at once in one :class:`SpecError` naming each dotted field, the
 value given and what is allowed.
@@ -28,10 +29,11 @@ from topologies.spec import MAX_HOSTS, MAX_INTERFACES, TopologySpec
 from topologies.validation import (SAFE_LABEL_ALLOWED, SAFE_NAME_ALLOWED, SpecModel, check_depth, field_errors,
                                    is_safe_label, is_safe_name, load_yaml, safe_name, to_safe_name)
 from traffic.host import HostSpec
+from traffic.scheduled import ScheduledEvent, event_errors
 from traffic.spec import WorkloadSpec, option_errors
 
-__all__ = ["Experiment", "CaptureSpec", "PcapSpec", "RunSpec", "BackgroundFlow", "TopologySpec", "WorkloadSpec",
-           "from_dict", "load_spec", "parse_override", "expand_sweep", "dump_spec", "with_scale", "AUTO",
+__all__ = ["Experiment", "CaptureSpec", "PcapSpec", "RunSpec", "BackgroundFlow", "ScheduledEvent", "TopologySpec",
+           "WorkloadSpec", "from_dict", "load_spec", "parse_override", "expand_sweep", "dump_spec", "with_scale", "AUTO",
            "MAX_POINTS"]
 
 #: ``scale: auto``: the dilation chosen from the machine's cost model at planning
@@ -199,6 +201,13 @@ class Experiment(SpecModel):
     together (a scheme and its options); combined with every sweep point."""
     background: list[BackgroundFlow] = Field(default_factory=list)
     """iperf3 flows between hosts during the run, e.g. to load the core."""
+    events: list[ScheduledEvent] = Field(default_factory=list)
+    """Scheduled events (:mod:`traffic.scheduled`): each one trigger (``at_s``: emulated
+    seconds from the start of the first measured iteration; ``at_iteration``: a global
+    iteration index) and one action (a link's rate ``{link, bw_mbps}``, ``{link, down:
+    true}``, ``{link, up: true}``, a straggler ``{host, compute_slowdown}``, ``{kill:
+    <process>}``); links are ``uplink:<tor>`` or ``host:<host>``. Applied by the harness
+    (:mod:`testbed.schedule`) and recorded in the run's ``schedule.jsonl``."""
 
     # the spec as given (before defaults), from which sweep and variant points are built
     _given: dict = PrivateAttr(default_factory=dict)
@@ -215,6 +224,7 @@ class Experiment(SpecModel):
         override the profile's value)."""
         d = self.model_dump(mode="python")
         d["host"] = self.host.pinned()
+        d["events"] = [e.given() for e in self.events]  # as written: no null fields
         return d
 
     def _size_errors(self) -> list[FieldError]:
@@ -235,6 +245,8 @@ class Experiment(SpecModel):
     def cross_errors(self) -> list[FieldError]:
         """Checks that involve several fields or sections (every field being valid)."""
         out = self.topology.cross_errors() + self.workload.cross_errors() + self._size_errors()
+        out += event_errors(self.events, iterations=self.workload.iterations, topology_kind=self.topology.kind,
+                            scale=self.scale)
         try:
             out += self.host.cross_errors()
         except (OSError, ValueError) as e:  # a profile path the OS refuses (too long, ...)

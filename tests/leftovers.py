@@ -1,10 +1,11 @@
-"""What the testbed may have left on the machine: our bridges, veths, processes, ledgers."""
+"""What the testbed may have left on the machine: our bridges, veths, processes, cgroups, ledgers."""
 import os
 from pathlib import Path
 
 import psutil
 
 from topologies.hosts import BRIDGE_RE, INTF_RE
+from testbed.cgroups import testbed_cgroups
 from testbed.clean import _our_process
 from testbed.ledger import LEDGER_DIR
 
@@ -19,6 +20,7 @@ def leftovers() -> list[str]:
                 out.append(f"process {p.pid} {' '.join(p.cmdline()[:3])}")
             except psutil.Error:  # it ended (or became a zombie) since it was seen
                 pass
+    out += [f"cgroup {p}" for p in testbed_cgroups()]
     if LEDGER_DIR.is_dir():
         out += [f"ledger {p.name}" for p in LEDGER_DIR.glob("*.json")]
     return out

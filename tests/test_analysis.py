@@ -302,7 +302,8 @@ def test_timeline_is_valid_chrome_trace(run_dir):
     meta = [e for e in ev if e["ph"] == "M"]
     names = {e["args"]["name"] for e in meta if e["name"] == "process_name"}
     assert "worker0 (worker on h1)" in names and "server0 (server on h1)" in names
-    assert sum(e["name"] == "process_name" for e in meta) == 5
+    assert "link rates (Mbit/s)" in names  # the link counters are on by default
+    assert sum(e["name"] == "process_name" for e in meta) == 5 + 1
     assert sum(e["name"] == "thread_name" for e in meta) == WORKERS * 2 + 1  # main+comm per worker, server main
     # pid = rank + 1; tid 1 = main
     w2 = [e for e in x if e["pid"] == 3 and e["cat"] == "iteration"]
@@ -313,8 +314,16 @@ def test_timeline_is_valid_chrome_trace(run_dir):
     assert it0["dur"] == pytest.approx(SPANS[0] * 1e6 * (1 - 0.1 * 3 / 4), rel=1e-6)
     assert all(isinstance(e["ts"], (int, float)) and e["ts"] >= 0 for e in x)
     assert next(e for e in x if e["cat"] == "forward")["name"] == "forward L0"
-    with_rates = json.loads(timeline.write_timeline(run_dir, run_dir / "t2.json", include_rates=True).read_text())
-    assert any(e["ph"] == "C" for e in with_rates["traceEvents"])
+    counters = [e for e in ev if e["ph"] == "C"]
+    # one track per host link (the host's tx = its switch port's rx) and per uplink (at its ToR end)
+    assert {e["name"] for e in counters} == {"h1 link", "h2 link", "h3 link", "h4 link", "uplink tor1", "uplink tor2"}
+    h1 = [e for e in counters if e["name"] == "h1 link"]  # tor1-eth1: 1000 B in, 100 B out per 10 ms
+    assert np.median([e["args"]["tx"] for e in h1]) == pytest.approx(1000 * 8 / 0.01 / 1e6, rel=0.01)
+    assert np.median([e["args"]["rx"] for e in h1]) == pytest.approx(100 * 8 / 0.01 / 1e6, rel=0.01)
+    up2 = [e for e in counters if e["name"] == "uplink tor2"]  # tor2-eth3: 50 B in, 200 B out
+    assert np.median([e["args"]["up"] for e in up2]) == pytest.approx(200 * 8 / 0.01 / 1e6, rel=0.01)
+    without = json.loads(timeline.write_timeline(run_dir, run_dir / "t2.json", include_rates=False).read_text())
+    assert not any(e["ph"] == "C" for e in without["traceEvents"])
 
 
 def test_timeline_shows_host_costs_as_spans(tmp_path):

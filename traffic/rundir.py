@@ -23,6 +23,7 @@ cpu_starved, run_dir``)::
                          <name>.json (iperf3 client) and <name>.server.json (iperf3 server);
                          their logs are logs/background-<name>-{client,server}.log
     iterations.csv       one row per (iteration, worker)
+    schedule.jsonl       the spec's scheduled events as applied (spec ``events``)
     summary.json         headline figures and fidelity flags
     ibatch.json          scheme ibatch only: measured pull/forward profile and batches
 
@@ -112,6 +113,18 @@ seconds of wall clock, unless a name says otherwise.
     with ``id`` the core index (busy % of that core), or ``proc`` with ``id`` a process name
     (busy % of one core used by the process and its descendants, above 100 for more than a
     core), including ``bwm-ng`` and ``harness`` (the harness process, which runs the samplers).
+
+``schedule.jsonl`` (:class:`testbed.schedule.Schedule`, when the spec has ``events``)
+    One JSON object per event, in the order applied: ``index`` (in the spec), ``kind``
+    (``link_rate``, ``link_down``, ``link_up``, ``compute_slowdown``, ``kill``), ``target``,
+    its trigger (``at_s`` or ``at_iteration``), ``applied``, ``ts`` (unix s when applied; null
+    for an event never reached, written when the run ends with ``applied`` false),
+    ``emulated_s`` (emulated s since the first measured iteration started, null before),
+    ``iteration`` (the global iteration count then), and as they apply ``bw_mbps``,
+    ``shaped_mbps``, ``readback_mbps`` (``{iface: Mbit/s}`` read back), ``ifaces``,
+    ``slowdown``, ``cgroup``, ``quota_us``, ``period_us``, ``pids``; ``error`` when applying
+    failed. A straggler's processes (emulated compute) also write an instant event
+    ``compute_slowdown`` (``slowdown``, ``iteration``, ``event``) when it takes effect.
 
 ``iterations.csv`` (:func:`analysis.metrics.summarize`, from the events)
     ``iteration, worker, start, end, duration_s, samples``: one row per ``iteration`` event

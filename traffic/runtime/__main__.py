@@ -44,6 +44,7 @@ from traffic.runtime.context import Context, InjectedCrash  # noqa: E402
 from traffic.runtime.events import EventLog  # noqa: E402
 from traffic.runtime.hostcost import HostCosts  # noqa: E402
 from traffic.runtime.transport import Transport  # noqa: E402
+from traffic.scheduled import ComputeSlowdown, parse_events  # noqa: E402
 from traffic.spec import WorkloadSpec  # noqa: E402
 
 SECONDARY_FAILURE_DELAY_S = 1.5
@@ -62,7 +63,9 @@ def run_process(run_dir: str | Path, name: str) -> int:
     """Run process ``name`` of the run in ``run_dir`` to completion; returns the exit status.
 
     Reads the sections of ``spec.yaml`` this package owns (``workload``, ``host``,
-    ``topology``, ``scale``) and ``processes.json`` (which gives the run's ``timeout_s``). Does not call
+    ``topology``, ``scale``, ``events``: the ``compute_slowdown`` events of this process's
+    host make it a straggler in emulated compute, :class:`traffic.scheduled.ComputeSlowdown`)
+    and ``processes.json`` (which gives the run's ``timeout_s``). Does not call
     ``os._exit`` (:func:`main` does).
     """
     t_start = _T_START
@@ -105,11 +108,17 @@ def run_process(run_dir: str | Path, name: str) -> int:
             model = build_model(w.model, w.seed, data.input_shape, data.num_classes, device=device)
             batches = GlobalBatches(data, w.batch_size, max(n_workers, 1), w.seed)
         costs = HostCosts(host, scale, events)  # one accountant: the scheme's and the transport's messages
+        slowdown = None
+        if w.compute.mode == "emulated":  # real compute: the harness throttles the host (testbed.schedule)
+            slowdown = ComputeSlowdown.for_host(parse_events(spec.get("events")), entry.get("host"), scale,
+                                                w.warmup_iterations, log=events)
+            if slowdown is not None:
+                costs.compute_slowdown = slowdown.factor
         ctx = Context(
             run_dir=run_dir, workload=w, topology=topology, scale=scale, name=name, role=role, index=index, rank=rank, world_size=world,
             processes=doc["processes"], model=model, data=data, batches=batches,
             transport=Transport(events, rank, world, costs=costs), events=events, comm=CommThread("comm"),
-            crash_at=Context.crash_iteration(name), profile=profile, costs=costs)
+            crash_at=Context.crash_iteration(name), profile=profile, costs=costs, slowdown=slowdown)
         scheme = scheme_cls(ctx)
         t0 = time.perf_counter()
         scheme.main()

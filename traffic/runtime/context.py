@@ -71,6 +71,9 @@ class Context:
             work, emulated compute) is charged through it at the spec's ``host`` rates.
         results: extra fields for ``results/<proc>.json`` (the trainer sets
             ``final_accuracy``, ``final_loss``; a scheme may add its own).
+        slowdown: this host's straggler schedule (:class:`traffic.scheduled.ComputeSlowdown`,
+            from the spec's ``events``) or None; :meth:`maybe_crash` tells it where each
+            iteration starts, and ``costs`` takes its factor.
     """
     run_dir: Path
     workload: WorkloadSpec
@@ -92,6 +95,7 @@ class Context:
     results: dict[str, Any] = field(default_factory=dict)
     crash_at: int | None = None
     profile: Any = None
+    slowdown: Any = None
 
     @property
     def iterations(self) -> int:
@@ -133,11 +137,14 @@ class Context:
         Set the environment variable ``TESTBED_CRASH_AT=<proc>:<iteration>`` (comma-separated
         for several) in the environment of the launcher; process ``<proc>`` then fails at
         the start of that iteration, as a crashing worker or server would. The training loop
-        and every role loop call this once per iteration.
+        and every role loop call this once per iteration, at its start: it also tells the
+        straggler schedule (:attr:`slowdown`) that iteration ``it`` starts.
 
         Raises:
             InjectedCrash: this process was asked to crash at ``it``.
         """
+        if self.slowdown is not None:
+            self.slowdown.iteration_started(it)
         if self.crash_at is not None and it == self.crash_at:
             raise InjectedCrash(f"{CRASH_ENV}: {self.name} crashes at iteration {it} as asked")
 

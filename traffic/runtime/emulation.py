@@ -7,7 +7,9 @@ true sizes. The scheme's hooks fire at exactly the points they fire in real comp
 scheme's code is the same in both modes.
 
 Compute is one kind (``compute``) of the host costs (:mod:`traffic.runtime.hostcost`): each
-layer is charged its profiled time, dilated by the accountant's ``scale``. Sleeping is
+layer is charged its profiled time, dilated by the accountant's ``scale``, times the
+accountant's :meth:`~traffic.runtime.hostcost.HostCosts.compute_factor` (1, or a straggler's
+slowdown from the spec's ``events``: :class:`traffic.scheduled.ComputeSlowdown`). Sleeping is
 precise on average without burning CPU: :class:`PreciseSleeper` carries each sleep's
 overshoot (``time.sleep`` wakes up tens of microseconds late) into the next request, so over
 an iteration the slept total tracks the requested total.
@@ -50,12 +52,18 @@ class EmulatedCompute:
         with torch.no_grad():
             self.grads = {id(p): torch.randn(p.shape, generator=gen) * 1e-3 for p in model.parameters()}
 
-    def forward(self, layer: int) -> None:
-        """Emulate layer ``layer``'s forward."""
-        self.costs.wait("compute", self.forward_s[layer], span=False)
+    def forward(self, layer: int) -> float:
+        """Emulate layer ``layer``'s forward; returns the emulated seconds charged (the
+        profiled time times the compute factor)."""
+        seconds = self.forward_s[layer] * self.costs.compute_factor()
+        self.costs.wait("compute", seconds, span=False)
+        return seconds
 
-    def backward(self, layer: int, params) -> None:
-        """Emulate layer ``layer``'s backward and leave its gradients in ``p.grad``."""
-        self.costs.wait("compute", self.backward_s[layer], span=False)
+    def backward(self, layer: int, params) -> float:
+        """Emulate layer ``layer``'s backward and leave its gradients in ``p.grad``; returns
+        the emulated seconds charged."""
+        seconds = self.backward_s[layer] * self.costs.compute_factor()
+        self.costs.wait("compute", seconds, span=False)
         for p in params:
             p.grad = self.grads[id(p)]
+        return seconds

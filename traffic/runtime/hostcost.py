@@ -93,6 +93,10 @@ class HostCosts:
         events: an event log to record each operation as a span (kind ``host_<kind>``), or None.
 
     Attributes:
+        compute_slowdown: None, or a callable giving the factor on this process's emulated
+            compute at this moment (a straggler: :class:`traffic.scheduled.ComputeSlowdown`);
+            :class:`~traffic.runtime.emulation.EmulatedCompute` multiplies each per-layer
+            time by :meth:`compute_factor`.
         stats: per kind, ``{count, modelled, emulated_s, budget_s, real_s, overruns,
             overrun_s}``: operations, whether the kind has a stated cost, the emulated
             seconds charged (for a kind not modelled: real seconds / scale), the real seconds
@@ -104,6 +108,7 @@ class HostCosts:
         self.model = model or HostModel()
         self.scale = float(scale)
         self.events = events
+        self.compute_slowdown = None
         self.stats: dict[str, dict] = {}
         self._lock = threading.Lock()
         self._local = threading.local()
@@ -179,6 +184,10 @@ class HostCosts:
             self.events.record(f"host_{kind}", ts, time.perf_counter() - t0, emulated_s=cost, real_s=real,
                                overrun=overrun > 0, bytes=nbytes or None,
                                **({"ops": ops} if ops > 1 else {}), **fields)
+
+    def compute_factor(self) -> float:
+        """The factor on emulated compute now: 1, or :attr:`compute_slowdown`'s."""
+        return 1.0 if self.compute_slowdown is None else float(self.compute_slowdown())
 
     def wait(self, kind: str, seconds: float, **fields) -> None:
         """An operation with no real work that takes ``seconds`` of emulated time (``compute``)."""

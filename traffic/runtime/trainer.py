@@ -75,9 +75,9 @@ class Trainer:
 
     In emulated compute (``workload.compute.mode: emulated``) each layer's forward and
     backward are sleeps of the profiled time times ``scale`` (see
-    :mod:`traffic.runtime.emulation`); the hooks fire at the same points, ``forward`` and
-    ``backward`` events carry ``requested_s`` next to the achieved ``dur``, and nothing is
-    evaluated (there is no data).
+    :mod:`traffic.runtime.emulation`, times a straggler's slowdown); the hooks fire at the
+    same points, ``forward`` and ``backward`` events carry ``requested_s`` (the real seconds
+    asked for) next to the achieved ``dur``, and nothing is evaluated (there is no data).
 
     Args:
         ctx: the process context (its ``model``, ``batches``, ``events`` ...).
@@ -199,9 +199,9 @@ class Trainer:
         for l in range(len(self.layers)):
             self.scheme.before_forward(it, l)
             ts, t0 = time.time(), time.perf_counter()
-            em.forward(l)
+            seconds = em.forward(l)
             ev.record("forward", ts, time.perf_counter() - t0, iteration=it, layer=l,
-                      requested_s=em.forward_s[l] * em.costs.scale)
+                      requested_s=seconds * em.costs.scale)
 
     def _backward_emulated(self) -> None:
         """Backward of every layer, last first, as profiled sleeps (``after_backward`` hooks)."""
@@ -210,8 +210,8 @@ class Trainer:
         try:
             self._bwd_mark = (time.time(), time.perf_counter())
             for l in reversed(range(len(self.layers))):
-                em.backward(l, self._layer_params[l])
-                self._layer_done(l, requested_s=em.backward_s[l] * em.costs.scale)
+                seconds = em.backward(l, self._layer_params[l])
+                self._layer_done(l, requested_s=seconds * em.costs.scale)
         finally:
             self._active = False
 
