@@ -15,7 +15,8 @@ Memory (bytes), a sum over what the run starts:
 * every process: its USS (unique set size) at zero model size, ``<kind>_base_uss_bytes``
   when forked by the zygote (``run.launcher: zygote``, the default), or
   ``<kind>_exec_base_uss_bytes`` when started with exec (``run.launcher: exec``, and always
-  a process on a host's second interface), plus ``<kind>_bytes_per_param_byte`` x the model
+  a process on a host's second interface and a ``workload.program``'s processes: for those,
+  an exec'd worker of the runtime stands in for a program whose memory is not known), plus ``<kind>_bytes_per_param_byte`` x the model
   parameter bytes it holds, plus ``real_compute_worker_bytes`` for a non-server process in
   ``compute.mode: real`` (data set, activations, autograd). ``<kind>`` is ``server`` for
   parameter servers, which hold their shards (the model's parameter bytes divided over the
@@ -358,7 +359,8 @@ def estimate(exp: Experiment, hosts: Sequence[HostInfo], processes: Sequence[Pro
     worker = f"{w.scheme}_worker" if f"{w.scheme}_worker_bytes_per_param_byte" in m.costs else "worker"
     proc_bytes, forked, execed = 0.0, 0, 0
     for p in processes:
-        by_exec = exp.run.launcher == "exec" or p.iface > 0  # a second interface's process is always exec'd
+        # a second interface's process, and a researcher's program, are always exec'd
+        by_exec = exp.run.launcher == "exec" or p.iface > 0 or w.program is not None
         forked, execed = forked + (not by_exec), execed + by_exec
         kind = "server" if p.role == "server" else worker
         b = m[f"{kind}_exec_base_uss_bytes" if by_exec else f"{kind}_base_uss_bytes"]

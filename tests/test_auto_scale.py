@@ -91,3 +91,15 @@ def test_the_local_runner_runs_auto_at_1(tmp_path):
                      "topology": {"kind": "rack", "hosts_per_rack": 2}})
     run_dir = run_local(exp, tmp_path / "run")
     assert yaml.safe_load((run_dir / "spec.yaml").read_text())["scale"] == 1.0
+
+
+def test_a_programs_processes_are_counted_as_execd():
+    prog = {"command": ["python", "-c", "pass"]}
+    topo = {"kind": "rack", "hosts_per_rack": 4}
+    model = CostModel.load()
+    run = from_dict({"topology": topo, "workload": {"program": prog}})
+    forked = from_dict({"topology": topo, "workload": {"scheme": "allreduce"}})
+    execd = from_dict({"topology": topo, "workload": {"scheme": "allreduce"}, "run": {"launcher": "exec"}})
+    e_prog, e_fork, e_exec = (estimate(x, *plan_point(x), model=model, machine=MACHINE) for x in (run, forked, execd))
+    assert e_prog.memory_breakdown["processes"] > e_fork.memory_breakdown["processes"]
+    assert e_prog.memory_breakdown["shared pages"] == e_exec.memory_breakdown["shared pages"]
