@@ -283,8 +283,11 @@ def background_core_bytes(per_host: dict, topology: dict, flows: list[dict] | No
     return None if any(v is None for v in tx) else int(sum(tx))
 
 
-def rate_check(rates: pd.DataFrame, topology: dict, tolerance: float = RATE_TOLERANCE) -> dict:
-    """Highest achieved rate of each link direction against its configured rate.
+def rate_check(rates: pd.DataFrame, topology: dict, tolerance: float = RATE_TOLERANCE,
+               schedule: list[dict] | None = None) -> dict:
+    """Highest achieved rate of each link direction against its configured rate: the highest
+    it had during the run (its build rate, or a scheduled ``link_rate`` event's ``bw_mbps``
+    applied to it, from ``schedule``: the run's ``schedule.jsonl`` records).
 
     Each host link is checked at its switch port and each uplink at its ToR end, both
     directions, over windows of ``max(0.1 s, 5 x median sample interval)``.
@@ -306,7 +309,8 @@ def rate_check(rates: pd.DataFrame, topology: dict, tolerance: float = RATE_TOLE
     failed = False
     for _, p in checked.iterrows():
         g = w[w["iface"] == p["iface"]]
-        bw = _f(p["bw_mbps"])
+        bw = _f(max([p["bw_mbps"]] + [r["bw_mbps"] for r in schedule or [] if r.get("kind") == "link_rate"
+                                      and r.get("applied") and p["iface"] in (r.get("ifaces") or [])]))
         if g.empty:
             continue
         tx, rx = g["tx_bps"].max() / 1e6, g["rx_bps"].max() / 1e6
@@ -505,7 +509,7 @@ def compute_summary(run: Run, status: str = "ok", error: str | None = None) -> d
         s["fidelity"]["host_cost_overrun"] = host_cost_overrun(s["host_costs"])
 
     def do_rates():
-        rc = rate_check(run.rates, run.topology)
+        rc = rate_check(run.rates, run.topology, schedule=run.schedule)
         s["fidelity"]["shaping_failed"] = rc["shaping_failed"]
         s["fidelity"]["rates"] = rc
 

@@ -223,6 +223,21 @@ def test_fidelity_flags_trip(tmp_path):
     assert s["fidelity"]["cpu_starved"] is True and s["cpu"]["idle_pct_mean"] == pytest.approx(20.0)
 
 
+def test_a_link_raised_by_a_scheduled_event_is_checked_against_its_new_rate(tmp_path):
+    # the same 160 Mbit/s through tor1-eth1, after an event raised h1's link to 200 Mbit/s
+    d = make_run(tmp_path, "raised", h1_in=200_000, busy_inside=(40.0, 40.0))
+    rec = {"index": 0, "kind": "link_rate", "target": "host:h1", "applied": True, "ts": 0.0, "bw_mbps": 200.0,
+           "ifaces": ["tor1-eth1", "h1-eth0"], "iteration": 0}
+    (d / "schedule.jsonl").write_text(json.dumps(rec) + "\n")
+    s = metrics.summarize(d)
+    assert s["fidelity"]["shaping_failed"] is False
+    link = next(l for l in s["fidelity"]["rates"]["links"] if l["iface"] == "tor1-eth1")
+    assert link["bw_mbps"] == 200.0 and link["max_ratio"] == pytest.approx(0.8, rel=0.01)
+    rec["applied"] = False  # an event never reached changes nothing
+    (d / "schedule.jsonl").write_text(json.dumps(rec) + "\n")
+    assert metrics.summarize(d)["fidelity"]["shaping_failed"] is True
+
+
 def test_summarize_failed_run_with_missing_files(tmp_path):
     d = tmp_path / "failed"
     (d / "logs").mkdir(parents=True)
