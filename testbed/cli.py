@@ -10,6 +10,7 @@
     testbed flows RUN [--port P] [--plot] TCP flows of a run's packet capture (capture.pcap)
     testbed report PAPER RUN_OR_SWEEP...  a paper's tables (p3, phub, ibatch, stanza, pipe_sgd)
                    [--plots DIR]          and figures; the paper's own options pass through
+    testbed reproduce --list              every figure and table of the five papers: spec, minutes, status
     testbed clean                         remove what a killed run left on the machine
     testbed profile MODEL --batch B       measure per-layer forward/backward times here
 
@@ -27,6 +28,7 @@ import sys
 from pathlib import Path
 
 from analysis.report import REPORTS, get_report
+from analysis.reproduction import format_list, get_entry, load_catalogue
 from testbed.check import format_checks, run_checks
 from testbed.clean import clean
 from testbed.ledger import live_ledgers
@@ -300,6 +302,18 @@ def _cmd_report(args) -> int:
     return get_report(args.paper).main(args.args, prog=f"testbed report {args.paper}")
 
 
+def _cmd_reproduce(args) -> int:
+    entries = load_catalogue()
+    if args.list:
+        print(format_list(entries))
+        return 0
+    if args.id is None:
+        raise TestbedError("testbed reproduce needs an ID or --list (every figure and table of the five papers)")
+    entry = get_entry(entries, args.id)
+    print(f"testbed: reproduce {entry.id}: not built yet: see issue 15", file=sys.stderr)
+    return 2
+
+
 def _cmd_clean(args) -> int:
     removed = clean(force=args.force)
     print("\n".join(removed) if removed else "nothing to clean")
@@ -390,6 +404,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("args", nargs=argparse.REMAINDER, metavar="RUN_OR_SWEEP... [--plots DIR] [OPTIONS]",
                    help="run or sweep directories, then options (e.g. phub's --baseline, pipe_sgd's --alpha-us)")
     s.set_defaults(fn=_cmd_report)
+    s = sub.add_parser("reproduce", help="the papers' figures and tables: --list shows each one's spec, run time "
+                                         "and reproduction status")
+    s.add_argument("id", nargs="?", metavar="ID", help="a figure or table, e.g. p3.fig7c (running it: not built yet)")
+    s.add_argument("--list", action="store_true", help="list every figure and table of the five papers' evaluations")
+    s.set_defaults(fn=_cmd_reproduce)
     s = sub.add_parser("clean", help="remove namespaces, links, bridges and processes a killed run left")
     s.add_argument("--force", action="store_true",
                    help="while a run is live, still remove what dead runs left (never the live run's objects)")
