@@ -12,7 +12,8 @@ where and how it states them (:class:`PaperValue`), the experiment spec with its
 overrides (:class:`SpecRef`), the ``testbed report`` command that compares its runs, its
 status (one of :data:`STATUSES`) with the reason, what was measured for it
 (:class:`Measured`), and the wall minutes its spec takes on this machine with how that was
-estimated.
+estimated, and optionally a reduced version (:class:`Quick`: more ``--set``
+overrides, its minutes, what it reduces) that ``testbed reproduce ID --quick`` runs.
 
 :func:`load_catalogue` validates the file as a whole: every entry's fields (unknown fields
 are errors), unique ids, spec files that exist under the repository root, a reason for every
@@ -42,8 +43,8 @@ from analysis.report import REPORTS
 from topologies.errors import TestbedError, show_value
 from topologies.validation import SpecModel, field_errors, load_yaml
 
-__all__ = ["CATALOGUE", "PAPERS", "REPO_ROOT", "STATUSES", "TOLERANCE", "CatalogueError", "Entry", "Measured",
-           "PaperValue", "SpecRef", "UnknownEntry", "find_quote", "format_list", "get_entry", "load_catalogue",
+__all__ = ["CATALOGUE", "PAPERS", "QUICK_MAX_MINUTES", "REPO_ROOT", "STATUSES", "TOLERANCE", "CatalogueError",
+           "Entry", "Measured", "PaperValue", "Quick", "SpecRef", "UnknownEntry", "find_quote", "format_list", "get_entry", "load_catalogue",
            "missing_quotes"]
 
 #: the shipped catalogue
@@ -57,6 +58,8 @@ PAPERS = {"p3": "p3.txt", "phub": "phub.txt", "ibatch": "ibatch.txt", "stanza": 
 STATUSES = ("reproduced", "partly", "not", "not possible here")
 #: a measured ratio within this fraction of the paper's counts as reproduced (issue 15)
 TOLERANCE = 0.25
+#: the longest a ``quick`` version may take here, wall minutes ("a few minutes", issue 15)
+QUICK_MAX_MINUTES = 5
 
 _ID = re.compile(r"(%s)\.(fig|table)[0-9]+[a-z0-9_]*" % "|".join(PAPERS))
 _ID_ALLOWED = ("a lowercase id '<paper>.<fig|table><number>[suffix]' (e.g. p3.fig7c, phub.table2, "
@@ -108,6 +111,13 @@ class Measured(SpecModel):
     """Where it is recorded: a run directory under ``runs/``, or the note that records it."""
 
 
+def _check_overrides(v: list[str]) -> list[str]:
+    for s in v:
+        if "=" not in s or not s.split("=", 1)[0].strip():
+            raise ValueError(f"--set overrides of the form FIELD=VALUE (got {s!r})")
+    return v
+
+
 class SpecRef(SpecModel):
     """The experiment spec that reproduces an entry: ``testbed run PATH --set S ...``."""
     path: str
@@ -126,14 +136,30 @@ class SpecRef(SpecModel):
     @field_validator("set")
     @classmethod
     def _overrides(cls, v: list[str]) -> list[str]:
-        for s in v:
-            if "=" not in s or not s.split("=", 1)[0].strip():
-                raise ValueError(f"--set overrides of the form FIELD=VALUE (got {s!r})")
-        return v
+        return _check_overrides(v)
 
     def command(self) -> str:
         """The ``testbed run`` command line, shell-quoted (a string to copy into a shell)."""
         return " ".join(["testbed run", shlex.quote(self.path)] + [f"--set {shlex.quote(s)}" for s in self.set])
+
+
+class Quick(SpecModel):
+    """A reduced version of an entry's run (``testbed reproduce ID --quick``): fewer
+    iterations, sweep points or variants, keeping what the figure compares."""
+    set: list[str]
+    """``--set`` overrides applied after the spec's own (:attr:`SpecRef.set`), in order, each
+    ``FIELD=VALUE``; at least one."""
+    minutes: float = Field(gt=0, le=QUICK_MAX_MINUTES)
+    """Wall minutes of the reduced run measured on this machine (at most :data:`QUICK_MAX_MINUTES`)."""
+    note: Text
+    """What is reduced against the full run, one line."""
+
+    @field_validator("set")
+    @classmethod
+    def _overrides(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("at least one --set override (what the quick version reduces)")
+        return _check_overrides(v)
 
 
 class Entry(SpecModel):
@@ -163,6 +189,8 @@ class Entry(SpecModel):
     null without."""
     run_minutes_source: str | None = Field(default=None, validate_default=True)
     """How ``run_minutes`` was estimated (required with it)."""
+    quick: Quick | None = Field(default=None, validate_default=True)
+    """The reduced version ``--quick`` runs, or null (only with a spec)."""
 
     @field_validator("id")
     @classmethod
@@ -229,6 +257,24 @@ class Entry(SpecModel):
         if info.data.get("run_minutes") is not None and (v is None or not v.strip()):
             raise ValueError("how run_minutes was estimated (required with run_minutes)")
         return v
+
+    @field_validator("quick")
+    @classmethod
+    def _quick(cls, v: Quick | None, info: ValidationInfo) -> Quick | None:
+        if v is not None and "spec" in info.data and info.data["spec"] is None:
+            raise ValueError("null (there is no spec to reduce)")
+        return v
+
+    def overrides(self, quick: bool = False) -> list[str]:
+        """The ``--set`` overrides of its run: the spec's, then with ``quick`` the quick
+        version's (empty without a spec).
+
+        Raises:
+            ValueError: ``quick`` and the entry has no quick version.
+        """
+        if quick and self.quick is None:
+            raise ValueError(f"{self.id} has no quick version")
+        return ([] if self.spec is None else list(self.spec.set)) + (list(self.quick.set) if quick else [])
 
     @property
     def paper(self) -> str:

@@ -11,6 +11,7 @@
     testbed report PAPER RUN_OR_SWEEP...  a paper's tables (p3, phub, ibatch, stanza, pipe_sgd)
                    [--plots DIR]          and figures; the paper's own options pass through
     testbed reproduce --list              every figure and table of the five papers: spec, minutes, status
+    testbed reproduce ID [--quick]        run one of them, then its report beside the paper's values
     testbed clean                         remove what a killed run left on the machine
     testbed profile MODEL --batch B       measure per-layer forward/backward times here
 
@@ -310,8 +311,8 @@ def _cmd_reproduce(args) -> int:
     if args.id is None:
         raise TestbedError("testbed reproduce needs an ID or --list (every figure and table of the five papers)")
     entry = get_entry(entries, args.id)
-    print(f"testbed: reproduce {entry.id}: not built yet: see issue 15", file=sys.stderr)
-    return 2
+    from testbed.reproduce import reproduce  # lazy: Mininet, torch (through the runner)
+    return reproduce(entry, quick=args.quick, runs_dir=args.runs_dir)
 
 
 def _cmd_clean(args) -> int:
@@ -405,9 +406,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run or sweep directories, then options (e.g. phub's --baseline, pipe_sgd's --alpha-us)")
     s.set_defaults(fn=_cmd_report)
     s = sub.add_parser("reproduce", help="the papers' figures and tables: --list shows each one's spec, run time "
-                                         "and reproduction status")
-    s.add_argument("id", nargs="?", metavar="ID", help="a figure or table, e.g. p3.fig7c (running it: not built yet)")
+                                         "and reproduction status; ID runs one and compares it with the paper")
+    s.add_argument("id", nargs="?", metavar="ID", help="a figure or table to run, e.g. p3.fig7c: its spec, then its "
+                                                       "report beside the paper's values")
     s.add_argument("--list", action="store_true", help="list every figure and table of the five papers' evaluations")
+    s.add_argument("--quick", action="store_true", help="run the entry's reduced version (a few minutes)")
+    s.add_argument("--runs-dir", help="where run directories go (default: the spec's run.runs_dir)")
     s.set_defaults(fn=_cmd_reproduce)
     s = sub.add_parser("clean", help="remove namespaces, links, bridges and processes a killed run left")
     s.add_argument("--force", action="store_true",

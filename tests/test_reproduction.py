@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from analysis.reproduction import (CATALOGUE, PAPERS, REPO_ROOT, STATUSES, CatalogueError, UnknownEntry,
-                                   find_quote, format_list, get_entry, load_catalogue, missing_quotes)
+from analysis.reproduction import (CATALOGUE, PAPERS, QUICK_MAX_MINUTES, REPO_ROOT, STATUSES, CatalogueError,
+                                   UnknownEntry, find_quote, format_list, get_entry, load_catalogue, missing_quotes)
 from testbed.cli import main as cli_main
+from testbed.reproduce import MEASURED_HEADING, PAPER_HEADING, describe, paper_block, report_argv, reproduce
 from testbed.spec import expand_sweep, load_spec
 
 PAPERS_DIR = Path("/work/shared/papers")
@@ -210,10 +211,113 @@ def test_cli_reproduce_list_prints_every_id(capsys):
     assert printed == {e.id for e in ENTRIES}
 
 
-def test_cli_reproduce_id_is_not_built_yet(capsys):
-    assert cli_main(["reproduce", "p3.fig7c"]) == 2
-    assert "not built yet: see issue 15" in capsys.readouterr().err
+# ------------------------------------------------------------------ quick versions and reproduce ID
+
+QUICK = [e for e in ENTRIES if e.quick is not None]
+
+
+def test_every_paper_with_a_spec_has_a_quick_entry():
+    assert {e.paper for e in QUICK} == {e.paper for e in SPECCED} == set(PAPERS)
+    assert all(e.spec is not None and e.report is not None for e in QUICK)
+
+
+@pytest.mark.parametrize("entry", QUICK, ids=[e.id for e in QUICK])
+def test_every_quick_version_loads_plans_and_is_smaller(entry):
+    from testbed.runner import plan_experiment  # lazy: Mininet
+    full = load_spec(REPO_ROOT / entry.spec.path, overrides=entry.spec.set)
+    quick = load_spec(REPO_ROOT / entry.spec.path, overrides=entry.overrides(quick=True))
+    assert entry.overrides(quick=True) == entry.spec.set + entry.quick.set
+    planned = plan_experiment(quick)
+    assert planned
+    assert 0 < entry.quick.minutes <= QUICK_MAX_MINUTES and entry.quick.minutes < entry.run_minutes
+    n_full, n_quick = len(expand_sweep(full)), len(planned)
+    fewer_iterations = quick.workload.iterations < full.workload.iterations
+    assert n_quick <= n_full and (n_quick < n_full or fewer_iterations), (n_quick, n_full)
+
+
+def test_overrides_without_a_quick_version_are_refused():
+    e = get_entry(ENTRIES, "p3.fig7c")
+    assert e.quick is None and e.overrides() == e.spec.set
+    with pytest.raises(ValueError, match="p3.fig7c has no quick version"):
+        e.overrides(quick=True)
+
+
+_QUICK = {"set": ["workload.iterations=3"], "minutes": 1.5, "note": "3 iterations"}
+
+
+@pytest.mark.parametrize("over, field, allowed", [
+    ({"quick": {**_QUICK, "set": ["iterations"]}}, "quick.set", "FIELD=VALUE"),
+    ({"quick": {**_QUICK, "set": []}}, "quick.set", "at least one --set override"),
+    ({"quick": {**_QUICK, "minutes": 6}}, "quick.minutes", "<= 5"),
+    ({"quick": {**_QUICK, "note": " "}}, "quick.note", "a non-empty text"),
+    ({"quick": {**_QUICK, "colour": 1}}, "quick.colour", "a known field of quick: set, minutes, note"),
+    ({"spec": None, "run_minutes": None, "run_minutes_source": None, "quick": _QUICK}, "quick",
+     "null (there is no spec to reduce)"),
+])
+def test_a_malformed_quick_section_is_named_with_its_field(tmp_path, over, field, allowed):
+    errors = _errors(tmp_path, [_entry(id="p3.fig7a", quick=_QUICK), _entry(**over)])
+    assert len(errors) == 1, errors
+    assert errors[0].startswith(f"entry 2 (p3.fig7c): field '{field}': got "), errors[0]
+    assert allowed in errors[0], errors[0]
+
+
+def test_report_argv_puts_the_run_in_place_of_sweep_and_its_plots_dir(tmp_path):
+    e = get_entry(ENTRIES, "p3.fig7a")
+    assert report_argv(e, tmp_path / "s") == ("p3", [str(tmp_path / "s"), "--plots", str(tmp_path / "s" / "plots")])
+    e = get_entry(ENTRIES, "phub.fig19")
+    assert report_argv(e, tmp_path) == ("phub", [str(tmp_path), "--flat", "phub_flat"])
+
+
+def test_describe_and_the_paper_block_give_every_paper_value_with_where():
+    e = get_entry(ENTRIES, "p3.fig7a")
+    text = describe(e, quick=True)
+    assert text.splitlines()[0] == f"p3.fig7a: {e.title}"
+    assert "--set workload.iterations=3" in text and "quick version (0.7 min here, the full run 18 min)" in text
+    block = paper_block(e)
+    assert block.splitlines()[0] == f"## {PAPER_HEADING} (p3.fig7a)"
+    for pv in e.paper_values:
+        assert f"  - {pv.value}  ({pv.where})" in text
+        assert f"{pv.where}: {pv.value}" in block
+    assert "no value stated: " in paper_block(get_entry(ENTRIES, "p3.fig8_resnet50"))
+
+
+def test_cli_reproduce_refuses_what_it_cannot_run(capsys):
     assert cli_main(["reproduce", "p3.fig99"]) == 2
     assert "no figure or table 'p3.fig99'" in capsys.readouterr().err
+    assert cli_main(["reproduce", "p3.fig7e", "--quick"]) == 2
+    assert "closest: " in capsys.readouterr().err
     assert cli_main(["reproduce"]) == 2
     assert "needs an ID or --list" in capsys.readouterr().err
+    # no spec: its status and reason
+    assert cli_main(["reproduce", "p3.fig7b"]) == 2
+    captured = capsys.readouterr()
+    assert "p3.fig7b has no spec to run (status: not; reason: No spec yet (issue 15): an Inception-V3 copy" \
+        in captured.err
+    assert captured.out == ""
+    # --quick without a quick section
+    assert cli_main(["reproduce", "p3.fig7c", "--quick"]) == 2
+    captured = capsys.readouterr()
+    assert "p3.fig7c has no quick version (no 'quick' section in its catalogue entry)" in captured.err
+    assert captured.out == ""
+
+
+def test_reproduce_exits_1_and_still_prints_the_paper_when_a_run_fails(tmp_path, monkeypatch, capsys):
+    import testbed.runner  # lazy: Mininet
+    seen = {}
+
+    def failing_run(exp, progress=True, say=None):
+        seen["exp"] = exp
+        run_dir = Path(exp.run.runs_dir) / "stanza_accuracy-x" / "000"
+        run_dir.mkdir(parents=True)
+        return [testbed.runner.RunResult(run_dir, {"status": "error", "error": "the network failed\nmore"})]
+
+    monkeypatch.setattr(testbed.runner, "run_experiment", failing_run)
+    e = get_entry(ENTRIES, "stanza.table6")
+    assert reproduce(e, quick=True, runs_dir=tmp_path, progress=False) == 1
+    assert seen["exp"].workload.iterations == 50 and seen["exp"].run.runs_dir == str(tmp_path)
+    out = capsys.readouterr().out
+    assert f"{tmp_path}/stanza_accuracy-x/000: error: the network failed" in out
+    assert out.index(MEASURED_HEADING) < out.index("no report: ") < out.index("## paper (stanza.table6)")
+    assert out.rstrip().endswith("1 of 1 runs did not finish ok (see their lines above)")
+    for pv in e.paper_values:
+        assert out.count(pv.value) == 2

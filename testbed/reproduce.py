@@ -1,0 +1,161 @@
+"""``testbed reproduce ID [--quick]``: run one figure or table of the papers' evaluations and
+print the paper's numbers beside the measured ones (issue 15).
+
+    from testbed.reproduce import reproduce
+    status = reproduce(get_entry(load_catalogue(), "p3.fig7a"), quick=True)
+
+For a catalogue entry (:class:`analysis.reproduction.Entry`) with a spec it prints the entry
+(id, title, the paper's values with where the paper states them), runs the spec with the
+entry's ``--set`` overrides (and, with ``quick``, its quick version's after them) through
+:func:`testbed.runner.run_experiment`, then the entry's ``testbed report`` command
+in-process on what the run wrote (``SWEEP`` -> the sweep directory, or the run directory of
+a single run; ``--plots DIR`` -> its ``plots/``) under the heading :data:`MEASURED_HEADING`,
+and the paper's values again in a compact block headed :data:`PAPER_HEADING` right after, so
+that the two are side by side.
+"""
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Callable, TextIO
+
+from analysis.report import get_report
+from analysis.reproduction import REPO_ROOT, Entry
+from topologies.errors import TestbedError
+
+__all__ = ["MEASURED_HEADING", "NotRunnable", "PAPER_HEADING", "describe", "paper_block", "report_argv",
+           "reproduce"]
+
+#: the heading of the report's output
+MEASURED_HEADING = "measured (this run) and the paper model's prediction"
+#: the heading of the compact block of the paper's values printed after it
+PAPER_HEADING = "paper"
+
+
+class NotRunnable(TestbedError):
+    """The entry cannot be run as asked: it has no spec (the message gives its status and
+    reason), or ``--quick`` was asked for and it has no quick version."""
+
+
+def _check_runnable(entry: Entry, quick: bool) -> None:
+    if entry.spec is None:
+        raise NotRunnable(f"{entry.id} has no spec to run (status: {entry.status}; reason: "
+                          f"{' '.join((entry.reason or '').split())})")
+    if quick and entry.quick is None:
+        raise NotRunnable(f"{entry.id} has no quick version (no 'quick' section in its catalogue entry): "
+                          f"run it without --quick ({entry.run_minutes:g} min here)")
+
+
+def describe(entry: Entry, quick: bool = False) -> str:
+    """The entry as printed before its run: id and title, the ``testbed run`` command with the
+    overrides used (and with ``quick`` what is reduced), then every paper value with where
+    the paper states it (``paper_values_note`` when there are none)."""
+    lines = [f"{entry.id}: {entry.title}"]
+    if entry.spec is not None:
+        cmd = " ".join(["testbed run", shlex.quote(entry.spec.path)]
+                       + [f"--set {shlex.quote(s)}" for s in entry.overrides(quick)])
+        lines.append(f"spec: {cmd}")
+        if quick:
+            lines.append(f"quick version ({entry.quick.minutes:g} min here, the full run {entry.run_minutes:g} min): "
+                         f"{' '.join(entry.quick.note.split())}")
+    lines.append(f"status: {entry.status}")
+    lines.append("the paper states:" if entry.paper_values else f"the paper states no value: "
+                 f"{' '.join((entry.paper_values_note or '').split())}")
+    lines += [f"  - {pv.value}  ({pv.where})" for pv in entry.paper_values]
+    return "\n".join(lines)
+
+
+def paper_block(entry: Entry) -> str:
+    """The compact block of the paper's values printed after the measured ones: the heading
+    :data:`PAPER_HEADING`, then one line per value, ``<where>: <value>``."""
+    lines = [f"## {PAPER_HEADING} ({entry.id})"]
+    lines += [f"{pv.where}: {pv.value}" for pv in entry.paper_values] or [
+        f"no value stated: {' '.join((entry.paper_values_note or '').split())}"]
+    return "\n".join(lines)
+
+
+def report_argv(entry: Entry, target: Path) -> tuple[str, list[str]]:
+    """The report's name and its arguments for the entry's ``report`` command run on
+    ``target`` (a sweep or run directory): ``SWEEP`` -> ``target``, ``DIR`` (the value of
+    ``--plots``) -> ``target/plots``; the leading ``testbed report PAPER`` is dropped.
+
+    Raises:
+        NotRunnable: the entry has no report command.
+    """
+    if entry.report is None:
+        raise NotRunnable(f"{entry.id} has no report command to compare its runs with the paper")
+    words = shlex.split(entry.report)[2:]
+    name, args = words[0], words[1:]
+    out = []
+    for i, w in enumerate(args):
+        if w == "SWEEP":
+            out.append(str(target))
+        elif w == "DIR" and i > 0 and args[i - 1] == "--plots":
+            out.append(str(target / "plots"))
+        else:
+            out.append(w)
+    return name, out
+
+
+def _target(results) -> Path:
+    """The sweep directory of ``results`` (the runs of a sweep), or its one run's directory."""
+    parent = results[0].run_dir.parent
+    return parent if len(results) > 1 or (parent / "sweep.csv").is_file() else results[0].run_dir
+
+
+def reproduce(entry: Entry, quick: bool = False, runs_dir: str | Path | None = None, progress: bool = True,
+              out: TextIO | None = None, say: Callable[[str], None] | None = None) -> int:
+    """Run ``entry``'s spec (every point of its sweep) and print its report beside the paper.
+
+    Args:
+        entry: a catalogue entry with a spec and a report command.
+        quick: run the reduced version (the entry's ``quick`` overrides after the spec's).
+        runs_dir: where the run (or sweep) directory goes; default the spec's ``run.runs_dir``.
+        progress: show the progress bar as ``testbed run`` does.
+        out: where the entry, the runs' lines, the report and the paper block are printed
+            (default stdout); ``say`` gets the capacity estimate (default: stderr, prefixed
+            ``testbed:``).
+
+    Returns:
+        0 if every run's status is ``ok``, else 1 (the report is still attempted; if it
+        then finds nothing to report its message is printed instead of the tables).
+
+    Raises:
+        NotRunnable: no spec, ``quick`` without a quick version, or no report command.
+        TestbedError: what :func:`testbed.spec.load_spec` and
+            :func:`testbed.runner.run_experiment` raise (a bad override, a point that does not
+            fit, another run holding the network, ...), and the report's errors when every
+            run was ok.
+    """
+    _check_runnable(entry, quick)
+    if entry.report is None:
+        raise NotRunnable(f"{entry.id} has no report command to compare its runs with the paper")
+    from testbed.runner import one_line, run_experiment  # lazy: Mininet, torch
+    from testbed.spec import load_spec  # lazy: torch (the model registry)
+    out = out or sys.stdout
+    say = say or (lambda line: print(f"testbed: {line}", file=sys.stderr))
+    print(describe(entry, quick), file=out, flush=True)
+    root = REPO_ROOT if (REPO_ROOT / "experiments").is_dir() else Path.cwd()  # as load_catalogue's spec paths
+    exp = load_spec(root / entry.spec.path, overrides=entry.overrides(quick))
+    if runs_dir is not None:
+        exp.run.runs_dir = str(runs_dir)
+    results = run_experiment(exp, progress=progress, say=say)
+    target = _target(results)
+    if not progress or target == results[0].run_dir:  # else the runner wrote them as the sweep went
+        print("\n".join(one_line(r) for r in results), file=out)
+    ok = all(r.ok for r in results)
+    name, argv = report_argv(entry, target)
+    print(f"\n## {MEASURED_HEADING}\n(testbed report {name} {' '.join(shlex.quote(a) for a in argv)})\n",
+          file=out, flush=True)
+    try:
+        get_report(name).main(argv, prog=f"testbed report {name}", out=out)
+    except TestbedError as e:
+        if ok:
+            raise
+        print(f"no report: {e}", file=out)
+    print("\n" + paper_block(entry), file=out, flush=True)
+    if not ok:
+        bad = sum(not r.ok for r in results)
+        print(f"\n{bad} of {len(results)} runs did not finish ok (see their lines above)", file=out)
+    return 0 if ok else 1
