@@ -157,7 +157,8 @@ def segments(measured: pd.DataFrame, schedule: list[dict], t_measured: float | N
 
     An event recorded at global iteration count ``N`` (``iteration`` of its record: every
     worker had finished iteration ``N - 1``) opens a segment that holds the iterations from
-    ``N`` on, until the next event's.
+    ``N`` on, until the next event's. Events applied at the same iteration count (e.g. both
+    uplinks changed at the same ``at_s``) open one segment together.
 
     Args:
         measured: :func:`measured_iterations` (times on the run's clock, emulated).
@@ -167,7 +168,8 @@ def segments(measured: pd.DataFrame, schedule: list[dict], t_measured: float | N
 
     Returns:
         one dict per segment, in the order the events were applied: ``from_event`` (the
-        record's ``index``, None for the first segment), ``kind``, ``target``, ``iterations``
+        first opening record's ``index``, None for the first segment), ``events`` (the
+        indices of every record opening it), ``kind``, ``target`` (the first's), ``iterations``
         ([first, last] iteration index that may fall in it, last None: open), ``start_s``,
         ``end_s`` (when its opening and closing events were applied, emulated seconds since
         t_measured; None: open), ``n`` (measured iterations in it), ``throughput``: ``{mean,
@@ -184,7 +186,14 @@ def segments(measured: pd.DataFrame, schedule: list[dict], t_measured: float | N
     def rel(t):
         return None if t is None or t_measured is None else _f(t - t_measured)
 
-    openers = [None] + cuts
+    groups: list[list[dict]] = []  # records applied at the same iteration count cut once
+    for r in cuts:
+        if groups and int(groups[-1][0]["iteration"]) == int(r["iteration"]):
+            groups[-1].append(r)
+        else:
+            groups.append([r])
+    openers = [None] + [g[0] for g in groups]
+    together = [[]] + [[r.get("index") for r in g] for g in groups]
     out = []
     for k, opener in enumerate(openers):
         first = 0 if opener is None else int(opener["iteration"])
@@ -197,7 +206,7 @@ def segments(measured: pd.DataFrame, schedule: list[dict], t_measured: float | N
                 keep &= m["iteration"] <= last
             m = m[keep]
         st = throughput_stats(m)
-        out.append({"from_event": None if opener is None else opener.get("index"),
+        out.append({"from_event": None if opener is None else opener.get("index"), "events": together[k],
                     "kind": None if opener is None else opener.get("kind"),
                     "target": None if opener is None else opener.get("target"),
                     "iterations": [first, last],

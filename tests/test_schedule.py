@@ -553,16 +553,20 @@ RECORDS = [{"index": 0, "kind": "link_rate", "target": "uplink:tor1", "at_s": 3.
             "iteration": 9, "error": "ProcessLookupError: gone"},
            {"index": 3, "kind": "link_up", "target": "host:h1", "at_s": 99.0, "applied": False, "ts": None,
             "iteration": 10}]
+#: a second uplink changed at the same moment as record 0
+SAME_TIME = {"index": 4, "kind": "link_rate", "target": "uplink:tor2", "at_s": 3.0, "applied": True,
+             "ts": "start of", "iteration": 5, "bw_mbps": 50.0}
 
 
 def test_summary_gives_throughput_and_iteration_time_between_consecutive_events(tmp_path):
-    d = synthetic_run(tmp_path, RECORDS)
+    d = synthetic_run(tmp_path, RECORDS + [SAME_TIME])
     s = metrics.summarize(d)
-    assert [e["index"] for e in s["events"]] == [0, 1, 2] and [e["index"] for e in s["events_not_reached"]] == [3]
+    assert [e["index"] for e in s["events"]] == [0, 1, 2, 4] and [e["index"] for e in s["events_not_reached"]] == [3]
     assert s["iterations_note"] is None
     seg = s["segments"]
-    assert [(g["from_event"], g["kind"], g["iterations"], g["n"]) for g in seg] == [
-        (None, None, [0, 4], 3), (0, "link_rate", [5, 8], 4), (1, "compute_slowdown", [9, None], 1)]
+    # both uplinks changed at iteration 5 open one segment together
+    assert [(g["from_event"], g["events"], g["kind"], g["iterations"], g["n"]) for g in seg] == [
+        (None, [], None, [0, 4], 3), (0, [0, 4], "link_rate", [5, 8], 4), (1, [1], "compute_slowdown", [9, None], 1)]
     # emulated time: real seconds / scale 2; the failed kill is no boundary
     assert seg[0]["iteration_time_s"]["mean"] == pytest.approx(0.5)
     assert seg[1]["iteration_time_s"]["mean"] == pytest.approx(1.0) and seg[1]["iteration_time_s"]["p95"] == 1.0
