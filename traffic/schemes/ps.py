@@ -259,6 +259,20 @@ class ParameterServer(Scheme):
         return procs + [ProcessPlan("server", i, h) for i, h in enumerate(server_hosts)]
 
     @classmethod
+    def planned_shards(cls, workload, processes: Sequence[ProcessPlan]) -> tuple:
+        """``(keys, shards)`` of a plan, without building anything: the model's keys
+        (:func:`~traffic.schemes.base.model_keys`: ``(elements, layer)`` each) and their
+        :func:`assign_keys` shards over the plan's server processes (at least one), split at
+        the options' ``bigarray_bound``.
+
+        Raises:
+            KeyError: unknown model.
+        """
+        keys = model_keys(workload.model)
+        servers = max(count_roles(processes).get("server", 0), 1)
+        return keys, assign_keys([n for n, _ in keys], servers, cls.options_of(workload).bigarray_bound)
+
+    @classmethod
     def message_bytes(cls, workload, processes: Sequence[ProcessPlan]) -> float:
         """Mean bytes per message (:meth:`Scheme.message_bytes`): per iteration every worker
         pushes every shard of :func:`assign_keys` (the model's keys, those of at least
@@ -273,9 +287,7 @@ class ParameterServer(Scheme):
             KeyError: unknown model.
         """
         opts = cls.options_of(workload)
-        servers = max(count_roles(processes).get("server", 0), 1)
-        keys = model_keys(workload.model)
-        shards = assign_keys([n for n, _ in keys], servers, opts.bigarray_bound)
+        keys, shards = cls.planned_shards(workload, processes)
         data = ELEMENT_BYTES * sum(s.numel for s in shards)
         if not getattr(opts, "pull_request", False):
             return data / len(shards)

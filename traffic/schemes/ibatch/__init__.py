@@ -100,11 +100,11 @@ from traffic.rundir import write_json
 from traffic.runtime.comm import CommThread
 from traffic.runtime.events import read_events
 from traffic.schemes import register
-from traffic.schemes.base import ProcessPlan, count_roles, model_keys
+from traffic.schemes.base import ProcessPlan
 from traffic.schemes.ibatch.batching import (STRATEGIES, PullProfile, Strategy, choose_batching, exe_time,
                                              optimal_batching, pipeline_time, satisfies_constraint,
                                              strategy_ends)
-from traffic.schemes.ps import ELEMENT_BYTES, ParameterServer, PSOptions, assign_keys
+from traffic.schemes.ps import ELEMENT_BYTES, ParameterServer, PSOptions
 
 __all__ = ["IBatch", "IBatchOptions", "STRATEGIES", "REQUEST_TAG", "REPLY_TAG"]
 
@@ -160,9 +160,7 @@ class IBatch(ParameterServer):
             KeyError: unknown model.
         """
         opts = cls.options_of(workload)
-        servers = max(count_roles(processes).get("server", 0), 1)
-        keys = model_keys(workload.model)
-        shards = assign_keys([n for n, _ in keys], servers, opts.bigarray_bound)
+        keys, shards = cls.planned_shards(workload, processes)
         active = len({s.server for s in shards})
         if opts.pull == "default":
             requests = active
