@@ -80,6 +80,9 @@ class Report:
             values are passed to ``table`` and ``plots`` as keyword arguments (each gets the
             ones its signature names).
         inputs: what the paths are, for ``--help`` (``SWEEP`` for a report per sweep).
+        standalone: the ``dest`` of report options that need no run: with one of them set the
+            paths may be left out (``table`` and ``plots`` then get ``[]``); without any
+            (the default) a report needs at least one path.
     """
     name: str
     description: str
@@ -87,12 +90,20 @@ class Report:
     plots: Callable[..., list] | None = None
     options: Callable[[argparse.ArgumentParser], None] | None = None
     inputs: str = "RUN_OR_SWEEP"
+    standalone: tuple[str, ...] = ()
+
+    def _standalone_flags(self) -> str:
+        """The :attr:`standalone` options as typed: ``--fig8`` or ``--a-b``."""
+        return " or ".join("--" + d.replace("_", "-") for d in self.standalone)
 
     def parser(self, prog: str | None = None) -> argparse.ArgumentParser:
-        """``RUN_OR_SWEEP... [--plots DIR]`` and the report's own options."""
+        """``RUN_OR_SWEEP... [--plots DIR]`` and the report's own options (the paths optional
+        when the report has :attr:`standalone` options)."""
         ap = argparse.ArgumentParser(prog=prog or f"testbed report {self.name}", description=self.description)
-        ap.add_argument("paths", nargs="+", metavar=self.inputs,
-                        help="sweep directories" if self.inputs == "SWEEP" else "run directories or sweep directories")
+        what = "sweep directories" if self.inputs == "SWEEP" else "run directories or sweep directories"
+        if self.standalone:
+            what += f" (none needed with {self._standalone_flags()})"
+        ap.add_argument("paths", nargs="*" if self.standalone else "+", metavar=self.inputs, help=what)
         if self.plots is not None:
             ap.add_argument("--plots", metavar="DIR", help="write the report's figures (PNG) into DIR")
         if self.options is not None:
@@ -105,9 +116,14 @@ class Report:
 
         Raises:
             TestbedError: a path that is not a run or sweep directory, or nothing to report.
+            SystemExit: (status 2, argparse's usage message) bad arguments, or no path and
+                none of the :attr:`standalone` options.
         """
-        opts = vars(self.parser(prog).parse_args(list(argv)))
+        ap = self.parser(prog)
+        opts = vars(ap.parse_args(list(argv)))
         paths, plots_dir = opts.pop("paths"), opts.pop("plots", None)
+        if not paths and not any(opts.get(d) for d in self.standalone):
+            ap.error(f"give {self.inputs} directories or {self._standalone_flags()}")
         print(self.table(paths, **_named(self.table, opts)), file=out or sys.stdout)
         if plots_dir:
             for png in self.plots(paths, Path(plots_dir), **_named(self.plots, opts)):

@@ -1,7 +1,10 @@
-"""Stanza against the parameter server, from run directories: Figures 6 a-c, 7 and Table 6.
+"""Stanza against the parameter server: Figures 6 a-c, 7 and Table 6 from run directories, Fig. 8 from the model.
 
     testbed report stanza RUN_OR_SWEEP_DIR [...] [--plots DIR]
+    testbed report stanza [RUN_OR_SWEEP_DIR ...] --fig8 MODEL_OR_PROFILE... [--fig8-gbps G...]
+        [--fig8-nodes N...] [--plots DIR]
     python -m analysis.stanza_report RUN_OR_SWEEP_DIR [...] [--plot]
+    python -m analysis.stanza_report --fig8 MODEL_OR_PROFILE... [--fig8-gbps G...] [--fig8-nodes N...]
 
 For every run (a run directory, or every run of a sweep directory) of scheme ``stanza`` or
 ``ps`` it computes (:func:`run_figures`):
@@ -33,12 +36,28 @@ batches, so equal work per iteration), flagged with both runs' fidelity flags. B
 are printed as markdown, their ``flags`` explained under a table that has a flagged row.
 ``--plot`` draws accuracy against wall time of every real-compute run into
 ``stanza_accuracy.png`` in the first directory given (``--plots DIR``: into ``DIR``).
+
+``--fig8`` needs no run (:func:`fig8`, :func:`fig8_text`): Stanza §7.2's numerical
+simulation, Fig. 8. For every model or compute profile given, every bandwidth (``--fig8-gbps``,
+Gbit/s at each node; default the paper's 25, 40 and 100) and every cluster size
+(``--fig8-nodes``; default the paper's 5, 10, 20, 40 and 80 nodes in total), the
+throughput-maximizing node assignment of Stanza (eq. (5): ``n_c`` CONV + ``n_f`` FC workers)
+and of PS (§7.2: ``n_w`` workers + ``n_s`` servers), their predicted times per iteration
+(eqs. (3), (6)), throughputs (eqs. (4), (7)), the speedup (throughput ratio) and each
+system's throughput over that of the previous cluster size (the paper's "40 to 80 nodes"
+scalability). The paper's ``T_ps``, ``T_c`` and ``T_f`` come from its EC2 runs and are not
+printed, so compute profiles stand in: a model name takes :data:`FIG8_PROFILES` (the V100
+profiles that ship, at Stanza Table 5's batch where one ships), a ``.json`` path any profile
+(its model and batch size are the file's). ``--plots DIR`` draws ``stanza_fig8.png``
+(throughput against nodes, one panel per profile and bandwidth, as the paper's figure).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
+import textwrap
 from pathlib import Path
 
 import pandas as pd
@@ -49,10 +68,12 @@ from analysis.metrics import global_iterations
 from analysis.models import stanza as sm
 from traffic.data import load_dataset
 from traffic.models import model_info
-from traffic.profiles import load_profile
+from traffic.profiles import DATA_DIR, Profile, load_profile, profile_filename
 from traffic.rundir import find_runs
 
-__all__ = ["IMAGENET_TRAIN", "REPORT", "run_figures", "pair", "report", "table", "plots", "main"]
+__all__ = ["IMAGENET_TRAIN", "REPORT", "FIG8_GBPS", "FIG8_NODES", "FIG8_PAPER", "FIG8_PROFILES", "TABLE5_BATCH",
+           "run_figures", "pair", "report", "table", "plots", "fig8_constants", "fig8_rows", "fig8_text", "plot_fig8",
+           "main"]
 
 IMAGENET_TRAIN = 1_281_167
 """Training images of ImageNet-12 (ILSVRC 2012), the data set of Stanza §6.3."""
@@ -250,15 +271,248 @@ def report(paths, plot: bool = False) -> str:
     return _text(rows)
 
 
-def table(paths) -> str:
-    """:func:`report` without the plot."""
-    return _text(_rows(paths))
+# ----------------------------------------------------------------------------- Fig. 8: the model only
+
+_REPO = Path(__file__).resolve().parents[1]
+
+FIG8_NODES = (5, 10, 20, 40, 80)
+"""Stanza Fig. 8's cluster sizes: "Stanza and PS use 5, 10, 20, 40, and 80 nodes in total"
+(the figure's caption, §7.2)."""
+
+FIG8_GBPS = (25.0, 40.0, 100.0)
+"""Stanza Fig. 8's bandwidths at each node, Gbit/s: "We vary the network bandwidth from 25G to
+40G and 100G" (§7.2)."""
+
+TABLE5_BATCH = {"alexnet": 128, "vgg16": 64, "vgg19": 64}
+"""Per-worker batch of Fig. 8's CNNs ("AlexNet, VGG-16, and VGG-19 on ImageNet-12", §7.2) in
+Stanza Table 5 (§6.1)."""
+
+FIG8_PROFILES = {"alexnet": _REPO / "experiments" / "stanza_profiles" / "alexnet-v100-b128.json",
+                 "vgg16": _REPO / "experiments" / "stanza_profiles" / "vgg16-v100-b64.json",
+                 "vgg19": DATA_DIR / profile_filename("vgg19", "v100", 32)}
+"""The compute profile a model name stands for in ``--fig8``: the Tesla V100 profiles that ship
+(PHub's GTX 1080 Ti times scaled by the two GPUs' peak FP32 ratio, and by batch size for
+AlexNet and VGG-16: each file's ``method``), at Table 5's batch where one ships; VGG-19's ships
+at batch 32 only (Table 5: 64)."""
+
+FIG8_PAPER = {
+    "alexnet": "80 nodes at 40G 1.79x; 40 nodes at 25G 2.29x; at 100G 1.55x; 40 -> 80 nodes: Stanza 2x "
+               "(25G, 100G), PS 1.73x (25G), 1.85x (100G)",
+    "vgg16": "80 nodes at 40G 1.97x; 40 nodes at 25G 2.35x; at 100G 1.72x; 40 -> 80 nodes: Stanza 2x (25G), "
+             "PS 1.81x (25G), 1.91x (100G)",
+    "vgg19": "80 nodes at 40G 1.87x; 40 nodes at 25G 2.33x; at 100G 1.84x; 40 -> 80 nodes: Stanza 2x "
+             "(25G, 100G), PS 1.70x (25G), 1.73x (100G)"}
+"""What Stanza §7.2's text states of Fig. 8 per model (speedups are throughput ratios; the
+figure itself prints no value)."""
+
+FIG8_NOTE = (
+    "Stanza Fig. 8 (§7.2) from the performance models, no emulation: on N nodes in total, Stanza's node "
+    "assignment (eq. (5): n_c CONV + n_f FC workers maximizing eq. (4)) against PS's (§7.2: n_w workers + n_s "
+    "servers maximizing eq. (7)); ms = predicted time per iteration (eqs. (3), (6)); throughput in 10^3 "
+    "samples/s (the figure's y axis); speedup = Stanza's throughput / PS's; scale = throughput over that of the "
+    "previous N at the same bandwidth. The paper's T_ps, T_c and T_f come from its EC2 runs (Tesla V100, §7.1) "
+    "and are not printed in the paper, so the compute profiles below stand in for them: T_c = forward + backward "
+    "of the layers before the model's CONV/FC split, T_f = of the others, T_ps = T_c + T_f. Not modelled: the "
+    "GPU memory the paper also considers in node assignment (footnote 6).")
 
 
-def plots(paths, out_dir) -> list[Path]:
-    """``stanza_accuracy.png`` in ``out_dir`` when a run has an accuracy curve."""
-    curves = [r for r in _rows(paths) if r["accuracy_curve"]]
-    return [_plot(curves, Path(out_dir))] if curves else []
+def fig8_constants(ref: str) -> tuple[str, Profile, sm.Constants]:
+    """The model constants (Stanza Table 3) of one ``--fig8`` argument.
+
+    Args:
+        ref: a model of :data:`FIG8_PROFILES` (its shipped V100 profile), or the path of a
+            profile JSON (:mod:`traffic.profiles` format; its ``model``, which needs a
+            CONV/FC ``split_index``, and its ``batch_size``, which is ``K``).
+
+    Returns:
+        ``(path of the profile, the profile, its constants)``.
+
+    Raises:
+        ReportError: ``ref`` is neither a Fig. 8 model nor a ``.json`` path; the file is a
+            directory, cannot be read, is not JSON or names no model and integer batch size;
+            the model has no CONV/FC split.
+        TestbedError: the file is not a valid profile, its model is unknown, or its layer
+            count differs from the model's (:func:`traffic.profiles.load_profile`).
+    """
+    if ref in FIG8_PROFILES:
+        path = FIG8_PROFILES[ref]
+    elif ref.endswith(".json") or "/" in ref:
+        path = Path(ref)
+    else:
+        raise skeleton.ReportError(f"--fig8: {ref!r} is neither a model of Fig. 8 ({', '.join(FIG8_PROFILES)}) "
+                                   "nor a compute profile file (.json)")
+    if path.is_dir():
+        raise skeleton.ReportError(f"--fig8: {ref} is a directory, not a compute profile; give run or sweep "
+                                   "directories before --fig8")
+    try:
+        doc = json.loads(path.read_text())
+    except OSError as e:
+        raise skeleton.ReportError(f"--fig8: cannot read compute profile {path}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise skeleton.ReportError(f"--fig8: {path} is not JSON ({e})") from None
+    if not (isinstance(doc, dict) and isinstance(doc.get("model"), str) and isinstance(doc.get("batch_size"), int)
+            and not isinstance(doc.get("batch_size"), bool)):
+        raise skeleton.ReportError(f"--fig8: {path} is not a compute profile (no string 'model' and integer "
+                                   "'batch_size')")
+    prof = load_profile(str(path), doc["model"], doc["batch_size"])
+    try:
+        c = sm.Constants.from_profile(prof.model, prof)
+    except ValueError as e:
+        raise skeleton.ReportError(f"--fig8: {path}: {e}; Stanza's model needs a CONV/FC boundary") from None
+    return str(path), prof, c
+
+
+def _fig8_sections(refs, gbps, nodes) -> list[tuple[str, Profile, sm.Constants, pd.DataFrame]]:
+    if not refs:
+        raise skeleton.ReportError("--fig8: give at least one model or compute profile")
+    nodes = sorted({int(n) for n in nodes})
+    gbps = sorted({float(g) for g in gbps})
+    if not nodes or nodes[0] < 2:
+        raise skeleton.ReportError(f"--fig8-nodes: every node count must be at least 2 (one CONV and one FC worker, "
+                                   f"one PS worker and one server), got {nodes[0] if nodes else 'none'}")
+    if not gbps or not all(math.isfinite(g) and g > 0 for g in gbps):
+        raise skeleton.ReportError(f"--fig8-gbps: every bandwidth must be a finite number of Gbit/s > 0, got "
+                                   f"{', '.join(f'{g:g}' for g in gbps) or 'none'}")
+    out = []
+    for ref in refs:
+        path, prof, c = fig8_constants(ref)
+        rows = []
+        for g in gbps:
+            prev = None
+            for N in nodes:
+                pt = sm.stanza_vs_ps(c, N, g * 1e9)
+                s, p = pt.stanza, pt.ps
+                rows.append({"model": prof.model, "profile": path, "K": c.K, "gbps": g, "N": N,
+                             "n_c": s.n_c, "n_f": s.n_f, "stanza_s": s.time_s, "stanza_sps": s.throughput,
+                             "n_w": p.n_c, "n_s": p.n_f, "ps_s": p.time_s, "ps_sps": p.throughput,
+                             "speedup": pt.speedup,
+                             "stanza_scale": s.throughput / prev.stanza.throughput if prev else math.nan,
+                             "ps_scale": p.throughput / prev.ps.throughput if prev else math.nan})
+                prev = pt
+        out.append((path, prof, c, pd.DataFrame(rows)))
+    return out
+
+
+def fig8_rows(refs, gbps=FIG8_GBPS, nodes=FIG8_NODES) -> pd.DataFrame:
+    """Stanza Fig. 8 from the models (:func:`analysis.models.stanza.stanza_vs_ps`).
+
+    Args:
+        refs: models or compute profile files (:func:`fig8_constants`).
+        gbps: bandwidths at each node, Gbit/s (``B`` = ``gbps`` x 1e9 bit/s).
+        nodes: cluster sizes ``N`` (both systems use all ``N`` nodes).
+
+    Returns:
+        One row per (ref, bandwidth, N), bandwidths and node counts ascending (duplicates
+        dropped): ``model``, ``profile`` (path), ``K``, ``gbps``, ``N``, ``n_c``, ``n_f``
+        (Stanza's CONV and FC workers), ``stanza_s`` (eq. (3), s), ``stanza_sps`` (eq. (4),
+        samples/s), ``n_w``, ``n_s`` (PS workers and servers), ``ps_s`` (eq. (6), s),
+        ``ps_sps`` (eq. (7), samples/s), ``speedup`` (``stanza_sps / ps_sps``),
+        ``stanza_scale``, ``ps_scale`` (throughput over the previous ``N``'s at that ref and
+        bandwidth; NaN for the smallest ``N``).
+
+    Raises:
+        ReportError: no ref, a node count < 2, a bandwidth that is not a finite number > 0,
+            or a ref :func:`fig8_constants` refuses.
+        TestbedError: as :func:`fig8_constants`.
+    """
+    return pd.concat([df for *_, df in _fig8_sections(refs, gbps, nodes)], ignore_index=True)
+
+
+def _shown(path: str) -> str:
+    """``path`` relative to the repository when it is inside it."""
+    try:
+        return str(Path(path).resolve().relative_to(_REPO))
+    except ValueError:
+        return path
+
+
+def _x(v: float) -> str:
+    return "-" if math.isnan(v) else f"{v:.3f}"
+
+
+def fig8_text(refs, gbps=FIG8_GBPS, nodes=FIG8_NODES) -> str:
+    """:func:`fig8_rows` as text: :data:`FIG8_NOTE`, then per ref its constants, its profile's
+    provenance and a markdown table (times in ms, throughputs in 10^3 samples/s, ratios to
+    3 decimals), and what the paper states for that model (:data:`FIG8_PAPER`).
+
+    Raises:
+        ReportError, TestbedError: as :func:`fig8_rows`.
+    """
+    lines = [textwrap.fill(FIG8_NOTE, width=110)]
+    for path, prof, c, df in _fig8_sections(refs, gbps, nodes):
+        t5 = TABLE5_BATCH.get(prof.model)
+        batch = "" if t5 in (None, c.K) else f" (Stanza Table 5 trains {prof.model} with {t5} per worker)"
+        lines += ["", f"## Fig. 8: {prof.model}, K = {c.K} per node{batch}: {_shown(path)}",
+                  f"device {prof.device}; T_c {1e3 * c.T_c:.2f} ms, T_f {1e3 * c.T_f:.2f} ms, "
+                  f"T_ps {1e3 * c.T_ps:.2f} ms "
+                  f"per batch of K; P {c.P / 1e6:.3f} M, P_c {c.P_c / 1e6:.3f} M parameters; A {c.A:,} activations "
+                  "per sample",
+                  f"profile: {prof.method}", ""]
+        t = pd.DataFrame({
+            "Gbit/s": [f"{g:g}" for g in df["gbps"]], "N": df["N"].astype(str),
+            "n_c": df["n_c"].astype(str), "n_f": df["n_f"].astype(str),
+            "Stanza ms": [f"{1e3 * v:.2f}" for v in df["stanza_s"]],
+            "Stanza 10^3/s": [f"{v / 1e3:.3f}" for v in df["stanza_sps"]],
+            "n_w": df["n_w"].astype(str), "n_s": df["n_s"].astype(str),
+            "PS ms": [f"{1e3 * v:.2f}" for v in df["ps_s"]], "PS 10^3/s": [f"{v / 1e3:.3f}" for v in df["ps_sps"]],
+            "speedup": [_x(v) for v in df["speedup"]], "Stanza scale": [_x(v) for v in df["stanza_scale"]],
+            "PS scale": [_x(v) for v in df["ps_scale"]]})
+        lines.append(skeleton.markdown(t, preformatted=True, colalign=["right"] * len(t.columns)))
+        if prof.model in FIG8_PAPER:
+            lines += ["", f"paper (§7.2, {prof.model}, its own T_ps, T_c, T_f): {FIG8_PAPER[prof.model]}"]
+    return "\n".join(lines)
+
+
+def plot_fig8(rows: pd.DataFrame, path) -> Path:
+    """Fig. 8: Stanza's and PS's modelled throughput (10^3 samples/s) against nodes (log
+    axis), one panel per profile (row) and bandwidth (column), from :func:`fig8_rows`."""
+    # lazy: analysis.plots loads matplotlib, which the tables do not need
+    from analysis.plots import plt, save_figure
+    profiles = list(dict.fromkeys(rows["profile"]))
+    gbps = sorted(rows["gbps"].unique())
+    fig, axes = plt.subplots(len(profiles), len(gbps), figsize=(3.6 * len(gbps), 2.9 * len(profiles)), squeeze=False)
+    for i, prof in enumerate(profiles):
+        for j, g in enumerate(gbps):
+            ax = axes[i][j]
+            d = rows[(rows["profile"] == prof) & (rows["gbps"] == g)]
+            ax.plot(d["N"], d["stanza_sps"] / 1e3, "o-", label="Stanza")
+            ax.plot(d["N"], d["ps_sps"] / 1e3, "s-", label="PS")
+            ax.set_xscale("log")
+            ax.set_xticks(list(d["N"]))
+            ax.set_xticklabels([str(n) for n in d["N"]])
+            ax.minorticks_off()
+            ax.set_title(f"{Path(prof).stem}, {g:g} Gbit/s", fontsize=9)
+            ax.set_xlabel("nodes")
+            ax.set_ylabel("10^3 samples/s")
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def table(paths, fig8: list[str] | None = None, fig8_gbps=FIG8_GBPS, fig8_nodes=FIG8_NODES) -> str:
+    """:func:`report` without the plot, then, with ``fig8`` (models or profile files, see
+    :func:`fig8_constants`), :func:`fig8_text`; ``paths`` may be empty then.
+
+    Raises:
+        ReportError, TestbedError: as :func:`fig8_rows` (a bad ``--fig8`` argument).
+    """
+    parts = [_text(_rows(paths))] if paths else []
+    if fig8:
+        parts.append(fig8_text(fig8, fig8_gbps, fig8_nodes))
+    return "\n\n".join(parts)
+
+
+def plots(paths, out_dir, fig8: list[str] | None = None, fig8_gbps=FIG8_GBPS, fig8_nodes=FIG8_NODES) -> list[Path]:
+    """``stanza_accuracy.png`` in ``out_dir`` when a run has an accuracy curve, and with
+    ``fig8`` ``stanza_fig8.png`` (:func:`plot_fig8`)."""
+    out = []
+    curves = [r for r in _rows(paths) if r["accuracy_curve"]] if paths else []
+    if curves:
+        out.append(_plot(curves, Path(out_dir)))
+    if fig8:
+        out.append(plot_fig8(fig8_rows(fig8, fig8_gbps, fig8_nodes), Path(out_dir) / "stanza_fig8.png"))
+    return out
 
 
 def _plot(curves: list[dict], out_dir: Path) -> Path:
@@ -277,16 +531,33 @@ def _plot(curves: list[dict], out_dir: Path) -> Path:
     return save_figure(fig, out_dir / "stanza_accuracy.png")
 
 
-REPORT = skeleton.Report("stanza", __doc__.split("\n")[0], table, plots)
+def _options(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--fig8", nargs="+", metavar="MODEL_OR_PROFILE",
+                    help=f"print Fig. 8 from the performance models, no run needed: a model "
+                         f"({', '.join(FIG8_PROFILES)}: the V100 profiles that ship) or a compute profile .json each")
+    ap.add_argument("--fig8-gbps", nargs="+", type=float, default=list(FIG8_GBPS), metavar="GBPS",
+                    help="bandwidths at each node for --fig8, Gbit/s (default the paper's 25 40 100)")
+    ap.add_argument("--fig8-nodes", nargs="+", type=int, default=list(FIG8_NODES), metavar="N",
+                    help="nodes in total for --fig8 (default the paper's 5 10 20 40 80)")
+
+
+REPORT = skeleton.Report("stanza", __doc__.split("\n")[0], table, plots, _options, standalone=("fig8",))
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line: print :func:`report` of the given run or sweep directories."""
+    """Command line: print :func:`report` of the given run or sweep directories, and with
+    ``--fig8`` :func:`fig8_text`."""
     ap = argparse.ArgumentParser(prog="python -m analysis.stanza_report", description=__doc__.split("\n")[0])
-    ap.add_argument("dirs", nargs="+")
+    ap.add_argument("dirs", nargs="*", help="run or sweep directories (none needed with --fig8)")
     ap.add_argument("--plot", action="store_true", help="accuracy against wall time -> stanza_accuracy.png")
+    _options(ap)
     a = ap.parse_args(argv)
-    print(report(a.dirs, plot=a.plot))
+    if not a.dirs and not a.fig8:
+        ap.error("give run or sweep directories or --fig8")
+    parts = [report(a.dirs, plot=a.plot)] if a.dirs else []
+    if a.fig8:
+        parts.append(fig8_text(a.fig8, a.fig8_gbps, a.fig8_nodes))
+    print("\n\n".join(parts))
     return 0
 
 
