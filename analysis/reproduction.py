@@ -43,8 +43,8 @@ from analysis.report import REPORTS
 from topologies.errors import TestbedError, show_value
 from topologies.validation import SpecModel, field_errors, load_yaml
 
-__all__ = ["CATALOGUE", "PAPERS", "QUICK_MAX_MINUTES", "REPO_ROOT", "STATUSES", "TOLERANCE", "CatalogueError",
-           "Entry", "Measured", "PaperValue", "Quick", "SpecRef", "UnknownEntry", "find_quote", "format_list", "get_entry", "load_catalogue",
+__all__ = ["MARKER", "CATALOGUE", "PAPERS", "QUICK_MAX_MINUTES", "REPO_ROOT", "STATUSES", "TOLERANCE", "CatalogueError",
+           "Entry", "Headline", "Measured", "PaperValue", "Quick", "Ratio", "SpecRef", "UnknownEntry", "find_quote", "format_list", "get_entry", "load_catalogue",
            "missing_quotes"]
 
 #: the shipped catalogue
@@ -54,6 +54,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 #: id prefix -> the paper's text file (in the papers directory, /work/shared/papers/)
 PAPERS = {"p3": "p3.txt", "phub": "phub.txt", "ibatch": "ibatch.txt", "stanza": "stanza.txt",
           "pipe_sgd": "pipe-sgd.txt"}
+#: the file ``testbed reproduce`` writes into each sweep (or run) directory it makes: which
+#: entry, run mode (full / quick / headline), overrides and repeat it is (JSON)
+MARKER = "reproduce.json"
 #: the allowed statuses, from best to worst
 STATUSES = ("reproduced", "partly", "not", "not possible here")
 #: a measured ratio within this fraction of the paper's counts as reproduced (issue 15)
@@ -162,6 +165,65 @@ class Quick(SpecModel):
         return _check_overrides(v)
 
 
+class Ratio(SpecModel):
+    """One ratio a headline run measures: ``metric`` of the sweep row matching
+    ``numerator`` over that of the row matching ``denominator``, set against the paper's."""
+    claim: Text
+    """What the ratio is, one line, e.g. ``P3 over the baseline at 4 Gbit/s, samples/s``."""
+    paper: list[float] = Field(min_length=1, max_length=2)
+    """The paper's ratio: one number, or ``[low, high]`` when the paper gives a range."""
+    where: Text
+    """Section and figure or table of the paper's number."""
+    metric: Literal["samples_per_s"] = "samples_per_s"
+    """The ``sweep.csv`` column compared (higher is better, so a ratio > 1 favours the numerator)."""
+    numerator: dict[str, str | int | float | bool]
+    """``sweep.csv`` column -> value picking exactly one row of each headline sweep (e.g.
+    ``{variant: p3}``); values are compared as text."""
+    denominator: dict[str, str | int | float | bool]
+    """The same for the row it is divided by."""
+    setting_differs: str | None = None
+    """Set when the headline run cannot take the paper's setting for this ratio: how it
+    differs (e.g. ``8 nodes here, 30 in the paper``). The scoreboard then counts the ratio
+    apart from those measured on the paper's setting."""
+    sensitivity: str | None = None
+    """Set for a ratio that is not the headline itself but the headline at another value of
+    a setting the paper does not fix: what differs (e.g. ``tcp_notsent_lowat at the kernel
+    default``)."""
+
+    @field_validator("paper")
+    @classmethod
+    def _paper(cls, v: list[float]) -> list[float]:
+        if any(not x > 0 for x in v) or (len(v) == 2 and v[0] > v[1]):
+            raise ValueError("[ratio] or [low, high] with 0 < low <= high")
+        return v
+
+    @field_validator("numerator", "denominator")
+    @classmethod
+    def _selector(cls, v: dict) -> dict:
+        if not v:
+            raise ValueError("at least one sweep.csv column -> value (e.g. {variant: p3})")
+        return v
+
+
+class Headline(SpecModel):
+    """The headline run of an entry (``testbed reproduce ID --headline [--repeat N]``): the
+    points its ratios need, run with enough iterations to count, and the ratios themselves."""
+    set: list[str]
+    """``--set`` overrides applied after the spec's own, in order, each ``FIELD=VALUE``."""
+    minutes: float = Field(gt=0)
+    """Wall minutes of one headline run measured on this machine."""
+    note: Text
+    """What the headline run keeps and drops of the full spec, and how its setting differs
+    from the paper's, if it does."""
+    ratios: list[Ratio] = Field(min_length=1)
+    """What it measures; the first is the headline."""
+
+    @field_validator("set")
+    @classmethod
+    def _overrides(cls, v: list[str]) -> list[str]:
+        return _check_overrides(v)
+
+
 class Entry(SpecModel):
     """One figure or table of a paper's evaluation and how far it is reproduced here.
     Fields are checked in order; a check that depends on an earlier field is skipped when
@@ -191,6 +253,9 @@ class Entry(SpecModel):
     """How ``run_minutes`` was estimated (required with it)."""
     quick: Quick | None = Field(default=None, validate_default=True)
     """The reduced version ``--quick`` runs, or null (only with a spec)."""
+    headline: Headline | None = Field(default=None, validate_default=True)
+    """The run that measures the paper's headline ratios (``--headline``), or null (only with
+    a spec)."""
 
     @field_validator("id")
     @classmethod
@@ -265,16 +330,28 @@ class Entry(SpecModel):
             raise ValueError("null (there is no spec to reduce)")
         return v
 
-    def overrides(self, quick: bool = False) -> list[str]:
+    @field_validator("headline")
+    @classmethod
+    def _headline(cls, v: Headline | None, info: ValidationInfo) -> Headline | None:
+        if v is not None and "spec" in info.data and info.data["spec"] is None:
+            raise ValueError("null (there is no spec to run)")
+        return v
+
+    def overrides(self, quick: bool = False, headline: bool = False) -> list[str]:
         """The ``--set`` overrides of its run: the spec's, then with ``quick`` the quick
-        version's (empty without a spec).
+        version's, or with ``headline`` the headline run's (empty without a spec).
 
         Raises:
-            ValueError: ``quick`` and the entry has no quick version.
+            ValueError: ``quick`` and ``headline`` both, or the entry has no such version.
         """
+        if quick and headline:
+            raise ValueError("quick or headline, not both")
         if quick and self.quick is None:
             raise ValueError(f"{self.id} has no quick version")
-        return ([] if self.spec is None else list(self.spec.set)) + (list(self.quick.set) if quick else [])
+        if headline and self.headline is None:
+            raise ValueError(f"{self.id} has no headline run")
+        extra = list(self.quick.set) if quick else list(self.headline.set) if headline else []
+        return ([] if self.spec is None else list(self.spec.set)) + extra
 
     @property
     def paper(self) -> str:

@@ -12,6 +12,9 @@
                    [--plots DIR]          and figures; the paper's own options pass through
     testbed reproduce --list              every figure and table of the five papers: spec, minutes, status
     testbed reproduce ID [--quick]        run one of them, then its report beside the paper's values
+    testbed reproduce ID --headline --repeat 3   its headline ratios, median and range over 3 runs
+    testbed reproduce --archive DEST      keep the marked runs' small files (reproduction/runs)
+    testbed reproduce --scoreboard DIR    REPRODUCTION.md from the marked runs under DIR
     testbed clean                         remove what a killed run left on the machine
     testbed profile MODEL --batch B       measure per-layer forward/backward times here
 
@@ -308,11 +311,22 @@ def _cmd_reproduce(args) -> int:
     if args.list:
         print(format_list(entries))
         return 0
+    if args.scoreboard is not None:
+        from analysis.scoreboard import scoreboard  # lazy: pandas, only for --scoreboard
+        sys.stdout.write(scoreboard(args.scoreboard, entries))
+        return 0
+    if args.archive is not None:
+        from analysis.scoreboard import archive  # lazy: pandas, only for --archive
+        made = archive(args.runs_dir or "runs", args.archive)
+        print("\n".join(str(d) for d in made) if made else f"nothing new to archive into {args.archive}")
+        return 0
     if args.id is None:
-        raise TestbedError("testbed reproduce needs an ID or --list (every figure and table of the five papers)")
+        raise TestbedError("testbed reproduce needs an ID, --list, --scoreboard DIR or --archive DEST")
+    if args.repeat < 1:
+        raise TestbedError(f"--repeat must be at least 1 (got {args.repeat})")
     entry = get_entry(entries, args.id)
     from testbed.reproduce import reproduce  # lazy: Mininet, torch (through the runner)
-    return reproduce(entry, quick=args.quick, runs_dir=args.runs_dir)
+    return reproduce(entry, quick=args.quick, headline=args.headline, repeat=args.repeat, runs_dir=args.runs_dir)
 
 
 def _cmd_clean(args) -> int:
@@ -410,8 +424,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("id", nargs="?", metavar="ID", help="a figure or table to run, e.g. p3.fig7c: its spec, then its "
                                                        "report beside the paper's values")
     s.add_argument("--list", action="store_true", help="list every figure and table of the five papers' evaluations")
-    s.add_argument("--quick", action="store_true", help="run the entry's reduced version (a few minutes)")
-    s.add_argument("--runs-dir", help="where run directories go (default: the spec's run.runs_dir)")
+    mode = s.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="run the entry's reduced version (a few minutes)")
+    mode.add_argument("--headline", action="store_true",
+                      help="run the entry's headline run and print its ratios against the paper's")
+    s.add_argument("--repeat", type=int, default=1, metavar="N",
+                   help="run it N times (each sweep marked as one repeat; 3 for a headline)")
+    s.add_argument("--runs-dir", help="where run directories go (default: the spec's run.runs_dir); "
+                                      "with --archive, where the marked runs are (default: runs)")
+    s.add_argument("--scoreboard", metavar="DIR",
+                   help="print REPRODUCTION.md from the marked run directories under DIR (e.g. reproduction/runs)")
+    s.add_argument("--archive", metavar="DEST",
+                   help="copy the small files of every marked run directory (--runs-dir) into DEST, never overwriting")
     s.set_defaults(fn=_cmd_reproduce)
     s = sub.add_parser("clean", help="remove namespaces, links, bridges and processes a killed run left")
     s.add_argument("--force", action="store_true",

@@ -15,17 +15,19 @@ that the two are side by side.
 """
 from __future__ import annotations
 
+import json
 import shlex
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, TextIO
 
 from analysis.report import get_report
-from analysis.reproduction import REPO_ROOT, Entry
+from analysis.reproduction import MARKER, REPO_ROOT, Entry
 from topologies.errors import TestbedError
 
 __all__ = ["MEASURED_HEADING", "NotRunnable", "PAPER_HEADING", "describe", "paper_block", "report_argv",
-           "reproduce"]
+           "reproduce", "reproduce_once"]
 
 #: the heading of the report's output
 MEASURED_HEADING = "measured (this run) and the paper model's prediction"
@@ -47,15 +49,17 @@ def _check_runnable(entry: Entry, quick: bool) -> None:
                           f"run it without --quick ({entry.run_minutes:g} min here)")
 
 
-def describe(entry: Entry, quick: bool = False) -> str:
+def describe(entry: Entry, quick: bool = False, headline: bool = False) -> str:
     """The entry as printed before its run: id and title, the ``testbed run`` command with the
     overrides used (and with ``quick`` what is reduced), then every paper value with where
     the paper states it (``paper_values_note`` when there are none)."""
     lines = [f"{entry.id}: {entry.title}"]
     if entry.spec is not None:
         cmd = " ".join(["testbed run", shlex.quote(entry.spec.path)]
-                       + [f"--set {shlex.quote(s)}" for s in entry.overrides(quick)])
+                       + [f"--set {shlex.quote(s)}" for s in entry.overrides(quick, headline)])
         lines.append(f"spec: {cmd}")
+        if headline:
+            lines.append(f"headline run ({entry.headline.minutes:g} min here): {' '.join(entry.headline.note.split())}")
         if quick:
             lines.append(f"quick version ({entry.quick.minutes:g} min here, the full run {entry.run_minutes:g} min): "
                          f"{' '.join(entry.quick.note.split())}")
@@ -104,8 +108,62 @@ def _target(results) -> Path:
     return parent if len(results) > 1 or (parent / "sweep.csv").is_file() else results[0].run_dir
 
 
+def _write_marker(target: Path, entry: Entry, mode: str, overrides: list[str], repeat: int, repeats: int,
+                  started: str) -> None:
+    """Record in ``target`` (the sweep or run directory) which catalogue entry it reproduces
+    (:data:`analysis.reproduction.MARKER`, read by :mod:`analysis.scoreboard`)."""
+    marker = {"id": entry.id, "mode": mode, "spec": entry.spec.path, "overrides": overrides,
+              "repeat": repeat, "repeats": repeats, "started": started,
+              "finished": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    (target / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
+
+
 def reproduce(entry: Entry, quick: bool = False, runs_dir: str | Path | None = None, progress: bool = True,
-              out: TextIO | None = None, say: Callable[[str], None] | None = None) -> int:
+              out: TextIO | None = None, say: Callable[[str], None] | None = None, headline: bool = False,
+              repeat: int = 1) -> int:
+    """Run ``entry``'s spec ``repeat`` times and print its report beside the paper after each;
+    with ``headline``, then its headline ratios over the repeats (median and range).
+
+    Args:
+        entry: a catalogue entry with a spec and a report command.
+        quick: run the reduced version (the entry's ``quick`` overrides after the spec's).
+        headline: run the headline run instead (the entry's ``headline`` overrides).
+        repeat: how many times to run it (>= 1); each run's directory is marked as one
+            repeat of the entry (``reproduce.json``) for ``testbed reproduce --scoreboard``.
+        runs_dir, progress, out, say: as :func:`reproduce_once`.
+
+    Returns:
+        0 if every run of every repeat was ``ok``, else 1.
+
+    Raises:
+        NotRunnable: no spec, no such version, both ``quick`` and ``headline``, or no
+            report command.
+        ValueError: ``repeat`` < 1.
+        TestbedError: as :func:`reproduce_once`.
+    """
+    if repeat < 1:
+        raise ValueError(f"repeat must be at least 1 (got {repeat})")
+    if quick and headline:
+        raise NotRunnable("--quick or --headline, not both")
+    if headline and entry.headline is None:
+        raise NotRunnable(f"{entry.id} has no headline run (no 'headline' section in its catalogue entry)")
+    status, targets = 0, []
+    for i in range(1, repeat + 1):
+        if repeat > 1:
+            print(f"\n# {entry.id}: repeat {i} of {repeat}", file=out or sys.stdout, flush=True)
+        rc, target = reproduce_once(entry, quick=quick, headline=headline, runs_dir=runs_dir, progress=progress,
+                                    out=out, say=say, repeat=(i, repeat))
+        status, targets = max(status, rc), targets + [target]
+    if headline:
+        from analysis.scoreboard import headline_table  # lazy: pandas, only after a headline run
+        print("\n## headline ratios over the repeats\n", file=out or sys.stdout)
+        print(headline_table(entry, targets), file=out or sys.stdout, flush=True)
+    return status
+
+
+def reproduce_once(entry: Entry, quick: bool = False, runs_dir: str | Path | None = None, progress: bool = True,
+                   out: TextIO | None = None, say: Callable[[str], None] | None = None, headline: bool = False,
+                   repeat: tuple[int, int] = (1, 1)) -> tuple[int, Path]:
     """Run ``entry``'s spec (every point of its sweep) and print its report beside the paper.
 
     Args:
@@ -118,8 +176,11 @@ def reproduce(entry: Entry, quick: bool = False, runs_dir: str | Path | None = N
             ``testbed:``).
 
     Returns:
-        0 if every run's status is ``ok``, else 1 (the report is still attempted; if it
-        then finds nothing to report its message is printed instead of the tables).
+        (0 if every run's status is ``ok``, else 1 (the report is still attempted; if it
+        then finds nothing to report its message is printed instead of the tables); the
+        sweep directory, or the run directory of a single run). The directory is marked
+        with :data:`analysis.reproduction.MARKER` (entry, mode, overrides, ``repeat`` =
+        (this one, of how many), times).
 
     Raises:
         NotRunnable: no spec, ``quick`` without a quick version, or no report command.
@@ -129,19 +190,25 @@ def reproduce(entry: Entry, quick: bool = False, runs_dir: str | Path | None = N
             run was ok.
     """
     _check_runnable(entry, quick)
+    if headline and entry.headline is None:
+        raise NotRunnable(f"{entry.id} has no headline run (no 'headline' section in its catalogue entry)")
     if entry.report is None:
         raise NotRunnable(f"{entry.id} has no report command to compare its runs with the paper")
     from testbed.runner import one_line, run_experiment  # lazy: Mininet, torch
     from testbed.spec import load_spec  # lazy: torch (the model registry)
     out = out or sys.stdout
     say = say or (lambda line: print(f"testbed: {line}", file=sys.stderr))
-    print(describe(entry, quick), file=out, flush=True)
+    print(describe(entry, quick, headline), file=out, flush=True)
     root = REPO_ROOT if (REPO_ROOT / "experiments").is_dir() else Path.cwd()  # as load_catalogue's spec paths
-    exp = load_spec(root / entry.spec.path, overrides=entry.overrides(quick))
+    overrides = entry.overrides(quick, headline)
+    exp = load_spec(root / entry.spec.path, overrides=overrides)
     if runs_dir is not None:
         exp.run.runs_dir = str(runs_dir)
+    started = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     results = run_experiment(exp, progress=progress, say=say)
     target = _target(results)
+    _write_marker(target, entry, "quick" if quick else "headline" if headline else "full", overrides, *repeat,
+                  started=started)
     if not progress or target == results[0].run_dir:  # else the runner wrote them as the sweep went
         print("\n".join(one_line(r) for r in results), file=out)
     ok = all(r.ok for r in results)
@@ -158,4 +225,4 @@ def reproduce(entry: Entry, quick: bool = False, runs_dir: str | Path | None = N
     if not ok:
         bad = sum(not r.ok for r in results)
         print(f"\n{bad} of {len(results)} runs did not finish ok (see their lines above)", file=out)
-    return 0 if ok else 1
+    return (0 if ok else 1), target

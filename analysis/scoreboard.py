@@ -1,0 +1,438 @@
+"""The reproduction scoreboard (issue 15): ``REPRODUCTION.md``, generated from the run
+directories that ``testbed reproduce`` marked, never typed by hand.
+
+    testbed reproduce ID --headline --repeat 3            # runs, each sweep marked reproduce.json
+    testbed reproduce --archive reproduction/runs          # keep their small files in the repository
+    testbed reproduce --scoreboard reproduction/runs > REPRODUCTION.md
+
+    from analysis.scoreboard import scoreboard, archive, headline_table
+    text = scoreboard("reproduction/runs")                 # the markdown, deterministic
+
+A *marked* directory is a sweep (or run) directory with :data:`analysis.reproduction.MARKER`
+in it: the catalogue entry it reproduces, the mode (``full``, ``quick``, ``headline``), the
+``--set`` overrides, which repeat of how many, and when. Everything the scoreboard prints
+comes from those directories (their ``sweep.csv``, each run's ``spec.yaml``) and from the
+catalogue (the paper's values, the status and reason of entries not run here).
+
+A headline ratio (:class:`analysis.reproduction.Ratio`) is, in each marked headline sweep of
+its entry, ``samples_per_s`` of the one ``sweep.csv`` row matching its numerator over that of
+the row matching its denominator. Over the repeats the scoreboard gives the median and the
+range; *measured / paper* is the median over the paper's ratio, or over the nearer end of a
+range the paper gives (1.0 inside it); *within* is ``|measured / paper - 1| <= 0.25``
+(:data:`analysis.reproduction.TOLERANCE`). The two variants are *distinguishable* when the
+ratio's range over the repeats excludes 1.0 (with one run: when the two rows' 95 %
+confidence intervals of samples/s do not overlap).
+"""
+from __future__ import annotations
+
+import filecmp
+import json
+import math
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import median
+
+import pandas as pd
+
+from analysis.reproduction import MARKER, PAPERS, TOLERANCE, Entry, Ratio, load_catalogue
+from topologies.errors import TestbedError
+from traffic.rundir import read_spec
+
+__all__ = ["ARCHIVED_FILES", "Marked", "RatioResult", "ScoreboardError", "archive", "find_marked", "headline_table",
+           "measure_ratio", "ratio_result", "scoreboard"]
+
+#: what :func:`archive` keeps of a marked sweep (its own files, then each run's)
+ARCHIVED_FILES = (MARKER, "sweep.csv", "sweep.yaml")
+ARCHIVED_RUN_FILES = ("spec.yaml", "summary.json")
+
+
+class ScoreboardError(TestbedError):
+    """A marked directory cannot be read, a headline selector does not pick exactly one row,
+    or :func:`archive` would overwrite a different earlier copy."""
+
+
+@dataclass(frozen=True)
+class Marked:
+    """One directory ``testbed reproduce`` made: ``path`` and its marker's fields."""
+    path: Path
+    id: str
+    mode: str
+    repeat: int
+    repeats: int
+    started: str
+    finished: str
+
+    @property
+    def date(self) -> str:
+        return self.finished[:10]
+
+
+def find_marked(root: str | Path) -> list[Marked]:
+    """The marked directories under ``root`` (``root`` itself and its subdirectories, one
+    level), sorted by name (the runner's names sort by time).
+
+    Raises:
+        ScoreboardError: ``root`` is not a directory, or a marker is unreadable or lacks a field.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise ScoreboardError(f"{root}: not a directory (give the runs directory, or reproduction/runs)")
+    out = []
+    for d in [root] + sorted(p for p in root.iterdir() if p.is_dir()):
+        f = d / MARKER
+        if not f.is_file():
+            continue
+        try:
+            m = json.loads(f.read_text())
+            out.append(Marked(d, m["id"], m["mode"], int(m["repeat"]), int(m["repeats"]), m["started"],
+                              m["finished"]))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ScoreboardError(f"{f}: not a readable marker ({type(e).__name__}: {e})") from None
+    return out
+
+
+def _rows(sweep_dir: Path) -> pd.DataFrame:
+    f = sweep_dir / "sweep.csv"
+    if not f.is_file():
+        raise ScoreboardError(f"{sweep_dir}: no sweep.csv (a headline run is a sweep of its variants)")
+    return pd.read_csv(f, dtype=str, keep_default_na=False)
+
+
+def _text(v) -> str:
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
+
+
+def _pick(rows: pd.DataFrame, selector: dict, sweep_dir: Path, what: str) -> pd.Series:
+    mask = pd.Series(True, index=rows.index)
+    for col, want in selector.items():
+        if col not in rows.columns:
+            raise ScoreboardError(f"{sweep_dir}: the {what} selects on column {col!r}, which sweep.csv lacks "
+                                  f"(columns: {', '.join(rows.columns)})")
+        mask &= rows[col].map(lambda c: _same(c, want))
+    hit = rows[mask]
+    if len(hit) != 1:
+        raise ScoreboardError(f"{sweep_dir}: the {what} {selector} matches {len(hit)} rows of sweep.csv, not one")
+    return hit.iloc[0]
+
+
+def _same(cell: str, want) -> bool:
+    if cell == _text(want):
+        return True
+    try:
+        return float(cell) == float(want)
+    except (TypeError, ValueError):
+        return False
+
+
+def _float(row: pd.Series, col: str) -> float:
+    try:
+        return float(row[col])
+    except (KeyError, ValueError):
+        return math.nan
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One headline ratio in one marked sweep."""
+    ratio: float
+    numerator: float
+    denominator: float
+    numerator_ci95: float
+    denominator_ci95: float
+    flagged: bool
+    ok: bool
+    run_dirs: tuple[Path, Path]
+
+
+def measure_ratio(ratio: Ratio, sweep_dir: str | Path) -> Measurement:
+    """``ratio`` in one marked sweep: its metric of the numerator's row over the denominator's.
+
+    Raises:
+        ScoreboardError: no ``sweep.csv``, a selector that does not match exactly one row.
+    """
+    sweep_dir = Path(sweep_dir)
+    rows = _rows(sweep_dir)
+    num = _pick(rows, ratio.numerator, sweep_dir, "numerator")
+    den = _pick(rows, ratio.denominator, sweep_dir, "denominator")
+    a, b = _float(num, ratio.metric), _float(den, ratio.metric)
+    flagged = any(str(r.get(c, "")).lower() == "true" for r in (num, den) for c in ("cpu_starved", "host_cost_overrun"))
+    ok = all(r.get("status", "ok") == "ok" for r in (num, den)) and b > 0 and math.isfinite(a)
+    dirs = tuple(sweep_dir / Path(str(r.get("run_dir", ""))).name for r in (num, den))
+    return Measurement(a / b if ok else math.nan, a, b, _float(num, f"{ratio.metric}_ci95"),
+                       _float(den, f"{ratio.metric}_ci95"), flagged, ok, dirs)
+
+
+@dataclass(frozen=True)
+class RatioResult:
+    """A headline ratio over the marked sweeps of its entry."""
+    entry: Entry
+    ratio: Ratio
+    marked: list[Marked]
+    measurements: list[Measurement]
+
+    @property
+    def values(self) -> list[float]:
+        return [m.ratio for m in self.measurements if m.ok]
+
+    @property
+    def median(self) -> float:
+        return median(self.values) if self.values else math.nan
+
+    @property
+    def to_paper(self) -> float:
+        """The median over the paper's ratio (over the nearer end of its range; 1.0 inside it)."""
+        lo, hi = self.ratio.paper[0], self.ratio.paper[-1]
+        m = self.median
+        return 1.0 if lo <= m <= hi else m / (lo if m < lo else hi)
+
+    @property
+    def within(self) -> bool:
+        return bool(self.values) and abs(self.to_paper - 1) <= TOLERANCE
+
+    @property
+    def distinguishable(self) -> bool | None:
+        v = self.values
+        if not v:
+            return None
+        if len(v) > 1:
+            return min(v) > 1 or max(v) < 1
+        m = next(m for m in self.measurements if m.ok)
+        if math.isnan(m.numerator_ci95) or math.isnan(m.denominator_ci95):
+            return None
+        return (m.numerator - m.numerator_ci95 > m.denominator + m.denominator_ci95
+                or m.numerator + m.numerator_ci95 < m.denominator - m.denominator_ci95)
+
+
+def ratio_result(entry: Entry, ratio: Ratio, marked: list[Marked]) -> RatioResult:
+    """``ratio`` measured in each of ``marked`` (the entry's headline sweeps)."""
+    return RatioResult(entry, ratio, list(marked), [measure_ratio(ratio, m.path) for m in marked])
+
+
+def _paper(r: Ratio) -> str:
+    return f"{r.paper[0]:.2f}" if len(r.paper) == 1 else f"{r.paper[0]:.2f}-{r.paper[1]:.2f}"
+
+
+def _setting(res: RatioResult) -> str:
+    """The host and compute profiles, scale and host link rate of the runs compared (each
+    distinct value once, in order)."""
+    seen: dict[str, None] = {}
+    for m in res.measurements:
+        for d in m.run_dirs:
+            try:
+                s = read_spec(d)
+            except TestbedError:
+                continue
+            comp = s.get("workload", {}).get("compute", {}) or {}
+            prof = comp.get("profile")
+            prof = Path(prof).stem if isinstance(prof, str) and prof.endswith(".json") else prof
+            host = (s.get("host") or {}).get("profile")
+            bw = (s.get("topology") or {}).get("host_bw_mbps")
+            scale = s.get("scale")
+            parts = [f"host {host}", f"compute {comp.get('mode')}" + (f" {prof}" if prof else ""),
+                     f"scale {scale:g}" if isinstance(scale, (int, float)) else f"scale {scale}",
+                     f"{bw / 1000:g} Gbit/s" if isinstance(bw, (int, float)) else "host link ?"]
+            seen[", ".join(parts)] = None
+    return "; ".join(seen) or "?"
+
+
+def _cells(res: RatioResult) -> list[str]:
+    v = res.values
+    if not v:
+        measured, to_paper, within, dist = "no ok run", "-", "-", "-"
+    else:
+        spread = f" ({min(v):.2f}-{max(v):.2f})" if len(v) > 1 else ""
+        measured = f"{res.median:.2f}{spread}, {len(v)} run{'s' if len(v) > 1 else ''}"
+        to_paper = f"{res.to_paper:.2f}"
+        within = "yes" if res.within else "no"
+        if res.ratio.setting_differs:
+            within += f" (setting differs: {res.ratio.setting_differs})"
+        d = res.distinguishable
+        dist = "?" if d is None else "yes" if d else "no"
+    flagged = sum(m.flagged for m in res.measurements)
+    if flagged:
+        measured += f", {flagged} flagged"
+    dates = sorted({m.date for m in res.marked})
+    date = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}" if dates else "-"
+    runs = "<br>".join(f"`{m.path.name}`" for m in res.marked)
+    return [measured, to_paper, within, dist, _setting(res), runs, date]
+
+
+_HEAD = ["paper's ratio", "measured: median (range), runs", "measured / paper", "within +-25 %",
+         "distinguishable", "setting (host, compute, scale, host link)", "run directories", "date"]
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    esc = [[str(c).replace("|", "\\|").replace("\n", " ") for c in r] for r in rows]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in esc]
+    return "\n".join(lines)
+
+
+def _results(entries: list[Entry], marked: list[Marked]) -> list[RatioResult]:
+    out = []
+    for e in entries:
+        mine = [m for m in marked if m.id == e.id and m.mode == "headline"]
+        if e.headline is None:
+            continue
+        out += [ratio_result(e, r, mine) for r in e.headline.ratios]
+    return out
+
+
+def headline_table(entry: Entry, sweep_dirs: list[str | Path]) -> str:
+    """The markdown table of ``entry``'s headline ratios over ``sweep_dirs`` (what
+    ``testbed reproduce ID --headline --repeat N`` prints after its runs).
+
+    Raises:
+        ScoreboardError: as :func:`measure_ratio`; ``entry`` has no headline.
+    """
+    if entry.headline is None:
+        raise ScoreboardError(f"{entry.id} has no headline ratios")
+    dirs = [Path(d) for d in sweep_dirs]
+    marked = [m for d in dirs for m in find_marked(d) if m.path == d] or [Marked(d, entry.id, "headline", 1, 1, "", "")
+                                                                           for d in dirs]
+    rows = [[r.claim + (f" (sensitivity: {r.sensitivity})" if r.sensitivity else ""), _paper(r)]
+            + _cells(ratio_result(entry, r, marked)) for r in entry.headline.ratios]
+    return _table(["ratio"] + _HEAD, rows)
+
+
+def _paper_text(e: Entry) -> str:
+    if not e.paper_values:
+        return "(states no value: " + " ".join((e.paper_values_note or "").split()) + ")"
+    return "<br>".join(f"{pv.value} ({pv.where})" for pv in e.paper_values)
+
+
+def _short(value: str) -> str:
+    """A swept value as the table shows it: a file path by its name without suffix."""
+    return Path(value).stem if value.endswith((".json", ".yaml")) else value
+
+
+def _sweep_summary(m: Marked) -> str:
+    """samples/s of every row of a marked sweep, ``variant@point: value``."""
+    try:
+        rows = _rows(m.path)
+    except ScoreboardError:
+        return "(no sweep.csv)"
+    fixed = {"variant", "scheme", "status", "samples_per_s", "samples_per_s_ci95", "iter_mean_s", "iter_p95_s",
+             "core_bytes", "accuracy", "cpu_starved", "host_cost_overrun", "run_dir"}
+    swept = [c for c in rows.columns if c not in fixed and not c.startswith("workload.scheme")
+             and not c.startswith("workload.options") and not c.startswith("workload.servers")
+             and not c.startswith("host.")]
+    parts = []
+    for _, r in rows.iterrows():
+        point = ",".join(f"{c.split('.')[-1]}={_short(r[c])}" for c in swept if r[c] != "")
+        name = r.get("variant", "") or "run"
+        val = _float(r, "samples_per_s")
+        parts.append(f"{name}{'@' + point if point else ''} {val:.1f}" if r.get("status") == "ok" and math.isfinite(val)
+                     else f"{name}{'@' + point if point else ''} {r.get('status')}")
+    return "samples/s: " + "; ".join(parts)
+
+
+def scoreboard(root: str | Path, entries: list[Entry] | None = None, command: str | None = None) -> str:
+    """``REPRODUCTION.md``: the headline table (each paper's headline first), the sensitivity
+    table, then one row per catalogue entry, all from the marked directories under ``root``.
+
+    Deterministic: the same directories give the same bytes (no clock is read; directories
+    and entries in sorted or catalogue order).
+
+    Raises:
+        ScoreboardError: as :func:`find_marked` and :func:`measure_ratio`.
+        CatalogueError: the catalogue is malformed (``entries`` not given).
+    """
+    entries = load_catalogue() if entries is None else entries
+    marked = find_marked(root)
+    command = command or f"testbed reproduce --scoreboard {root} > REPRODUCTION.md"
+    results = _results(entries, marked)
+    heads = [r for r in results if not r.ratio.sensitivity]
+    sens = [r for r in results if r.ratio.sensitivity]
+    within = sum(r.within for r in heads)
+    differs = sum(r.within and bool(r.ratio.setting_differs) for r in heads)
+    measured = sum(bool(r.values) for r in heads)
+    out = ["# Reproduction scoreboard", "",
+           f"Generated by `{command}` from the run directories that `testbed reproduce` marked "
+           f"(`{MARKER}`) under `{root}`, and from the catalogue (`analysis/data/reproduction.yaml`). "
+           "Do not edit it by hand: re-run the command.", "",
+           f"A measured ratio is within tolerance when it lies within +-{TOLERANCE * 100:.0f} % of the paper's (of the nearer "
+           "end when the paper gives a range). Each ratio is the median over the repeats of its headline run "
+           "(`testbed reproduce ID --headline --repeat 3`), with the range over the repeats. Two variants are "
+           "distinguishable when the range excludes 1.0. A flagged run was CPU-starved or overran its host-cost "
+           "model: its figure is not trustworthy.", "",
+           f"**{within} of {len(heads)} headline ratios are within +-{TOLERANCE * 100:.0f} % of the paper's** "
+           f"({measured} measured" + (f"; {differs} of the {within} on a setting that differs from the paper's, "
+                                      "see the row" if differs else "") + ").", "",
+           "## Headlines", "",
+           _table(["entry", "headline"] + _HEAD,
+                  [[f"`{r.entry.id}`", r.ratio.claim + f" ({r.ratio.where})", _paper(r.ratio)] + _cells(r)
+                   for r in heads]), ""]
+    if sens:
+        out += ["## Sensitivity to settings the paper does not fix", "",
+                _table(["entry", "ratio", "setting changed"] + _HEAD,
+                       [[f"`{r.entry.id}`", r.ratio.claim, r.ratio.sensitivity, _paper(r.ratio)] + _cells(r)
+                        for r in sens]), ""]
+    out += ["## Headline runs: what they keep of the paper's setting", ""]
+    out += [f"- `{e.id}`: " + " ".join(e.headline.note.split()) for e in entries if e.headline is not None]
+    out += ["", "## Every figure and table", "",
+            "Status and reason are the catalogue's; *measured here* lists what the marked directories hold "
+            "(the last marked sweep of each mode).", ""]
+    rows = []
+    for e in entries:
+        mine = [m for m in marked if m.id == e.id]
+        if mine:
+            last = {}
+            for m in mine:
+                last[m.mode] = m
+            meas = "<br>".join(f"{mode} (`{m.path.name}`, {m.date}): {_sweep_summary(m)}"
+                               for mode, m in sorted(last.items()))
+        else:
+            meas = "not run under " + f"`{root}`"
+        why = "" if e.status == "reproduced" else " ".join((e.reason or "").split())
+        rows.append([f"`{e.id}`", e.title, _paper_text(e), meas, e.status, why])
+    out.append(_table(["id", "what it shows", "the paper states", "measured here", "status", "why not (further)"],
+                      rows))
+    counts = {s: sum(e.status == s for e in entries) for s in ("reproduced", "partly", "not", "not possible here")}
+    per_paper = ", ".join(f"{p} {sum(e.paper == p for e in entries)}" for p in PAPERS)
+    out += ["", f"{len(entries)} figures and tables ({per_paper}); status: "
+            + ", ".join(f"{k} {v}" for k, v in counts.items() if v) + ".", ""]
+    return "\n".join(out)
+
+
+def archive(runs_dir: str | Path, dest: str | Path) -> list[Path]:
+    """Copy the small files of every marked directory under ``runs_dir`` into ``dest`` (the
+    marker, ``sweep.csv``, ``sweep.yaml``, and each run's ``spec.yaml`` and ``summary.json``),
+    keeping the directory names, so that :func:`scoreboard` gives the same result from
+    ``dest``. Never overwrites: a file already in ``dest`` with the same content is left, one
+    with other content is an error (nothing is copied then).
+
+    Returns:
+        the directories created or completed under ``dest``.
+
+    Raises:
+        ScoreboardError: as :func:`find_marked`; a different file is already in ``dest``.
+    """
+    runs_dir, dest = Path(runs_dir), Path(dest)
+    plan: list[tuple[Path, Path]] = []
+    for m in find_marked(runs_dir):
+        if m.path == runs_dir:
+            continue
+        files = [m.path / f for f in ARCHIVED_FILES if (m.path / f).is_file()]
+        for run in sorted(p for p in m.path.iterdir() if p.is_dir()):
+            files += [run / f for f in ARCHIVED_RUN_FILES if (run / f).is_file()]
+        plan += [(f, dest / f.relative_to(runs_dir)) for f in files]
+    clash = [str(d) for s, d in plan if d.exists() and not filecmp.cmp(s, d, shallow=False)]
+    if clash:
+        raise ScoreboardError(f"{len(clash)} files in {dest} differ from the runs' and would be overwritten "
+                              f"(nothing copied): {', '.join(clash[:5])}")
+    made = []
+    for s, d in plan:
+        if d.exists():
+            continue
+        d.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(s, d)
+        top = dest / s.relative_to(runs_dir).parts[0]
+        if top not in made:
+            made.append(top)
+    return made
