@@ -13,7 +13,7 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 
-apt_pkgs=(mininet bwm-ng iperf3 bridge-utils iputils-ping ethtool tcpdump iproute2 procps
+apt_pkgs=(mininet bwm-ng iperf3 bridge-utils iputils-ping ethtool tcpdump iproute2 procps openssh-client openssh-server
           python3 python3-venv python3-dev)
 missing=()
 for p in "${apt_pkgs[@]}"; do

@@ -95,10 +95,11 @@ def run_checks() -> list[Item]:
 
 def format_checks(items: list[Item]) -> str:
     lines = []
+    width = max([18] + [len(it.name) + 2 for it in items])
     for it in items:
         mark = "ok  " if it.ok else "MISSING"
-        line = f"{mark:8s}{it.name:18s}{it.detail}"
+        line = f"{mark:8s}{it.name:{width}s}{it.detail}"
         if not it.ok and it.remedy:
-            line += f"\n{'':26s}-> {it.remedy}"
+            line += f"\n{'':{8 + width}s}-> {it.remedy}"
         lines.append(line)
     return "\n".join(lines)

@@ -1,6 +1,7 @@
 """``testbed``: the command line.
 
     testbed check                         what this machine can emulate
+    testbed check --cluster SPEC          each machine of SPEC's cluster: section, over SSH
     testbed run SPEC.yaml [--set a.b=v]   run an experiment (or every point of its sweep)
                    [--dry-run]            only validate and plan every point (nothing built or written)
     testbed ls [RUNS_DIR]                 list runs
@@ -44,6 +45,15 @@ from traffic.rundir import NotARunError, find_runs, is_run, read_json
 
 
 def _cmd_check(args) -> int:
+    if args.cluster is not None:
+        from testbed.cluster import check_cluster, format_placement, load_cluster  # lazy: Mininet's Topo
+        cluster, where = load_cluster(args.cluster)
+        print("placement (whole racks per machine; the first holds the core):\n" + format_placement(where) + "\n")
+        items = check_cluster(cluster)
+        print(format_checks(items))
+        bad = [i.name for i in items if not i.ok]
+        print(f"\n{len(cluster.machines)} machines: " + ("ready" if not bad else f"not ready: {', '.join(bad)}"))
+        return 1 if bad else 0
     items = run_checks()
     print(format_checks(items))
     essential = {"root", "mnexec", "brctl", "bwm-ng", "tc", "mininet (python)", "torch", "qdisc htb"}
@@ -371,7 +381,10 @@ def _cmd_profile_host(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="testbed", description="Network-emulation testbed for distributed DL training")
     sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("check", help="what this machine can emulate")
+    s = sub.add_parser("check", help="what this machine can emulate; --cluster SPEC: each machine of a spec's "
+                                     "cluster section")
+    s.add_argument("--cluster", metavar="SPEC", help="check every machine of SPEC's cluster: section over SSH "
+                                                     "(root, project version, mnexec, bwm-ng, htb, clock, path MTU)")
     s.set_defaults(fn=_cmd_check)
     s = sub.add_parser("run", help="run an experiment spec (all points of its sweep), or your own program "
                                    "(--program)")

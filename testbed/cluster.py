@@ -1,0 +1,268 @@
+"""Several machines under one experiment (issue 20): the spec's ``cluster:`` section and
+``testbed check --cluster SPEC``, which checks each machine before anything is built there.
+
+    cluster:
+      machines: [10.0.0.1, 10.0.0.2]     # SSH addresses; the first holds the core switch
+      user: root
+      placement: rack                     # whole racks per machine (topologies.placement)
+
+Control goes over SSH (``ssh -o BatchMode=yes``: key-based login, never a password prompt),
+as Mininet's cluster support does (``mininet/examples/cluster.py``, ``RemoteMixin``). What a
+machine needs, each item checked by :func:`check_machine` with a remedy when it fails:
+
+* SSH without a password, as ``user``, and ``user`` is root (Mininet needs it);
+* this project at ``project_dir`` (default: where it is on this machine) at the same version;
+* ``mnexec`` and ``bwm-ng`` on the ``PATH``, and the qdiscs the testbed shapes with (htb);
+* its clock's offset from this machine's, measured as NTP does from one round trip:
+  ``offset = remote - (t_send + t_receive) / 2``, uncertain by half the round trip;
+* the largest IPv4 packet that reaches it unfragmented (``ping -M do``): GRE tunnels between
+  machines need 1,476 bytes for a 1,450-byte inner MTU (Mininet's ``RemoteGRELink``).
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import re
+import shlex
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Optional
+
+import yaml
+from pydantic import Field, ValidationError, field_validator
+
+from testbed.check import Item
+from topologies import build_topo
+from topologies.errors import FieldError, SpecError
+from topologies.placement import PlacementError, place_racks
+from topologies.spec import TopologySpec
+from topologies.validation import SpecModel, field_errors, load_yaml
+
+__all__ = ["GRE_PACKET_BYTES", "ClusterSpec", "Machine", "check_cluster", "check_machine", "clock_offset",
+           "format_placement", "load_cluster", "local_version"]
+
+#: the IPv4 packet a GRE tunnel with a 1,450-byte inner MTU sends (1,450 + 4 GRE + 20 outer IP + 2 spare)
+GRE_PACKET_BYTES = 1476
+#: the project's root directory on this machine
+PROJECT_DIR = Path(__file__).resolve().parents[1]
+
+
+class ClusterSpec(SpecModel):
+    """The machines an experiment spans."""
+    machines: list[str] = Field(min_length=1)
+    """SSH addresses (host names or IP addresses), each once; the first holds the core switch."""
+    user: str = "root"
+    """The user SSH logs in as on every machine (it must be root)."""
+    placement: Literal["rack"] = "rack"
+    """How nodes are placed: ``rack`` keeps each rack whole on one machine (only uplinks cross)."""
+    project_dir: Optional[str] = None
+    """Where this project is on the machines (its ``.venv`` inside); default: the same path as here."""
+    ssh_port: int = Field(22, gt=0, lt=65536)
+    """The machines' SSH port."""
+    identity_file: Optional[str] = None
+    """A private key for SSH (``ssh -i``); default: SSH's own."""
+    known_hosts_file: Optional[str] = None
+    """A known-hosts file for SSH (``UserKnownHostsFile``); default: SSH's own."""
+
+    @field_validator("machines")
+    @classmethod
+    def _machines(cls, v: list[str]) -> list[str]:
+        bad = [m for m in v if not re.fullmatch(r"[A-Za-z0-9_.:-]+", m)]
+        if bad:
+            raise ValueError(f"host names or IP addresses (letters, digits, '.', '-', '_', ':'; got {bad[0]!r})")
+        repeated = sorted({m for m in v if v.count(m) > 1})
+        if repeated:
+            raise ValueError(f"each machine once (repeated: {', '.join(repeated)})")
+        return v
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str) -> str:
+        if not re.fullmatch(r"[a-z_][a-z0-9_-]*", v):
+            raise ValueError("a user name (lowercase letters, digits, '_', '-')")
+        return v
+
+
+@dataclass(frozen=True)
+class Machine:
+    """One machine of a cluster, reached over SSH."""
+    addr: str
+    user: str = "root"
+    port: int = 22
+    identity_file: Optional[str] = None
+    known_hosts_file: Optional[str] = None
+
+    @classmethod
+    def of(cls, spec: ClusterSpec) -> list["Machine"]:
+        return [cls(m, spec.user, spec.ssh_port, spec.identity_file, spec.known_hosts_file) for m in spec.machines]
+
+    def ssh_argv(self, command: str, connect_timeout_s: int = 5) -> list[str]:
+        """The ``ssh`` command line that runs ``command`` (a shell command) on the machine."""
+        argv = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={connect_timeout_s}", "-p", str(self.port)]
+        if self.known_hosts_file:
+            argv += ["-o", f"UserKnownHostsFile={self.known_hosts_file}", "-o", "StrictHostKeyChecking=accept-new"]
+        if self.identity_file:
+            argv += ["-i", self.identity_file, "-o", "IdentitiesOnly=yes"]
+        return argv + [f"{self.user}@{self.addr}", command]
+
+    def run(self, command: str, timeout_s: float = 20) -> subprocess.CompletedProcess:
+        """Run ``command`` on the machine; the result's ``returncode`` is 255 when SSH itself failed.
+
+        Raises:
+            subprocess.TimeoutExpired: it took longer than ``timeout_s``.
+        """
+        return subprocess.run(self.ssh_argv(command), capture_output=True, text=True, timeout=timeout_s)
+
+
+def clock_offset(machine: Machine, rounds: int = 5) -> tuple[float, float]:
+    """The machine's clock minus this one's, in seconds, and its uncertainty (half the
+    shortest round trip), from the round trip with the shortest time (as NTP's filter does).
+
+    Raises:
+        RuntimeError: the remote ``date`` failed.
+    """
+    best = None
+    for _ in range(rounds):
+        t0 = time.time()
+        r = machine.run("date +%s.%N")
+        t1 = time.time()
+        if r.returncode != 0:
+            raise RuntimeError(f"date on {machine.addr} failed: {r.stderr.strip()}")
+        rtt = t1 - t0
+        if best is None or rtt < best[1]:
+            best = (float(r.stdout.strip()) - (t0 + t1) / 2, rtt)
+    return best[0], best[1] / 2
+
+
+def _largest_unfragmented(addr: str, sizes=(1500, GRE_PACKET_BYTES, 1280)) -> int | None:
+    """The largest of ``sizes`` (IPv4 packet bytes) that reaches ``addr`` with DF set, or None."""
+    for size in sizes:
+        r = subprocess.run(["ping", "-c", "1", "-W", "2", "-M", "do", "-s", str(size - 28), addr],
+                           capture_output=True, text=True)
+        if r.returncode == 0:
+            return size
+    return None
+
+
+_REMOTE_PROBE = ("import json, importlib.metadata as md, shutil; from testbed.check import kernel_qdiscs; "
+                 "print(json.dumps({'version': md.version('dl-netbed'), 'qdiscs': kernel_qdiscs(), "
+                 "'tools': {t: shutil.which(t) for t in ('mnexec', 'bwm-ng')}}))")
+
+
+def local_version() -> str:
+    """This installation's version of the project."""
+    return importlib.metadata.version("dl-netbed")
+
+
+def check_machine(machine: Machine, project_dir: str | None = None, version: str | None = None,
+                  max_offset_s: float = 0.05) -> list[Item]:
+    """Every requirement of one machine, each an :class:`~testbed.check.Item` named
+    ``<addr>: <what>`` with a remedy. When SSH fails, that is the only item.
+
+    Args:
+        machine: the machine.
+        project_dir: this project's directory there (default: its directory here).
+        version: the version it must have (default: this installation's).
+        max_offset_s: the largest clock offset accepted (beyond it, timestamps would need the
+            correction recorded with the run; the item fails so that it is seen).
+    """
+    project_dir = project_dir or str(PROJECT_DIR)
+    version = version or local_version()
+    name = machine.addr
+    try:
+        r = machine.run("id -u")
+    except subprocess.TimeoutExpired:
+        r = subprocess.CompletedProcess([], 255, "", "timed out")
+    if r.returncode != 0:
+        return [Item(f"{name}: ssh", False, f"cannot log in as {machine.user} without a password "
+                     f"({(r.stderr or '').strip().splitlines()[-1] if (r.stderr or '').strip() else 'exit ' + str(r.returncode)})",
+                     f"ssh-copy-id {machine.user}@{name} (key-based login), and check the address and port")]
+    items = [Item(f"{name}: ssh", True, f"logged in as {machine.user}")]
+    uid = r.stdout.strip()
+    items.append(Item(f"{name}: root", uid == "0", f"uid {uid}", "log in as root (cluster.user: root)"))
+    py = shlex.quote(str(Path(project_dir) / ".venv" / "bin" / "python"))
+    r = machine.run(f"cd {shlex.quote(project_dir)} && {py} -c {shlex.quote(_REMOTE_PROBE)}", timeout_s=60)
+    probe = None
+    if r.returncode == 0:
+        try:
+            probe = json.loads(r.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            probe = None
+    if probe is None:
+        items.append(Item(f"{name}: project", False, f"no working project at {project_dir} "
+                          f"({(r.stderr or r.stdout).strip().splitlines()[-1] if (r.stderr or r.stdout).strip() else 'no output'})",
+                          f"clone this project to {project_dir} there and run scripts/setup.sh "
+                          "(or set cluster.project_dir)"))
+    else:
+        same = probe["version"] == version
+        items.append(Item(f"{name}: project", same, f"version {probe['version']} at {project_dir}"
+                          + ("" if same else f" (here: {version})"), "install the same version there"))
+        for tool, path in probe["tools"].items():
+            items.append(Item(f"{name}: {tool}", path is not None, path or "not found",
+                              "apt-get install mininet bwm-ng (or scripts/setup.sh there)"))
+        htb = probe["qdiscs"].get("htb", False)
+        items.append(Item(f"{name}: qdisc htb", htb, "available" if htb else "missing",
+                          "a kernel with sch_htb"))
+    try:
+        off, unc = clock_offset(machine)
+        items.append(Item(f"{name}: clock", abs(off) <= max_offset_s + unc,
+                          f"offset {off * 1e3:+.1f} ms +- {unc * 1e3:.1f} ms",
+                          f"synchronise the clocks (chrony or systemd-timesyncd) to within {max_offset_s * 1e3:g} ms"))
+    except (RuntimeError, ValueError, subprocess.TimeoutExpired) as e:
+        items.append(Item(f"{name}: clock", False, str(e), "a working date command on the machine"))
+    size = _largest_unfragmented(machine.addr)
+    ok = size is not None and size >= GRE_PACKET_BYTES
+    items.append(Item(f"{name}: path MTU", ok, f"{size} bytes unfragmented" if size else "no unfragmented ping",
+                      f"an MTU of at least {GRE_PACKET_BYTES} bytes between the machines (GRE tunnels add 24 bytes)"))
+    return items
+
+
+def check_cluster(spec: ClusterSpec) -> list[Item]:
+    """:func:`check_machine` for every machine of ``spec``, in order."""
+    return [it for m in Machine.of(spec) for it in check_machine(m, spec.project_dir)]
+
+
+def load_cluster(path: str | Path) -> tuple[ClusterSpec, dict[str, str]]:
+    """The ``cluster:`` section of an experiment spec file, validated, and where the nodes of
+    its ``topology:`` (with the defaults) go (:func:`topologies.placement.place_racks`; a
+    host a scheme adds to a rack would go with its rack).
+
+    Raises:
+        SpecError: no readable YAML mapping, no ``cluster:`` section, or bad fields in it or
+            in ``topology`` (every one, named ``cluster.<field>``), or a placement that cannot
+            be made (named ``cluster.machines``).
+    """
+    try:
+        data = load_yaml(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise SpecError("<file>", str(path), f"a readable YAML experiment spec ({type(e).__name__}: {e})") from None
+    if not isinstance(data, dict) or "cluster" not in data:
+        raise SpecError("cluster", None, "a 'cluster:' section {machines: [addr, ...], user: root, placement: rack}")
+    errors: list[FieldError] = []
+    cluster = topo_spec = None
+    try:
+        cluster = ClusterSpec.model_validate(data["cluster"])
+    except ValidationError as e:
+        errors += field_errors(e, ClusterSpec, prefix="cluster")
+    try:
+        topo_spec = TopologySpec.model_validate(data.get("topology") or {})
+    except ValidationError as e:
+        errors += field_errors(e, TopologySpec, prefix="topology")
+    if errors:
+        raise SpecError.of(errors)
+    try:
+        where = place_racks(build_topo(topo_spec), cluster.machines)
+    except PlacementError as e:
+        raise SpecError("cluster.machines", cluster.machines, str(e)) from None
+    return cluster, where
+
+
+def format_placement(where: dict[str, str]) -> str:
+    """One line per machine: the nodes placed on it, switches first."""
+    by: dict[str, list[str]] = {}
+    for node, m in where.items():
+        by.setdefault(m, []).append(node)
+    key = lambda n: (0 if n.startswith("core") else 1 if n.startswith("tor") else 2, len(n), n)  # noqa: E731
+    return "\n".join(f"{m}: {' '.join(sorted(nodes, key=key))}" for m, nodes in by.items())
