@@ -123,6 +123,18 @@ def speedup_table(rows: pd.DataFrame) -> pd.DataFrame:
     return rows.sort_values(["model", "pull", "nodes"]).reset_index(drop=True)
 
 
+def _ibatch_runs(paths) -> list:
+    """The run directories under ``paths``.
+
+    Raises:
+        ReportError: none.
+    """
+    runs = find_runs(paths)
+    if not runs:
+        raise skeleton.ReportError(f"no ibatch run (a run directory with {PROFILE_FILE}) under {list(map(str, paths))}")
+    return runs
+
+
 def report(paths) -> pd.DataFrame:
     """:func:`run_row` of every ibatch run under ``paths``, with :func:`speedup_table`'s speedup.
 
@@ -130,9 +142,7 @@ def report(paths) -> pd.DataFrame:
         ReportError: no ibatch run under ``paths``.
         NotARunError: a path that is neither a run nor a sweep directory.
     """
-    runs = find_runs(paths)
-    if not runs:
-        raise skeleton.ReportError(f"no ibatch run (a run directory with {PROFILE_FILE}) under {list(map(str, paths))}")
+    runs = _ibatch_runs(paths)
     rows, _ = skeleton.load_rows(runs, run_row)
     return speedup_table(pd.DataFrame(rows))
 
@@ -296,9 +306,7 @@ def breakdown_table(paths) -> pd.DataFrame:
         ReportError: no ibatch run under ``paths``.
         NotARunError: a path that is neither a run nor a sweep directory.
     """
-    runs = find_runs(paths)
-    if not runs:
-        raise skeleton.ReportError(f"no ibatch run (a run directory with {PROFILE_FILE}) under {list(map(str, paths))}")
+    runs = _ibatch_runs(paths)
     rows, _ = skeleton.load_rows(runs, breakdown_row)
     df = pd.DataFrame(rows)
     keys = sorted({k for s in df["spec"] for k in s} - _NOT_SETTING)

@@ -26,6 +26,7 @@ from analysis import ibatch_report
 from analysis import report as skeleton
 from analysis.load import load
 from testbed.cli import main as cli_main
+from tests.markdown import tables as _tables
 
 T0 = 1_700_000_000.0
 SCALE = 2.0
@@ -178,16 +179,3 @@ def test_testbed_report_ibatch_fig7_prints_and_draws_it(tmp_path, capsys):
     assert Path(tmp_path / "plots" / "breakdown.png").stat().st_size > 5_000
 
 
-def _tables(text: str) -> list[list[dict]]:
-    """The markdown tables of ``text``: per table, one ``{header: cell}`` per row."""
-    tables, lines = [], text.splitlines()
-    for i, line in enumerate(lines[:-1]):
-        if line.startswith("|") and lines[i + 1].startswith(("|:", "|-")):
-            names = [c.strip() for c in line.strip("|").split("|")]
-            rows = []
-            for row in lines[i + 2:]:
-                if not row.startswith("|"):
-                    break
-                rows.append(dict(zip(names, (c.strip() for c in row.strip("|").split("|")))))
-            tables.append(rows)
-    return tables

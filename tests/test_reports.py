@@ -28,6 +28,7 @@ from analysis import report as skeleton
 from analysis.models.phub import hierarchical_pays
 from testbed.cli import main as cli_main
 from traffic import rundir
+from tests.markdown import tables as _tables
 
 T0 = 1_700_000_000.0  # unix s of every synthetic run's start
 
@@ -482,21 +483,6 @@ def test_pipe_sgd_speedups_and_skipped_run(tmp_path):
 
 
 # ----------------------------------------------------------------------------- testbed report
-
-
-def _tables(text: str) -> list[list[dict]]:
-    """The markdown tables of a report's text: per table, one ``{header: cell}`` per row."""
-    tables, lines = [], text.splitlines()
-    for i, line in enumerate(lines[:-1]):
-        if line.startswith("|") and lines[i + 1].startswith("|:") or line.startswith("|") and lines[i + 1].startswith("|-"):
-            names = [c.strip() for c in line.strip("|").split("|")]
-            rows = []
-            for row in lines[i + 2:]:
-                if not row.startswith("|"):
-                    break
-                rows.append(dict(zip(names, (c.strip() for c in row.strip("|").split("|")))))
-            tables.append(rows)
-    return tables
 
 
 def _cell(text: str, where: dict, column: str) -> str:

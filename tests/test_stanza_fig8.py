@@ -20,24 +20,10 @@ from analysis.models import stanza as sm
 from testbed.cli import main as cli_main
 from topologies.errors import TestbedError
 from traffic.profiles import load_profile
+from tests.markdown import tables as _tables
 
 ALEXNET = stanza_report.FIG8_PROFILES["alexnet"]  # experiments/stanza_profiles/alexnet-v100-b128.json
 BITS = 32  # a float32 value on the wire
-
-
-def _tables(text: str) -> list[list[dict]]:
-    """The markdown tables of ``text``: per table, one ``{header: cell}`` per row."""
-    tables, lines = [], text.splitlines()
-    for i, line in enumerate(lines[:-1]):
-        if line.startswith("|") and lines[i + 1].startswith(("|:", "|-")):
-            names = [c.strip() for c in line.strip("|").split("|")]
-            rows = []
-            for row in lines[i + 2:]:
-                if not row.startswith("|"):
-                    break
-                rows.append(dict(zip(names, (c.strip() for c in row.strip("|").split("|")))))
-            tables.append(rows)
-    return tables
 
 
 def _rounds(n: int) -> int:
