@@ -323,18 +323,11 @@ class Entry(SpecModel):
             raise ValueError("how run_minutes was estimated (required with run_minutes)")
         return v
 
-    @field_validator("quick")
+    @field_validator("quick", "headline")
     @classmethod
-    def _quick(cls, v: Quick | None, info: ValidationInfo) -> Quick | None:
+    def _needs_spec(cls, v: Quick | Headline | None, info: ValidationInfo) -> Quick | Headline | None:
         if v is not None and "spec" in info.data and info.data["spec"] is None:
-            raise ValueError("null (there is no spec to reduce)")
-        return v
-
-    @field_validator("headline")
-    @classmethod
-    def _headline(cls, v: Headline | None, info: ValidationInfo) -> Headline | None:
-        if v is not None and "spec" in info.data and info.data["spec"] is None:
-            raise ValueError("null (there is no spec to run)")
+            raise ValueError("null (there is no spec to " + ("reduce)" if info.field_name == "quick" else "run)"))
         return v
 
     def overrides(self, quick: bool = False, headline: bool = False) -> list[str]:
