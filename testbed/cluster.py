@@ -22,23 +22,25 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import re
 import shlex
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Optional
 
 import yaml
-from pydantic import Field, ValidationError, field_validator
+from pydantic import ValidationError
 
 from testbed.check import Item
+from testbed.spec import ClusterSpec
+from testbed.remote import tunnel_command
 from topologies import build_topo
 from topologies.errors import FieldError, SpecError
 from topologies.placement import PlacementError, place_racks
 from topologies.spec import TopologySpec
-from topologies.validation import SpecModel, field_errors, load_yaml
+from topologies.validation import field_errors, load_yaml
 
 __all__ = ["GRE_PACKET_BYTES", "ClusterSpec", "Machine", "check_cluster", "check_machine", "clock_offset",
            "format_placement", "load_cluster", "local_version"]
@@ -47,42 +49,6 @@ __all__ = ["GRE_PACKET_BYTES", "ClusterSpec", "Machine", "check_cluster", "check
 GRE_PACKET_BYTES = 1476
 #: the project's root directory on this machine
 PROJECT_DIR = Path(__file__).resolve().parents[1]
-
-
-class ClusterSpec(SpecModel):
-    """The machines an experiment spans."""
-    machines: list[str] = Field(min_length=1)
-    """SSH addresses (host names or IP addresses), each once; the first holds the core switch."""
-    user: str = "root"
-    """The user SSH logs in as on every machine (it must be root)."""
-    placement: Literal["rack"] = "rack"
-    """How nodes are placed: ``rack`` keeps each rack whole on one machine (only uplinks cross)."""
-    project_dir: Optional[str] = None
-    """Where this project is on the machines (its ``.venv`` inside); default: the same path as here."""
-    ssh_port: int = Field(22, gt=0, lt=65536)
-    """The machines' SSH port."""
-    identity_file: Optional[str] = None
-    """A private key for SSH (``ssh -i``); default: SSH's own."""
-    known_hosts_file: Optional[str] = None
-    """A known-hosts file for SSH (``UserKnownHostsFile``); default: SSH's own."""
-
-    @field_validator("machines")
-    @classmethod
-    def _machines(cls, v: list[str]) -> list[str]:
-        bad = [m for m in v if not re.fullmatch(r"[A-Za-z0-9_.:-]+", m)]
-        if bad:
-            raise ValueError(f"host names or IP addresses (letters, digits, '.', '-', '_', ':'; got {bad[0]!r})")
-        repeated = sorted({m for m in v if v.count(m) > 1})
-        if repeated:
-            raise ValueError(f"each machine once (repeated: {', '.join(repeated)})")
-        return v
-
-    @field_validator("user")
-    @classmethod
-    def _user(cls, v: str) -> str:
-        if not re.fullmatch(r"[a-z_][a-z0-9_-]*", v):
-            raise ValueError("a user name (lowercase letters, digits, '_', '-')")
-        return v
 
 
 @dataclass(frozen=True)
@@ -98,41 +64,77 @@ class Machine:
     def of(cls, spec: ClusterSpec) -> list["Machine"]:
         return [cls(m, spec.user, spec.ssh_port, spec.identity_file, spec.known_hosts_file) for m in spec.machines]
 
-    def ssh_argv(self, command: str, connect_timeout_s: int = 5) -> list[str]:
-        """The ``ssh`` command line that runs ``command`` (a shell command) on the machine."""
+    @property
+    def dest(self) -> str:
+        """``user@addr``, what ``ssh`` logs in to."""
+        return f"{self.user}@{self.addr}"
+
+    def ssh_options(self, connect_timeout_s: int = 5) -> list[str]:
+        """``ssh`` and its options for this machine (batch mode, port, key, known hosts), without the destination."""
         argv = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={connect_timeout_s}", "-p", str(self.port)]
         if self.known_hosts_file:
             argv += ["-o", f"UserKnownHostsFile={self.known_hosts_file}", "-o", "StrictHostKeyChecking=accept-new"]
         if self.identity_file:
             argv += ["-i", self.identity_file, "-o", "IdentitiesOnly=yes"]
-        return argv + [f"{self.user}@{self.addr}", command]
+        return argv
 
-    def run(self, command: str, timeout_s: float = 20) -> subprocess.CompletedProcess:
-        """Run ``command`` on the machine; the result's ``returncode`` is 255 when SSH itself failed.
+    def ssh_argv(self, command: str, connect_timeout_s: int = 5) -> list[str]:
+        """The ``ssh`` command line that runs ``command`` (a shell command) on the machine."""
+        return self.ssh_options(connect_timeout_s) + [self.dest, command]
+
+    def run(self, command: str, timeout_s: float = 20, input: str | None = None) -> subprocess.CompletedProcess:
+        """Run ``command`` on the machine (``input``: its standard input); the result's
+        ``returncode`` is 255 when SSH itself failed.
 
         Raises:
             subprocess.TimeoutExpired: it took longer than ``timeout_s``.
         """
-        return subprocess.run(self.ssh_argv(command), capture_output=True, text=True, timeout=timeout_s)
+        return subprocess.run(self.ssh_argv(command), capture_output=True, text=True, timeout=timeout_s,
+                              input=input, stdin=None if input is not None else subprocess.DEVNULL)
 
 
-def clock_offset(machine: Machine, rounds: int = 5) -> tuple[float, float]:
+def clock_offset(machine: Machine, rounds: int = 9, timeout_s: float = 20) -> tuple[float, float]:
     """The machine's clock minus this one's, in seconds, and its uncertainty (half the
     shortest round trip), from the round trip with the shortest time (as NTP's filter does).
 
+    One SSH connection carries every round (a shell there answers each line with ``date
+    +%s.%N``), so a round trip is the path's and a shell's, not an SSH login's.
+
     Raises:
-        RuntimeError: the remote ``date`` failed.
+        RuntimeError: SSH or the remote ``date`` failed, or no answer came within ``timeout_s``.
     """
+    proc = subprocess.Popen(machine.ssh_argv("while read -r _; do date +%s.%N; done"), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+    timer = threading.Timer(timeout_s, proc.kill)
+    timer.start()
     best = None
-    for _ in range(rounds):
-        t0 = time.time()
-        r = machine.run("date +%s.%N")
-        t1 = time.time()
-        if r.returncode != 0:
-            raise RuntimeError(f"date on {machine.addr} failed: {r.stderr.strip()}")
-        rtt = t1 - t0
-        if best is None or rtt < best[1]:
-            best = (float(r.stdout.strip()) - (t0 + t1) / 2, rtt)
+    try:
+        for _ in range(rounds):
+            t0 = time.time()
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+            line = proc.stdout.readline()
+            t1 = time.time()
+            try:
+                remote = float(line.strip())
+            except ValueError:
+                raise RuntimeError(f"date on {machine.addr} failed: {(line + proc.stderr.read()).strip() if proc.poll() is not None else line.strip()!r}") from None
+            rtt = t1 - t0
+            if best is None or rtt < best[1]:
+                best = (remote - (t0 + t1) / 2, rtt)
+    except (BrokenPipeError, OSError) as e:
+        raise RuntimeError(f"date on {machine.addr} failed: {e}") from None
+    finally:
+        timer.cancel()
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
     return best[0], best[1] / 2
 
 
@@ -157,7 +159,7 @@ def local_version() -> str:
 
 
 def check_machine(machine: Machine, project_dir: str | None = None, version: str | None = None,
-                  max_offset_s: float = 0.05) -> list[Item]:
+                  max_offset_s: float = 0.05, tunnel: str = "gre") -> list[Item]:
     """Every requirement of one machine, each an :class:`~testbed.check.Item` named
     ``<addr>: <what>`` with a remedy. When SSH fails, that is the only item.
 
@@ -212,6 +214,12 @@ def check_machine(machine: Machine, project_dir: str | None = None, version: str
                           f"synchronise the clocks (chrony or systemd-timesyncd) to within {max_offset_s * 1e3:g} ms"))
     except (RuntimeError, ValueError, subprocess.TimeoutExpired) as e:
         items.append(Item(f"{name}: clock", False, str(e), "a working date command on the machine"))
+    probe_dev = "tbtunchk0"
+    cmd = tunnel_command(tunnel, probe_dev, machine.addr, machine.addr, 1)
+    r = machine.run(f"{cmd} && ip link del {probe_dev}")
+    items.append(Item(f"{name}: tunnel {tunnel}", r.returncode == 0,
+                      "the kernel makes one" if r.returncode == 0 else (r.stderr or r.stdout).strip() or "failed",
+                      "a kernel with ip_gre (tunnel: gre) or vxlan (tunnel: vxlan); set cluster.tunnel to one it has"))
     size = _largest_unfragmented(machine.addr)
     ok = size is not None and size >= GRE_PACKET_BYTES
     items.append(Item(f"{name}: path MTU", ok, f"{size} bytes unfragmented" if size else "no unfragmented ping",
@@ -221,7 +229,7 @@ def check_machine(machine: Machine, project_dir: str | None = None, version: str
 
 def check_cluster(spec: ClusterSpec) -> list[Item]:
     """:func:`check_machine` for every machine of ``spec``, in order."""
-    return [it for m in Machine.of(spec) for it in check_machine(m, spec.project_dir)]
+    return [it for m in Machine.of(spec) for it in check_machine(m, spec.project_dir, tunnel=spec.tunnel)]
 
 
 def load_cluster(path: str | Path) -> tuple[ClusterSpec, dict[str, str]]:

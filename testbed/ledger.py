@@ -17,7 +17,10 @@ import fcntl
 import json
 import logging
 import os
+import re
+import shlex
 import signal
+import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
@@ -54,6 +57,11 @@ class Ledger:
     sweep by another process (``testbed clean`` of a dead owner) kills them."""
     cgroups: list[str] = field(default_factory=list)
     """Paths of the cgroups the run made (:mod:`testbed.cgroups`)."""
+    machines: dict[str, dict] = field(default_factory=dict)
+    """A cluster run's other machines (issue 20), address -> what the run made there:
+    ``{"ssh": [ssh and its options], "dest": "user@addr", "bridges": [...], "interfaces":
+    [...], "pids": {name: pid there}, "staging": the directory its processes write}``;
+    :meth:`sweep` removes them over SSH (:func:`remote_sweep_script`)."""
 
     @classmethod
     def create(cls, run_id: str, run_dir: str) -> "Ledger":
@@ -68,7 +76,7 @@ class Ledger:
         return cls(path=path, owner_pid=d["owner_pid"], owner_start=d.get("owner_start"), run_dir=d.get("run_dir", ""),
                    bridges=d.get("bridges", []), interfaces=d.get("interfaces", []),
                    pids={k: int(v) for k, v in d.get("pids", {}).items()}, shared=d.get("shared", []),
-                   cgroups=d.get("cgroups", []))
+                   cgroups=d.get("cgroups", []), machines=d.get("machines", {}))
 
     def save(self) -> None:
         with _SAVE_LOCK:  # capture threads record pids too (a tcpdump started on a timer)
@@ -79,7 +87,8 @@ class Ledger:
         tmp.write_text(json.dumps({"owner_pid": self.owner_pid, "owner_start": self.owner_start,
                                    "run_dir": self.run_dir,
                                    "bridges": self.bridges, "interfaces": self.interfaces,
-                                   "pids": self.pids, "shared": self.shared, "cgroups": self.cgroups}, indent=1))
+                                   "pids": self.pids, "shared": self.shared, "cgroups": self.cgroups,
+                                   "machines": self.machines}, indent=1))
         os.replace(tmp, self.path)
 
     def add_bridges(self, names) -> None:
@@ -102,6 +111,20 @@ class Ledger:
         """Record a cgroup the run made (removed by :meth:`sweep` if still there)."""
         if path not in self.cgroups:
             self.cgroups.append(path)
+        self.save()
+
+    def add_machine(self, addr: str, ssh: list[str], dest: str, staging: str, bridges=(), interfaces=()) -> None:
+        """Record another machine of a cluster run before anything is made there: how to
+        reach it (``ssh``: the command and its options, ``dest``: ``user@addr``), the
+        directory its processes write (``staging``) and the bridges and interfaces the run
+        will make there."""
+        self.machines[addr] = {"ssh": list(ssh), "dest": dest, "staging": staging, "bridges": list(bridges),
+                               "interfaces": list(interfaces), "pids": {}}
+        self.save()
+
+    def add_remote_pid(self, addr: str, what: str, pid: int) -> None:
+        """Record process ``what`` (its pid on machine ``addr``)."""
+        self.machines[addr]["pids"][what] = int(pid)
         self.save()
 
     def owner_alive(self) -> bool:
@@ -148,8 +171,93 @@ class Ledger:
                     bridge = name in self.bridges
                     if delete_link(ipr, name, bridge=bridge):
                         removed.append(f"{'bridge' if bridge else 'interface'} {name}")
-        self.path.unlink(missing_ok=True)
+        unreached = False
+        for addr, entry in self.machines.items():
+            try:
+                removed += [f"{addr}: {line}" for line in sweep_machine(entry)]
+                if self.run_dir and Path(self.run_dir).is_dir():
+                    fetch_staging(entry, Path(self.run_dir) / "machines" / addr)
+            except TestbedError as e:
+                unreached = True
+                removed.append(f"{addr}: NOT cleaned ({e}); the ledger {self.path} is kept for 'testbed clean'")
+        if not unreached:
+            self.path.unlink(missing_ok=True)
         return removed
+
+
+def remote_sweep_script(entry: dict) -> str:
+    """The shell script that removes, on another machine, what a run made there (an entry of
+    :attr:`Ledger.machines`): every process whose command line names the run's staging
+    directory (its training processes, its capture agent and bwm-ng), the recorded
+    processes (the Mininet host shells; their namespaces go with them), then the recorded
+    interfaces and bridges. It prints one line per thing it removed."""
+    q = shlex.quote
+    staging = entry.get("staging") or ""
+    lines = ["set +e"]
+    if staging:
+        # '[/]' keeps the pattern from matching this script's own command line
+        pattern = "[" + re.escape(staging)[0] + "]" + re.escape(staging)[1:] if staging.startswith("/") else re.escape(staging)
+        lines.append(f"for p in $(pgrep -f -- {q(pattern)}); do kill -KILL $p 2>/dev/null && echo \"process $p (of the run)\"; done")
+    for what, pid in entry.get("pids", {}).items():
+        lines.append(f"kill -0 {int(pid)} 2>/dev/null && kill -KILL {int(pid)} && echo {q(f'process {what} (pid {pid})')}")
+    for name in entry.get("interfaces", []):
+        lines.append(f"ip link show dev {q(name)} >/dev/null 2>&1 && ip link del dev {q(name)} 2>/dev/null && echo {q('interface ' + name)}")
+    for name in entry.get("bridges", []):
+        lines.append(f"ip link show dev {q(name)} >/dev/null 2>&1 && ip link set dev {q(name)} down && "
+                     f"ip link del dev {q(name)} 2>/dev/null && echo {q('bridge ' + name)}")
+    lines.append("true")
+    return "\n".join(lines)
+
+
+def fetch_staging(entry: dict, dest: Path, timeout_s: float = 300) -> bool:
+    """Copy the staging directory of a machine (an entry of :attr:`Ledger.machines`) into
+    ``dest`` (created) over SSH (``tar``), then remove it there; False if there was none.
+
+    Raises:
+        TestbedError: the machine was not reached, or the copy failed (the staging directory
+            is then left where it is).
+    """
+    staging = entry.get("staging") or ""
+    if not (staging.startswith("/") and "@" in Path(staging).name and Path(staging).name.startswith(".")):
+        return False  # not a staging directory this harness names: never remove it
+    q = shlex.quote(staging)
+    ssh = [*entry["ssh"], entry["dest"]]
+    try:
+        probe = subprocess.run([*ssh, f"test -d {q} && echo yes || echo no"], capture_output=True, text=True,
+                               timeout=60)
+        if probe.returncode == 255:
+            raise TestbedError(f"ssh {entry['dest']}: {probe.stderr.strip()}")
+        if probe.stdout.strip() != "yes":
+            return False
+        dest.mkdir(parents=True, exist_ok=True)
+        src = subprocess.Popen([*ssh, f"tar -C {q} -cf - ."], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        untar = subprocess.run(["tar", "-C", str(dest), "-xf", "-"], stdin=src.stdout, capture_output=True,
+                               timeout=timeout_s)
+        src.stdout.close()
+        src.wait(timeout=timeout_s)
+        if src.returncode != 0 or untar.returncode != 0:
+            raise TestbedError(f"copying {entry['dest']}:{staging} failed: "
+                               f"{src.stderr.read().decode(errors='replace').strip()} {untar.stderr.decode(errors='replace').strip()}")
+        subprocess.run([*ssh, f"rm -rf -- {q}"], capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise TestbedError(f"copying {entry['dest']}:{staging}: {e}") from None
+    return True
+
+
+def sweep_machine(entry: dict, timeout_s: float = 60) -> list[str]:
+    """Run :func:`remote_sweep_script` on the machine of ``entry`` over SSH; what it removed.
+
+    Raises:
+        TestbedError: the machine was not reached (SSH failed or timed out).
+    """
+    try:
+        r = subprocess.run([*entry["ssh"], entry["dest"], "sh -s"], input=remote_sweep_script(entry),
+                           capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise TestbedError(f"ssh {entry.get('dest')}: {e}") from None
+    if r.returncode == 255:
+        raise TestbedError(f"ssh {entry.get('dest')}: {r.stderr.strip()}")
+    return [line for line in r.stdout.splitlines() if line.strip()]
 
 
 def delete_link(ipr: IPRoute, name: str, bridge: bool = False) -> bool:

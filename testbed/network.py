@@ -215,15 +215,22 @@ class Network:
             intfs += [f"{n1}-eth{info['port1']}", f"{n2}-eth{info['port2']}"]
         return bridges, intfs
 
-    def start(self) -> "Network":
+    def _prepare(self) -> None:
+        """Check the machine and record in the ledger what the build will make."""
         preflight(self.spec)
         bridges, intfs = self.planned_names()
         self.ledger.add_bridges(bridges)
         self.ledger.add_interfaces(intfs)
+
+    def _mininet(self) -> Mininet:
+        """The (not yet built) Mininet of this network."""
+        return _LedgeredMininet(topo=self.topo, switch=LinuxBridge, controller=None, link=ShapedLink,
+                                autoSetMacs=True, build=False, waitConnected=False, ledger=self.ledger)
+
+    def start(self) -> "Network":
+        self._prepare()
         setLogLevel("error")
-        self.net = _LedgeredMininet(topo=self.topo, switch=LinuxBridge, controller=None,
-                                    link=ShapedLink, autoSetMacs=True, build=False,
-                                    waitConnected=False, ledger=self.ledger)
+        self.net = self._mininet()
         self.net.build()
         self.net.start()
         self.hosts = {h.name: h for h in self.net.hosts}
@@ -317,28 +324,30 @@ class Network:
         Raises:
             TestbedError: an interface has no htb root or a rate off by more than 1%.
         """
-        by_node = {h.name: h for h in self.net.hosts}
+        ends = [(link[f"node{end}"], link[f"intf{end}"]) for link in self.topology["links"] for end in ("1", "2")]
+        shaping = self._read_shaping(ends)
         bad = []
-        with IPRoute() as root_ns:
-            for link in self.topology["links"]:
-                for end in ("1", "2"):
-                    node, intf = link[f"node{end}"], link[f"intf{end}"]
-                    if node in by_node:
-                        with NetNS(f"/proc/{by_node[node].pid}/ns/net") as ns:
-                            got = read_shaping(ns, intf)
-                    else:
-                        got = read_shaping(root_ns, intf)
-                    link["shaping"][intf] = got
-                    want = link["shaped_mbps"]
-                    rate = got.get("rate_mbps")
-                    if got.get("qdisc") != "htb" or rate is None or abs(rate - want) > RATE_TOLERANCE * want:
-                        bad.append(f"{intf}: asked {want} Mbit/s htb, kernel has {got}")
-                    elif link["mtu_bytes"] != [self.spec.mtu_bytes] * 2:
-                        bad.append(f"{intf}: asked MTU {self.spec.mtu_bytes}, kernel has {link['mtu_bytes']}")
-                    elif self.spec.max_queue_packets and got.get("leaf") not in ("pfifo", "netem"):
-                        bad.append(f"{intf}: asked a {self.spec.max_queue_packets}-packet queue, kernel has {got}")
+        for link in self.topology["links"]:
+            for end in ("1", "2"):
+                node, intf = link[f"node{end}"], link[f"intf{end}"]
+                got = shaping[(node, intf)]
+                link["shaping"][intf] = got
+                want = link["shaped_mbps"]
+                rate = got.get("rate_mbps")
+                if got.get("qdisc") != "htb" or rate is None or abs(rate - want) > RATE_TOLERANCE * want:
+                    bad.append(f"{intf}: asked {want} Mbit/s htb, kernel has {got}")
+                elif link["mtu_bytes"] != [self.spec.mtu_bytes] * 2:
+                    bad.append(f"{intf}: asked MTU {self.spec.mtu_bytes}, kernel has {link['mtu_bytes']}")
+                elif self.spec.max_queue_packets and got.get("leaf") not in ("pfifo", "netem"):
+                    bad.append(f"{intf}: asked a {self.spec.max_queue_packets}-packet queue, kernel has {got}")
         if bad:
             raise TestbedError("links are not shaped as asked (so results would be wrong):\n  " + "\n  ".join(bad))
+
+    def _read_shaping(self, ends: list[tuple[str, str]]) -> dict[tuple[str, str], dict]:
+        """:func:`read_shaping` of every ``(node, interface)`` end: a host's in its namespace,
+        a switch's in the root namespace."""
+        by_node = {h.name: h for h in self.net.hosts}
+        return dict(zip(ends, read_shaping_many([(by_node[n].pid if n in by_node else None, i) for n, i in ends])))
 
     # ----------------------------------------------------------------------- teardown
 
@@ -354,7 +363,11 @@ class Network:
             except Exception:  # noqa: BLE001 -- the ledger sweep below removes what is left
                 pass
             self.net = None
+            self._stopped()
         return self.ledger.sweep()
+
+    def _stopped(self) -> None:
+        """Called once Mininet has stopped, before the ledger sweep (nothing to do here)."""
 
     def __enter__(self):
         try:
@@ -366,6 +379,20 @@ class Network:
     def __exit__(self, *exc):
         self.stop()
         return False
+
+
+def read_shaping_many(ends: list[tuple[int | None, str]]) -> list[dict]:
+    """:func:`read_shaping` of each ``(pid, interface)``: the interface in the network
+    namespace of process ``pid``, or in this process's namespace when ``pid`` is None."""
+    out = []
+    with IPRoute() as root_ns:
+        for pid, intf in ends:
+            if pid is None:
+                out.append(read_shaping(root_ns, intf))
+            else:
+                with NetNS(f"/proc/{int(pid)}/ns/net") as ns:
+                    out.append(read_shaping(ns, intf))
+    return out
 
 
 def read_shaping(ipr, ifname: str) -> dict:

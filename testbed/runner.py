@@ -38,9 +38,11 @@ from analysis.metrics import summarize
 from testbed import capacity, launch, schedule
 from testbed.background import Background
 from testbed.capture import Capture, find_bwm_ng
+from testbed.cluster_run import ClusterCapture, ClusterRun
 from testbed.capture.pcap import find_tcpdump, resolve_ports, topo_links
 from testbed.ledger import Ledger, NetworkLock
 from testbed.progress import RunProgress
+from testbed.remote import ClusterNetwork
 from testbed.network import Network, bind_to_interface
 from testbed.network import preflight as network_preflight
 from testbed.spec import AUTO, Experiment, dump_spec, expand_sweep, with_scale
@@ -223,9 +225,22 @@ def _run(exp: Experiment, run_dir: Path, ledger: Ledger, teardown: ExitStack, t0
     """Build, launch and watch one run; every start registers its stop on ``teardown``.
     ``zygote``: a live shared zygote (:func:`run_one`), used and left running."""
     scheme = schemes.get(exp.workload.scheme)
-    network = Network(exp.topology, scheme.hosts(exp.workload, exp.topology), run_dir, ledger, scale=exp.scale)
+    cluster = None
+    if exp.cluster is not None:  # racks on other machines (issue 20)
+        cluster = ClusterRun(exp.cluster, run_dir, on_pid=lambda what, pid: ledger.add_pid(what, pid))
+        teardown.callback(cluster.merge)  # after the ledger has gathered every machine's files
+        network = ClusterNetwork(exp.topology, scheme.hosts(exp.workload, exp.topology), run_dir, ledger,
+                                 scale=exp.scale, machines=cluster.machines, tunnel=exp.cluster.tunnel,
+                                 staging=cluster.staging, project_dir=cluster.project_dir)
+        zygote = None
+    else:
+        network = Network(exp.topology, scheme.hosts(exp.workload, exp.topology), run_dir, ledger, scale=exp.scale)
     teardown.callback(lambda: _log_leftovers(network.stop()))
-    if zygote is not None:  # a dead runner's ledger still names it for testbed clean
+    if cluster is not None:
+        t_clock = time.time()
+        cluster.measure_clocks()
+        cluster.timings["clocks"] = time.time() - t_clock
+    elif zygote is not None:  # a dead runner's ledger still names it for testbed clean
         ledger.add_pid("zygote", zygote.proc.pid, shared=True)
         log.info("processes fork from the sweep's zygote (pid %d)", zygote.proc.pid)
     elif _forks(exp):  # its imports overlap the network's build
@@ -234,8 +249,12 @@ def _run(exp: Experiment, run_dir: Path, ledger: Ledger, teardown: ExitStack, t0
         log.info("processes fork from this run's zygote (pid %d)", zygote.proc.pid)
     log.info("building network")
     progress.phase("building network")
+    t_build = time.time()
     network.start()
     log.info("network up in %.1f s", time.time() - t0)
+    if cluster is not None:
+        cluster.timings["build"] = time.time() - t_build
+        cluster.prepare(["spec.yaml"])
     topo = network.topology
     hosts = [HostInfo(h["name"], h["rack"], h["kind"], len(h["intfs"])) for h in topo["hosts"]]
     plan = scheme.plan(exp.workload, hosts)
@@ -250,7 +269,10 @@ def _run(exp: Experiment, run_dir: Path, ledger: Ledger, teardown: ExitStack, t0
     procs: list[launch.Launched] = []
     pcap_ports = resolve_ports(exp.capture.pcap.ports, topo["links"], {s["name"] for s in topo["switches"]}) \
         if exp.capture.pcap else []
-    capture = Capture(run_dir, ports=switch_ports(topo), qdisc_ifaces=uplink_ports(topo) or switch_ports(topo),
+    if cluster is not None:
+        cluster.put(["processes.json"])
+    capture = ClusterCapture(cluster, topo, exp.capture) if cluster is not None else \
+        Capture(run_dir, ports=switch_ports(topo), qdisc_ifaces=uplink_ports(topo) or switch_ports(topo),
                       pids=lambda: {l.info["name"]: l.popen.pid for l in procs},
                       spec=exp.capture, on_pid=lambda pid, what: ledger.add_pid(what, pid),
                       procs=lambda: [(l.info, l.popen.pid) for l in list(procs)], pcap_ports=pcap_ports,
@@ -261,6 +283,8 @@ def _run(exp: Experiment, run_dir: Path, ledger: Ledger, teardown: ExitStack, t0
     background.start_servers()
 
     def popen(info, cmd, env, logf):
+        if cluster is not None:
+            return cluster.popen(network.hosts[info["host"]], info, env, logf)
         if zygote is not None and info.get("iface_index", 0) == 0:
             return zygote.popen(info, run_dir, env, logf, netns_pid=network.hosts[info["host"]].pid)
         if len(by_name[info["host"]]["intfs"]) > 1:
@@ -295,6 +319,8 @@ def _run(exp: Experiment, run_dir: Path, ledger: Ledger, teardown: ExitStack, t0
                          origin=t_launch if program else None).start()  # a program may mark no iterations
         teardown.callback(sched.stop)  # before the processes, the capture and the network stop
     progress.training(run_dir, [e["name"] for e in entries if e["role"] == "worker"], topo)
+    if cluster is not None:
+        cluster.timings["launch"] = time.time() - t_launch
     launch.watch(procs, exp.run.timeout_s, on_poll=progress.poll, killed=lambda: dict(killed))
     log.info("all processes done after %.1f s", time.time() - t0)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
@@ -164,6 +165,49 @@ class RunSpec(SpecModel):
         return v if v is None else safe_name(v)
 
 
+class ClusterSpec(SpecModel):
+    """The machines an experiment spans."""
+    machines: list[str] = Field(min_length=1)
+    """SSH addresses (host names or IP addresses), each once; the first holds the core switch."""
+    user: str = "root"
+    """The user SSH logs in as on every machine (it must be root)."""
+    placement: Literal["rack"] = "rack"
+    """How nodes are placed: ``rack`` keeps each rack whole on one machine (only uplinks cross)."""
+    tunnel: Literal["gre", "vxlan"] = "gre"
+    """What carries a link between machines: ``gre`` (Mininet's RemoteGRELink, ``gretap``) or
+    ``vxlan`` (for kernels without GRE); both leave a 1,450-byte MTU."""
+    project_dir: Optional[str] = None
+    """Where this project is on the machines (its ``.venv`` inside); default: the same path as here."""
+    ssh_port: int = Field(22, gt=0, lt=65536)
+    """The machines' SSH port."""
+    identity_file: Optional[str] = None
+    """A private key for SSH (``ssh -i``); default: SSH's own."""
+    known_hosts_file: Optional[str] = None
+    """A known-hosts file for SSH (``UserKnownHostsFile``); default: SSH's own."""
+
+    @field_validator("machines")
+    @classmethod
+    def _machines(cls, v: list[str]) -> list[str]:
+        bad = [m for m in v if not re.fullmatch(r"[A-Za-z0-9_.:-]+", m)]
+        if bad:
+            raise ValueError(f"host names or IP addresses (letters, digits, '.', '-', '_', ':'; got {bad[0]!r})")
+        local = [m for m in v if m == "localhost" or m.startswith("127.")]
+        if local:
+            raise ValueError(f"addresses the other machines reach (not {local[0]!r}: tunnels are addressed "
+                             "from the other end too)")
+        repeated = sorted({m for m in v if v.count(m) > 1})
+        if repeated:
+            raise ValueError(f"each machine once (repeated: {', '.join(repeated)})")
+        return v
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str) -> str:
+        if not re.fullmatch(r"[a-z_][a-z0-9_-]*", v):
+            raise ValueError("a user name (lowercase letters, digits, '_', '-')")
+        return v
+
+
 class Experiment(SpecModel):
     """A whole experiment spec.
 
@@ -201,6 +245,9 @@ class Experiment(SpecModel):
     together (a scheme and its options); combined with every sweep point."""
     background: list[BackgroundFlow] = Field(default_factory=list)
     """iperf3 flows between hosts during the run, e.g. to load the core."""
+    cluster: Optional[ClusterSpec] = None
+    """The machines the racks are spread over (issue 20; :mod:`testbed.remote`): none (the
+    default) builds everything on this machine."""
     events: list[ScheduledEvent] = Field(default_factory=list)
     """Scheduled events (:mod:`traffic.scheduled`): each one trigger (``at_s``: emulated
     seconds from the start of the first measured iteration; ``at_iteration``: a global
@@ -227,6 +274,28 @@ class Experiment(SpecModel):
         d["events"] = [e.given() for e in self.events]  # as written: no null fields
         return d
 
+    def _cluster_errors(self) -> list[FieldError]:
+        """What a cluster run cannot do: a placement that cannot be made (rack placement keeps
+        racks whole and joins them through a core), and the parts of a run not yet carried
+        across machines (a ``workload.program``, scheduled events, background flows, pcap)."""
+        c = self.cluster
+        if c is None:
+            return []
+        out = []
+        n = len(c.machines)
+        if n > self.topology.racks:
+            out.append(FieldError("cluster.machines", c.machines, f"at most {self.topology.racks} machines (placement "
+                                  "'rack' keeps each rack whole on one machine)"))
+        if n > 1 and self.topology.kind != "rack_core":
+            out.append(FieldError("topology.kind", self.topology.kind, "'rack_core' with a cluster of several machines "
+                                  "(racks on different machines are joined through the core)"))
+        for path, used in (("workload.program", self.workload.program is not None), ("events", bool(self.events)),
+                           ("background", bool(self.background)), ("capture.pcap", self.capture.pcap is not None)):
+            if used:
+                out.append(FieldError(path, "set", "left out with a cluster (not yet carried across machines; "
+                                                   "run it on one machine)"))
+        return out
+
     def _size_errors(self) -> list[FieldError]:
         """Counts that size the network, checked before a scheme turns them into hosts: workers
         within the worker hosts, servers and their links within :data:`MAX_HOSTS` and
@@ -252,6 +321,7 @@ class Experiment(SpecModel):
         except (OSError, ValueError) as e:  # a profile path the OS refuses (too long, ...)
             out.append(FieldError("host.profile", self.host.profile,
                                   f"a shipped host profile or the path of a readable one ({type(e).__name__}: {e})"))
+        out += self._cluster_errors()
         t, s = self.topology, self.scale
         if s == AUTO:  # resolved at planning (testbed.capacity.auto_scale), then checked again
             return out + _background_errors(self)

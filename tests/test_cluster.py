@@ -4,6 +4,7 @@
 machine, each running its own SSH server with a throw-away key."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -118,11 +119,20 @@ def _wait_port(ns: str, addr: str, port: int, timeout_s: float = 10.0) -> None:
     raise RuntimeError(f"sshd in {ns} did not listen on {addr}:{port}")
 
 
-@pytest.fixture
-def ns_machines(tmp_path):
-    """Two "machines": network namespaces tbm1, tbm2 joined to this one by veth pairs
-    (10.251.k.1 here, 10.251.k.2 there), each running sshd with a throw-away host key and
-    accepting a throw-away client key. Everything is removed afterwards."""
+def tunnel_here() -> str:
+    """The tunnel kind this kernel makes: ``gre`` when it has ip_gre, else ``vxlan``."""
+    r = _ip("link", "add", "tbtunprobe", "type", "gretap", "local", "127.0.0.1", "remote", "127.0.0.2", check=False)
+    if r.returncode == 0:
+        _ip("link", "del", "tbtunprobe", check=False)
+        return "gre"
+    return "vxlan"
+
+
+@contextlib.contextmanager
+def namespace_machines(tmp_path, count: int = 2):
+    """``count`` "machines": network namespaces tbm1.. on one bridge of this namespace
+    (tbmbr0: 10.251.0.1 here, 10.251.0.1k there), each running sshd with a throw-away host
+    key and accepting a throw-away client key. Everything is removed afterwards."""
     if os.geteuid() != 0:
         pytest.skip("needs root (network namespaces)")
     if SSHD is None:
@@ -134,29 +144,33 @@ def ns_machines(tmp_path):
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
     procs, names, addrs = [], [], []
     try:
-        for k in (1, 2):
-            ns, here, there = f"tbm{k}", f"tbm{k}h", f"tbm{k}n"
+        _ip("link", "add", BRIDGE, "type", "bridge")
+        _ip("addr", "add", "10.251.0.1/24", "dev", BRIDGE)
+        _ip("link", "set", BRIDGE, "up")
+        for k in range(1, count + 1):
+            ns, here, there, addr = f"tbm{k}", f"tbm{k}h", f"tbm{k}n", f"10.251.0.{10 + k}"
             _ip("netns", "add", ns)
             names.append(ns)
             _ip("link", "add", here, "type", "veth", "peer", "name", there)
             _ip("link", "set", there, "netns", ns)
-            _ip("addr", "add", f"10.251.{k}.1/24", "dev", here)
+            _ip("link", "set", here, "master", BRIDGE)
             _ip("link", "set", here, "up")
-            _ip("-n", ns, "addr", "add", f"10.251.{k}.2/24", "dev", there)
+            _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", there)
             _ip("-n", ns, "link", "set", there, "up")
             _ip("-n", ns, "link", "set", "lo", "up")
             hostkey = tmp_path / f"host{k}"
             subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(hostkey)], check=True)
             cfg = tmp_path / f"sshd{k}.conf"
-            cfg.write_text(f"ListenAddress 10.251.{k}.2\nPort 22\nHostKey {hostkey}\n"
+            cfg.write_text(f"ListenAddress {addr}\nPort 22\nHostKey {hostkey}\n"
                            f"AuthorizedKeysFile {tmp_path / 'authorized_keys'}\nPermitRootLogin prohibit-password\n"
-                           f"PasswordAuthentication no\nStrictModes no\nUsePAM no\nPidFile {tmp_path / f'sshd{k}.pid'}\n")
+                           f"PasswordAuthentication no\nStrictModes no\nUsePAM no\nUseDNS no\nMaxSessions 100\n"
+                           f"MaxStartups 100\nPidFile {tmp_path / f'sshd{k}.pid'}\n")
             procs.append(subprocess.Popen(["ip", "netns", "exec", ns, SSHD, "-D", "-e", "-f", str(cfg)],
                                           stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"sshd{k}.log", "w")))
-            addrs.append(f"10.251.{k}.2")
-            _wait_port(ns, addrs[-1], 22)
+            addrs.append(addr)
+            _wait_port(ns, addr, 22)
         yield {"machines": addrs, "identity_file": str(key), "known_hosts_file": str(tmp_path / "known_hosts"),
-               "namespaces": names}
+               "tunnel": tunnel_here(), "namespaces": names}
     finally:
         for p in procs:
             p.send_signal(signal.SIGTERM)
@@ -168,16 +182,32 @@ def ns_machines(tmp_path):
         for ns in names:  # the veth pair first: a deleted namespace frees its end asynchronously
             _ip("link", "del", f"{ns}h", check=False)
             _ip("netns", "del", ns, check=False)
+        _ip("link", "del", BRIDGE, check=False)
         if made_run_sshd:
             shutil.rmtree("/run/sshd", ignore_errors=True)
 
 
+BRIDGE = "tbmbr0"
+
+
+@pytest.fixture
+def ns_machines(tmp_path):
+    with namespace_machines(tmp_path) as m:
+        yield m
+
+
+def cluster_section(ns: dict) -> dict:
+    """The ``cluster:`` section of a spec for namespace machines."""
+    return {k: v for k, v in ns.items() if k != "namespaces"}
+
+
 def test_every_namespace_machine_passes_the_check(ns_machines):
-    spec = ClusterSpec.model_validate({k: v for k, v in ns_machines.items() if k != "namespaces"})
+    spec = ClusterSpec.model_validate(cluster_section(ns_machines))
     for m in Machine.of(spec):
-        items = check_machine(m)
+        items = check_machine(m, tunnel=spec.tunnel)
         assert [i.name.split(": ", 1)[1] for i in items] == ["ssh", "root", "project", "mnexec", "bwm-ng",
-                                                               "qdisc htb", "clock", "path MTU"]
+                                                               "qdisc htb", "clock", f"tunnel {spec.tunnel}",
+                                                               "path MTU"]
         assert all(i.ok for i in items), [(i.name, i.detail) for i in items if not i.ok]
         offset, uncertainty = clock_offset(m)
         assert abs(offset) <= uncertainty + 0.005  # one kernel, one clock: the offset is within the round trip
@@ -185,20 +215,20 @@ def test_every_namespace_machine_passes_the_check(ns_machines):
 
 
 def test_an_unreachable_machine_fails_at_ssh_with_a_remedy(ns_machines):
-    m = Machine("10.251.1.9", identity_file=ns_machines["identity_file"],
+    m = Machine("10.251.0.9", identity_file=ns_machines["identity_file"],
                 known_hosts_file=ns_machines["known_hosts_file"])
     items = check_machine(m)
-    assert len(items) == 1 and items[0].name == "10.251.1.9: ssh" and not items[0].ok
-    assert "ssh-copy-id root@10.251.1.9" in items[0].remedy
+    assert len(items) == 1 and items[0].name == "10.251.0.9: ssh" and not items[0].ok
+    assert "ssh-copy-id root@10.251.0.9" in items[0].remedy
 
 
 def test_cli_check_cluster_prints_the_placement_and_the_machines(ns_machines, tmp_path, capsys):
     spec = tmp_path / "cluster.yaml"
     spec.write_text(yaml.safe_dump({"topology": {"kind": "rack_core", "racks": 2, "hosts_per_rack": 4},
-                                    "cluster": {k: v for k, v in ns_machines.items() if k != "namespaces"}}))
+                                    "cluster": cluster_section(ns_machines)}))
     assert cli_main(["check", "--cluster", str(spec)]) == 0
     out = capsys.readouterr().out
-    assert "10.251.1.2: core1 tor1 h1 h2 h3 h4" in out and "10.251.2.2: tor2 h5 h6 h7 h8" in out
+    assert "10.251.0.11: core1 tor1 h1 h2 h3 h4" in out and "10.251.0.12: tor2 h5 h6 h7 h8" in out
     assert "2 machines: ready" in out
 
 
@@ -208,3 +238,41 @@ def test_the_namespace_machines_are_gone():
     assert "tbm1" not in listing and "tbm2" not in listing
     assert not [line for line in subprocess.run(["pgrep", "-af", "sshd.*sshd[12].conf"], capture_output=True,
                                                 text=True).stdout.splitlines() if "pgrep" not in line]
+
+
+# ------------------------------------------------------------------ an experiment with a cluster
+
+def test_an_experiment_refuses_what_a_cluster_run_cannot_do_naming_each_field():
+    from testbed.spec import from_dict
+    with pytest.raises(SpecError) as e:
+        from_dict({"topology": {"kind": "rack", "racks": 2},
+                   "cluster": {"machines": ["10.0.0.1", "10.0.0.2", "10.0.0.3"]},
+                   "workload": {"program": {"command": ["python", "train.py"]}}})
+    fields = {x.field for x in e.value.errors}
+    assert {"cluster.machines", "topology.kind", "workload.program"} <= fields, fields
+    with pytest.raises(SpecError, match="addresses the other machines reach"):
+        from_dict({"cluster": {"machines": ["localhost"]}})
+    exp = from_dict({"topology": {"kind": "rack_core", "racks": 2}, "cluster": {"machines": ["a", "b"], "tunnel": "vxlan"}})
+    assert exp.cluster.tunnel == "vxlan" and exp.cluster.machines == ["a", "b"]
+
+
+def test_the_remote_sweep_kills_the_run_s_processes_and_removes_its_links_only(tmp_path):
+    from testbed.ledger import remote_sweep_script
+    staging = str(tmp_path / ".x-1@10.0.0.2")
+    other = subprocess.Popen(["sh", "-c", "sleep 30", str(tmp_path / ".x-2@10.0.0.2")])  # another run's
+    victim = subprocess.Popen(["sh", "-c", "sleep 30", staging])  # a process of the run: its argv names staging
+    try:
+        script = remote_sweep_script({"staging": staging, "pids": {}, "interfaces": ["tbnosuch-eth1"],
+                                      "bridges": ["tbnosuch"]})
+        r = subprocess.run(["sh", "-s"], input=script, text=True, capture_output=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.splitlines() == [f"process {victim.pid} (of the run)"]  # not the script's own shell
+        assert victim.wait(timeout=5) == -signal.SIGKILL and other.poll() is None
+    finally:
+        for p in (victim, other):
+            p.kill()
+            p.wait()
+    script = remote_sweep_script({"staging": "", "pids": {"shell:h5": 41}, "interfaces": ["tor2-eth1"],
+                                  "bridges": ["tor2"]})
+    assert "kill -KILL 41" in script
+    assert "ip link del dev tor2-eth1" in script and "ip link set dev tor2 down" in script

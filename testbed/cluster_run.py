@@ -1,0 +1,277 @@
+"""What one run does on the other machines of a cluster (issue 20), beside the network
+(:class:`testbed.remote.ClusterNetwork`):
+
+* clocks: each machine's offset from this one is measured before the run
+  (:func:`testbed.cluster.clock_offset`) and recorded in ``cluster.json`` with its uncertainty;
+  every timestamp gathered from a machine is corrected by it;
+* staging: each machine's processes write to a directory of their own there,
+  ``<runs dir>/.<run id>@<addr>`` (``spec.yaml`` and ``processes.json`` are copied in);
+* processes: each runs in its Mininet host on its machine (``mnexec -a`` over SSH, as
+  Mininet's ``RemoteMixin.popen``); its output comes back through SSH into ``logs/``;
+* capture: one :mod:`testbed.capture.agent` per machine (bwm-ng, qdisc and CPU samplers on
+  that machine's switch ports), started and stopped over SSH;
+* gathering: at teardown the ledger copies each staging directory into
+  ``machines/<addr>/`` (:func:`testbed.ledger.fetch_staging`); :meth:`ClusterRun.merge` then
+  puts the processes' events and results where a one-machine run has them (events' ``ts``
+  corrected) and merges the traces into ``traces/`` (:func:`testbed.capture.merge.merge_traces`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import shlex
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from testbed.capture.merge import TracePart, merge_traces
+from testbed.cluster import PROJECT_DIR, ClusterSpec, Machine, clock_offset
+from topologies.errors import TestbedError
+from traffic.rundir import write_json
+
+__all__ = ["ClusterRun"]
+
+#: how long a machine's capture agent may take to start (its Python imports included), s
+AGENT_START_S = 60.0
+
+
+class ClusterRun:
+    """The per-machine parts of one run on a cluster.
+
+    Args:
+        cluster: the spec's ``cluster`` section.
+        run_dir: the run directory (on this machine).
+        on_pid: called as ``on_pid(what, pid)`` for every local process started (the SSH
+            clients of the capture agents): the ledger.
+    """
+
+    def __init__(self, cluster: ClusterSpec, run_dir: Path, on_pid=None):
+        self.spec = cluster
+        self.machines = Machine.of(cluster)
+        self.run_dir = Path(run_dir)
+        self.project_dir = cluster.project_dir or str(PROJECT_DIR)
+        self.python = str(Path(self.project_dir) / ".venv" / "bin" / "python")
+        self.staging = {m.addr: str(self.run_dir.parent.resolve() / f".{self.run_dir.name}@{m.addr}")
+                        for m in self.machines}
+        self.offsets: dict[str, tuple[float, float]] = {}
+        self.on_pid = on_pid or (lambda what, pid: None)
+        self._agents: dict[str, subprocess.Popen] = {}
+        self.timings: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ before the build
+
+    def measure_clocks(self) -> None:
+        """Each machine's clock offset and its uncertainty (s), into :attr:`offsets`.
+
+        Raises:
+            TestbedError: a machine's clock could not be read.
+        """
+        for m in self.machines:
+            try:
+                self.offsets[m.addr] = clock_offset(m)
+            except RuntimeError as e:
+                raise TestbedError(f"cluster: {e}") from None
+
+    def prepare(self, files: list[str]) -> None:
+        """Create every machine's staging directory and copy the run's ``files`` into it.
+
+        Raises:
+            TestbedError: a machine refused (its message is included).
+        """
+        for m in self.machines:
+            s = shlex.quote(self.staging[m.addr])
+            r = m.run(f"mkdir -p {s} && cd {s} && mkdir -p logs events results params traces", timeout_s=60)
+            if r.returncode != 0:
+                raise TestbedError(f"cannot create {self.staging[m.addr]} on {m.addr}: {r.stderr.strip()}")
+        self.put(files)
+
+    def put(self, files: list[str]) -> None:
+        """Copy ``files`` (names inside the run directory) into every staging directory.
+
+        Raises:
+            TestbedError: a copy failed.
+        """
+        for name in files:
+            text = (self.run_dir / name).read_text()
+            for m in self.machines:
+                r = m.run(f"cat > {shlex.quote(self.staging[m.addr] + '/' + name)}", timeout_s=60, input=text)
+                if r.returncode != 0:
+                    raise TestbedError(f"cannot copy {name} to {m.addr}: {r.stderr.strip()}")
+
+    # ------------------------------------------------------------------ processes
+
+    def popen(self, node, info: dict, env: dict, log) -> subprocess.Popen:
+        """Start the runtime process ``info`` (a ``processes.json`` entry) in ``node``, a
+        :class:`testbed.remote.RemoteHost`, with ``env``'s settings that differ from this
+        process's environment (and the project there importable); its output goes to ``log``."""
+        staging = self.staging[node.server]
+        settings = {k: v for k, v in env.items() if os.environ.get(k) != v and k != "PYTHONPATH"}
+        settings["PYTHONPATH"] = self.project_dir
+        argv = ["env", *[f"{k}={v}" for k, v in sorted(settings.items())],
+                self.python, "-u", "-m", "traffic.runtime", staging, info["name"]]
+        return node.popen([shlex.quote(a) for a in argv], stdout=log, stderr=subprocess.STDOUT,
+                          stdin=subprocess.DEVNULL, cwd=None)
+
+    # ------------------------------------------------------------------ capture
+
+    def start_capture(self, ports: dict[str, list[str]], qdisc_ifaces: dict[str, list[str]], capture_spec) -> None:
+        """Start the capture agent of every machine that has switch ports (``ports``:
+        machine -> its ports) and wait until each samples.
+
+        Raises:
+            TestbedError: an agent failed or did not start within :data:`AGENT_START_S`.
+        """
+        spec = json.dumps(capture_spec.model_dump(mode="json"))
+        for m in self.machines:
+            if not ports.get(m.addr):
+                continue
+            s = self.staging[m.addr]
+            cmd = (f"cd {shlex.quote(self.project_dir)} && PYTHONPATH={shlex.quote(self.project_dir)} "
+                   f"{shlex.quote(self.python)} -m testbed.capture.agent {shlex.quote(s)} "
+                   f"--ports {shlex.quote(','.join(ports[m.addr]))} "
+                   + (f"--qdisc {shlex.quote(','.join(qdisc_ifaces[m.addr]))} " if qdisc_ifaces.get(m.addr) else "")
+                   + f"--capture {shlex.quote(spec)} --match {shlex.quote(s)}")
+            p = subprocess.Popen(m.ssh_argv(cmd), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+            self._agents[m.addr] = p
+            self.on_pid(f"capture:{m.addr}", p.pid)
+            line = _read_line(p, AGENT_START_S)
+            if not line.startswith("ready"):
+                raise TestbedError(f"the capture agent on {m.addr} did not start: {line.strip() or 'no answer'}")
+
+    def stop_capture(self) -> list[str]:
+        """Stop every capture agent (its stdin closed; killed after 15 s); the problems met."""
+        errors = []
+        for addr, p in self._agents.items():
+            try:
+                p.stdin.close()
+            except OSError:
+                pass
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+                errors.append(f"the capture agent on {addr} did not stop within 15 s and was killed")
+            else:
+                if p.returncode != 0:
+                    out = p.stdout.read().decode(errors="replace").strip()
+                    errors.append(f"the capture agent on {addr} exited with {p.returncode}: {out[-300:]}")
+        self._agents.clear()
+        return errors
+
+    # ------------------------------------------------------------------ after the run
+
+    def merge(self) -> None:
+        """Put what the machines' processes wrote (gathered in ``machines/<addr>/``) where
+        a one-machine run has it: ``events/*.jsonl`` (each event's ``ts`` corrected by the
+        machine's clock offset), ``results/``, ``params/``; merge the machines' traces into
+        ``traces/``; write ``cluster.json`` (machines, offsets, staging, timings)."""
+        parts = []
+        for m in self.machines:
+            src = self.run_dir / "machines" / m.addr
+            offset = self.offsets.get(m.addr, (0.0, None))[0]
+            if not src.is_dir():
+                continue
+            for f in sorted((src / "events").glob("*.jsonl")):
+                _shift_events(f, self.run_dir / "events" / f.name, offset)
+            for sub in ("results", "params"):
+                for f in sorted((src / sub).glob("*")):
+                    (self.run_dir / sub).mkdir(exist_ok=True)
+                    shutil.copy2(f, self.run_dir / sub / f.name)
+            if (src / "traces").is_dir():
+                parts.append(TracePart(m.addr, src / "traces", offset))
+        if parts:
+            merge_traces(self.run_dir / "traces", parts)
+        write_json(self.run_dir / "cluster.json", {
+            "machines": [m.addr for m in self.machines], "tunnel": self.spec.tunnel,
+            "clock_offset_s": {a: {"offset": o, "uncertainty": u} for a, (o, u) in self.offsets.items()},
+            "staging": self.staging, "timings_s": self.timings})
+
+
+def _read_line(p: subprocess.Popen, timeout_s: float) -> str:
+    """The first line ``p`` writes, or '' if it ends or ``timeout_s`` passes first."""
+    end = time.monotonic() + timeout_s
+    buf = b""
+    while time.monotonic() < end:
+        r, _, _ = select.select([p.stdout], [], [], 0.2)
+        if r:
+            ch = os.read(p.stdout.fileno(), 1)
+            if not ch:
+                break
+            buf += ch
+            if ch == b"\n":
+                return buf.decode(errors="replace")
+        elif p.poll() is not None:
+            break
+    return buf.decode(errors="replace")
+
+
+def _shift_events(src: Path, dest: Path, offset_s: float) -> None:
+    """Copy the events of ``src`` to ``dest`` with each ``ts`` minus ``offset_s`` (a line
+    that is not JSON, e.g. cut short by a kill, is dropped as the analysis would drop it)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(src, encoding="utf-8") as f, open(dest, "w", encoding="utf-8") as out:
+        for line in f:
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(ev.get("ts"), (int, float)):
+                ev["ts"] = ev["ts"] - offset_s
+            out.write(json.dumps(ev, separators=(",", ":")) + "\n")
+
+
+class ClusterCapture:
+    """The capture of a cluster run, with :class:`testbed.capture.Capture`'s ``start`` /
+    ``stop``: one agent per machine on the switch ports there (qdisc samples on the uplink
+    ends there, or on every switch port of a machine without one).
+
+    Args:
+        cluster: the run's :class:`ClusterRun`.
+        topology: the ``topology.json`` document of a :class:`testbed.remote.ClusterNetwork`.
+        spec: the experiment's ``capture`` section.
+    """
+
+    def __init__(self, cluster: ClusterRun, topology: dict, spec):
+        self.cluster, self.spec = cluster, spec
+        where = topology["cluster"]["placement"]
+        switches = {s["name"] for s in topology["switches"]}
+        self.ports: dict[str, list[str]] = {}
+        self.uplinks: dict[str, list[str]] = {}
+        for link in topology["links"]:
+            for end in ("1", "2"):
+                node = link[f"node{end}"]
+                if node in switches:
+                    self.ports.setdefault(where[node], []).append(link[f"intf{end}"])
+                if link["class"] == "uplink":
+                    self.uplinks.setdefault(where[node], []).append(link[f"intf{end}"])
+        self.errors: list[str] = []
+        self._started = False
+
+    def start(self) -> "ClusterCapture":
+        """Start every machine's agent.
+
+        Raises:
+            TestbedError: an agent did not start (those started are stopped).
+        """
+        self._started = True
+        qdisc = {a: self.uplinks.get(a) or ports for a, ports in self.ports.items()} if self.spec.qdisc else {}
+        try:
+            self.cluster.start_capture(self.ports, qdisc, self.spec)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop every agent (idempotent); problems are kept in ``logs/capture.log``."""
+        if not self._started:
+            return
+        self._started = False
+        self.errors += self.cluster.stop_capture()
+        if self.errors:
+            with open(self.cluster.run_dir / "logs" / "capture.log", "a") as f:
+                f.writelines(e.replace("\n", " ") + "\n" for e in self.errors)

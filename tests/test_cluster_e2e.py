@@ -1,0 +1,114 @@
+"""A run spread over two "machines" (issue 20): network namespaces of this machine, each with
+its own SSH server (tests/test_cluster.py), joined by a bridge. The kernel is shared, so this
+tests the control and data paths (SSH, tunnels, the per-machine ledger, capture, gathering,
+teardown), not performance."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from testbed.runner import run_experiment
+from testbed.spec import load_spec
+from tests.leftovers import leftovers, needs_root
+from tests.test_cluster import cluster_section, namespace_machines
+from tests.test_faults import ROOT, cli, harness_says, start_run, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(needs_root, reason="needs root")]
+
+#: the quickstart's parameter-server point, shortened: 20 iterations
+ITERATIONS = 20
+
+
+@pytest.fixture(scope="module")
+def machines(tmp_path_factory):
+    with namespace_machines(tmp_path_factory.mktemp("machines")) as ns:
+        yield ns
+
+
+def quickstart(tmp_path: Path, runs: Path, cluster: dict | None, **run) -> Path:
+    data = yaml.safe_load((ROOT / "experiments" / "quickstart.yaml").read_text())
+    del data["sweep"]
+    data["workload"].update(scheme="ps", iterations=ITERATIONS)
+    data["run"].update(runs_dir=str(runs), **run)
+    if cluster:
+        data["cluster"] = cluster
+    path = tmp_path / f"quickstart{'_cluster' if cluster else ''}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def machine_leftovers(ns: dict, runs: Path) -> list[str]:
+    """What a run may have left on the namespace machines: links besides their own, node
+    shells, processes of a staging directory, staging directories."""
+    out = []
+    for name in ns["namespaces"]:
+        links = subprocess.run(["ip", "-n", name, "-o", "link", "show"], capture_output=True, text=True).stdout
+        out += [f"{name}: link {m}" for m in re.findall(r"^\d+: ([^:@]+)", links, re.M) if m not in ("lo", f"{name}n")]
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if re.search(r"mininet:|@10\.251\.0\.", cmd) and "pytest" not in cmd:
+            out.append(f"process {p.pid} {cmd[:80]}")
+    out += [f"staging {d}" for d in runs.glob(".*@*")]
+    return out
+
+
+def test_quickstart_on_two_machines_moves_the_core_bytes_of_one_machine(machines, tmp_path):
+    assert leftovers() == [] and machine_leftovers(machines, tmp_path / "runs") == []
+    one, = run_experiment(load_spec(quickstart(tmp_path, tmp_path / "runs", None)), progress=False)
+    two, = run_experiment(load_spec(quickstart(tmp_path, tmp_path / "runs", cluster_section(machines))),
+                          progress=False)
+    assert one.ok and two.ok, (one.summary.get("error"), two.summary.get("error"))
+    assert two.summary["iterations_completed"] == one.summary["iterations_completed"]
+    core1, core2 = one.summary["bytes"]["core"], two.summary["bytes"]["core"]
+    assert core1 > 1e6 and abs(core2 - core1) <= 0.02 * core1, (core1, core2)
+
+    d = two.run_dir
+    topo = json.loads((d / "topology.json").read_text())
+    a, b = machines["machines"]
+    assert topo["cluster"]["placement"]["core1"] == a and topo["cluster"]["placement"]["h5"] == b
+    assert all(link["mtu_bytes"] == [1450, 1450] for link in topo["links"])
+    assert all(s["qdisc"] == "htb" for link in topo["links"] for s in link["shaping"].values())
+    cluster = json.loads((d / "cluster.json").read_text())
+    for m in (a, b):  # one kernel, one clock: the offset lies within its uncertainty
+        off = cluster["clock_offset_s"][m]
+        assert abs(off["offset"]) <= off["uncertainty"] + 0.002
+        assert (d / "machines" / m / "traces" / "bwm-ng.csv").stat().st_size > 0
+    ifaces = {line.split(";")[1] for line in (d / "traces" / "bwm-ng.csv").read_text().splitlines()}
+    assert {"core1-eth1", "core1-eth2", "tor2-eth1"} <= ifaces  # ports of both machines, merged
+    for p in json.loads((d / "processes.json").read_text())["processes"]:
+        assert (d / "events" / f"{p['name']}.jsonl").stat().st_size > 0, p["name"]
+        assert (d / "logs" / f"{p['name']}.log").is_file()
+    time.sleep(0.5)
+    assert leftovers() == [] and machine_leftovers(machines, tmp_path / "runs") == []
+
+
+def test_a_failed_cluster_run_leaves_nothing_on_any_machine(machines, tmp_path):
+    res, = run_experiment(load_spec(quickstart(tmp_path, tmp_path / "runs", cluster_section(machines),
+                                               timeout_s=4)), progress=False)
+    assert res.summary["status"] == "failed" and "time" in res.summary["error"], res.summary.get("error")
+    assert (res.run_dir / "machines").is_dir()  # what the machines wrote was gathered
+    time.sleep(0.5)
+    assert leftovers() == [] and machine_leftovers(machines, tmp_path / "runs") == []
+
+
+def test_a_sigkilled_cluster_run_is_cleaned_on_every_machine(machines, tmp_path):
+    runs = tmp_path / "runs"
+    p = start_run(quickstart(tmp_path, runs, cluster_section(machines)))
+    run_dir = wait_for(harness_says(runs, "launching"), "the launch")
+    time.sleep(3)
+    p.kill()  # no teardown at all
+    p.communicate()
+    assert machine_leftovers(machines, runs) != []
+    out = cli("clean")
+    assert out.returncode == 0, out.stderr
+    assert f"{machines['machines'][1]}: bridge tor2" in out.stdout, out.stdout
+    time.sleep(0.5)
+    assert leftovers() == [] and machine_leftovers(machines, runs) == []
+    assert (run_dir / "machines" / machines["machines"][1] / "processes.json").is_file()  # gathered by clean
