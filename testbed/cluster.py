@@ -42,7 +42,7 @@ from topologies.placement import PlacementError, place_racks
 from topologies.spec import TopologySpec
 from topologies.validation import field_errors, load_yaml
 
-__all__ = ["GRE_PACKET_BYTES", "ClusterSpec", "Machine", "check_cluster", "check_machine", "clock_offset",
+__all__ = ["GRE_PACKET_BYTES", "ClusterSpec", "Machine", "check_cluster", "check_machine", "clock_offset", "end_process",
            "format_placement", "load_cluster", "local_version"]
 
 #: the IPv4 packet a GRE tunnel with a 1,450-byte inner MTU sends (1,450 + 4 GRE + 20 outer IP + 2 spare)
@@ -126,16 +126,24 @@ def clock_offset(machine: Machine, rounds: int = 9, timeout_s: float = 20) -> tu
         raise RuntimeError(f"date on {machine.addr} failed: {e}") from None
     finally:
         timer.cancel()
-        try:
-            proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        end_process(proc, 5)
     return best[0], best[1] / 2
+
+
+def end_process(proc: subprocess.Popen, timeout_s: float) -> bool:
+    """Close ``proc``'s stdin (a remote command reading it ends at end of file) and wait up
+    to ``timeout_s`` for it to exit, else kill it; True if it exited by itself."""
+    try:
+        proc.stdin.close()
+    except OSError:
+        pass
+    try:
+        proc.wait(timeout=timeout_s)
+        return True
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return False
 
 
 def _largest_unfragmented(addr: str, sizes=(1500, GRE_PACKET_BYTES, 1280)) -> int | None:

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from testbed.capture.merge import TracePart, merge_traces
-from testbed.cluster import PROJECT_DIR, ClusterSpec, Machine, clock_offset
+from testbed.cluster import PROJECT_DIR, ClusterSpec, Machine, clock_offset, end_process
 from topologies.errors import TestbedError
 from traffic.rundir import write_json
 
@@ -145,20 +145,11 @@ class ClusterRun:
         """Stop every capture agent (its stdin closed; killed after 15 s); the problems met."""
         errors = []
         for addr, p in self._agents.items():
-            try:
-                p.stdin.close()
-            except OSError:
-                pass
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+            if not end_process(p, 15):
                 errors.append(f"the capture agent on {addr} did not stop within 15 s and was killed")
-            else:
-                if p.returncode != 0:
-                    out = p.stdout.read().decode(errors="replace").strip()
-                    errors.append(f"the capture agent on {addr} exited with {p.returncode}: {out[-300:]}")
+            elif p.returncode != 0:
+                out = p.stdout.read().decode(errors="replace").strip()
+                errors.append(f"the capture agent on {addr} exited with {p.returncode}: {out[-300:]}")
         self._agents.clear()
         return errors
 
