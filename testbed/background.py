@@ -137,15 +137,30 @@ def read_result(path: Path) -> dict:
 
 def _listening(pid: int, port: int) -> bool:
     """True if a TCP socket in the network namespace of ``pid`` listens on ``port``."""
+    lines = []
     for table in ("tcp", "tcp6"):
         try:
-            lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+            lines += Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
         except OSError:
             continue
-        for line in lines:
-            fields = line.split()
-            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":  # TCP_LISTEN
-                return True
+    return _listens(lines, port)
+
+
+def _listening_remote(node, port: int) -> bool:
+    """:func:`_listening` for a host on another machine (its shell reads its namespace's tables)."""
+    return _listens(node.cmd("cat /proc/net/tcp /proc/net/tcp6 2>/dev/null").splitlines(), port)
+
+
+def _listens(lines: list[str], port: int) -> bool:
+    """True if a line of ``/proc/net/tcp{,6}`` is a socket listening on ``port`` (headers skipped)."""
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 3 and fields[3] == "0A":  # TCP_LISTEN
+            try:
+                if int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    return True
+            except (ValueError, IndexError):
+                continue
     return False
 
 
@@ -160,12 +175,18 @@ class Background:
         scale: time dilation.
         on_pid: called with ``(what, pid)`` for every process started (the run's ledger).
 
+        cluster: a cluster run's :class:`testbed.cluster_run.ClusterRun`, whose hosts are on
+            other machines: the flows' files are written in each machine's staging directory
+            and read from there, the servers' sockets are looked up there, and a flow is
+            stopped there (SIGTERM, so that iperf3 writes its JSON).
+
     Raises:
         SpecError: a flow names a host the topology does not have.
     """
 
     def __init__(self, flows: list, topology: dict, hosts: dict, run_dir: Path, scale: float = 1.0,
-                 on_pid: Callable[[str, int], None] | None = None):
+                 on_pid: Callable[[str, int], None] | None = None, cluster=None):
+        self.cluster = cluster
         self.plans = plan_flows(flows, topology, scale)
         self.hosts = hosts
         self.run_dir = Path(run_dir)
@@ -175,12 +196,20 @@ class Background:
         self.procs: list[Launched] = []
         self.started_at: dict[str, float] = {}
 
+    def _out_dir(self, host: str) -> Path:
+        """Where the flows' files of ``host`` go: this run's, or its machine's staging directory."""
+        if self.cluster is None:
+            return self.dir
+        return Path(self.cluster.staging[self.hosts[host].server]) / SUBDIR
+
     def _popen(self, fp: FlowPlan, role: str, cmd: list[str]) -> Launched:
         log = self.run_dir / "logs" / f"background-{fp.name}-{role}.log"
+        node = self.hosts[fp.src if role == "client" else fp.dst]
+        if self.cluster is not None:  # the remote shell parses the command line
+            cmd = [shlex.quote(a) for a in cmd]
         with deferred_signals():  # recorded before a Ctrl-C can interrupt
             with open(log, "ab") as f:
-                p = self.hosts[fp.src if role == "client" else fp.dst].popen(
-                    cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                p = node.popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             launched = Launched({"name": f"background:{fp.name}:{role}", "role": role,
                                  "host": fp.src if role == "client" else fp.dst}, p, log)
             self.procs.append(launched)
@@ -196,11 +225,12 @@ class Background:
         if not self.plans:
             return
         self.dir.mkdir(parents=True, exist_ok=True)
-        servers = [(fp, self._popen(fp, "server", server_command(fp, self.dir))) for fp in self.plans]
+        servers = [(fp, self._popen(fp, "server", server_command(fp, self._out_dir(fp.dst)))) for fp in self.plans]
         deadline = time.monotonic() + timeout_s
         for fp, l in servers:
-            pid = self.hosts[fp.dst].pid
-            while not _listening(pid, fp.port):
+            node = self.hosts[fp.dst]
+            while not (_listening(node.pid, fp.port) if self.cluster is None else
+                       _listening_remote(node, fp.port)):
                 if l.popen.poll() is not None or time.monotonic() > deadline:
                     raise TestbedError(f"background flow {fp.name}: the iperf3 server on {fp.dst} (port {fp.port}) "
                                        f"did not start listening; see {l.log} and {self.dir / (fp.name + '.server.json')}")
@@ -213,7 +243,7 @@ class Background:
             return
         t0 = time.time()
         for fp in self.plans:
-            self._popen(fp, "client", client_command(fp, self.dir))
+            self._popen(fp, "client", client_command(fp, self._out_dir(fp.src)))
             self.started_at[fp.name] = t0 + fp.delay_s
         self._write()
 
@@ -222,11 +252,23 @@ class Background:
         flow's result in ``flows.json``. Never raises."""
         if not self.plans:
             return
+        if self.cluster is not None:  # the SSH clients here; iperf3 itself runs there
+            self.cluster.terminate_matching(str(SUBDIR), grace_s)
         kill_all(self.procs, grace_s=grace_s)
         try:
             self._write(results=True)
         except OSError:  # the run directory is gone: nothing to record into
             pass
+
+    def _fetch(self, fp: FlowPlan) -> Path:
+        """The client's JSON of a flow, copied here from its machine in a cluster run."""
+        local = self.dir / f"{fp.name}.json"
+        if self.cluster is not None:
+            src = self._out_dir(fp.src) / f"{fp.name}.json"
+            text = self.cluster.read_file(self.hosts[fp.src].server, str(src))
+            if text is not None:
+                local.write_text(text)
+        return local
 
     def _write(self, results: bool = False) -> None:
         flows = []
@@ -234,6 +276,6 @@ class Background:
             d = asdict(fp)
             d["client_start"] = self.started_at.get(fp.name)
             if results:
-                d["result"] = read_result(self.dir / f"{fp.name}.json")
+                d["result"] = read_result(self._fetch(fp))
             flows.append(d)
         write_json(self.dir / "flows.json", {"scale": self.scale, "flows": flows})

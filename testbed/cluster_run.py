@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from testbed.capture.merge import TracePart, merge_traces
+from testbed.ledger import own_pattern
 from testbed.cluster import PROJECT_DIR, ClusterSpec, Machine, clock_offset, end_process
 from topologies.errors import TestbedError
 from traffic.rundir import write_json
@@ -82,7 +83,7 @@ class ClusterRun:
         """
         for m in self.machines:
             s = shlex.quote(self.staging[m.addr])
-            r = m.run(f"mkdir -p {s} && cd {s} && mkdir -p logs events results params traces", timeout_s=60)
+            r = m.run(f"mkdir -p {s} && cd {s} && mkdir -p logs events results params traces/background", timeout_s=60)
             if r.returncode != 0:
                 raise TestbedError(f"cannot create {self.staging[m.addr]} on {m.addr}: {r.stderr.strip()}")
         self.put(files)
@@ -113,6 +114,21 @@ class ClusterRun:
                 self.python, "-u", "-m", "traffic.runtime", staging, info["name"]]
         return node.popen([shlex.quote(a) for a in argv], stdout=log, stderr=subprocess.STDOUT,
                           stdin=subprocess.DEVNULL, cwd=None)
+
+    def terminate_matching(self, part: str, grace_s: float = 2.0) -> None:
+        """SIGTERM, on every machine, the processes whose command line names ``part`` inside
+        the staging directory there (e.g. the background flows' iperf3), then SIGKILL after
+        ``grace_s``: a process ends as its own signal handler decides (iperf3 writes its JSON)."""
+        for m in self.machines:
+            pattern = shlex.quote(own_pattern(self.staging[m.addr] + "/" + part))
+            m.run(f"pkill -TERM -f -- {pattern}; sleep {grace_s:g}; pkill -KILL -f -- {pattern}; true",
+                  timeout_s=grace_s + 30)
+
+    def read_file(self, addr: str, path: str) -> str | None:
+        """The text of ``path`` on machine ``addr``, or None if it cannot be read."""
+        m = next(m for m in self.machines if m.addr == addr)
+        r = m.run(f"cat {shlex.quote(path)}", timeout_s=60)
+        return r.stdout if r.returncode == 0 else None
 
     # ------------------------------------------------------------------ capture
 

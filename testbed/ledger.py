@@ -185,6 +185,14 @@ class Ledger:
         return removed
 
 
+def own_pattern(text: str) -> str:
+    """A ``pgrep -f`` pattern (extended regular expression) matching ``text`` literally that
+    does not match a command line holding the pattern itself: ``[/]runs/x`` finds ``/runs/x``
+    but not the shell running ``pgrep -f '[/]runs/x'``."""
+    escaped = re.escape(text)
+    return "[" + escaped[0] + "]" + escaped[1:] if escaped[:1].isalnum() or escaped[:1] == "/" else escaped
+
+
 def remote_sweep_script(entry: dict) -> str:
     """The shell script that removes, on another machine, what a run made there (an entry of
     :attr:`Ledger.machines`): every process whose command line names the run's staging
@@ -195,8 +203,7 @@ def remote_sweep_script(entry: dict) -> str:
     staging = entry.get("staging") or ""
     lines = ["set +e"]
     if staging:
-        # '[/]' keeps the pattern from matching this script's own command line
-        pattern = "[" + re.escape(staging)[0] + "]" + re.escape(staging)[1:] if staging.startswith("/") else re.escape(staging)
+        pattern = own_pattern(staging)
         lines.append(f"for p in $(pgrep -f -- {q(pattern)}); do kill -KILL $p 2>/dev/null && echo \"process $p (of the run)\"; done")
     for what, pid in entry.get("pids", {}).items():
         lines.append(f"kill -0 {int(pid)} 2>/dev/null && kill -KILL {int(pid)} && echo {q(f'process {what} (pid {pid})')}")

@@ -260,7 +260,7 @@ def _run(exp: Experiment, run_dir: Path, ledger: Ledger, teardown: ExitStack, t0
     plan = scheme.plan(exp.workload, hosts)
     by_name = {h["name"]: h for h in topo["hosts"]}
     background = Background(exp.background, topo, network.hosts, run_dir, scale=exp.scale,
-                            on_pid=ledger.add_pid)  # refuses hosts the network lacks
+                            on_pid=ledger.add_pid, cluster=cluster)  # refuses hosts the network lacks
     teardown.callback(background.stop)
     program = exp.workload.program
     entries = [{"name": p.name, "role": p.role, "index": p.index, "host": p.host, "rack": by_name[p.host]["rack"],

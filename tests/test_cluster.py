@@ -196,9 +196,9 @@ def ns_machines(tmp_path):
         yield m
 
 
-def cluster_section(ns: dict) -> dict:
-    """The ``cluster:`` section of a spec for namespace machines."""
-    return {k: v for k, v in ns.items() if k != "namespaces"}
+def cluster_section(ns: dict, count: int | None = None) -> dict:
+    """The ``cluster:`` section of a spec for namespace machines (the first ``count`` of them)."""
+    return {**{k: v for k, v in ns.items() if k != "namespaces"}, "machines": ns["machines"][:count]}
 
 
 def test_every_namespace_machine_passes_the_check(ns_machines):

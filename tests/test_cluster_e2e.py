@@ -14,8 +14,12 @@ import psutil
 import pytest
 import yaml
 
+from testbed.cluster import Machine
+from testbed.ledger import Ledger
+from testbed.remote import ClusterNetwork
 from testbed.runner import run_experiment
-from testbed.spec import load_spec
+from testbed.spec import ClusterSpec, load_spec
+from topologies.spec import TopologySpec
 from tests.leftovers import leftovers, needs_root
 from tests.test_cluster import cluster_section, namespace_machines
 from tests.test_faults import ROOT, cli, harness_says, start_run, wait_for
@@ -28,14 +32,21 @@ ITERATIONS = 20
 
 @pytest.fixture(scope="module")
 def machines(tmp_path_factory):
-    with namespace_machines(tmp_path_factory.mktemp("machines")) as ns:
+    """Three namespace machines; the quickstart's two racks use the first two."""
+    with namespace_machines(tmp_path_factory.mktemp("machines"), count=3) as ns:
         yield ns
 
 
-def quickstart(tmp_path: Path, runs: Path, cluster: dict | None, **run) -> Path:
+def quickstart(tmp_path: Path, runs: Path, cluster: dict | None, extra: dict | None = None, **run) -> Path:
     data = yaml.safe_load((ROOT / "experiments" / "quickstart.yaml").read_text())
     del data["sweep"]
     data["workload"].update(scheme="ps", iterations=ITERATIONS)
+    for section, values in (extra or {}).items():
+        data.setdefault(section, {})
+        if isinstance(values, dict):
+            data[section].update(values)
+        else:
+            data[section] = values
     data["run"].update(runs_dir=str(runs), **run)
     if cluster:
         data["cluster"] = cluster
@@ -62,7 +73,7 @@ def machine_leftovers(ns: dict, runs: Path) -> list[str]:
 def test_quickstart_on_two_machines_moves_the_core_bytes_of_one_machine(machines, tmp_path):
     assert leftovers() == [] and machine_leftovers(machines, tmp_path / "runs") == []
     one, = run_experiment(load_spec(quickstart(tmp_path, tmp_path / "runs", None)), progress=False)
-    two, = run_experiment(load_spec(quickstart(tmp_path, tmp_path / "runs", cluster_section(machines))),
+    two, = run_experiment(load_spec(quickstart(tmp_path, tmp_path / "runs", cluster_section(machines, 2))),
                           progress=False)
     assert one.ok and two.ok, (one.summary.get("error"), two.summary.get("error"))
     assert two.summary["iterations_completed"] == one.summary["iterations_completed"]
@@ -89,8 +100,24 @@ def test_quickstart_on_two_machines_moves_the_core_bytes_of_one_machine(machines
     assert leftovers() == [] and machine_leftovers(machines, tmp_path / "runs") == []
 
 
+def test_a_background_flow_crosses_the_core_between_machines(machines, tmp_path):
+    """bg1 (rack 1, first machine) -> bg2 (rack 2, second machine), TCP at 40 Mbit/s for 3 s:
+    iperf3 runs in the hosts on their machines, its report comes back into flows.json."""
+    res, = run_experiment(load_spec(quickstart(
+        tmp_path, tmp_path / "runs", cluster_section(machines, 2),
+        extra={"topology": {"background_hosts_per_rack": 1},
+               "background": [{"src": "bg1", "dst": "bg2", "rate_mbps": 40, "duration_s": 3}]})), progress=False)
+    assert res.ok, res.summary.get("error")
+    flow, = json.loads((res.run_dir / "traces" / "background" / "flows.json").read_text())["flows"]
+    assert flow["result"]["error"] is None, flow["result"]
+    sent = 40e6 / 8 * 3
+    assert 0.9 * sent <= flow["result"]["bytes_received"] <= 1.1 * sent, flow["result"]
+    time.sleep(0.5)
+    assert leftovers() == [] and machine_leftovers(machines, tmp_path / "runs") == []
+
+
 def test_a_failed_cluster_run_leaves_nothing_on_any_machine(machines, tmp_path):
-    res, = run_experiment(load_spec(quickstart(tmp_path, tmp_path / "runs", cluster_section(machines),
+    res, = run_experiment(load_spec(quickstart(tmp_path, tmp_path / "runs", cluster_section(machines, 2),
                                                timeout_s=4)), progress=False)
     assert res.summary["status"] == "failed" and "time" in res.summary["error"], res.summary.get("error")
     assert (res.run_dir / "machines").is_dir()  # what the machines wrote was gathered
@@ -100,7 +127,7 @@ def test_a_failed_cluster_run_leaves_nothing_on_any_machine(machines, tmp_path):
 
 def test_a_sigkilled_cluster_run_is_cleaned_on_every_machine(machines, tmp_path):
     runs = tmp_path / "runs"
-    p = start_run(quickstart(tmp_path, runs, cluster_section(machines)))
+    p = start_run(quickstart(tmp_path, runs, cluster_section(machines, 2)))
     run_dir = wait_for(harness_says(runs, "launching"), "the launch")
     time.sleep(3)
     p.kill()  # no teardown at all
@@ -112,3 +139,22 @@ def test_a_sigkilled_cluster_run_is_cleaned_on_every_machine(machines, tmp_path)
     time.sleep(0.5)
     assert leftovers() == [] and machine_leftovers(machines, runs) == []
     assert (run_dir / "machines" / machines["machines"][1] / "processes.json").is_file()  # gathered by clean
+
+
+def test_twenty_two_nodes_on_three_machines_all_reach_each_other(machines, tmp_path):
+    """Mininet's cluster support has an open report of hosts losing reachability beyond about
+    10 nodes; 3 racks x 6 hosts, 3 ToRs and a core (22 nodes) on three machines: every host
+    pings every other, and the shaping is read back on every machine."""
+    topo = TopologySpec.model_validate({"kind": "rack_core", "racks": 3, "hosts_per_rack": 6})
+    spec = ClusterSpec.model_validate(cluster_section(machines))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    ledger = Ledger.create("reach", run_dir)
+    with ClusterNetwork(topo, [], run_dir, ledger, machines=Machine.of(spec), tunnel=spec.tunnel) as net:
+        placement = net.topology["cluster"]["placement"]
+        assert {placement[f"tor{r}"] for r in (1, 2, 3)} == set(machines["machines"])
+        assert len(net.topology["hosts"]) == 18
+        assert net.net.pingAll(timeout=2) == 0.0  # per cent of pings lost, over 18 x 17 pairs
+    assert not ledger.path.exists()  # swept on every machine
+    time.sleep(0.5)
+    assert machine_leftovers(machines, tmp_path) == []
