@@ -23,6 +23,7 @@ import select
 import shlex
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -103,17 +104,28 @@ class ClusterRun:
 
     # ------------------------------------------------------------------ processes
 
-    def popen(self, node, info: dict, env: dict, log) -> subprocess.Popen:
-        """Start the runtime process ``info`` (a ``processes.json`` entry) in ``node``, a
-        :class:`testbed.remote.RemoteHost`, with ``env``'s settings that differ from this
-        process's environment (and the project there importable); its output goes to ``log``."""
-        staging = self.staging[node.server]
-        settings = {k: v for k, v in env.items() if os.environ.get(k) != v and k != "PYTHONPATH"}
+    def popen(self, node, info: dict, cmd: list[str], env: dict, log) -> subprocess.Popen:
+        """Start process ``info`` (a ``processes.json`` entry) in ``node``, a
+        :class:`testbed.remote.RemoteHost`, as the harness would here: ``cmd`` with this
+        interpreter replaced by the project's Python there, in the entry's ``cwd`` (a
+        ``workload.program``'s, which must exist there too), with ``env``'s settings that
+        differ from this process's environment; every path into the run directory (the
+        runtime's argument, ``TESTBED_EVENTS``, ``TESTBED_RUN_DIR``) points into the
+        machine's staging directory instead, and the project there is importable. The
+        output goes to ``log``."""
+        staging, here = self.staging[node.server], str(self.run_dir)
+
+        def there(text: str) -> str:
+            return staging + text[len(here):] if text == here or text.startswith(here + "/") else text
+
+        settings = {k: there(v) for k, v in env.items() if os.environ.get(k) != v and k != "PYTHONPATH"}
         settings["PYTHONPATH"] = self.project_dir
-        argv = ["env", *[f"{k}={v}" for k, v in sorted(settings.items())],
-                self.python, "-u", "-m", "traffic.runtime", staging, info["name"]]
-        return node.popen([shlex.quote(a) for a in argv], stdout=log, stderr=subprocess.STDOUT,
-                          stdin=subprocess.DEVNULL, cwd=None)
+        argv = [self.python if a == sys.executable else there(a) for a in cmd]
+        line = shlex.join(["env", *[f"{k}={v}" for k, v in sorted(settings.items())], *argv])
+        if info.get("cwd"):
+            line = f"cd {shlex.quote(info['cwd'])} && exec {line}"
+        return node.popen(["sh", "-c", shlex.quote(line)], stdout=log, stderr=subprocess.STDOUT,
+                          stdin=subprocess.DEVNULL)
 
     def terminate_matching(self, part: str, grace_s: float = 2.0) -> None:
         """SIGTERM, on every machine, the processes whose command line names ``part`` inside

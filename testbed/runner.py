@@ -283,12 +283,12 @@ def _run(exp: Experiment, run_dir: Path, ledger: Ledger, teardown: ExitStack, t0
     background.start_servers()
 
     def popen(info, cmd, env, logf):
-        if cluster is not None:
-            return cluster.popen(network.hosts[info["host"]], info, env, logf)
         if zygote is not None and info.get("iface_index", 0) == 0:
             return zygote.popen(info, run_dir, env, logf, netns_pid=network.hosts[info["host"]].pid)
         if len(by_name[info["host"]]["intfs"]) > 1:
             cmd = bind_to_interface(cmd, info.get("iface_index", 0))
+        if cluster is not None:
+            return cluster.popen(network.hosts[info["host"]], info, cmd, env, logf)
         return network.hosts[info["host"]].popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT,
                                                  stdin=subprocess.DEVNULL, cwd=info.get("cwd"))
 

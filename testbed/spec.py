@@ -277,7 +277,7 @@ class Experiment(SpecModel):
     def _cluster_errors(self) -> list[FieldError]:
         """What a cluster run cannot do: a placement that cannot be made (rack placement keeps
         racks whole and joins them through a core), and the parts of a run not yet carried
-        across machines (a ``workload.program``, scheduled events, pcap)."""
+        across machines (scheduled events, pcap)."""
         c = self.cluster
         if c is None:
             return []
@@ -289,8 +289,7 @@ class Experiment(SpecModel):
         if n > 1 and self.topology.kind != "rack_core":
             out.append(FieldError("topology.kind", self.topology.kind, "'rack_core' with a cluster of several machines "
                                   "(racks on different machines are joined through the core)"))
-        for path, used in (("workload.program", self.workload.program is not None), ("events", bool(self.events)),
-                           ("capture.pcap", self.capture.pcap is not None)):
+        for path, used in (("events", bool(self.events)), ("capture.pcap", self.capture.pcap is not None)):
             if used:
                 out.append(FieldError(path, "set", "left out with a cluster (not yet carried across machines; "
                                                    "run it on one machine)"))

@@ -18,7 +18,9 @@ from testbed.cluster import Machine
 from testbed.ledger import Ledger
 from testbed.remote import ClusterNetwork
 from testbed.runner import run_experiment
-from testbed.spec import ClusterSpec, load_spec
+from analysis import load
+from testbed.spec import ClusterSpec, from_dict, load_spec
+from tests.test_program_e2e import DDP, ITERATIONS as DDP_ITERATIONS
 from topologies.spec import TopologySpec
 from tests.leftovers import leftovers, needs_root
 from tests.test_cluster import cluster_section, namespace_machines
@@ -112,6 +114,36 @@ def test_a_background_flow_crosses_the_core_between_machines(machines, tmp_path)
     assert flow["result"]["error"] is None, flow["result"]
     sent = 40e6 / 8 * 3
     assert 0.9 * sent <= flow["result"]["bytes_received"] <= 1.1 * sent, flow["result"]
+    time.sleep(0.5)
+    assert leftovers() == [] and machine_leftovers(machines, tmp_path / "runs") == []
+
+
+def test_a_plain_ddp_program_on_two_machines_moves_its_allreduce_bytes(machines, tmp_path):
+    """Issue 18's unmodified DDP script (tests/test_program_e2e.py), its workers spread over
+    two machines: each worker's link moves what the ring allreduce implies (the bytes seen on
+    the switch ports of both machines, merged on one clock)."""
+    (tmp_path / "ddp.py").write_text(DDP)
+    exp = from_dict({"name": "ddp", "topology": {"kind": "rack_core", "racks": 2, "hosts_per_rack": 4,
+                                                  "host_bw_mbps": 100, "oversubscription": 2},
+                     "workload": {"program": {"command": ["python", "ddp.py"], "cwd": str(tmp_path)}},
+                     "cluster": cluster_section(machines, 2),
+                     "run": {"runs_dir": str(tmp_path / "runs"), "timeout_s": 180}})
+    (res,) = run_experiment(exp, progress=False)
+    assert res.ok, res.summary.get("error")
+    p = 8
+    grad = int(re.search(r"grad_bytes (\d+)", (res.run_dir / "logs" / "worker0.log").read_text()).group(1))
+    logs = [(res.run_dir / "logs" / f"worker{i}.log").read_text() for i in range(p)]
+    start = min(float(re.search(r"t_start ([\d.]+)", log).group(1)) for log in logs)
+    end = max(float(re.search(r"t_end ([\d.]+)", log).group(1)) for log in logs)
+    run = load(res.run_dir)
+    window = run.traces[(run.traces["time"] > start) & (run.traces["time"] <= end + 0.2)]
+    expected = 2 * (p - 1) / p * grad * DDP_ITERATIONS
+    for h in [f"h{i}" for i in range(1, p + 1)]:
+        port = next(l["intf2"] if l["node1"] == h else l["intf1"] for l in run.topology["links"]
+                    if l["class"] == "host" and h in (l["node1"], l["node2"]))
+        rows = window[window["iface"] == port]
+        for direction, got in (("to", rows["bytes_out"].sum()), ("from", rows["bytes_in"].sum())):
+            assert 1.0 <= got / expected <= 1.05, (h, direction, got, expected)
     time.sleep(0.5)
     assert leftovers() == [] and machine_leftovers(machines, tmp_path / "runs") == []
 
