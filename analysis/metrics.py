@@ -31,7 +31,10 @@ Definitions (all documented again in ``summary.json``'s ``*method`` fields):
 * **CPU**: idle % = 100 - busy % per core; averaged over the measured window (post-warm-up
   iterations, or the whole capture if there are none). ``min_idle_pct`` is the lowest 1-s
   mean of the all-core idle %. ``cpu_starved`` when the mean idle % < 35 (Mininet-HiFi keeps
-  at least 35 % idle so that emulated links keep their rates).
+  at least 35 % idle so that emulated links keep their rates). A run spread over several
+  machines (``cluster.json``) is judged per machine: ``cpu_starved`` when some machine's mean
+  idle % < 35 (None when none is and a machine has no samples); the top-level figures are
+  the worst machine's.
 * **Shaping check**: the highest rate of each link direction over windows of
   ``max(0.1 s, 5 samples)``, against the configured ``bw_mbps``; more than 10 % above means
   the shaping failed. (A link whose rate a scheduled event raised is checked against its
@@ -49,6 +52,7 @@ Definitions (all documented again in ``summary.json``'s ``*method`` fields):
 """
 from __future__ import annotations
 
+import json
 import math
 import traceback
 from pathlib import Path
@@ -62,7 +66,13 @@ from traffic.rundir import write_json
 from traffic.runtime.hostcost import OVERRUN_THRESHOLD
 
 CPU_IDLE_RULE = "Mininet-HiFi: keep >= 35% CPU idle"
+#: ``fidelity.rule`` of a run spread over several machines
+CPU_IDLE_RULE_CLUSTER = "Mininet-HiFi: keep >= 35% CPU idle on every machine"
 MIN_IDLE_PCT = 35.0
+#: the machine of the unprefixed core rows of a cluster run's ``cpu.csv``
+CONTROLLER = "controller"
+#: the process rows each machine's capture writes about itself (testbed.capture.merge.MACHINE_PROCS)
+_MACHINE_PROCS = ("bwm-ng", "harness")
 RATE_TOLERANCE = 0.10
 
 
@@ -334,23 +344,88 @@ def rate_check(rates: pd.DataFrame, topology: dict, tolerance: float = RATE_TOLE
 # ----------------------------------------------------------------------------- cpu
 
 
-def cpu_stats(cpu: pd.DataFrame, window: tuple[float, float] | None = None) -> dict:
-    """Idle % of the machine's cores (see module doc).
+def cpu_stats(cpu: pd.DataFrame, window: tuple[float, float] | None = None,
+              machines: list[str] | None = None) -> dict:
+    """Idle % of the run's cores (see module doc), per machine for a run spread over several.
+
+    A cluster run's ``cpu.csv`` (:mod:`testbed.capture.merge`) has its remote machines'
+    ``core`` rows, ``bwm-ng`` and ``harness`` rows with ids ``"<machine>:<id>"``; rows
+    without a prefix are the controller's. When some core id carries a prefix, or
+    ``machines`` is given, the figures are computed per machine (each on its own samples
+    and clock ticks) and the top-level ones are the worst machine's.
+
+    Args:
+        cpu: :attr:`analysis.load.Run.cpu` (``time`` s, ``kind``, ``id`` str, ``busy_pct``).
+        window: ``(start, end)`` s to average over; a machine without a core sample in it
+            uses its whole capture. None: the whole capture.
+        machines: the machines a cluster run should have samples of (``cluster.json``'s
+            ``machines``); each one without any core row is reported with None figures.
 
     Returns:
         ``{"idle_pct_mean": float, "idle_pct_per_core": {core: float}, "min_idle_pct":
         float, "window": "measured iterations" | "capture", "procs_busy_pct_mean": {name:
-        float}}`` (None values without samples).
+        float}}`` (None values without samples). For a cluster run also ``"machines":
+        {machine: {the same five keys, core ids and process names without the prefix;
+        procs: that machine's bwm-ng and harness}}`` (``"controller"`` for unprefixed core
+        rows) and ``"worst_machine"``; then ``idle_pct_mean`` and ``idle_pct_per_core``
+        (ids with their prefix) are those of the machine of lowest mean idle,
+        ``min_idle_pct`` the lowest over machines, ``window`` "capture" if any machine fell
+        back to it, and ``procs_busy_pct_mean`` covers every process row (prefixed ids).
     """
+    if cpu.empty and not machines:
+        return _machine_cpu(cpu, window)
+    ids = cpu["id"].astype(str)
+    parts = [i.rpartition(":") for i in ids]
+    machine = pd.Series([p[0] for p in parts], index=cpu.index, dtype=object)  # "" without a prefix
+    bare = pd.Series([p[2] for p in parts], index=cpu.index, dtype=object)
+    prefixed = machine != ""
+    is_core = cpu["kind"] == "core"
+    if not machines and not (is_core & prefixed).any():
+        return _machine_cpu(cpu, window)  # one machine
+    names = list(dict.fromkeys(list(machines or []) + sorted(set(machine[is_core & prefixed]))))
+    if (is_core & ~prefixed).any():
+        names.insert(0, CONTROLLER)
+    per = {}
+    for m in names:
+        if m == CONTROLLER:
+            own = ~prefixed & (is_core | ((cpu["kind"] == "proc") & ids.isin(_MACHINE_PROCS)))
+        else:
+            own = machine == m
+        per[m] = _machine_cpu(cpu[own].assign(id=bare[own]), window)
+    c, label = _window_rows(cpu, window)
+    procs = c[c["kind"] == "proc"]
+    out = {"idle_pct_mean": None, "idle_pct_per_core": {}, "min_idle_pct": None, "window": label,
+           "procs_busy_pct_mean": {str(k): _f(v) for k, v in procs.groupby("id")["busy_pct"].mean().items()},
+           "machines": per, "worst_machine": None}
+    known = {m: r for m, r in per.items() if r["idle_pct_mean"] is not None}
+    if known:
+        worst = min(known, key=lambda m: known[m]["idle_pct_mean"])
+        prefix = "" if worst == CONTROLLER else f"{worst}:"
+        out.update(idle_pct_mean=known[worst]["idle_pct_mean"], worst_machine=worst,
+                   idle_pct_per_core={prefix + k: v for k, v in known[worst]["idle_pct_per_core"].items()},
+                   min_idle_pct=min((r["min_idle_pct"] for r in known.values() if r["min_idle_pct"] is not None),
+                                    default=None),
+                   window="capture" if any(r["window"] == "capture" for r in known.values()) else label)
+    return out
+
+
+def _window_rows(cpu: pd.DataFrame, window: tuple[float, float] | None) -> tuple[pd.DataFrame, str]:
+    """The rows of ``window`` and its label; all rows ("capture") when no core row is in it."""
+    if window is None:
+        return cpu, "capture"
+    c = cpu[(cpu["time"] >= window[0]) & (cpu["time"] <= window[1])]
+    if c[c["kind"] == "core"].empty:  # window shorter than one sample: use everything
+        return cpu, "capture"
+    return c, "measured iterations"
+
+
+def _machine_cpu(cpu: pd.DataFrame, window: tuple[float, float] | None) -> dict:
+    """:func:`cpu_stats` of the rows of one machine (core ids not prefixed)."""
     out = {"idle_pct_mean": None, "idle_pct_per_core": {}, "min_idle_pct": None,
            "window": "measured iterations" if window else "capture", "procs_busy_pct_mean": {}}
     if cpu.empty:
         return out
-    c = cpu
-    if window is not None:
-        c = cpu[(cpu["time"] >= window[0]) & (cpu["time"] <= window[1])]
-        if c[c["kind"] == "core"].empty:  # window shorter than one sample: use everything
-            c, out["window"] = cpu, "capture"
+    c, out["window"] = _window_rows(cpu, window)
     cores = c[c["kind"] == "core"]
     if cores.empty:
         return out
@@ -365,6 +440,17 @@ def cpu_stats(cpu: pd.DataFrame, window: tuple[float, float] | None = None) -> d
     procs = c[c["kind"] == "proc"]
     out["procs_busy_pct_mean"] = {str(k): _f(v) for k, v in procs.groupby("id")["busy_pct"].mean().items()}
     return out
+
+
+def cluster_machines(run_dir: str | Path) -> list[str] | None:
+    """``machines`` of the run's ``cluster.json`` (a run spread over several machines), or
+    None without that file (a one-machine run) or when it is unreadable or has no list."""
+    try:
+        doc = json.loads(Path(run_dir, "cluster.json").read_text())
+    except (OSError, ValueError):
+        return None
+    ms = doc.get("machines") if isinstance(doc, dict) else None
+    return [str(m) for m in ms] if isinstance(ms, list) else None
 
 
 # ----------------------------------------------------------------------------- accuracy
@@ -507,11 +593,15 @@ def compute_summary(run: Run, status: str = "ok", error: str | None = None) -> d
         s.update(final_accuracy(run))
 
     def do_cpu():
-        c = cpu_stats(run.cpu, window)
+        c = cpu_stats(run.cpu, window, cluster_machines(run.path))
         s["cpu"] = c
         f = s["fidelity"]
         f["min_idle_pct"], f["idle_pct_mean"] = c["min_idle_pct"], c["idle_pct_mean"]
         f["cpu_starved"] = None if c["idle_pct_mean"] is None else bool(c["idle_pct_mean"] < MIN_IDLE_PCT)
+        if "machines" in c:
+            f["rule"] = CPU_IDLE_RULE_CLUSTER
+            if f["cpu_starved"] is False and any(m["idle_pct_mean"] is None for m in c["machines"].values()):
+                f["cpu_starved"] = None  # a machine without samples may have starved
 
     def do_host_costs():
         s["host_costs"] = host_cost_totals(run.results)
