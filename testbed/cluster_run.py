@@ -24,6 +24,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -33,7 +34,7 @@ from testbed.cluster import PROJECT_DIR, ClusterSpec, Machine, clock_offset, end
 from topologies.errors import TestbedError
 from traffic.rundir import write_json
 
-__all__ = ["ClusterRun"]
+__all__ = ["ClusterCapture", "ClusterRun", "RemoteLinkShaper"]
 
 #: how long a machine's capture agent may take to start (its Python imports included), s
 AGENT_START_S = 60.0
@@ -60,6 +61,7 @@ class ClusterRun:
         self.offsets: dict[str, tuple[float, float]] = {}
         self.on_pid = on_pid or (lambda what, pid: None)
         self._agents: dict[str, subprocess.Popen] = {}
+        self._mirrors: list[tuple[subprocess.Popen, threading.Thread]] = []
         self.timings: dict[str, float] = {}
 
     # ------------------------------------------------------------------ before the build
@@ -109,7 +111,7 @@ class ClusterRun:
         :class:`testbed.remote.RemoteHost`, as the harness would here: ``cmd`` with this
         interpreter replaced by the project's Python there, in the entry's ``cwd`` (a
         ``workload.program``'s, which must exist there too), with ``env``'s settings that
-        differ from this process's environment; every path into the run directory (the
+        differ from this process's environment (and the testbed's own ``TESTBED_*``); every path into the run directory (the
         runtime's argument, ``TESTBED_EVENTS``, ``TESTBED_RUN_DIR``) points into the
         machine's staging directory instead, and the project there is importable. The
         output goes to ``log``."""
@@ -118,14 +120,30 @@ class ClusterRun:
         def there(text: str) -> str:
             return staging + text[len(here):] if text == here or text.startswith(here + "/") else text
 
-        settings = {k: there(v) for k, v in env.items() if os.environ.get(k) != v and k != "PYTHONPATH"}
+        settings = {k: there(v) for k, v in env.items()
+                    if (os.environ.get(k) != v or k.startswith("TESTBED_")) and k != "PYTHONPATH"}
         settings["PYTHONPATH"] = self.project_dir
+        # what kill() finds the process by, whatever its command line
+        settings.setdefault("TESTBED_PROC", info["name"])
+        settings.setdefault("TESTBED_RUN_DIR", staging)
         argv = [self.python if a == sys.executable else there(a) for a in cmd]
         line = shlex.join(["env", *[f"{k}={v}" for k, v in sorted(settings.items())], *argv])
         if info.get("cwd"):
             line = f"cd {shlex.quote(info['cwd'])} && exec {line}"
         return node.popen(["sh", "-c", shlex.quote(line)], stdout=log, stderr=subprocess.STDOUT,
                           stdin=subprocess.DEVNULL)
+
+    def kill(self, addr: str, name: str) -> list[int]:
+        """SIGKILL process ``name`` of this run on machine ``addr`` (found by the
+        ``TESTBED_PROC`` and ``TESTBED_RUN_DIR`` of its environment) and whatever it
+        started; the pids killed."""
+        m = next(m for m in self.machines if m.addr == addr)
+        proc = shlex.quote(f"TESTBED_PROC={name}")
+        rd = shlex.quote(f"TESTBED_RUN_DIR={self.staging[addr]}")
+        r = m.run("for d in /proc/[0-9]*; do e=$( (tr '\\0' '\\n' < $d/environ) 2>/dev/null) || continue; "
+                  f"printf '%s\\n' \"$e\" | grep -qxF {proc} && printf '%s\\n' \"$e\" | grep -qxF {rd} && "
+                  "kill -KILL ${d#/proc/} 2>/dev/null && echo ${d#/proc/}; done; true", timeout_s=60)
+        return [int(x) for x in r.stdout.split() if x.isdigit()]
 
     def terminate_matching(self, part: str, grace_s: float = 2.0) -> None:
         """SIGTERM, on every machine, the processes whose command line names ``part`` inside
@@ -141,6 +159,68 @@ class ClusterRun:
         m = next(m for m in self.machines if m.addr == addr)
         r = m.run(f"cat {shlex.quote(path)}", timeout_s=60)
         return r.stdout if r.returncode == 0 else None
+
+    # ------------------------------------------------------------------ events while the run trains
+
+    def start_event_mirror(self, names_by_machine: dict[str, list[str]]) -> None:
+        """Copy, while the run trains, every event the processes of each machine write (their
+        ``events/<name>.jsonl`` there, created empty first) into this run's ``events/``,
+        each ``ts`` corrected by the machine's clock offset: what the scheduled events and
+        the progress display read. One ``tail -F`` per machine over SSH; :meth:`merge`
+        replaces these files by the complete ones gathered at the end.
+
+        Raises:
+            TestbedError: a machine refused to create the files.
+        """
+        for m in self.machines:
+            names = names_by_machine.get(m.addr)
+            if not names:
+                continue
+            files = [f"{self.staging[m.addr]}/events/{n}.jsonl" for n in names]
+            quoted = " ".join(shlex.quote(f) for f in files)
+            r = m.run(f"touch {quoted}", timeout_s=60)
+            if r.returncode != 0:
+                raise TestbedError(f"cannot create the event logs on {m.addr}: {r.stderr.strip()}")
+            p = subprocess.Popen(m.ssh_argv(f"exec tail -q -n +1 -F {quoted}"), stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+            self.on_pid(f"events:{m.addr}", p.pid)
+            t = threading.Thread(target=self._mirror, args=(p, self.offsets.get(m.addr, (0.0, 0.0))[0]),
+                                 name=f"events-{m.addr}", daemon=True)
+            t.start()
+            self._mirrors.append((p, t))
+
+    def _mirror(self, p: subprocess.Popen, offset_s: float) -> None:
+        files: dict[str, object] = {}
+        try:
+            for raw in p.stdout:
+                try:
+                    ev = json.loads(raw)
+                    proc = ev["proc"]
+                except (ValueError, KeyError, TypeError):
+                    continue  # a line cut short by a kill, or not an event
+                if not isinstance(proc, str) or "/" in proc or proc.startswith("."):
+                    continue
+                if isinstance(ev.get("ts"), (int, float)):
+                    ev["ts"] = ev["ts"] - offset_s
+                f = files.get(proc)
+                if f is None:
+                    f = files[proc] = open(self.run_dir / "events" / f"{proc}.jsonl", "a", buffering=1,
+                                           encoding="utf-8")
+                f.write(json.dumps(ev, separators=(",", ":")) + "\n")
+        except (OSError, ValueError):
+            pass
+        finally:
+            for f in files.values():
+                f.close()
+
+    def stop_event_mirror(self) -> None:
+        """Stop every ``tail`` and its thread (idempotent)."""
+        for p, t in self._mirrors:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+            t.join(timeout=10)
+        self._mirrors.clear()
 
     # ------------------------------------------------------------------ capture
 
@@ -294,3 +374,59 @@ class ClusterCapture:
         if self.errors:
             with open(self.cluster.run_dir / "logs" / "capture.log", "a") as f:
                 f.writelines(e.replace("\n", " ") + "\n" for e in self.errors)
+
+
+class RemoteLinkShaper:
+    """:class:`testbed.schedule.LinkShaper` for a cluster run: each link end is changed on
+    its own machine, by the same code run there by the project's Python (one SSH command per
+    machine and event).
+
+    Args:
+        cluster: the run's :class:`ClusterRun`.
+        placement: node -> machine address (``topology.json``'s ``cluster.placement``).
+        netns_pids: host name -> the pid of its shell on its machine.
+    """
+
+    def __init__(self, cluster: ClusterRun, placement: dict[str, str], netns_pids: dict[str, int]):
+        self.cluster, self.placement, self.netns_pids = cluster, placement, dict(netns_pids)
+
+    def _ends(self, links: list[dict]) -> dict[str, list[tuple[str | None, str]]]:
+        out: dict[str, list] = {}
+        for link in links:
+            for end in ("1", "2"):
+                node = link[f"node{end}"]
+                out.setdefault(self.placement[node], []).append((node if node in self.netns_pids else None,
+                                                                link[f"intf{end}"]))
+        return out
+
+    def _run(self, addr: str, query: dict):
+        m = next(m for m in self.cluster.machines if m.addr == addr)
+        py = shlex.quote(self.cluster.python)
+        r = m.run(f"cd {shlex.quote(self.cluster.project_dir)} && {py} -c {shlex.quote(_SHAPER_PROBE)}",
+                  timeout_s=60, input=json.dumps(query))
+        try:
+            return json.loads(r.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            raise TestbedError(f"changing links on {addr} failed: {(r.stderr or r.stdout).strip()[-400:]}") from None
+
+    def set_rate(self, links: list[dict], shaped_mbps: float) -> dict[str, float | None]:
+        """As :meth:`testbed.schedule.LinkShaper.set_rate`, each end on its machine."""
+        out = {}
+        for addr, ends in self._ends(links).items():
+            out.update(self._run(addr, {"op": "rate", "mbps": shaped_mbps, "ends": ends, "pids": self.netns_pids}))
+        return out
+
+    def set_state(self, links: list[dict], up: bool) -> list[str]:
+        """As :meth:`testbed.schedule.LinkShaper.set_state`, each switch port on its machine."""
+        out = []
+        for addr, ends in self._ends(links).items():
+            ports = [e for e in ends if e[0] is None]
+            if ports:
+                out += self._run(addr, {"op": "state", "up": up, "ends": ports, "pids": self.netns_pids})
+        return out
+
+
+_SHAPER_PROBE = ("import json, sys; from testbed.schedule import LinkShaper; q = json.load(sys.stdin); "
+                 "s = LinkShaper(q['pids']); ends = [tuple(e) for e in q['ends']]; "
+                 "print(json.dumps(s.set_rate_ends(ends, q['mbps']) if q['op'] == 'rate' else "
+                 "s.set_state_ends(ends, q['up'])))")

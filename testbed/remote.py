@@ -87,6 +87,14 @@ class OnMachine(RemoteMixin):
 class RemoteHost(OnMachine, Host):
     """A Mininet host (its own network namespace) on another machine."""
 
+    def popen(self, *args, **kwargs):
+        """``Node.popen`` over SSH, attached to the host's namespace with ``mnexec -a`` but
+        without ``-d``: as the session's leader ``mnexec -d`` forks and its parent exits 0 at
+        once, so SSH would report 0 whatever the command's exit status (there is no terminal
+        to detach from)."""
+        kwargs.setdefault("mncmd", ["mnexec", "-a", str(self.pid)])
+        return super().popen(*args, **kwargs)
+
 
 class RemoteBridge(OnMachine, LinuxBridge):
     """A Linux-bridge switch (``mininet.nodelib.LinuxBridge``, no controller) on another machine."""

@@ -38,7 +38,7 @@ from analysis.metrics import summarize
 from testbed import capacity, launch, schedule
 from testbed.background import Background
 from testbed.capture import Capture, find_bwm_ng
-from testbed.cluster_run import ClusterCapture, ClusterRun
+from testbed.cluster_run import ClusterCapture, ClusterRun, RemoteLinkShaper
 from testbed.capture.pcap import find_tcpdump, resolve_ports, topo_links
 from testbed.ledger import Ledger, NetworkLock
 from testbed.progress import RunProgress
@@ -271,6 +271,12 @@ def _run(exp: Experiment, run_dir: Path, ledger: Ledger, teardown: ExitStack, t0
         if exp.capture.pcap else []
     if cluster is not None:
         cluster.put(["processes.json"])
+        where = topo["cluster"]["placement"]
+        names: dict[str, list[str]] = {}
+        for e in entries:
+            names.setdefault(where[e["host"]], []).append(e["name"])
+        teardown.callback(cluster.stop_event_mirror)  # before the merge replaces its files
+        cluster.start_event_mirror(names)
     capture = ClusterCapture(cluster, topo, exp.capture) if cluster is not None else \
         Capture(run_dir, ports=switch_ports(topo), qdisc_ifaces=uplink_ports(topo) or switch_ports(topo),
                       pids=lambda: {l.info["name"]: l.popen.pid for l in procs},
@@ -310,13 +316,18 @@ def _run(exp: Experiment, run_dir: Path, ledger: Ledger, teardown: ExitStack, t0
         for l in procs:
             if l.info["name"] == name and l.popen.poll() is None:
                 killed[name] = why
+                if cluster is not None:  # the process, not only its SSH session here
+                    cluster.kill(network.hosts[l.info["host"]].server, name)
                 l.popen.kill()
 
     if exp.events:  # after the launch: its triggers count iterations and emulated seconds
         sched = schedule.Schedule(exp.events, topo, run_dir, exp.scale, exp.workload.warmup_iterations,
                          {h: n.pid for h, n in network.hosts.items()}, kill, on_cgroup=ledger.add_cgroup,
                          compute_mode=exp.workload.compute.mode,
-                         origin=t_launch if program else None).start()  # a program may mark no iterations
+                         origin=t_launch if program else None,  # a program may mark no iterations
+                         shaper=RemoteLinkShaper(cluster, topo["cluster"]["placement"],
+                                                 {h: n.pid for h, n in network.hosts.items()})
+                         if cluster is not None else None).start()
         teardown.callback(sched.stop)  # before the processes, the capture and the network stop
     progress.training(run_dir, [e["name"] for e in entries if e["role"] == "worker"], topo)
     if cluster is not None:

@@ -224,7 +224,11 @@ class LinkShaper:
         return out
 
     def set_rate(self, links: list[dict], shaped_mbps: float) -> dict[str, float | None]:
-        """Set the htb class 5:1 of both ends of every link to ``shaped_mbps`` (rate and
+        """:meth:`set_rate_ends` of both ends of every link."""
+        return self.set_rate_ends(self._ends(links), shaped_mbps)
+
+    def set_rate_ends(self, ends: list[tuple[str | None, str]], shaped_mbps: float) -> dict[str, float | None]:
+        """Set the htb class 5:1 of every ``(host or None, interface)`` end to ``shaped_mbps`` (rate and
         ceil; burst and cburst :func:`~testbed.network.htb_burst_bytes`; quantum
         :data:`~testbed.network.HTB_QUANTUM_BYTES`, as at build) and read it back.
 
@@ -245,7 +249,7 @@ class LinkShaper:
                    burst=burst, cburst=burst, quantum=HTB_QUANTUM_BYTES)
             return read_shaping(ipr, iface).get("rate_mbps")
 
-        return self._each(self._ends(links), change)
+        return self._each(ends, change)
 
     def set_state(self, links: list[dict], up: bool) -> list[str]:
         """Set the switch-side interface(s) of every link up or down; returns them.
@@ -253,7 +257,14 @@ class LinkShaper:
         Raises:
             TestbedError: an interface is missing.
         """
-        ends = [(h, i) for h, i in self._ends(links) if h is None]
+        return self.set_state_ends([(h, i) for h, i in self._ends(links) if h is None], up)
+
+    def set_state_ends(self, ends: list[tuple[str | None, str]], up: bool) -> list[str]:
+        """Set every ``(None, interface)`` end (a switch port) up or down; returns them.
+
+        Raises:
+            TestbedError: an interface is missing.
+        """
 
         def flip(ipr, iface):
             idx = ipr.link_lookup(ifname=iface)

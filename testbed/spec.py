@@ -277,7 +277,8 @@ class Experiment(SpecModel):
     def _cluster_errors(self) -> list[FieldError]:
         """What a cluster run cannot do: a placement that cannot be made (rack placement keeps
         racks whole and joins them through a core), and the parts of a run not yet carried
-        across machines (scheduled events, pcap)."""
+        across machines (pcap; a ``compute_slowdown`` of real compute, which throttles
+        with a cgroup here)."""
         c = self.cluster
         if c is None:
             return []
@@ -289,10 +290,13 @@ class Experiment(SpecModel):
         if n > 1 and self.topology.kind != "rack_core":
             out.append(FieldError("topology.kind", self.topology.kind, "'rack_core' with a cluster of several machines "
                                   "(racks on different machines are joined through the core)"))
-        for path, used in (("events", bool(self.events)), ("capture.pcap", self.capture.pcap is not None)):
+        real_slowdown = self.workload.compute.mode == "real" and any(e.kind == "compute_slowdown" for e in self.events)
+        for path, used in (("events", real_slowdown), ("capture.pcap", self.capture.pcap is not None)):
             if used:
                 out.append(FieldError(path, "set", "left out with a cluster (not yet carried across machines; "
-                                                   "run it on one machine)"))
+                                                   "run it on one machine)" + (": a compute_slowdown of real compute "
+                                                   "throttles a host with a cgroup of this machine" if path == "events"
+                                                   else "")))
         return out
 
     def _size_errors(self) -> list[FieldError]:

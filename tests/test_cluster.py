@@ -247,9 +247,10 @@ def test_an_experiment_refuses_what_a_cluster_run_cannot_do_naming_each_field():
     with pytest.raises(SpecError) as e:
         from_dict({"topology": {"kind": "rack", "racks": 2},
                    "cluster": {"machines": ["10.0.0.1", "10.0.0.2", "10.0.0.3"]},
-                   "workload": {"program": {"command": ["python", "train.py"]}}})
+                   "workload": {"compute": {"mode": "real"}},
+                   "events": [{"at_iteration": 2, "host": "h1", "compute_slowdown": 2}]})
     fields = {x.field for x in e.value.errors}
-    assert {"cluster.machines", "topology.kind", "workload.program"} <= fields, fields
+    assert {"cluster.machines", "topology.kind", "events"} <= fields, fields
     with pytest.raises(SpecError, match="addresses the other machines reach"):
         from_dict({"cluster": {"machines": ["localhost"]}})
     exp = from_dict({"topology": {"kind": "rack_core", "racks": 2}, "cluster": {"machines": ["a", "b"], "tunnel": "vxlan"}})

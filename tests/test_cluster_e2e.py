@@ -20,7 +20,9 @@ from testbed.remote import ClusterNetwork
 from testbed.runner import run_experiment
 from analysis import load
 from testbed.spec import ClusterSpec, from_dict, load_spec
+from analysis import traces as tr
 from tests.test_program_e2e import DDP, ITERATIONS as DDP_ITERATIONS
+from tests.test_schedule_e2e import applied, port_of, profile
 from topologies.spec import TopologySpec
 from tests.leftovers import leftovers, needs_root
 from tests.test_cluster import cluster_section, namespace_machines
@@ -84,7 +86,7 @@ def test_quickstart_on_two_machines_moves_the_core_bytes_of_one_machine(machines
 
     d = two.run_dir
     topo = json.loads((d / "topology.json").read_text())
-    a, b = machines["machines"]
+    a, b = machines["machines"][:2]
     assert topo["cluster"]["placement"]["core1"] == a and topo["cluster"]["placement"]["h5"] == b
     assert all(link["mtu_bytes"] == [1450, 1450] for link in topo["links"])
     assert all(s["qdisc"] == "htb" for link in topo["links"] for s in link["shaping"].values())
@@ -144,6 +146,82 @@ def test_a_plain_ddp_program_on_two_machines_moves_its_allreduce_bytes(machines,
         rows = window[window["iface"] == port]
         for direction, got in (("to", rows["bytes_out"].sum()), ("from", rows["bytes_in"].sum())):
             assert 1.0 <= got / expected <= 1.05, (h, direction, got, expected)
+    time.sleep(0.5)
+    assert leftovers() == [] and machine_leftovers(machines, tmp_path / "runs") == []
+
+
+def test_an_uplink_between_machines_halved_at_a_scheduled_time_runs_at_the_new_rate(machines, tmp_path):
+    """tests/test_schedule_e2e.py's uplink event with rack 2 on the second machine: the flow
+    bg2 -> bg1 saturates tor2's uplink, whose ends are on two machines (a tunnel); at at_s = 6
+    it drops from 80 to 40 Mbit/s: both ends change, each on its machine, and the flow follows. at_s counts from the first measured iteration, known here from the
+    events the machines' processes write, mirrored while the run trains."""
+    exp = from_dict({
+        "name": "sched-rate", "scale": 1,
+        "topology": {"kind": "rack_core", "racks": 2, "hosts_per_rack": 2, "host_bw_mbps": 100, "uplink_bw_mbps": 80,
+                     "background_hosts_per_rack": 1},
+        "workload": {"scheme": "allreduce", "iterations": 60, "warmup_iterations": 3, "batch_size": 16,
+                     "compute": {"mode": "emulated", "profile": profile(tmp_path, [0.005] * 3, [0.005] * 3)}},
+        "background": [{"src": "bg2", "dst": "bg1", "rate_mbps": 300, "duration_s": 120, "protocol": "tcp"}],
+        "events": [{"at_s": 6, "link": "uplink:tor2", "bw_mbps": 40}],
+        "cluster": cluster_section(machines, 2),
+        "run": {"runs_dir": str(tmp_path / "runs"), "timeout_s": 300}})
+    (res,) = run_experiment(exp, progress=False)
+    assert res.ok, res.summary.get("error")
+    run = load(res.run_dir)
+    rec = applied(run, 0)
+    up = next(l for l in run.topology["links"] if l["class"] == "uplink" and "tor2" in (l["node1"], l["node2"]))
+    placement = run.topology["cluster"]["placement"]
+    assert placement[up["node1"]] != placement[up["node2"]]  # the link crosses machines
+    assert set(rec["ifaces"]) == {up["intf1"], up["intf2"]}
+    assert all(abs(v - 40) <= 0.01 * 40 for v in rec["readback_mbps"].values()), rec  # both ends, read back
+    assert rec["emulated_s"] == pytest.approx(6, abs=0.5)
+    port = port_of(run, "uplink", "tor2")  # the ToR's end: what rack 2 sends into the tunnel
+    w = tr.windowed_rates(run.rates[run.rates["iface"] == port], 0.5)
+    t_start, t_event, t_end = run.iterations["start"].min(), rec["time"], run.iterations["end"].max()
+    before = w[(w["time"] > t_start + 1.5) & (w["time"] < t_event - 0.1)]["tx_bps"] / 1e6
+    after = w[(w["time"] > t_event + 1.0) & (w["time"] < t_end - 0.5)]["tx_bps"] / 1e6
+    assert len(before) >= 4 and len(after) >= 6, (len(before), len(after))
+    assert abs(before.mean() - 80) <= 0.10 * 80, before.describe()
+    assert abs(after.mean() - 40) <= 0.10 * 40, after.describe()
+    time.sleep(0.5)
+    assert leftovers() == [] and machine_leftovers(machines, tmp_path / "runs") == []
+
+
+def test_a_scheduled_kill_on_another_machine_ends_the_run_naming_it(machines, tmp_path):
+    """The kill reaches the process on its machine (not only its SSH session here), and the
+    peers' failure comes back through SSH."""
+    exp = from_dict({
+        "name": "sched-kill", "scale": 1,
+        "topology": {"kind": "rack_core", "racks": 2, "hosts_per_rack": 2, "host_bw_mbps": 100},
+        "workload": {"scheme": "allreduce", "iterations": 40, "warmup_iterations": 3, "batch_size": 16,
+                     "compute": {"mode": "emulated", "profile": profile(tmp_path, [0.005] * 3, [0.005] * 3)}},
+        "events": [{"at_iteration": 10, "kill": "worker3"}],
+        "cluster": cluster_section(machines, 2),
+        "run": {"runs_dir": str(tmp_path / "runs"), "timeout_s": 300}})
+    (res,) = run_experiment(exp, progress=False)
+    assert res.summary["status"] == "failed"
+    assert "after worker3 was killed by a scheduled event" in res.summary["error"], res.summary["error"]
+    run = load(res.run_dir)
+    assert run.topology["cluster"]["placement"]["h4"] == machines["machines"][1]  # worker3's host
+    rec = applied(run, 0)
+    assert rec["kind"] == "kill" and rec["iteration"] == 10
+    mine = run.iterations[run.iterations["worker"] == "worker3"]
+    # the kill is one SSH command to the other machine (a login, about 0.3 s here): the
+    # process starts no iteration a second after the event, where one machine kills at once
+    assert mine["start"].max() < rec["ts"] + 1.0, (mine["start"].max() - rec["ts"])
+    assert mine["iteration"].max() < 39  # it did not run to the end
+    time.sleep(0.5)
+    assert leftovers() == [] and machine_leftovers(machines, tmp_path / "runs") == []
+
+
+def test_a_worker_crash_on_another_machine_ends_the_run_promptly_with_its_log(machines, tmp_path, monkeypatch):
+    """A remote process's exit status comes back through SSH (tests/test_e2e.py's crash)."""
+    monkeypatch.setenv("TESTBED_CRASH_AT", "worker5:3")  # on h6, rack 2: the second machine
+    res, = run_experiment(load_spec(quickstart(tmp_path, tmp_path / "runs", cluster_section(machines, 2))),
+                          progress=False)
+    assert res.summary["status"] == "failed", res.summary
+    assert "worker5" in res.summary["error"], res.summary["error"]
+    assert "crash" in (res.run_dir / "logs" / "worker5.log").read_text().lower()
     time.sleep(0.5)
     assert leftovers() == [] and machine_leftovers(machines, tmp_path / "runs") == []
 
