@@ -104,22 +104,6 @@ def test_quickstart_on_two_machines_moves_the_core_bytes_of_one_machine(machines
     assert leftovers() == [] and machine_leftovers(machines, tmp_path / "runs") == []
 
 
-def test_a_background_flow_crosses_the_core_between_machines(machines, tmp_path):
-    """bg1 (rack 1, first machine) -> bg2 (rack 2, second machine), TCP at 40 Mbit/s for 3 s:
-    iperf3 runs in the hosts on their machines, its report comes back into flows.json."""
-    res, = run_experiment(load_spec(quickstart(
-        tmp_path, tmp_path / "runs", cluster_section(machines, 2),
-        extra={"topology": {"background_hosts_per_rack": 1},
-               "background": [{"src": "bg1", "dst": "bg2", "rate_mbps": 40, "duration_s": 3}]})), progress=False)
-    assert res.ok, res.summary.get("error")
-    flow, = json.loads((res.run_dir / "traces" / "background" / "flows.json").read_text())["flows"]
-    assert flow["result"]["error"] is None, flow["result"]
-    sent = 40e6 / 8 * 3
-    assert 0.9 * sent <= flow["result"]["bytes_received"] <= 1.1 * sent, flow["result"]
-    time.sleep(0.5)
-    assert leftovers() == [] and machine_leftovers(machines, tmp_path / "runs") == []
-
-
 def test_a_plain_ddp_program_on_two_machines_moves_its_allreduce_bytes(machines, tmp_path):
     """Issue 18's unmodified DDP script (tests/test_program_e2e.py), its workers spread over
     two machines: each worker's link moves what the ring allreduce implies (the bytes seen on
@@ -183,6 +167,10 @@ def test_an_uplink_between_machines_halved_at_a_scheduled_time_runs_at_the_new_r
     assert len(before) >= 4 and len(after) >= 6, (len(before), len(after))
     assert abs(before.mean() - 80) <= 0.10 * 80, before.describe()
     assert abs(after.mean() - 40) <= 0.10 * 40, after.describe()
+    flow, = json.loads((res.run_dir / "traces" / "background" / "flows.json").read_text())["flows"]
+    # its report, fetched from the other machine (stopped with training; it shared the uplink
+    # with the allreduce, so it got less than the uplink's rate)
+    assert flow["result"]["seconds"] > 10 and 10e6 < flow["result"]["bytes_sent"] * 8 / flow["result"]["seconds"] < 80e6, flow
     time.sleep(0.5)
     assert leftovers() == [] and machine_leftovers(machines, tmp_path / "runs") == []
 
@@ -215,22 +203,15 @@ def test_a_scheduled_kill_on_another_machine_ends_the_run_naming_it(machines, tm
 
 
 def test_a_worker_crash_on_another_machine_ends_the_run_promptly_with_its_log(machines, tmp_path, monkeypatch):
-    """A remote process's exit status comes back through SSH (tests/test_e2e.py's crash)."""
+    """A remote process's exit status comes back through SSH (tests/test_e2e.py's crash); the
+    machines' files are gathered and nothing is left on any machine."""
     monkeypatch.setenv("TESTBED_CRASH_AT", "worker5:3")  # on h6, rack 2: the second machine
     res, = run_experiment(load_spec(quickstart(tmp_path, tmp_path / "runs", cluster_section(machines, 2))),
                           progress=False)
     assert res.summary["status"] == "failed", res.summary
     assert "worker5" in res.summary["error"], res.summary["error"]
     assert "crash" in (res.run_dir / "logs" / "worker5.log").read_text().lower()
-    time.sleep(0.5)
-    assert leftovers() == [] and machine_leftovers(machines, tmp_path / "runs") == []
-
-
-def test_a_failed_cluster_run_leaves_nothing_on_any_machine(machines, tmp_path):
-    res, = run_experiment(load_spec(quickstart(tmp_path, tmp_path / "runs", cluster_section(machines, 2),
-                                               timeout_s=4)), progress=False)
-    assert res.summary["status"] == "failed" and "time" in res.summary["error"], res.summary.get("error")
-    assert (res.run_dir / "machines").is_dir()  # what the machines wrote was gathered
+    assert (res.run_dir / "machines" / machines["machines"][1] / "processes.json").is_file()
     time.sleep(0.5)
     assert leftovers() == [] and machine_leftovers(machines, tmp_path / "runs") == []
 
