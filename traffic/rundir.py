@@ -26,6 +26,13 @@ cpu_starved, run_dir``)::
     schedule.jsonl       the spec's scheduled events as applied (spec ``events``)
     summary.json         headline figures and fidelity flags
     ibatch.json          scheme ibatch only: measured pull/forward profile and batches
+    cluster.json         a run spread over machines (spec ``cluster``): machines, tunnel,
+                         each machine's clock offset and its uncertainty (s), staging
+                         directories, timings (clocks, build, launch)
+    machines/<addr>/     what each machine's processes and capture agent wrote there (its
+                         staging directory, gathered at teardown); its events, results and
+                         params are also put in events/, results/, params/ (event ``ts``
+                         corrected by the clock offset) and its traces merged into traces/
 
 A loopback run (:mod:`testbed.local`) writes only spec.yaml, processes.json,
 events/, results/, params/ and logs/. Times are unix seconds (``time.time()``), durations
@@ -157,10 +164,12 @@ seconds of wall clock, unless a name says otherwise.
     ``final_accuracy`` (fraction of the test set in [0, 1]), ``final_loss``,
     ``accuracy_source``;
     ``cpu.{idle_pct_mean, min_idle_pct}`` in % (lowest 1-s mean), ``cpu.idle_pct_per_core``,
-    ``cpu.procs_busy_pct_mean`` (% of one core), ``cpu.window``;
+    ``cpu.procs_busy_pct_mean`` (% of one core), ``cpu.window``; in a cluster run these are
+    the worst machine's (``cpu.worst_machine``) and ``cpu.machines.<addr>`` has each
+    machine's;
     ``host_costs`` (every process's ``host_costs`` added up per kind; null when none),
     ``fidelity.host_cost_overrun`` (a modelled kind overran more than 5 % of its budgeted
-    time), ``fidelity.{cpu_starved}`` (mean idle < 35 %), ``fidelity.{min_idle_pct,
+    time), ``fidelity.{cpu_starved}`` (mean idle < 35 %; in a cluster run, on some machine), ``fidelity.{min_idle_pct,
     idle_pct_mean}`` (%), ``fidelity.rule``, ``fidelity.shaping_failed`` (a link ran more
     than 10 % above its ``bw_mbps``), ``fidelity.rates.{shaping_failed, window_s, rule, links: [{iface,
     class, bw_mbps, max_tx_mbps, max_rx_mbps, max_ratio}]}``;
