@@ -22,7 +22,7 @@ from analysis import load
 from testbed.spec import ClusterSpec, from_dict, load_spec
 from analysis import traces as tr
 from tests.test_program_e2e import DDP, ITERATIONS as DDP_ITERATIONS
-from tests.test_schedule_e2e import applied, port_of, profile
+from tests.test_schedule_e2e import applied, kill_spec, port_of, uplink_halving_spec
 from topologies.spec import TopologySpec
 from tests.leftovers import leftovers, needs_root
 from tests.test_cluster import cluster_section, namespace_machines
@@ -139,16 +139,8 @@ def test_an_uplink_between_machines_halved_at_a_scheduled_time_runs_at_the_new_r
     bg2 -> bg1 saturates tor2's uplink, whose ends are on two machines (a tunnel); at at_s = 6
     it drops from 80 to 40 Mbit/s: both ends change, each on its machine, and the flow follows. at_s counts from the first measured iteration, known here from the
     events the machines' processes write, mirrored while the run trains."""
-    exp = from_dict({
-        "name": "sched-rate", "scale": 1,
-        "topology": {"kind": "rack_core", "racks": 2, "hosts_per_rack": 2, "host_bw_mbps": 100, "uplink_bw_mbps": 80,
-                     "background_hosts_per_rack": 1},
-        "workload": {"scheme": "allreduce", "iterations": 60, "warmup_iterations": 3, "batch_size": 16,
-                     "compute": {"mode": "emulated", "profile": profile(tmp_path, [0.005] * 3, [0.005] * 3)}},
-        "background": [{"src": "bg2", "dst": "bg1", "rate_mbps": 300, "duration_s": 120, "protocol": "tcp"}],
-        "events": [{"at_s": 6, "link": "uplink:tor2", "bw_mbps": 40}],
-        "cluster": cluster_section(machines, 2),
-        "run": {"runs_dir": str(tmp_path / "runs"), "timeout_s": 300}})
+    exp = from_dict({**uplink_halving_spec(tmp_path, "tor2", src="bg2", dst="bg1"),
+                     "cluster": cluster_section(machines, 2)})
     (res,) = run_experiment(exp, progress=False)
     assert res.ok, res.summary.get("error")
     run = load(res.run_dir)
@@ -178,14 +170,7 @@ def test_an_uplink_between_machines_halved_at_a_scheduled_time_runs_at_the_new_r
 def test_a_scheduled_kill_on_another_machine_ends_the_run_naming_it(machines, tmp_path):
     """The kill reaches the process on its machine (not only its SSH session here), and the
     peers' failure comes back through SSH."""
-    exp = from_dict({
-        "name": "sched-kill", "scale": 1,
-        "topology": {"kind": "rack_core", "racks": 2, "hosts_per_rack": 2, "host_bw_mbps": 100},
-        "workload": {"scheme": "allreduce", "iterations": 40, "warmup_iterations": 3, "batch_size": 16,
-                     "compute": {"mode": "emulated", "profile": profile(tmp_path, [0.005] * 3, [0.005] * 3)}},
-        "events": [{"at_iteration": 10, "kill": "worker3"}],
-        "cluster": cluster_section(machines, 2),
-        "run": {"runs_dir": str(tmp_path / "runs"), "timeout_s": 300}})
+    exp = from_dict({**kill_spec(tmp_path, "worker3"), "cluster": cluster_section(machines, 2)})
     (res,) = run_experiment(exp, progress=False)
     assert res.summary["status"] == "failed"
     assert "after worker3 was killed by a scheduled event" in res.summary["error"], res.summary["error"]

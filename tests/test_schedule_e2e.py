@@ -39,6 +39,31 @@ def port_of(run, link_class: str, node: str) -> str:
     return ports[ports["tor_side"] & (ports["switch"] == node)]["iface"].iloc[0]
 
 
+def uplink_halving_spec(tmp_path: Path, tor: str = "tor1", src: str = "bg1", dst: str = "bg2") -> dict:
+    """Allreduce across two racks and a TCP flow ``src`` -> ``dst`` offering more than the
+    80 Mbit/s uplinks take; at at_s = 6 ``tor``'s uplink drops to 40 Mbit/s."""
+    return {
+        "name": "sched-rate", "scale": 1,
+        "topology": {"kind": "rack_core", "racks": 2, "hosts_per_rack": 2, "host_bw_mbps": 100, "uplink_bw_mbps": 80,
+                     "background_hosts_per_rack": 1},
+        "workload": {"scheme": "allreduce", "iterations": 60, "warmup_iterations": 3, "batch_size": 16,
+                     "compute": {"mode": "emulated", "profile": profile(tmp_path, [0.005] * 3, [0.005] * 3)}},
+        "background": [{"src": src, "dst": dst, "rate_mbps": 300, "duration_s": 120, "protocol": "tcp"}],
+        "events": [{"at_s": 6, "link": f"uplink:{tor}", "bw_mbps": 40}],
+        "run": {"runs_dir": str(tmp_path / "runs"), "timeout_s": 300}}
+
+
+def kill_spec(tmp_path: Path, victim: str) -> dict:
+    """Allreduce on 2 racks x 2 hosts, ``victim`` killed at iteration 10 of 40."""
+    return {
+        "name": "sched-kill", "scale": 1,
+        "topology": {"kind": "rack_core", "racks": 2, "hosts_per_rack": 2, "host_bw_mbps": 100},
+        "workload": {"scheme": "allreduce", "iterations": 40, "warmup_iterations": 3, "batch_size": 16,
+                     "compute": {"mode": "emulated", "profile": profile(tmp_path, [0.005] * 3, [0.005] * 3)}},
+        "events": [{"at_iteration": 10, "kill": victim}],
+        "run": {"runs_dir": str(tmp_path / "runs"), "timeout_s": 300}}
+
+
 def applied(run, index: int) -> dict:
     (rec,) = [r for r in run.schedule if r["index"] == index]
     assert rec["applied"] and not rec.get("error"), rec
@@ -52,15 +77,7 @@ def test_an_uplink_halved_at_a_scheduled_time_runs_at_the_new_rate(tmp_path):
     with allreduce training across the racks: the ToR1 -> core direction is saturated; at
     at_s = 6 the uplink drops from 80 to 40 Mbit/s."""
     assert leftovers() == []
-    exp = from_dict({
-        "name": "sched-rate", "scale": 1,
-        "topology": {"kind": "rack_core", "racks": 2, "hosts_per_rack": 2, "host_bw_mbps": 100, "uplink_bw_mbps": 80,
-                     "background_hosts_per_rack": 1},
-        "workload": {"scheme": "allreduce", "iterations": 60, "warmup_iterations": 3, "batch_size": 16,
-                     "compute": {"mode": "emulated", "profile": profile(tmp_path, [0.005] * 3, [0.005] * 3)}},
-        "background": [{"src": "bg1", "dst": "bg2", "rate_mbps": 300, "duration_s": 120, "protocol": "tcp"}],
-        "events": [{"at_s": 6, "link": "uplink:tor1", "bw_mbps": 40}],
-        "run": {"runs_dir": str(tmp_path / "runs"), "timeout_s": 300}})
+    exp = from_dict(uplink_halving_spec(tmp_path))
     (res,) = run_experiment(exp, progress=False)
     assert res.ok, res.summary.get("error")
     run = analysis.load(res.run_dir)
@@ -176,13 +193,7 @@ def test_a_scheduled_kill_ends_a_synchronous_run_naming_it_and_leaves_nothing(tm
     """ring allreduce has no recovery: the killed worker's peers fail, and the run's error
     says the kill came first; schedule.jsonl records it at its iteration."""
     assert leftovers() == []
-    exp = from_dict({
-        "name": "sched-kill", "scale": 1,
-        "topology": {"kind": "rack_core", "racks": 2, "hosts_per_rack": 2, "host_bw_mbps": 100},
-        "workload": {"scheme": "allreduce", "iterations": 40, "warmup_iterations": 3, "batch_size": 16,
-                     "compute": {"mode": "emulated", "profile": profile(tmp_path, [0.005] * 3, [0.005] * 3)}},
-        "events": [{"at_iteration": 10, "kill": "worker1"}],
-        "run": {"runs_dir": str(tmp_path / "runs"), "timeout_s": 300}})
+    exp = from_dict(kill_spec(tmp_path, "worker1"))
     (res,) = run_experiment(exp, progress=False)
     assert res.summary["status"] == "failed"
     assert "after worker1 was killed by a scheduled event" in res.summary["error"], res.summary["error"]
