@@ -92,6 +92,24 @@ class Machine:
         return subprocess.run(self.ssh_argv(command), capture_output=True, text=True, timeout=timeout_s,
                               input=input, stdin=None if input is not None else subprocess.DEVNULL)
 
+    def python(self, project_dir: str, code: str, query=None, timeout_s: float = 120):
+        """Run ``code`` with this project's Python on the machine (``project_dir/.venv``, in
+        ``project_dir``), ``query`` as JSON on its standard input; what the last line it
+        prints holds, read as JSON.
+
+        Raises:
+            RuntimeError: it failed or printed no JSON (the message is its last line of
+                error output); subprocess.TimeoutExpired: it took longer than ``timeout_s``.
+        """
+        py = shlex.quote(str(Path(project_dir) / ".venv" / "bin" / "python"))
+        r = self.run(f"cd {shlex.quote(project_dir)} && {py} -c {shlex.quote(code)}", timeout_s=timeout_s,
+                     input=None if query is None else json.dumps(query))
+        try:
+            return json.loads(r.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            out = (r.stderr or r.stdout).strip()
+            raise RuntimeError(out.splitlines()[-1] if out else f"exit status {r.returncode}, no output") from None
+
 
 def clock_offset(machine: Machine, rounds: int = 9, timeout_s: float = 20) -> tuple[float, float]:
     """The machine's clock minus this one's, in seconds, and its uncertainty (half the
@@ -192,17 +210,12 @@ def check_machine(machine: Machine, project_dir: str | None = None, version: str
     items = [Item(f"{name}: ssh", True, f"logged in as {machine.user}")]
     uid = r.stdout.strip()
     items.append(Item(f"{name}: root", uid == "0", f"uid {uid}", "log in as root (cluster.user: root)"))
-    py = shlex.quote(str(Path(project_dir) / ".venv" / "bin" / "python"))
-    r = machine.run(f"cd {shlex.quote(project_dir)} && {py} -c {shlex.quote(_REMOTE_PROBE)}", timeout_s=60)
-    probe = None
-    if r.returncode == 0:
-        try:
-            probe = json.loads(r.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            probe = None
+    try:
+        probe, failure = machine.python(project_dir, _REMOTE_PROBE, timeout_s=60), None
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        probe, failure = None, str(e)
     if probe is None:
-        items.append(Item(f"{name}: project", False, f"no working project at {project_dir} "
-                          f"({(r.stderr or r.stdout).strip().splitlines()[-1] if (r.stderr or r.stdout).strip() else 'no output'})",
+        items.append(Item(f"{name}: project", False, f"no working project at {project_dir} ({failure})",
                           f"clone this project to {project_dir} there and run scripts/setup.sh "
                           "(or set cluster.project_dir)"))
     else:

@@ -64,6 +64,10 @@ class ClusterRun:
         self._mirrors: list[tuple[subprocess.Popen, threading.Thread]] = []
         self.timings: dict[str, float] = {}
 
+    def machine(self, addr: str) -> Machine:
+        """The machine at ``addr``."""
+        return next(m for m in self.machines if m.addr == addr)
+
     # ------------------------------------------------------------------ before the build
 
     def measure_clocks(self) -> None:
@@ -137,7 +141,7 @@ class ClusterRun:
         """SIGKILL process ``name`` of this run on machine ``addr`` (found by the
         ``TESTBED_PROC`` and ``TESTBED_RUN_DIR`` of its environment) and whatever it
         started; the pids killed."""
-        m = next(m for m in self.machines if m.addr == addr)
+        m = self.machine(addr)
         proc = shlex.quote(f"TESTBED_PROC={name}")
         rd = shlex.quote(f"TESTBED_RUN_DIR={self.staging[addr]}")
         r = m.run("for d in /proc/[0-9]*; do e=$( (tr '\\0' '\\n' < $d/environ) 2>/dev/null) || continue; "
@@ -156,8 +160,7 @@ class ClusterRun:
 
     def read_file(self, addr: str, path: str) -> str | None:
         """The text of ``path`` on machine ``addr``, or None if it cannot be read."""
-        m = next(m for m in self.machines if m.addr == addr)
-        r = m.run(f"cat {shlex.quote(path)}", timeout_s=60)
+        r = self.machine(addr).run(f"cat {shlex.quote(path)}", timeout_s=60)
         return r.stdout if r.returncode == 0 else None
 
     # ------------------------------------------------------------------ events while the run trains
@@ -400,14 +403,10 @@ class RemoteLinkShaper:
         return out
 
     def _run(self, addr: str, query: dict):
-        m = next(m for m in self.cluster.machines if m.addr == addr)
-        py = shlex.quote(self.cluster.python)
-        r = m.run(f"cd {shlex.quote(self.cluster.project_dir)} && {py} -c {shlex.quote(_SHAPER_PROBE)}",
-                  timeout_s=60, input=json.dumps(query))
         try:
-            return json.loads(r.stdout.strip().splitlines()[-1])
-        except (ValueError, IndexError):
-            raise TestbedError(f"changing links on {addr} failed: {(r.stderr or r.stdout).strip()[-400:]}") from None
+            return self.cluster.machine(addr).python(self.cluster.project_dir, _SHAPER_PROBE, query, timeout_s=60)
+        except (RuntimeError, subprocess.TimeoutExpired) as e:
+            raise TestbedError(f"changing links on {addr} failed: {e}") from None
 
     def set_rate(self, links: list[dict], shaped_mbps: float) -> dict[str, float | None]:
         """As :meth:`testbed.schedule.LinkShaper.set_rate`, each end on its machine."""

@@ -24,7 +24,6 @@ What is ours and why, on top of Mininet's classes:
 from __future__ import annotations
 
 import itertools
-import json
 import re
 import shlex
 import subprocess
@@ -140,11 +139,6 @@ class ClusterLink(RemoteLink):
                             intfName2=intfName2, cls1=ShapedIntf, cls2=ShapedIntf, addr1=addr1, addr2=addr2,
                             params1=dict(params), params2=dict(params))
 
-    @property
-    def crosses(self) -> bool:
-        """Its two ends are on different machines."""
-        return _machine(self.node1) != _machine(self.node2)
-
     def makeIntfPair(self, intfname1, intfname2, addr1=None, addr2=None, node1=None, node2=None,
                      deleteIntfs=True):
         node1 = self.node1 if node1 is None else node1
@@ -185,7 +179,6 @@ _IFNAME = re.compile(r"[A-Za-z0-9_.-]{1,15}")
 
 def _machine(node) -> str:
     return getattr(node, "server", "localhost")
-
 
 
 class _ClusterMininet(Mininet):
@@ -302,14 +295,10 @@ class ClusterNetwork(Network):
             if not mine:
                 continue
             query = [(by_node[n].pid if by_node[n].inNamespace else None, i) for n, i in mine]
-            py = shlex.quote(str(Path(self.project_dir) / ".venv" / "bin" / "python"))
-            r = m.run(f"cd {shlex.quote(self.project_dir)} && {py} -c {shlex.quote(_SHAPING_PROBE)}",
-                      timeout_s=120, input=json.dumps(query))
             try:
-                got = json.loads(r.stdout.strip().splitlines()[-1])
-            except (ValueError, IndexError):
-                raise TestbedError(f"cannot read the shaping back on {addr}: {(r.stderr or r.stdout).strip()[-500:]}") \
-                    from None
+                got = m.python(self.project_dir, _SHAPING_PROBE, query)
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                raise TestbedError(f"cannot read the shaping back on {addr}: {e}") from None
             out.update(zip(mine, got))
         return out
 
