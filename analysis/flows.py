@@ -55,7 +55,7 @@ import pandas as pd
 
 from analysis import traces as tr
 from analysis.load import Run, load
-from topologies.errors import TestbedError
+from common.errors import TestbedError
 
 __all__ = ["flows", "retransmissions", "flow_rates", "flows_and_rates", "flow_labels", "check_against_counters", "read_ports",
            "read_endpoints", "ports_behind", "FLOW_COLUMNS", "CHECK_COLUMNS", "CaptureError", "PcapWarning",

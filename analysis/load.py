@@ -58,7 +58,7 @@ class Run:
 
     ``schedule``
         the scheduled events as the harness recorded them (``schedule.jsonl``,
-        :mod:`testbed.schedule`), in the order applied, each with ``time``: its ``ts`` on the
+        :mod:`testbed.event_applier`), in the order applied, each with ``time``: its ``ts`` on the
         frames' clock (emulated under dilation; None for an event never reached).
     """
     path: Path

@@ -63,7 +63,7 @@ import pandas as pd
 from analysis import traces as tr
 from analysis.load import ITERATION_COLUMNS, Run, iteration_table, load, port_table  # noqa: F401 (iteration_table: re-exported)
 from traffic.rundir import write_json
-from traffic.runtime.hostcost import OVERRUN_THRESHOLD
+from traffic.hostmodel.costs import OVERRUN_THRESHOLD
 
 CPU_IDLE_RULE = "Mininet-HiFi: keep >= 35% CPU idle"
 #: ``fidelity.rule`` of a run spread over several machines
@@ -480,7 +480,7 @@ def final_accuracy(run: Run) -> dict:
 
 def host_cost_totals(results: dict[str, dict]) -> dict[str, dict] | None:
     """Every process's host costs (``results/<proc>.json`` ``host_costs``, see
-    :mod:`traffic.runtime.hostcost`) added up per kind: ``{count, modelled, emulated_s,
+    :mod:`traffic.hostmodel.costs`) added up per kind: ``{count, modelled, emulated_s,
     budget_s, real_s, overruns, overrun_s, overrun_fraction}`` (seconds: ``emulated_s`` of
     the emulated machine, the others real). None when no process reported any."""
     out: dict[str, dict] = {}
@@ -498,7 +498,7 @@ def host_cost_totals(results: dict[str, dict]) -> dict[str, dict] | None:
 
 def host_cost_overrun(totals: dict[str, dict] | None) -> bool | None:
     """True when, for any modelled kind, the real work overran more than
-    :data:`~traffic.runtime.hostcost.OVERRUN_THRESHOLD` of its budgeted time."""
+    :data:`~traffic.hostmodel.costs.OVERRUN_THRESHOLD` of its budgeted time."""
     if totals is None:
         return None
     return any(t["modelled"] and t["overrun_fraction"] > OVERRUN_THRESHOLD for t in totals.values())

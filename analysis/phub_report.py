@@ -14,7 +14,7 @@ One row per point of each sweep (markdown on stdout):
   (``bytes_per_iteration.core_training``: the background flows' bytes taken out, see
   :mod:`analysis.metrics`), and for every variant other than ``--flat`` its ratio to the
   ``--flat`` variant at the same point, next to the 1/N that PHub Sec. 3.4 gives for
-  hierarchical reduction (N workers per rack; :func:`analysis.models.phub.cross_rack_bytes`),
+  hierarchical reduction (N workers per rack; :func:`analysis.paper_models.phub.cross_rack_bytes`),
   and the throughput ratio to ``--flat`` next to what Sec. 3.4's inequality predicts from
   the spec's bandwidths (``sec34_hier_pays``: B_PBox = interfaces x host link, B_Core = the
   rack's uplink, B_Wkr = host link, R racks, N workers per rack; from the run's resolved
@@ -27,7 +27,7 @@ One row per point of each sweep (markdown on stdout):
   :func:`analysis.report.row_flags`), explained under a table that has a flagged row.
 
 ``--plots DIR`` draws each sweep's table as grouped bars (:func:`plot_table`).
-``--table2`` also prints Table 2 recomputed (:func:`analysis.models.phub.table2`) from
+``--table2`` also prints Table 2 recomputed (:func:`analysis.paper_models.phub.table2`) from
 Table 3's and from the zoo's model sizes and compute times. The paper's figures are printed
 last for comparison.
 """
@@ -41,7 +41,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import report as skeleton
-from analysis.models.phub import hierarchical_pays, table2
+from analysis.paper_models.phub import hierarchical_pays, table2
 from traffic.rundir import read_spec
 
 __all__ = ["PAPER", "REPORT", "plot_table", "sweep_table", "table", "plots", "main"]

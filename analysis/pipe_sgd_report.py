@@ -29,7 +29,7 @@ Definitions (means over the post-warm-up iterations and over workers):
   minus compute (the worker is blocked in push and pull).
 * ``exposed_s``: ``period_s - compute_s - update_s``: what communication (and compression)
   still costs on the critical path; Pipe-SGD's point is to bring it to about zero.
-* ``model_s``: :func:`analysis.models.pipe_sgd.iteration_model` -- eq. (2) for PS-Sync and
+* ``model_s``: :func:`analysis.paper_models.pipe_sgd.iteration_model` -- eq. (2) for PS-Sync and
   D-Sync, eq. (4) with eq. (5)'s ring term for Pipe-SGD -- from the link bandwidth
   (``beta``), ``--alpha-us`` (``alpha``; no delay is emulated, default 0), the measured
   reduction rate (``gamma``, from ``reduce`` spans), the measured codec rates (``compress`` /
@@ -53,7 +53,7 @@ import pandas as pd
 
 from analysis import report as skeleton
 from analysis.load import Run, load
-from analysis.models.pipe_sgd import Network, beta_from_mbps, iteration_model
+from analysis.paper_models.pipe_sgd import Network, beta_from_mbps, iteration_model
 from traffic import rundir
 from traffic.data import load_dataset
 from traffic.models import build_model, model_info

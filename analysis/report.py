@@ -43,9 +43,9 @@ import pandas as pd
 from tabulate import tabulate
 
 from analysis.metrics import MIN_IDLE_PCT
-from topologies.errors import TestbedError
+from common.errors import TestbedError
 from traffic.rundir import find_runs, is_run, read_json
-from traffic.runtime.hostcost import OVERRUN_THRESHOLD
+from traffic.hostmodel.costs import OVERRUN_THRESHOLD
 
 __all__ = ["FLAGS", "FLAGS_NOTE", "REPORTS", "Report", "ReportError", "UnknownReport", "alias", "fidelity_flags",
            "flagged_markdown", "get_report", "load_rows", "markdown", "per_point", "baseline_rows", "row_flags",

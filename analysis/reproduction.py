@@ -40,8 +40,8 @@ from pydantic import AfterValidator, Field, ValidationError, ValidationInfo, fie
 from tabulate import tabulate
 
 from analysis.report import REPORTS
-from topologies.errors import TestbedError, show_value
-from topologies.validation import SpecModel, field_errors, load_yaml
+from common.errors import TestbedError, show_value
+from common.validation import SpecModel, field_errors, load_yaml
 
 __all__ = ["MARKER", "CATALOGUE", "PAPERS", "QUICK_MAX_MINUTES", "REPO_ROOT", "STATUSES", "TOLERANCE", "CatalogueError",
            "Entry", "Headline", "Measured", "PaperValue", "Quick", "Ratio", "SpecRef", "UnknownEntry", "find_quote", "format_list", "get_entry", "load_catalogue",

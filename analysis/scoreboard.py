@@ -36,7 +36,7 @@ from statistics import median
 import pandas as pd
 
 from analysis.reproduction import MARKER, PAPERS, TOLERANCE, Entry, Ratio, load_catalogue
-from topologies.errors import TestbedError
+from common.errors import TestbedError
 from traffic.rundir import read_spec
 
 __all__ = ["ARCHIVED_FILES", "Marked", "RatioResult", "ScoreboardError", "archive", "find_marked", "headline_table",

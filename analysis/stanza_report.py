@@ -12,7 +12,7 @@ For every run (a run directory, or every run of a sweep directory) of scheme ``s
 * ``measured_s``: mean iteration time over the measured iterations (``summary.json``,
   emulated-network time; recomputed from the events when there is no summary);
 * ``predicted_s``: Stanza eq. (3) with the run's ``n_c``, ``n_f``, or PS eq. (6) with its
-  workers and servers (:mod:`analysis.models.stanza`), from the run's compute profile and
+  workers and servers (:mod:`analysis.paper_models.stanza`), from the run's compute profile and
   ``topology.host_bw_mbps`` (real-compute runs have no profile: no prediction);
 * ``fc_bytes_per_iter`` (Stanza §6.3 "FC-Data"): payload bytes sent per iteration to
   update the FC layers -- Stanza: activations, their gradients, the labels and, with
@@ -65,10 +65,10 @@ import pandas as pd
 from analysis import report as skeleton
 from analysis.load import Run, load
 from analysis.metrics import global_iterations
-from analysis.models import stanza as sm
+from analysis.paper_models import stanza as sm
 from traffic.data import load_dataset
 from traffic.models import model_info
-from traffic.profiles import DATA_DIR, Profile, load_profile, profile_filename
+from traffic.compute_profiles import DATA_DIR, Profile, load_profile, profile_filename
 from traffic.rundir import find_runs
 
 __all__ = ["IMAGENET_TRAIN", "REPORT", "FIG8_GBPS", "FIG8_NODES", "FIG8_PAPER", "FIG8_PROFILES", "TABLE5_BATCH",
@@ -321,7 +321,7 @@ def fig8_constants(ref: str) -> tuple[str, Profile, sm.Constants]:
 
     Args:
         ref: a model of :data:`FIG8_PROFILES` (its shipped V100 profile), or the path of a
-            profile JSON (:mod:`traffic.profiles` format; its ``model``, which needs a
+            profile JSON (:mod:`traffic.compute_profiles` format; its ``model``, which needs a
             CONV/FC ``split_index``, and its ``batch_size``, which is ``K``).
 
     Returns:
@@ -332,7 +332,7 @@ def fig8_constants(ref: str) -> tuple[str, Profile, sm.Constants]:
             directory, cannot be read, is not JSON or names no model and integer batch size;
             the model has no CONV/FC split.
         TestbedError: the file is not a valid profile, its model is unknown, or its layer
-            count differs from the model's (:func:`traffic.profiles.load_profile`).
+            count differs from the model's (:func:`traffic.compute_profiles.load_profile`).
     """
     if ref in FIG8_PROFILES:
         path = FIG8_PROFILES[ref]
@@ -394,7 +394,7 @@ def _fig8_sections(refs, gbps, nodes) -> list[tuple[str, Profile, sm.Constants, 
 
 
 def fig8_rows(refs, gbps=FIG8_GBPS, nodes=FIG8_NODES) -> pd.DataFrame:
-    """Stanza Fig. 8 from the models (:func:`analysis.models.stanza.stanza_vs_ps`).
+    """Stanza Fig. 8 from the models (:func:`analysis.paper_models.stanza.stanza_vs_ps`).
 
     Args:
         refs: models or compute profile files (:func:`fig8_constants`).

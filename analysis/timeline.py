@@ -19,7 +19,7 @@ Scheduled events (spec ``events``, ``schedule.jsonl``): one process ``scheduled 
 with an instant event (``ph: i``) per event applied, named by :func:`event_name` (``#0
 uplink:tor1 50 Mbit/s``), ``args`` its record.
 
-A charged host cost (event ``host_<kind>``, :mod:`traffic.runtime.hostcost`; ``kind`` one of
+A charged host cost (event ``host_<kind>``, :mod:`traffic.hostmodel.costs`; ``kind`` one of
 its ``KINDS``) is a span of category ``host_cost`` on the thread that charged it, named
 ``host_<kind>``, with ``cname`` :data:`HOST_COST_CNAME`; one whose real work overran its
 dilated budget (``overrun`` true) is named ``host_<kind> OVERRUN`` and coloured
@@ -34,7 +34,7 @@ from pathlib import Path
 
 from analysis import traces as tr
 from analysis.load import load
-from traffic.runtime.hostcost import KINDS as HOST_COST_KINDS
+from traffic.hostmodel.costs import KINDS as HOST_COST_KINDS
 
 _BASE_FIELDS = {"proc", "role", "rank", "thread", "kind", "ts", "dur"}
 

@@ -33,7 +33,7 @@ from testbed.ledger import Ledger, NetworkLock  # noqa: E402
 from testbed.network import Network  # noqa: E402
 from topologies import TopologySpec  # noqa: E402
 from traffic.models import build_model  # noqa: E402
-from traffic.profiles import load_profile  # noqa: E402
+from traffic.compute_profiles import load_profile  # noqa: E402
 from traffic.runtime.emulation import EmulatedCompute  # noqa: E402
 
 

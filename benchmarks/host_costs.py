@@ -1,11 +1,11 @@
 """Benchmark: what each host cost really costs per operation here, and the scale it needs.
 
-A host cost (``traffic.runtime.hostcost``) runs the real work, then waits until ``scale x``
+A host cost (``traffic.hostmodel.costs``) runs the real work, then waits until ``scale x``
 the emulated cost has passed; real work longer than that is an *overrun*. So an emulated
 host is only as fast as ``real cost per op / scale``. For every kind of host cost this prints
 the real cost per operation on this machine of what the schemes do per operation, at the op
 sizes of each paper's experiment spec (``experiments/*.yaml``), and, for every shipped host
-profile (``traffic/host/data/*.yaml``, paired with its paper's setting) or ``--profile FILE``
+profile (``traffic/hostmodel/data/*.yaml``, paired with its paper's setting) or ``--profile FILE``
 (against every setting):
 
 - the profile's emulated cost per op (median over the setting's ops of one iteration);
@@ -75,14 +75,14 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from testbed.spec import expand_sweep, from_dict  # noqa: E402
-from topologies.validation import load_yaml  # noqa: E402
+from common.validation import load_yaml  # noqa: E402
 from traffic.compression import make_codec  # noqa: E402
-from traffic.host import HostSpec, available_host_profiles, load_host_profile  # noqa: E402
-from traffic.host.measure import machine, run_pair, time_calls  # noqa: E402
+from traffic.hostmodel import HostSpec, available_host_profiles, load_host_profile  # noqa: E402
+from traffic.hostmodel.measure import machine, run_pair, time_calls  # noqa: E402
 from traffic.models import build_model  # noqa: E402
-from traffic.profiles import load_profile  # noqa: E402
+from traffic.compute_profiles import load_profile  # noqa: E402
 from traffic.runtime.events import EventLog  # noqa: E402
-from traffic.runtime.hostcost import OVERRUN_THRESHOLD, PreciseSleeper  # noqa: E402
+from traffic.hostmodel.costs import OVERRUN_THRESHOLD, PreciseSleeper  # noqa: E402
 from traffic.runtime.trainer import make_optimizer  # noqa: E402
 from traffic.runtime.transport import Transport  # noqa: E402
 from traffic.schemes.p3 import SLICE_PARAMS, assign_slices  # noqa: E402

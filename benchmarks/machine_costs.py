@@ -10,7 +10,7 @@ unit and its source: this command, the step that measured it, the date and the m
    (``traffic.runtime.__main__``: torch and the project) and wait; ``psutil``'s
    ``memory_full_info`` of each: USS, PSS (3 sharers) and RSS. The harness: one process that
    imports ``testbed.cli`` and ``testbed.runner``.
-2. *Loopback runs* (:func:`testbed.local.run_local`, 2 workers on ``kind: rack``; every
+2. *Loopback runs* (:func:`testbed.loopback.run_local`, 2 workers on ``kind: rack``; every
    process's USS/PSS/RSS sampled every 0.2 s, peak kept):
    ``ps`` and ``allreduce`` with ``digits_mlp`` and ``alexnet`` (emulated compute, profile
    ``zero``, the zygote launcher) give each role's USS at two model sizes: the line through
@@ -37,7 +37,7 @@ unit and its source: this command, the step that measured it, the date and the m
    iowait, as the capture's CPU sampler counts it). The slope of busy cores over received
    bytes/s is the CPU per byte; (3-bridge slope - 1-bridge slope) / 2 per further bridge.
 5. *Per-message CPU* (``message``): two processes on 127.0.0.1 in a gloo group
-   (:func:`traffic.host.measure.run_pair`, 1 torch thread each, as the runtime's), each
+   (:func:`traffic.hostmodel.measure.run_pair`, 1 torch thread each, as the runtime's), each
    with the runtime's :class:`~traffic.runtime.transport.Transport` and an event log, as in
    a run, and a host model that charges no per-message cost (``HostModel()``: overhead 0,
    so nothing is charged and nothing waits: this machine's real CPU, not emulated
@@ -54,7 +54,7 @@ unit and its source: this command, the step that measured it, the date and the m
    part: barriers, timers) are printed and named in the source.
 6. *Each scheme's own CPU per message* (``scheme``): for each scheme of :data:`SCHEMES`,
    :data:`SCHEME_REPEATS` runs (interleaved with the other schemes') of
-   :func:`~testbed.local.run_local` with :data:`SCHEME_MODEL` (many tensors: many messages),
+   :func:`~testbed.loopback.run_local` with :data:`SCHEME_MODEL` (many tensors: many messages),
    :data:`SCHEME_WORKERS` workers (and a server colocated with each, for the schemes that
    have servers), :data:`SCHEME_ITERATIONS` iterations of emulated compute with profile
    ``zero``, scale 1 and ``host: {}`` (no per-message overhead, aggregation and optimizer
@@ -123,18 +123,18 @@ import yaml  # noqa: E402
 from testbed.capacity import COST_KEYS, SCHEME_MESSAGE_UNIT, scheme_message_key  # noqa: E402
 from testbed.capture import Capture  # noqa: E402
 from testbed.ledger import Ledger, NetworkLock  # noqa: E402
-from testbed.local import local_entries, local_hosts, run_local  # noqa: E402
+from testbed.loopback import local_entries, local_hosts, run_local  # noqa: E402
 from testbed.network import Network  # noqa: E402
 from testbed.runner import switch_ports  # noqa: E402
 from testbed.spec import CaptureSpec, from_dict  # noqa: E402
 from topologies import TopologySpec  # noqa: E402
-from traffic.host import HostModel  # noqa: E402
-from traffic.host.measure import run_pair  # noqa: E402
+from traffic.hostmodel import HostModel  # noqa: E402
+from traffic.hostmodel.measure import run_pair  # noqa: E402
 from traffic.models import model_info  # noqa: E402
-from traffic.profiles.profile import LayerProfile, Profile, load_profile  # noqa: E402
+from traffic.compute_profiles.profile import LayerProfile, Profile, load_profile  # noqa: E402
 from traffic.rundir import read_json  # noqa: E402
 from traffic.runtime.events import EventLog  # noqa: E402
-from traffic.runtime.hostcost import HostCosts  # noqa: E402
+from traffic.hostmodel.costs import HostCosts  # noqa: E402
 from traffic.runtime.transport import Transport  # noqa: E402
 from traffic.schemes import get as get_scheme  # noqa: E402
 from traffic.schemes.allreduce import gloo_ring_sends  # noqa: E402
@@ -676,7 +676,7 @@ def _cpu_s() -> float:
 
 
 def _message_stream(rank: int, plan: list[tuple[int, int]], log_dir: str) -> list[dict] | None:
-    """:func:`traffic.host.measure.run_pair` target: for each ``(nbytes, n)`` of ``plan``,
+    """:func:`traffic.hostmodel.measure.run_pair` target: for each ``(nbytes, n)`` of ``plan``,
     rank 0 sends ``n`` float32 messages of ``nbytes`` to rank 1 through :class:`Transport`
     (``isend`` in windows of :data:`MESSAGE_WINDOW`, then ``wait`` on each); rank 1 keeps
     :data:`MESSAGE_WINDOW` ``irecv`` posted ahead and waits them in order. Each process's
@@ -765,7 +765,7 @@ def message_cpu(b: Bench, tmp: Path) -> None:
     b.transport_per_byte = per_byte
     listing = "; ".join(f"{r['n']} x {r['nbytes']} B: {sum(r['cpu_s']):.3f} s" for r in med)
     b.put("runtime_message_cpu_s", a,
-          "step 5: traffic.host.measure.run_pair (2 processes, gloo over TCP on 127.0.0.1, 1 torch thread each), "
+          "step 5: traffic.hostmodel.measure.run_pair (2 processes, gloo over TCP on 127.0.0.1, 1 torch thread each), "
           "traffic.runtime.transport.Transport with an EventLog and HostCosts(HostModel()) (per-message overhead 0: "
           f"nothing charged, nothing waited); rank 0 isends N float32 messages to rank 1 in windows of "
           f"{MESSAGE_WINDOW} (wait each), rank 1 keeps {MESSAGE_WINDOW} irecvs posted ahead; CPU = user + system "

@@ -3,7 +3,7 @@
     .venv/bin/python scripts/deps.py            # package graph, violations, cycles, in-function imports
     .venv/bin/python scripts/deps.py --modules  # also every module-level edge
 
-Walks every ``import`` statement of every module of the four packages (``topologies`` <-
+Walks every ``import`` statement of every module of the five packages (``common`` <- ``topologies`` <-
 ``traffic`` <- ``analysis`` <- ``testbed``), including imports inside functions and under
 ``if TYPE_CHECKING:``, and reports:
 
@@ -24,7 +24,7 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = ("topologies", "traffic", "analysis", "testbed")
+LAYERS = ("common", "topologies", "traffic", "analysis", "testbed")
 RANK = {p: i for i, p in enumerate(LAYERS)}
 
 

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from topologies.errors import SpecError, TestbedError
+from common.errors import SpecError, TestbedError
 from testbed.interrupts import deferred_signals
 from testbed.launch import Launched, kill_all
 from traffic.rundir import write_json

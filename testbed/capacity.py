@@ -5,7 +5,7 @@ the CPU the run needs on this machine, with a cost model *measured on it*
 (``testbed/data/machine_costs.yaml``, written by ``benchmarks/machine_costs.py``; every value
 carries its unit and the command, date and machine that measured it). :func:`check` refuses
 a point whose memory estimate exceeds the memory the machine has available
-(:class:`~topologies.errors.CapacityError`, unless ``run.force: true``) and warns where the
+(:class:`~common.errors.CapacityError`, unless ``run.force: true``) and warns where the
 run's fidelity will suffer: when the CPU estimate at the spec's ``scale`` leaves less than
 35 % of the cores idle (Mininet-HiFi's rule, :data:`analysis.metrics.CPU_IDLE_RULE`), naming
 the smallest dilation that keeps it (:attr:`Estimate.min_scale`).
@@ -107,7 +107,7 @@ import yaml
 
 from analysis.metrics import CPU_IDLE_RULE, MIN_IDLE_PCT
 from testbed.spec import AUTO, Experiment
-from topologies.errors import CapacityError
+from common.errors import CapacityError
 from topologies.hosts import HostInfo
 from traffic.models import model_info
 from traffic.schemes import ProcessPlan

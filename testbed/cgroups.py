@@ -1,5 +1,5 @@
 """Throttling an emulated host's processes with the cpu cgroup controller (a straggler with
-real compute, :mod:`testbed.schedule`).
+real compute, :mod:`testbed.event_applier`).
 
 One cgroup per throttled host, directly under the root of the cpu hierarchy, named
 ``testbed-<run>-<host>`` (:data:`CGROUP_PREFIX`), with a quota of ``1/slowdown`` of one core.

@@ -27,7 +27,7 @@ from pathlib import Path
 import psutil
 from pyroute2 import IPRoute
 
-from topologies.errors import TestbedError
+from common.errors import TestbedError
 from topologies.hosts import BRIDGE_RE, INTF_RE, NODE_RE
 from testbed.cgroups import remove_cgroup, testbed_cgroups
 from testbed.ledger import (Ledger, NetworkLock, _kill_tree, delete_link, describe_holder, live_ledgers,

@@ -20,7 +20,7 @@
     testbed profile MODEL --batch B       measure per-layer forward/backward times here
 
 Errors a user can cause (a bad spec, file, ``--set`` value or run path, a missing tool) are
-:class:`~topologies.errors.TestbedError` s, raised wherever they are found and caught in one
+:class:`~common.errors.TestbedError` s, raised wherever they are found and caught in one
 place, :func:`main`: one message, no traceback, exit status 2. Bad command-line syntax is
 argparse's (usage message, status 2).
 """
@@ -37,7 +37,7 @@ from analysis.reproduction import format_list, get_entry, load_catalogue
 from testbed.check import format_checks, run_checks
 from testbed.clean import clean
 from testbed.ledger import live_ledgers
-from topologies.errors import SpecError, TestbedError
+from common.errors import SpecError, TestbedError
 from traffic.rundir import NotARunError, find_runs, is_run, read_json
 
 # Modules that load torch, Mininet or matplotlib (seconds) are imported lazily in the
@@ -173,7 +173,7 @@ def _cmd_ls(args) -> int:
 def _unfinished_status(run_dir: Path, live: set[Path]) -> str:
     """Status of a run without ``summary.json``: ``running`` (a live harness's ledger names
     it), ``killed`` (the harness made it, see logs/harness.log, and died: 'testbed clean'
-    writes its summary) or ``no summary`` (a loopback run of testbed.local, which writes none)."""
+    writes its summary) or ``no summary`` (a loopback run of testbed.loopback, which writes none)."""
     if run_dir.resolve() in live:
         return "running"
     return "killed" if (run_dir / "logs" / "harness.log").is_file() else "no summary"
@@ -351,8 +351,8 @@ def _cmd_profile(args) -> int:
     if args.model is None or args.batch is None:
         raise TestbedError("testbed profile needs a model and --batch "
                            "(or --host OUT.yaml for this machine's host rates)")
-    from traffic.profiles import profile_filename  # lazy: torch
-    from traffic.profiles.measure import format_table, measure_profile  # lazy: torch
+    from traffic.compute_profiles import profile_filename  # lazy: torch
+    from traffic.compute_profiles.measure import format_table, measure_profile  # lazy: torch
     out = Path(args.out) if args.out else Path.cwd() / profile_filename(args.model, args.device, args.batch)
     if out.exists():  # checked before measuring too, so a long measurement is not wasted
         raise TestbedError(f"{out} exists; profiles are never overwritten: remove it or pass another --out")
@@ -369,7 +369,7 @@ def _cmd_profile_host(args) -> int:
     out = Path(args.host)
     if out.exists():  # checked before measuring too, so a measurement is not wasted
         raise TestbedError(f"{out} exists; host profiles are never overwritten: remove it or name another file")
-    from traffic.host.measure import measure_host_profile, write_host_profile  # lazy: torch
+    from traffic.hostmodel.measure import measure_host_profile, write_host_profile  # lazy: torch
     prof = measure_host_profile(threads=args.threads)
     for field, v in prof.items():
         if field != "description":

@@ -37,10 +37,10 @@ from testbed.check import Item
 from testbed.spec import ClusterSpec
 from testbed.remote import tunnel_command
 from topologies import build_topo
-from topologies.errors import FieldError, SpecError
+from common.errors import FieldError, SpecError
 from topologies.placement import PlacementError, place_racks
 from topologies.spec import TopologySpec
-from topologies.validation import field_errors, load_yaml
+from common.validation import field_errors, load_yaml
 
 __all__ = ["GRE_PACKET_BYTES", "ClusterSpec", "Machine", "check_cluster", "check_machine", "clock_offset", "end_process",
            "format_placement", "load_cluster", "local_version"]

@@ -31,7 +31,7 @@ from pathlib import Path
 from testbed.capture.merge import TracePart, merge_traces
 from testbed.ledger import own_pattern
 from testbed.cluster import PROJECT_DIR, ClusterSpec, Machine, clock_offset, end_process
-from topologies.errors import TestbedError
+from common.errors import TestbedError
 from traffic.rundir import write_json
 
 __all__ = ["ClusterCapture", "ClusterRun", "RemoteLinkShaper"]
@@ -380,7 +380,7 @@ class ClusterCapture:
 
 
 class RemoteLinkShaper:
-    """:class:`testbed.schedule.LinkShaper` for a cluster run: each link end is changed on
+    """:class:`testbed.event_applier.LinkShaper` for a cluster run: each link end is changed on
     its own machine, by the same code run there by the project's Python (one SSH command per
     machine and event).
 
@@ -409,14 +409,14 @@ class RemoteLinkShaper:
             raise TestbedError(f"changing links on {addr} failed: {e}") from None
 
     def set_rate(self, links: list[dict], shaped_mbps: float) -> dict[str, float | None]:
-        """As :meth:`testbed.schedule.LinkShaper.set_rate`, each end on its machine."""
+        """As :meth:`testbed.event_applier.LinkShaper.set_rate`, each end on its machine."""
         out = {}
         for addr, ends in self._ends(links).items():
             out.update(self._run(addr, {"op": "rate", "mbps": shaped_mbps, "ends": ends, "pids": self.netns_pids}))
         return out
 
     def set_state(self, links: list[dict], up: bool) -> list[str]:
-        """As :meth:`testbed.schedule.LinkShaper.set_state`, each switch port on its machine."""
+        """As :meth:`testbed.event_applier.LinkShaper.set_state`, each switch port on its machine."""
         out = []
         for addr, ends in self._ends(links).items():
             ports = [e for e in ends if e[0] is None]
@@ -425,7 +425,7 @@ class RemoteLinkShaper:
         return out
 
 
-_SHAPER_PROBE = ("import json, sys; from testbed.schedule import LinkShaper; q = json.load(sys.stdin); "
+_SHAPER_PROBE = ("import json, sys; from testbed.event_applier import LinkShaper; q = json.load(sys.stdin); "
                  "s = LinkShaper(q['pids']); ends = [tuple(e) for e in q['ends']]; "
                  "print(json.dumps(s.set_rate_ends(ends, q['mbps']) if q['op'] == 'rate' else "
                  "s.set_state_ends(ends, q['up'])))")

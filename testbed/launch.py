@@ -28,7 +28,7 @@ from typing import Callable
 import psutil
 
 from testbed.interrupts import deferred_signals
-from topologies.errors import RunFailed, TestbedError
+from common.errors import RunFailed, TestbedError
 from traffic.rundir import write_json
 from traffic.schemes.program import torchrun_env
 

@@ -30,7 +30,7 @@ import psutil
 from pyroute2 import IPRoute, NetlinkError
 
 from testbed.cgroups import remove_cgroup
-from topologies.errors import TestbedError
+from common.errors import TestbedError
 
 STATE_DIR = Path(os.environ.get("TESTBED_STATE_DIR", "/run/testbed"))
 LEDGER_DIR = STATE_DIR / "ledger"

@@ -23,7 +23,7 @@ from mininet.net import Mininet
 from mininet.nodelib import LinuxBridge
 from pyroute2 import IPRoute, NetNS
 
-from topologies.errors import MissingRequirement, TestbedError
+from common.errors import MissingRequirement, TestbedError
 from testbed.interrupts import deferred_signals
 from testbed.ledger import Ledger
 from traffic.rundir import write_json

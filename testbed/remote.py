@@ -37,7 +37,7 @@ from mininet.nodelib import LinuxBridge
 
 from testbed.interrupts import deferred_signals
 from testbed.network import Network, ShapedIntf
-from topologies.errors import TestbedError
+from common.errors import TestbedError
 from topologies.placement import place_racks
 from traffic.rundir import write_json
 

@@ -24,7 +24,7 @@ from typing import Callable, TextIO
 
 from analysis.report import get_report
 from analysis.reproduction import MARKER, REPO_ROOT, Entry
-from topologies.errors import TestbedError
+from common.errors import TestbedError
 
 __all__ = ["MEASURED_HEADING", "NotRunnable", "PAPER_HEADING", "describe", "paper_block", "report_argv",
            "reproduce", "reproduce_once"]

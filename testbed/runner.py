@@ -35,7 +35,7 @@ from mininet.log import StreamHandlerNoNewline
 from tqdm import tqdm
 
 from analysis.metrics import summarize
-from testbed import capacity, launch, schedule
+from testbed import capacity, event_applier, launch
 from testbed.background import Background
 from testbed.capture import Capture, find_bwm_ng
 from testbed.cluster_run import ClusterCapture, ClusterRun, RemoteLinkShaper
@@ -47,7 +47,7 @@ from testbed.network import Network, bind_to_interface
 from testbed.network import preflight as network_preflight
 from testbed.spec import AUTO, Experiment, dump_spec, expand_sweep, with_scale
 from topologies import build_topo, hosts_of
-from topologies.errors import FieldError, SpecError, TestbedError
+from common.errors import FieldError, SpecError, TestbedError
 from topologies.hosts import HostInfo
 from traffic import rundir, schemes
 from traffic.schemes import ProcessPlan
@@ -321,7 +321,7 @@ def _run(exp: Experiment, run_dir: Path, ledger: Ledger, teardown: ExitStack, t0
                 l.popen.kill()
 
     if exp.events:  # after the launch: its triggers count iterations and emulated seconds
-        sched = schedule.Schedule(exp.events, topo, run_dir, exp.scale, exp.workload.warmup_iterations,
+        sched = event_applier.Schedule(exp.events, topo, run_dir, exp.scale, exp.workload.warmup_iterations,
                          {h: n.pid for h, n in network.hosts.items()}, kill, on_cgroup=ledger.add_cgroup,
                          compute_mode=exp.workload.compute.mode,
                          origin=t_launch if program else None,  # a program may mark no iterations
@@ -404,7 +404,7 @@ def plan_point(exp: Experiment) -> tuple[list[HostInfo], list[ProcessPlan]]:
         resolve_ports(exp.capture.pcap.ports, topo_links(topo), set(topo.switches()))
     plan = scheme.plan(exp.workload, hosts)
     if exp.events:
-        schedule.check(exp.events, topo_links(topo), set(topo.switches()), hosts, plan,
+        event_applier.check(exp.events, topo_links(topo), set(topo.switches()), hosts, plan,
                        compute_mode=exp.workload.compute.mode, scale=exp.scale)
     by_name = {h.name: h for h in hosts}
     for p in plan:

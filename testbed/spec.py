@@ -1,9 +1,9 @@
 """Experiment specs: YAML -> validated, typed :class:`Experiment`; overrides and sweeps.
 
 A spec has the sections ``topology`` (owned by :mod:`topologies.spec`), ``workload``
-(:mod:`traffic.spec`; its ``options`` by the scheme), ``host`` (:mod:`traffic.host`), and ``capture``, ``run``,
+(:mod:`traffic.spec`; its ``options`` by the scheme), ``host`` (:mod:`traffic.hostmodel`), and ``capture``, ``run``,
 ``background``, ``sweep``, ``variants``, ``scale`` and ``name`` (this module), and ``events``
-(:mod:`traffic.scheduled`, which the runtime reads too). Every field has
+(:mod:`traffic.event_spec`, which the runtime reads too). Every field has
 a default, so ``{}`` is a valid spec. Validation happens before anything is built; every
 malformed field is reported at once in one :class:`SpecError` naming each dotted field, the
 value given and what is allowed.
@@ -25,12 +25,12 @@ from typing import Annotated, Any, Literal, Optional, Union
 import yaml
 from pydantic import Field, PrivateAttr, ValidationError, field_validator
 
-from topologies.errors import FieldError, SpecError, show_value
+from common.errors import FieldError, SpecError, show_value
 from topologies.spec import MAX_HOSTS, MAX_INTERFACES, TopologySpec
-from topologies.validation import (SAFE_LABEL_ALLOWED, SAFE_NAME_ALLOWED, SpecModel, check_depth, field_errors,
+from common.validation import (SAFE_LABEL_ALLOWED, SAFE_NAME_ALLOWED, SpecModel, check_depth, field_errors,
                                    is_safe_label, is_safe_name, load_yaml, safe_name, to_safe_name)
-from traffic.host import HostSpec
-from traffic.scheduled import ScheduledEvent, event_errors
+from traffic.hostmodel import HostSpec
+from traffic.event_spec import ScheduledEvent, event_errors
 from traffic.spec import WorkloadSpec, option_errors
 
 __all__ = ["Experiment", "CaptureSpec", "PcapSpec", "RunSpec", "BackgroundFlow", "ScheduledEvent", "TopologySpec",
@@ -232,7 +232,7 @@ class Experiment(SpecModel):
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
     """What trains."""
     host: HostSpec = Field(default_factory=HostSpec)
-    """The emulated machine's non-network costs (a host profile and rates; :mod:`traffic.host`)."""
+    """The emulated machine's non-network costs (a host profile and rates; :mod:`traffic.hostmodel`)."""
     capture: CaptureSpec = Field(default_factory=CaptureSpec)
     """What is recorded."""
     run: RunSpec = Field(default_factory=RunSpec)
@@ -249,12 +249,12 @@ class Experiment(SpecModel):
     """The machines the racks are spread over (issue 20; :mod:`testbed.remote`): none (the
     default) builds everything on this machine."""
     events: list[ScheduledEvent] = Field(default_factory=list)
-    """Scheduled events (:mod:`traffic.scheduled`): each one trigger (``at_s``: emulated
+    """Scheduled events (:mod:`traffic.event_spec`): each one trigger (``at_s``: emulated
     seconds from the start of the first measured iteration; ``at_iteration``: a global
     iteration index) and one action (a link's rate ``{link, bw_mbps}``, ``{link, down:
     true}``, ``{link, up: true}``, a straggler ``{host, compute_slowdown}``, ``{kill:
     <process>}``); links are ``uplink:<tor>`` or ``host:<host>``. Applied by the harness
-    (:mod:`testbed.schedule`) and recorded in the run's ``schedule.jsonl``."""
+    (:mod:`testbed.event_applier`) and recorded in the run's ``schedule.jsonl``."""
 
     # the spec as given (before defaults), from which sweep and variant points are built
     _given: dict = PrivateAttr(default_factory=dict)
@@ -266,7 +266,7 @@ class Experiment(SpecModel):
 
     def to_dict(self) -> dict:
         """The spec as a mapping, every default filled in (what ``spec.yaml`` holds); the
-        ``host`` section with its rates resolved (:meth:`traffic.host.HostSpec.pinned`: a
+        ``host`` section with its rates resolved (:meth:`traffic.hostmodel.HostSpec.pinned`: a
         field left out would otherwise be written as an explicit null and, read back,
         override the profile's value)."""
         d = self.model_dump(mode="python")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from testbed.local import run_local
+from testbed.loopback import run_local
 from testbed.spec import from_dict
 from tests.conftest import experiment
 from traffic.reference import reference_train

@@ -345,9 +345,9 @@ def test_timeline_shows_host_costs_as_spans(tmp_path):
     import threading
     import time
 
-    from traffic.host import HostModel
+    from traffic.hostmodel import HostModel
     from traffic.runtime.events import EventLog, read_events
-    from traffic.runtime.hostcost import HostCosts
+    from traffic.hostmodel.costs import HostCosts
     d = tmp_path / "hostcost"
     d.mkdir()
     (d / "spec.yaml").write_text(yaml.safe_dump({"name": "hostcost", "scale": 2.0, "workload": {"scheme": "ps"}}))

@@ -9,10 +9,10 @@ import pytest
 import yaml
 
 from testbed.capacity import CostModel, Machine, auto_scale, estimate
-from testbed.local import run_local
+from testbed.loopback import run_local
 from testbed.runner import check_capacity, plan_experiment, plan_point
 from testbed.spec import AUTO, dump_spec, from_dict
-from topologies.errors import SpecError
+from common.errors import SpecError
 
 GIB = 2 ** 30
 MACHINE = Machine(cores=2, total_bytes=24 * GIB, available_bytes=23 * GIB)

@@ -14,7 +14,7 @@ from testbed.capacity import (COST_KEYS, SCHEME_MESSAGE_UNIT, Cost, CostModel, M
                               scheme_message_key)
 from testbed.runner import plan_point
 from testbed.spec import from_dict
-from topologies.errors import CapacityError, TestbedError
+from common.errors import CapacityError, TestbedError
 from topologies.spec import MAX_HOSTS
 from traffic.models import model_info
 

@@ -31,7 +31,7 @@ from analysis import metrics  # noqa: E402
 from analysis.traces import parse_bwm_ng, rates  # noqa: E402
 from testbed.capture import Capture, CpuSampler, QdiscSampler, SampledCsv, bwm_ng_command, find_bwm_ng  # noqa: E402
 from testbed.capture.periodic import Periodic as _Periodic  # noqa: E402
-from topologies.errors import MissingRequirement, TestbedError  # noqa: E402
+from common.errors import MissingRequirement, TestbedError  # noqa: E402
 from testbed.spec import CaptureSpec  # noqa: E402
 
 DATA = Path(__file__).parent / "data"

@@ -19,7 +19,7 @@ import yaml
 from testbed.cli import main as cli_main
 from testbed.cluster import GRE_PACKET_BYTES, ClusterSpec, Machine, check_machine, clock_offset, load_cluster
 from topologies import build_topo
-from topologies.errors import SpecError
+from common.errors import SpecError
 from topologies.placement import PlacementError, links_between_machines, place_racks
 from topologies.spec import TopologySpec
 

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 import analysis
-from topologies.errors import MissingRequirement, TestbedError
+from common.errors import MissingRequirement, TestbedError
 from testbed.runner import run_experiment, run_one
 from testbed.spec import from_dict
 from tests.leftovers import leftovers, needs_root

@@ -7,7 +7,7 @@ import torch
 
 from analysis.load import to_emulated_time
 from traffic.models import build_model
-from traffic.runtime import hostcost
+from traffic.hostmodel import costs as hostcost
 from traffic.runtime.emulation import EmulatedCompute, PreciseSleeper
 
 
@@ -67,7 +67,7 @@ def write_profile(path, fwd, bwd, model="digits_mlp", batch=32):
 @pytest.mark.parametrize("scheme", ["ps", "allreduce"])
 def test_emulated_compute_end_to_end_on_loopback(tmp_path, scheme):
     from testbed.spec import from_dict
-    from testbed.local import run_local
+    from testbed.loopback import run_local
     import analysis
     prof = write_profile(tmp_path / "p.json", [0.004, 0.006, 0.002], [0.008, 0.012, 0.004])
     exp = from_dict({"topology": {"kind": "rack", "racks": 1, "hosts_per_rack": 3},

@@ -20,7 +20,7 @@ from testbed import clean as clean_mod
 from testbed import ledger as ledger_mod
 from testbed.ledger import Ledger, NetworkLock, lock_holder
 from tests.leftovers import leftovers, needs_root
-from topologies.errors import TestbedError
+from common.errors import TestbedError
 from traffic import rundir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -413,7 +413,7 @@ def test_a_disk_that_fills_fails_the_run_clearly_and_harms_nothing_else(tmp_path
 
 
 def test_the_local_launcher_gives_a_bad_spec_exit_status_2(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "testbed.local", "experiments/quickstart.yaml", "--set",
+    out = subprocess.run([sys.executable, "-m", "testbed.loopback", "experiments/quickstart.yaml", "--set",
                           "topology.host_bw_mbps=-1", "--run-dir", str(tmp_path / "r")],
                          capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 2 and "topology.host_bw_mbps" in out.stderr and "Traceback" not in out.stderr

@@ -7,7 +7,7 @@ directory, and run paths for ``show``/``plot``/``timeline``/``report``. Properti
 
 * validation and planning (:func:`testbed.spec.from_dict` / :func:`~testbed.spec.load_spec`
   then :func:`testbed.runner.plan_experiment`, what ``testbed run`` does before it builds
-  anything) either succeed or raise :class:`~topologies.errors.SpecError`, nothing else;
+  anything) either succeed or raise :class:`~common.errors.SpecError`, nothing else;
 * ``testbed run --dry-run`` (the CLI's ``main``) exits 0 or 2 with no traceback and writes
   nothing; ``testbed show/plot/timeline/report`` on a path that is not a run exit 2;
 * a name validation accepts gives a run directory directly inside the runs directory;
@@ -47,11 +47,11 @@ from pydantic import BaseModel
 from testbed import cli
 from testbed.runner import plan_experiment
 from testbed.spec import Experiment, from_dict, load_spec
-from topologies.errors import SpecError
-from topologies.validation import load_yaml
+from common.errors import SpecError
+from common.validation import load_yaml
 from traffic import rundir, schemes
 from traffic.data import available_datasets
-from traffic.host import available_host_profiles
+from traffic.hostmodel import available_host_profiles
 
 from leftovers import leftovers
 

@@ -1,15 +1,15 @@
-"""A host profile of this machine (traffic.host.measure, ``testbed profile --host``)."""
+"""A host profile of this machine (traffic.hostmodel.measure, ``testbed profile --host``)."""
 from functools import partial
 
 import pytest
 import torch
 import yaml
 
-import traffic.host.measure as measure
+import traffic.hostmodel.measure as measure
 from testbed.cli import main as cli_main
-from topologies.errors import TestbedError
-from traffic.host import RATE_FIELDS, load_host_profile
-from traffic.host.measure import measure_host_profile, write_host_profile
+from common.errors import TestbedError
+from traffic.hostmodel import RATE_FIELDS, load_host_profile
+from traffic.hostmodel.measure import measure_host_profile, write_host_profile
 
 QUICK = dict(repeats=3, round_trips=20)
 

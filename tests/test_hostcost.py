@@ -1,4 +1,4 @@
-"""The emulated host: stated costs, dilated, overruns counted (traffic.host, traffic.runtime.hostcost)."""
+"""The emulated host: stated costs, dilated, overruns counted (traffic.hostmodel, traffic.hostmodel.costs)."""
 import threading
 import time
 
@@ -6,15 +6,15 @@ import pandas as pd
 import pytest
 import torch
 
-from testbed.local import run_local
+from testbed.loopback import run_local
 from testbed.spec import from_dict
 from tests.conftest import experiment
-from topologies.errors import SpecError, TestbedError
-from traffic.host import HostModel, HostSpec, available_host_profiles, load_host_profile
+from common.errors import SpecError, TestbedError
+from traffic.hostmodel import HostModel, HostSpec, available_host_profiles, load_host_profile
 from traffic.reference import reference_train
 from traffic.rundir import read_json
 from traffic.runtime.events import EventLog, read_events
-from traffic.runtime.hostcost import HostCosts
+from traffic.hostmodel.costs import HostCosts
 
 MB = 1_000_000
 

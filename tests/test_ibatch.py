@@ -27,16 +27,16 @@ import random
 import pytest
 import torch
 
-from analysis.models.ibatch import (STRATEGIES, PullProfile, algorithm1, algorithm2, batch_ranges,
+from analysis.paper_models.ibatch import (STRATEGIES, PullProfile, algorithm1, algorithm2, batch_ranges,
                                     brute_force_batching, choose_batching, exe_parts, exe_time,
                                     optimal_batching, pipeline_time, satisfies_constraint, strategy_ends,
                                     validate_ends)
-from topologies.errors import SpecError
+from common.errors import SpecError
 from testbed.spec import from_dict
-from traffic.profiles import LayerProfile, Profile
+from traffic.compute_profiles import LayerProfile, Profile
 from traffic.reference import reference_train
 from traffic.runtime.events import read_events
-from testbed.local import run_local
+from testbed.loopback import run_local
 from traffic import schemes
 from traffic.schemes import ibatch as scheme_mod
 from traffic.schemes.ibatch import batching

@@ -19,10 +19,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from testbed.local import free_port
-from traffic.host import HostModel
+from testbed.loopback import free_port
+from traffic.hostmodel import HostModel
 from traffic.runtime.events import EventLog, read_events
-from traffic.runtime.hostcost import HostCosts
+from traffic.hostmodel.costs import HostCosts
 
 OVERHEAD_S = 2e-4
 SCALE = 2.0

@@ -10,7 +10,7 @@ import pytest
 
 from traffic import rundir
 from testbed.check import kernel_qdiscs
-from topologies.errors import MissingRequirement, TestbedError
+from common.errors import MissingRequirement, TestbedError
 from testbed.ledger import Ledger, NetworkLock
 from testbed.network import Network, htb_burst_bytes
 from topologies import TopologySpec

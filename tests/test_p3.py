@@ -39,7 +39,7 @@ import torch
 from testbed.spec import from_dict
 from traffic.reference import reference_train
 from traffic.runtime.events import read_events
-from testbed.local import run_local
+from testbed.loopback import run_local
 from traffic import schemes
 from traffic.models import available_models, build_model
 from traffic.schemes.p3 import ID_ELEMENTS, MAX_SLICE_ID, PUSH_TAG, assign_slices, pack_slice, slice_id_of

@@ -12,7 +12,7 @@ from testbed.runner import plan_point
 from testbed.spec import PcapSpec, from_dict
 from tests.leftovers import needs_root
 from topologies import build_topo
-from topologies.errors import SpecError
+from common.errors import SpecError
 
 
 def quickstart_topo(**topology):

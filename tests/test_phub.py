@@ -33,16 +33,16 @@ import pytest
 import torch
 import yaml
 
-from topologies.errors import SpecError
+from common.errors import SpecError
 from testbed.spec import from_dict
 from traffic.models import build_model
 from traffic.reference import reference_train
 from traffic.runtime.events import read_events
-from testbed.local import local_hosts, run_local
+from testbed.loopback import local_hosts, run_local
 from topologies.hosts import HostInfo
 from topologies.spec import TopologySpec
 from traffic import schemes
-from analysis.models.phub import (PAPER_TABLE2, bandwidth_lower_bounds, cross_rack_bytes, hierarchical_pays,
+from analysis.paper_models.phub import (PAPER_TABLE2, bandwidth_lower_bounds, cross_rack_bytes, hierarchical_pays,
                                   hierarchical_terms, table2)
 from traffic.schemes.phub import FRAME_BYTES, META, PHubOptions, assign_chunks, job_groups, lpt, pack_frames
 from tests.conftest import experiment

@@ -24,14 +24,14 @@ import json
 import pytest
 import torch
 
-from testbed.local import run_local
+from testbed.loopback import run_local
 from testbed.spec import from_dict
 from tests.conftest import experiment
 from traffic.collectives.ring import ring_allreduce
-from traffic.host import HostModel
+from traffic.hostmodel import HostModel
 from traffic.reference import reference_train
 from traffic.runtime.events import EventLog, read_events
-from traffic.runtime.hostcost import HostCosts
+from traffic.hostmodel.costs import HostCosts
 from traffic.schemes.phub import ACCEPTED, FRAME_BYTES, META, REJECTED, assign_chunks, pack_frames
 from traffic.schemes.phub.charges import ChargeBatch
 from traffic.schemes.phub.frames import refused_reply

@@ -13,7 +13,7 @@ import time
 import pytest
 import yaml
 
-from topologies.errors import SpecError
+from common.errors import SpecError
 from testbed.network import IFACE_UID_BASE, bind_to_interface
 from testbed.spec import dump_spec, expand_sweep, from_dict, load_spec
 from tests.leftovers import leftovers, needs_root
@@ -21,7 +21,7 @@ from topologies import build_topo
 from topologies.hosts import HostRequest
 from topologies.spec import TopologySpec
 from testbed.background import BASE_PORT, client_command, plan_flows, read_result, server_command
-from testbed.local import local_entries, local_hosts
+from testbed.loopback import local_entries, local_hosts
 from traffic import schemes
 
 root_only = pytest.mark.skipif(needs_root, reason="needs root")
@@ -327,7 +327,7 @@ def test_pbox_servers_each_use_their_own_interface(tmp_path):
 @root_only
 def test_background_flow_crosses_the_core_and_leaves_nothing(tmp_path):
     from testbed.runner import run_experiment
-    from traffic.profiles import LayerProfile, Profile, load_profile
+    from traffic.compute_profiles import LayerProfile, Profile, load_profile
     assert leftovers() == []
     zero = load_profile("zero", "digits_mlp", 16)
     prof = Profile("digits_mlp", "test", 16, "tests: 20 ms per layer", "test", True,

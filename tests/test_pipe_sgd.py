@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from topologies.errors import SpecError
+from common.errors import SpecError
 from testbed.spec import from_dict
 from traffic.collectives.ring import compressions_per_element, ring_allreduce, ring_blocks
 from traffic.compression import CODECS, Identity, Quantization, Truncation, make_codec
@@ -35,7 +35,7 @@ from traffic.data import GlobalBatches, load_dataset
 from traffic.models import build_model
 from traffic.reference import reference_train
 from traffic.runtime.events import read_events
-from testbed.local import free_port, run_local
+from testbed.loopback import free_port, run_local
 from traffic.runtime.trainer import make_optimizer
 from traffic import schemes
 from traffic.schemes.pipe_sgd import Compression, grad_iteration
@@ -282,7 +282,7 @@ def test_emulated_compute_overlaps_and_compresses(tmp_path):
 
 
 def test_timing_model_equations():
-    from analysis.models.pipe_sgd import (Network, beta_from_mbps, iteration_model, pipe_ideal_total_s,
+    from analysis.paper_models.pipe_sgd import (Network, beta_from_mbps, iteration_model, pipe_ideal_total_s,
                                           pipe_pipelined_total_s, pipe_sequential_total_s, pipe_total_s,
                                           ring_allreduce_s, ring_codec_s, scaling_efficiency, sync_total_s)
     beta = beta_from_mbps(10_000)

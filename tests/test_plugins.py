@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from testbed.local import run_local
+from testbed.loopback import run_local
 from testbed.spec import from_dict
-from topologies.errors import SpecError
+from common.errors import SpecError
 from traffic import schemes
 from traffic.rundir import read_json
 from traffic.runtime.events import read_events

@@ -9,14 +9,14 @@ import pytest
 import torch
 from torch import nn
 
-import traffic.profiles.profile as profiles  # where DATA_DIR is read
+import traffic.compute_profiles.profile as profiles  # where DATA_DIR is read
 from testbed.cli import main as cli_main
-from topologies.errors import TestbedError
+from common.errors import TestbedError
 from traffic.models import LayeredModel, available_models
-from traffic.profiles import (Profile, available_profiles, flops_per_layer, layer_flops, load_profile,
+from traffic.compute_profiles import (Profile, available_profiles, flops_per_layer, layer_flops, load_profile,
                               measure_profile, split_published)
-from traffic.profiles.generate import PUBLISHED
-from traffic.profiles.measure import time_layers
+from traffic.compute_profiles.generate import PUBLISHED
+from traffic.compute_profiles.measure import time_layers
 
 
 def _tiny_cnn() -> LayeredModel:

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from testbed import launch
-from testbed.local import run_local
+from testbed.loopback import run_local
 from testbed.runner import plan_point
 from testbed.spec import from_dict, load_spec
-from topologies.errors import SpecError
+from common.errors import SpecError
 from traffic.runtime.events import read_events
 from traffic.schemes.program import torchrun_env
 
@@ -116,6 +116,6 @@ def test_a_crashing_program_fails_the_run_with_its_log(tmp_path):
                                      "sys.exit(3 if os.environ['RANK'] == '1' else 0)\n")
     exp = from_dict({"topology": {"kind": "rack", "hosts_per_rack": 2},
                      "workload": {"program": {"command": ["python", "bad.py"], "cwd": str(tmp_path)}}})
-    from topologies.errors import RunFailed
+    from common.errors import RunFailed
     with pytest.raises(RunFailed, match="about to fail"):
         run_local(exp, tmp_path / "run", timeout_s=60)

@@ -22,15 +22,15 @@ import time
 import pytest
 import torch
 
-from testbed.local import run_local
+from testbed.loopback import run_local
 from testbed.spec import from_dict
 from tests.conftest import assert_server_shards_match, experiment
-from topologies.errors import SpecError
-from traffic.host import HostModel
+from common.errors import SpecError
+from traffic.hostmodel import HostModel
 from traffic.reference import reference_train
 from traffic.rundir import read_json
 from traffic.runtime.events import read_events
-from traffic.runtime.hostcost import HostCosts
+from traffic.hostmodel.costs import HostCosts
 from traffic.schemes import get
 from traffic.schemes.ps import assign_keys
 from traffic.schemes.ps_pull_request import (NOTIFY_TAG, PULL_REQUEST_TAG, NotifiedPuller, RequestResponder)

@@ -25,7 +25,7 @@ import yaml
 
 from analysis import ibatch_report, p3_report, phub_report, pipe_sgd_report, stanza_report
 from analysis import report as skeleton
-from analysis.models.phub import hierarchical_pays
+from analysis.paper_models.phub import hierarchical_pays
 from testbed.cli import main as cli_main
 from traffic import rundir
 from tests.markdown import tables as _tables

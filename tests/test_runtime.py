@@ -13,7 +13,7 @@ import psutil
 import pytest
 import torch
 
-from topologies.errors import RunFailed
+from common.errors import RunFailed
 from testbed.launch import write_processes
 from traffic.runtime.__main__ import run_process
 from testbed.spec import dump_spec, from_dict, with_scale
@@ -22,7 +22,7 @@ from traffic.models import LayeredModel, available_models, build_model
 from traffic.runtime.comm import CommThread, PriorityCommThread
 from traffic.runtime.context import parse_crash_at
 from traffic.runtime.events import EventLog, read_events
-from testbed.local import run_local
+from testbed.loopback import run_local
 
 REQUIRED = {"proc", "role", "rank", "thread", "kind", "ts", "dur", "iteration", "layer"}
 

@@ -22,18 +22,18 @@ from analysis import metrics, plots, timeline
 from testbed import cgroups
 from testbed.capture.pcap import topo_links
 from testbed.ledger import Ledger, lock_holder
-from testbed.local import run_local
-from testbed.schedule import SCHEDULE_FILE, Schedule, check, resolve_link
+from testbed.loopback import run_local
+from testbed.event_applier import SCHEDULE_FILE, Schedule, check, resolve_link
 from testbed.spec import dump_spec, from_dict
 from topologies import build_topo, hosts_of
-from topologies.errors import SpecError
-from topologies.validation import load_yaml
+from common.errors import SpecError
+from common.validation import load_yaml
 from traffic import schemes
 from traffic.runtime.emulation import EmulatedCompute
 from traffic.runtime.events import EventLog, read_events
-from traffic.runtime.hostcost import HostCosts
+from traffic.hostmodel.costs import HostCosts
 from traffic.models import build_model
-from traffic.scheduled import ComputeSlowdown, parse_events
+from traffic.event_spec import ComputeSlowdown, parse_events
 
 RACK_CORE = {"kind": "rack_core", "racks": 2, "hosts_per_rack": 2, "host_bw_mbps": 100, "oversubscription": 2}
 
@@ -188,12 +188,12 @@ def test_check_refuses_a_slowdown_where_nothing_computes_and_a_rate_beyond_shapi
 
 def test_check_refuses_a_real_compute_straggler_without_the_cpu_cgroup_controller(monkeypatch, tmp_path):
     events = [{"at_iteration": 3, "host": "h2", "compute_slowdown": 2}]
-    monkeypatch.setattr("testbed.schedule.cpu_controller", lambda: None)
+    monkeypatch.setattr("testbed.event_applier.cpu_controller", lambda: None)
     err = check_error(events)  # compute.mode real (the default)
     assert err.field == "events[0].compute_slowdown" and "the cpu cgroup controller" in err.allowed
     exp = from_dict(spec(events, workload={"scheme": "allreduce", "iterations": 20, "compute": {"mode": "emulated"}}))
     check(exp.events, *planned(exp), compute_mode="emulated")  # emulated: the runtime applies it
-    monkeypatch.setattr("testbed.schedule.cpu_controller", lambda: cgroups.CpuController(1, tmp_path))
+    monkeypatch.setattr("testbed.event_applier.cpu_controller", lambda: cgroups.CpuController(1, tmp_path))
     check(from_dict(spec(events)).events, *planned(from_dict(spec(events))), compute_mode="real")
 
 
@@ -363,9 +363,9 @@ def test_a_real_compute_straggler_throttles_the_hosts_processes_in_a_cgroup(tmp_
             calls.append(("remove",))
             return True
 
-    monkeypatch.setattr("testbed.schedule.cpu_controller", lambda: cgroups.CpuController(1, Path("/cg")))
-    monkeypatch.setattr("testbed.schedule.CpuThrottle", Throttle)
-    monkeypatch.setattr("testbed.schedule.netns_pids", lambda pid: [pid, pid * 10])
+    monkeypatch.setattr("testbed.event_applier.cpu_controller", lambda: cgroups.CpuController(1, Path("/cg")))
+    monkeypatch.setattr("testbed.event_applier.CpuThrottle", Throttle)
+    monkeypatch.setattr("testbed.event_applier.netns_pids", lambda pid: [pid, pid * 10])
     made = []
     s, _, _ = new_schedule(tmp_path, [{"at_iteration": 0, "host": "h2", "compute_slowdown": 2},
                                       {"at_iteration": 5, "host": "h2", "compute_slowdown": 1}],

@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from topologies.errors import SpecError
+from common.errors import SpecError
 from testbed.spec import from_dict
 from traffic.reference import reference_train
 from traffic.runtime.events import read_events
-from testbed.local import local_entries, run_local
+from testbed.loopback import local_entries, run_local
 from topologies import HostInfo, TopologySpec
 from traffic.schemes import available, get
 from traffic.schemes.allreduce import make_buckets

@@ -2,7 +2,7 @@
 import pytest
 import yaml
 
-from topologies.errors import SpecError
+from common.errors import SpecError
 from testbed.spec import expand_sweep, from_dict, load_spec, parse_override
 
 
@@ -237,7 +237,7 @@ def test_a_spec_file_name_that_is_not_safe_becomes_the_name_made_safe(tmp_path):
 
 @pytest.mark.parametrize("run_id", ["../../etc/evil", "/abs", "a/b", "..", ".", "", "x\x00"])
 def test_a_run_directory_is_never_made_outside_the_runs_directory(tmp_path, run_id):
-    from topologies.errors import TestbedError
+    from common.errors import TestbedError
     from traffic import rundir
     runs = tmp_path / "deep" / "runs"
     with pytest.raises(TestbedError, match="runs directory"):
@@ -246,7 +246,7 @@ def test_a_run_directory_is_never_made_outside_the_runs_directory(tmp_path, run_
 
 
 def test_a_symlink_in_the_runs_directory_cannot_lead_a_run_outside(tmp_path):
-    from topologies.errors import TestbedError
+    from common.errors import TestbedError
     from traffic import rundir
     runs, outside = tmp_path / "runs", tmp_path / "outside"
     runs.mkdir()

@@ -22,15 +22,15 @@ import math
 import pytest
 import torch
 
-from analysis.models import stanza as model
+from analysis.paper_models import stanza as model
 from analysis.stanza_report import run_figures
-from topologies.errors import SpecError
+from common.errors import SpecError
 from testbed.spec import from_dict
 from traffic.collectives.recursive_doubling import rounds, schedule, sums
 from traffic.reference import reference_accuracy, reference_train
 from traffic.rundir import read_json
 from traffic.runtime.events import read_events
-from testbed.local import local_entries, run_local
+from testbed.loopback import local_entries, run_local
 from topologies.hosts import HostInfo
 from traffic import schemes
 from traffic.schemes.stanza import assignment, checkpoint_holder, fc_groups, fc_of, split_shape
@@ -115,7 +115,7 @@ def test_node_assignment_returns_the_maximizer_of_eq4():
 
 
 def test_constants_from_the_zoo_and_a_profile():
-    from traffic.profiles import load_profile
+    from traffic.compute_profiles import load_profile
     c = model.Constants.from_profile("alexnet", load_profile("v100", "alexnet", 32))
     assert c.A == 9216 and c.K == 32                                       # Stanza §3.2: 9,216 per sample
     assert c.P == 61_100_840 and c.P_c == 2_469_696                        # Table 2: 2.47E+06 CONV
@@ -186,7 +186,7 @@ def test_auto_assignment_uses_the_search():
                                 "options": {"fc_workers": "auto", "nodes": 11, "bw_gbps": 10}}}).workload
     hosts = [HostInfo(f"h{i + 1}", 0) for i in range(12)]
     plan = schemes.get("stanza").plan(w, hosts)
-    from traffic.profiles import load_profile
+    from traffic.compute_profiles import load_profile
     best = model.node_assignment(model.Constants.from_profile("alexnet", load_profile("v100", "alexnet", 32)),
                                  11, 10e9)
     assert sum(p.role == "worker" for p in plan) == best.n_c

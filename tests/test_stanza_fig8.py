@@ -16,10 +16,10 @@ import pytest
 
 from analysis import report as skeleton
 from analysis import stanza_report
-from analysis.models import stanza as sm
+from analysis.paper_models import stanza as sm
 from testbed.cli import main as cli_main
-from topologies.errors import TestbedError
-from traffic.profiles import load_profile
+from common.errors import TestbedError
+from traffic.compute_profiles import load_profile
 from tests.markdown import tables as _tables
 
 ALEXNET = stanza_report.FIG8_PROFILES["alexnet"]  # experiments/stanza_profiles/alexnet-v100-b128.json

@@ -5,9 +5,9 @@ from typing import Literal, Optional
 
 from pydantic import Field, field_validator, model_validator
 
-from topologies.errors import FieldError
+from common.errors import FieldError
 from topologies.hosts import uplink_mbps
-from topologies.validation import SpecModel
+from common.validation import SpecModel
 
 
 #: the most hosts (worker, background and scheme-requested) a spec may ask for, and the most

@@ -26,7 +26,7 @@ import sys
 
 import torch
 
-from topologies.errors import SpecError
+from common.errors import SpecError
 
 __all__ = ["Codec", "Identity", "Truncation", "Quantization", "CODECS", "make_codec"]
 

@@ -34,7 +34,7 @@ cpu_starved, run_dir``)::
                          params are also put in events/, results/, params/ (event ``ts``
                          corrected by the clock offset) and its traces merged into traces/
 
-A loopback run (:mod:`testbed.local`) writes only spec.yaml, processes.json,
+A loopback run (:mod:`testbed.loopback`) writes only spec.yaml, processes.json,
 events/, results/, params/ and logs/. Times are unix seconds (``time.time()``), durations
 seconds of wall clock, unless a name says otherwise.
 
@@ -74,14 +74,14 @@ seconds of wall clock, unless a name says otherwise.
     ``all_gather``/``barrier`` or a scheme's names (``push``, ``pull`` ...), ``update``,
     ``finish``, ``eval`` (worker 0, every ``workload.eval_every`` iterations if > 0 and once
     at the end with ``final`` true: ``accuracy`` in [0, 1], ``loss``, ``samples``),
-    ``host_<kind>`` (one charged host cost, :mod:`traffic.runtime.hostcost`: ``emulated_s``,
+    ``host_<kind>`` (one charged host cost, :mod:`traffic.hostmodel.costs`: ``emulated_s``,
     ``real_s``, ``overrun``). A span that raised has ``error`` (the exception type).
 
 ``results/<proc>.json`` (:mod:`traffic.runtime`)
     ``proc, role, rank, final_accuracy, final_loss`` (worker 0; null elsewhere),
     ``iterations, wall_s, startup_s, bytes_sent, bytes_received`` (point-to-point payload),
     ``bytes_reduced`` (collective payload), ``train_loss``, ``host_costs`` (per kind of host
-    cost, :meth:`traffic.runtime.hostcost.HostCosts.summary`: ``count, modelled, emulated_s,
+    cost, :meth:`traffic.hostmodel.costs.HostCosts.summary`: ``count, modelled, emulated_s,
     budget_s, real_s, overruns, overrun_s, overrun_fraction``), plus any scheme fields.
 
 ``traces/bwm-ng.csv`` (:mod:`testbed.capture`)
@@ -121,7 +121,7 @@ seconds of wall clock, unless a name says otherwise.
     (busy % of one core used by the process and its descendants, above 100 for more than a
     core), including ``bwm-ng`` and ``harness`` (the harness process, which runs the samplers).
 
-``schedule.jsonl`` (:class:`testbed.schedule.Schedule`, when the spec has ``events``)
+``schedule.jsonl`` (:class:`testbed.event_applier.Schedule`, when the spec has ``events``)
     One JSON object per event, in the order applied: ``index`` (in the spec), ``kind``
     (``link_rate``, ``link_down``, ``link_up``, ``compute_slowdown``, ``kill``), ``target``,
     its trigger (``at_s`` or ``at_iteration``), ``applied``, ``ts`` (unix s when applied; null
@@ -186,8 +186,8 @@ from pathlib import Path
 
 import yaml
 
-from topologies.errors import TestbedError
-from topologies.validation import load_yaml
+from common.errors import TestbedError
+from common.validation import load_yaml
 
 SUBDIRS = ("events", "results", "params", "logs", "traces")
 
@@ -221,7 +221,7 @@ def create(parent: str | Path, run_id: str, exclusive_id: bool = True, subdirs=S
     If ``exclusive_id`` is false and the name is taken, ``-2``, ``-3`` ... is appended.
     ``run_id`` must be one directory name: the run directory is always directly inside
     ``parent`` (checked after resolving symbolic links too). Spec names are checked earlier
-    (:func:`topologies.validation.safe_name`); this is the second guard.
+    (:func:`common.validation.safe_name`); this is the second guard.
 
     Raises:
         TestbedError: the directory exists and ``exclusive_id`` is true; ``run_id`` is not one

@@ -12,12 +12,12 @@ from typing import Any, Literal, Optional
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from topologies.errors import FieldError, SpecError, TestbedError
-from topologies.validation import SpecModel
+from common.errors import FieldError, SpecError, TestbedError
+from common.validation import SpecModel
 from traffic import schemes
 from traffic.data import available_datasets
 from traffic.models import available_models
-from traffic.profiles import load_profile
+from traffic.compute_profiles import load_profile
 
 #: the scheme name of a researcher's own program (``workload.program``)
 PROGRAM_SCHEME = "program"
@@ -147,7 +147,7 @@ class ComputeSpec(SpecModel):
     profile: str = "zero"
     """``zero`` (infinitely fast compute: communication only, like PHub's
     ZeroComputeEngine, phub.txt Section 4.4), a device with a profile for (model, batch) in
-    ``traffic/profiles/data/`` (e.g. ``gtx1080ti``), or the path of a profile JSON file
+    ``traffic/compute_profiles/data/`` (e.g. ``gtx1080ti``), or the path of a profile JSON file
     (``testbed profile`` writes one)."""
 
 

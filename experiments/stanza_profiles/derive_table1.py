@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from traffic.profiles.profile import Profile, load_profile
+from traffic.compute_profiles.profile import Profile, load_profile
 
 HERE = Path(__file__).resolve().parent
 

@@ -59,7 +59,7 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from topologies.errors import TestbedError
+from common.errors import TestbedError
 from testbed.capture.bwmng import BwmNgRecorder, bwm_ng_command, find_bwm_ng
 from testbed.capture.cpu import CPU_FIELDS, CpuSampler
 from testbed.capture.endpoints import ENDPOINT_FIELDS, EndpointSampler

@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Callable
 
 from testbed.interrupts import deferred_signals
-from topologies.errors import MissingRequirement, TestbedError
+from common.errors import MissingRequirement, TestbedError
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from typing import Callable
 
 import psutil
 
-from topologies.errors import TestbedError
+from common.errors import TestbedError
 
 CPU_FIELDS = ["time", "kind", "id", "busy_pct"]
 

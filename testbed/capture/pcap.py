@@ -35,7 +35,7 @@ from mininet.util import natural
 
 from testbed.interrupts import deferred_signals
 from testbed.spec import PcapSpec
-from topologies.errors import FieldError, MissingRequirement, SpecError
+from common.errors import FieldError, MissingRequirement, SpecError
 
 __all__ = ["PcapRecorder", "resolve_ports", "topo_links", "find_tcpdump", "tcpdump_command"]
 

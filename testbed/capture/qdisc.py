@@ -23,7 +23,7 @@ import asyncio
 from pyroute2 import AsyncIPRoute
 from pyroute2.netlink.rtnl import TC_H_ROOT
 
-from topologies.errors import TestbedError
+from common.errors import TestbedError
 
 QDISC_FIELDS = ["time", "iface", "qdisc", "backlog_bytes", "backlog_packets", "drops", "overlimits",
                 "sent_bytes", "sent_packets"]

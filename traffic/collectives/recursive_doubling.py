@@ -35,7 +35,7 @@ from typing import Sequence
 
 import torch
 
-from traffic.runtime.hostcost import HostCosts
+from traffic.hostmodel.costs import HostCosts
 from traffic.runtime.transport import Transport
 
 __all__ = ["rounds", "schedule", "sums", "allreduce"]

@@ -45,7 +45,7 @@ from typing import Sequence
 import torch
 
 from traffic.compression import Codec, Identity
-from traffic.runtime.hostcost import HostCosts
+from traffic.hostmodel.costs import HostCosts
 from traffic.runtime.transport import Transport
 
 __all__ = ["RingStats", "ring_allreduce", "compressions_per_element", "ring_blocks"]

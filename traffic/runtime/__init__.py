@@ -11,5 +11,5 @@ Modules:
     trainer    Trainer: the standard loop with the scheme hooks; evaluate; make_optimizer
 
 The loopback runner that starts every process of a run without Mininet is harness code:
-:mod:`testbed.local`. This package's ``__init__`` imports nothing heavy.
+:mod:`testbed.loopback`. This package's ``__init__`` imports nothing heavy.
 """

@@ -32,19 +32,19 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from topologies.spec import TopologySpec  # noqa: E402
-from topologies.validation import load_yaml, validate  # noqa: E402
+from common.validation import load_yaml, validate  # noqa: E402
 from traffic import schemes  # noqa: E402
 from traffic.data import GlobalBatches, load_dataset  # noqa: E402
 from traffic.models import build_model  # noqa: E402
-from traffic.host import HostSpec  # noqa: E402
-from traffic.profiles import load_profile  # noqa: E402
+from traffic.hostmodel import HostSpec  # noqa: E402
+from traffic.compute_profiles import load_profile  # noqa: E402
 from traffic.rundir import read_json, write_json  # noqa: E402
 from traffic.runtime.comm import CommThread  # noqa: E402
 from traffic.runtime.context import Context, InjectedCrash  # noqa: E402
 from traffic.runtime.events import EventLog  # noqa: E402
-from traffic.runtime.hostcost import HostCosts  # noqa: E402
+from traffic.hostmodel.costs import HostCosts  # noqa: E402
 from traffic.runtime.transport import Transport  # noqa: E402
-from traffic.scheduled import ComputeSlowdown, parse_events  # noqa: E402
+from traffic.event_spec import ComputeSlowdown, parse_events  # noqa: E402
 from traffic.spec import WorkloadSpec  # noqa: E402
 
 SECONDARY_FAILURE_DELAY_S = 1.5
@@ -64,7 +64,7 @@ def run_process(run_dir: str | Path, name: str) -> int:
 
     Reads the sections of ``spec.yaml`` this package owns (``workload``, ``host``,
     ``topology``, ``scale``, ``events``: the ``compute_slowdown`` events of this process's
-    host make it a straggler in emulated compute, :class:`traffic.scheduled.ComputeSlowdown`)
+    host make it a straggler in emulated compute, :class:`traffic.event_spec.ComputeSlowdown`)
     and ``processes.json`` (which gives the run's ``timeout_s``). Does not call
     ``os._exit`` (:func:`main` does).
     """
@@ -109,7 +109,7 @@ def run_process(run_dir: str | Path, name: str) -> int:
             batches = GlobalBatches(data, w.batch_size, max(n_workers, 1), w.seed)
         costs = HostCosts(host, scale, events)  # one accountant: the scheme's and the transport's messages
         slowdown = None
-        if w.compute.mode == "emulated":  # real compute: the harness throttles the host (testbed.schedule)
+        if w.compute.mode == "emulated":  # real compute: the harness throttles the host (testbed.event_applier)
             slowdown = ComputeSlowdown.for_host(parse_events(spec.get("events")), entry.get("host"), scale,
                                                 w.warmup_iterations, log=events)
             if slowdown is not None:

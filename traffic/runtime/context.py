@@ -11,7 +11,7 @@ from traffic.data import Dataset, GlobalBatches
 from traffic.models import LayeredModel
 from traffic.runtime.comm import CommThread
 from traffic.runtime.events import EventLog
-from traffic.runtime.hostcost import HostCosts
+from traffic.hostmodel.costs import HostCosts
 from traffic.runtime.transport import Transport
 from traffic.spec import WorkloadSpec
 
@@ -60,18 +60,18 @@ class Context:
             process at start).
         data: the dataset; ``batches``: the global batches and shards of this run
             (``workers`` = number of worker processes). Both None in emulated compute.
-        profile: the compute profile (``traffic.profiles.Profile``) in emulated compute,
+        profile: the compute profile (``traffic.compute_profiles.Profile``) in emulated compute,
             else None.
         transport: logged torch.distributed communication; ``events``: the event log;
             ``comm``: the background communication thread (FIFO, started on first use; a
             scheme that needs another order may replace it in ``setup``, e.g. with a
             ``PriorityCommThread``; the runtime closes whatever ``ctx.comm`` is at the end).
-        costs: the host-cost accountant (:mod:`traffic.runtime.hostcost`): every
+        costs: the host-cost accountant (:mod:`traffic.hostmodel.costs`): every
             non-network operation (aggregation, optimizer, codec, per-message and per-request
             work, emulated compute) is charged through it at the spec's ``host`` rates.
         results: extra fields for ``results/<proc>.json`` (the trainer sets
             ``final_accuracy``, ``final_loss``; a scheme may add its own).
-        slowdown: this host's straggler schedule (:class:`traffic.scheduled.ComputeSlowdown`,
+        slowdown: this host's straggler schedule (:class:`traffic.event_spec.ComputeSlowdown`,
             from the spec's ``events``) or None; :meth:`maybe_crash` tells it where each
             iteration starts, and ``costs`` takes its factor.
     """

@@ -6,10 +6,10 @@ scale`` where the backward would, then hands the scheme real gradient tensors of
 true sizes. The scheme's hooks fire at exactly the points they fire in real compute, so a
 scheme's code is the same in both modes.
 
-Compute is one kind (``compute``) of the host costs (:mod:`traffic.runtime.hostcost`): each
+Compute is one kind (``compute``) of the host costs (:mod:`traffic.hostmodel.costs`): each
 layer is charged its profiled time, dilated by the accountant's ``scale``, times the
-accountant's :meth:`~traffic.runtime.hostcost.HostCosts.compute_factor` (1, or a straggler's
-slowdown from the spec's ``events``: :class:`traffic.scheduled.ComputeSlowdown`). Sleeping is
+accountant's :meth:`~traffic.hostmodel.costs.HostCosts.compute_factor` (1, or a straggler's
+slowdown from the spec's ``events``: :class:`traffic.event_spec.ComputeSlowdown`). Sleeping is
 precise on average without burning CPU: :class:`PreciseSleeper` carries each sleep's
 overshoot (``time.sleep`` wakes up tens of microseconds late) into the next request, so over
 an iteration the slept total tracks the requested total.
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from traffic.runtime.hostcost import HostCosts, PreciseSleeper
+from traffic.hostmodel.costs import HostCosts, PreciseSleeper
 
 __all__ = ["PreciseSleeper", "EmulatedCompute"]
 

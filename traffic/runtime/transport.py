@@ -14,7 +14,7 @@ other end's rank, point-to-point only), ``dir`` (``tx``/``rx``, point-to-point o
 ``layer``, ``key`` ...). A blocking call's event spans the call; an asynchronous one's spans
 from posting to the return of :meth:`Pending.wait` -- call ``wait`` to get the event.
 
-Host costs: with a :class:`~traffic.runtime.hostcost.HostCosts` whose model states a
+Host costs: with a :class:`~traffic.hostmodel.costs.HostCosts` whose model states a
 per-message software overhead (``host.message_overhead_us``; the issue 14 text: "software
 cost per message sent and per message received"), every point-to-point message is charged
 one ``message`` cost (``nbytes`` = its payload) on each end: the sender pays before the
@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from traffic.runtime.events import EventLog, thread_name
-from traffic.runtime.hostcost import HostCosts
+from traffic.hostmodel.costs import HostCosts
 
 __all__ = ["Transport", "Pending", "nbytes"]
 

@@ -19,7 +19,7 @@ import importlib
 import importlib.metadata
 import pkgutil
 
-from topologies.errors import TestbedError
+from common.errors import TestbedError
 from topologies.hosts import HostInfo, HostRequest
 from traffic.schemes.base import ProcessPlan, Scheme, SchemeOptions
 

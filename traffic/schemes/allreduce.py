@@ -19,7 +19,7 @@ only a block of the entire gradient vector to its neighbor and performs the sum 
 the received block", and Eq. (5), the Ring-AllReduce model of Thakur et al. [47], whose
 summation term is ``(p-1)/p · n · γ`` with "γ the byte sum reduction time". After each
 bucket's all_reduce returns, that many bytes are charged as host cost ``aggregate``
-(:mod:`traffic.runtime.hostcost`); the block of the charge is the averaging division ``/= W``
+(:mod:`traffic.hostmodel.costs`); the block of the charge is the averaging division ``/= W``
 (the only reduction work done in Python, counted in the same charge). The real summation
 already took place, and its real time was counted, inside the collective (gloo adds while it
 communicates), so the emulated iteration holds the summation twice: this machine's real adds

@@ -41,9 +41,9 @@ import functools
 import sys
 from typing import ClassVar, Sequence
 
-from topologies.errors import SpecError
+from common.errors import SpecError
 from topologies.hosts import HostInfo, HostRequest
-from topologies.validation import SpecModel, validate
+from common.validation import SpecModel, validate
 from traffic.models import build_model
 from traffic.runtime.trainer import Trainer
 

@@ -78,7 +78,7 @@ from typing import Iterator, Sequence
 import torch
 from pydantic import Field
 
-from topologies.errors import SpecError
+from common.errors import SpecError
 from topologies.hosts import HostInfo, HostRequest
 from traffic.runtime.transport import Pending
 from traffic.runtime.trainer import make_optimizer
@@ -480,7 +480,7 @@ class ParameterServer(Scheme):
                 s = self.mine[i]
                 nbytes = s.numel * ELEMENT_BYTES
                 with ev.span("update", **self._fields(it, s)):
-                    # host costs (traffic.host): summing W copies, then the optimizer on the shard
+                    # host costs (traffic.hostmodel): summing W copies, then the optimizer on the shard
                     with ctx.costs.charge("aggregate", nbytes=W * nbytes, iteration=it, shard=s.id):
                         g = bufs[i][0]  # summed in place: the buffers are refilled only next round
                         for b in bufs[i][1:]:

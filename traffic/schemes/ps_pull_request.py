@@ -63,7 +63,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from traffic.runtime.hostcost import HostCosts
+from traffic.hostmodel.costs import HostCosts
 from traffic.runtime.transport import Pending, Transport
 
 __all__ = ["NOTIFY_TAG", "PULL_REQUEST_TAG", "NOTIFY_KIND", "REQUEST_KIND", "CONTROL_BYTES", "NotifiedPuller",

@@ -44,7 +44,7 @@ has one thread per worker (``serve<j>``) answering that worker's requests of ite
 ``it + 1`` until it has pulled every shard of the server once; a shard is sent once its
 update of the round is done.
 
-Host cost (``host.request_startup_ms``, :class:`~traffic.runtime.hostcost.HostCosts` kind
+Host cost (``host.request_startup_ms``, :class:`~traffic.hostmodel.costs.HostCosts` kind
 ``request_startup``): a server pays it once per ``pull`` request and once per ``probe``,
 after receiving the request and before answering it (the lookup of the requested shards is
 the real work inside it). This is the paper's ``T_s``: "The time in each communication
@@ -83,7 +83,7 @@ Events (worker): ``sync`` and ``probe`` (spans on thread ``pull``, ``servers``),
 Results: ``pull``, ``batch_ends``, ``ibatch_profile`` (this worker's measured profile).
 
 Timing model and algorithms: :mod:`traffic.schemes.ibatch.batching` (eqs. (1)-(5), Algorithms 1-2),
-which :mod:`analysis.models.ibatch` re-exports for the analysis.
+which :mod:`analysis.paper_models.ibatch` re-exports for the analysis.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """iBatch's model of the pull-plus-forward phase and its batching algorithms (what the
-``ibatch`` scheme runs to choose its batches; :mod:`analysis.models.ibatch` re-exports them).
+``ibatch`` scheme runs to choose its batches; :mod:`analysis.paper_models.ibatch` re-exports them).
 
 iBatch (Wang, Pi, Zhou, AAAI 2019, ``papers/ibatch.txt``, "iBatch Design and
 Implementation") pulls a model's parameters from the parameter servers in *batches* of

@@ -74,7 +74,7 @@ its ToR (``workload.servers.interfaces``); the PBox runs one server process per 
   (:mod:`~traffic.schemes.phub.update`), so that their real time stays within the chunks'
   budgets at 32 KB.
 
-**Host costs** (:mod:`traffic.runtime.hostcost`, rates from the spec's ``host:``; spans one
+**Host costs** (:mod:`traffic.hostmodel.costs`, rates from the spec's ``host:``; spans one
 per frame, :mod:`~traffic.schemes.phub.charges`): on a server, every chunk copy added as it
 arrives is charged ``aggregate`` (the chunk's bytes; Sec. 3.2.2: "Aggregation is simply
 vector addition"), every chunk's optimizer step ``optimizer`` (the chunk's bytes; Sec.
@@ -84,7 +84,7 @@ additional aggregation"). Every chunk message sent or received, on workers and s
 charged ``message`` (the per-message software overhead, when the host model states one):
 frames are sent with ``message=False`` and their chunks charged one by one.
 
-**Measured cost of a message** (``testbed.local`` on loopback, this 2-core machine: 4
+**Measured cost of a message** (``testbed.loopback`` on loopback, this 2-core machine: 4
 workers, a PBox of 2 interfaces with 1 thread each, 32 KB chunks, emulated zero compute,
 no host model, 30 iterations; the PBox's CPU time while serving, ``serve_cpu_s``, all
 threads including gloo's, per chunk and iteration, i.e. 4 pushes received and summed, one
@@ -146,7 +146,7 @@ from typing import Literal, Optional, Union
 import torch
 from pydantic import Field, field_validator
 
-from topologies.errors import SpecError
+from common.errors import SpecError
 from topologies.hosts import HostInfo
 from traffic.data import GlobalBatches
 from traffic.runtime.transport import Pending

@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from traffic.runtime.hostcost import HostCosts
+from traffic.hostmodel.costs import HostCosts
 from traffic.runtime.transport import Pending
 from traffic.schemes.phub.charges import ChargeBatch, charge_messages
 from traffic.schemes.phub.chunks import ELEMENT_BYTES

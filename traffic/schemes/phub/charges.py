@@ -4,7 +4,7 @@ PHub works chunk by chunk (phub.txt Sec. 3.2.2: the thread that owns a chunk add
 worker's copy as it arrives, and "the thread that aggregates a particular chunk also
 optimizes that chunk"; Sec. 3.2.4: every message of a chunk is sent and received on its
 core). So every such operation is charged as one operation of the accountant
-(:meth:`traffic.runtime.hostcost.HostCosts.charge`): the counts, budgets and overruns of
+(:meth:`traffic.hostmodel.costs.HostCosts.charge`): the counts, budgets and overruns of
 ``results/<proc>.json`` ``host_costs`` are per logical chunk.
 
 The *real* work of a frame's chunks is done at once where the result is the same (one
@@ -25,7 +25,7 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
-from traffic.runtime.hostcost import HostCosts
+from traffic.hostmodel.costs import HostCosts
 
 __all__ = ["ChargeBatch", "charges_messages", "charge_messages"]
 
@@ -43,7 +43,7 @@ class ChargeBatch:
 
     Args:
         costs: the process's accountant; None: the blocks just run, nothing is charged.
-        kind: a rate-based kind of :meth:`traffic.host.HostModel.cost_s` (``message``,
+        kind: a rate-based kind of :meth:`traffic.hostmodel.HostModel.cost_s` (``message``,
             ``aggregate``, ``optimizer`` ...).
         fields: extra event fields (``iteration``, ``frame`` ...).
     """
@@ -61,7 +61,7 @@ class ChargeBatch:
     @contextmanager
     def charge(self, nbytes: int, ops: int = 1) -> Iterator[None]:
         """Run the block (the real work of ``ops`` chunks, ``nbytes`` bytes in all) as ``ops``
-        charged operations (:meth:`~traffic.runtime.hostcost.HostCosts.charge`'s ``ops``).
+        charged operations (:meth:`~traffic.hostmodel.costs.HostCosts.charge`'s ``ops``).
 
         Raises:
             ValueError: an unknown kind (or ``compute``, which has no rate); ``ops`` < 1.

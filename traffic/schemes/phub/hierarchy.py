@@ -31,7 +31,7 @@ from typing import Sequence
 import torch
 
 from traffic.collectives.ring import RingStats, ring_allreduce
-from traffic.runtime.hostcost import HostCosts
+from traffic.hostmodel.costs import HostCosts
 from traffic.schemes.phub.charges import charge_messages, charges_messages
 
 __all__ = ["RING_TAG", "inter_rack_cost", "HierarchicalTerms", "hierarchical_terms", "hierarchical_pays",

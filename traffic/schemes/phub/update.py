@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from traffic.runtime.hostcost import HostCosts
+from traffic.hostmodel.costs import HostCosts
 from traffic.schemes.phub.charges import ChargeBatch
 from traffic.schemes.phub.chunks import ELEMENT_BYTES
 from traffic.schemes.phub.frames import Frame

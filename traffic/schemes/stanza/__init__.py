@@ -51,7 +51,7 @@ size: activations and their gradients ``(K, *split_shape)``, labels ``(K,)``, gr
 every CONV (FC) parameter. CONV workers keep no FC parameters and FC workers no CONV
 parameters in that mode (their layers are moved to the meta device), as in the paper.
 
-Host costs (:mod:`traffic.runtime.hostcost`, rates from the ``host:`` section):
+Host costs (:mod:`traffic.hostmodel.costs`, rates from the ``host:`` section):
 
 * FC compute (``compute``): in emulated compute the FC worker's forward and backward of each
   FC layer are charged their profiled times ``x g`` through
@@ -123,10 +123,10 @@ from typing import Literal, Sequence, Union
 import torch
 from pydantic import Field, field_validator
 
-from topologies.errors import SpecError, TestbedError
+from common.errors import SpecError, TestbedError
 from traffic.collectives import recursive_doubling
 from traffic.models import LayeredModel, build_model, model_info
-from traffic.profiles import load_profile
+from traffic.compute_profiles import load_profile
 from traffic.runtime.emulation import EmulatedCompute
 from traffic.runtime.trainer import Trainer, make_optimizer
 from traffic.schemes import register

@@ -1,5 +1,5 @@
 """Stanza's performance model of layer separation (stanza.txt §4.2) and its node assignment
-(eq. 5): what the ``stanza`` scheme runs for ``fc_workers: auto``; :mod:`analysis.models.stanza`
+(eq. 5): what the ``stanza`` scheme runs for ``fc_workers: auto``; :mod:`analysis.paper_models.stanza`
 re-exports it and adds the parameter server's model (eqs. (6), (7)).
 
 Notation (Stanza Table 3); counts are numbers of values (float32: 4 bytes each), times
@@ -30,7 +30,7 @@ Equations (numbered as in the paper):
 
 :meth:`Constants.from_profile` reads the constants off a model of the zoo
 (:mod:`traffic.models`, its ``split_index``; ``A`` from :func:`split_shape`) and a compute
-profile (:mod:`traffic.profiles`); :func:`node_assignment` is the search of eq. (5), over
+profile (:mod:`traffic.compute_profiles`); :func:`node_assignment` is the search of eq. (5), over
 :func:`best_split`.
 """
 from __future__ import annotations
@@ -131,8 +131,8 @@ class Constants:
     def from_profile(cls, model: str, profile) -> "Constants":
         """Constants of zoo model ``model`` with the per-layer times of ``profile``.
 
-        ``profile`` is a :class:`traffic.profiles.Profile` (e.g. from
-        :func:`traffic.profiles.load_profile`); its ``batch_size`` is ``K``. ``T_c`` sums forward + backward of the layers before the model's
+        ``profile`` is a :class:`traffic.compute_profiles.Profile` (e.g. from
+        :func:`traffic.compute_profiles.load_profile`); its ``batch_size`` is ``K``. ``T_c`` sums forward + backward of the layers before the model's
         ``split_index``, ``T_f`` of the others; ``A`` comes from the split layer's output
         shape at the model's native input (:func:`split_activations`).
 

@@ -1,4 +1,4 @@
-"""Compute profiles: per-layer forward/backward times, their files and loading (see :mod:`traffic.profiles`)."""
+"""Compute profiles: per-layer forward/backward times, their files and loading (see :mod:`traffic.compute_profiles`)."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from topologies.errors import TestbedError
+from common.errors import TestbedError
 from traffic import models
 
 __all__ = ["DATA_DIR", "LayerProfile", "Profile", "load_profile", "available_profiles",
@@ -212,7 +212,7 @@ def load_profile(ref: str, model: str, batch_size: int, n_layers: int | None = N
 
     Args:
         ref: ``"zero"`` (all times zero), a device name such as ``"gtx1080ti"`` (the data file
-            ``traffic/profiles/data/<model>-<device>-b<batch>.json``), or the path of a JSON
+            ``traffic/compute_profiles/data/<model>-<device>-b<batch>.json``), or the path of a JSON
             profile (e.g. written by ``testbed profile``).
         model: registry name of the model the profile must be for.
         batch_size: samples per batch the profile must be for.
@@ -247,5 +247,5 @@ def load_profile(ref: str, model: str, batch_size: int, n_layers: int | None = N
     if len(prof.layers) != expected:
         raise TestbedError(f"profile {path} has {len(prof.layers)} layers but model {model!r} has "
                            f"{expected}: the model changed since the profile was made; regenerate it "
-                           "(python -m traffic.profiles.generate, or testbed profile)")
+                           "(python -m traffic.compute_profiles.generate, or testbed profile)")
     return prof

@@ -9,11 +9,11 @@ Where profiles come from (the ``method`` field):
 
 - ``"flops-split of published per-batch time"``: a paper's forward+backward time per batch,
   split over the layers in proportion to each layer's forward+backward FLOPs
-  (:func:`traffic.profiles.flops.split_published`); the data files in
-  ``traffic/profiles/data/`` are made this way by ``python -m traffic.profiles.generate``.
+  (:func:`traffic.compute_profiles.flops.split_published`); the data files in
+  ``traffic/compute_profiles/data/`` are made this way by ``python -m traffic.compute_profiles.generate``.
 - ``"derived: <ratio and its source>"``: another profile scaled by a stated ratio (another
   GPU's peak throughput, another model's FLOPs); ``derived`` is true.
-- ``"measured"``: timed on this machine by ``testbed profile`` (:mod:`traffic.profiles.measure`).
+- ``"measured"``: timed on this machine by ``testbed profile`` (:mod:`traffic.compute_profiles.measure`).
 - ``"zero"``: all times zero, i.e. infinitely fast compute, as PHub's ``ZeroComputeEngine``
   (PHub Section 4.4).
 
@@ -29,9 +29,9 @@ Data files are named ``<model>-<device>-b<batch>.json``.
 """
 from __future__ import annotations
 
-from traffic.profiles.flops import flops_per_layer, layer_flops, split_published
-from traffic.profiles.measure import measure_profile
-from traffic.profiles.profile import (DATA_DIR, METHOD_MEASURED, METHOD_PUBLISHED, LayerProfile, Profile,
+from traffic.compute_profiles.flops import flops_per_layer, layer_flops, split_published
+from traffic.compute_profiles.measure import measure_profile
+from traffic.compute_profiles.profile import (DATA_DIR, METHOD_MEASURED, METHOD_PUBLISHED, LayerProfile, Profile,
                                       available_profiles, build_for_profile, example_input, layer_names,
                                       load_profile, profile_filename)
 

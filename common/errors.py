@@ -4,7 +4,7 @@ Every error a user can provoke (a malformed spec, a missing privilege or tool, a
 lacks a qdisc, a worker that died) is a :class:`TestbedError`; the CLI prints its message
 without a traceback. The message always says what to do.
 
-This module sits in the leftmost package (``topologies``) so that every package may raise
+This module sits in :mod:`common`, beneath the four layers, so that every package may raise
 these errors without importing a package to its right.
 """
 from __future__ import annotations

@@ -27,8 +27,8 @@ import torch
 from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.flop_counter import FlopCounterMode
 
-from topologies.errors import TestbedError
-from traffic.profiles.profile import (DATA_DIR, METHOD_PUBLISHED, LayerProfile, Profile, build_for_profile,
+from common.errors import TestbedError
+from traffic.compute_profiles.profile import (DATA_DIR, METHOD_PUBLISHED, LayerProfile, Profile, build_for_profile,
                               example_input, layer_names, profile_filename)
 
 __all__ = ["layer_flops", "flops_per_layer", "split_published", "take_aux_logits"]

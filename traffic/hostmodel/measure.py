@@ -1,6 +1,6 @@
 """Measure this machine's host rates (``testbed profile --host``): a host profile of it.
 
-A host profile (format in :mod:`traffic.host`) normally states the rates of a machine a paper
+A host profile (format in :mod:`traffic.hostmodel`) normally states the rates of a machine a paper
 describes. This module measures the same five quantities on the machine it runs on, so that
 a user can emulate hosts like their own (``host: {profile: <file>}``). Every value is timed
 in this process (and, for messages, one helper process), single-threaded by default
@@ -51,10 +51,10 @@ import torch
 import torch.distributed as dist
 import yaml
 
-from topologies.errors import SpecError, TestbedError
-from topologies.validation import validate
+from common.errors import SpecError, TestbedError
+from common.validation import validate
 from traffic.compression import Quantization, Truncation
-from traffic.host import RATE_FIELDS, HostProfile
+from traffic.hostmodel import RATE_FIELDS, HostProfile
 from traffic.runtime.trainer import make_optimizer
 from traffic.spec import OptimizerSpec
 
@@ -259,7 +259,7 @@ def measure_host_profile(threads: int = 1, repeats: int = 50, round_trips: int =
         timeout_s: limit of the two-process message measurement.
 
     Returns:
-        A dict in the host-profile file format (:class:`traffic.host.HostProfile`):
+        A dict in the host-profile file format (:class:`traffic.hostmodel.HostProfile`):
         ``description`` and the five fields, each ``{"value": float | None, "source": str}``
         (units of the field names: us, ms, GB/s).
 
@@ -348,7 +348,7 @@ def write_host_profile(profile: dict, path: str | Path) -> Path:
         raise TestbedError(f"not a valid host profile: {e}") from None
     path = Path(path)
     header = [
-        "# Host profile of this machine, measured by `testbed profile --host` (traffic/host/measure.py).",
+        "# Host profile of this machine, measured by `testbed profile --host` (traffic/hostmodel/measure.py).",
         "# The rates of THIS machine (one process, the torch threads named in each source), not of a",
         "# machine a paper describes: use it to emulate hosts like this one, e.g.",
         f"#   host: {{profile: {path}}}",

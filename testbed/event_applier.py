@@ -1,4 +1,4 @@
-"""Scheduled events of a run (the spec's ``events``, :mod:`traffic.scheduled`): checked before
+"""Scheduled events of a run (the spec's ``events``, :mod:`traffic.event_spec`): checked before
 anything is built, applied while the run trains, recorded in ``schedule.jsonl``.
 
 :func:`check` refuses, at planning, what needs the topology and the plan to see: a link, host
@@ -28,7 +28,7 @@ as not applied.) Actions:
     the switch-side interface(s) of the link set down / up (the veth peer loses its carrier).
 ``compute_slowdown``
     emulated compute: nothing here (every process on the host applies it,
-    :class:`traffic.scheduled.ComputeSlowdown`), recorded when the trigger is reached; real
+    :class:`traffic.event_spec.ComputeSlowdown`), recorded when the trigger is reached; real
     compute: every process in the host's network namespace moved into a cgroup with a quota of
     1/slowdown of one core (:mod:`testbed.cgroups`; a slowdown of 1 removes it).
 ``kill``
@@ -58,13 +58,13 @@ from pyroute2 import IPRoute, NetNS
 from testbed.cgroups import MISSING, CpuThrottle, cpu_controller, netns_pids
 from testbed.network import HTB_QUANTUM_BYTES, MAX_RATE_MBPS, RATE_TOLERANCE, htb_burst_bytes, read_shaping
 from testbed.progress import EventTail
-from topologies.errors import FieldError, SpecError, TestbedError
+from common.errors import FieldError, SpecError, TestbedError
 from topologies.hosts import CORE
-from topologies.validation import load_yaml
+from common.validation import load_yaml
 from traffic.rundir import read_json
-from traffic.scheduled import COMPUTE_ROLES, ScheduledEvent
+from traffic.event_spec import COMPUTE_ROLES, ScheduledEvent
 
-log = logging.getLogger("testbed.schedule")
+log = logging.getLogger("testbed.event_applier")
 
 __all__ = ["Schedule", "LinkShaper", "check", "resolve_link", "SCHEDULE_FILE"]
 

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
 
-from traffic.host import HostModel
+from traffic.hostmodel import HostModel
 
 __all__ = ["HostCosts", "Charge", "PreciseSleeper", "KINDS", "OVERRUN_THRESHOLD"]
 
@@ -88,13 +88,13 @@ class HostCosts:
     """Charges operations their emulated cost, dilated by ``scale``.
 
     Args:
-        model: the resolved host rates (:meth:`traffic.host.HostSpec.resolve`).
+        model: the resolved host rates (:meth:`traffic.hostmodel.HostSpec.resolve`).
         scale: the time dilation factor (every budget is ``scale x`` the emulated cost).
         events: an event log to record each operation as a span (kind ``host_<kind>``), or None.
 
     Attributes:
         compute_slowdown: None, or a callable giving the factor on this process's emulated
-            compute at this moment (a straggler: :class:`traffic.scheduled.ComputeSlowdown`);
+            compute at this moment (a straggler: :class:`traffic.event_spec.ComputeSlowdown`);
             :class:`~traffic.runtime.emulation.EmulatedCompute` multiplies each per-layer
             time by :meth:`compute_factor`.
         stats: per kind, ``{count, modelled, emulated_s, budget_s, real_s, overruns,

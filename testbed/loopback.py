@@ -3,7 +3,7 @@
 Tests and developers run schemes with it::
 
     from testbed.spec import from_dict
-    from testbed.local import run_local
+    from testbed.loopback import run_local
     exp = from_dict({"workload": {"scheme": "ps", "iterations": 20, "workers": 4}})
     run_dir = run_local(exp, "runs/try-ps")
 
@@ -17,7 +17,7 @@ nothing is captured and no ``background`` flow runs (``scale: auto`` runs at 1):
 processes.json, events/, results/, params/ and logs/ (no topology.json, traces/ or
 summary.json).
 
-Command line: ``python -m testbed.local SPEC.yaml [--set path=value ...] [--run-dir DIR]``.
+Command line: ``python -m testbed.loopback SPEC.yaml [--set path=value ...] [--run-dir DIR]``.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from typing import Callable
 from testbed import launch
 from testbed.spec import AUTO, Experiment, dump_spec, load_spec, with_scale
 from topologies import HostInfo, build_topo, hosts_of
-from topologies.errors import FieldError, RunFailed, SpecError, TestbedError
+from common.errors import FieldError, RunFailed, SpecError, TestbedError
 from traffic import rundir, schemes
 
 __all__ = ["local_hosts", "local_entries", "free_port", "run_local"]
@@ -100,7 +100,7 @@ def run_local(exp: Experiment, run_dir: str | Path | None = None, *, timeout_s: 
     """
     if exp.sweep:
         raise TestbedError("run_local runs one experiment; expand the sweep first (testbed.spec.expand_sweep)")
-    bad = [FieldError(f"events[{i}]", e.given(), "a compute_slowdown on loopback (testbed.local builds no network "
+    bad = [FieldError(f"events[{i}]", e.given(), "a compute_slowdown on loopback (testbed.loopback builds no network "
                       "and kills nothing: link and kill events need testbed run)")
            for i, e in enumerate(exp.events) if e.kind != "compute_slowdown"]
     if bad:
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     """Command line: run a spec locally, print the run directory. Exit status 1 when the run
     failed (a process died or timed out), 2 for any other TestbedError (a bad spec, file or
     argument), as ``testbed``."""
-    ap = argparse.ArgumentParser(prog="python -m testbed.local", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m testbed.loopback", description=__doc__.split("\n")[0])
     ap.add_argument("spec")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE")
     ap.add_argument("--run-dir")

@@ -41,7 +41,7 @@ here with PHub's other models.
 from __future__ import annotations
 
 from traffic.models import build_model
-from traffic.profiles import load_profile
+from traffic.compute_profiles import load_profile
 from traffic.schemes.phub.hierarchy import HierarchicalTerms, hierarchical_pays, hierarchical_terms, inter_rack_cost
 
 __all__ = ["PAPER_TABLE2", "PAPER_TABLE3", "ZOO_MODELS", "bandwidth_lower_bounds", "table2",

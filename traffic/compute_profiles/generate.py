@@ -1,11 +1,11 @@
-"""Regenerate the shipped profiles in ``traffic/profiles/data/`` from published numbers.
+"""Regenerate the shipped profiles in ``traffic/compute_profiles/data/`` from published numbers.
 
-    python -m traffic.profiles.generate [--out-dir DIR]
+    python -m traffic.compute_profiles.generate [--out-dir DIR]
 
 Three kinds of files, each labelled in its ``method`` and ``source`` fields:
 
 1. :data:`PUBLISHED`: a paper's forward+backward time per batch, split over the layers by
-   FLOPs (:func:`traffic.profiles.flops.split_published`).
+   FLOPs (:func:`traffic.compute_profiles.flops.split_published`).
 2. :data:`SIBLINGS`: a model the paper did not time, from a published sibling on the same GPU
    and batch, scaled by the ratio of the two models' forward+backward FLOPs (derived).
 3. :data:`DEVICES`: every GTX 1080 Ti profile scaled to another GPU by the ratio of peak
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from traffic.models import available_models
-from traffic.profiles.flops import flops_per_layer, split_published
-from traffic.profiles.profile import DATA_DIR, Profile, profile_filename
+from traffic.compute_profiles.flops import flops_per_layer, split_published
+from traffic.compute_profiles.profile import DATA_DIR, Profile, profile_filename
 
 __all__ = ["Published", "PUBLISHED", "SIBLINGS", "DEVICES", "generate"]
 
@@ -127,7 +127,7 @@ def generate(out_dir: str | Path = DATA_DIR, log=print) -> list[Path]:
         ratio = _total_flops(model, 32) / _total_flops(sibling, 32)
         total = ref.total_s() * ratio
         method = (f"derived: {sibling}'s published {ref.total_s() * 1e3:g} ms x forward+backward FLOPs "
-                  f"ratio {model}/{sibling} = {ratio:.4f} (FLOPs counted by traffic.profiles.flops), "
+                  f"ratio {model}/{sibling} = {ratio:.4f} (FLOPs counted by traffic.compute_profiles.flops), "
                   "split by FLOPs")
         p = split_published(model, "gtx1080ti", 32, total, f"{ref.source} (for {sibling})",
                             method=method, derived=True, out_dir=None)
@@ -146,7 +146,7 @@ def generate(out_dir: str | Path = DATA_DIR, log=print) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m traffic.profiles.generate", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m traffic.compute_profiles.generate", description=__doc__.split("\n")[0])
     ap.add_argument("--out-dir", default=str(DATA_DIR), help=f"where to write (default {DATA_DIR})")
     args = ap.parse_args(argv)
     files = generate(args.out_dir)

@@ -3,7 +3,7 @@
 Each package owns its part of an experiment spec as a :class:`SpecModel` (``topologies``
 the topology, ``traffic`` the workload and each scheme's options, ``testbed`` capture, run
 and the whole experiment). :func:`validate` turns pydantic's errors into one
-:class:`~topologies.errors.SpecError` that names every bad field by its dotted path, the
+:class:`~common.errors.SpecError` that names every bad field by its dotted path, the
 value given and what is allowed. :func:`load_yaml` reads YAML with ``1e12`` as a number
 (every reader of a spec, its ``--set`` values and a run's ``spec.yaml`` uses it), and refuses
 documents nested deeper than :data:`MAX_DEPTH` levels. :func:`safe_name` is the rule for every
@@ -20,7 +20,7 @@ from typing import Any, Iterable, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from topologies.errors import FieldError, SpecError
+from common.errors import FieldError, SpecError
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -29,10 +29,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils._pytree import tree_leaves
 
-from topologies.errors import TestbedError
-from traffic.profiles.profile import (METHOD_MEASURED, LayerProfile, Profile, build_for_profile,
+from common.errors import TestbedError
+from traffic.compute_profiles.profile import (METHOD_MEASURED, LayerProfile, Profile, build_for_profile,
                               example_input, layer_names)
-from traffic.profiles.flops import _detach, flops_per_layer, take_aux_logits
+from traffic.compute_profiles.flops import _detach, flops_per_layer, take_aux_logits
 
 __all__ = ["time_layers", "measure_profile", "format_table", "device_name"]
 

@@ -21,7 +21,7 @@ host's emulated compute; 1 restores it) and ``kill`` (a process name). Link toke
 (every access link of that host).
 
 This package owns the section because the runtime reads it (:class:`ComputeSlowdown`, the
-straggler of emulated compute); the harness applies the rest (:mod:`testbed.schedule`) and
+straggler of emulated compute); the harness applies the rest (:mod:`testbed.event_applier`) and
 checks what needs the built topology (unknown links, hosts, processes) before anything is
 built. :func:`event_errors` holds the checks that need only the spec.
 """
@@ -34,8 +34,8 @@ from typing import Any, Callable, Optional
 
 from pydantic import field_validator
 
-from topologies.errors import FieldError, SpecError
-from topologies.validation import SpecModel, validate
+from common.errors import FieldError, SpecError
+from common.validation import SpecModel, validate
 
 __all__ = ["ScheduledEvent", "KINDS", "TRIGGERS", "LINK_PREFIXES", "COMPUTE_ROLES", "MAX_SLOWDOWN",
            "event_errors", "parse_events", "ComputeSlowdown"]

@@ -3,11 +3,11 @@
 The spec's ``host:`` section (:class:`HostSpec`) states, in the emulated machine's units,
 the rates of the work a scheme does besides communicating: per-message software overhead,
 the start-up a server pays before answering a pull request, summation of gradients, the
-optimizer update and compression. A host *profile* (``traffic/host/data/<name>.yaml``, one per
+optimizer update and compression. A host *profile* (``traffic/hostmodel/data/<name>.yaml``, one per
 system the papers describe, every value with its source) supplies them; fields written
 inline override the profile's. ``null`` means not modelled: the work takes this machine's
 real time, reported as such. :class:`HostModel` is the resolved form the runtime uses
-(:class:`traffic.runtime.hostcost.HostCosts` charges each operation at it, dilated by
+(:class:`traffic.hostmodel.costs.HostCosts` charges each operation at it, dilated by
 ``scale``).
 
 Profile file format (YAML)::
@@ -28,8 +28,8 @@ from typing import Optional
 import yaml
 from pydantic import Field, field_validator
 
-from topologies.errors import FieldError, SpecError, TestbedError
-from topologies.validation import SpecModel, load_yaml, validate
+from common.errors import FieldError, SpecError, TestbedError
+from common.validation import SpecModel, load_yaml, validate
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 """Directory of the shipped host profiles ``<name>.yaml``."""
@@ -41,7 +41,7 @@ RATE_FIELDS = ("message_overhead_us", "request_startup_ms", "aggregate_gb_per_s"
 class HostSpec(SpecModel):
     """The ``host:`` section: the emulated machine's non-network costs (emulated units)."""
     profile: Optional[str] = None
-    """A host profile: a name in ``traffic/host/data/`` or the path of a profile file; the
+    """A host profile: a name in ``traffic/hostmodel/data/`` or the path of a profile file; the
     fields below, when written, override its values."""
     message_overhead_us: Optional[float] = Field(None, ge=0)
     """Software cost per message sent and per message received, microseconds (0 when neither
