@@ -31,7 +31,8 @@ from analysis.traces import parse_bwm_ng  # noqa: E402
 from analysis.flows import (CaptureError, PcapWarning, check_against_counters, flow_labels, retransmissions,  # noqa: E402
                             flow_rates, flows, ports_behind)
 
-FLOWS_MOD = importlib.import_module("analysis.flows")  # the module (analysis.flows is the function)
+FLOWS_MOD = importlib.import_module("analysis.flows")  # the package (analysis.flows is the function)
+DECODE_MOD = importlib.import_module("analysis.flows.decode")  # where CHUNK_PACKETS is read
 
 HOSTS = {"h1": ("10.0.0.1", 0), "h2": ("10.0.0.2", 0), "h3": ("10.0.0.3", 1), "h4": ("10.0.0.4", 1)}
 PROCS = [("worker0", "worker", 0, "h1"), ("worker1", "worker", 1, "h2"), ("worker2", "worker", 2, "h3"),
@@ -174,7 +175,7 @@ def one(df: pd.DataFrame, **match) -> pd.Series:
 def chunking(request, monkeypatch):
     """Every analysis once in one chunk and once in chunks of 3 records (state carried across)."""
     if request.param:
-        monkeypatch.setattr(FLOWS_MOD, "CHUNK_PACKETS", request.param)
+        monkeypatch.setattr(DECODE_MOD, "CHUNK_PACKETS", request.param)
     return request.param
 
 
