@@ -125,7 +125,7 @@ from testbed.capture import Capture  # noqa: E402
 from testbed.ledger import Ledger, NetworkLock  # noqa: E402
 from testbed.loopback import local_entries, local_hosts, run_local  # noqa: E402
 from testbed.network import Network  # noqa: E402
-from testbed.runner import switch_ports  # noqa: E402
+from testbed.site import switch_ports  # noqa: E402
 from testbed.spec import CaptureSpec, from_dict  # noqa: E402
 from topologies import TopologySpec  # noqa: E402
 from traffic.hostmodel import HostModel  # noqa: E402

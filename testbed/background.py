@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -42,7 +41,7 @@ from testbed.launch import Launched, kill_all
 from traffic.rundir import write_json
 
 __all__ = ["BASE_PORT", "FlowPlan", "plan_flows", "server_command", "client_command", "read_result",
-           "Background"]
+           "listening", "listening_in_shell", "Background"]
 
 #: TCP port of flow i's iperf3 server: BASE_PORT + i (iperf3's default port for flow 0).
 BASE_PORT = 5201
@@ -135,7 +134,7 @@ def read_result(path: Path) -> dict:
             "seconds": sent.get("seconds"), "error": doc.get("error")}
 
 
-def _listening(pid: int, port: int) -> bool:
+def listening(pid: int, port: int) -> bool:
     """True if a TCP socket in the network namespace of ``pid`` listens on ``port``."""
     lines = []
     for table in ("tcp", "tcp6"):
@@ -146,8 +145,8 @@ def _listening(pid: int, port: int) -> bool:
     return _listens(lines, port)
 
 
-def _listening_remote(node, port: int) -> bool:
-    """:func:`_listening` for a host on another machine (its shell reads its namespace's tables)."""
+def listening_in_shell(node, port: int) -> bool:
+    """:func:`listening` for a Mininet host on another machine (its shell reads its namespace's tables)."""
     return _listens(node.cmd("cat /proc/net/tcp /proc/net/tcp6 2>/dev/null").splitlines(), port)
 
 
@@ -170,25 +169,22 @@ class Background:
     Args:
         flows: ``Experiment.background``.
         topology: the ``topology.json`` document.
-        hosts: host name -> Mininet host (``Network.hosts``): ``popen`` runs a command in it.
+        site: the run's :class:`testbed.site.Site`: it runs a command in a host, tells whether
+            a host listens on a port, and where a host's files are (on another machine, the
+            flows' files are written in its staging directory and fetched from there, and a
+            flow is stopped there with SIGTERM, so that iperf3 writes its JSON).
         run_dir: the run directory (files go to ``traces/background/``, logs to ``logs/``).
         scale: time dilation.
         on_pid: called with ``(what, pid)`` for every process started (the run's ledger).
-
-        cluster: a cluster run's :class:`testbed.cluster_run.ClusterRun`, whose hosts are on
-            other machines: the flows' files are written in each machine's staging directory
-            and read from there, the servers' sockets are looked up there, and a flow is
-            stopped there (SIGTERM, so that iperf3 writes its JSON).
 
     Raises:
         SpecError: a flow names a host the topology does not have.
     """
 
-    def __init__(self, flows: list, topology: dict, hosts: dict, run_dir: Path, scale: float = 1.0,
-                 on_pid: Callable[[str, int], None] | None = None, cluster=None):
-        self.cluster = cluster
+    def __init__(self, flows: list, topology: dict, site, run_dir: Path, scale: float = 1.0,
+                 on_pid: Callable[[str, int], None] | None = None):
+        self.site = site
         self.plans = plan_flows(flows, topology, scale)
-        self.hosts = hosts
         self.run_dir = Path(run_dir)
         self.dir = self.run_dir / SUBDIR
         self.scale = scale
@@ -196,22 +192,13 @@ class Background:
         self.procs: list[Launched] = []
         self.started_at: dict[str, float] = {}
 
-    def _out_dir(self, host: str) -> Path:
-        """Where the flows' files of ``host`` go: this run's, or its machine's staging directory."""
-        if self.cluster is None:
-            return self.dir
-        return Path(self.cluster.staging[self.hosts[host].server]) / SUBDIR
-
     def _popen(self, fp: FlowPlan, role: str, cmd: list[str]) -> Launched:
         log = self.run_dir / "logs" / f"background-{fp.name}-{role}.log"
-        node = self.hosts[fp.src if role == "client" else fp.dst]
-        if self.cluster is not None:  # the remote shell parses the command line
-            cmd = [shlex.quote(a) for a in cmd]
+        host = fp.src if role == "client" else fp.dst
         with deferred_signals():  # recorded before a Ctrl-C can interrupt
             with open(log, "ab") as f:
-                p = node.popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-            launched = Launched({"name": f"background:{fp.name}:{role}", "role": role,
-                                 "host": fp.src if role == "client" else fp.dst}, p, log)
+                p = self.site.run_in(host, cmd, f)
+            launched = Launched({"name": f"background:{fp.name}:{role}", "role": role, "host": host}, p, log)
             self.procs.append(launched)
             self.on_pid(launched.info["name"], p.pid)
         return launched
@@ -225,12 +212,11 @@ class Background:
         if not self.plans:
             return
         self.dir.mkdir(parents=True, exist_ok=True)
-        servers = [(fp, self._popen(fp, "server", server_command(fp, self._out_dir(fp.dst)))) for fp in self.plans]
+        servers = [(fp, self._popen(fp, "server", server_command(fp, self.site.host_dir(fp.dst) / SUBDIR)))
+                   for fp in self.plans]
         deadline = time.monotonic() + timeout_s
         for fp, l in servers:
-            node = self.hosts[fp.dst]
-            while not (_listening(node.pid, fp.port) if self.cluster is None else
-                       _listening_remote(node, fp.port)):
+            while not self.site.listening(fp.dst, fp.port):
                 if l.popen.poll() is not None or time.monotonic() > deadline:
                     raise TestbedError(f"background flow {fp.name}: the iperf3 server on {fp.dst} (port {fp.port}) "
                                        f"did not start listening; see {l.log} and {self.dir / (fp.name + '.server.json')}")
@@ -243,7 +229,7 @@ class Background:
             return
         t0 = time.time()
         for fp in self.plans:
-            self._popen(fp, "client", client_command(fp, self._out_dir(fp.src)))
+            self._popen(fp, "client", client_command(fp, self.site.host_dir(fp.src) / SUBDIR))
             self.started_at[fp.name] = t0 + fp.delay_s
         self._write()
 
@@ -252,23 +238,12 @@ class Background:
         flow's result in ``flows.json``. Never raises."""
         if not self.plans:
             return
-        if self.cluster is not None:  # the SSH clients here; iperf3 itself runs there
-            self.cluster.terminate_matching(str(SUBDIR), grace_s)
+        self.site.stop_matching(str(SUBDIR), grace_s)
         kill_all(self.procs, grace_s=grace_s)
         try:
             self._write(results=True)
         except OSError:  # the run directory is gone: nothing to record into
             pass
-
-    def _fetch(self, fp: FlowPlan) -> Path:
-        """The client's JSON of a flow, copied here from its machine in a cluster run."""
-        local = self.dir / f"{fp.name}.json"
-        if self.cluster is not None:
-            src = self._out_dir(fp.src) / f"{fp.name}.json"
-            text = self.cluster.read_file(self.hosts[fp.src].server, str(src))
-            if text is not None:
-                local.write_text(text)
-        return local
 
     def _write(self, results: bool = False) -> None:
         flows = []
@@ -276,6 +251,7 @@ class Background:
             d = asdict(fp)
             d["client_start"] = self.started_at.get(fp.name)
             if results:
-                d["result"] = read_result(self._fetch(fp))
+                self.site.fetch(fp.src, str(SUBDIR / f"{fp.name}.json"))
+                d["result"] = read_result(self.dir / f"{fp.name}.json")
             flows.append(d)
         write_json(self.dir / "flows.json", {"scale": self.scale, "flows": flows})

@@ -1,4 +1,4 @@
-"""Several machines under one experiment (issue 20): the spec's ``cluster:`` section and
+"""Several machines under one experiment: the spec's ``cluster:`` section and
 ``testbed check --cluster SPEC``, which checks each machine before anything is built there.
 
     cluster:

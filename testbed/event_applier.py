@@ -3,7 +3,7 @@ anything is built, applied while the run trains, recorded in ``schedule.jsonl``.
 
 :func:`check` refuses, at planning, what needs the topology and the plan to see: a link, host
 or process that will not exist, a slowdown on a host that computes nothing, a shaped rate
-beyond :data:`testbed.network.MAX_RATE_MBPS`, a real-compute straggler on a machine without
+beyond :data:`testbed.shaping.MAX_RATE_MBPS`, a real-compute straggler on a machine without
 the cpu cgroup controller.
 
 :class:`Schedule` runs in a thread of the harness. It follows the runtime's event logs
@@ -18,12 +18,11 @@ measured iteration started. (A researcher's program that marks no iterations,
 as not applied.) Actions:
 
 ``link_rate``
-    the htb class 5:1 of both ends of the link(s) changed in place over netlink (pyroute2:
-    the switch end in the root namespace, the host end in the host's namespace) to rate =
-    ceil = ``bw_mbps / scale`` with burst = cburst = :func:`testbed.network.htb_burst_bytes`
-    (what :class:`testbed.network.ShapedIntf` sets at build), then read back
-    (:func:`testbed.network.read_shaping`); a read-back off by more than
-    :data:`testbed.network.RATE_TOLERANCE` is an error of the event.
+    the htb class of both ends of the link(s) changed in place to rate = ceil = ``bw_mbps /
+    scale`` and read back (:meth:`testbed.shaping.LinkShaper.set_rate`, over netlink: the
+    switch end in the root namespace, the host end in the host's namespace, each on its
+    machine); a read-back off by more than :data:`testbed.shaping.RATE_TOLERANCE` is an
+    error of the event.
 ``link_down`` / ``link_up``
     the switch-side interface(s) of the link set down / up (the veth peer loses its carrier).
 ``compute_slowdown``
@@ -53,10 +52,9 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from mininet.util import natural
-from pyroute2 import IPRoute, NetNS
 
 from testbed.cgroups import MISSING, CpuThrottle, cpu_controller, netns_pids
-from testbed.network import HTB_QUANTUM_BYTES, MAX_RATE_MBPS, RATE_TOLERANCE, htb_burst_bytes, read_shaping
+from testbed.shaping import MAX_RATE_MBPS, RATE_TOLERANCE, LinkShaper, link_ends, switch_ends
 from testbed.progress import EventTail
 from common.errors import FieldError, SpecError, TestbedError
 from topologies.hosts import CORE
@@ -66,12 +64,10 @@ from traffic.event_spec import COMPUTE_ROLES, ScheduledEvent
 
 log = logging.getLogger("testbed.event_applier")
 
-__all__ = ["Schedule", "LinkShaper", "check", "resolve_link", "SCHEDULE_FILE"]
+__all__ = ["Schedule", "check", "resolve_link", "SCHEDULE_FILE"]
 
 #: the record of a run's scheduled events, in its run directory
 SCHEDULE_FILE = "schedule.jsonl"
-#: htb handles of the shaping :class:`testbed.network.ShapedIntf` builds (root 5:0, class 5:1)
-HTB_ROOT, HTB_CLASS = 0x50000, 0x50001
 _LIST_MAX = 16
 
 
@@ -145,7 +141,7 @@ def check(events: list[ScheduledEvent], links: list[dict], switches: set[str], h
     Raises:
         SpecError: every problem, by field: an unknown link (naming those there are), a host
             the topology lacks or one that runs no worker, a process the plan lacks, a shaped
-            rate ``bw_mbps / scale`` above :data:`~testbed.network.MAX_RATE_MBPS`, a
+            rate ``bw_mbps / scale`` above :data:`~testbed.shaping.MAX_RATE_MBPS`, a
             real-compute slowdown without the cpu cgroup controller.
     """
     errors: list[FieldError] = []
@@ -184,96 +180,6 @@ def check(events: list[ScheduledEvent], links: list[dict], switches: set[str], h
                                          f"a process of the run: {_names(n for n, _, _ in procs)}"))
     if errors:
         raise SpecError.of(errors)
-
-
-# ---------------------------------------------------------------------------- netlink
-
-
-class LinkShaper:
-    """Changes links of the live network over netlink (pyroute2).
-
-    Args:
-        netns_pids: host name -> the pid of a process in its network namespace (its
-            Mininet shell); a link end on a node not in it is a switch port (root namespace).
-    """
-
-    def __init__(self, netns_pids: dict[str, int]):
-        self.netns_pids = dict(netns_pids)
-
-    def _ends(self, links: list[dict]) -> list[tuple[str | None, str]]:
-        """(host whose namespace holds it or None for the root namespace, interface) of every end."""
-        out = []
-        for l in links:
-            for end in ("1", "2"):
-                node = l[f"node{end}"]
-                out.append((node if node in self.netns_pids else None, l[f"intf{end}"]))
-        return out
-
-    def _each(self, ends, fn) -> dict:
-        """``fn(ipr, iface)`` for every end, in its namespace; returns iface -> result."""
-        out = {}
-        root = [i for h, i in ends if h is None]
-        if root:
-            with IPRoute() as ipr:
-                for iface in root:
-                    out[iface] = fn(ipr, iface)
-        for host in dict.fromkeys(h for h, _ in ends if h is not None):
-            with NetNS(f"/proc/{self.netns_pids[host]}/ns/net") as ns:
-                for iface in (i for h, i in ends if h == host):
-                    out[iface] = fn(ns, iface)
-        return out
-
-    def set_rate(self, links: list[dict], shaped_mbps: float) -> dict[str, float | None]:
-        """:meth:`set_rate_ends` of both ends of every link."""
-        return self.set_rate_ends(self._ends(links), shaped_mbps)
-
-    def set_rate_ends(self, ends: list[tuple[str | None, str]], shaped_mbps: float) -> dict[str, float | None]:
-        """Set the htb class 5:1 of every ``(host or None, interface)`` end to ``shaped_mbps`` (rate and
-        ceil; burst and cburst :func:`~testbed.network.htb_burst_bytes`; quantum
-        :data:`~testbed.network.HTB_QUANTUM_BYTES`, as at build) and read it back.
-
-        Returns:
-            iface -> the rate read back, Mbit/s (None if the kernel shows no htb class 5:1).
-
-        Raises:
-            TestbedError: an interface is missing; NetlinkError: the kernel refused the change.
-        """
-        rate = int(round(shaped_mbps * 1e6 / 8))  # bytes/s
-        burst = htb_burst_bytes(shaped_mbps)
-
-        def change(ipr, iface):
-            idx = ipr.link_lookup(ifname=iface)
-            if not idx:
-                raise TestbedError(f"interface {iface} is gone")
-            ipr.tc("change-class", "htb", idx[0], HTB_CLASS, parent=HTB_ROOT, rate=rate, ceil=rate,
-                   burst=burst, cburst=burst, quantum=HTB_QUANTUM_BYTES)
-            return read_shaping(ipr, iface).get("rate_mbps")
-
-        return self._each(ends, change)
-
-    def set_state(self, links: list[dict], up: bool) -> list[str]:
-        """Set the switch-side interface(s) of every link up or down; returns them.
-
-        Raises:
-            TestbedError: an interface is missing.
-        """
-        return self.set_state_ends([(h, i) for h, i in self._ends(links) if h is None], up)
-
-    def set_state_ends(self, ends: list[tuple[str | None, str]], up: bool) -> list[str]:
-        """Set every ``(None, interface)`` end (a switch port) up or down; returns them.
-
-        Raises:
-            TestbedError: an interface is missing.
-        """
-
-        def flip(ipr, iface):
-            idx = ipr.link_lookup(ifname=iface)
-            if not idx:
-                raise TestbedError(f"interface {iface} is gone")
-            ipr.link("set", index=idx[0], state="up" if up else "down")
-            return True
-
-        return list(self._each(ends, flip))
 
 
 # ---------------------------------------------------------------------------- the schedule
@@ -458,14 +364,14 @@ class Schedule:
             if e.kind in ("link_rate", "link_down", "link_up"):
                 links = resolve_link(e.link, self.topology.get("links", []), self.switches)
                 if e.kind == "link_rate":
-                    back = self.shaper.set_rate(links, rec["shaped_mbps"])
+                    back = self.shaper.set_rate(link_ends(links), rec["shaped_mbps"])
                     rec.update(ifaces=list(back), readback_mbps=back)
                     off = [f"{k}: {v}" for k, v in back.items()
                            if v is None or abs(v - rec["shaped_mbps"]) > RATE_TOLERANCE * rec["shaped_mbps"]]
                     if off:
                         raise TestbedError(f"asked {rec['shaped_mbps']:g} Mbit/s, the kernel has {', '.join(off)}")
                 else:
-                    rec["ifaces"] = self.shaper.set_state(links, up=e.kind == "link_up")
+                    rec["ifaces"] = self.shaper.set_state(switch_ends(links, self.netns_pids), up=e.kind == "link_up")
             elif e.kind == "compute_slowdown":
                 if self.compute_mode == "real":
                     rec.update(self._throttle(e.host, e.compute_slowdown))

@@ -1,41 +1,33 @@
-"""Build the emulated network with Mininet, shape it with htb, verify the shaping, tear down.
+"""Build the emulated network of one machine with Mininet, verify its shaping, tear it down.
 
     with Network(exp.topology, extra_hosts, run_dir, ledger) as net:
         net.hosts["h1"].popen(...)
 
 Switches are Linux bridges (``mininet.nodelib.LinuxBridge``, no controller: Open vSwitch's
 kernel datapath is not needed); links are veth pairs shaped on both ends by
-:class:`ShapedIntf` (htb; see its docstring for what differs from Mininet's ``TCIntf``).
-After the build, every shaped interface's htb class is read back over netlink (pyroute2) and
-compared with the rate asked for; a mismatch fails the build. ``topology.json`` records the
+:class:`testbed.shaping.ShapedIntf` (htb). After the build, every shaped interface's htb
+class is read back over netlink (:meth:`testbed.shaping.LinkShaper.read`) and compared with
+the rate asked for (:func:`testbed.shaping.shaping_errors`); a mismatch fails the build. ``topology.json`` records the
 hosts, switches, links, and the read-back shaping.
 """
 from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
-from mininet.link import Link, TCIntf
 from mininet.log import setLogLevel
 from mininet.net import Mininet
 from mininet.nodelib import LinuxBridge
-from pyroute2 import IPRoute, NetNS
 
 from common.errors import MissingRequirement, TestbedError
 from testbed.interrupts import deferred_signals
 from testbed.ledger import Ledger
 from traffic.rundir import write_json
 from testbed.check import kernel_qdiscs
+from testbed.shaping import LinkShaper, ShapedLink, htb_burst_bytes, link_ends, shaping_errors
 from topologies import HostRequest, TopologySpec, build_topo
 
-#: Highest rate we shape, Mbit/s. Above it a veth pair on one CPU cannot keep up anyway.
-MAX_RATE_MBPS = 40_000.0
-#: Rate read back must be within this fraction of the rate asked for (tc rounds rates).
-RATE_TOLERANCE = 0.01
-#: htb class quantum, bytes (>= one MTU-sized frame, below htb's 200 kB warning limit).
-HTB_QUANTUM_BYTES = 60_000
 #: A process bound to interface i >= 1 of a host with several interfaces runs as uid
 #: IFACE_UID_BASE + i; a policy rule routes that uid's sockets out of interface i
 #: (see :meth:`Network._configure_extra_interfaces`). Far above any real account.
@@ -88,60 +80,6 @@ def nameservers(resolv_conf: str = "/etc/resolv.conf") -> list[str]:
         if len(parts) >= 2 and parts[0] == "nameserver" and parts[1].count(".") == 3:
             out.append(parts[1])
     return out
-
-
-def htb_burst_bytes(bw_mbps: float) -> int:
-    """htb burst (and cburst) for a rate: max(15 kB, 1 ms worth of bytes at the rate).
-
-    Mininet fixes burst at 15 kB, which at 10 Gbit/s is 12 us of tokens: htb's timer cannot
-    refill that often, so the link runs well below its rate. One millisecond of tokens keeps
-    htb on rate at any speed while bounding the burst to what one timer tick sends.
-    """
-    return max(15_000, int(bw_mbps * 1e6 / 8 * 1e-3))
-
-
-class ShapedIntf(TCIntf):
-    """Mininet ``TCIntf`` that shapes every rate it is given, or refuses it.
-
-    Differences from ``TCIntf``: rates up to :data:`MAX_RATE_MBPS` are accepted (stock
-    ``TCIntf`` silently leaves a link unshaped above ``bwParamMax`` = 1000 Mbit/s); burst is
-    :func:`htb_burst_bytes`; a queue limit without delay or loss uses a ``pfifo`` leaf
-    (``netem`` is not available on every kernel); a rate out of range raises instead of
-    logging.
-    """
-
-    bwParamMax = MAX_RATE_MBPS
-
-    def bwCmds(self, bw=None, **_):
-        if bw is None:
-            return [], " root "
-        if not 0 < bw <= MAX_RATE_MBPS:
-            raise TestbedError(f"link rate {bw} Mbit/s is outside (0, {MAX_RATE_MBPS:.0f}] Mbit/s")
-        burst = htb_burst_bytes(bw)
-        # an explicit quantum: htb's default (rate / r2q) exceeds its 200 kB limit above
-        # 16 Mbit/s and the kernel warns; with one class the quantum has no other effect
-        return ["%s qdisc add dev %s root handle 5:0 htb default 1",
-                "%s class add dev %s parent 5:0 classid 5:1 htb " +
-                f"rate {bw}Mbit burst {burst} cburst {burst} quantum {HTB_QUANTUM_BYTES}"], " parent 5:1 "
-
-    @staticmethod
-    def delayCmds(parent, delay=None, jitter=None, loss=None, max_queue_size=None):
-        if delay or jitter or loss:
-            return TCIntf.delayCmds(parent, delay=delay, jitter=jitter, loss=loss,
-                                    max_queue_size=max_queue_size)
-        if max_queue_size:
-            return ["%s qdisc add dev %s " + parent + f" handle 10: pfifo limit {int(max_queue_size)}"], " parent 10:1 "
-        return [], parent
-
-
-class ShapedLink(Link):
-    """A veth pair shaped identically on both ends with :class:`ShapedIntf`."""
-
-    def __init__(self, node1, node2, port1=None, port2=None, intfName1=None, intfName2=None,
-                 addr1=None, addr2=None, **params):
-        Link.__init__(self, node1, node2, port1=port1, port2=port2, intfName1=intfName1,
-                      intfName2=intfName2, cls1=ShapedIntf, cls2=ShapedIntf, addr1=addr1,
-                      addr2=addr2, params1=params, params2=params)
 
 
 class _LedgeredMininet(Mininet):
@@ -318,36 +256,25 @@ class Network:
                "hosts": hosts, "switches": switches, "links": links}
         return doc
 
+    @property
+    def shaper(self) -> LinkShaper:
+        """What reads and changes the shaping of this network's links (:mod:`testbed.shaping`)."""
+        return LinkShaper({h.name: h.pid for h in self.net.hosts})
+
     def _verify_shaping(self) -> None:
         """Read back every link end's qdisc and htb rate; record it; fail on a mismatch.
 
         Raises:
             TestbedError: an interface has no htb root or a rate off by more than 1%.
         """
-        ends = [(link[f"node{end}"], link[f"intf{end}"]) for link in self.topology["links"] for end in ("1", "2")]
-        shaping = self._read_shaping(ends)
+        links = self.topology["links"]
+        shaping = self.shaper.read(link_ends(links))
         bad = []
-        for link in self.topology["links"]:
-            for end in ("1", "2"):
-                node, intf = link[f"node{end}"], link[f"intf{end}"]
-                got = shaping[(node, intf)]
-                link["shaping"][intf] = got
-                want = link["shaped_mbps"]
-                rate = got.get("rate_mbps")
-                if got.get("qdisc") != "htb" or rate is None or abs(rate - want) > RATE_TOLERANCE * want:
-                    bad.append(f"{intf}: asked {want} Mbit/s htb, kernel has {got}")
-                elif link["mtu_bytes"] != [self.spec.mtu_bytes] * 2:
-                    bad.append(f"{intf}: asked MTU {self.spec.mtu_bytes}, kernel has {link['mtu_bytes']}")
-                elif self.spec.max_queue_packets and got.get("leaf") not in ("pfifo", "netem"):
-                    bad.append(f"{intf}: asked a {self.spec.max_queue_packets}-packet queue, kernel has {got}")
+        for link in links:
+            link["shaping"] = {link[f"intf{e}"]: shaping[link[f"intf{e}"]] for e in ("1", "2")}
+            bad += shaping_errors(link, shaping, self.spec.mtu_bytes, self.spec.max_queue_packets)
         if bad:
             raise TestbedError("links are not shaped as asked (so results would be wrong):\n  " + "\n  ".join(bad))
-
-    def _read_shaping(self, ends: list[tuple[str, str]]) -> dict[tuple[str, str], dict]:
-        """:func:`read_shaping` of every ``(node, interface)`` end: a host's in its namespace,
-        a switch's in the root namespace."""
-        by_node = {h.name: h for h in self.net.hosts}
-        return dict(zip(ends, read_shaping_many([(by_node[n].pid if n in by_node else None, i) for n, i in ends])))
 
     # ----------------------------------------------------------------------- teardown
 
@@ -379,44 +306,3 @@ class Network:
     def __exit__(self, *exc):
         self.stop()
         return False
-
-
-def read_shaping_many(ends: list[tuple[int | None, str]]) -> list[dict]:
-    """:func:`read_shaping` of each ``(pid, interface)``: the interface in the network
-    namespace of process ``pid``, or in this process's namespace when ``pid`` is None."""
-    out = []
-    with IPRoute() as root_ns:
-        for pid, intf in ends:
-            if pid is None:
-                out.append(read_shaping(root_ns, intf))
-            else:
-                with NetNS(f"/proc/{int(pid)}/ns/net") as ns:
-                    out.append(read_shaping(ns, intf))
-    return out
-
-
-def read_shaping(ipr, ifname: str) -> dict:
-    """Root qdisc kind and htb class 5:1 rate (Mbit/s) of an interface, and its leaf qdisc.
-
-    ``ipr``: a pyroute2 ``IPRoute`` or ``NetNS`` for the interface's namespace.
-    Returns ``{"qdisc": kind or None, "rate_mbps": float or None, "leaf": kind or None}``.
-    """
-    idx = ipr.link_lookup(ifname=ifname)
-    if not idx:
-        return {"qdisc": None, "rate_mbps": None, "leaf": None, "error": "no such interface"}
-    idx = idx[0]
-    kind = leaf = None
-    for q in ipr.get_qdiscs(index=idx):
-        if q["parent"] == 0xFFFFFFFF:  # TC_H_ROOT
-            kind = q.get_attr("TCA_KIND")
-        elif q["parent"] == 0x50001:  # child of class 5:1 (pfifo queue limit or netem)
-            leaf = q.get_attr("TCA_KIND")
-    rate = None
-    if kind == "htb":
-        for c in ipr.get_classes(index=idx):
-            if c["handle"] == 0x50001:  # class 5:1
-                parms = c.get_attr("TCA_OPTIONS").get_attr("TCA_HTB_PARMS")
-                rate64 = c.get_attr("TCA_OPTIONS").get_attr("TCA_HTB_RATE64")
-                bps = rate64 if rate64 else parms["rate"]
-                rate = bps * 8 / 1e6
-    return {"qdisc": kind, "rate_mbps": rate, "leaf": leaf}

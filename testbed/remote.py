@@ -1,4 +1,4 @@
-"""Mininet nodes and links on other machines (issue 20), through Mininet's own cluster
+"""Mininet nodes and links on other machines, through Mininet's own cluster
 support (``mininet/examples/cluster.py``: ``RemoteMixin``, ``RemoteLink``).
 
     host = RemoteHost("h5", machine=m)          # a Mininet Host whose shell runs on m, over SSH
@@ -17,7 +17,7 @@ What is ours and why, on top of Mininet's classes:
   between machines a tunnel of the kind the spec asks: ``gre`` (``gretap``, exactly what
   Mininet's ``RemoteGRELink`` creates) or ``vxlan`` (the same commands with a VXLAN device,
   for kernels built without GRE, such as this project's CI machine). Both ends carry
-  :class:`testbed.network.ShapedIntf` (htb), like every other link. Either tunnel costs
+  :class:`testbed.shaping.ShapedIntf` (htb), like every other link. Either tunnel costs
   50 bytes or less of each frame, so every interface of a cluster run gets
   :data:`TUNNEL_MTU` (1,450 bytes, Mininet's choice for GRE).
 """
@@ -36,7 +36,8 @@ from mininet.node import Host
 from mininet.nodelib import LinuxBridge
 
 from testbed.interrupts import deferred_signals
-from testbed.network import Network, ShapedIntf
+from testbed.network import Network
+from testbed.shaping import SERVE, RemoteLinkShaper, ShapedIntf
 from common.errors import TestbedError
 from topologies.placement import place_racks
 from traffic.rundir import write_json
@@ -119,7 +120,7 @@ def tunnel_command(kind: str, name: str, local: str, remote: str, key: int) -> s
 
 
 class ClusterLink(RemoteLink):
-    """A link shaped on both ends (:class:`~testbed.network.ShapedIntf`): a veth pair when
+    """A link shaped on both ends (:class:`~testbed.shaping.ShapedIntf`): a veth pair when
     both nodes are on one machine, else a tunnel of kind ``tunnel`` between their machines.
 
     Args:
@@ -207,13 +208,13 @@ class _ClusterMininet(Mininet):
 
 
 class ClusterNetwork(Network):
-    """:class:`testbed.network.Network` with its racks spread over machines (issue 20).
+    """:class:`testbed.network.Network` with its racks spread over machines.
 
     Every node runs on the machine :func:`topologies.placement.place_racks` gives it (whole
     racks per machine, the core on the first), reached over SSH as Mininet's cluster support
     does; the uplinks between machines are tunnels (:class:`ClusterLink`); every interface
     has the MTU min(``topology.mtu_bytes``, :data:`TUNNEL_MTU`). Shaping is read back on each
-    machine with the same netlink code (:func:`testbed.network.read_shaping_many`, run by
+    machine with the same netlink code (:class:`testbed.shaping.RemoteLinkShaper`, run by
     the project's Python there). The ledger records, per machine, the bridges, interfaces and
     node shells made there and the directory its processes write (``staging``), so that a
     failure anywhere removes everything on every machine.
@@ -287,21 +288,11 @@ class ClusterNetwork(Network):
             except subprocess.TimeoutExpired:
                 pass
 
-    def _read_shaping(self, ends):
-        by_node = {n.name: n for n in self.net.hosts + self.net.switches}
-        out = {}
-        for addr, m in self.machines.items():
-            mine = [(n, i) for n, i in ends if self.where[n] == addr]
-            if not mine:
-                continue
-            query = [(by_node[n].pid if by_node[n].inNamespace else None, i) for n, i in mine]
-            try:
-                got = m.python(self.project_dir, _SHAPING_PROBE, query)
-            except (RuntimeError, subprocess.TimeoutExpired) as e:
-                raise TestbedError(f"cannot read the shaping back on {addr}: {e}") from None
-            out.update(zip(mine, got))
-        return out
+    @property
+    def shaper(self) -> RemoteLinkShaper:
+        """Each link end read and changed on its machine, by the same code run there."""
+        return RemoteLinkShaper({h.name: h.pid for h in self.net.hosts}, self.where, self.shaping_call)
 
-
-_SHAPING_PROBE = ("import json, sys; from testbed.network import read_shaping_many; "
-                  "print(json.dumps(read_shaping_many([tuple(e) for e in json.load(sys.stdin)])))")
+    def shaping_call(self, addr: str, query: dict):
+        """:func:`testbed.shaping.serve` run on machine ``addr`` by the project's Python there."""
+        return self.machines[addr].python(self.project_dir, SERVE, query, timeout_s=60)

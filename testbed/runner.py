@@ -5,10 +5,11 @@ Before anything is built or written, every point of the spec is validated and pl
 computed on the topology graph), so that a spec that cannot run fails at once with a
 :class:`SpecError`; ``testbed run --dry-run`` stops there.
 
-One run (see design.md, "The flow of one run")::
+One run (docs/architecture.md, "The flow of one run")::
 
     run dir created (never reused, always inside the runs directory) -> spec.yaml
-    -> lock + ledger -> Network.start() -> scheme.plan() -> processes.json -> Capture.start()
+    -> lock + ledger -> site (this machine, or the machines of a cluster: testbed.site)
+    -> site.build() -> scheme.plan() -> processes.json -> site.start_capture()
     -> background iperf3 servers -> background clients (each waits its start) + launch.start() -> watch()
     -> teardown (always: processes, background flows, capture, network, ledger sweep)
     -> summary.json
@@ -22,7 +23,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import subprocess
 import sys
 import time
 from contextlib import ExitStack
@@ -35,19 +35,18 @@ from mininet.log import StreamHandlerNoNewline
 from tqdm import tqdm
 
 from analysis.metrics import summarize
+from common.errors import FieldError, SpecError, TestbedError
 from testbed import capacity, event_applier, launch
 from testbed.background import Background
-from testbed.capture import Capture, find_bwm_ng
-from testbed.cluster_run import ClusterCapture, ClusterRun, RemoteLinkShaper
+from testbed.capture import find_bwm_ng
 from testbed.capture.pcap import find_tcpdump, resolve_ports, topo_links
 from testbed.ledger import Ledger, NetworkLock
-from testbed.progress import RunProgress
-from testbed.remote import ClusterNetwork
-from testbed.network import Network, bind_to_interface
 from testbed.network import preflight as network_preflight
+from testbed.progress import RunProgress
+from testbed.site import log_leftovers, open_site
+from testbed.site.local import forks
 from testbed.spec import AUTO, Experiment, dump_spec, expand_sweep, with_scale
 from topologies import build_topo, hosts_of
-from common.errors import FieldError, SpecError, TestbedError
 from topologies.hosts import HostInfo
 from traffic import rundir, schemes
 from traffic.schemes import ProcessPlan
@@ -148,12 +147,11 @@ def run_one(exp: Experiment, parent: Path, run_id: str, exclusive_id: bool = Tru
     try:
         with NetworkLock(run_dir=run_dir):
             ledger = Ledger.create(run_dir.name, run_dir)
-            shared = zygote if zygote is not None and zygote.alive() and _forks(exp) else None
             with ExitStack() as teardown:
-                teardown.callback(lambda: _log_leftovers(ledger.sweep()))
+                teardown.callback(lambda: log_leftovers(ledger.sweep()))
                 teardown.callback(progress.phase, "tearing down")  # shown first: callbacks run last-in first-out
                 try:
-                    _run(exp, run_dir, ledger, teardown, t0, progress, shared)
+                    _run(exp, run_dir, ledger, teardown, t0, progress, zygote)
                 except TestbedError as e:
                     status, error = "failed", str(e)
                     log.error("run failed: %s", e)
@@ -215,89 +213,30 @@ def _disk_full(run_dir: Path) -> str | None:
             f"free space there or point run.runs_dir (--runs-dir) at a larger file system")
 
 
-def _log_leftovers(left: list[str]) -> None:
-    if left:
-        log.warning("teardown removed leftovers: %s", ", ".join(left))
-
-
 def _run(exp: Experiment, run_dir: Path, ledger: Ledger, teardown: ExitStack, t0: float,
          progress: RunProgress, zygote: launch.Zygote | None = None) -> None:
-    """Build, launch and watch one run; every start registers its stop on ``teardown``.
-    ``zygote``: a live shared zygote (:func:`run_one`), used and left running."""
+    """Build, launch and watch one run on its site (:func:`testbed.site.open_site`); every
+    start registers its stop on ``teardown``. ``zygote``: a live shared zygote
+    (:func:`run_one`), used and left running."""
     scheme = schemes.get(exp.workload.scheme)
-    cluster = None
-    if exp.cluster is not None:  # racks on other machines (issue 20)
-        cluster = ClusterRun(exp.cluster, run_dir, on_pid=lambda what, pid: ledger.add_pid(what, pid))
-        teardown.callback(cluster.merge)  # after the ledger has gathered every machine's files
-        network = ClusterNetwork(exp.topology, scheme.hosts(exp.workload, exp.topology), run_dir, ledger,
-                                 scale=exp.scale, machines=cluster.machines, tunnel=exp.cluster.tunnel,
-                                 staging=cluster.staging, project_dir=cluster.project_dir)
-        zygote = None
-    else:
-        network = Network(exp.topology, scheme.hosts(exp.workload, exp.topology), run_dir, ledger, scale=exp.scale)
-    teardown.callback(lambda: _log_leftovers(network.stop()))
-    if cluster is not None:
-        t_clock = time.time()
-        cluster.measure_clocks()
-        cluster.timings["clocks"] = time.time() - t_clock
-    elif zygote is not None:  # a dead runner's ledger still names it for testbed clean
-        ledger.add_pid("zygote", zygote.proc.pid, shared=True)
-        log.info("processes fork from the sweep's zygote (pid %d)", zygote.proc.pid)
-    elif _forks(exp):  # its imports overlap the network's build
-        zygote = launch.Zygote(on_pid=lambda pid: ledger.add_pid("zygote", pid)).start()
-        teardown.callback(zygote.close)  # after the processes are stopped (last in, first out)
-        log.info("processes fork from this run's zygote (pid %d)", zygote.proc.pid)
+    site = open_site(exp, run_dir, ledger, teardown, zygote)
     log.info("building network")
     progress.phase("building network")
-    t_build = time.time()
-    network.start()
+    topo = site.build()
     log.info("network up in %.1f s", time.time() - t0)
-    if cluster is not None:
-        cluster.timings["build"] = time.time() - t_build
-        cluster.prepare(["spec.yaml"])
-    topo = network.topology
     hosts = [HostInfo(h["name"], h["rack"], h["kind"], len(h["intfs"])) for h in topo["hosts"]]
     plan = scheme.plan(exp.workload, hosts)
-    by_name = {h["name"]: h for h in topo["hosts"]}
-    background = Background(exp.background, topo, network.hosts, run_dir, scale=exp.scale,
-                            on_pid=ledger.add_pid, cluster=cluster)  # refuses hosts the network lacks
+    background = Background(exp.background, topo, site, run_dir, scale=exp.scale,
+                            on_pid=ledger.add_pid)  # refuses hosts the network lacks
     teardown.callback(background.stop)
-    program = exp.workload.program
-    entries = [{"name": p.name, "role": p.role, "index": p.index, "host": p.host, "rack": by_name[p.host]["rack"],
-                **_interface(by_name[p.host], p), **(launch.program_entry(program) if program else {})} for p in plan]
+    entries = process_entries(plan, topo, exp.workload.program)
     doc = launch.write_processes(run_dir, entries, entries[0]["ip"], exp.run.master_port, exp.run.timeout_s)
+    site.share(["processes.json"])
     procs: list[launch.Launched] = []
-    pcap_ports = resolve_ports(exp.capture.pcap.ports, topo["links"], {s["name"] for s in topo["switches"]}) \
-        if exp.capture.pcap else []
-    if cluster is not None:
-        cluster.put(["processes.json"])
-        where = topo["cluster"]["placement"]
-        names: dict[str, list[str]] = {}
-        for e in entries:
-            names.setdefault(where[e["host"]], []).append(e["name"])
-        teardown.callback(cluster.stop_event_mirror)  # before the merge replaces its files
-        cluster.start_event_mirror(names)
-    capture = ClusterCapture(cluster, topo, exp.capture) if cluster is not None else \
-        Capture(run_dir, ports=switch_ports(topo), qdisc_ifaces=uplink_ports(topo) or switch_ports(topo),
-                      pids=lambda: {l.info["name"]: l.popen.pid for l in procs},
-                      spec=exp.capture, on_pid=lambda pid, what: ledger.add_pid(what, pid),
-                      procs=lambda: [(l.info, l.popen.pid) for l in list(procs)], pcap_ports=pcap_ports,
-                      scale=exp.scale)
-    teardown.callback(capture.stop)
-    capture.start()
+    site.follow_events(entries)
+    site.start_capture(procs)
     log.info("capture started")
     background.start_servers()
-
-    def popen(info, cmd, env, logf):
-        if zygote is not None and info.get("iface_index", 0) == 0:
-            return zygote.popen(info, run_dir, env, logf, netns_pid=network.hosts[info["host"]].pid)
-        if len(by_name[info["host"]]["intfs"]) > 1:
-            cmd = bind_to_interface(cmd, info.get("iface_index", 0))
-        if cluster is not None:
-            return cluster.popen(network.hosts[info["host"]], info, cmd, env, logf)
-        return network.hosts[info["host"]].popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT,
-                                                 stdin=subprocess.DEVNULL, cwd=info.get("cwd"))
-
     log.info("launching %d processes", len(entries))
     t_launch = time.time()
     progress.phase(f"starting {len(entries)} processes")
@@ -308,7 +247,8 @@ def _run(exp: Experiment, run_dir: Path, ledger: Ledger, teardown: ExitStack, t0
         procs.append(l)  # known at once: an interrupted start still kills what it started
         ledger.add_pid(l.info["name"], l.popen.pid)
 
-    launch.start(run_dir, doc, popen, on_start=started,
+    program = exp.workload.program
+    launch.start(run_dir, doc, site.popen, on_start=started,
                  env_for=(lambda info: launch.program_env(info, doc, run_dir, program)) if program else None)
     killed: dict[str, str] = {}
 
@@ -316,46 +256,32 @@ def _run(exp: Experiment, run_dir: Path, ledger: Ledger, teardown: ExitStack, t0
         for l in procs:
             if l.info["name"] == name and l.popen.poll() is None:
                 killed[name] = why
-                if cluster is not None:  # the process, not only its SSH session here
-                    cluster.kill(network.hosts[l.info["host"]].server, name)
-                l.popen.kill()
+                site.kill(l)
 
     if exp.events:  # after the launch: its triggers count iterations and emulated seconds
         sched = event_applier.Schedule(exp.events, topo, run_dir, exp.scale, exp.workload.warmup_iterations,
-                         {h: n.pid for h, n in network.hosts.items()}, kill, on_cgroup=ledger.add_cgroup,
-                         compute_mode=exp.workload.compute.mode,
-                         origin=t_launch if program else None,  # a program may mark no iterations
-                         shaper=RemoteLinkShaper(cluster, topo["cluster"]["placement"],
-                                                 {h: n.pid for h, n in network.hosts.items()})
-                         if cluster is not None else None).start()
+                                       site.netns_pids, kill, on_cgroup=ledger.add_cgroup,
+                                       compute_mode=exp.workload.compute.mode, shaper=site.shaper,
+                                       origin=t_launch if program else None).start()  # a program may mark no iterations
         teardown.callback(sched.stop)  # before the processes, the capture and the network stop
     progress.training(run_dir, [e["name"] for e in entries if e["role"] == "worker"], topo)
-    if cluster is not None:
-        cluster.timings["launch"] = time.time() - t_launch
+    site.record("launch", time.time() - t_launch)
     launch.watch(procs, exp.run.timeout_s, on_poll=progress.poll, killed=lambda: dict(killed))
     log.info("all processes done after %.1f s", time.time() - t0)
 
 
-def _forks(exp: Experiment) -> bool:
-    """Its processes fork from a zygote: ``run.launcher: zygote`` and the runtime's own
-    processes (a ``workload.program`` runs its own command)."""
-    return exp.run.launcher == "zygote" and exp.workload.program is None
+def process_entries(plan: list[ProcessPlan], topology: dict, program=None) -> list[dict]:
+    """The ``processes.json`` entries (without ranks) of ``plan`` on the built network
+    (``topology``: its ``topology.json`` document): each process's host, rack, interface
+    address and name, and a ``workload.program``'s command.
 
-
-def switch_ports(topology: dict) -> list[str]:
-    """Every switch-side interface (root namespace): what bwm-ng samples."""
-    switches = {s["name"] for s in topology["switches"]}
-    ports = []
-    for l in topology["links"]:
-        for end in ("1", "2"):
-            if l[f"node{end}"] in switches:
-                ports.append(l[f"intf{end}"])
-    return ports
-
-
-def uplink_ports(topology: dict) -> list[str]:
-    """Both ends of every ToR-core uplink (where the oversubscribed queues build)."""
-    return [l[f"intf{e}"] for l in topology["links"] if l["class"] == "uplink" for e in ("1", "2")]
+    Raises:
+        SpecError: the plan asks for an interface its host does not have.
+    """
+    by_name = {h["name"]: h for h in topology["hosts"]}
+    extra = launch.program_entry(program) if program else {}
+    return [{"name": p.name, "role": p.role, "index": p.index, "host": p.host, "rack": by_name[p.host]["rack"],
+             **_interface(by_name[p.host], p), **extra} for p in plan]
 
 
 @dataclass
@@ -559,7 +485,7 @@ def _run_points(exp: Experiment, points: list[tuple[dict, Experiment]], progress
     bar = tqdm(points, desc=f"sweep {sweep_dir.name}", unit="run", disable=not progress or not sys.stderr.isatty())
     # One zygote for the whole sweep: torch's import and the warm-up (2.3 s) are paid once,
     # not at every point. Its stdin is this process's pipe: if the harness dies, it exits.
-    zygote = launch.Zygote().start() if any(_forks(e) for _, e in points) else None
+    zygote = launch.Zygote().start() if any(forks(e) for _, e in points) else None
     try:
         for i, (point, e) in enumerate(bar):
             label = point_label(point)

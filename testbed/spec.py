@@ -332,6 +332,8 @@ class Experiment(SpecModel):
             out.append(FieldError("scale", s, f"a factor that keeps the dilated links finite and non-zero "
                                               f"(delay_ms x scale = {t.delay_ms * s:g}, host_bw_mbps / scale = "
                                               f"{t.host_bw_mbps / s:g} Mbit/s)"))
+        else:
+            out += t.rate_errors(s)
         if self.scale != 1 and self.workload.compute.mode != "emulated":
             out.append(FieldError("scale", self.scale, "1 unless workload.compute.mode is 'emulated' (time "
                                   "dilation slows emulated compute and links; real compute cannot be slowed)"))

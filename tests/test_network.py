@@ -12,7 +12,8 @@ from traffic import rundir
 from testbed.check import kernel_qdiscs
 from common.errors import MissingRequirement, TestbedError
 from testbed.ledger import Ledger, NetworkLock
-from testbed.network import Network, htb_burst_bytes
+from testbed.network import Network
+from testbed.shaping import htb_burst_bytes
 from topologies import TopologySpec
 from tests.leftovers import leftovers, needs_root
 

@@ -201,20 +201,21 @@ def test_check_refuses_a_real_compute_straggler_without_the_cpu_cgroup_controlle
 
 
 class FakeShaper:
-    """Records what the schedule asks of the network; ``readback`` maps iface -> rate to report."""
+    """Records what the schedule asks of the network (the first end of each link for a rate,
+    the switch ends for a link down or up); ``readback`` maps iface -> rate to report."""
 
     def __init__(self, fail=None, readback=None):
         self.calls, self.fail, self.readback = [], fail, readback or {}
 
-    def set_rate(self, links, shaped_mbps):
-        self.calls.append(("rate", [l["intf1"] for l in links], shaped_mbps))
+    def set_rate(self, ends, shaped_mbps):
+        self.calls.append(("rate", [i for _, i in ends[::2]], shaped_mbps))
         if self.fail:
             raise RuntimeError(self.fail)
-        return {l[f"intf{e}"]: self.readback.get(l[f"intf{e}"], shaped_mbps) for l in links for e in "12"}
+        return {i: self.readback.get(i, shaped_mbps) for _, i in ends}
 
-    def set_state(self, links, up):
-        self.calls.append(("up" if up else "down", [l["intf1"] for l in links]))
-        return [l["intf2"] for l in links]
+    def set_state(self, ends, up):
+        self.calls.append(("up" if up else "down", [i for _, i in ends]))
+        return [i for _, i in ends]
 
 
 def topology_json() -> dict:
@@ -266,7 +267,7 @@ def test_at_iteration_fires_once_every_worker_has_finished_the_iteration_before(
     logs.iteration("worker1", 2, 102, 1.5)
     (rec,) = s.poll(now=103.6)
     assert rec["index"] == 0 and rec["iteration"] == 3 and rec["kind"] == "link_rate"
-    assert shaper.calls == [("down", ["h1-eth0"]), ("rate", ["tor1-eth3"], 50.0)]
+    assert shaper.calls == [("down", ["tor1-eth1"]), ("rate", ["tor1-eth3"], 50.0)]
     assert rec["bw_mbps"] == 50 and rec["shaped_mbps"] == 50 and rec["readback_mbps"] == {"tor1-eth3": 50,
                                                                                           "core1-eth1": 50}
     assert rec["ifaces"] == ["tor1-eth3", "core1-eth1"] and rec["applied"] and "error" not in rec
@@ -339,7 +340,7 @@ def test_stop_records_what_never_came_is_idempotent_and_the_thread_applies_on_ti
     s.stop()
     recs = lines(tmp_path)
     assert [(r["index"], r["applied"]) for r in recs] == [(0, True), (1, True), (2, False)]
-    assert shaper.calls == [("down", ["h1-eth0"]), ("up", ["h1-eth0"])]
+    assert shaper.calls == [("down", ["tor1-eth1"]), ("up", ["tor1-eth1"])]
     assert recs[0]["ts"] - now == pytest.approx(0.3, abs=0.15) and recs[1]["ts"] - now == pytest.approx(0.6, abs=0.15)
     assert recs[0]["ifaces"] == ["tor1-eth1"]  # the switch-side end
     assert recs[2]["ts"] is None and recs[2]["emulated_s"] is None and recs[2]["at_iteration"] == 19

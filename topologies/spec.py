@@ -16,6 +16,10 @@ from common.validation import SpecModel
 #: instead of being planned; what fits this machine is a separate, measured estimate
 MAX_HOSTS = 4096
 MAX_INTERFACES = 64
+#: the highest rate a link is shaped at on this machine, Mbit/s (after dilation): above it a
+#: veth pair on one CPU cannot keep up anyway. The spec's validation and the build
+#: (:class:`testbed.shaping.ShapedIntf`) both use this one value.
+MAX_RATE_MBPS = 40_000.0
 
 
 class TopologySpec(SpecModel):
@@ -112,6 +116,21 @@ class TopologySpec(SpecModel):
         if self.interfaces_per_host > MAX_INTERFACES:
             out.append(FieldError(f"{prefix}.interfaces_per_host", self.interfaces_per_host,
                                   f"at most {MAX_INTERFACES}"))
+        return out
+
+    def rate_errors(self, scale: float, prefix: str = "topology") -> list[FieldError]:
+        """The links whose rate, shaped on this machine at time dilation ``scale`` (rate /
+        ``scale``), exceeds :data:`MAX_RATE_MBPS`: the host links and, for ``rack_core``,
+        the uplinks (given or derived from ``oversubscription``)."""
+        out = []
+        rates = [("host_bw_mbps", self.host_bw_mbps)]
+        if self.kind == "rack_core":
+            rates.append(("uplink_bw_mbps", self.uplink_mbps()))
+        for name, bw in rates:
+            if bw / scale > MAX_RATE_MBPS:
+                out.append(FieldError(f"{prefix}.{name}", bw,
+                                      f"a rate whose shaped rate ({bw:g} / scale {scale:g} = {bw / scale:g} Mbit/s) "
+                                      f"is at most {MAX_RATE_MBPS:g} Mbit/s: lower it or raise scale"))
         return out
 
     def dilated(self, scale: float) -> "TopologySpec":

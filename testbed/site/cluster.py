@@ -1,9 +1,11 @@
-"""What one run does on the other machines of a cluster (issue 20), beside the network
-(:class:`testbed.remote.ClusterNetwork`):
+"""A run across the machines of a spec's ``cluster:`` section (see :class:`ClusterSite`).
 
-* clocks: each machine's offset from this one is measured before the run
-  (:func:`testbed.cluster.clock_offset`) and recorded in ``cluster.json`` with its uncertainty;
-  every timestamp gathered from a machine is corrected by it;
+Beside the network (:class:`testbed.remote.ClusterNetwork`: whole racks per machine, the
+core on the first, tunnels between machines):
+
+* clocks: each machine's offset from this one is measured before the build
+  (:func:`testbed.cluster.clock_offset`) and recorded in ``cluster.json`` with its
+  uncertainty; every timestamp gathered from a machine is corrected by it;
 * staging: each machine's processes write to a directory of their own there,
   ``<runs dir>/.<run id>@<addr>`` (``spec.yaml`` and ``processes.json`` are copied in);
 * processes: each runs in its Mininet host on its machine (``mnexec -a`` over SSH, as
@@ -11,7 +13,7 @@
 * capture: one :mod:`testbed.capture.agent` per machine (bwm-ng, qdisc and CPU samplers on
   that machine's switch ports), started and stopped over SSH;
 * gathering: at teardown the ledger copies each staging directory into
-  ``machines/<addr>/`` (:func:`testbed.ledger.fetch_staging`); :meth:`ClusterRun.merge` then
+  ``machines/<addr>/`` (:func:`testbed.ledger.fetch_staging`); :meth:`ClusterSite.merge` then
   puts the processes' events and results where a one-machine run has them (events' ``ts``
   corrected) and merges the traces into ``traces/`` (:func:`testbed.capture.merge.merge_traces`).
 """
@@ -28,41 +30,104 @@ import threading
 import time
 from pathlib import Path
 
-from testbed.capture.merge import TracePart, merge_traces
-from testbed.ledger import own_pattern
-from testbed.cluster import PROJECT_DIR, ClusterSpec, Machine, clock_offset, end_process
+from contextlib import ExitStack
+
 from common.errors import TestbedError
+from testbed import launch
+from testbed.background import listening_in_shell
+from testbed.capture.merge import TracePart, merge_traces
+from testbed.cluster import PROJECT_DIR, Machine, clock_offset, end_process
+from testbed.ledger import Ledger, own_pattern
+from testbed.remote import ClusterNetwork
+from testbed.site.base import Site, log_leftovers
+from testbed.spec import Experiment
+from traffic import schemes
 from traffic.rundir import write_json
 
-__all__ = ["ClusterCapture", "ClusterRun", "RemoteLinkShaper"]
+__all__ = ["ClusterSite"]
 
 #: how long a machine's capture agent may take to start (its Python imports included), s
 AGENT_START_S = 60.0
 
 
-class ClusterRun:
-    """The per-machine parts of one run on a cluster.
+class ClusterSite(Site):
+    """The network and processes of a run spread over the machines of ``exp.cluster`` (see
+    :class:`testbed.site.Site` and the module doc). Every SSH client started here (capture
+    agents, event mirrors) is recorded in the ledger."""
 
-    Args:
-        cluster: the spec's ``cluster`` section.
-        run_dir: the run directory (on this machine).
-        on_pid: called as ``on_pid(what, pid)`` for every local process started (the SSH
-            clients of the capture agents): the ledger.
-    """
-
-    def __init__(self, cluster: ClusterSpec, run_dir: Path, on_pid=None):
+    def __init__(self, exp: Experiment, run_dir: Path, ledger: Ledger, teardown: ExitStack):
+        super().__init__(exp, run_dir, ledger, teardown)
+        cluster = exp.cluster
         self.spec = cluster
         self.machines = Machine.of(cluster)
-        self.run_dir = Path(run_dir)
         self.project_dir = cluster.project_dir or str(PROJECT_DIR)
         self.python = str(Path(self.project_dir) / ".venv" / "bin" / "python")
         self.staging = {m.addr: str(self.run_dir.parent.resolve() / f".{self.run_dir.name}@{m.addr}")
                         for m in self.machines}
         self.offsets: dict[str, tuple[float, float]] = {}
-        self.on_pid = on_pid or (lambda what, pid: None)
         self._agents: dict[str, subprocess.Popen] = {}
         self._mirrors: list[tuple[subprocess.Popen, threading.Thread]] = []
-        self.timings: dict[str, float] = {}
+        self.capture_errors: list[str] = []
+        teardown.callback(self.merge)  # after the ledger has gathered every machine's files
+        scheme = schemes.get(exp.workload.scheme)
+        self.network = ClusterNetwork(exp.topology, scheme.hosts(exp.workload, exp.topology), run_dir, ledger,
+                                      scale=exp.scale, machines=self.machines, tunnel=cluster.tunnel,
+                                      staging=self.staging, project_dir=self.project_dir)
+        teardown.callback(lambda: log_leftovers(self.network.stop()))
+
+    def _on_pid(self, what: str, pid: int) -> None:
+        self.ledger.add_pid(what, pid)
+
+    def build(self) -> dict:
+        """Measure the clocks, build the network across the machines, create each machine's
+        staging directory with ``spec.yaml`` in it.
+
+        Raises:
+            TestbedError: a clock could not be read, the network could not be built, or a
+                machine refused the staging directory.
+        """
+        t = time.time()
+        self.measure_clocks()
+        self.record("clocks", time.time() - t)
+        t = time.time()
+        topology = super().build()
+        self.record("build", time.time() - t)
+        self.prepare(["spec.yaml"])
+        return topology
+
+    def share(self, files: list[str]) -> None:
+        self.put(files)
+
+    def host_dir(self, host: str) -> Path:
+        return Path(self.staging[self.hosts[host].server])
+
+    def fetch(self, host: str, relpath: str) -> None:
+        text = self.read_file(self.hosts[host].server, str(self.host_dir(host) / relpath))
+        if text is not None:
+            (self.run_dir / relpath).write_text(text)
+
+    def run_in(self, host: str, cmd: list[str], log_file) -> subprocess.Popen:
+        # the remote shell parses the command line
+        return super().run_in(host, [shlex.quote(a) for a in cmd], log_file)
+
+    def listening(self, host: str, port: int) -> bool:
+        return listening_in_shell(self.hosts[host], port)
+
+    def kill(self, launched: launch.Launched) -> None:
+        # the process there, not only its SSH session here
+        self.kill_remote(self.hosts[launched.info["host"]].server, launched.info["name"])
+        launched.popen.kill()
+
+    def stop_matching(self, part: str, grace_s: float) -> None:
+        self.terminate_matching(part, grace_s)
+
+    def follow_events(self, entries: list[dict]) -> None:
+        where = self.topology["cluster"]["placement"]
+        names: dict[str, list[str]] = {}
+        for e in entries:
+            names.setdefault(where[e["host"]], []).append(e["name"])
+        self.teardown.callback(self.stop_event_mirror)  # before the merge replaces its files
+        self.start_event_mirror(names)
 
     def machine(self, addr: str) -> Machine:
         """The machine at ``addr``."""
@@ -110,15 +175,16 @@ class ClusterRun:
 
     # ------------------------------------------------------------------ processes
 
-    def popen(self, node, info: dict, cmd: list[str], env: dict, log) -> subprocess.Popen:
-        """Start process ``info`` (a ``processes.json`` entry) in ``node``, a
+    def _popen(self, info: dict, cmd: list[str], env: dict, log) -> subprocess.Popen:
+        """Start process ``info`` (a ``processes.json`` entry) in its host, a
         :class:`testbed.remote.RemoteHost`, as the harness would here: ``cmd`` with this
         interpreter replaced by the project's Python there, in the entry's ``cwd`` (a
         ``workload.program``'s, which must exist there too), with ``env``'s settings that
-        differ from this process's environment (and the testbed's own ``TESTBED_*``); every path into the run directory (the
-        runtime's argument, ``TESTBED_EVENTS``, ``TESTBED_RUN_DIR``) points into the
-        machine's staging directory instead, and the project there is importable. The
-        output goes to ``log``."""
+        differ from this process's environment (and the testbed's own ``TESTBED_*``); every
+        path into the run directory (the runtime's argument, ``TESTBED_EVENTS``,
+        ``TESTBED_RUN_DIR``) points into the machine's staging directory instead, and the
+        project there is importable. The output goes to ``log``."""
+        node = self.hosts[info["host"]]
         staging, here = self.staging[node.server], str(self.run_dir)
 
         def there(text: str) -> str:
@@ -137,7 +203,7 @@ class ClusterRun:
         return node.popen(["sh", "-c", shlex.quote(line)], stdout=log, stderr=subprocess.STDOUT,
                           stdin=subprocess.DEVNULL)
 
-    def kill(self, addr: str, name: str) -> list[int]:
+    def kill_remote(self, addr: str, name: str) -> list[int]:
         """SIGKILL process ``name`` of this run on machine ``addr`` (found by the
         ``TESTBED_PROC`` and ``TESTBED_RUN_DIR`` of its environment) and whatever it
         started; the pids killed."""
@@ -186,7 +252,7 @@ class ClusterRun:
                 raise TestbedError(f"cannot create the event logs on {m.addr}: {r.stderr.strip()}")
             p = subprocess.Popen(m.ssh_argv(f"exec tail -q -n +1 -F {quoted}"), stdin=subprocess.DEVNULL,
                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
-            self.on_pid(f"events:{m.addr}", p.pid)
+            self._on_pid(f"events:{m.addr}", p.pid)
             t = threading.Thread(target=self._mirror, args=(p, self.offsets.get(m.addr, (0.0, 0.0))[0]),
                                  name=f"events-{m.addr}", daemon=True)
             t.start()
@@ -227,7 +293,32 @@ class ClusterRun:
 
     # ------------------------------------------------------------------ capture
 
-    def start_capture(self, ports: dict[str, list[str]], qdisc_ifaces: dict[str, list[str]], capture_spec) -> None:
+    def start_capture(self, procs: list[launch.Launched]) -> None:
+        """Start the capture agent of every machine that has switch ports, on those ports
+        (qdisc samples on the uplink ends there, or on every switch port of a machine
+        without one), and wait until each samples; they stop at teardown, and what they
+        could not do is kept in ``logs/capture.log``.
+
+        Raises:
+            TestbedError: an agent failed or did not start within :data:`AGENT_START_S`.
+        """
+        where = self.topology["cluster"]["placement"]
+        switches = {s["name"] for s in self.topology["switches"]}
+        ports: dict[str, list[str]] = {}
+        uplinks: dict[str, list[str]] = {}
+        for link in self.topology["links"]:
+            for end in ("1", "2"):
+                node = link[f"node{end}"]
+                if node in switches:
+                    ports.setdefault(where[node], []).append(link[f"intf{end}"])
+                if link["class"] == "uplink":
+                    uplinks.setdefault(where[node], []).append(link[f"intf{end}"])
+        spec = self.exp.capture
+        qdisc = {a: uplinks.get(a) or mine for a, mine in ports.items()} if spec.qdisc else {}
+        self.teardown.callback(self.stop_capture)
+        self._start_agents(ports, qdisc, spec)
+
+    def _start_agents(self, ports: dict[str, list[str]], qdisc_ifaces: dict[str, list[str]], capture_spec) -> None:
         """Start the capture agent of every machine that has switch ports (``ports``:
         machine -> its ports) and wait until each samples.
 
@@ -247,13 +338,14 @@ class ClusterRun:
             p = subprocess.Popen(m.ssh_argv(cmd), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, start_new_session=True)
             self._agents[m.addr] = p
-            self.on_pid(f"capture:{m.addr}", p.pid)
+            self._on_pid(f"capture:{m.addr}", p.pid)
             line = _read_line(p, AGENT_START_S)
             if not line.startswith("ready"):
                 raise TestbedError(f"the capture agent on {m.addr} did not start: {line.strip() or 'no answer'}")
 
-    def stop_capture(self) -> list[str]:
-        """Stop every capture agent (its stdin closed; killed after 15 s); the problems met."""
+    def stop_capture(self) -> None:
+        """Stop every capture agent (its stdin closed; killed after 15 s); the problems met
+        go to ``logs/capture.log``. Idempotent."""
         errors = []
         for addr, p in self._agents.items():
             if not end_process(p, 15):
@@ -262,7 +354,10 @@ class ClusterRun:
                 out = p.stdout.read().decode(errors="replace").strip()
                 errors.append(f"the capture agent on {addr} exited with {p.returncode}: {out[-300:]}")
         self._agents.clear()
-        return errors
+        if errors:
+            self.capture_errors += errors
+            with open(self.run_dir / "logs" / "capture.log", "a") as f:
+                f.writelines(e.replace("\n", " ") + "\n" for e in errors)
 
     # ------------------------------------------------------------------ after the run
 
@@ -324,108 +419,3 @@ def _shift_events(src: Path, dest: Path, offset_s: float) -> None:
             if isinstance(ev.get("ts"), (int, float)):
                 ev["ts"] = ev["ts"] - offset_s
             out.write(json.dumps(ev, separators=(",", ":")) + "\n")
-
-
-class ClusterCapture:
-    """The capture of a cluster run, with :class:`testbed.capture.Capture`'s ``start`` /
-    ``stop``: one agent per machine on the switch ports there (qdisc samples on the uplink
-    ends there, or on every switch port of a machine without one).
-
-    Args:
-        cluster: the run's :class:`ClusterRun`.
-        topology: the ``topology.json`` document of a :class:`testbed.remote.ClusterNetwork`.
-        spec: the experiment's ``capture`` section.
-    """
-
-    def __init__(self, cluster: ClusterRun, topology: dict, spec):
-        self.cluster, self.spec = cluster, spec
-        where = topology["cluster"]["placement"]
-        switches = {s["name"] for s in topology["switches"]}
-        self.ports: dict[str, list[str]] = {}
-        self.uplinks: dict[str, list[str]] = {}
-        for link in topology["links"]:
-            for end in ("1", "2"):
-                node = link[f"node{end}"]
-                if node in switches:
-                    self.ports.setdefault(where[node], []).append(link[f"intf{end}"])
-                if link["class"] == "uplink":
-                    self.uplinks.setdefault(where[node], []).append(link[f"intf{end}"])
-        self.errors: list[str] = []
-        self._started = False
-
-    def start(self) -> "ClusterCapture":
-        """Start every machine's agent.
-
-        Raises:
-            TestbedError: an agent did not start (those started are stopped).
-        """
-        self._started = True
-        qdisc = {a: self.uplinks.get(a) or ports for a, ports in self.ports.items()} if self.spec.qdisc else {}
-        try:
-            self.cluster.start_capture(self.ports, qdisc, self.spec)
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def stop(self) -> None:
-        """Stop every agent (idempotent); problems are kept in ``logs/capture.log``."""
-        if not self._started:
-            return
-        self._started = False
-        self.errors += self.cluster.stop_capture()
-        if self.errors:
-            with open(self.cluster.run_dir / "logs" / "capture.log", "a") as f:
-                f.writelines(e.replace("\n", " ") + "\n" for e in self.errors)
-
-
-class RemoteLinkShaper:
-    """:class:`testbed.event_applier.LinkShaper` for a cluster run: each link end is changed on
-    its own machine, by the same code run there by the project's Python (one SSH command per
-    machine and event).
-
-    Args:
-        cluster: the run's :class:`ClusterRun`.
-        placement: node -> machine address (``topology.json``'s ``cluster.placement``).
-        netns_pids: host name -> the pid of its shell on its machine.
-    """
-
-    def __init__(self, cluster: ClusterRun, placement: dict[str, str], netns_pids: dict[str, int]):
-        self.cluster, self.placement, self.netns_pids = cluster, placement, dict(netns_pids)
-
-    def _ends(self, links: list[dict]) -> dict[str, list[tuple[str | None, str]]]:
-        out: dict[str, list] = {}
-        for link in links:
-            for end in ("1", "2"):
-                node = link[f"node{end}"]
-                out.setdefault(self.placement[node], []).append((node if node in self.netns_pids else None,
-                                                                link[f"intf{end}"]))
-        return out
-
-    def _run(self, addr: str, query: dict):
-        try:
-            return self.cluster.machine(addr).python(self.cluster.project_dir, _SHAPER_PROBE, query, timeout_s=60)
-        except (RuntimeError, subprocess.TimeoutExpired) as e:
-            raise TestbedError(f"changing links on {addr} failed: {e}") from None
-
-    def set_rate(self, links: list[dict], shaped_mbps: float) -> dict[str, float | None]:
-        """As :meth:`testbed.event_applier.LinkShaper.set_rate`, each end on its machine."""
-        out = {}
-        for addr, ends in self._ends(links).items():
-            out.update(self._run(addr, {"op": "rate", "mbps": shaped_mbps, "ends": ends, "pids": self.netns_pids}))
-        return out
-
-    def set_state(self, links: list[dict], up: bool) -> list[str]:
-        """As :meth:`testbed.event_applier.LinkShaper.set_state`, each switch port on its machine."""
-        out = []
-        for addr, ends in self._ends(links).items():
-            ports = [e for e in ends if e[0] is None]
-            if ports:
-                out += self._run(addr, {"op": "state", "up": up, "ends": ports, "pids": self.netns_pids})
-        return out
-
-
-_SHAPER_PROBE = ("import json, sys; from testbed.event_applier import LinkShaper; q = json.load(sys.stdin); "
-                 "s = LinkShaper(q['pids']); ends = [tuple(e) for e in q['ends']]; "
-                 "print(json.dumps(s.set_rate_ends(ends, q['mbps']) if q['op'] == 'rate' else "
-                 "s.set_state_ends(ends, q['up'])))")
