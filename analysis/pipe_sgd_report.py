@@ -1,4 +1,4 @@
-"""Pipe-SGD report (pipe-sgd.txt Fig. 4): per variant final accuracy, accuracy against train
+"""Pipe-SGD report (Fig. 4): per variant final accuracy, accuracy against train
 time, throughput, the timing breakdown, speed-ups, and the timing model against measurement.
 
 Usage::
@@ -61,7 +61,7 @@ from traffic.models import build_model, model_info
 __all__ = ["REPORT", "variant_label", "find_runs", "analyze_run", "accuracy_curve", "report", "speedups",
            "table", "plots", "main"]
 
-PAPER = {  # pipe-sgd.txt Section 4 ("Results and Analysis") and Fig. 4 labels
+PAPER = {  # Pipe-SGD Section 4 ("Results and Analysis") and Fig. 4 labels
     "speedup_vs_dsync": "2.0-3.2x", "speedup_vs_ps": "4.0-5.4x",
 }
 
@@ -273,7 +273,7 @@ def plots(paths, out_dir, alpha_us: float = 0.0) -> list[Path]:
 
 
 def plot_accuracy(runs: list[Path], rows: list[dict], path) -> None:
-    """Accuracy against train time of every run with ``eval`` events (pipe-sgd.txt Fig. 4 left)."""
+    """Accuracy against train time of every run with ``eval`` events (Pipe-SGD Fig. 4 left)."""
     # lazy: analysis.plots loads matplotlib, which the tables do not need
     from analysis.plots import plt, save_figure
     fig, ax = plt.subplots(figsize=(7, 4.5))

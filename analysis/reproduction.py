@@ -1,5 +1,5 @@
 """The reproduction catalogue: every figure and table of the five papers' evaluations, the
-spec that reproduces each here, and how far it does (issue 15).
+spec that reproduces each here, and how far it does.
 
     from analysis.reproduction import load_catalogue, format_list
     entries = load_catalogue()        # validated, in the file's order
@@ -21,7 +21,7 @@ status but ``reproduced``, a measurement for every ``reproduced``. Every problem
 reported at once in one :class:`CatalogueError` that names the entry and the field.
 :func:`missing_quotes` checks that every quoted paper value is in the paper's text.
 
-Status rule (issue 15's tolerance, :data:`TOLERANCE`): ``reproduced`` when every paper value
+Status rule (the tolerance :data:`TOLERANCE`): ``reproduced`` when every paper value
 of the entry was measured here, on the setting the spec states, within +-25 % of the paper's
 ratio; ``partly`` when some of it was measured or matches; ``not`` when nothing was measured
 yet (e.g. no spec); ``not possible here`` when this testbed cannot produce it at all.
@@ -51,7 +51,8 @@ __all__ = ["MARKER", "CATALOGUE", "PAPERS", "QUICK_MAX_MINUTES", "REPO_ROOT", "S
 CATALOGUE = Path(__file__).resolve().parent / "data" / "reproduction.yaml"
 #: the repository this package sits in: spec paths (``experiments/...``) are relative to it
 REPO_ROOT = Path(__file__).resolve().parents[1]
-#: id prefix -> the paper's text file (in the papers directory, /work/shared/papers/)
+#: id prefix -> the name of the paper's text file in the directory given to :func:`missing_quotes`
+#: (the papers' texts are not part of the repository)
 PAPERS = {"p3": "p3.txt", "phub": "phub.txt", "ibatch": "ibatch.txt", "stanza": "stanza.txt",
           "pipe_sgd": "pipe-sgd.txt"}
 #: the file ``testbed reproduce`` writes into each sweep (or run) directory it makes: which
@@ -59,9 +60,9 @@ PAPERS = {"p3": "p3.txt", "phub": "phub.txt", "ibatch": "ibatch.txt", "stanza": 
 MARKER = "reproduce.json"
 #: the allowed statuses, from best to worst
 STATUSES = ("reproduced", "partly", "not", "not possible here")
-#: a measured ratio within this fraction of the paper's counts as reproduced (issue 15)
+#: a measured ratio within this fraction of the paper's counts as reproduced
 TOLERANCE = 0.25
-#: the longest a ``quick`` version may take here, wall minutes ("a few minutes", issue 15)
+#: the longest a ``quick`` version may take here, wall minutes (a few minutes)
 QUICK_MAX_MINUTES = 5
 
 _ID = re.compile(r"(%s)\.(fig|table)[0-9]+[a-z0-9_]*" % "|".join(PAPERS))
@@ -111,7 +112,9 @@ class Measured(SpecModel):
     value: Text
     """What was measured, with units."""
     source: Text
-    """Where it is recorded: a run directory under ``runs/``, or the note that records it."""
+    """Where it is recorded: a run directory under ``runs/`` or ``reproduction/runs/`` (``not
+    kept`` when the directory was deleted after its numbers were recorded), or the command that
+    prints it."""
 
 
 def _check_overrides(v: list[str]) -> list[str]:

@@ -1,4 +1,4 @@
-"""The reproduction scoreboard (issue 15): ``REPRODUCTION.md``, generated from the run
+"""The reproduction scoreboard: ``REPRODUCTION.md``, generated from the run
 directories that ``testbed reproduce`` marked, never typed by hand.
 
     testbed reproduce ID --headline --repeat 3            # runs, each sweep marked reproduce.json

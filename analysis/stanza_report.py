@@ -13,7 +13,7 @@ For every run (a run directory, or every run of a sweep directory) of scheme ``s
   emulated-network time; recomputed from the events when there is no summary);
 * ``predicted_s``: Stanza eq. (3) with the run's ``n_c``, ``n_f``, or PS eq. (6) with its
   workers and servers (:mod:`analysis.paper_models.stanza`), from the run's compute profile and
-  ``topology.host_bw_mbps`` (real-compute runs have no profile: no prediction);
+  ``topology.host_bw_mbps`` (real-compute runs have no compute profile: no prediction);
 * ``fc_bytes_per_iter`` (Stanza §6.3 "FC-Data"): payload bytes sent per iteration to
   update the FC layers -- Stanza: activations, their gradients, the labels and, with
   several FC workers, the FC allreduce; PS: pushes and pulls of keys in layers at or after
@@ -174,7 +174,8 @@ def _predict(run: Run, scheme: str, model: str, K: int, n: int, other: int, prof
 
 
 #: What identifies a Stanza run's PS baseline: the same model, worker count and compute
-#: profile (a sweep over profiles gives the band of issue 14: PHub-derived against Table 1).
+#: profile (a sweep over compute profiles gives the band of compute times: PHub-derived against
+#: Table-1-derived).
 POINT = ["model", "workers", "profile"]
 
 #: ``pair``'s ratios, PS over Stanza: name -> the per-run figure compared.

@@ -1,6 +1,6 @@
 """Link utilization of one host over time, and its idle fraction (P3 Figures 8 and 9).
 
-P3 (Jayarajan et al., SysML 2019, Sec. 5.3) plots the traffic one worker machine sends and
+P3 (Jayarajan et al., SysML 2019, Sec. 5.3) plots the traffic one worker host sends and
 receives, sampled with bwm-ng every 10 ms, and argues from the *idle* stretches of that
 plot: the baseline's traffic is bursty with regular crests, P3's fills the gaps. This module
 gives both as numbers, from a run directory's bwm-ng trace:

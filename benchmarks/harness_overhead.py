@@ -1,6 +1,6 @@
 """Benchmark: what the harness costs a run, and how many hosts this machine emulates faithfully.
 
-Prints (issue 16's figures), each from real runs through ``testbed.runner`` on this machine:
+Prints, each from real runs through ``testbed.runner`` on this machine:
 
 1. per process count (4, 8, 16, 32 workers of ring allreduce on digits_mlp, racks of 4 hosts
    behind a 2:1 core): network build, launch to every process ready (the last ``init``

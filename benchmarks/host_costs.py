@@ -111,7 +111,7 @@ class Paper:
 
 
 PAPERS = (
-    Paper("phub_pbox", "phub_pbox.yaml", "pbox", "phub PBox, 32 KiB chunks (phub.txt 3.2.3) in the spec's frames",
+    Paper("phub_pbox", "phub_pbox.yaml", "pbox", "phub PBox, 32 KiB chunks (PHub Sec. 3.2.3) in the spec's frames",
           ("message", "aggregate", "optimizer"), (("chunk_bytes", CHUNK_BYTES),)),
     Paper("phub_pbox", "phub_pbox.yaml", "pbox", "phub PBox, 32 KiB chunks, one real op per chunk (frame_bytes 0)",
           ("aggregate", "optimizer"), (("chunk_bytes", CHUNK_BYTES), ("frame_bytes", 0))),

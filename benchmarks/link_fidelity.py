@@ -16,7 +16,7 @@ Each figure is measured with standard 1500-byte frames and with 9000-byte jumbo 
 4.4% of a link (1448 payload bytes per 1514-byte frame), and per-packet costs on a 2-core
 machine add more.
 
-Targets (issue 2): rate ratios >= 0.95; allreduce ratio <= 1.10.
+Targets: rate ratios >= 0.95; allreduce ratio <= 1.10.
 
     sudo .venv/bin/python benchmarks/link_fidelity.py [--seconds 5] [--reps 4] [--mbytes 25] [--mtus 1500,9000]
 """

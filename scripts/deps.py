@@ -1,4 +1,5 @@
-"""Print the project's import graph and check the layer rule (design.md, "Dependencies point one way").
+"""Print the project's import graph and check the layer rule (dependencies point one way:
+``docs/architecture.md``).
 
     .venv/bin/python scripts/deps.py            # package graph, violations, cycles, in-function imports
     .venv/bin/python scripts/deps.py --modules  # also every module-level edge

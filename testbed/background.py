@@ -1,7 +1,7 @@
 """Background traffic: iperf3 flows between hosts of the emulated network while a run trains.
 
 PHub blames part of the slowdown of cloud training on the network core: racks have full
-bisection bandwidth inside, but "not across racks when the core is busy" (phub.txt
+bisection bandwidth inside, but "not across racks when the core is busy" (PHub
 Section 2.3.3, Figure 6). A spec's ``background`` section (:class:`testbed.spec.BackgroundFlow`)
 adds such traffic: each flow is one iperf3 client on host ``src`` sending to an iperf3
 server on host ``dst`` at ``rate_mbps`` for ``duration_s``, starting ``start_s`` after the

@@ -58,7 +58,7 @@ class Ledger:
     cgroups: list[str] = field(default_factory=list)
     """Paths of the cgroups the run made (:mod:`testbed.cgroups`)."""
     machines: dict[str, dict] = field(default_factory=dict)
-    """A cluster run's other machines (issue 20), address -> what the run made there:
+    """A cluster run's other machines, address -> what the run made there:
     ``{"ssh": [ssh and its options], "dest": "user@addr", "bridges": [...], "interfaces":
     [...], "pids": {name: pid there}, "staging": the directory its processes write}``;
     :meth:`sweep` removes them over SSH (:func:`remote_sweep_script`)."""

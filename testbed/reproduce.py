@@ -1,5 +1,5 @@
 """``testbed reproduce ID [--quick]``: run one figure or table of the papers' evaluations and
-print the paper's numbers beside the measured ones (issue 15).
+print the paper's numbers beside the measured ones.
 
     from testbed.reproduce import reproduce
     status = reproduce(get_entry(load_catalogue(), "p3.fig7a"), quick=True)

@@ -232,7 +232,7 @@ class Experiment(SpecModel):
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
     """What trains."""
     host: HostSpec = Field(default_factory=HostSpec)
-    """The emulated machine's non-network costs (a host profile and rates; :mod:`traffic.hostmodel`)."""
+    """The emulated host's non-network costs (a host profile and rates; :mod:`traffic.hostmodel`)."""
     capture: CaptureSpec = Field(default_factory=CaptureSpec)
     """What is recorded."""
     run: RunSpec = Field(default_factory=RunSpec)
@@ -246,7 +246,7 @@ class Experiment(SpecModel):
     background: list[BackgroundFlow] = Field(default_factory=list)
     """iperf3 flows between hosts during the run, e.g. to load the core."""
     cluster: Optional[ClusterSpec] = None
-    """The machines the racks are spread over (issue 20; :mod:`testbed.remote`): none (the
+    """The machines the racks are spread over (:mod:`testbed.remote`): none (the
     default) builds everything on this machine."""
     events: list[ScheduledEvent] = Field(default_factory=list)
     """Scheduled events (:mod:`traffic.event_spec`): each one trigger (``at_s``: emulated

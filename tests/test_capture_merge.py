@@ -1,4 +1,4 @@
-"""Cluster capture (issue 20): merging machines' traces on the controller's clock
+"""Cluster capture: merging machines' traces on the controller's clock
 (:mod:`testbed.capture.merge`) and the per-machine capture agent (:mod:`testbed.capture.agent`).
 
 The merge tests use tests/data/bwm-ng-veth.csv (a real bwm-ng 0.6.3 capture) as the

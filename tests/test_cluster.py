@@ -1,4 +1,4 @@
-"""Several machines (issue 20), the parts built so far: rack placement
+"""Several machines without a run: rack placement
 (:mod:`topologies.placement`), the spec's ``cluster:`` section and ``testbed check --cluster``
 (:mod:`testbed.cluster`), checked against "machines" made of network namespaces on this
 machine, each running its own SSH server with a throw-away key."""

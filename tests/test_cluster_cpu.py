@@ -1,4 +1,4 @@
-"""CPU headroom of a run spread over several machines (issue 20): ``cpu_stats`` and the
+"""CPU headroom of a run spread over several machines: ``cpu_stats`` and the
 ``cpu_starved`` flag judge every machine on its own samples.
 
 The traces are built as the samplers write them (:mod:`testbed.capture.cpu`: ``time`` with

@@ -1,4 +1,4 @@
-"""A run spread over two "machines" (issue 20): network namespaces of this machine, each with
+"""A run spread over two "machines": network namespaces of this machine, each with
 its own SSH server (tests/test_cluster.py), joined by a bridge. The kernel is shared, so this
 tests the control and data paths (SSH, tunnels, the per-machine ledger, capture, gathering,
 teardown), not performance."""
@@ -105,7 +105,7 @@ def test_quickstart_on_two_machines_moves_the_core_bytes_of_one_machine(machines
 
 
 def test_a_plain_ddp_program_on_two_machines_moves_its_allreduce_bytes(machines, tmp_path):
-    """Issue 18's unmodified DDP script (tests/test_program_e2e.py), its workers spread over
+    """The plain DDP script of tests/test_program_e2e.py, unmodified, its workers spread over
     two machines: each worker's link moves what the ring allreduce implies (the bytes seen on
     the switch ports of both machines, merged on one clock)."""
     (tmp_path / "ddp.py").write_text(DDP)

@@ -1,4 +1,4 @@
-"""Runs that end badly, and two users at once (issue 17, items 5-7).
+"""Runs that end badly, and two users at once.
 
 Each fault case checks three things: what the user sees (exit status, message, the run's
 ``summary.json``), that nothing is left on the machine, and that what the run had written is

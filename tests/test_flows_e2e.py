@@ -1,5 +1,5 @@
 """Packets and flows through the harness: tcpdump on switch ports of a real run, read with
-scapy, every flow attributed to the processes at its ends (issue 19's checks)."""
+scapy, every flow attributed to the processes at its ends."""
 import json
 import subprocess
 import sys

@@ -18,8 +18,8 @@ Every property runs a bounded number of examples by default (the file takes well
 minute); ``-m fuzz_long`` selects the same properties with 2000 examples each. Examples are
 derandomized (the same inputs every run). With ``FUZZ_CENSUS=<file.json>`` no property fails:
 each records every input's outcome (``ok``, ``SpecError``, ... or the unexpected exception's
-type), and the counts are written to that file (used for the before/after figures of the
-issue's closing note).
+type), and the counts are written to that file (a census of how the inputs end, to compare
+two versions of the validation).
 """
 from __future__ import annotations
 

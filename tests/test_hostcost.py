@@ -26,7 +26,7 @@ def test_a_stated_cost_takes_scale_times_its_time(scale, tmp_path):
     x.add_(x)  # warm: the first operation of a process may take longer than a budget
     t0 = time.perf_counter()
     for _ in range(5):
-        with costs.charge("aggregate", nbytes=2 * MB, iteration=0):  # 20 ms of the emulated machine
+        with costs.charge("aggregate", nbytes=2 * MB, iteration=0):  # 20 ms of the emulated host
             x.add_(x)
     took = time.perf_counter() - t0
     assert took == pytest.approx(5 * 0.020 * scale, rel=0.10)

@@ -1,4 +1,5 @@
-"""The layer rule of design.md: topologies <- traffic <- analysis <- testbed, no cycles."""
+"""The layer rule (docs/architecture.md): common <- topologies <- traffic <- analysis <- testbed,
+no cycles."""
 import importlib.util
 from pathlib import Path
 

@@ -1,5 +1,5 @@
-"""Per-message host cost of the transport (issue 14: "message_overhead_us: software cost per
-message sent and per message received").
+"""Per-message host cost of the transport (``host.message_overhead_us``: the software cost per
+message sent and per message received).
 
 Two processes over gloo on loopback (:func:`_member`): rank 0 sends, rank 1 receives. With a
 host model stating a message overhead, every point-to-point message is charged exactly one

@@ -228,7 +228,7 @@ def test_build_model_defaults_overrides_and_compatibility():
     assert m(m.example_input(2)).shape == (2, 100)
     m = build_model("mnist_mlp", 0, (1, 28, 28))
     assert m.input_shape == (1, 28, 28) and m(m.example_input(2)).shape == (2, 10)
-    # the old positional call still works, deterministically
+    # the positional call (name, seed, input shape, classes) gives the defaults' model, deterministically
     a, b = build_model("cifar100_alexnet", 5, (3, 32, 32), 100), build_model("cifar100_alexnet", 5)
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
     with pytest.raises(KeyError, match="unknown model"):

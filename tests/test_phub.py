@@ -6,7 +6,7 @@ single process trained on the same global batches (:mod:`traffic.reference`): PH
 synchronous PS, so they must agree to float tolerance, whatever the chunking, threads,
 server processes, hierarchy or tenancy.
 
-* **Chunk -> (interface, thread) is fixed** (phub.txt Sec. 3.2.4): from the servers' events,
+* **Chunk -> (interface, thread) is fixed** (PHub Sec. 3.2.4): from the servers' events,
   every ``push`` received for a chunk, in every iteration and from every worker, is received
   by the same server process on the same thread (``srv<t>``), the one :func:`assign_chunks`
   gives it; and every worker sends each chunk to that process.

@@ -3,7 +3,7 @@
 * **Frames** (:mod:`traffic.schemes.phub.frames`): every chunk in exactly one frame, of one
   (job, interface, thread, layer), within ``frame_bytes`` unless alone; the buffer layout
   (payloads, then each chunk's metadata) and the reply of a refused sender.
-* **Charges per logical chunk** (phub.txt Sec. 3.2.2, 3.2.4, 4.8): :class:`ChargeBatch`
+* **Charges per logical chunk** (PHub Sec. 3.2.2, 3.2.4, 4.8): :class:`ChargeBatch`
   makes one accountant operation per chunk (or one block charged as its chunks) and one
   span per batch; a frame's one real optimizer step equals one step per chunk
   (:func:`step_frame`); the ring of a frame

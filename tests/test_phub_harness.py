@@ -1,4 +1,4 @@
-"""The harness side of PHub (phub.txt): PS configurations, PBox hosts with k interfaces,
+"""The harness side of PHub: PS configurations, PBox hosts with k interfaces,
 processes bound to an interface, background iperf3 traffic on the core.
 
 Fast cases check specs, plans and commands; cases marked ``slow`` build Mininet networks

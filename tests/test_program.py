@@ -1,4 +1,4 @@
-"""A researcher's own program (workload.program, issue 18 part 1): its spec, its plan and
+"""A researcher's own program (workload.program): its spec, its plan and
 torchrun environment, the iteration marks, and a plain DDP script run unmodified on loopback
 (no root). The run on the emulated network is in test_program_e2e.py (slow, root)."""
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A plain DistributedDataParallel script (no import of this project) run unmodified on the
-emulated quickstart network (issue 18 part 1): each worker's link moves the bytes the
+emulated quickstart network: each worker's link moves the bytes the
 gradient allreduce implies, and nothing is left behind. Needs root; slow."""
 from __future__ import annotations
 

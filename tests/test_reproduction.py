@@ -27,7 +27,7 @@ def test_the_shipped_catalogue_covers_the_five_papers():
     counts = {p: sum(e.paper == p for e in ENTRIES) for p in PAPERS}
     assert all(n >= 5 for n in counts.values()), counts
     assert {e.status for e in ENTRIES} <= set(STATUSES)
-    # the figures issue 15 names as lacking a spec are listed, each with a spec or a reason why it has none
+    # figures that lack a spec or a run are listed, each with a spec or a reason why it has none
     for ident in ["p3.fig7b", "p3.fig7d", "p3.fig10a", "p3.fig12_resnet50", "ibatch.fig5_vgg19_22k", "ibatch.fig7",
                   "phub.fig13", "phub.fig15", "phub.fig20_left", "phub.table5", "stanza.table1", "stanza.table7",
                   "stanza.fig8", "pipe_sgd.fig4_cifar100_accuracy"]:
@@ -192,7 +192,7 @@ def test_format_list_has_every_entry_its_reason_and_the_counts():
     for e in ENTRIES:
         assert e.id in text
     assert "testbed run experiments/p3_vgg19.yaml" in text
-    assert "why: Spec written, not run here yet (issue 15): an Inception-V3 copy" in text
+    assert "why: Spec written, not run here yet: an Inception-V3 copy" in text
     n = {s: sum(e.status == s for e in ENTRIES) for s in STATUSES}
     assert f"{len(ENTRIES)} figures and tables: p3 " in text
     assert "status: " + ", ".join(f"{s} {n[s]}" for s in STATUSES if n[s]) in text

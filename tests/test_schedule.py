@@ -1,4 +1,4 @@
-"""Scheduled events (issue 18 part 2) without a network: the spec's checks, the plan-time
+"""Scheduled events without a network: the spec's checks, the plan-time
 check, the schedule's triggers on synthetic event logs, the runtime's straggler, the summary's
 segments, plots and timeline. The emulated network's behaviour is tests/test_schedule_e2e.py."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Scheduled events on the emulated network (issue 18 part 2, "How we will check it"): an
+"""Scheduled events on the emulated network: an
 uplink halved at a scheduled time runs at the new rate, a host link taken down carries no bytes
 until it is brought up, a straggler at 2x lengthens a synchronous iteration by its compute
 time, a real-compute straggler's cgroup holds the host's processes and is gone afterwards;

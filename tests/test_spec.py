@@ -264,7 +264,7 @@ def test_a_symlink_in_the_runs_directory_cannot_lead_a_run_outside(tmp_path):
 def test_kind_rack_without_racks_is_one_rack():
     t = from_dict({"topology": {"kind": "rack", "hosts_per_rack": 4}}).topology
     assert (t.kind, t.racks) == ("rack", 1)
-    # the spec: valid (whether netem is there is the machine check's business)
+    # one rack with a link delay: valid (whether netem is there is the machine check's business)
     assert from_dict({"topology": {"kind": "rack", "hosts_per_rack": 4, "delay_ms": 1}}).topology.racks == 1
     assert from_dict({}).topology.racks == 2 and from_dict({"topology": {"kind": "rack_core"}}).topology.racks == 2
     with pytest.raises(SpecError) as e:  # what the user wrote still contradicts

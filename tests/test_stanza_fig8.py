@@ -1,7 +1,7 @@
 """Stanza Fig. 8 from the performance models (``testbed report stanza --fig8``), no emulation.
 
 The printed numbers are checked against the equations written out here again (eqs. (2)-(4)
-for Stanza, (6)-(7) for PS, stanza.txt §4.2.1 and §7.1) on the constants read straight from
+for Stanza, (6)-(7) for PS, Stanza §4.2.1 and §7.1) on the constants read straight from
 the profile files, and the node assignments against an exhaustive search written here; a
 profile whose FC layers are slow makes the search pick several FC workers, so the check is
 not only of the ``n_f = 1`` corner.

@@ -69,7 +69,7 @@ class HostRequest:
 
     ``kind``: one of :data:`REQUESTABLE_KINDS` (``server``: runs only parameter servers;
     ``fc``: runs only FC workers). ``rack``: its rack, from 0. ``interfaces``: its links to
-    the ToR, each shaped like a host link with its own address (a PBox has k > 1, phub.txt
+    the ToR, each shaped like a host link with its own address (a PBox has k > 1, PHub
     Sec. 3.3); a host has at least ``topology.interfaces_per_host``.
     """
     kind: str

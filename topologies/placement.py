@@ -1,5 +1,5 @@
 """Which machine each node of a topology lives on, when racks are spread over machines
-(issue 20; Mininet's cluster support places nodes the same way, ``mininet/examples/cluster.py``
+(Mininet's cluster support places nodes the same way, ``mininet/examples/cluster.py``
 ``placeNodes``, but its placers know nothing of racks).
 
     from topologies.placement import place_racks

@@ -47,7 +47,7 @@ TRIGGERS = ("at_s", "at_iteration")
 #: the link tokens' prefixes: ``uplink:<tor>``, ``host:<host>``
 LINK_PREFIXES = ("uplink:", "host:")
 #: roles whose processes compute (a ``compute_slowdown`` host must run one): workers, and
-#: Stanza's FC workers (stanza.txt Sec. 3.2)
+#: Stanza's FC workers (Stanza Sec. 3.2)
 COMPUTE_ROLES = ("worker", "fc")
 #: the largest slowdown factor (with real compute it becomes a cgroup quota of 1/factor of a
 #: core; cgroup v1 takes at least 1 ms of quota per period of at most 1 s)

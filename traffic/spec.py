@@ -22,7 +22,7 @@ from traffic.compute_profiles import load_profile
 #: the scheme name of a researcher's own program (``workload.program``)
 PROGRAM_SCHEME = "program"
 
-#: PS configurations of PHub (phub.txt Section 2.1, Figure 4): placement and whether the
+#: PS configurations of PHub (Section 2.1, Figure 4): placement and whether the
 #: keys are centralized on one server process or sharded over several.
 PS_CONFIGS = {"CC": ("colocated", "centralized"), "CS": ("colocated", "sharded"),
               "NCC": ("dedicated", "centralized"), "NCS": ("dedicated", "sharded")}
@@ -31,7 +31,7 @@ PS_CONFIGS = {"CC": ("colocated", "centralized"), "CS": ("colocated", "sharded")
 class ServersSpec(SpecModel):
     """Where parameter servers run (PS-family schemes only; other schemes ignore it).
 
-    ``config`` is shorthand for the four PS configurations of phub.txt Section 2.1 and
+    ``config`` is shorthand for the four PS configurations of PHub Section 2.1 and
     Figure 4 (colocated C / non-colocated NC x centralized C / sharded S):
 
     ====  =====================================  ===========  =========================
@@ -49,7 +49,7 @@ class ServersSpec(SpecModel):
     ====  =====================================  ===========  =========================
 
     With ``scope: per_rack`` the count is per rack (NCC per rack: a PBox in every rack,
-    phub.txt Section 3.4). ``count`` and ``placement`` may be given with ``config`` only if
+    PHub Section 3.4). ``count`` and ``placement`` may be given with ``config`` only if
     they agree with it; left out, they take what ``config`` implies (else 1, colocated).
     """
     count: Optional[int] = Field(None, ge=0)
@@ -61,7 +61,7 @@ class ServersSpec(SpecModel):
     """Whether ``count`` is for the whole cluster or for each rack."""
     interfaces: int = Field(1, gt=0)
     """Links of each dedicated server host to its ToR, each shaped like a host link with its
-    own address; k > 1 makes a PBox (phub.txt Section 3.3, Figure 9). More than 1 needs
+    own address; k > 1 makes a PBox (PHub Section 3.3, Figure 9). More than 1 needs
     ``placement: dedicated``."""
     config: Optional[Literal["CC", "CS", "NCC", "NCS"]] = None
     """One of PHub's four PS configurations (table above)."""
@@ -97,7 +97,7 @@ class ServersSpec(SpecModel):
             placement, kind = PS_CONFIGS[self.config]
             if given.get("placement") not in (None, placement):
                 out.append(FieldError(f"{prefix}.placement", given["placement"],
-                                      f"{placement!r} for servers.config {self.config} (phub.txt Figure 4), or leave it out"))
+                                      f"{placement!r} for servers.config {self.config} (PHub Figure 4), or leave it out"))
             c = given.get("count")
             if c is not None and kind == "centralized" and c != 1:
                 out.append(FieldError(f"{prefix}.count", c, f"1 for servers.config {self.config} "
@@ -138,7 +138,7 @@ class ComputeSpec(SpecModel):
 
     ``mode: real``: forward and backward of the real model on real data (accuracy and
     convergence experiments). ``mode: emulated``: every layer's forward and backward take the
-    time a profile gives (times ``scale``), slept precisely without burning CPU, while
+    time a compute profile gives (times ``scale``), slept precisely without burning CPU, while
     parameters and gradients stay real tensors of the layers' true sizes (throughput
     experiments).
     """
@@ -146,8 +146,8 @@ class ComputeSpec(SpecModel):
     """``real`` or ``emulated``."""
     profile: str = "zero"
     """``zero`` (infinitely fast compute: communication only, like PHub's
-    ZeroComputeEngine, phub.txt Section 4.4), a device with a profile for (model, batch) in
-    ``traffic/compute_profiles/data/`` (e.g. ``gtx1080ti``), or the path of a profile JSON file
+    ZeroComputeEngine, PHub Section 4.4), a device with a compute profile for (model, batch) in
+    ``traffic/compute_profiles/data/`` (e.g. ``gtx1080ti``), or the path of a compute profile JSON file
     (``testbed profile`` writes one)."""
 
 

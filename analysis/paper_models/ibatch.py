@@ -1,6 +1,6 @@
 """iBatch's model of the pull-plus-forward phase and its batching algorithms, for analysis.
 
-iBatch (Wang, Pi, Zhou, AAAI 2019, ``papers/ibatch.txt``) pulls a model's parameters in
+iBatch (Wang, Pi, Zhou, AAAI 2019) pulls a model's parameters in
 *batches* of consecutive layers, overlapping the pull of batch ``i+1`` with the forward
 computation of batch ``i``. The timing model (eqs. (1)-(5)), the greedy Algorithms 1 and 2
 and the exact optimum are what the ``ibatch`` scheme runs to choose its batches, so they

@@ -1,4 +1,4 @@
-"""PHub's analytic models (phub.txt): PS bandwidth lower bounds (Sec. 2.3.1, Fig. 4, Table 2)
+"""PHub's analytic models: PS bandwidth lower bounds (Sec. 2.3.1, Fig. 4, Table 2)
 and when hierarchical reduction pays (Sec. 3.4).
 
 Notation: ``M`` model size (bytes; gradients and parameters have the model's size), ``T``
@@ -48,12 +48,12 @@ __all__ = ["PAPER_TABLE2", "PAPER_TABLE3", "ZOO_MODELS", "bandwidth_lower_bounds
            "inter_rack_cost", "HierarchicalTerms", "hierarchical_terms", "hierarchical_pays",
            "cross_rack_bytes"]
 
-PAPER_TABLE3 = {  # phub.txt Table 3: model size (MB), forward+backward time per batch (ms), batch
+PAPER_TABLE3 = {  # PHub Table 3: model size (MB), forward+backward time per batch (ms), batch
     "AlexNet": (194, 16, 32), "VGG 11": (505, 121, 32), "VGG 19": (548, 268, 32),
     "GoogleNet": (38, 100, 32), "Inception V3": (91, 225, 32), "ResNet 18": (45, 54, 32),
     "ResNet 50": (97, 161, 32), "ResNet 269": (390, 350, 16), "ResNext 269": (390, 386, 8),
 }
-PAPER_TABLE2 = {  # phub.txt Table 2: PS-side bandwidth lower bound, Gbit/s, 8 workers
+PAPER_TABLE2 = {  # PHub Table 2: PS-side bandwidth lower bound, Gbit/s, 8 workers
     "ResNet 269": {"CC": 122, "CS": 31, "NCC": 140, "NCS": 17},
     "Inception V3": {"CC": 44, "CS": 11, "NCC": 50, "NCS": 6},
     "GoogleNet": {"CC": 40, "CS": 10, "NCC": 46, "NCS": 6},
@@ -68,7 +68,7 @@ CONFIGS = ("CC", "CS", "NCC", "NCS")
 
 def bandwidth_lower_bounds(model_bytes: float, time_per_batch_s: float, workers: int) -> dict[str, float]:
     """Per-host bandwidth (bit/s) a PS host needs to hide communication, per configuration
-    (phub.txt Sec. 2.3.1, Fig. 4; formulas in the module docstring).
+    (PHub Sec. 2.3.1, Fig. 4; formulas in the module docstring).
 
     Args:
         model_bytes: ``M``, bytes of the model (= of one gradient).
@@ -128,7 +128,7 @@ def table2(workers: int = 8, source: str = "paper", profile: str = "gtx1080ti") 
 
 def cross_rack_bytes(model_bytes: float, racks: int, n: int, hierarchical: bool) -> float:
     """Bytes crossing the core per iteration (both directions; module docstring):
-    flat ``2 M N (R-1)``, hierarchical with a ring of PBoxes ``2 M (R-1)`` (phub.txt Sec. 3.4:
+    flat ``2 M N (R-1)``, hierarchical with a ring of PBoxes ``2 M (R-1)`` (PHub Sec. 3.4:
     "lower cross-rack traffic (1/N with N-worker racks)").
 
     Raises:

@@ -1,4 +1,4 @@
-"""Stanza's performance models (stanza.txt §4.2 and §7.1) and its node assignment (eq. 5).
+"""Stanza's performance models (Stanza §4.2 and §7.1) and its node assignment (eq. 5).
 
 Layer separation's model -- eqs. (2)-(4), the constants of Table 3 (:class:`Constants`) and
 the search of eq. (5) (:func:`node_assignment`) -- is what the ``stanza`` scheme runs for

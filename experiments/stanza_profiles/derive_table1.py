@@ -1,8 +1,8 @@
 """Derive the upper end of Stanza's compute band from the paper's own Table 1.
 
 The shipped V100 profiles (``alexnet-v100-b128.json``, ``vgg16-v100-b64.json``) are PHub's
-GTX 1080 Ti times (phub.txt Table 3) scaled by the two GPUs' peak FP32 ratio and by batch
-size: the *lower* end of the band. Stanza's Table 1 (stanza.txt Sec. 2.2) gives, for its
+GTX 1080 Ti times (PHub Table 3) scaled by the two GPUs' peak FP32 ratio and by batch
+size: the *lower* end of the band. Stanza's Table 1 (Stanza Sec. 2.2) gives, for its
 PyTorch PS with 4 workers and 1 server on p3.2xlarge (Tesla V100, 10 Gbit/s), the measured
 time per iteration and the communication time "estimated by dividing total data size over
 10G". The PS overlaps nothing, so measured minus estimated communication is the time a worker

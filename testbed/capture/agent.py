@@ -1,6 +1,6 @@
 """The capture of one machine of a cluster run: ``python -m testbed.capture.agent``.
 
-A run spread over several machines (issue 20, :mod:`testbed.cluster`) has switch ports on
+A run spread over several machines (:mod:`testbed.cluster`) has switch ports on
 every machine, and bwm-ng, the qdisc sampler and the CPU sampler can only read the machine
 they run on. So the controller starts, over SSH, one agent per remote machine; each runs one
 :class:`~testbed.capture.Capture` there, writing into a staging directory of that machine

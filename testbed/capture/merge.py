@@ -1,6 +1,6 @@
 """Merge the traces of several machines into one run's ``traces/`` on the controller's clock.
 
-A run spread over several machines (issue 20, :mod:`testbed.cluster`) captures on each
+A run spread over several machines (:mod:`testbed.cluster`) captures on each
 machine its own switch ports (:mod:`testbed.capture.agent`, one :class:`~testbed.capture.Capture`
 per machine), so each machine ends with its own ``bwm-ng.csv``, ``qdisc.csv`` and
 ``cpu.csv`` stamped by its own clock. :func:`merge_traces` writes one file of each, in the

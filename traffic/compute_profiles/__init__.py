@@ -1,8 +1,8 @@
 """Per-layer compute profiles: how long each layer's forward and backward take.
 
-Emulated compute (``design.md``, "Two compute modes") sleeps for these times instead of
-computing. A :class:`Profile` gives, for one model, one device and one batch size, the
-forward and backward time in seconds *per batch* of every layer of the model's
+Emulated compute (one of the two compute modes, ``docs/architecture.md``) sleeps for these
+times instead of computing. A :class:`Profile` gives, for one model, one device and one batch
+size, the forward and backward time in seconds *per batch* of every layer of the model's
 :class:`~traffic.models.LayeredModel`, in forward order.
 
 Where profiles come from (the ``method`` field):

@@ -1,6 +1,6 @@
-"""The emulated host: what every non-network cost of an emulated machine takes.
+"""The emulated host: what every non-network cost of an emulated host takes.
 
-The spec's ``host:`` section (:class:`HostSpec`) states, in the emulated machine's units,
+The spec's ``host:`` section (:class:`HostSpec`) states, in the emulated host's units,
 the rates of the work a scheme does besides communicating: per-message software overhead,
 the start-up a server pays before answering a pull request, summation of gradients, the
 optimizer update and compression. A host *profile* (``traffic/hostmodel/data/<name>.yaml``, one per
@@ -10,10 +10,10 @@ real time, reported as such. :class:`HostModel` is the resolved form the runtime
 (:class:`traffic.hostmodel.costs.HostCosts` charges each operation at it, dilated by
 ``scale``).
 
-Profile file format (YAML)::
+Host profile file format (YAML)::
 
     description: "..."
-    message_overhead_us: {value: 12.0, source: "phub.txt Sec. 4.1: \\"...\\""}
+    message_overhead_us: {value: 12.0, source: "PHub Sec. 4.1: \\"...\\""}
     request_startup_ms: {value: null, source: "the paper gives no figure"}
     aggregate_gb_per_s: {...}
     optimizer_gb_per_s: {...}
@@ -39,7 +39,7 @@ RATE_FIELDS = ("message_overhead_us", "request_startup_ms", "aggregate_gb_per_s"
 
 
 class HostSpec(SpecModel):
-    """The ``host:`` section: the emulated machine's non-network costs (emulated units)."""
+    """The ``host:`` section: the emulated host's non-network costs (emulated units)."""
     profile: Optional[str] = None
     """A host profile: a name in ``traffic/hostmodel/data/`` or the path of a profile file; the
     fields below, when written, override its values."""
@@ -138,7 +138,7 @@ class SourcedValue(SpecModel):
 class HostProfile(SpecModel):
     """A host profile file: a description and every rate with its source."""
     description: str
-    """What system this is (which paper, which machines)."""
+    """What system this is (which paper, which hosts)."""
     message_overhead_us: SourcedValue
     request_startup_ms: SourcedValue
     aggregate_gb_per_s: SourcedValue
@@ -178,7 +178,7 @@ def load_host_profile(ref: str) -> HostProfile:
 
 @dataclass(frozen=True)
 class HostModel:
-    """Resolved host rates in SI units of the emulated machine (None: not modelled)."""
+    """Resolved host rates in SI units of the emulated host (None: not modelled)."""
     message_overhead_s: float = 0.0
     request_startup_s: float = 0.0
     aggregate_bytes_per_s: float | None = None

@@ -1,8 +1,8 @@
-"""Host costs: every non-network operation of an emulated machine charged at its stated rate.
+"""Host costs: every non-network operation of an emulated host charged at its stated rate.
 
-One mechanism for every such cost (design.md, "The emulated host is modelled, not
-borrowed"): :meth:`HostCosts.charge` wraps the real work (values stay exact), then waits
-until ``scale x`` the operation's emulated cost has passed since the work began. The real
+One mechanism for every such cost (the emulated host is modelled, not borrowed:
+``docs/architecture.md``): :meth:`HostCosts.charge` wraps the real work (values stay exact),
+then waits until ``scale x`` the operation's emulated cost has passed since the work began. The real
 work is only the floor of the emulated cost: when it alone takes longer than the budget,
 the operation is an *overrun*, counted and reported (``results/<proc>.json`` and
 ``summary.json``: ``host_costs``), never silently folded into the result. A kind the host

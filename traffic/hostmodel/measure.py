@@ -1,6 +1,6 @@
 """Measure this machine's host rates (``testbed profile --host``): a host profile of it.
 
-A host profile (format in :mod:`traffic.hostmodel`) normally states the rates of a machine a paper
+A host profile (format in :mod:`traffic.hostmodel`) normally states the rates of a host a paper
 describes. This module measures the same five quantities on the machine it runs on, so that
 a user can emulate hosts like their own (``host: {profile: <file>}``). Every value is timed
 in this process (and, for messages, one helper process), single-threaded by default
@@ -14,7 +14,7 @@ in this process (and, for messages, one helper process), single-threaded by defa
   defaults: ``torch.optim.SGD``, momentum 0.9, weight decay 0) on one parameter with its
   gradient set, momentum buffer already allocated; GB of parameters per second.
 - ``codec_gb_per_s``: :class:`traffic.compression.Truncation` (Pipe-SGD's "T", the codec its
-  paper applies first, pipe-sgd.txt Sec. 4: "boosted by compression, i.e., truncation in this
+  paper applies first, Pipe-SGD Sec. 4: "boosted by compression, i.e., truncation in this
   case"; the ``pipe_sgd`` spec's default, ``none``, charges no codec operation), ``encode``
   and ``decode`` timed separately; the rate is ``2 n / (t_encode + t_decode)`` for ``n``
   uncompressed bytes, because the accountant charges each encode and each decode its
@@ -24,14 +24,14 @@ in this process (and, for messages, one helper process), single-threaded by defa
   process 1 ``recv`` then ``send``. Nothing is subtracted: it includes both ends' Python and
   gloo software and the kernel's loopback TCP path (no wire, no NIC).
 - ``request_startup_ms``: null. A per-request start-up (iBatch's ``T_s``) is a property of a
-  server software stack (ibatch.txt, "Case Study": "searching the servers that store
+  server software stack (iBatch, "Case Study": "searching the servers that store
   parameters and handling TCP connections"), not of the machine's arithmetic; measure it on
-  the stack to be emulated (BigDL: getWeights minus fetchBlockSync, ibatch.txt
+  the stack to be emulated (BigDL: getWeights minus fetchBlockSync, iBatch
   "Implementation").
 
 The rate kinds are measured at sizes :data:`SIZES_BYTES` and reported at
 :data:`REPORT_BYTES` (4 MiB, MXNet's key chunk: "PHub's default is 32KB, while MXNet's is
-4MB", phub.txt Sec. 3.2.3); each source lists the rates at every size, since small operations
+4MB", PHub Sec. 3.2.3); each source lists the rates at every size, since small operations
 pay a fixed Python cost that a single rate does not model.
 """
 from __future__ import annotations
@@ -64,7 +64,7 @@ __all__ = ["SIZES_BYTES", "REPORT_BYTES", "WARMUP", "measure_host_profile", "wri
 KIB, MIB = 1024, 1024 * 1024
 #: tensor sizes (bytes of float32) at which the rate kinds are timed
 SIZES_BYTES = (32 * KIB, MIB, 4 * MIB, 16 * MIB)
-#: the size whose rate a profile reports (MXNet's 4 MB key chunk, phub.txt Sec. 3.2.3)
+#: the size whose rate a profile reports (MXNet's 4 MB key chunk, PHub Sec. 3.2.3)
 REPORT_BYTES = 4 * MIB
 #: untimed repetitions before the timed ones
 WARMUP = 3
@@ -306,9 +306,9 @@ def measure_host_profile(threads: int = 1, repeats: int = 50, round_trips: int =
         "request_startup_ms": {
             "value": None,
             "source": "not measured: a per-request start-up (iBatch's T_s) is a property of a server software "
-                      "stack, not of this machine's arithmetic (ibatch.txt, Case Study: \"searching the servers "
+                      "stack, not of this machine's arithmetic (iBatch, Case Study: \"searching the servers "
                       "that store parameters and handling TCP connections\"); measure it on the stack to be "
-                      "emulated, e.g. BigDL's getWeights minus fetchBlockSync (ibatch.txt, Implementation), and "
+                      "emulated, e.g. BigDL's getWeights minus fetchBlockSync (iBatch, Implementation), and "
                       "write it with its command"},
         "aggregate_gb_per_s": {
             "value": _sig(agg[REPORT_BYTES]),
@@ -350,7 +350,7 @@ def write_host_profile(profile: dict, path: str | Path) -> Path:
     header = [
         "# Host profile of this machine, measured by `testbed profile --host` (traffic/hostmodel/measure.py).",
         "# The rates of THIS machine (one process, the torch threads named in each source), not of a",
-        "# machine a paper describes: use it to emulate hosts like this one, e.g.",
+        "# host a paper describes: use it to emulate hosts like this one, e.g.",
         f"#   host: {{profile: {path}}}",
         "# Each source says what exactly was timed. request_startup_ms is null (not modelled): a",
         "# start-up per request belongs to a server software stack, not to the machine.",

@@ -15,8 +15,8 @@ other end's rank, point-to-point only), ``dir`` (``tx``/``rx``, point-to-point o
 from posting to the return of :meth:`Pending.wait` -- call ``wait`` to get the event.
 
 Host costs: with a :class:`~traffic.hostmodel.costs.HostCosts` whose model states a
-per-message software overhead (``host.message_overhead_us``; the issue 14 text: "software
-cost per message sent and per message received"), every point-to-point message is charged
+per-message software overhead (``host.message_overhead_us``: the software cost per message
+sent and per message received), every point-to-point message is charged
 one ``message`` cost (``nbytes`` = its payload) on each end: the sender pays before the
 message is posted (``send``, ``isend``: on the calling thread, as a sender's CPU does), the
 receiver once it is in (``recv`` after the data arrived; an ``irecv`` in the first

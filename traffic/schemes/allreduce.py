@@ -14,7 +14,7 @@ a bucket by itself; ``bucket_mb: 0`` gives one all_reduce per key.
 Host cost of the local reduction. gloo's ring all_reduce sums inside the collective, out of
 our reach: in its reduce-scatter phase each of the ``p = W`` processes adds ``p - 1``
 incoming blocks of ``n/p`` bytes to its own, ``(p-1)/p x n`` bytes of an ``n``-byte bucket
-(:func:`ring_reduced_bytes`). Source: Pipe-SGD (pipe-sgd.txt) Sec. 3.1: each worker "transmits
+(:func:`ring_reduced_bytes`). Source: Pipe-SGD Sec. 3.1: each worker "transmits
 only a block of the entire gradient vector to its neighbor and performs the sum reduction on
 the received block", and Eq. (5), the Ring-AllReduce model of Thakur et al. [47], whose
 summation term is ``(p-1)/p · n · γ`` with "γ the byte sum reduction time". After each

@@ -1,5 +1,5 @@
 """Pipe-SGD (``pipe_sgd``): decentralized pipelined SGD with iteration dependency ``K`` and
-light compression inside the ring allreduce (Li et al., NeurIPS 2018; ``papers/pipe-sgd.txt``).
+light compression inside the ring allreduce (Li et al., NeurIPS 2018).
 
 Role ``worker`` only (no servers). Each worker runs Algorithm 1 with two threads:
 

@@ -44,7 +44,7 @@ update notification; here the server sends unasked, saving that request's round 
 P3Server does.)
 
 Pull requests (option ``pull_request: true``; default ``false``, the unasked sends above):
-MXNet KVStore's own pull path, the P3 paper's baseline (p3.txt Sec. 4.1, 4.2), in
+MXNet KVStore's own pull path, the P3 paper's baseline (Sec. 4.1, 4.2), in
 :mod:`traffic.schemes.ps_pull_request`. A server sends each worker a small update
 *notification* per updated shard instead of the values; a worker's ``pull`` thread, once it
 holds the notifications of every shard of a layer, sends one pull request per server holding
@@ -172,7 +172,7 @@ class PSOptions(SchemeOptions):
     """Pull as MXNet's KVStore, the P3 paper's baseline: a server sends an update
     notification per updated shard, and a worker that holds the notifications of every shard
     of a layer sends a pull request to each server holding shards of it, which answers with
-    them (p3.txt Sec. 4.1: "KVWorker receives a notification, it immediately issues a Pull
+    them (P3 Sec. 4.1: "KVWorker receives a notification, it immediately issues a Pull
     request to the KVServer(s) for the corresponding updated parameter values. KVServer then
     sends the latest parameter values in response"; Sec. 4.2: "MXNet only issues a pull
     request once it has received the update notification for all the slices of a layer").

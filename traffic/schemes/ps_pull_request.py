@@ -1,6 +1,6 @@
 """Update notification, then pull request: MXNet KVStore's pull path, for ``ps`` (option ``pull_request``).
 
-The P3 paper describes its baseline, MXNet's KVStore over ps-lite (p3.txt Sec. 4.1, "KVStore:
+The P3 paper describes its baseline, MXNet's KVStore over ps-lite (P3 Sec. 4.1, "KVStore:
 Baseline system"): once a server has aggregated and updated a key it sends an update
 *notification*; "KVWorker receives a notification, it immediately issues a Pull request to
 the KVServer(s) for the corresponding updated parameter values. KVServer then sends the
@@ -40,7 +40,7 @@ Server (:class:`RequestResponder`): per round one thread ``respond<j>`` per work
 answers that worker's requests until it has asked once for every layer the server holds
 shards of. Each request is charged the host cost ``request_startup`` (``host.request_startup_ms``;
 the shard lookup is the real work inside the charge) before the answer is posted: the
-per-request start-up of a parameter server (iBatch's ``T_s``, ibatch.txt, Case Study: "a
+per-request start-up of a parameter server (iBatch's ``T_s``, iBatch, Case Study: "a
 startup time (e.g., searching the servers that store parameters and handling TCP
 connections)"); it is 0 unless the host model states it. A request for a shard not yet
 updated, of another iteration, or for a layer asked already or not held is a protocol error

@@ -1,6 +1,6 @@
 """iBatch (``ibatch``): parameter pulls in batches of layers, overlapped with the forward pass.
 
-iBatch (Wang, Pi, Zhou, AAAI 2019, ``papers/ibatch.txt``) is a pull strategy of the
+iBatch (Wang, Pi, Zhou, AAAI 2019) is a pull strategy of the
 parameter server: a worker pulls the model's parameters in *batches* of consecutive layers
 and runs the forward computation of batch ``i-1`` while it pulls batch ``i`` (two threads,
 the paper's Implementation section). The batches come from a profile measured at the start
@@ -8,11 +8,11 @@ of the run and the paper's two greedy algorithms (:mod:`traffic.schemes.ibatch.b
 
 Servers, keys and shards are the ``ps`` scheme's (:class:`~traffic.schemes.ps.ParameterServer`:
 ``bigarray_bound``, one optimizer per shard, worker 0 initialises the servers). What
-differs is how updated shards reach the workers: a server no longer sends them unasked; it
-answers *pull requests*. A pull of layers ``[lo, hi)`` is one request (4 int64: kind, lo,
-hi, iteration; tag ``REQUEST_TAG``) to every server holding shards of those layers, each
-answered with those shards (tag = shard id, as ``ps``) once they are updated; so every pull
-pays a start-up (request, server lookup, first reply) besides the transfer.
+differs is how updated shards reach the workers: a server does not send them unasked, as
+``ps`` does; it answers *pull requests*. A pull of layers ``[lo, hi)`` is one request (4
+int64: kind, lo, hi, iteration; tag ``REQUEST_TAG``) to every server holding shards of those
+layers, each answered with those shards (tag = shard id, as ``ps``) once they are updated; so
+every pull pays a start-up (request, server lookup, first reply) besides the transfer.
 
 Options (``workload.options``, :class:`IBatchOptions`):
     pull: ``default`` (one pull of every layer, then the forward pass), ``layer_by_layer``
@@ -50,7 +50,7 @@ after receiving the request and before answering it (the lookup of the requested
 the real work inside it). This is the paper's ``T_s``: "The time in each communication
 consists of a startup time (e.g., searching the servers that store parameters and handling
 TCP connections) and a transfer time. The startup time is independent of the size of
-parameters in the communication" (ibatch.txt, Case Study), measured as "The runtime
+parameters in the communication" (iBatch, Case Study), measured as "The runtime
 difference between getWeights and fetchBlockSync is regarded as T_s" (Implementation,
 "Computation and communication profile"). So the probe, which stands for the part of a
 pull that is not transfer, pays it as a pull does, and the workers' measured ``T_s``

@@ -1,7 +1,7 @@
 """iBatch's model of the pull-plus-forward phase and its batching algorithms (what the
 ``ibatch`` scheme runs to choose its batches; :mod:`analysis.paper_models.ibatch` re-exports them).
 
-iBatch (Wang, Pi, Zhou, AAAI 2019, ``papers/ibatch.txt``, "iBatch Design and
+iBatch (Wang, Pi, Zhou, AAAI 2019, "iBatch Design and
 Implementation") pulls a model's parameters from the parameter servers in *batches* of
 consecutive layers, overlapping the pull of batch ``i+1`` with the forward computation of
 batch ``i``. A profile (:class:`PullProfile`) gives, per layer ``i`` (forward order), the

@@ -2,7 +2,7 @@
 
 A parameter server (:class:`~traffic.schemes.ps.ParameterServer`: workers push gradients,
 servers average them, apply ``torch.optim.SGD`` and send the new parameters back) with PHub's
-software design on top of any PS placement (``workload.servers``: CC, CS, NCC, NCS, phub.txt
+software design on top of any PS placement (``workload.servers``: CC, CS, NCC, NCS, PHub
 Sec. 2.1 and Fig. 4). A *PBox* (Sec. 3.3) is a dedicated server host with ``k`` interfaces to
 its ToR (``workload.servers.interfaces``); the PBox runs one server process per interface
 (gloo binds one interface per process), each with ``server_threads`` aggregation threads.
@@ -177,7 +177,7 @@ class PHubOptions(SchemeOptions):
     inside are still handled and charged one by one, as PHub's messages."""
     chunk_bytes: int = Field(CHUNK_BYTES, gt=0)
     """Bytes per chunk, a multiple of 4 (float32 elements); the last chunk of a key holds
-    the rest (phub.txt Sec. 3.2.3: PHub's default 32 KB; MXNet uses 4 MB)."""
+    the rest (PHub Sec. 3.2.3: PHub's default 32 KB; MXNet uses 4 MB)."""
     server_threads: int = Field(2, gt=0)
     """Aggregation threads per server process; chunks are balanced over them (Sec. 3.2.4)."""
     hierarchical: Union[bool, Literal["auto"]] = False
@@ -309,7 +309,7 @@ class PHub(ParameterServer):
     # ---------------------------------------------------------------- layout (every process)
 
     def _decide_hierarchical(self, racks_with_workers: int, per_rack: int, k: int) -> bool:
-        """``hierarchical``: true/false as given; ``auto``: phub.txt Sec. 3.4's inequality
+        """``hierarchical``: true/false as given; ``auto``: PHub Sec. 3.4's inequality
         on the topology's bandwidths (B_Wkr = host link, B_PBox = k host links, B_Core = the
         rack's uplink), with C for a ring across racks."""
         h = self.opts.hierarchical
@@ -628,7 +628,7 @@ class PHub(ParameterServer):
         """Tall aggregation and optimization of thread ``t``'s chunks of job ``job``, every
         round (``jobs_here`` jobs share the thread's receive window), frame by frame.
 
-        Host costs (phub.txt Sec. 3.2.2): every chunk copy added as it arrives is charged
+        Host costs (PHub Sec. 3.2.2): every chunk copy added as it arrives is charged
         ``aggregate`` (the chunk's bytes; :func:`tall_aggregate`), and every chunk's optimizer
         step, done by this thread right after the chunk's last copy ("the thread that
         aggregates a particular chunk also optimizes that chunk"), ``optimizer`` (the chunk's

@@ -1,4 +1,4 @@
-"""PHub's tall aggregation on a server thread (phub.txt Sec. 3.2.2, Fig. 7).
+"""PHub's tall aggregation on a server thread (PHub Sec. 3.2.2, Fig. 7).
 
 Each server thread owns its chunks; it adds a worker's copy of a chunk into the chunk's
 aggregation buffer as soon as the copy is in (copies already received are added first)
@@ -10,7 +10,7 @@ receive while the server's memory stays bounded.
 
 Host costs (:mod:`~traffic.schemes.phub.charges`): each logical chunk of an arriving copy is
 one received message (``message``, when the host model states a per-message overhead) and,
-if its token is right, one aggregation of the chunk's bytes (``aggregate``: phub.txt Sec.
+if its token is right, one aggregation of the chunk's bytes (``aggregate``: PHub Sec.
 3.2.2, "Aggregation is simply vector addition: we read two floats and write one back.").
 """
 from __future__ import annotations

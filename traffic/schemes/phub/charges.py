@@ -1,6 +1,6 @@
 """PHub's host costs: charged per logical chunk, shown on the timeline per batch of chunks.
 
-PHub works chunk by chunk (phub.txt Sec. 3.2.2: the thread that owns a chunk adds each
+PHub works chunk by chunk (Sec. 3.2.2: the thread that owns a chunk adds each
 worker's copy as it arrives, and "the thread that aggregates a particular chunk also
 optimizes that chunk"; Sec. 3.2.4: every message of a chunk is sent and received on its
 core). So every such operation is charged as one operation of the accountant
@@ -106,7 +106,7 @@ def charge_messages(costs: HostCosts | None, sizes, **fields) -> None:
     """Charge one ``message`` per logical chunk (``sizes``: each chunk message's bytes, its
     metadata included) of a frame sent or received as one transfer (``message=False`` to the
     transport), and record them as one span. The emulated system sends one message per chunk
-    (phub.txt Sec. 3.2.4); the cost is the host model's per-message software overhead
+    (PHub Sec. 3.2.4); the cost is the host model's per-message software overhead
     (``host.message_overhead_us``). Nothing when :func:`charges_messages` is false."""
     if not charges_messages(costs):
         return

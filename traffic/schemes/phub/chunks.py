@@ -1,4 +1,4 @@
-"""PHub's key chunking and its mapping of chunks to interfaces and cores (phub.txt Sec. 3.2.3-3.2.4).
+"""PHub's key chunking and its mapping of chunks to interfaces and cores (PHub Sec. 3.2.3-3.2.4).
 
 Every key (parameter tensor) is cut into *chunks* of at most ``chunk_bytes`` (the last
 chunk of a key holding the rest); every chunk is given a server process (interface) and,
@@ -38,7 +38,7 @@ def lpt(sizes: Sequence[int], bins: int) -> list[int]:
 
     Items are taken largest first (ties: lower index first) and each goes to the bin with
     the least total so far (ties: lower bin). The largest bin total is at most 4/3 of the
-    optimum (Graham 1969; the "4/3 approximation set partition algorithm" of phub.txt
+    optimum (Graham 1969; the "4/3 approximation set partition algorithm" of PHub
     Sec. 3.2.4).
 
     Raises:
@@ -57,7 +57,7 @@ def lpt(sizes: Sequence[int], bins: int) -> list[int]:
 
 def assign_chunks(numels: Sequence[int], chunk_elems: int, interfaces: int, threads: int,
                   names: Sequence[str] | None = None, jobs: int = 1) -> list[Chunk]:
-    """Cut keys into chunks and map each chunk to an (interface, thread), phub.txt Sec. 3.2.4.
+    """Cut keys into chunks and map each chunk to an (interface, thread), PHub Sec. 3.2.4.
 
     Args:
         numels: elements of each key, in key order.

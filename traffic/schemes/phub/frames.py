@@ -1,6 +1,6 @@
 """Frames: several of PHub's logical chunks carried by one transport message.
 
-PHub sends every chunk as its own message (phub.txt Sec. 3.2.3: 32 KB chunks, "the smallest
+PHub sends every chunk as its own message (PHub Sec. 3.2.3: 32 KB chunks, "the smallest
 message size that can saturate network bandwidth"; Sec. 3.2.4: "All message transmission,
 reception, and processing for that chunk is done on that core."). Here a message costs real
 Python and gloo CPU time at both ends (about 100 us at a server on this 2-core machine, as
@@ -130,7 +130,7 @@ def pack_frames(chunks: Sequence[Chunk], frame_elems: int, layer_of: Callable[[C
 
 
 def refused_reply(store: torch.Tensor, frame: Frame, refused: Sequence[int]) -> torch.Tensor:
-    """The reply to a sender some of whose chunk copies were refused (wrong token, phub.txt
+    """The reply to a sender some of whose chunk copies were refused (wrong token, PHub
     Sec. 3.1): a copy of the frame's ``store`` (updated values and ``ACCEPTED`` statuses)
     where each chunk index in ``refused`` carries no parameters (zeros) and the status
     ``REJECTED``."""

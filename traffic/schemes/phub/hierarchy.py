@@ -1,4 +1,4 @@
-"""PHub's hierarchical cross-rack reduction (phub.txt Sec. 3.4, Fig. 10) and when it pays.
+"""PHub's hierarchical cross-rack reduction (PHub Sec. 3.4, Fig. 10) and when it pays.
 
 With one PBox per rack, each PBox sums its rack's copies of a chunk, the PBox processes of
 the same interface index in every rack then sum their partial sums with a ring allreduce
@@ -42,7 +42,7 @@ RING_TAG = 1 << 29           # hierarchical ring steps
 
 def inter_rack_cost(racks: int, b_pbox: float, b_core: float) -> float:
     """``C = (R-1) / (R B_bn)``, ``B_bn = min(B_PBox, B_Core)``: time per byte-unit of the
-    inter-rack step of hierarchical reduction (phub.txt Sec. 3.4, sharded PSs or a ring).
+    inter-rack step of hierarchical reduction (PHub Sec. 3.4, sharded PSs or a ring).
 
     Raises:
         ValueError: ``racks`` < 1 or a bandwidth <= 0.
@@ -71,7 +71,7 @@ class HierarchicalTerms:
 
 def hierarchical_terms(b_pbox: float, b_core: float, b_wkr: float, racks: int, n: int,
                        c: float | None = None) -> HierarchicalTerms:
-    """The two sides of phub.txt Sec. 3.4's inequality (module docstring).
+    """The two sides of PHub Sec. 3.4's inequality (module docstring).
 
     Args:
         b_pbox / b_core / b_wkr: bandwidth of a PBox (all its interfaces), of the network
@@ -94,7 +94,7 @@ def hierarchical_terms(b_pbox: float, b_core: float, b_wkr: float, racks: int, n
 
 def hierarchical_pays(b_pbox: float, b_core: float, b_wkr: float, racks: int, n: int,
                       c: float | None = None) -> bool:
-    """True when phub.txt Sec. 3.4's inequality holds: hierarchical reduction is potentially
+    """True when PHub Sec. 3.4's inequality holds: hierarchical reduction is potentially
     faster than the flat scheme (arguments as :func:`hierarchical_terms`)."""
     return hierarchical_terms(b_pbox, b_core, b_wkr, racks, n, c).pays
 

@@ -1,4 +1,4 @@
-"""PHub's multi-tenancy and access control (phub.txt Sec. 3.1): jobs, namespaces and tokens.
+"""PHub's multi-tenancy and access control (PHub Sec. 3.1): jobs, namespaces and tokens.
 
 The workers split into equal jobs (:func:`job_groups`), each with its own key namespace and
 a random 63-bit token (:func:`new_token`). Every chunk of a push carries the token in

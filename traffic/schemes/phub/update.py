@@ -1,6 +1,6 @@
 """The optimizer step of a frame's chunks: charged per chunk, done as one real step.
 
-PHub's thread "that aggregates a particular chunk also optimizes that chunk" (phub.txt
+PHub's thread "that aggregates a particular chunk also optimizes that chunk" (PHub
 Sec. 3.2.2), so the emulated system makes one optimizer step per chunk, and each is charged
 ``optimizer`` on the chunk's bytes. Here a frame's chunk values are contiguous in the
 server's store (:class:`~traffic.schemes.phub.frames.Frame`), and the update rule

@@ -1,4 +1,4 @@
-"""Stanza (``stanza``): layer separation into CONV workers and FC workers (stanza.txt).
+"""Stanza (``stanza``): layer separation into CONV workers and FC workers.
 
 Roles. A model of the zoo is cut at its ``split_index`` (the first fully connected layer;
 the CONV part ends with the last pooling after the last convolution, Stanza §3.2):

@@ -1,4 +1,4 @@
-"""Stanza's performance model of layer separation (stanza.txt §4.2) and its node assignment
+"""Stanza's performance model of layer separation (Stanza §4.2) and its node assignment
 (eq. 5): what the ``stanza`` scheme runs for ``fc_workers: auto``; :mod:`analysis.paper_models.stanza`
 re-exports it and adds the parameter server's model (eqs. (6), (7)).
 
