@@ -1,5 +1,6 @@
 """The summary model (traffic.summary.RunSummary): every archived summary.json loads and is
-written back key for key and value for value, unknown and absent keys included."""
+written back key for key and value for value, unknown and absent keys included, and a
+summary the analysis computes sets every key of the model."""
 from __future__ import annotations
 
 import json
@@ -7,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from analysis import metrics
+from tests.test_analysis import make_run
 from traffic.summary import RunSummary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,3 +56,17 @@ def test_unknown_absent_and_null_keys_are_written_back_as_read(tmp_path):
     assert s.write(again) == again / "summary.json"
     assert same_json(json.loads((again / "summary.json").read_text()), doc) is None
 
+
+def test_a_computed_summary_sets_every_key_of_the_model(tmp_path):
+    """Every field is written (null when it cannot be computed), except ``program`` (a
+    researcher's program only) and ``cpu.machines``/``cpu.worst_machine`` (a cluster run only)."""
+    s = metrics.summarize(make_run(tmp_path))
+    doc = json.loads((tmp_path / "synthetic" / "summary.json").read_text())
+    assert set(doc) == set(RunSummary.model_fields) - {"program"}
+    for section in ("throughput", "iteration_time_s", "bytes", "bytes_per_iteration", "fidelity"):
+        model = type(getattr(s, section))
+        assert set(doc[section]) == {f.alias or name for name, f in model.model_fields.items()}, section
+    assert set(doc["cpu"]) == set(type(s.cpu).model_fields) - {"machines", "worst_machine"}
+    assert set(doc["fidelity"]["rates"]["links"][0]) == {"iface", "class", "bw_mbps", "max_tx_mbps", "max_rx_mbps",
+                                                         "max_ratio"}
+    assert same_json(RunSummary.load(tmp_path / "synthetic").dump(), doc) is None
