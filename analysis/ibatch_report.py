@@ -85,12 +85,12 @@ def measured_phase(events: pd.DataFrame, profile_iterations: int, layers: int) -
 
 
 def _throughput(run) -> float | None:
-    tp = (run.summary or {}).get("throughput") or {}
-    if tp.get("mean") is not None:
-        return float(tp["mean"])
+    tp = run.summary.throughput if run.summary else None
+    if tp is not None and tp.mean is not None:
+        return float(tp.mean)
     w = run.spec.get("workload", {})
     glob = global_iterations(iteration_table(run.events))
-    return throughput_stats(measured_iterations(glob, int(w.get("warmup_iterations", 0))))["throughput"]["mean"]
+    return throughput_stats(measured_iterations(glob, int(w.get("warmup_iterations", 0))))[0].mean
 
 
 def run_row(run_dir) -> dict:

@@ -15,6 +15,7 @@ import pandas as pd
 import yaml
 
 from analysis import traces as tr
+from traffic.summary import SUMMARY_FILE, RunSummary
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +54,12 @@ class Run:
         ``iterations.csv`` (or, if absent, derived from the events): ``iteration``,
         ``worker`` (process name), ``start``, ``end`` (unix s), ``duration_s``, ``samples``.
 
-    Dicts: ``spec`` (resolved spec.yaml), ``topology``, ``processes``, ``summary``,
-    ``results`` (``{proc: results/<proc>.json}``).
+    Dicts: ``spec`` (resolved spec.yaml), ``topology``, ``processes``, ``results`` (``{proc:
+    results/<proc>.json}``).
+
+    ``summary``
+        ``summary.json`` (:class:`~traffic.summary.RunSummary`); None when the run has none
+        or it cannot be read.
 
     ``schedule``
         the scheduled events as the harness recorded them (``schedule.jsonl``,
@@ -65,7 +70,7 @@ class Run:
     spec: dict = field(default_factory=dict)
     topology: dict = field(default_factory=dict)
     processes: dict = field(default_factory=dict)
-    summary: dict = field(default_factory=dict)
+    summary: RunSummary | None = None
     results: dict = field(default_factory=dict)
     traces: pd.DataFrame = field(default_factory=pd.DataFrame)
     rates: pd.DataFrame = field(default_factory=pd.DataFrame)
@@ -83,7 +88,7 @@ class Run:
     @property
     def scheme(self) -> str | None:
         """``workload.scheme`` of the spec, or the summary's ``scheme``."""
-        return (self.spec.get("workload") or {}).get("scheme") or self.summary.get("scheme")
+        return (self.spec.get("workload") or {}).get("scheme") or (self.summary.scheme if self.summary else None)
 
     @property
     def t0(self) -> float | None:
@@ -117,6 +122,16 @@ def _read_json(path: Path) -> dict:
         if path.exists():
             log.warning("cannot read %s: %s", path, e)
         return {}
+
+
+def _read_summary(run_dir: Path) -> RunSummary | None:
+    try:
+        return RunSummary.load(run_dir / SUMMARY_FILE)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        log.warning("cannot read %s: %s", run_dir / SUMMARY_FILE, e)
+        return None
 
 
 def _read_yaml(path: Path) -> dict:
@@ -269,7 +284,7 @@ def load(run_dir: str | Path) -> Run:
     else:
         iterations = iteration_table(events)
     run = Run(path=p, spec=spec, topology=_read_json(p / "topology.json"),
-              processes=processes, summary=_read_json(p / "summary.json"), results=results,
+              processes=processes, summary=_read_summary(p), results=results,
               traces=traces, rates=tr.rates(traces), qdisc=qdisc, cpu=cpu, events=events,
               iterations=iterations)
     run.schedule = read_schedule(p)

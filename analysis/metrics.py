@@ -1,5 +1,6 @@
 """Headline figures of a run: throughput, iteration times, bytes per link class, accuracy,
-CPU headroom and fidelity flags. :func:`summarize` is what the harness calls after every run.
+CPU headroom and fidelity flags, as a :class:`traffic.summary.RunSummary` built section by
+section (:func:`compute_summary`). :func:`summarize` is what the harness calls after every run.
 
 Definitions (all documented again in ``summary.json``'s ``*method`` fields):
 
@@ -62,8 +63,9 @@ import pandas as pd
 
 from analysis import traces as tr
 from analysis.load import ITERATION_COLUMNS, Run, iteration_table, load, port_table  # noqa: F401 (iteration_table: re-exported)
-from traffic.rundir import write_json
 from traffic.hostmodel.costs import OVERRUN_THRESHOLD
+from traffic.summary import (Bytes, BytesPerIteration, Cpu, Fidelity, HostCost, IterationTime, RateCheck, RunSummary,
+                             Segment, Throughput)
 
 CPU_IDLE_RULE = "Mininet-HiFi: keep >= 35% CPU idle"
 #: ``fidelity.rule`` of a run spread over several machines
@@ -128,12 +130,11 @@ def measured_iterations(glob: pd.DataFrame, warmup: int) -> pd.DataFrame:
     return glob[~glob["iteration"].isin(skip) & glob["complete"]]
 
 
-def throughput_stats(measured: pd.DataFrame) -> dict:
+def throughput_stats(measured: pd.DataFrame) -> tuple[Throughput, IterationTime]:
     """Throughput and iteration-time statistics of measured iterations (see module doc).
 
     Returns:
-        ``{"throughput": {mean, ci95, std, min, max, overall, n, unit, method},
-        "iteration_time_s": {mean, p50, p95, std, min, max, n}}`` (None values if no data).
+        The ``throughput`` and ``iteration_time_s`` sections, every key set (None values if no data).
     """
     m = measured[measured["time_s"] > 0] if not measured.empty else measured
     tp = {"mean": None, "ci95": None, "std": None, "min": None, "max": None, "overall": None,
@@ -150,7 +151,7 @@ def throughput_stats(measured: pd.DataFrame) -> dict:
         tp["overall"] = _f(m["samples"].sum() / span) if span > 0 else None
         it.update(mean=_f(t.mean()), p50=_f(np.percentile(t, 50)), p95=_f(np.percentile(t, 95)),
                   std=_f(t.std()), min=_f(t.min()), max=_f(t.max()))
-    return {"throughput": tp, "iteration_time_s": it}
+    return Throughput.model_validate(tp), IterationTime.model_validate(it)
 
 
 # ----------------------------------------------------------------------------- scheduled events
@@ -162,7 +163,7 @@ NO_MARKS_NOTE = "the program marked no iterations: iteration figures are absent"
 NO_ITERATIONS_NOTE = "no worker recorded an iteration: iteration figures are absent"
 
 
-def segments(measured: pd.DataFrame, schedule: list[dict], t_measured: float | None) -> list[dict]:
+def segments(measured: pd.DataFrame, schedule: list[dict], t_measured: float | None) -> list[Segment]:
     """Throughput and iteration time between consecutive scheduled events (see module doc).
 
     An event recorded at global iteration count ``N`` (``iteration`` of its record: every
@@ -177,14 +178,9 @@ def segments(measured: pd.DataFrame, schedule: list[dict], t_measured: float | N
             it); None: the earliest start in ``measured``.
 
     Returns:
-        one dict per segment, in the order the events were applied: ``from_event`` (the
-        first opening record's ``index``, None for the first segment), ``events`` (the
-        indices of every record opening it), ``kind``, ``target`` (the first's), ``iterations``
-        ([first, last] iteration index that may fall in it, last None: open), ``start_s``,
-        ``end_s`` (when its opening and closing events were applied, emulated seconds since
-        t_measured; None: open), ``n`` (measured iterations in it), ``throughput``: ``{mean,
-        overall}`` samples/s, ``iteration_time_s``: ``{mean, p95}`` seconds. Empty when no
-        event was applied.
+        One :class:`~traffic.summary.Segment` per segment, in the order the events were
+        applied (``start_s``/``end_s`` in emulated seconds since ``t_measured``); empty when
+        no event was applied.
     """
     cuts = sorted((r for r in schedule if r.get("applied") and not r.get("error") and r.get("time") is not None
                    and r.get("iteration") is not None), key=lambda r: (r["time"], r.get("index", 0)))
@@ -215,16 +211,15 @@ def segments(measured: pd.DataFrame, schedule: list[dict], t_measured: float | N
             if last is not None:
                 keep &= m["iteration"] <= last
             m = m[keep]
-        st = throughput_stats(m)
-        out.append({"from_event": None if opener is None else opener.get("index"), "events": together[k],
-                    "kind": None if opener is None else opener.get("kind"),
-                    "target": None if opener is None else opener.get("target"),
-                    "iterations": [first, last],
-                    "start_s": None if opener is None else rel(float(opener["time"])),
-                    "end_s": None if nxt is None else rel(float(nxt["time"])), "n": st["throughput"]["n"],
-                    "throughput": {"mean": st["throughput"]["mean"], "overall": st["throughput"]["overall"],
-                                   "unit": "samples/s"},
-                    "iteration_time_s": {k: st["iteration_time_s"][k] for k in ("mean", "p95")}})
+        tp, it = throughput_stats(m)
+        out.append(Segment(from_event=None if opener is None else opener.get("index"), events=together[k],
+                           kind=None if opener is None else opener.get("kind"),
+                           target=None if opener is None else opener.get("target"),
+                           iterations=[first, last],
+                           start_s=None if opener is None else rel(float(opener["time"])),
+                           end_s=None if nxt is None else rel(float(nxt["time"])), n=tp.n,
+                           throughput=Throughput(mean=tp.mean, overall=tp.overall, unit="samples/s"),
+                           iteration_time_s=IterationTime(mean=it.mean, p95=it.p95)))
     return out
 
 
@@ -478,11 +473,10 @@ def final_accuracy(run: Run) -> dict:
 # ----------------------------------------------------------------------------- summary
 
 
-def host_cost_totals(results: dict[str, dict]) -> dict[str, dict] | None:
+def host_cost_totals(results: dict[str, dict]) -> dict[str, HostCost] | None:
     """Every process's host costs (``results/<proc>.json`` ``host_costs``, see
-    :mod:`traffic.hostmodel.costs`) added up per kind: ``{count, modelled, emulated_s,
-    budget_s, real_s, overruns, overrun_s, overrun_fraction}`` (seconds: ``emulated_s`` of
-    the emulated machine, the others real). None when no process reported any."""
+    :mod:`traffic.hostmodel.costs`) added up per kind (:class:`~traffic.summary.HostCost`).
+    None when no process reported any."""
     out: dict[str, dict] = {}
     for r in results.values():
         for kind, v in (r.get("host_costs") or {}).items():
@@ -493,137 +487,174 @@ def host_cost_totals(results: dict[str, dict]) -> dict[str, dict] | None:
             t["modelled"] = t["modelled"] and bool(v.get("modelled"))
     for t in out.values():
         t["overrun_fraction"] = t["overrun_s"] / t["budget_s"] if t["budget_s"] > 0 else 0.0
-    return out or None
+    return {kind: HostCost.model_validate(t) for kind, t in out.items()} or None
 
 
-def host_cost_overrun(totals: dict[str, dict] | None) -> bool | None:
+def host_cost_overrun(totals: dict[str, HostCost] | None) -> bool | None:
     """True when, for any modelled kind, the real work overran more than
     :data:`~traffic.hostmodel.costs.OVERRUN_THRESHOLD` of its budgeted time."""
     if totals is None:
         return None
-    return any(t["modelled"] and t["overrun_fraction"] > OVERRUN_THRESHOLD for t in totals.values())
+    return any(t.modelled and t.overrun_fraction > OVERRUN_THRESHOLD for t in totals.values())
 
 
-def compute_summary(run: Run, status: str = "ok", error: str | None = None) -> dict:
+def _skeleton(run: Run, wl: dict, n_workers: int | None, status: str, error: str | None) -> RunSummary:
+    """The run's identity and every figure at its value before analysis (None, 0, empty):
+    every key is set, so it is written even when no section fills it in."""
+    spec = run.spec or {}
+    s = RunSummary(status=status, error=error, run_id=run.name, name=spec.get("name"),
+                   scheme=wl.get("scheme") or (run.summary.scheme if run.summary else None), model=wl.get("model"),
+                   dataset=wl.get("dataset"), compute=wl.get("compute"),
+                   topology=(spec.get("topology") or {}).get("kind"), scale=float(spec.get("scale") or 1.0),
+                   workers=n_workers, batch_size=wl.get("batch_size"),
+                   global_batch=(wl["batch_size"] * n_workers) if wl.get("batch_size") and n_workers else None,
+                   iterations=wl.get("iterations"), iterations_completed=None,
+                   warmup_iterations=int(wl.get("warmup_iterations") or 0), measured_iterations=0,
+                   throughput=None, iteration_time_s=None, bytes=None, bytes_per_iteration=None,
+                   final_accuracy=None, final_loss=None, accuracy_source=None, cpu=None,
+                   fidelity=Fidelity(cpu_starved=None, min_idle_pct=None, idle_pct_mean=None, rule=CPU_IDLE_RULE,
+                                     shaping_failed=None, rates=None, host_cost_overrun=None),
+                   host_costs=None, iterations_note=None, events=[], events_not_reached=[], segments=[],
+                   capture_s=None, analysis_errors=[], capture_errors=[])
+    if wl.get("program"):  # a researcher's program: the workload's model, data and batch are not its
+        s.program = (wl["program"] or {}).get("command")
+        s.model = s.dataset = s.batch_size = s.global_batch = None
+    return s
+
+
+def _capture_errors(run_dir: Path) -> list[str]:
+    """The lines of ``logs/capture.log`` (none without the file)."""
+    try:
+        text = (run_dir / "logs" / "capture.log").read_text(errors="replace")
+    except OSError:
+        return []
+    return [l for l in text.splitlines() if l.strip()]
+
+
+def _event_section(s: RunSummary, schedule: list[dict]) -> None:
+    """``events`` and ``events_not_reached``: the schedule's records as the harness wrote them
+    (without the ``time`` :func:`analysis.load.load` adds)."""
+    s.events = [{k: v for k, v in r.items() if k != "time"} for r in schedule if r.get("applied")]
+    s.events_not_reached = [{k: v for k, v in r.items() if k != "time"} for r in schedule if not r.get("applied")]
+
+
+def _iteration_section(s: RunSummary, run: Run, iters: pd.DataFrame, n_workers: int | None,
+                       program: bool) -> tuple[float, float] | None:
+    """Iteration counts, ``throughput``, ``iteration_time_s``, ``iterations_note`` and
+    ``segments``; ``global_batch`` from the samples when the spec does not give it.
+
+    Returns:
+        The measured window ``(first measured start, last measured end)`` on the run's clock,
+        or None without measured iterations.
+    """
+    glob = global_iterations(iters, n_workers)
+    s.iterations_completed = int(glob["complete"].sum()) if not glob.empty else 0
+    measured = measured_iterations(glob, s.warmup_iterations)
+    s.measured_iterations = int(len(measured))
+    s.throughput, s.iteration_time_s = throughput_stats(measured)
+    if s.global_batch is None and not measured.empty:
+        s.global_batch = _i(measured["samples"].median())
+    window = None if measured.empty else (float(measured["start"].min()), float(measured["end"].max()))
+    if iters.empty:
+        s.iterations_note = NO_MARKS_NOTE if program else NO_ITERATIONS_NOTE
+    s.segments = segments(measured, run.schedule, window[0] if window else None)
+    return window
+
+
+def _with_background(b: dict, topology: dict, flows: list[dict]) -> dict:
+    """:func:`link_bytes` with ``core_background`` and ``core_training`` added."""
+    bg = None if b["core"] is None else background_core_bytes(b["per_host"], topology, flows)
+    return {**b, "core_background": bg, "core_training": None if bg is None else b["core"] - bg}
+
+
+def _bytes_section(s: RunSummary, run: Run, window: tuple[float, float] | None) -> None:
+    """``capture_s``, ``bytes`` (the whole capture) and ``bytes_per_iteration`` (the measured window)."""
+    if run.traces.empty:
+        return
+    s.capture_s = _f(run.traces["time"].max() - run.traces["time"].min())
+    if not run.topology:
+        return
+    flows = (run.spec or {}).get("background") or []
+    s.bytes = Bytes.model_validate(_with_background(link_bytes(run.traces, run.topology), run.topology, flows))
+    if window is None or not s.measured_iterations:
+        return
+    b = _with_background(link_bytes(run.traces, run.topology, window), run.topology, flows)
+    n = s.measured_iterations
+    per = {k: (None if b[k] is None else b[k] / n)
+           for k in ("host_links", "uplinks", "core", "core_background", "core_training")}
+    hosts = {p.get("host") for p in run.processes.get("processes", []) if p.get("role") == "worker"}
+    moved = [v["tx"] + v["rx"] for h, v in b["per_host"].items() if h in hosts and v["tx"] is not None]
+    per["worker_link"] = sum(moved) / len(moved) / n if moved else None
+    s.bytes_per_iteration = BytesPerIteration.model_validate(per)
+
+
+def _accuracy_section(s: RunSummary, run: Run) -> None:
+    """``final_accuracy``, ``final_loss``, ``accuracy_source`` (:func:`final_accuracy`)."""
+    acc = final_accuracy(run)
+    s.final_accuracy, s.final_loss, s.accuracy_source = (acc["final_accuracy"], acc["final_loss"],
+                                                         acc["accuracy_source"])
+
+
+def _cpu_section(s: RunSummary, run: Run, window: tuple[float, float] | None) -> None:
+    """``cpu`` and the CPU flags of ``fidelity`` (judged per machine in a run over several)."""
+    s.cpu = cpu = Cpu.model_validate(cpu_stats(run.cpu, window, cluster_machines(run.path)))
+    f = s.fidelity
+    f.min_idle_pct, f.idle_pct_mean = cpu.min_idle_pct, cpu.idle_pct_mean
+    f.cpu_starved = None if cpu.idle_pct_mean is None else bool(cpu.idle_pct_mean < MIN_IDLE_PCT)
+    if cpu.machines is not None:
+        f.rule = CPU_IDLE_RULE_CLUSTER
+        if f.cpu_starved is False and any(m.idle_pct_mean is None for m in cpu.machines.values()):
+            f.cpu_starved = None  # a machine without samples may have starved
+
+
+def _rate_section(s: RunSummary, run: Run) -> None:
+    """``fidelity.rates`` and ``fidelity.shaping_failed`` (:func:`rate_check`)."""
+    rc = RateCheck.model_validate(rate_check(run.rates, run.topology, schedule=run.schedule))
+    s.fidelity.shaping_failed, s.fidelity.rates = rc.shaping_failed, rc
+
+
+def _host_cost_section(s: RunSummary, run: Run) -> None:
+    """``host_costs`` and ``fidelity.host_cost_overrun``."""
+    s.host_costs = host_cost_totals(run.results)
+    s.fidelity.host_cost_overrun = host_cost_overrun(s.host_costs)
+
+
+def _guarded(s: RunSummary, name: str, section, *args):
+    """``section(s, *args)``; an exception is recorded in ``analysis_errors`` (a summary is
+    always written) and gives None."""
+    try:
+        return section(s, *args)
+    except Exception as e:  # noqa: BLE001 -- a summary must always be written
+        s.analysis_errors.append(f"{name}: {type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}")
+        return None
+
+
+def compute_summary(run: Run, status: str = "ok", error: str | None = None) -> RunSummary:
     """The summary of a loaded run (what :func:`summarize` writes), without writing anything.
 
     Sections that cannot be computed are None; an unexpected failure of one section is
     recorded under ``analysis_errors`` instead of raising.
     """
-    spec = run.spec or {}
-    wl = spec.get("workload") or {}
-    procs = run.processes.get("processes", [])
-    n_workers = sum(1 for p in procs if p.get("role") == "worker") or None
+    wl = (run.spec or {}).get("workload") or {}
+    n_workers = sum(1 for p in run.processes.get("processes", []) if p.get("role") == "worker") or None
     iters = run.iterations
     if not iters.empty and iters["samples"].isna().any() and wl.get("batch_size") and not wl.get("program"):
         iters = iters.assign(samples=iters["samples"].fillna(wl["batch_size"]))  # a worker that did not say
     if n_workers is None and not iters.empty:
         n_workers = int(iters["worker"].nunique())
-    s: dict = {"status": status, "error": error, "run_id": run.name, "name": spec.get("name"),
-               "scheme": wl.get("scheme") or run.summary.get("scheme"), "model": wl.get("model"),
-               "dataset": wl.get("dataset"), "compute": wl.get("compute"), "topology": (spec.get("topology") or {}).get("kind"),
-               "scale": float(spec.get("scale") or 1.0),
-               "workers": n_workers, "batch_size": wl.get("batch_size"),
-               "global_batch": (wl["batch_size"] * n_workers) if wl.get("batch_size") and n_workers else None,
-               "iterations": wl.get("iterations"), "iterations_completed": None,
-               "warmup_iterations": int(wl.get("warmup_iterations") or 0), "measured_iterations": 0,
-               "throughput": None, "iteration_time_s": None, "bytes": None, "bytes_per_iteration": None,
-               "final_accuracy": None, "final_loss": None, "accuracy_source": None, "cpu": None,
-               "fidelity": {"cpu_starved": None, "min_idle_pct": None, "idle_pct_mean": None, "rule": CPU_IDLE_RULE,
-                            "shaping_failed": None, "rates": None, "host_cost_overrun": None},
-               "host_costs": None, "iterations_note": None, "events": [], "events_not_reached": [],
-               "segments": [], "capture_s": None, "analysis_errors": []}
-    if wl.get("program"):  # a researcher's program: the workload's model, data and batch are not its
-        s.update(program=(wl["program"] or {}).get("command"), model=None, dataset=None, batch_size=None,
-                 global_batch=None)
-    window = None
-
-    def guard(name, fn):
-        try:
-            fn()
-        except Exception as e:  # noqa: BLE001 -- a summary must always be written
-            s["analysis_errors"].append(f"{name}: {type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}")
-
-    def do_iterations():
-        nonlocal window
-        glob = global_iterations(iters, n_workers)
-        s["iterations_completed"] = int(glob["complete"].sum()) if not glob.empty else 0
-        measured = measured_iterations(glob, s["warmup_iterations"])
-        s["measured_iterations"] = int(len(measured))
-        s.update(throughput_stats(measured))
-        if s["global_batch"] is None and not measured.empty:
-            s["global_batch"] = _i(measured["samples"].median())
-        if not measured.empty:
-            window = (float(measured["start"].min()), float(measured["end"].max()))
-        if iters.empty:
-            s["iterations_note"] = NO_MARKS_NOTE if wl.get("program") else NO_ITERATIONS_NOTE
-        s["segments"] = segments(measured, run.schedule, window[0] if window else None)
-
-    def do_events():
-        keep = ("time",)  # added by analysis.load: the records as the harness wrote them
-        s["events"] = [{k: v for k, v in r.items() if k not in keep} for r in run.schedule if r.get("applied")]
-        s["events_not_reached"] = [{k: v for k, v in r.items() if k not in keep} for r in run.schedule
-                                   if not r.get("applied")]
-
-    def do_bytes():
-        if run.traces.empty:
-            return
-        s["capture_s"] = _f(run.traces["time"].max() - run.traces["time"].min())
-        if not run.topology:
-            return
-        flows = spec.get("background") or []
-
-        def with_background(b):
-            bg = None if b["core"] is None else background_core_bytes(b["per_host"], run.topology, flows)
-            b["core_background"] = bg
-            b["core_training"] = None if bg is None else b["core"] - bg
-            return b
-
-        s["bytes"] = with_background(link_bytes(run.traces, run.topology))
-        if window is not None and s["measured_iterations"]:
-            b = with_background(link_bytes(run.traces, run.topology, window))
-            n = s["measured_iterations"]
-            s["bytes_per_iteration"] = {k: (None if b[k] is None else b[k] / n)
-                                        for k in ("host_links", "uplinks", "core", "core_background", "core_training")}
-            hosts = {p.get("host") for p in procs if p.get("role") == "worker"}
-            moved = [v["tx"] + v["rx"] for h, v in b["per_host"].items() if h in hosts and v["tx"] is not None]
-            s["bytes_per_iteration"]["worker_link"] = sum(moved) / len(moved) / n if moved else None
-
-    def do_accuracy():
-        s.update(final_accuracy(run))
-
-    def do_cpu():
-        c = cpu_stats(run.cpu, window, cluster_machines(run.path))
-        s["cpu"] = c
-        f = s["fidelity"]
-        f["min_idle_pct"], f["idle_pct_mean"] = c["min_idle_pct"], c["idle_pct_mean"]
-        f["cpu_starved"] = None if c["idle_pct_mean"] is None else bool(c["idle_pct_mean"] < MIN_IDLE_PCT)
-        if "machines" in c:
-            f["rule"] = CPU_IDLE_RULE_CLUSTER
-            if f["cpu_starved"] is False and any(m["idle_pct_mean"] is None for m in c["machines"].values()):
-                f["cpu_starved"] = None  # a machine without samples may have starved
-
-    def do_host_costs():
-        s["host_costs"] = host_cost_totals(run.results)
-        s["fidelity"]["host_cost_overrun"] = host_cost_overrun(s["host_costs"])
-
-    def do_rates():
-        rc = rate_check(run.rates, run.topology, schedule=run.schedule)
-        s["fidelity"]["shaping_failed"] = rc["shaping_failed"]
-        s["fidelity"]["rates"] = rc
-
-    try:
-        text = (run.path / "logs" / "capture.log").read_text(errors="replace")
-        s["capture_errors"] = [l for l in text.splitlines() if l.strip()]
-    except OSError:
-        s["capture_errors"] = []
-    for name, fn in (("events", do_events), ("iterations", do_iterations), ("bytes", do_bytes),
-                     ("accuracy", do_accuracy), ("cpu", do_cpu), ("rates", do_rates), ("host_costs", do_host_costs)):
-        guard(name, fn)
+    s = _skeleton(run, wl, n_workers, status, error)
+    s.capture_errors = _capture_errors(run.path)
+    _guarded(s, "events", _event_section, run.schedule)
+    window = _guarded(s, "iterations", _iteration_section, run, iters, n_workers, bool(wl.get("program")))
+    _guarded(s, "bytes", _bytes_section, run, window)
+    _guarded(s, "accuracy", _accuracy_section, run)
+    _guarded(s, "cpu", _cpu_section, run, window)
+    _guarded(s, "rates", _rate_section, run)
+    _guarded(s, "host_costs", _host_cost_section, run)
     return s
 
 
-def summarize(run_dir: str | Path, status: str = "ok", error: str | None = None) -> dict:
+def summarize(run_dir: str | Path, status: str = "ok", error: str | None = None) -> RunSummary:
     """Write ``iterations.csv`` and ``summary.json`` of a finished (or failed) run.
 
     Works on whatever the run left: missing files give None fields, never an exception
@@ -636,7 +667,8 @@ def summarize(run_dir: str | Path, status: str = "ok", error: str | None = None)
         error: the error message of a failed run.
 
     Returns:
-        The summary dict (see the module doc for every definition).
+        The summary (see the module doc for every definition); a run whose files cannot be
+        loaded gets only ``status``, ``error``, ``run_id`` and ``analysis_errors``.
 
     Raises:
         OSError: ``iterations.csv`` or ``summary.json`` cannot be written (e.g. a full disk);
@@ -647,14 +679,14 @@ def summarize(run_dir: str | Path, status: str = "ok", error: str | None = None)
     try:
         run = load(p)
     except Exception as e:  # noqa: BLE001
-        summary = {"status": status, "error": error, "run_id": p.name,
-                   "analysis_errors": [f"load: {type(e).__name__}: {e}"]}
+        summary = RunSummary(status=status, error=error, run_id=p.name,
+                             analysis_errors=[f"load: {type(e).__name__}: {e}"])
         if p.is_dir():
-            write_json(p / "summary.json", summary)
+            summary.write(p)
         return summary
     if not (p / "iterations.csv").is_file() or not run.events.empty:
         run.iterations = iteration_table(run.events)
         run.iterations.to_csv(p / "iterations.csv", index=False)
     summary = compute_summary(run, status, error)
-    write_json(p / "summary.json", summary)
+    summary.write(p)
     return summary

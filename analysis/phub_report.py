@@ -43,6 +43,7 @@ import pandas as pd
 from analysis import report as skeleton
 from analysis.paper_models.phub import hierarchical_pays, table2
 from traffic.rundir import read_spec
+from traffic.summary import SUMMARY_FILE, BytesPerIteration, RunSummary
 
 __all__ = ["PAPER", "REPORT", "plot_table", "sweep_table", "table", "plots", "main"]
 
@@ -105,20 +106,21 @@ def sweep_table(sweep_dir: str | Path, baseline: str | None = "mxnet-cs", flat: 
     """
     rows = []
     for rd, r in skeleton.sweep_rows(sweep_dir):
-        s = json.loads((rd / "summary.json").read_text()) if (rd / "summary.json").exists() else {}
+        s = RunSummary.load(rd) if (rd / SUMMARY_FILE).exists() else RunSummary()
         spec = read_spec(rd)
         t = spec.get("topology") or {}
-        bpi = s.get("bytes_per_iteration") or {}
-        core = bpi.get("core_training", bpi.get("core"))
+        bpi = s.bytes_per_iteration or BytesPerIteration()
+        # a summary written before background flows were told apart has no core_training: all of core is training's
+        core = bpi.core_training if "core_training" in bpi.model_fields_set else bpi.core
         per_job = _per_job(rd)
         rows.append({"variant": r.get("variant", r.get("scheme")), "model": (spec.get("workload") or {}).get("model"),
                      "racks": t.get("racks"), "oversub": t.get("oversubscription"), "background": bool(spec.get("background")),
-                     "workers": s.get("workers"), "status": r["status"],
+                     "workers": s.workers, "status": r["status"],
                      "samples_per_s": r["samples_per_s"], "ci95": r["samples_per_s_ci95"],
                      "iter_ms": None if pd.isna(r["iter_mean_s"]) else 1e3 * r["iter_mean_s"],
                      "core_MB_per_iter": None if core is None else core / 1e6,
-                     "worker_link_MB_per_iter": None if bpi.get("worker_link") is None else bpi["worker_link"] / 1e6,
-                     "flags": skeleton.row_flags(r), "sec34_hier_pays": _sec34(spec, s.get("workers")),
+                     "worker_link_MB_per_iter": None if bpi.worker_link is None else bpi.worker_link / 1e6,
+                     "flags": skeleton.row_flags(r), "sec34_hier_pays": _sec34(spec, s.workers),
                      "jobs": len(per_job) or None,
                      "per_job_samples_per_s": ", ".join(f"{v:.1f}" for v in per_job.values()) or None,
                      "per_job_mean": sum(per_job.values()) / len(per_job) if per_job else None})

@@ -23,6 +23,7 @@ from analysis.load import Run, load, port_table  # noqa: E402
 from analysis.metrics import compute_summary, global_iterations  # noqa: E402
 from analysis.timeline import event_name  # noqa: E402
 from analysis.utilization import host_utilization, idle_fraction  # noqa: E402
+from traffic.summary import Throughput  # noqa: E402
 
 
 def _as_run(r) -> Run:
@@ -165,11 +166,11 @@ def plot_throughput(runs, path, labels: list[str] | None = None) -> Path:
     runs = [_as_run(r) for r in runs]
     means, errs, names = [], [], []
     for i, r in enumerate(runs):
-        tp = (r.summary or {}).get("throughput")
-        if not tp or tp.get("mean") is None:
-            tp = compute_summary(r).get("throughput") or {}
-        means.append(tp.get("mean") or 0.0)
-        errs.append(tp.get("ci95") or 0.0)
+        tp = r.summary.throughput if r.summary else None
+        if tp is None or tp.mean is None:
+            tp = compute_summary(r).throughput or Throughput()
+        means.append(tp.mean or 0.0)
+        errs.append(tp.ci95 or 0.0)
         names.append(labels[i] if labels else f"{r.scheme or '?'}\n{r.name}")
     path = _out(path, None, "")
     fig, ax = plt.subplots(figsize=(max(4.0, 1.3 * len(runs) + 1.5), 3.6))

@@ -44,8 +44,9 @@ from tabulate import tabulate
 
 from analysis.metrics import MIN_IDLE_PCT
 from common.errors import TestbedError
-from traffic.rundir import find_runs, is_run, read_json
+from traffic.rundir import find_runs, is_run
 from traffic.hostmodel.costs import OVERRUN_THRESHOLD
+from traffic.summary import SUMMARY_FILE, RunSummary
 
 __all__ = ["FLAGS", "FLAGS_NOTE", "REPORTS", "Report", "ReportError", "UnknownReport", "alias", "fidelity_flags",
            "flagged_markdown", "get_report", "load_rows", "markdown", "per_point", "baseline_rows", "row_flags",
@@ -342,12 +343,13 @@ def fidelity_flags(run_dir: str | Path) -> str:
     without a summary (still running, or killed before the harness wrote it).
 
     Raises:
-        ValueError: ``summary.json`` exists but is not JSON.
+        ValueError: ``summary.json`` exists but is not JSON, or not a summary.
     """
-    p = Path(run_dir) / "summary.json"
+    p = Path(run_dir) / SUMMARY_FILE
     if not p.is_file():
         return ""
-    return row_flags(read_json(p).get("fidelity") or {})
+    f = RunSummary.load(p).fidelity
+    return row_flags(f.model_dump() if f else {})
 
 
 def union_flags(*flags: str) -> str:

@@ -88,9 +88,9 @@ def _measured_iterations(run: Run, warmup: int) -> list[int]:
 
 
 def _iteration_time(run: Run, measured: list[int]) -> float | None:
-    s = (run.summary or {}).get("iteration_time_s") or {}
-    if s.get("mean") is not None:
-        return float(s["mean"])
+    it = run.summary.iteration_time_s if run.summary else None
+    if it is not None and it.mean is not None:
+        return float(it.mean)
     g = global_iterations(run.iterations)
     g = g[g["iteration"].isin(measured)]
     return float(g["time_s"].mean()) if len(g) else None
@@ -134,7 +134,8 @@ def run_figures(run_dir: str | Path) -> dict:
     else:
         fc = tx[tx["kind"].isin({"push", "pull"}) & (pd.to_numeric(tx["layer"], errors="coerce") >= split)]
     out["fc_bytes_per_iter"] = float(fc["bytes"].sum()) / m
-    hl = ((run.summary or {}).get("bytes_per_iteration") or {}).get("host_links")
+    bpi = run.summary.bytes_per_iteration if run.summary else None
+    hl = bpi.host_links if bpi else None
     out["wire_bytes_per_iter"] = None if hl is None else hl / 2
     if compute.get("mode") == "emulated":
         samples = IMAGENET_TRAIN

@@ -47,6 +47,7 @@ import yaml  # noqa: E402
 from testbed.capacity import COST_KEYS, Cost, CostModel, Machine, estimate  # noqa: E402
 from testbed.runner import plan_point  # noqa: E402
 from testbed.spec import from_dict  # noqa: E402
+from traffic.summary import RunSummary  # noqa: E402
 
 
 def _first_time(path: Path, sep: str, header: bool) -> float | None:
@@ -134,8 +135,8 @@ def main(argv=None) -> int:
     print(head)
     rows = []
     for d in run_dirs(a.roots):
-        summ = json.loads((d / "summary.json").read_text())
-        if summ.get("status") != "ok":
+        summ = RunSummary.load(d)
+        if summ.status != "ok":
             continue
         exp = from_dict(yaml.safe_load((d / "spec.yaml").read_text()))
         meas = measured_busy_cores(d, exp.workload.warmup_iterations, float(exp.scale))
@@ -150,7 +151,7 @@ def main(argv=None) -> int:
         real = " real" if exp.workload.compute.mode == "real" else ""
         rows.append((label, exp.workload.scheme + real, busy / old.cpu_cores, busy / rt.cpu_cores,
                      busy / new.cpu_cores))
-        idle = (summ.get("cpu") or {}).get("idle_pct_mean")
+        idle = summ.cpu.idle_pct_mean if summ.cpu else None
         by_summary = f"{machine.cores * (1 - idle / 100):5.2f}" if idle is not None else f"{'-':>5s}"
         print(f"{label:64s} {exp.workload.scheme:9s} {new.scale:5g} {new.message_bytes:9.3g} {busy:5.2f} "
               f"{by_summary} {old.cpu_cores:5.2f} {rt.cpu_cores:5.2f} {new.cpu_cores:5.2f} "

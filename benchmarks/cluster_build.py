@@ -52,9 +52,9 @@ def main() -> None:
             build = logged_at(d, "network up") - logged_at(d, "building network")
             timings = json.loads((d / "cluster.json").read_text())["timings_s"] if cluster else {}
             extra = "".join(f", {k} {v:.2f} s" for k, v in timings.items() if k != "build")
-            print(f"{label}: {res.summary['status']}, run {total:.1f} s, build {build:.1f} s{extra}, "
-                  f"core {res.summary['bytes']['core'] / 1e6:.2f} MB, "
-                  f"{res.summary['throughput']['mean']:.1f} samples/s")
+            print(f"{label}: {res.summary.status}, run {total:.1f} s, build {build:.1f} s{extra}, "
+                  f"core {res.summary.bytes.core / 1e6:.2f} MB, "
+                  f"{res.summary.throughput.mean:.1f} samples/s")
 
 
 if __name__ == "__main__":

@@ -95,10 +95,10 @@ def startup(work: Path, sizes: list[int], launchers: list[str]) -> None:
         for launcher in launchers:
             (res,) = run_experiment(from_dict(spec(work / f"start-{n}-{launcher}", n, launcher)), progress=False)
             if not res.ok:
-                print(f"{n:9d}  {launcher:8s}  failed: {res.summary.get('error', '')[:200]}")
+                print(f"{n:9d}  {launcher:8s}  failed: {(res.summary.error or '')[:200]}")
                 continue
             p = phases(res.run_dir)
-            idle = (res.summary.get("fidelity") or {}).get("idle_pct_mean")
+            idle = res.summary.fidelity.idle_pct_mean if res.summary.fidelity else None
             print(f"{n:9d}  {launcher:8s}  {p['build_s']:7.1f}  {p['ready_s']:7.1f}  {p['first_iteration_s']:17.1f}  "
                   f"{p['teardown_s']:10.1f}  {idle if idle is None else round(idle)}", flush=True)
 

@@ -32,6 +32,8 @@ import os
 import sys
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from analysis.report import REPORTS, get_report
 from analysis.reproduction import format_list, get_entry, load_catalogue
 from testbed.check import format_checks, run_checks
@@ -39,6 +41,7 @@ from testbed.clean import clean
 from testbed.ledger import live_ledgers
 from common.errors import SpecError, TestbedError
 from traffic.rundir import NotARunError, find_runs, is_run, read_json
+from traffic.summary import SUMMARY_FILE, Fidelity, RunSummary, Throughput
 
 # Modules that load torch, Mininet or matplotlib (seconds) are imported lazily in the
 # commands that need them, so that `testbed clean`, `ls`, `show` and `check` start at once.
@@ -158,13 +161,13 @@ def _cmd_ls(args) -> int:
         d = p.parent
         if not is_run(d):
             continue
-        s = _summary(d) if (d / "summary.json").is_file() else {"status": _unfinished_status(d, live)}
-        tp = _field(s, "throughput").get("mean")
-        tp = tp if isinstance(tp, (int, float)) and not isinstance(tp, bool) else None
-        flags = [name for name, key in (("CPU-starved", "cpu_starved"), ("host-cost overrun", "host_cost_overrun"))
-                 if _field(s, "fidelity").get(key)]
-        rows.append(f"{str(d.relative_to(root)):60s} {str(s.get('status')):11s} "
-                    f"{str(s.get('scheme', '')):10s} {'' if tp is None else f'{tp:10.1f} samples/s'}"
+        s = _summary(d) if (d / SUMMARY_FILE).is_file() else RunSummary(status=_unfinished_status(d, live))
+        tp = (s.throughput or Throughput()).mean
+        f = s.fidelity or Fidelity()
+        flags = [name for name, flag in (("CPU-starved", f.cpu_starved), ("host-cost overrun", f.host_cost_overrun))
+                 if flag]
+        rows.append(f"{str(d.relative_to(root)):60s} {str(s.status):11s} "
+                    f"{s.scheme or '':10s} {'' if tp is None else f'{tp:10.1f} samples/s'}"
                     + (f"  [{', '.join(flags)}]" if flags else ""))
     print("\n".join(rows) if rows else f"no runs under {root}")
     return 0
@@ -179,18 +182,12 @@ def _unfinished_status(run_dir: Path, live: set[Path]) -> str:
     return "killed" if (run_dir / "logs" / "harness.log").is_file() else "no summary"
 
 
-def _field(summary: dict, key: str) -> dict:
-    v = summary.get(key)
-    return v if isinstance(v, dict) else {}
-
-
-def _summary(run_dir: Path) -> dict:
-    """A run's summary.json; ``{"status": "unreadable"}`` when it is not a JSON mapping."""
+def _summary(run_dir: Path) -> RunSummary:
+    """A run's summary.json; status ``unreadable`` when it is not JSON or not a summary."""
     try:
-        s = read_json(run_dir / "summary.json")
+        return RunSummary.load(run_dir / SUMMARY_FILE)
     except (OSError, ValueError):
-        return {"status": "unreadable"}
-    return s if isinstance(s, dict) else {"status": "unreadable"}
+        return RunSummary(status="unreadable")
 
 
 def _resolve_runs(paths: list[str]) -> list[Path]:
@@ -232,15 +229,16 @@ def _cmd_plot(args) -> int:
 
 def _cmd_show(args) -> int:
     for d in _resolve_runs([args.run]):
-        path = d / "summary.json"
+        path = d / SUMMARY_FILE
         if not path.is_file():
             raise NotARunError(f"{d} has no summary.json yet: it is still running, or its runner was killed "
                                f"(see 'testbed ls')")
         try:
-            summary = read_json(path)
+            summary = RunSummary.load(path)
         except (OSError, ValueError) as e:
-            raise NotARunError(f"{path} is not readable JSON ({e})") from None
-        print(json.dumps(summary, indent=2))
+            what = "a run summary" if isinstance(e, ValidationError) else "readable JSON"
+            raise NotARunError(f"{path} is not {what} ({e})") from None
+        print(json.dumps(summary.dump(), indent=2))
     return 0
 
 

@@ -50,21 +50,27 @@ from topologies import build_topo, hosts_of
 from topologies.hosts import HostInfo
 from traffic import rundir, schemes
 from traffic.schemes import ProcessPlan
+from traffic.summary import Bytes, Fidelity, IterationTime, RunSummary, Throughput
 
 log = logging.getLogger("testbed")
 
 
 @dataclass
 class RunResult:
-    """Where a run went, its summary (``summary.json`` content) and, in a sweep, its point
-    (the swept paths and their values, and the variant's name)."""
+    """Where a run went, its summary (``summary.json``; a mapping given is validated into a
+    :class:`~traffic.summary.RunSummary`) and, in a sweep, its point (the swept paths and
+    their values, and the variant's name)."""
     run_dir: Path
-    summary: dict
+    summary: RunSummary
     point: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not isinstance(self.summary, RunSummary):
+            self.summary = RunSummary.model_validate(self.summary)
 
     @property
     def ok(self) -> bool:
-        return self.summary.get("status") == "ok"
+        return self.summary.status == "ok"
 
 
 class _HarnessLog(logging.FileHandler):
@@ -182,7 +188,7 @@ def run_one(exp: Experiment, parent: Path, run_id: str, exclusive_id: bool = Tru
     return RunResult(run_dir, summary)
 
 
-def _summarize(run_dir: Path, status: str, error: str | None) -> dict:
+def _summarize(run_dir: Path, status: str, error: str | None) -> RunSummary:
     """:func:`analysis.metrics.summarize`, with a full file system named as the cause: the
     run's error says so, and when ``summary.json`` itself cannot be written the summary is
     returned (status ``failed``) without it."""
@@ -193,8 +199,8 @@ def _summarize(run_dir: Path, status: str, error: str | None) -> dict:
     try:
         return summarize(run_dir, status=status, error=error)
     except OSError as e:
-        return {"status": "failed", "run_id": run_dir.name,
-                "error": f"summary.json could not be written ({e.strerror or e}){'; ' + error if error else ''}"}
+        return RunSummary(status="failed", run_id=run_dir.name,
+                          error=f"summary.json could not be written ({e.strerror or e}){'; ' + error if error else ''}")
 
 
 _MIN_FREE_BYTES = 64 << 10
@@ -520,22 +526,20 @@ def _safe(text: str) -> str:
 def headline(res: RunResult) -> dict:
     """The figures of a run's table row (scheme, samples/s, iteration times, core bytes, accuracy)."""
     s = res.summary
-    tp = s.get("throughput") or {}
-    it = s.get("iteration_time_s") or {}
-    b = s.get("bytes") or {}
-    return {**res.point, "scheme": s.get("scheme"), "status": s.get("status"),
-            "samples_per_s": tp.get("mean"), "samples_per_s_ci95": tp.get("ci95"),
-            "iter_mean_s": it.get("mean"), "iter_p95_s": it.get("p95"),
-            "core_bytes": b.get("core"), "accuracy": s.get("final_accuracy"),
-            "cpu_starved": (s.get("fidelity") or {}).get("cpu_starved"),
-            "host_cost_overrun": (s.get("fidelity") or {}).get("host_cost_overrun"), "run_dir": str(res.run_dir)}
+    tp, it, b, f = (s.throughput or Throughput(), s.iteration_time_s or IterationTime(), s.bytes or Bytes(),
+                    s.fidelity or Fidelity())
+    return {**res.point, "scheme": s.scheme, "status": s.status,
+            "samples_per_s": tp.mean, "samples_per_s_ci95": tp.ci95,
+            "iter_mean_s": it.mean, "iter_p95_s": it.p95,
+            "core_bytes": b.core, "accuracy": s.final_accuracy,
+            "cpu_starved": f.cpu_starved, "host_cost_overrun": f.host_cost_overrun, "run_dir": str(res.run_dir)}
 
 
 def one_line(res: RunResult) -> str:
     """``<run dir>: <status>, <scheme>, <samples/s>, <iteration time>, <core bytes>, <accuracy>``."""
     h = headline(res)
     if h["status"] != "ok":
-        err = (res.summary.get("error") or "").splitlines()
+        err = (res.summary.error or "").splitlines()
         return f"{res.run_dir}: {h['status']}: {err[0] if err else ''}"
     def f(v, fmt):
         return "n/a" if v is None else format(v, fmt)

@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import analysis  # noqa: E402
 from analysis import metrics, plots, timeline  # noqa: E402
 from analysis.traces import rates  # noqa: E402
+from traffic.summary import RunSummary, TxRx  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
 
@@ -174,39 +175,38 @@ def test_rates_from_counters_use_real_intervals():
 
 def test_summarize_known_answers(run_dir):
     s = metrics.summarize(run_dir)
-    assert s["analysis_errors"] == []
-    assert s["status"] == "ok" and s["error"] is None and s["scheme"] == "ps"
-    assert s["workers"] == WORKERS and s["global_batch"] == WORKERS * BATCH
-    assert s["iterations_completed"] == len(SPANS) and s["measured_iterations"] == len(SPANS) - WARMUP
+    assert s.analysis_errors == []
+    assert s.status == "ok" and s.error is None and s.scheme == "ps"
+    assert s.workers == WORKERS and s.global_batch == WORKERS * BATCH
+    assert s.iterations_completed == len(SPANS) and s.measured_iterations == len(SPANS) - WARMUP
     spans = np.array(SPANS[WARMUP:])
     tp = WORKERS * BATCH / spans  # 128, 64, 32, 256 samples/s
-    assert s["throughput"]["mean"] == pytest.approx(tp.mean()) == pytest.approx(120.0)
-    assert s["throughput"]["ci95"] == pytest.approx(1.96 * tp.std()) == pytest.approx(1.96 * 85.790442)
-    assert s["throughput"]["std"] == pytest.approx(tp.std())
-    assert s["throughput"]["overall"] == pytest.approx(WORKERS * BATCH * 4 / spans.sum())
-    assert s["iteration_time_s"]["mean"] == pytest.approx(1.875)
-    assert s["iteration_time_s"]["p50"] == pytest.approx(1.5)
-    assert s["iteration_time_s"]["p95"] == pytest.approx(3.7)
-    b = s["bytes"]
-    assert b["core"] == (700 + 200) * N_SAMPLES
-    assert b["uplinks"] == (300 + 700 + 50 + 200) * N_SAMPLES
-    assert b["host_links"] == sum(i + o for i, o in list(PORT_BYTES.values())[:4]) * N_SAMPLES
-    assert b["per_host"]["h3"] == {"tx": 3000 * N_SAMPLES, "rx": 300 * N_SAMPLES}
+    assert s.throughput.mean == pytest.approx(tp.mean()) == pytest.approx(120.0)
+    assert s.throughput.ci95 == pytest.approx(1.96 * tp.std()) == pytest.approx(1.96 * 85.790442)
+    assert s.throughput.std == pytest.approx(tp.std())
+    assert s.throughput.overall == pytest.approx(WORKERS * BATCH * 4 / spans.sum())
+    assert s.iteration_time_s.mean == pytest.approx(1.875)
+    assert s.iteration_time_s.p50 == pytest.approx(1.5)
+    assert s.iteration_time_s.p95 == pytest.approx(3.7)
+    b = s.bytes
+    assert b.core == (700 + 200) * N_SAMPLES
+    assert b.uplinks == (300 + 700 + 50 + 200) * N_SAMPLES
+    assert b.host_links == sum(i + o for i, o in list(PORT_BYTES.values())[:4]) * N_SAMPLES
+    assert (b.per_host["h3"].tx, b.per_host["h3"].rx) == (3000 * N_SAMPLES, 300 * N_SAMPLES)
     # bytes of the measured window (5 s of samples at 10 ms) per measured iteration
-    assert s["bytes_per_iteration"]["core"] == pytest.approx(900 * 750 / 4, rel=0.01)
-    assert s["bytes_per_iteration"]["core_training"] == s["bytes_per_iteration"]["core"]  # no background
+    assert s.bytes_per_iteration.core == pytest.approx(900 * 750 / 4, rel=0.01)
+    assert s.bytes_per_iteration.core_training == s.bytes_per_iteration.core  # no background
     worker_link = np.mean([i + o for i, o in list(PORT_BYTES.values())[:4]])  # every host runs a worker
-    assert s["bytes_per_iteration"]["worker_link"] == pytest.approx(worker_link * 750 / 4, rel=0.01)
-    assert s["final_accuracy"] == 0.9 and "eval" in s["accuracy_source"]  # eval event beats results/
-    assert s["cpu"]["idle_pct_mean"] == pytest.approx(40.0)  # the measured window, not start-up
-    assert s["cpu"]["idle_pct_per_core"] == {"0": pytest.approx(50.0), "1": pytest.approx(30.0)}
-    f = s["fidelity"]
-    assert f["cpu_starved"] is False and f["min_idle_pct"] == pytest.approx(40.0)
-    assert f["rule"] == "Mininet-HiFi: keep >= 35% CPU idle"
-    assert f["shaping_failed"] is False and len(f["rates"]["links"]) == 6
+    assert s.bytes_per_iteration.worker_link == pytest.approx(worker_link * 750 / 4, rel=0.01)
+    assert s.final_accuracy == 0.9 and "eval" in s.accuracy_source  # eval event beats results/
+    assert s.cpu.idle_pct_mean == pytest.approx(40.0)  # the measured window, not start-up
+    assert s.cpu.idle_pct_per_core == {"0": pytest.approx(50.0), "1": pytest.approx(30.0)}
+    f = s.fidelity
+    assert f.cpu_starved is False and f.min_idle_pct == pytest.approx(40.0)
+    assert f.rule == "Mininet-HiFi: keep >= 35% CPU idle"
+    assert f.shaping_failed is False and len(f.rates.links) == 6
     # files
-    on_disk = json.loads((run_dir / "summary.json").read_text())
-    assert on_disk["throughput"]["mean"] == pytest.approx(120.0)
+    assert RunSummary.load(run_dir) == s
     it = pd.read_csv(run_dir / "iterations.csv")
     assert list(it.columns) == ["iteration", "worker", "start", "end", "duration_s", "samples"]
     assert len(it) == WORKERS * len(SPANS) and set(it["worker"]) == {f"worker{i}" for i in range(WORKERS)}
@@ -217,10 +217,10 @@ def test_fidelity_flags_trip(tmp_path):
     # h1 sends 200 kB per 10 ms = 160 Mbit/s through a 100 Mbit/s link; CPU 80 % busy
     d = make_run(tmp_path, "bad", h1_in=200_000, busy_inside=(80.0, 80.0))
     s = metrics.summarize(d)
-    assert s["fidelity"]["shaping_failed"] is True
-    worst = max(s["fidelity"]["rates"]["links"], key=lambda l: l["max_ratio"])
-    assert worst["iface"] == "tor1-eth1" and worst["max_rx_mbps"] == pytest.approx(160.0, rel=0.01)
-    assert s["fidelity"]["cpu_starved"] is True and s["cpu"]["idle_pct_mean"] == pytest.approx(20.0)
+    assert s.fidelity.shaping_failed is True
+    worst = max(s.fidelity.rates.links, key=lambda l: l.max_ratio)
+    assert worst.iface == "tor1-eth1" and worst.max_rx_mbps == pytest.approx(160.0, rel=0.01)
+    assert s.fidelity.cpu_starved is True and s.cpu.idle_pct_mean == pytest.approx(20.0)
 
 
 def test_a_link_raised_by_a_scheduled_event_is_checked_against_its_new_rate(tmp_path):
@@ -230,12 +230,12 @@ def test_a_link_raised_by_a_scheduled_event_is_checked_against_its_new_rate(tmp_
            "ifaces": ["tor1-eth1", "h1-eth0"], "iteration": 0}
     (d / "schedule.jsonl").write_text(json.dumps(rec) + "\n")
     s = metrics.summarize(d)
-    assert s["fidelity"]["shaping_failed"] is False
-    link = next(l for l in s["fidelity"]["rates"]["links"] if l["iface"] == "tor1-eth1")
-    assert link["bw_mbps"] == 200.0 and link["max_ratio"] == pytest.approx(0.8, rel=0.01)
+    assert s.fidelity.shaping_failed is False
+    link = next(l for l in s.fidelity.rates.links if l.iface == "tor1-eth1")
+    assert link.bw_mbps == 200.0 and link.max_ratio == pytest.approx(0.8, rel=0.01)
     rec["applied"] = False  # an event never reached changes nothing
     (d / "schedule.jsonl").write_text(json.dumps(rec) + "\n")
-    assert metrics.summarize(d)["fidelity"]["shaping_failed"] is True
+    assert metrics.summarize(d).fidelity.shaping_failed is True
 
 
 def test_summarize_failed_run_with_missing_files(tmp_path):
@@ -243,19 +243,19 @@ def test_summarize_failed_run_with_missing_files(tmp_path):
     (d / "logs").mkdir(parents=True)
     (d / "spec.yaml").write_text(yaml.safe_dump({"name": "failed", "workload": {"scheme": "ring"}}))
     s = metrics.summarize(d, status="failed", error="worker0 exited with code 1")
-    assert s["status"] == "failed" and s["error"] == "worker0 exited with code 1"
-    assert s["scheme"] == "ring" and s["analysis_errors"] == []
-    assert s["throughput"]["mean"] is None and s["iteration_time_s"]["p95"] is None
-    assert s["bytes"] is None and s["final_accuracy"] is None
-    assert s["fidelity"]["cpu_starved"] is None and s["fidelity"]["shaping_failed"] is None
-    assert json.loads((d / "summary.json").read_text())["status"] == "failed"
+    assert s.status == "failed" and s.error == "worker0 exited with code 1"
+    assert s.scheme == "ring" and s.analysis_errors == []
+    assert s.throughput.mean is None and s.iteration_time_s.p95 is None
+    assert s.bytes is None and s.final_accuracy is None
+    assert s.fidelity.cpu_starved is None and s.fidelity.shaping_failed is None
+    assert RunSummary.load(d).status == "failed"
     run = analysis.load(d)
     assert run.traces.empty and run.events.empty and run.iterations.empty and run.t0 is None
     # a completely empty directory and a missing one
     e = tmp_path / "empty"
     e.mkdir()
-    assert metrics.summarize(e, status="failed", error="x")["status"] == "failed"
-    assert metrics.summarize(tmp_path / "nope", status="failed")["analysis_errors"]
+    assert metrics.summarize(e, status="failed", error="x").status == "failed"
+    assert metrics.summarize(tmp_path / "nope", status="failed").analysis_errors
 
 
 def test_partial_run_counts_only_complete_iterations(run_dir):
@@ -263,9 +263,9 @@ def test_partial_run_counts_only_complete_iterations(run_dir):
     (run_dir / "traces" / "cpu.csv").unlink()
     s = metrics.summarize(run_dir, status="failed", error="worker3 died")
     # processes.json plans 4 workers: iterations with only 3 of them are incomplete
-    assert s["workers"] == WORKERS and s["iterations_completed"] == 0 and s["measured_iterations"] == 0
-    assert s["throughput"]["mean"] is None and s["cpu"]["idle_pct_mean"] is None
-    assert s["bytes"]["core"] == 900 * N_SAMPLES  # traces still summed
+    assert s.workers == WORKERS and s.iterations_completed == 0 and s.measured_iterations == 0
+    assert s.throughput.mean is None and s.cpu.idle_pct_mean is None
+    assert s.bytes.core == 900 * N_SAMPLES  # traces still summed
 
 
 def test_summary_on_real_bwm_ng_capture(tmp_path):
@@ -280,9 +280,9 @@ def test_summary_on_real_bwm_ng_capture(tmp_path):
                        "bw_mbps": 100.0}]}
     (d / "topology.json").write_text(json.dumps(topo))
     s = metrics.summarize(d)
-    assert s["bytes"]["per_host"]["hA"] == {"tx": 200 * 1042, "rx": 50 * 542}
-    assert s["bytes"]["per_host"]["hB"] == {"tx": 50 * 542, "rx": 200 * 1042}
-    assert s["bytes"]["core"] == 0 and s["fidelity"]["shaping_failed"] is False
+    assert s.bytes.per_host["hA"] == TxRx(tx=200 * 1042, rx=50 * 542)
+    assert s.bytes.per_host["hB"] == TxRx(tx=50 * 542, rx=200 * 1042)
+    assert s.bytes.core == 0 and s.fidelity.shaping_failed is False
 
 
 def _is_png(p: Path) -> bool:

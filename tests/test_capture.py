@@ -354,13 +354,13 @@ def test_shaped_link_rate_from_real_capture(net, tmp_path):
                        "bw_mbps": 20.0} for h, x in (("hA", "a"), ("hB", "b"))]}
     (tmp_path / "topology.json").write_text(json.dumps(topo))
     summ = metrics.summarize(tmp_path)
-    assert summ["bytes"]["per_host"]["hB"]["rx"] >= 1500 * (1400 + ETH_IP_UDP) - 1000 * 1442  # htb may drop
+    assert summ.bytes.per_host["hB"].rx >= 1500 * (1400 + ETH_IP_UDP) - 1000 * 1442  # htb may drop
     r = analysis_load(tmp_path).rates
     busy = r[(r["iface"] == "tbx0b") & (r["tx_bps"] > 1e6)]
     assert len(busy) > 30
     assert busy["tx_bps"].median() == pytest.approx(20e6, rel=0.05)
-    link = next(l for l in summ["fidelity"]["rates"]["links"] if l["iface"] == "tbx0b")
-    assert 0.9 < link["max_tx_mbps"] / 20.0 < 1.1
+    link = next(l for l in summ.fidelity.rates.links if l.iface == "tbx0b")
+    assert 0.9 < link.max_tx_mbps / 20.0 < 1.1
     q = pd_read(tmp_path / "traces" / "qdisc.csv")
     assert q["backlog_bytes"].max() > 100_000  # the queue built up behind the 20 Mbit/s shaper
 

@@ -23,6 +23,7 @@ import analysis  # noqa: E402
 from analysis import metrics  # noqa: E402
 from testbed.capture.cpu import CPU_FIELDS  # noqa: E402
 from testbed.capture.merge import TracePart, merge_traces  # noqa: E402
+from traffic.summary import RunSummary  # noqa: E402
 
 A, B, C = "10.251.0.11", "10.251.0.12", "10.251.0.13"
 T0 = 1795238073.0  # controller clock, s
@@ -97,19 +98,18 @@ def test_one_busy_machine_starves_the_run(tmp_path):
                                         f"{B}:harness": pytest.approx(2.0), "worker0": pytest.approx(150.0),
                                         "worker1": pytest.approx(20.0)}
     s = metrics.summarize(d)
-    f = s["fidelity"]
-    assert f["cpu_starved"] is True and f["rule"] == metrics.CPU_IDLE_RULE_CLUSTER
-    assert f["idle_pct_mean"] == pytest.approx(10.0) and f["min_idle_pct"] == pytest.approx(10.0)
-    assert json.loads((d / "summary.json").read_text())["cpu"]["machines"][B]["idle_pct_mean"] == pytest.approx(90.0)
+    f = s.fidelity
+    assert f.cpu_starved is True and f.rule == metrics.CPU_IDLE_RULE_CLUSTER
+    assert f.idle_pct_mean == pytest.approx(10.0) and f.min_idle_pct == pytest.approx(10.0)
+    assert RunSummary.load(d).cpu.machines[B].idle_pct_mean == pytest.approx(90.0)
 
 
 def test_every_machine_idle_is_not_starved(tmp_path):
     d = cluster_run(tmp_path, {A: IDLE, B: constant(25.0, 35.0)})  # B: idle 75 % and 65 %
     s = metrics.summarize(d)
-    assert s["fidelity"]["cpu_starved"] is False
-    assert s["cpu"]["worst_machine"] == B and s["cpu"]["idle_pct_mean"] == pytest.approx(70.0)
-    assert {m: r["idle_pct_mean"] for m, r in s["cpu"]["machines"].items()} == {A: pytest.approx(90.0),
-                                                                               B: pytest.approx(70.0)}
+    assert s.fidelity.cpu_starved is False
+    assert s.cpu.worst_machine == B and s.cpu.idle_pct_mean == pytest.approx(70.0)
+    assert {m: r.idle_pct_mean for m, r in s.cpu.machines.items()} == {A: pytest.approx(90.0), B: pytest.approx(70.0)}
 
 
 def test_min_idle_is_the_lowest_over_machines(tmp_path):
@@ -134,16 +134,16 @@ def test_min_idle_is_the_lowest_over_machines(tmp_path):
 def test_a_machine_without_samples_leaves_the_flag_open(tmp_path):
     d = cluster_run(tmp_path, {A: IDLE, B: IDLE}, listed=(A, B, C))
     s = metrics.summarize(d)
-    assert s["cpu"]["machines"][C]["idle_pct_mean"] is None and s["cpu"]["idle_pct_mean"] == pytest.approx(90.0)
-    assert s["fidelity"]["cpu_starved"] is None  # C may have starved
+    assert s.cpu.machines[C].idle_pct_mean is None and s.cpu.idle_pct_mean == pytest.approx(90.0)
+    assert s.fidelity.cpu_starved is None  # C may have starved
     d2 = cluster_run(tmp_path / "busy", {A: BUSY, B: IDLE}, listed=(A, B, C))
-    assert metrics.summarize(d2)["fidelity"]["cpu_starved"] is True  # A did, whatever C did
+    assert metrics.summarize(d2).fidelity.cpu_starved is True  # A did, whatever C did
     # no cpu.csv at all: every machine listed, none known
     (d / "traces" / "cpu.csv").unlink()
     s = metrics.summarize(d)
-    assert s["cpu"]["machines"] == {m: {"idle_pct_mean": None, "idle_pct_per_core": {}, "min_idle_pct": None,
-                                        "window": "capture", "procs_busy_pct_mean": {}} for m in (A, B, C)}
-    assert s["fidelity"]["cpu_starved"] is None and s["fidelity"]["rule"] == metrics.CPU_IDLE_RULE_CLUSTER
+    assert s.dump()["cpu"]["machines"] == {m: {"idle_pct_mean": None, "idle_pct_per_core": {}, "min_idle_pct": None,
+                                               "window": "capture", "procs_busy_pct_mean": {}} for m in (A, B, C)}
+    assert s.fidelity.cpu_starved is None and s.fidelity.rule == metrics.CPU_IDLE_RULE_CLUSTER
 
 
 def test_controller_rows_are_a_machine_of_their_own():

@@ -79,9 +79,9 @@ def test_quickstart_on_two_machines_moves_the_core_bytes_of_one_machine(machines
     one, = run_experiment(load_spec(quickstart(tmp_path, tmp_path / "runs", None)), progress=False)
     two, = run_experiment(load_spec(quickstart(tmp_path, tmp_path / "runs", cluster_section(machines, 2))),
                           progress=False)
-    assert one.ok and two.ok, (one.summary.get("error"), two.summary.get("error"))
-    assert two.summary["iterations_completed"] == one.summary["iterations_completed"]
-    core1, core2 = one.summary["bytes"]["core"], two.summary["bytes"]["core"]
+    assert one.ok and two.ok, (one.summary.error, two.summary.error)
+    assert two.summary.iterations_completed == one.summary.iterations_completed
+    core1, core2 = one.summary.bytes.core, two.summary.bytes.core
     assert core1 > 1e6 and abs(core2 - core1) <= 0.02 * core1, (core1, core2)
 
     d = two.run_dir
@@ -115,7 +115,7 @@ def test_a_plain_ddp_program_on_two_machines_moves_its_allreduce_bytes(machines,
                      "cluster": cluster_section(machines, 2),
                      "run": {"runs_dir": str(tmp_path / "runs"), "timeout_s": 180}})
     (res,) = run_experiment(exp, progress=False)
-    assert res.ok, res.summary.get("error")
+    assert res.ok, res.summary.error
     p = 8
     grad = int(re.search(r"grad_bytes (\d+)", (res.run_dir / "logs" / "worker0.log").read_text()).group(1))
     logs = [(res.run_dir / "logs" / f"worker{i}.log").read_text() for i in range(p)]
@@ -142,7 +142,7 @@ def test_an_uplink_between_machines_halved_at_a_scheduled_time_runs_at_the_new_r
     exp = from_dict({**uplink_halving_spec(tmp_path, "tor2", src="bg2", dst="bg1"),
                      "cluster": cluster_section(machines, 2)})
     (res,) = run_experiment(exp, progress=False)
-    assert res.ok, res.summary.get("error")
+    assert res.ok, res.summary.error
     run = load(res.run_dir)
     rec = applied(run, 0)
     up = next(l for l in run.topology["links"] if l["class"] == "uplink" and "tor2" in (l["node1"], l["node2"]))
@@ -172,8 +172,8 @@ def test_a_scheduled_kill_on_another_machine_ends_the_run_naming_it(machines, tm
     peers' failure comes back through SSH."""
     exp = from_dict({**kill_spec(tmp_path, "worker3"), "cluster": cluster_section(machines, 2)})
     (res,) = run_experiment(exp, progress=False)
-    assert res.summary["status"] == "failed"
-    assert "after worker3 was killed by a scheduled event" in res.summary["error"], res.summary["error"]
+    assert res.summary.status == "failed"
+    assert "after worker3 was killed by a scheduled event" in res.summary.error, res.summary.error
     run = load(res.run_dir)
     assert run.topology["cluster"]["placement"]["h4"] == machines["machines"][1]  # worker3's host
     rec = applied(run, 0)
@@ -193,8 +193,8 @@ def test_a_worker_crash_on_another_machine_ends_the_run_promptly_with_its_log(ma
     monkeypatch.setenv("TESTBED_CRASH_AT", "worker5:3")  # on h6, rack 2: the second machine
     res, = run_experiment(load_spec(quickstart(tmp_path, tmp_path / "runs", cluster_section(machines, 2))),
                           progress=False)
-    assert res.summary["status"] == "failed", res.summary
-    assert "worker5" in res.summary["error"], res.summary["error"]
+    assert res.summary.status == "failed", res.summary
+    assert "worker5" in res.summary.error, res.summary.error
     assert "crash" in (res.run_dir / "logs" / "worker5.log").read_text().lower()
     assert (res.run_dir / "machines" / machines["machines"][1] / "processes.json").is_file()
     time.sleep(0.5)

@@ -19,6 +19,7 @@ from common.errors import MissingRequirement, TestbedError
 from testbed.runner import run_experiment, run_one
 from testbed.spec import from_dict
 from tests.leftovers import leftovers, needs_root
+from traffic.summary import RunSummary
 
 ROOT = Path(__file__).resolve().parents[1]
 root_only = pytest.mark.skipif(needs_root, reason="needs root")
@@ -50,7 +51,7 @@ def cross_rack_payload(run) -> int:
 def test_ps_run_counts_the_bytes_that_crossed_the_core(tmp_path):
     assert leftovers() == []
     (res,) = run_experiment(small_spec(tmp_path), progress=False)
-    assert res.ok, res.summary.get("error")
+    assert res.ok, res.summary.error
     s = res.summary
     run = analysis.load(res.run_dir)
     # the dedicated server ps1 sits in rack 0 (tor1): rack 1's workers push and pull across the core
@@ -58,11 +59,11 @@ def test_ps_run_counts_the_bytes_that_crossed_the_core(tmp_path):
     payload = cross_rack_payload(run)
     assert payload > 0
     # bwm-ng counted at the ToR uplink ports: payload plus TCP/IP/Ethernet headers and ACKs
-    assert payload <= s["bytes"]["core"] <= 1.15 * payload, (payload, s["bytes"]["core"])
+    assert payload <= s.bytes.core <= 1.15 * payload, (payload, s.bytes.core)
     its = pd.read_csv(res.run_dir / "iterations.csv")
     assert len(its) == 4 * 8 and set(its["worker"]) == {f"worker{i}" for i in range(4)}
-    assert s["throughput"]["mean"] > 0 and s["iteration_time_s"]["p95"] >= s["iteration_time_s"]["p50"]
-    assert 0 <= s["final_accuracy"] <= 1
+    assert s.throughput.mean > 0 and s.iteration_time_s.p95 >= s.iteration_time_s.p50
+    assert 0 <= s.final_accuracy <= 1
     # every shaped interface was read back and recorded
     assert all(l["shaping"] for l in run.topology["links"])
     # plots and timeline from the run directory alone
@@ -89,8 +90,8 @@ def test_worker_crash_ends_the_run_promptly_keeps_logs_and_leaves_nothing(tmp_pa
     t0 = time.time()
     (res,) = run_experiment(exp, progress=False)
     elapsed = time.time() - t0
-    assert res.summary["status"] == "failed"
-    assert "worker1" in res.summary["error"] and "exited with code" in res.summary["error"]
+    assert res.summary.status == "failed"
+    assert "worker1" in res.summary.error and "exited with code" in res.summary.error
     assert "InjectedCrash" in (res.run_dir / "logs" / "worker1.log").read_text()
     # the crash is at iteration 3; start-up is ~20-40 s on 2 cores, the rest must be seconds
     ev = analysis.load(res.run_dir).events
@@ -107,8 +108,8 @@ def test_sweep_goes_on_after_a_failed_point(tmp_path):
     exp.run.timeout_s = 240
     exp = from_dict({**exp.to_dict(), "sweep": {"run.timeout_s": [0.5, 240]}})
     results = run_experiment(exp, progress=False)
-    assert [r.summary["status"] for r in results] == ["failed", "ok"]
-    assert "timed out" in results[0].summary["error"]
+    assert [r.summary.status for r in results] == ["failed", "ok"]
+    assert "timed out" in results[0].summary.error
     table = pd.read_csv(results[0].run_dir.parent / "sweep.csv")
     assert list(table["status"]) == ["failed", "ok"]
     # both points forked from one zygote: the failed point's teardown left it to the next
@@ -184,8 +185,7 @@ def test_ctrl_c_tears_everything_down_and_records_the_run(tmp_path):
     out, err = p.communicate(timeout=60)
     assert p.returncode == 130, err
     assert "torn down" in err
-    summary = json.loads((log.parent.parent / "summary.json").read_text())
-    assert summary["status"] == "interrupted"
+    assert RunSummary.load(log.parent.parent).status == "interrupted"
     assert leftovers() == []
 
 
@@ -201,9 +201,9 @@ def test_a_scheme_outside_the_repository_runs_on_the_quickstart_topology(tmp_pat
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     (summary,) = tmp_path.rglob("summary.json")  # one run: the override replaced the quickstart's sweep
-    s = json.loads(summary.read_text())
-    assert s["status"] == "ok" and s["scheme"] == "mymod:MyAllreduce"
-    assert s["bytes"]["core"] > 0  # ring allreduce over 8 workers in 2 racks crosses the core
+    s = RunSummary.load(summary)
+    assert s.status == "ok" and s.scheme == "mymod:MyAllreduce"
+    assert s.bytes.core > 0  # ring allreduce over 8 workers in 2 racks crosses the core
     clips = [e for e in analysis.load(summary.parent).events.to_dict("records") if e["kind"] == "clip"]
     assert len(clips) == 8 * 8  # every worker clipped every iteration
     assert leftovers() == []

@@ -102,9 +102,9 @@ def test_time_dilation_reports_the_same_iteration_time(tmp_path):
                      "run": {"runs_dir": str(tmp_path / "runs")},
                      "sweep": {"scale": [1, 4]}})
     results = run_experiment(exp, progress=False)
-    assert [r.summary["status"] for r in results] == ["ok", "ok"]
-    t1, t4 = (r.summary["iteration_time_s"]["mean"] for r in results)
-    assert results[1].summary["scale"] == 4
+    assert [r.summary.status for r in results] == ["ok", "ok"]
+    t1, t4 = (r.summary.iteration_time_s.mean for r in results)
+    assert results[1].summary.scale == 4
     assert t4 == pytest.approx(t1, rel=0.10), (t1, t4)
     # the dilated run's links were shaped at 25 Mbit/s and are reported as 100
     topo = json.loads((results[1].run_dir / "topology.json").read_text())

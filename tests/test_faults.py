@@ -22,6 +22,7 @@ from testbed.ledger import Ledger, NetworkLock, lock_holder
 from tests.leftovers import leftovers, needs_root
 from common.errors import TestbedError
 from traffic import rundir
+from traffic.summary import RunSummary
 
 ROOT = Path(__file__).resolve().parents[1]
 root_only = pytest.mark.skipif(needs_root, reason="needs root")
@@ -172,13 +173,13 @@ def test_clean_marks_a_dead_runners_run_killed_and_keeps_its_files(state_dir, tm
     events_before = (d / "events" / "worker0.jsonl").read_bytes()
     removed = clean_mod.clean()
     assert f"run {d} marked killed (its files are kept)" in removed
-    s = json.loads((d / "summary.json").read_text())
-    assert s["status"] == "killed" and f"pid {led.owner_pid}" in s["error"] and "died" in s["error"]
+    s = RunSummary.load(d)
+    assert s.status == "killed" and f"pid {led.owner_pid}" in s.error and "died" in s.error
     assert (d / "events" / "worker0.jsonl").read_bytes() == events_before
     assert not list((state_dir / "ledger").glob("*.json"))
     # a run that has its summary is left as it is
     assert clean_mod.clean() == []
-    assert json.loads((d / "summary.json").read_text())["status"] == "killed"
+    assert RunSummary.load(d).status == "killed"
 
 
 def test_clean_force_never_touches_a_live_runs_processes(state_dir, tmp_path):
@@ -296,9 +297,9 @@ def test_a_killed_worker_or_server_ends_the_run_with_its_name(tmp_path, scheme, 
     out, err = p.communicate(timeout=120)
     assert p.returncode == 1, err
     assert time.time() - killed_at < 30  # promptly, not at the run's timeout
-    s = json.loads((run_dir / "summary.json").read_text())
-    assert s["status"] == "failed"
-    assert f"process {victim}" in s["error"] and "killed by signal SIGKILL" in s["error"]
+    s = RunSummary.load(run_dir)
+    assert s.status == "failed"
+    assert f"process {victim}" in s.error and "killed by signal SIGKILL" in s.error
     assert victim in out and "Traceback" not in err
     assert iterations_done(runs, n=3)()  # what was written is kept
     assert (run_dir / "logs" / f"{victim}.log").is_file() and (run_dir / "traces" / "bwm-ng.csv").stat().st_size > 0
@@ -322,9 +323,9 @@ def test_a_sigkilled_runner_is_cleaned_and_its_run_marked_killed(tmp_path):
     assert "bridge tor1" in out.stdout and f"run {run_dir} marked killed" in out.stdout
     time.sleep(0.5)
     assert leftovers() == []
-    s = json.loads((run_dir / "summary.json").read_text())
-    assert s["status"] == "killed" and "died" in s["error"]
-    assert s["iterations_completed"] >= 3 and s["bytes"]["core"] > 0  # figures from what it had written
+    s = RunSummary.load(run_dir)
+    assert s.status == "killed" and "died" in s.error
+    assert s.iterations_completed >= 3 and s.bytes.core > 0  # figures from what it had written
     assert cli("ls", runs).stdout.split()[:2] == [run_dir.name, "killed"]
 
 
@@ -340,8 +341,7 @@ def test_ctrl_c_in_each_phase_tears_down_and_records_the_run(tmp_path, phase):
     out, err = p.communicate(timeout=120)
     assert p.returncode == 130, err
     assert "torn down" in err and "Traceback" not in err
-    s = json.loads((run_dir / "summary.json").read_text())
-    assert s["status"] == "interrupted"
+    assert RunSummary.load(run_dir).status == "interrupted"
     assert (run_dir / "spec.yaml").is_file()
     assert leftovers() == []
 

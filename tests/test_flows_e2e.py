@@ -33,7 +33,7 @@ def ps_across_the_core(tmp_path, **extra):
 def test_the_uplink_carries_exactly_the_worker_server_flows_of_the_other_rack(tmp_path):
     assert leftovers() == []
     (res,) = run_experiment(ps_across_the_core(tmp_path), progress=False)
-    assert res.ok, res.summary.get("error")
+    assert res.ok, res.summary.error
     run = analysis.load(res.run_dir)
     rack = {h["name"]: h["rack"] for h in run.topology["hosts"]}
     assert rack["ps1"] == 0
@@ -84,7 +84,7 @@ def test_an_incast_drops_in_the_queue_and_retransmits_in_the_same_intervals(tmp_
         "run": {"runs_dir": str(tmp_path), "timeout_s": 240},
     })
     (res,) = run_experiment(exp, progress=False)
-    assert res.ok, res.summary.get("error")
+    assert res.ok, res.summary.error
     run = analysis.load(res.run_dir)
     (port,) = [p["port"] for p in json.loads((res.run_dir / "traces" / "pcap" / "ports.json").read_text())]
     q = run.qdisc[run.qdisc["iface"] == port].sort_values("time")

@@ -306,16 +306,17 @@ def test_pbox_servers_each_use_their_own_interface(tmp_path):
     assert leftovers() == []
     (res,) = run_experiment(_small(tmp_path, **{"workload.servers": {"config": "NCC", "interfaces": 2}}),
                             progress=False)
-    assert res.ok, res.summary.get("error")
+    assert res.ok, res.summary.error
     topo = json.loads((res.run_dir / "topology.json").read_text())
     procs = json.loads((res.run_dir / "processes.json").read_text())["processes"]
     servers = sorted((p for p in procs if p["role"] == "server"), key=lambda p: p["index"])
     (ps1,) = [h for h in topo["hosts"] if h["name"] == "ps1"]
     assert [(p["host"], p["iface"], p["iface_index"], p["ip"]) for p in servers] == [
         ("ps1", f"ps1-eth{i}", i, ps1["intfs"][i]["ip"]) for i in (0, 1)]
-    per_port = res.summary["bytes"]["per_port"]
+    per_port = res.summary.bytes.per_port
     for i in (0, 1):
-        moved = sum(per_port[_link(topo, "ps1", f"ps1-eth{i}")["intf2"]].values())
+        port = per_port[_link(topo, "ps1", f"ps1-eth{i}")["intf2"]]
+        moved = port.tx + port.rx
         r = json.loads((res.run_dir / "results" / f"server{i}.json").read_text())
         payload = r["bytes_received"] + r["bytes_sent"]
         # a server whose sockets left by the other interface would leave this link near empty
@@ -342,7 +343,7 @@ def test_background_flow_crosses_the_core_and_leaves_nothing(tmp_path):
             {"src": "bg1", "dst": "bg2", "rate_mbps": 10, "duration_s": 600, "protocol": "udp"},  # cut short
             {"src": "bg1", "dst": "bg2", "rate_mbps": 10, "start_s": 500, "duration_s": 1}]})  # never starts
     (res,) = run_experiment(exp, progress=False)
-    assert res.ok, res.summary.get("error")
+    assert res.ok, res.summary.error
     flows = json.loads((res.run_dir / "traces" / "background" / "flows.json").read_text())["flows"]
     core, cut, late = flows
     assert (core["shaped_bps"], core["seconds"], core["delay_s"]) == (10_000_000, 4, 1.0)
@@ -352,11 +353,11 @@ def test_background_flow_crosses_the_core_and_leaves_nothing(tmp_path):
     # bwm-ng at rack 1's uplink: what crossed the core from bg2 (training stays in rack 0)
     topo = json.loads((res.run_dir / "topology.json").read_text())
     up = next(l for l in topo["links"] if l["class"] == "uplink" and l["node1"] == "tor2")
-    crossed = res.summary["bytes"]["per_port"][up["intf1"]]["tx"]
+    crossed = res.summary.bytes.per_port[up["intf1"]].tx
     assert core["result"]["bytes_sent"] <= crossed <= 1.1 * core["result"]["bytes_sent"], (crossed, core["result"])
     # training stayed in rack 0: what crossed the core is the flows' (ARP and the like aside)
-    b = res.summary["bytes"]
-    assert b["core_background"] >= core["result"]["bytes_sent"] and 0 <= b["core_training"] < 0.01 * b["core"], b
+    b = res.summary.bytes
+    assert b.core_background >= core["result"]["bytes_sent"] and 0 <= b.core_training < 0.01 * b.core, b
     assert cut["result"]["error"] and late["result"]["bytes_sent"] is None
     assert (res.run_dir / "traces" / "background" / "core.server.json").is_file()
     assert leftovers() == []

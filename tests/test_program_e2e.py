@@ -54,8 +54,8 @@ def test_a_plain_ddp_script_moves_the_allreduce_bytes_on_each_worker_link(tmp_pa
                      "workload": {"program": {"command": ["python", "ddp.py"], "cwd": str(tmp_path)}},
                      "run": {"runs_dir": str(tmp_path / "runs"), "timeout_s": 180}})
     (res,) = run_experiment(exp, progress=False)
-    assert res.ok, res.summary.get("error")
-    assert res.summary["scheme"] == "program"
+    assert res.ok, res.summary.error
+    assert res.summary.scheme == "program"
     p = 8
     log0 = (res.run_dir / "logs" / "worker0.log").read_text()
     grad = int(re.search(r"grad_bytes (\d+)", log0).group(1))

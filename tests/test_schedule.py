@@ -562,33 +562,33 @@ SAME_TIME = {"index": 4, "kind": "link_rate", "target": "uplink:tor2", "at_s": 3
 def test_summary_gives_throughput_and_iteration_time_between_consecutive_events(tmp_path):
     d = synthetic_run(tmp_path, RECORDS + [SAME_TIME])
     s = metrics.summarize(d)
-    assert [e["index"] for e in s["events"]] == [0, 1, 2, 4] and [e["index"] for e in s["events_not_reached"]] == [3]
-    assert s["iterations_note"] is None
-    seg = s["segments"]
+    assert [e["index"] for e in s.events] == [0, 1, 2, 4] and [e["index"] for e in s.events_not_reached] == [3]
+    assert s.iterations_note is None
+    seg = s.segments
     # both uplinks changed at iteration 5 open one segment together
-    assert [(g["from_event"], g["events"], g["kind"], g["iterations"], g["n"]) for g in seg] == [
+    assert [(g.from_event, g.events, g.kind, g.iterations, g.n) for g in seg] == [
         (None, [], None, [0, 4], 3), (0, [0, 4], "link_rate", [5, 8], 4), (1, [1], "compute_slowdown", [9, None], 1)]
     # emulated time: real seconds / scale 2; the failed kill is no boundary
-    assert seg[0]["iteration_time_s"]["mean"] == pytest.approx(0.5)
-    assert seg[1]["iteration_time_s"]["mean"] == pytest.approx(1.0) and seg[1]["iteration_time_s"]["p95"] == 1.0
-    assert seg[2]["iteration_time_s"]["mean"] == pytest.approx(1.5)
-    assert seg[1]["throughput"]["mean"] == pytest.approx(BATCH * WORKERS / 1.0)
-    assert seg[0]["throughput"]["overall"] == pytest.approx(3 * BATCH * WORKERS / 1.5)
+    assert seg[0].iteration_time_s.mean == pytest.approx(0.5)
+    assert seg[1].iteration_time_s.mean == pytest.approx(1.0) and seg[1].iteration_time_s.p95 == 1.0
+    assert seg[2].iteration_time_s.mean == pytest.approx(1.5)
+    assert seg[1].throughput.mean == pytest.approx(BATCH * WORKERS / 1.0)
+    assert seg[0].throughput.overall == pytest.approx(3 * BATCH * WORKERS / 1.5)
     # start_s: when the event was applied, emulated s since iteration 2 started (at 1002.0)
-    assert seg[0]["start_s"] is None and seg[1]["start_s"] == pytest.approx((1004.99 - 1002.0) / 2)
-    assert seg[1]["end_s"] == pytest.approx((1012.99 - 1002.0) / 2) and seg[2]["end_s"] is None
+    assert seg[0].start_s is None and seg[1].start_s == pytest.approx((1004.99 - 1002.0) / 2)
+    assert seg[1].end_s == pytest.approx((1012.99 - 1002.0) / 2) and seg[2].end_s is None
     # the segments together hold every measured iteration, and the whole-run figures stand
-    assert sum(g["n"] for g in seg) == s["measured_iterations"] == 8
-    assert s["iteration_time_s"]["mean"] == pytest.approx(np.mean(TIMES[2:]) / 2)
-    assert metrics.summarize(synthetic_run(tmp_path / "none", []))["segments"] == []
+    assert sum(g.n for g in seg) == s.measured_iterations == 8
+    assert s.iteration_time_s.mean == pytest.approx(np.mean(TIMES[2:]) / 2)
+    assert metrics.summarize(synthetic_run(tmp_path / "none", [])).segments == []
 
 
 def test_a_run_without_iteration_marks_says_so(tmp_path):
     s = metrics.summarize(synthetic_run(tmp_path / "p", [], program=True, iterations=False))
-    assert s["iterations_note"] == "the program marked no iterations: iteration figures are absent"
-    assert s["throughput"]["mean"] is None and s["measured_iterations"] == 0
+    assert s.iterations_note == "the program marked no iterations: iteration figures are absent"
+    assert s.throughput.mean is None and s.measured_iterations == 0
     s = metrics.summarize(synthetic_run(tmp_path / "s", [], iterations=False))
-    assert s["iterations_note"] == "no worker recorded an iteration: iteration figures are absent"
+    assert s.iterations_note == "no worker recorded an iteration: iteration figures are absent"
 
 
 def test_timeline_and_plots_mark_each_applied_event(tmp_path):

@@ -79,7 +79,7 @@ def test_an_uplink_halved_at_a_scheduled_time_runs_at_the_new_rate(tmp_path):
     assert leftovers() == []
     exp = from_dict(uplink_halving_spec(tmp_path))
     (res,) = run_experiment(exp, progress=False)
-    assert res.ok, res.summary.get("error")
+    assert res.ok, res.summary.error
     run = analysis.load(res.run_dir)
     rec = applied(run, 0)
     up = next(l for l in run.topology["links"] if l["class"] == "uplink" and "tor1" in (l["node1"], l["node2"]))
@@ -95,7 +95,7 @@ def test_an_uplink_halved_at_a_scheduled_time_runs_at_the_new_rate(tmp_path):
     assert len(before) >= 4 and len(after) >= 6, (len(before), len(after))
     assert abs(before.mean() - 80) <= 0.10 * 80, before.describe()  # saturated at the old rate
     assert abs(after.mean() - 40) <= 0.10 * 40, after.describe()  # and at the new one
-    assert res.summary["segments"][1]["from_event"] == 0
+    assert res.summary.segments[1].from_event == 0
     assert leftovers() == []
 
 
@@ -111,7 +111,7 @@ def test_a_host_link_taken_down_carries_no_bytes_until_it_is_brought_up(tmp_path
         "events": [{"at_s": 3, "link": "host:h2", "down": True}, {"at_s": 5, "link": "host:h2", "up": True}],
         "run": {"runs_dir": str(tmp_path / "runs"), "timeout_s": 300}})
     (res,) = run_experiment(exp, progress=False)
-    assert res.ok, res.summary.get("error")  # training survives a 2 s outage
+    assert res.ok, res.summary.error  # training survives a 2 s outage
     run = analysis.load(res.run_dir)
     down, up = applied(run, 0), applied(run, 1)
     port = port_of(run, "host", "h2")
@@ -125,9 +125,9 @@ def test_a_host_link_taken_down_carries_no_bytes_until_it_is_brought_up(tmp_path
     assert before["tx_bytes"].sum() > 0 and after["tx_bytes"].sum() > 0 and after["rx_bytes"].sum() > 0
     # an iteration in progress while the link was down waited for it to come back (the one
     # that starts just after the link goes down stalls too: its allreduce cannot finish)
-    seg = res.summary["segments"]
+    seg = res.summary.segments
     # down and up open segments; one segment for both when no iteration ended in between
-    assert seg[0]["from_event"] is None and [e for s in seg for e in s["events"]] == [0, 1]
+    assert seg[0].from_event is None and [e for s in seg for e in s.events] == [0, 1]
     it = run.iterations.groupby("iteration").agg(start=("start", "min"), end=("end", "max"))
     stalled = it[(it["start"] < up["time"]) & (it["end"] > up["time"])]
     assert len(stalled) >= 1 and (stalled["end"] - stalled["start"]).max() >= 0.9 * (up["time"] - down["time"]), it
@@ -150,19 +150,19 @@ def test_a_straggler_at_2x_lengthens_a_synchronous_iteration_by_its_compute_time
         "events": [{"at_iteration": 30, "host": "h2", "compute_slowdown": 2.0}],
         "run": {"runs_dir": str(tmp_path / "runs"), "timeout_s": 300}})
     (res,) = run_experiment(exp, progress=False)
-    assert res.ok, res.summary.get("error")
+    assert res.ok, res.summary.error
     run = analysis.load(res.run_dir)
     rec = applied(run, 0)
     assert rec["iteration"] == 30 and rec["slowdown"] == 2.0
     # the runtime of the straggler's process (worker1 on h2) took it up at its iteration 30
     marks = run.events[run.events["kind"] == "compute_slowdown"]
     assert list(marks["proc"]) == ["worker1"] and list(marks["iteration"]) == [30]
-    seg = res.summary["segments"]
-    assert [(s["iterations"], s["n"]) for s in seg] == [([0, 29], 25), ([30, None], 30)]
-    t0, t1 = seg[0]["iteration_time_s"]["mean"], seg[1]["iteration_time_s"]["mean"]
+    seg = res.summary.segments
+    assert [(s.iterations, s.n) for s in seg] == [([0, 29], 25), ([30, None], 30)]
+    t0, t1 = seg[0].iteration_time_s.mean, seg[1].iteration_time_s.mean
     assert t0 > compute  # compute and the allreduce
     assert abs((t1 - t0) - compute) <= 0.15 * compute, (t0, t1, compute)
-    assert seg[1]["throughput"]["mean"] < seg[0]["throughput"]["mean"]
+    assert seg[1].throughput.mean < seg[0].throughput.mean
     assert leftovers() == []
 
 
@@ -178,7 +178,7 @@ def test_a_real_compute_straggler_is_throttled_in_a_cgroup_that_is_gone_afterwar
         "events": [{"at_iteration": 10, "host": "h2", "compute_slowdown": 4.0}],
         "run": {"runs_dir": str(tmp_path / "runs"), "timeout_s": 300}})
     (res,) = run_experiment(exp, progress=False)
-    assert res.ok, res.summary.get("error")
+    assert res.ok, res.summary.error
     run = analysis.load(res.run_dir)
     rec = applied(run, 0)
     assert rec["cgroup"] and rec["pids"] >= 2  # h2's shell and its training process at least
@@ -195,8 +195,8 @@ def test_a_scheduled_kill_ends_a_synchronous_run_naming_it_and_leaves_nothing(tm
     assert leftovers() == []
     exp = from_dict(kill_spec(tmp_path, "worker1"))
     (res,) = run_experiment(exp, progress=False)
-    assert res.summary["status"] == "failed"
-    assert "after worker1 was killed by a scheduled event" in res.summary["error"], res.summary["error"]
+    assert res.summary.status == "failed"
+    assert "after worker1 was killed by a scheduled event" in res.summary.error, res.summary.error
     run = analysis.load(res.run_dir)
     rec = applied(run, 0)
     assert rec["kind"] == "kill" and rec["iteration"] == 10
@@ -219,8 +219,8 @@ def test_a_programs_uplink_degrades_from_launch_time_even_without_marks(tmp_path
         "events": [{"at_s": 1, "link": "uplink:tor2", "bw_mbps": 25}],
         "run": {"runs_dir": str(tmp_path / "runs"), "timeout_s": 60}})
     (res,) = run_experiment(exp, progress=False)
-    assert res.ok, res.summary.get("error")
+    assert res.ok, res.summary.error
     rec = applied(analysis.load(res.run_dir), 0)
     assert all(abs(v - 25) <= 0.25 for v in rec["readback_mbps"].values()), rec
-    assert "marked no iterations" in res.summary["iterations_note"]
+    assert "marked no iterations" in res.summary.iterations_note
     assert leftovers() == []

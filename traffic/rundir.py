@@ -24,7 +24,7 @@ cpu_starved, run_dir``)::
                          their logs are logs/background-<name>-{client,server}.log
     iterations.csv       one row per (iteration, worker)
     schedule.jsonl       the spec's scheduled events as applied (spec ``events``)
-    summary.json         headline figures and fidelity flags
+    summary.json         headline figures and fidelity flags (:class:`traffic.summary.RunSummary`)
     ibatch.json          scheme ibatch only: measured pull/forward profile and batches
     cluster.json         a run spread over machines (spec ``cluster``): machines, tunnel,
                          each machine's clock offset and its uncertainty (s), staging
@@ -146,36 +146,17 @@ seconds of wall clock, unless a name says otherwise.
     each ``{ends: [l_1..l_N] (1-based last layers), batches: [[first, last] 0-based], exe_s
     (iBatch eq. (4)), pipeline_s, meets_constraint (eq. (5))}``; ``chosen``: the candidate used.
 
-``summary.json`` (:func:`analysis.metrics.summarize`, which defines every figure)
-    ``status`` (``ok`` | ``failed`` | ``interrupted``), ``error`` (message or null);
-    ``run_id, name, scheme, model, dataset, compute, topology, workers, batch_size,
-    global_batch, iterations, iterations_completed, warmup_iterations,
-    measured_iterations``;
-    ``throughput.{mean, ci95, std, min, max, overall}`` in samples/s (``ci95`` = 1.96 x std
-    over the post-warm-up iterations; also ``n``, ``unit``, ``method``);
-    ``iteration_time_s.{mean, p50, p95, std, min, max}`` in seconds (and ``n``);
-    ``bytes.{host_links, uplinks, core}`` in bytes over the whole capture (host links and
-    uplinks both directions, core = bytes the ToRs sent up), ``bytes.per_host.<host>.{tx,
-    rx}``, ``bytes.per_port.<iface>.{tx, rx}``, ``bytes.{core_background, core_training}``
-    (the core bytes of the background flows and the rest; null when they cannot be told
-    apart, see :mod:`analysis.metrics`); ``bytes_per_iteration.{host_links, uplinks, core,
-    core_background, core_training, worker_link}`` in bytes per measured iteration
-    (``worker_link``: tx + rx of a worker host's links, mean over worker hosts);
-    ``final_accuracy`` (fraction of the test set in [0, 1]), ``final_loss``,
-    ``accuracy_source``;
-    ``cpu.{idle_pct_mean, min_idle_pct}`` in % (lowest 1-s mean), ``cpu.idle_pct_per_core``,
-    ``cpu.procs_busy_pct_mean`` (% of one core), ``cpu.window``; in a cluster run these are
-    the worst machine's (``cpu.worst_machine``) and ``cpu.machines.<addr>`` has each
-    machine's;
-    ``host_costs`` (every process's ``host_costs`` added up per kind; null when none),
-    ``fidelity.host_cost_overrun`` (a modelled kind overran more than 5 % of its budgeted
-    time), ``fidelity.{cpu_starved}`` (mean idle < 35 %; in a cluster run, on some machine), ``fidelity.{min_idle_pct,
-    idle_pct_mean}`` (%), ``fidelity.rule``, ``fidelity.shaping_failed`` (a link ran more
-    than 10 % above its ``bw_mbps``), ``fidelity.rates.{shaping_failed, window_s, rule, links: [{iface,
-    class, bw_mbps, max_tx_mbps, max_rx_mbps, max_ratio}]}``;
-    ``capture_s`` (seconds spanned by the bwm-ng samples), ``capture_errors`` and
-    ``analysis_errors`` (lists of messages). A value that cannot be computed is null; a run
-    whose files cannot be loaded gets only ``status, error, run_id, analysis_errors``.
+``summary.json`` (:class:`traffic.summary.RunSummary`, which names every key and its unit;
+written by :func:`analysis.metrics.summarize`, which defines every figure)
+    The run's ``status`` (``ok`` | ``failed`` | ``interrupted`` | ``killed``), ``error`` and
+    identity (``run_id``, the spec's name, scheme, model, workers, batch ...), its iteration
+    counts, then one section per concern: ``throughput`` (samples/s), ``iteration_time_s``
+    (s), ``bytes`` (per link class, host and switch port) and ``bytes_per_iteration``,
+    ``final_accuracy``, ``cpu`` (idle %, per machine in a cluster run), ``fidelity`` (flags
+    and the shaping check of every link), ``host_costs``, the scheduled ``events`` and the
+    ``segments`` between them, ``capture_s``, ``capture_errors`` and ``analysis_errors``. A
+    value that cannot be computed is null; a run whose files cannot be loaded gets only
+    ``status, error, run_id, analysis_errors``.
 """
 from __future__ import annotations
 

@@ -1,0 +1,72 @@
+"""The summary model (traffic.summary.RunSummary): every archived summary.json loads and is
+written back key for key and value for value, unknown and absent keys included, and a
+summary the analysis computes sets every key of the model."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from analysis import metrics
+from tests.test_analysis import make_run
+from traffic.summary import RunSummary
+
+ROOT = Path(__file__).resolve().parents[1]
+ARCHIVED = sorted((ROOT / "reproduction" / "runs").rglob("summary.json"))
+
+
+def same_json(a, b, path="$") -> str | None:
+    """Where ``a`` and ``b`` differ (a key, a value or a JSON type: ``1`` is not ``1.0``), or None."""
+    if type(a) is not type(b):
+        return f"{path}: {a!r} ({type(a).__name__}) vs {b!r} ({type(b).__name__})"
+    if isinstance(a, dict):
+        if set(a) != set(b):
+            return f"{path}: keys {sorted(set(a) ^ set(b))} in one only"
+        return next((d for k in a if (d := same_json(a[k], b[k], f"{path}.{k}"))), None)
+    if isinstance(a, list):
+        if len(a) != len(b):
+            return f"{path}: {len(a)} vs {len(b)} items"
+        return next((d for i, (x, y) in enumerate(zip(a, b)) if (d := same_json(x, y, f"{path}[{i}]"))), None)
+    return None if a == b else f"{path}: {a!r} vs {b!r}"
+
+
+def test_there_are_archived_summaries():
+    assert len(ARCHIVED) > 10
+
+
+@pytest.mark.parametrize("path", ARCHIVED, ids=lambda p: str(p.parent.relative_to(ROOT / "reproduction" / "runs")))
+def test_every_archived_summary_loads_and_round_trips(path):
+    s = RunSummary.load(path.parent)
+    assert same_json(s.dump(), json.loads(path.read_text())) is None
+    assert s.status == "ok" and s.throughput.mean > 0 and s.fidelity.rates.links  # typed sections, not dicts
+
+
+def test_unknown_absent_and_null_keys_are_written_back_as_read(tmp_path):
+    doc = {"status": "failed", "error": None, "run_id": "r", "analysis_errors": ["load: OSError: x"],
+           "throughput": {"mean": 3.0, "from_a_newer_version": [1, 2]}, "cpu": None, "extra": {"a": 1},
+           "fidelity": {"rates": {"links": [{"iface": "tor1-eth1", "class": "host", "max_ratio": 0.5}]}}}
+    (tmp_path / "summary.json").write_text(json.dumps(doc))
+    s = RunSummary.load(tmp_path)
+    assert s.throughput.mean == 3.0 and s.cpu is None and s.bytes is None and s.segments == []
+    assert s.fidelity.rates.links[0].link_class == "host"
+    assert same_json(s.dump(), doc) is None
+    again = tmp_path / "again"
+    again.mkdir()
+    assert s.write(again) == again / "summary.json"
+    assert same_json(json.loads((again / "summary.json").read_text()), doc) is None
+
+
+def test_a_computed_summary_sets_every_key_of_the_model(tmp_path):
+    """Every field is written (null when it cannot be computed), except ``program`` (a
+    researcher's program only) and ``cpu.machines``/``cpu.worst_machine`` (a cluster run only)."""
+    s = metrics.summarize(make_run(tmp_path))
+    doc = json.loads((tmp_path / "synthetic" / "summary.json").read_text())
+    assert set(doc) == set(RunSummary.model_fields) - {"program"}
+    for section in ("throughput", "iteration_time_s", "bytes", "bytes_per_iteration", "fidelity"):
+        model = type(getattr(s, section))
+        assert set(doc[section]) == {f.alias or name for name, f in model.model_fields.items()}, section
+    assert set(doc["cpu"]) == set(type(s.cpu).model_fields) - {"machines", "worst_machine"}
+    assert set(doc["fidelity"]["rates"]["links"][0]) == {"iface", "class", "bw_mbps", "max_tx_mbps", "max_rx_mbps",
+                                                         "max_ratio"}
+    assert same_json(RunSummary.load(tmp_path / "synthetic").dump(), doc) is None

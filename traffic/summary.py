@@ -1,0 +1,367 @@
+"""A run's ``summary.json`` as a typed model: :class:`RunSummary`, one sub-model per section.
+
+:func:`analysis.metrics.compute_summary` computes it (its module doc defines every figure)
+and :func:`analysis.metrics.summarize` writes it; every reader loads it with
+:meth:`RunSummary.load` and reads attributes (``s.throughput.mean``,
+``s.fidelity.cpu_starved``). The model mirrors the file key for key: the identity of the run,
+its iteration counts and its accuracy are top-level keys, each other concern is a section
+(``throughput``, ``iteration_time_s``, ``bytes``, ``bytes_per_iteration``, ``cpu``,
+``fidelity``, ``host_costs``, ``segments`` ...).
+
+A key is written exactly when it was set: read from the file, or given by the analysis (a
+value it could not compute is set to None and written as null). So a summary written by an
+older version, which lacks some keys, or a run whose files could not be loaded (only
+``status, error, run_id, analysis_errors``) is written back with the keys it had, and keys
+this version does not know are kept and written back too. Reading an absent key gives its
+default: None, or an empty list or mapping for a list or mapping.
+
+Units: seconds (``_s``), bytes, samples/s, % (``_pct``: of one core, or idle share of the
+cores), Mbit/s (``_mbps``).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from traffic.rundir import write_json
+
+#: the summary's file in a run directory
+SUMMARY_FILE = "summary.json"
+
+
+class _Section(BaseModel):
+    """Base of the summary's models: unknown keys are kept (and written back), a key known by
+    an alias (``class``) is read and written under it."""
+    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True, validate_by_name=True,
+                              validate_by_alias=True, serialize_by_alias=True)
+
+
+class Throughput(_Section):
+    """Throughput of the measured iterations (the complete ones after the warm-up); per
+    iteration: the global batch (samples of all workers) over the iteration time. A segment's
+    has only ``mean``, ``overall`` and ``unit``."""
+    mean: Optional[float] = None
+    """Mean of the per-iteration throughput, samples/s."""
+    ci95: Optional[float] = None
+    """1.96 x ``std``, samples/s (as Horovod's synthetic benchmark prints it)."""
+    std: Optional[float] = None
+    """Standard deviation of the per-iteration throughput (ddof=0), samples/s."""
+    min: Optional[float] = None
+    """Lowest per-iteration throughput, samples/s."""
+    max: Optional[float] = None
+    """Highest per-iteration throughput, samples/s."""
+    overall: Optional[float] = None
+    """All measured samples over the time from the first measured start to the last measured
+    end, samples/s: the steady-state rate of a pipelined scheme whose iterations overlap."""
+    n: Optional[int] = None
+    """Measured iterations of positive duration (the ones averaged)."""
+    unit: Optional[str] = None
+    """``"samples/s"``."""
+    method: Optional[str] = None
+    """How the figures are computed, in words."""
+
+
+class IterationTime(_Section):
+    """Iteration time of the measured iterations: from the earliest worker start to the latest
+    worker end, seconds (emulated under time dilation). A segment's has only ``mean`` and ``p95``."""
+    mean: Optional[float] = None
+    """Mean, s."""
+    p50: Optional[float] = None
+    """Median, s."""
+    p95: Optional[float] = None
+    """95th percentile, s."""
+    std: Optional[float] = None
+    """Standard deviation (ddof=0), s."""
+    min: Optional[float] = None
+    """Shortest, s."""
+    max: Optional[float] = None
+    """Longest, s."""
+    n: Optional[int] = None
+    """Measured iterations of positive duration."""
+
+
+class TxRx(_Section):
+    """Bytes one way and the other over the whole capture; None when a port has no samples."""
+    tx: Optional[int] = None
+    """Bytes sent: by the host (``per_host``), or by the switch on that port (``per_port``)."""
+    rx: Optional[int] = None
+    """Bytes received, from the same point of view."""
+
+
+class Bytes(_Section):
+    """Bytes per link class over the whole capture, from the bwm-ng samples of the switch
+    ports; a total is None when one of its ports has no samples."""
+    host_links: Optional[int] = None
+    """Both directions of every host link (host to its ToR), bytes."""
+    uplinks: Optional[int] = None
+    """Both directions of every ToR-core uplink, measured at the ToR end, bytes (0 without a core)."""
+    core: Optional[int] = None
+    """Bytes the ToRs sent up to the core: each byte that crossed the core counted once."""
+    per_host: Optional[dict[str, TxRx]] = None
+    """Host name -> what it sent and received over its host link(s)."""
+    per_port: Optional[dict[str, Optional[TxRx]]] = None
+    """Switch port -> what the switch sent and received on it (None: no samples)."""
+    core_background: Optional[int] = None
+    """Core bytes of the background flows (the background hosts' tx), bytes; 0 without flows,
+    None when they cannot be told apart from training's (a flow has an end that is not a
+    background host, or stays in one rack)."""
+    core_training: Optional[int] = None
+    """``core`` - ``core_background``, bytes; None when that is."""
+
+
+class BytesPerIteration(_Section):
+    """Bytes of the measured window divided by the measured iterations, bytes per iteration."""
+    host_links: Optional[float] = None
+    """Both directions of every host link."""
+    uplinks: Optional[float] = None
+    """Both directions of every ToR-core uplink."""
+    core: Optional[float] = None
+    """Bytes the ToRs sent up to the core."""
+    core_background: Optional[float] = None
+    """The background flows' share of ``core``."""
+    core_training: Optional[float] = None
+    """``core`` - ``core_background``."""
+    worker_link: Optional[float] = None
+    """tx + rx of the link(s) of a host running a worker, mean over those hosts."""
+
+
+class MachineCpu(_Section):
+    """CPU use of one machine, averaged over the measured iterations (or the whole capture)."""
+    idle_pct_mean: Optional[float] = None
+    """Mean idle % of all cores."""
+    idle_pct_per_core: dict[str, Optional[float]] = Field(default_factory=dict)
+    """Core id -> its mean idle %."""
+    min_idle_pct: Optional[float] = None
+    """Lowest 1-s mean of the all-core idle %."""
+    window: Optional[str] = None
+    """What was averaged over: ``"measured iterations"`` or ``"capture"``."""
+    procs_busy_pct_mean: dict[str, Optional[float]] = Field(default_factory=dict)
+    """Process name -> its mean busy % of one core (above 100 for more than a core)."""
+
+
+class Cpu(MachineCpu):
+    """CPU use of the run. A run spread over several machines also has ``machines`` and
+    ``worst_machine``; its top-level figures are then the worst machine's (core ids prefixed
+    ``<machine>:``), ``min_idle_pct`` the lowest over machines."""
+    machines: Optional[dict[str, MachineCpu]] = None
+    """Machine address (``"controller"`` for the unprefixed rows) -> its own figures; only in
+    a run over several machines."""
+    worst_machine: Optional[str] = None
+    """The machine of lowest mean idle %; only in a run over several machines (None when no
+    machine has samples)."""
+
+
+class LinkRate(_Section):
+    """The shaping check of one link, both directions, at one switch port."""
+    iface: Optional[str] = None
+    """The switch port checked (a host link at its switch port, an uplink at its ToR end)."""
+    link_class: Optional[str] = Field(default=None, alias="class")
+    """``"host"`` or ``"uplink"`` (key ``class`` in the file)."""
+    bw_mbps: Optional[float] = None
+    """The highest rate configured for it during the run (build or scheduled event), Mbit/s."""
+    max_tx_mbps: Optional[float] = None
+    """Highest rate the switch sent at over a window, Mbit/s."""
+    max_rx_mbps: Optional[float] = None
+    """Highest rate the switch received at over a window, Mbit/s."""
+    max_ratio: Optional[float] = None
+    """max(max_tx_mbps, max_rx_mbps) / bw_mbps."""
+
+
+class RateCheck(_Section):
+    """Every link's highest achieved rate against its configured one."""
+    shaping_failed: Optional[bool] = None
+    """Some link ran more than 10 % above its ``bw_mbps`` (None: nothing checked)."""
+    window_s: Optional[float] = None
+    """Window the rates are taken over: max(0.1 s, 5 x the median sample interval), s."""
+    rule: Optional[str] = None
+    """The rule, in words."""
+    links: list[LinkRate] = Field(default_factory=list)
+    """One entry per checked switch port."""
+
+
+class Fidelity(_Section):
+    """Whether the emulation kept its promises: enough CPU idle, links at their rates, host
+    costs within their budgets. A flag is None when it could not be judged."""
+    cpu_starved: Optional[bool] = None
+    """Mean idle % below 35 (in a run over several machines: on some machine)."""
+    min_idle_pct: Optional[float] = None
+    """``cpu.min_idle_pct``, %."""
+    idle_pct_mean: Optional[float] = None
+    """``cpu.idle_pct_mean``, %."""
+    rule: Optional[str] = None
+    """The CPU rule, in words."""
+    shaping_failed: Optional[bool] = None
+    """``rates.shaping_failed``."""
+    rates: Optional[RateCheck] = None
+    """The shaping check of every link."""
+    host_cost_overrun: Optional[bool] = None
+    """For some modelled kind of host cost, the real work overran its budgeted time by more
+    than :data:`traffic.hostmodel.costs.OVERRUN_THRESHOLD` (5 %) of it."""
+
+
+class HostCost(_Section):
+    """One kind of host cost added up over every process (see :mod:`traffic.hostmodel.costs`)."""
+    count: Optional[int] = None
+    """Operations charged."""
+    modelled: Optional[bool] = None
+    """Every charge had a cost stated by the host model (one without takes its real time)."""
+    emulated_s: Optional[float] = None
+    """Seconds charged on the emulated machine (not modelled: real seconds / scale)."""
+    budget_s: Optional[float] = None
+    """Real seconds budgeted: scale x ``emulated_s``."""
+    real_s: Optional[float] = None
+    """Real seconds the work took."""
+    overruns: Optional[int] = None
+    """Operations whose real work went beyond their budget."""
+    overrun_s: Optional[float] = None
+    """Real seconds beyond the budgets."""
+    overrun_fraction: Optional[float] = None
+    """``overrun_s`` / ``budget_s`` (0 without a budget)."""
+
+
+class Segment(_Section):
+    """The measured iterations between two scheduled events (or before the first)."""
+    from_event: Optional[int] = None
+    """``index`` of the first event opening it; None for the first segment."""
+    events: list[Optional[int]] = Field(default_factory=list)
+    """``index`` of every event opening it (applied at the same iteration count)."""
+    kind: Optional[str] = None
+    """The first opening event's kind (``link_rate``, ``compute_slowdown`` ...)."""
+    target: Optional[str] = None
+    """The first opening event's target (``uplink:tor1``, a host, a process)."""
+    iterations: list[Optional[int]] = Field(default_factory=list)
+    """``[first, last]`` iteration index that may fall in it; last None: open-ended."""
+    start_s: Optional[float] = None
+    """When its opening events were applied, emulated s since the first measured iteration started."""
+    end_s: Optional[float] = None
+    """When the next segment's events were applied, same clock; None: open-ended."""
+    n: Optional[int] = None
+    """Measured iterations in it."""
+    throughput: Optional[Throughput] = None
+    """Its ``mean`` and ``overall``, samples/s."""
+    iteration_time_s: Optional[IterationTime] = None
+    """Its ``mean`` and ``p95``, s."""
+
+
+class RunSummary(_Section):
+    """The headline figures and fidelity flags of one run (``summary.json``)."""
+
+    # --- the run: status and identity
+    status: Optional[str] = None
+    """``ok``, ``failed``, ``interrupted`` (Ctrl-C or SIGTERM) or ``killed`` (the runner died;
+    written by ``testbed clean``)."""
+    error: Optional[str] = None
+    """The error of a run that did not end ``ok``."""
+    run_id: Optional[str] = None
+    """The run directory's name."""
+    name: Optional[str] = None
+    """The spec's ``name``."""
+    scheme: Optional[str] = None
+    """The workload's scheme (``program`` for a researcher's program)."""
+    program: Optional[list[str]] = None
+    """The command of a researcher's program (``workload.program.command``); only in such a run."""
+    model: Optional[str] = None
+    """The workload's model (None for a program)."""
+    dataset: Optional[str] = None
+    """The workload's dataset (None for a program)."""
+    compute: Optional[dict[str, Any] | str] = None
+    """The workload's ``compute`` section as the spec gives it (``mode``, ``profile`` ...)."""
+    topology: Optional[str] = None
+    """The topology's ``kind`` (``rack``, ``rack_core``)."""
+    scale: Optional[float] = None
+    """Time dilation: real seconds per emulated second."""
+    workers: Optional[int] = None
+    """Worker processes."""
+    batch_size: Optional[int] = None
+    """Samples per worker per iteration (None for a program)."""
+    global_batch: Optional[int] = None
+    """Samples of all workers per iteration."""
+
+    # --- iteration counts
+    iterations: Optional[int] = None
+    """Iterations the workload asks for."""
+    iterations_completed: Optional[int] = None
+    """Iterations every worker reported."""
+    warmup_iterations: Optional[int] = None
+    """Smallest iteration numbers left out of the figures."""
+    measured_iterations: Optional[int] = None
+    """Complete iterations after the warm-up: the ones the figures are over."""
+
+    # --- figures
+    throughput: Optional[Throughput] = None
+    """Samples/s of the measured iterations."""
+    iteration_time_s: Optional[IterationTime] = None
+    """Iteration time of the measured iterations, s."""
+    bytes: Optional[Bytes] = None
+    """Bytes per link class and per host over the whole capture."""
+    bytes_per_iteration: Optional[BytesPerIteration] = None
+    """Bytes of the measured window per measured iteration."""
+
+    # --- accuracy
+    final_accuracy: Optional[float] = None
+    """Fraction of the test set classified right at the end, in [0, 1]."""
+    final_loss: Optional[float] = None
+    """Test loss at the end."""
+    accuracy_source: Optional[str] = None
+    """Where the accuracy comes from (the last ``eval`` event, or ``results/<proc>.json``)."""
+
+    # --- emulation fidelity
+    cpu: Optional[Cpu] = None
+    """CPU use of the run's machine(s)."""
+    fidelity: Optional[Fidelity] = None
+    """Fidelity flags."""
+    host_costs: Optional[dict[str, HostCost]] = None
+    """Kind of host cost -> its totals over every process; None when no process reported any."""
+
+    # --- notes, scheduled events, capture
+    iterations_note: Optional[str] = None
+    """Why the iteration figures are absent (no worker recorded an iteration), or None."""
+    events: list[dict[str, Any]] = Field(default_factory=list)
+    """The records of the scheduled events applied, as the harness wrote them in
+    ``schedule.jsonl`` (``index``, ``kind``, ``target``, ``applied``, ``ts`` ...)."""
+    events_not_reached: list[dict[str, Any]] = Field(default_factory=list)
+    """The records of the scheduled events whose trigger never came."""
+    segments: list[Segment] = Field(default_factory=list)
+    """The measured iterations split at each event applied without error; empty without one."""
+    capture_s: Optional[float] = None
+    """Seconds spanned by the bwm-ng samples."""
+    analysis_errors: list[str] = Field(default_factory=list)
+    """A section the analysis could not compute: its name, the exception and a short traceback."""
+    capture_errors: list[str] = Field(default_factory=list)
+    """The capture's problems (``logs/capture.log``), one per line."""
+
+    @classmethod
+    def load(cls, path: str | Path) -> "RunSummary":
+        """The summary of a run directory (its ``summary.json``), or of that file itself.
+
+        Raises:
+            OSError: the file cannot be read (FileNotFoundError: there is none).
+            ValueError: it is not JSON, or not a summary (pydantic's ``ValidationError`` is a
+                ``ValueError``).
+        """
+        p = Path(path)
+        if p.is_dir():
+            p = p / SUMMARY_FILE
+        return cls.model_validate(json.loads(p.read_text()))
+
+    def dump(self) -> dict:
+        """The JSON document: every key that was set, under its name in the file (a value no
+        JSON type fits is written as its ``str``, as the harness always did)."""
+        return self.model_dump(mode="json", exclude_unset=True, fallback=str)
+
+    def write(self, run_dir: str | Path) -> Path:
+        """Write ``run_dir/summary.json`` atomically (:func:`traffic.rundir.write_json`).
+
+        Returns:
+            The file's path.
+
+        Raises:
+            OSError: it cannot be written (e.g. a full disk); it is then absent or its
+                earlier content, never a torn file.
+        """
+        p = Path(run_dir) / SUMMARY_FILE
+        write_json(p, self.dump())
+        return p
