@@ -62,7 +62,7 @@ import numpy as np
 import pandas as pd
 
 from analysis import traces as tr
-from analysis.load import ITERATION_COLUMNS, Run, iteration_table, load, port_table  # noqa: F401 (iteration_table: re-exported)
+from analysis.load import Run, iteration_table, load, port_table  # noqa: F401 (iteration_table: re-exported)
 from traffic.hostmodel.costs import OVERRUN_THRESHOLD
 from traffic.summary import (Bytes, BytesPerIteration, Cpu, Fidelity, HostCost, IterationTime, RateCheck, RunSummary,
                              Segment, Throughput)
