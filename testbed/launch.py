@@ -28,7 +28,7 @@ from typing import Callable
 import psutil
 
 from testbed.interrupts import deferred_signals
-from common.errors import RunFailed, TestbedError
+from common.errors import RunFailed, SpecError, TestbedError
 from traffic.rundir import write_json
 from traffic.schemes.program import torchrun_env
 
@@ -39,6 +39,34 @@ class Launched:
     info: dict
     popen: "subprocess.Popen | ZygoteProcess"
     log: Path
+
+
+def process_entries(plan: list, topology: dict, program=None) -> list[dict]:
+    """The ``processes.json`` entries (without ranks) of ``plan`` (the scheme's
+    :class:`traffic.schemes.ProcessPlan` list) on the built network (``topology``: its
+    ``topology.json`` document): each process's host, rack, interface address and name, and
+    a ``workload.program``'s command.
+
+    Raises:
+        SpecError: the plan asks for an interface its host does not have.
+    """
+    by_name = {h["name"]: h for h in topology["hosts"]}
+    extra = program_entry(program) if program else {}
+    return [{"name": p.name, "role": p.role, "index": p.index, "host": p.host, "rack": by_name[p.host]["rack"],
+             **_interface(by_name[p.host], p), **extra} for p in plan]
+
+
+def _interface(host: dict, p) -> dict:
+    """``{"ip", "iface", "iface_index"}`` of the interface ``p.iface`` of ``host`` (a
+    topology.json host).
+
+    Raises:
+        SpecError: the plan asks for an interface the host does not have.
+    """
+    intfs = host["intfs"]
+    if not 0 <= p.iface < len(intfs):
+        raise SpecError(f"plan of {p.name}", p.iface, f"interfaces 0..{len(intfs) - 1} of host {host['name']}")
+    return {"ip": intfs[p.iface]["ip"], "iface": intfs[p.iface]["name"], "iface_index": p.iface}
 
 
 def write_processes(run_dir: Path, entries: list[dict], master_addr: str, master_port: int,

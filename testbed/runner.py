@@ -112,19 +112,6 @@ def _on_sigterm(signum, frame):
     raise _Terminated()
 
 
-def _interface(host: dict, p) -> dict:
-    """``{"ip", "iface", "iface_index"}`` of the interface ``p.iface`` of ``host`` (a
-    topology.json host).
-
-    Raises:
-        SpecError: the plan asks for an interface the host does not have.
-    """
-    intfs = host["intfs"]
-    if not 0 <= p.iface < len(intfs):
-        raise SpecError(f"plan of {p.name}", p.iface, f"interfaces 0..{len(intfs) - 1} of host {host['name']}")
-    return {"ip": intfs[p.iface]["ip"], "iface": intfs[p.iface]["name"], "iface_index": p.iface}
-
-
 def run_one(exp: Experiment, parent: Path, run_id: str, exclusive_id: bool = True,
             progress: RunProgress | None = None, zygote: launch.Zygote | None = None) -> RunResult:
     """Run one experiment (its sweep must be empty) in ``parent/run_id``; ``progress`` shows
@@ -235,7 +222,7 @@ def _run(exp: Experiment, run_dir: Path, ledger: Ledger, teardown: ExitStack, t0
     background = Background(exp.background, topo, site, run_dir, scale=exp.scale,
                             on_pid=ledger.add_pid)  # refuses hosts the network lacks
     teardown.callback(background.stop)
-    entries = process_entries(plan, topo, exp.workload.program)
+    entries = launch.process_entries(plan, topo, exp.workload.program)
     doc = launch.write_processes(run_dir, entries, entries[0]["ip"], exp.run.master_port, exp.run.timeout_s)
     site.share(["processes.json"])
     procs: list[launch.Launched] = []
@@ -274,20 +261,6 @@ def _run(exp: Experiment, run_dir: Path, ledger: Ledger, teardown: ExitStack, t0
     site.record("launch", time.time() - t_launch)
     launch.watch(procs, exp.run.timeout_s, on_poll=progress.poll, killed=lambda: dict(killed))
     log.info("all processes done after %.1f s", time.time() - t0)
-
-
-def process_entries(plan: list[ProcessPlan], topology: dict, program=None) -> list[dict]:
-    """The ``processes.json`` entries (without ranks) of ``plan`` on the built network
-    (``topology``: its ``topology.json`` document): each process's host, rack, interface
-    address and name, and a ``workload.program``'s command.
-
-    Raises:
-        SpecError: the plan asks for an interface its host does not have.
-    """
-    by_name = {h["name"]: h for h in topology["hosts"]}
-    extra = launch.program_entry(program) if program else {}
-    return [{"name": p.name, "role": p.role, "index": p.index, "host": p.host, "rack": by_name[p.host]["rack"],
-             **_interface(by_name[p.host], p), **extra} for p in plan]
 
 
 @dataclass
