@@ -514,11 +514,16 @@ def test_cli_in_a_subprocess_exits_2_without_traceback(tmp_path, nothing_built, 
 def test_cli_dry_run_of_a_valid_spec_plans_and_writes_nothing(tmp_path, nothing_built):
     spec = tmp_path / "rack.yaml"
     spec.write_text("topology: {kind: rack, hosts_per_rack: 4, delay_ms: 1}\nworkload: {iterations: 3}\n")
-    rc, out, err = _main(["run", "--dry-run", str(spec), "--set", "topology.host_bw_mbps=1e12",
+    rc, out, err = _main(["run", "--dry-run", str(spec), "--set", "topology.host_bw_mbps=40000",
                           "--runs-dir", str(tmp_path / "runs")])
     assert (rc, err) == (0, "")
     assert "rack x1, scale 1 (auto), hosts 4 worker" in out and "5 processes: worker0@h1 worker1@h2 worker2@h3 worker3@h4 server0@h1" \
         in out
+    assert sorted(os.listdir(tmp_path)) == ["rack.yaml"]
+    # a link faster than the shaper's highest rate is refused at planning, as the build would
+    rc, out, err = _main(["run", "--dry-run", str(spec), "--set", "topology.host_bw_mbps=1e12",
+                          "--runs-dir", str(tmp_path / "runs")])
+    assert rc == 2 and "topology.host_bw_mbps" in err and "at most 40000 Mbit/s" in err
     assert sorted(os.listdir(tmp_path)) == ["rack.yaml"]
     rc, out, err = _main(["run", "--dry-run", str(ROOT / "experiments" / "quickstart.yaml")])
     assert rc == 0 and "2 run(s) valid and planned" in out
