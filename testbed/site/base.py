@@ -8,7 +8,6 @@ from pathlib import Path
 
 from testbed import launch
 from testbed.ledger import Ledger
-from testbed.network import bind_to_interface
 from testbed.spec import Experiment
 
 __all__ = ["Site", "switch_ports", "uplink_ports", "log_leftovers"]
@@ -104,9 +103,6 @@ class Site:
     def popen(self, info: dict, cmd: list[str], env: dict, log_file) -> subprocess.Popen:
         """Start process ``info`` (a ``processes.json`` entry) in its host, bound to its
         interface (:func:`testbed.network.bind_to_interface`), output to ``log_file``."""
-        return self._popen(info, bind_to_interface(cmd, info.get("iface_index", 0)), env, log_file)
-
-    def _popen(self, info: dict, cmd: list[str], env: dict, log_file):
         raise NotImplementedError
 
     def run_in(self, host: str, cmd: list[str], log_file) -> subprocess.Popen:

@@ -38,6 +38,7 @@ from testbed.background import listening_in_shell
 from testbed.capture.merge import TracePart, merge_traces
 from testbed.cluster import PROJECT_DIR, Machine, clock_offset, end_process
 from testbed.ledger import Ledger, own_pattern
+from testbed.network import bind_to_interface
 from testbed.remote import ClusterNetwork
 from testbed.site.base import Site, log_leftovers
 from testbed.spec import Experiment
@@ -175,16 +176,18 @@ class ClusterSite(Site):
 
     # ------------------------------------------------------------------ processes
 
-    def _popen(self, info: dict, cmd: list[str], env: dict, log) -> subprocess.Popen:
+    def popen(self, info: dict, cmd: list[str], env: dict, log) -> subprocess.Popen:
         """Start process ``info`` (a ``processes.json`` entry) in its host, a
-        :class:`testbed.remote.RemoteHost`, as the harness would here: ``cmd`` with this
+        :class:`testbed.remote.RemoteHost`, as the harness would here: ``cmd`` (bound to the
+        entry's interface, :func:`testbed.network.bind_to_interface`) with this
         interpreter replaced by the project's Python there, in the entry's ``cwd`` (a
         ``workload.program``'s, which must exist there too), with ``env``'s settings that
         differ from this process's environment (and the testbed's own ``TESTBED_*``); every
         path into the run directory (the runtime's argument, ``TESTBED_EVENTS``,
         ``TESTBED_RUN_DIR``) points into the machine's staging directory instead, and the
         project there is importable. The output goes to ``log``."""
-        node = self.hosts[info["host"]]
+        node = self.network.hosts[info["host"]]
+        cmd = bind_to_interface(cmd, info.get("iface_index", 0))
         staging, here = self.staging[node.server], str(self.run_dir)
 
         def there(text: str) -> str:

@@ -12,7 +12,7 @@ from testbed.background import listening
 from testbed.capture import Capture
 from testbed.capture.pcap import resolve_ports
 from testbed.ledger import Ledger
-from testbed.network import Network
+from testbed.network import Network, bind_to_interface
 from testbed.site.base import Site, log_leftovers, switch_ports, uplink_ports
 from testbed.spec import Experiment
 from traffic import schemes
@@ -56,12 +56,13 @@ class LocalSite(Site):
             log.info("processes fork from this run's zygote (pid %d)", zygote.proc.pid)
         self.zygote = zygote
 
-    def _popen(self, info, cmd, env, log_file):
-        node = self.hosts[info["host"]]
-        if self.zygote is not None and info.get("iface_index", 0) == 0:
+    def popen(self, info, cmd, env, log_file):
+        node = self.network.hosts[info["host"]]
+        iface = info.get("iface_index", 0)
+        if self.zygote is not None and iface == 0:
             return self.zygote.popen(info, self.run_dir, env, log_file, netns_pid=node.pid)
-        return node.popen(cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                          cwd=info.get("cwd"))
+        return node.popen(bind_to_interface(cmd, iface), env=env, stdout=log_file, stderr=subprocess.STDOUT,
+                          stdin=subprocess.DEVNULL, cwd=info.get("cwd"))
 
     def listening(self, host: str, port: int) -> bool:
         return listening(self.hosts[host].pid, port)
