@@ -68,7 +68,6 @@ class ClusterSite(Site):
         self.offsets: dict[str, tuple[float, float]] = {}
         self._agents: dict[str, subprocess.Popen] = {}
         self._mirrors: list[tuple[subprocess.Popen, threading.Thread]] = []
-        self.capture_errors: list[str] = []
         teardown.callback(self.merge)  # after the ledger has gathered every machine's files
         scheme = schemes.get(exp.workload.scheme)
         self.network = ClusterNetwork(exp.topology, scheme.hosts(exp.workload, exp.topology), run_dir, ledger,
@@ -358,7 +357,6 @@ class ClusterSite(Site):
                 errors.append(f"the capture agent on {addr} exited with {p.returncode}: {out[-300:]}")
         self._agents.clear()
         if errors:
-            self.capture_errors += errors
             with open(self.run_dir / "logs" / "capture.log", "a") as f:
                 f.writelines(e.replace("\n", " ") + "\n" for e in errors)
 
