@@ -182,10 +182,11 @@ def remove_cgroup(path: str | Path) -> bool:
 
 
 def testbed_cgroups() -> list[Path]:
-    """The cgroups the testbed made (:data:`CGROUP_PREFIX`) present in any cpu hierarchy."""
+    """The cgroups the testbed made (:data:`CGROUP_PREFIX`) present in any cpu or freezer
+    hierarchy or cgroup v2 (a straggler's, and a run's process cgroup, :mod:`testbed.lifetime`)."""
     out = []
     for point, fstype, opts in _mounts("/proc/mounts"):
-        if fstype == "cgroup2" or (fstype == "cgroup" and "cpu" in opts):
+        if fstype == "cgroup2" or (fstype == "cgroup" and ("cpu" in opts or "freezer" in opts)):
             try:
                 out += [d for d in Path(point).iterdir() if d.name.startswith(CGROUP_PREFIX) and d.is_dir()]
             except OSError:

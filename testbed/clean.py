@@ -3,7 +3,8 @@
 First every stale ledger (see :mod:`testbed.ledger`) is swept: its processes killed, its
 interfaces and bridges deleted. Then, in case a ledger itself was lost, a pattern sweep
 removes objects that only this testbed makes (the name patterns of :mod:`topologies.hosts`,
-and cgroups named ``testbed-*``, :mod:`testbed.cgroups`):
+and cgroups named ``testbed-*``, :mod:`testbed.cgroups` and :mod:`testbed.lifetime`, whose
+processes are killed):
 bridges ``torN``/``coreN``, interfaces ``<node>-ethK`` (``hN``, ``psN``, ``fcN``, ``bgN``,
 ``torN``, ``coreN``) in the root namespace, and processes running ``-m traffic.runtime``, or
 a bwm-ng, a tcpdump or a background iperf3 (or the ``sh`` that delays it) writing into a
@@ -29,7 +30,8 @@ from pyroute2 import IPRoute
 
 from common.errors import TestbedError
 from topologies.hosts import BRIDGE_RE, INTF_RE, NODE_RE
-from testbed.cgroups import remove_cgroup, testbed_cgroups
+from testbed.cgroups import testbed_cgroups
+from testbed.lifetime import kill_cgroup
 from testbed.ledger import (Ledger, NetworkLock, _kill_tree, delete_link, describe_holder, live_ledgers,
                             lock_holder, stale_ledgers)
 from traffic.rundir import is_run
@@ -84,6 +86,41 @@ def mark_killed(led: Ledger) -> str | None:
     return f"run {d} marked killed (its files are kept)"
 
 
+def sweep_dead_runs(net_dir: Path = Path("/sys/class/net")) -> list[str]:
+    """What a new run does first, holding the network lock: sweep the ledger of every run
+    whose runner died (its cgroup's processes, its host shells, interfaces and bridges) and
+    mark its run directory ``killed``; then refuse if interfaces or bridges named as this
+    testbed's remain in ``net_dir`` without a ledger (the killed runner's ledger was lost).
+
+    Returns:
+        one line per dead run swept, saying what was removed (empty when there was none).
+
+    Raises:
+        TestbedError: interfaces or bridges named as the testbed's are on the machine
+            without a ledger; the message names them and ``testbed clean``.
+    """
+    lines = []
+    for led in stale_ledgers():
+        removed = led.sweep()
+        marked = mark_killed(led)
+        if not removed and not marked:
+            continue
+        counts: dict[str, int] = {}
+        for line in removed:
+            kind = line.split()[0] if line.split() else "object"
+            counts[kind] = counts.get(kind, 0) + 1
+        what = ", ".join(f"{n} {kind}{'es' if n > 1 and kind.endswith('s') else 's' if n > 1 else ''}"
+                         for kind, n in counts.items()) or "nothing left"
+        lines.append(f"the run {led.run_dir or led.path.name} had died (runner pid {led.owner_pid}): removed what it "
+                     f"left ({what}){'; marked killed' if marked else ''}")
+    ours = [p.name for p in sorted(net_dir.iterdir()) if INTF_RE.match(p.name) or BRIDGE_RE.match(p.name)]
+    if ours:
+        raise TestbedError(f"{len(ours)} interfaces and bridges named as this testbed's are on the machine and no "
+                           f"run's ledger lists them ({', '.join(ours[:6])}{' ...' if len(ours) > 6 else ''}): a "
+                           f"killed run left them; run 'testbed clean' first")
+    return lines
+
+
 def clean(force: bool = False) -> list[str]:
     """Remove leftovers of dead runs and mark their run directories ``killed``.
 
@@ -127,7 +164,7 @@ def clean(force: bool = False) -> list[str]:
                     what = " ".join(p.cmdline()[:4])
                 except psutil.Error:
                     what = "?"
-                if _kill_tree(p.pid):
+                if _kill_tree(p.pid, check_start=False):  # found now, not read from a ledger
                     removed.append(f"process {p.pid} ({what})")
         ours = [p.name for p in sorted(Path("/sys/class/net").iterdir())
                 if (INTF_RE.match(p.name) or BRIDGE_RE.match(p.name)) and p.name not in keep_names]
@@ -141,8 +178,10 @@ def clean(force: bool = False) -> list[str]:
                     bridge = BRIDGE_RE.match(n) is not None
                     if delete_link(ipr, n, bridge=bridge):
                         removed.append(f"{'bridge' if bridge else 'interface'} {n}")
-        if lock is not None:  # a straggler's cgroup whose ledger was lost (none is live: the lock is ours)
-            removed += [f"cgroup {p}" for p in testbed_cgroups() if remove_cgroup(p)]
+        if lock is not None:  # cgroups whose ledger was lost (none is live: the lock is ours): their processes die
+            for p in testbed_cgroups():
+                removed += [f"process {line} (in cgroup {p})" for line in kill_cgroup(p)]
+                removed.append(f"cgroup {p}")
     finally:
         if lock is not None:
             lock.__exit__(None, None, None)

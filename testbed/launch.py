@@ -28,8 +28,9 @@ from typing import Callable
 import psutil
 
 from testbed.interrupts import deferred_signals
+from testbed.lifetime import tied_preexec
 from common.errors import RunFailed, SpecError, TestbedError
-from traffic.rundir import write_json
+from traffic.rundir import open_private, write_json
 from traffic.schemes.program import torchrun_env
 
 
@@ -85,7 +86,7 @@ def write_processes(run_dir: Path, entries: list[dict], master_addr: str, master
 
 def runtime_command(run_dir: Path, name: str) -> list[str]:
     """The command that runs process ``name`` of a run (same interpreter as the harness)."""
-    return [sys.executable, "-u", "-m", "traffic.runtime", str(run_dir), name]
+    return [sys.executable, "-P", "-u", "-m", "traffic.runtime", str(run_dir), name]
 
 
 def runtime_env() -> dict:
@@ -152,7 +153,7 @@ def start(run_dir: Path, doc: dict, popen: PopenFn = local_popen,
         cmd = info.get("command") or runtime_command(run_dir, info["name"])
         env = (env_for or process_env)(info)
         with deferred_signals():  # a Ctrl-C here is delivered once the process is recorded
-            with open(log_path, "ab") as log:
+            with open_private(log_path) as log:
                 p = popen(info, cmd, env, log)
             launched = Launched(info, p, log_path)
             out.append(launched)
@@ -216,8 +217,9 @@ class Zygote:
     """
 
     def __init__(self, on_pid: Callable[[int], None] | None = None, ready_timeout_s: float = 120.0,
-                 netns: bool = True):
+                 netns: bool = True, join: Callable[[], None] | None = None):
         self.on_pid = on_pid
+        self.join = join
         self.netns = netns
         self.ready_timeout_s = ready_timeout_s
         self.proc: subprocess.Popen | None = None
@@ -231,10 +233,10 @@ class Zygote:
     def start(self) -> "Zygote":
         env = runtime_env()
         with deferred_signals():
-            cmd = [sys.executable, "-u", "-m", "traffic.runtime.zygote"] + (["--netns"] if self.netns else [])
+            cmd = [sys.executable, "-P", "-u", "-m", "traffic.runtime.zygote"] + (["--netns"] if self.netns else [])
             self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                                         start_new_session=True)
+                                         start_new_session=True, preexec_fn=tied_preexec(self.join))
             if self.on_pid:
                 self.on_pid(self.proc.pid)
         self._reader = threading.Thread(target=self._read, name="zygote-reader", daemon=True)
@@ -283,14 +285,16 @@ class Zygote:
                                        + "".join(self._stderr)[-2000:])
                 self._cond.wait(min(left, 0.5))
 
-    def popen(self, info: dict, run_dir: Path, env: dict, log, netns_pid: int | None) -> ZygoteProcess:
+    def popen(self, info: dict, run_dir: Path, env: dict, log, netns_pid: int | None,
+              cgroup: str | None = None) -> ZygoteProcess:
         """Fork process ``info["name"]`` of ``run_dir`` into the network namespace of process
         ``netns_pid`` (None: this one) with environment ``env``, output appended to ``log``
-        (an open file: its path is used)."""
+        (an open file: its path is used); it joins the cgroup whose ``cgroup.procs`` file is
+        ``cgroup`` first (:class:`testbed.lifetime.RunCgroup`)."""
         if self.import_s is None:
             self._reply("ready", self.ready_timeout_s)
         req = {"op": "spawn", "name": info["name"], "run_dir": str(run_dir), "netns_pid": netns_pid,
-               "env": env, "log": str(Path(log.name).resolve())}
+               "env": env, "log": str(Path(log.name).resolve()), "cgroup": cgroup}
         try:
             self.proc.stdin.write((json.dumps(req) + "\n").encode())
             self.proc.stdin.flush()

@@ -5,8 +5,10 @@ remove exactly that, even after the harness was killed.
 run keeps one JSON file in ``LEDGER_DIR`` (``/run/testbed/ledger``, a tmpfs that a reboot
 clears along with the namespaces) listing the bridges and interfaces it plans to create (all
 names are known from the Topo before anything is built), and the pids of the processes it
-starts (Mininet host shells, training processes, bwm-ng, iperf3), and the cgroups it makes
-(a straggler's, :mod:`testbed.cgroups`). The file is removed when
+starts (Mininet host shells, training processes, bwm-ng, iperf3) with their start times, the
+cgroup that holds all of them (:mod:`testbed.lifetime`) and the cgroups it makes (a
+straggler's, :mod:`testbed.cgroups`). A pid is signalled only while its start time is the
+one recorded: pids are reused. The file is removed when
 teardown completes; a file whose owner is dead (its pid gone, or reused by a process that
 started later) marks a run that needs cleaning.
 """
@@ -29,7 +31,7 @@ from pathlib import Path
 import psutil
 from pyroute2 import IPRoute, NetlinkError
 
-from testbed.cgroups import remove_cgroup
+from testbed.lifetime import kill_cgroup
 from common.errors import TestbedError
 
 STATE_DIR = Path(os.environ.get("TESTBED_STATE_DIR", "/run/testbed"))
@@ -52,6 +54,11 @@ class Ledger:
     bridges: list[str] = field(default_factory=list)
     interfaces: list[str] = field(default_factory=list)
     pids: dict[str, int] = field(default_factory=dict)
+    starts: dict[str, float] = field(default_factory=dict)
+    """Start time of each process of :attr:`pids` (``psutil.Process.create_time``, unix s):
+    a pid whose process started at another time is not the run's and is never signalled."""
+    process_cgroup: str = ""
+    """The cgroup holding every process of the run on this machine (:class:`testbed.lifetime.RunCgroup`)."""
     shared: list[str] = field(default_factory=list)
     """Names in ``pids`` that the owner still uses after this run (a sweep's zygote): only a
     sweep by another process (``testbed clean`` of a dead owner) kills them."""
@@ -75,7 +82,9 @@ class Ledger:
         d = json.loads(path.read_text())
         return cls(path=path, owner_pid=d["owner_pid"], owner_start=d.get("owner_start"), run_dir=d.get("run_dir", ""),
                    bridges=d.get("bridges", []), interfaces=d.get("interfaces", []),
-                   pids={k: int(v) for k, v in d.get("pids", {}).items()}, shared=d.get("shared", []),
+                   pids={k: int(v) for k, v in d.get("pids", {}).items()},
+                   starts={k: float(v) for k, v in d.get("starts", {}).items()},
+                   process_cgroup=d.get("process_cgroup", ""), shared=d.get("shared", []),
                    cgroups=d.get("cgroups", []), machines=d.get("machines", {}))
 
     def save(self) -> None:
@@ -87,7 +96,8 @@ class Ledger:
         tmp.write_text(json.dumps({"owner_pid": self.owner_pid, "owner_start": self.owner_start,
                                    "run_dir": self.run_dir,
                                    "bridges": self.bridges, "interfaces": self.interfaces,
-                                   "pids": self.pids, "shared": self.shared, "cgroups": self.cgroups,
+                                   "pids": self.pids, "starts": self.starts, "process_cgroup": self.process_cgroup,
+                                   "shared": self.shared, "cgroups": self.cgroups,
                                    "machines": self.machines}, indent=1))
         os.replace(tmp, self.path)
 
@@ -103,8 +113,16 @@ class Ledger:
         """Record process ``what``; ``shared``: the owner goes on using it after this run
         (:attr:`shared`)."""
         self.pids[what] = int(pid)
+        start = _start_time(int(pid))
+        if start is not None:
+            self.starts[what] = start
         if shared and what not in self.shared:
             self.shared.append(what)
+        self.save()
+
+    def set_process_cgroup(self, path: str) -> None:
+        """Record the cgroup of the run's processes (before the first one starts)."""
+        self.process_cgroup = str(path)
         self.save()
 
     def add_cgroup(self, path: str) -> None:
@@ -147,24 +165,28 @@ class Ledger:
         except psutil.NoSuchProcess:
             return set()
 
-    def sweep(self) -> list[str]:
-        """Kill every recorded process (and its process group), delete every recorded
-        cgroup, interface and bridge that still exists, then remove the ledger file. The owner's own
-        sweep leaves its :attr:`shared` processes running; anyone else's kills them too.
+    def sweep(self, keep_file: bool = False) -> list[str]:
+        """Kill every process of the run's cgroup and every recorded process still running with
+        its recorded start time (and its descendants), kill and delete every recorded cgroup,
+        delete every interface and bridge that still exists, then remove the ledger file. The
+        owner's own sweep leaves its :attr:`shared` processes running; anyone else's kills them too.
+        ``keep_file``: the owner keeps the (now empty) ledger until the run's summary is written,
+        so that if it dies while analysing, the next run or ``testbed clean`` writes the summary.
 
         Returns:
             what was removed, one line each (empty if nothing was left).
         """
         removed = []
         own = self.owner_pid == os.getpid()
+        if self.process_cgroup:
+            removed += [f"process {line} (in the run's cgroup)" for line in kill_cgroup(self.process_cgroup)]
         for what, pid in self.pids.items():
             if own and what in self.shared:
                 continue
-            if _kill_tree(pid):
+            if _kill_tree(pid, self.starts.get(what)):
                 removed.append(f"process {what} (pid {pid})")
         for path in self.cgroups:
-            if remove_cgroup(path):
-                removed.append(f"cgroup {path}")
+            removed += [f"process {line} (in cgroup {path})" for line in kill_cgroup(path)]
         if self.interfaces or self.bridges:
             with IPRoute() as ipr:
                 for name in self.interfaces + self.bridges:
@@ -180,8 +202,12 @@ class Ledger:
             except TestbedError as e:
                 unreached = True
                 removed.append(f"{addr}: NOT cleaned ({e}); the ledger {self.path} is kept for 'testbed clean'")
-        if not unreached:
+        self.pids, self.starts, self.cgroups, self.process_cgroup = {}, {}, [], ""
+        self.bridges, self.interfaces = [], []
+        if not unreached and not keep_file:
             self.path.unlink(missing_ok=True)
+        elif not unreached:
+            self.save()
         return removed
 
 
@@ -293,10 +319,15 @@ def _start_time(pid: int) -> float | None:
         return None
 
 
-def _kill_tree(pid: int) -> bool:
-    """SIGKILL ``pid`` and all its descendants; True if anything was alive."""
+def _kill_tree(pid: int, start: float | None = None, check_start: bool = True) -> bool:
+    """SIGKILL ``pid`` and all its descendants; True if anything was killed. With
+    ``check_start`` (a pid read from a ledger), only if the process started at ``start``
+    (``psutil.Process.create_time``, unix s; a pid is reused by unrelated processes, and a
+    ledger without start times signals nothing)."""
     try:
         root = psutil.Process(pid)
+        if check_start and (start is None or abs(root.create_time() - start) > 0.01):
+            return False
         procs = root.children(recursive=True) + [root]
     except psutil.NoSuchProcess:
         return False

@@ -85,14 +85,16 @@ def nameservers(resolv_conf: str = "/etc/resolv.conf") -> list[str]:
 class _LedgeredMininet(Mininet):
     """Mininet that records each host shell's pid in the run's ledger as it starts."""
 
-    def __init__(self, *a, ledger: Ledger, **kw):
-        self._ledger = ledger
+    def __init__(self, *a, ledger: Ledger, cgroup=None, **kw):
+        self._ledger, self._cgroup = ledger, cgroup
         super().__init__(*a, **kw)
 
     def addHost(self, name, cls=None, **params):
         with deferred_signals():  # the shell is recorded before a Ctrl-C can interrupt
             host = super().addHost(name, cls=cls, **params)
             self._ledger.add_pid(f"host:{name}", host.pid)
+            if self._cgroup is not None:  # what the shell runs (a command of node.cmd) is the run's too
+                self._cgroup.add(host.pid)
         return host
 
 
@@ -126,6 +128,8 @@ class Network:
     shaped at rate / scale (:meth:`TopologySpec.dilated`). ``topology.json`` gives each link's emulated
     rate (``bw_mbps``) and the rate shaped on this machine (``shaped_mbps``). ``extra_hosts``
     are the hosts the scheme asked for (``Scheme.hosts``: parameter-server hosts, PBoxes).
+    ``cgroup``: the run's :class:`testbed.lifetime.RunCgroup`; each host's shell is moved into
+    it as it starts (None: left where it is).
 
     Attributes after ``start()``:
         net: the ``Mininet`` object; hosts: name -> Mininet host; topology: the
@@ -133,8 +137,9 @@ class Network:
     """
 
     def __init__(self, topology_spec: TopologySpec, extra_hosts: list[HostRequest], run_dir: Path, ledger: Ledger,
-                 scale: float = 1.0):
+                 scale: float = 1.0, cgroup=None):
         self.emulated = topology_spec
+        self.cgroup = cgroup
         self.scale = scale
         self.spec = topology_spec.dilated(scale)
         self.run_dir = Path(run_dir)
@@ -163,7 +168,8 @@ class Network:
     def _mininet(self) -> Mininet:
         """The (not yet built) Mininet of this network."""
         return _LedgeredMininet(topo=self.topo, switch=LinuxBridge, controller=None, link=ShapedLink,
-                                autoSetMacs=True, build=False, waitConnected=False, ledger=self.ledger)
+                                autoSetMacs=True, build=False, waitConnected=False, ledger=self.ledger,
+                                cgroup=self.cgroup)
 
     def start(self) -> "Network":
         self._prepare()

@@ -35,17 +35,19 @@ from mininet.log import StreamHandlerNoNewline
 from tqdm import tqdm
 
 from analysis.metrics import summarize
-from common.errors import FieldError, SpecError, TestbedError
+from common.errors import FieldError, MissingRequirement, SpecError, TestbedError
 from testbed import capacity, event_applier, launch
 from testbed.background import Background
 from testbed.capture import find_bwm_ng
 from testbed.capture.pcap import find_tcpdump, resolve_ports, topo_links
+from testbed.clean import sweep_dead_runs
 from testbed.ledger import Ledger, NetworkLock
+from testbed.lifetime import MISSING_HIERARCHY, process_hierarchy
 from testbed.network import preflight as network_preflight
 from testbed.progress import RunProgress
 from testbed.site import log_leftovers, open_site
 from testbed.site.local import forks
-from testbed.spec import AUTO, Experiment, dump_spec, expand_sweep, with_scale
+from testbed.spec import AUTO, Experiment, expand_sweep, with_scale, write_spec
 from topologies import build_topo, hosts_of
 from topologies.hosts import HostInfo
 from traffic import rundir, schemes
@@ -83,6 +85,7 @@ class _HarnessLog(logging.FileHandler):
 
 
 def _harness_log(run_dir: Path) -> logging.Handler:
+    rundir.open_private(run_dir / "logs" / "harness.log").close()  # created owner-only, then appended to
     h = _HarnessLog(run_dir / "logs" / "harness.log")
     h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     # Mininet makes every logger created after its import a MininetLogger with its own stderr
@@ -129,7 +132,7 @@ def run_one(exp: Experiment, parent: Path, run_id: str, exclusive_id: bool = Tru
     if exp.scale == AUTO:  # called directly, not through run_experiment's planning
         exp = plan_experiment(exp)[0].exp
     run_dir = rundir.create(parent, run_id, exclusive_id=exclusive_id)
-    (run_dir / "spec.yaml").write_text(dump_spec(exp))
+    write_spec(run_dir / "spec.yaml", exp)
     progress = progress or RunProgress(False, run_dir.name, exp.workload.iterations)
     handler = _harness_log(run_dir)
     status, error = "ok", None
@@ -137,11 +140,12 @@ def run_one(exp: Experiment, parent: Path, run_id: str, exclusive_id: bool = Tru
     old_term = signal.signal(signal.SIGTERM, _on_sigterm)
     old_int = signal.getsignal(signal.SIGINT)
     t0 = time.time()
+    ledger = None
     try:
         with NetworkLock(run_dir=run_dir):
             ledger = Ledger.create(run_dir.name, run_dir)
             with ExitStack() as teardown:
-                teardown.callback(lambda: log_leftovers(ledger.sweep()))
+                teardown.callback(lambda: log_leftovers(ledger.sweep(keep_file=True)))  # kept until summarized
                 teardown.callback(progress.phase, "tearing down")  # shown first: callbacks run last-in first-out
                 try:
                     _run(exp, run_dir, ledger, teardown, t0, progress, zygote)
@@ -164,12 +168,18 @@ def run_one(exp: Experiment, parent: Path, run_id: str, exclusive_id: bool = Tru
         status, error = "failed", str(e)
     finally:
         progress.phase("analysing")
-        summary = _summarize(run_dir, status, error)
-        progress.close()
-        log.removeHandler(handler)
-        handler.close()
-        signal.signal(signal.SIGTERM, old_term)
-        signal.signal(signal.SIGINT, old_int)
+        try:
+            summary = _summarize(run_dir, status, error)  # Ctrl-C here: summary.json says interrupted
+        except _Terminated:
+            raise KeyboardInterrupt() from None  # reported as an interruption, like Ctrl-C
+        finally:
+            if ledger is not None and (run_dir / "summary.json").is_file():
+                ledger.path.unlink(missing_ok=True)  # else the next run or 'testbed clean' writes it
+            progress.close()
+            log.removeHandler(handler)
+            handler.close()
+            signal.signal(signal.SIGTERM, old_term)
+            signal.signal(signal.SIGINT, old_int)
     if interrupted is not None:
         raise KeyboardInterrupt()
     return RunResult(run_dir, summary)
@@ -413,9 +423,12 @@ def preflight(exp: Experiment) -> None:
 
     Raises:
         MissingRequirement: not root, or mnexec / brctl / tc / bwm-ng / a needed qdisc (or
-            tcpdump, with ``capture.pcap``) missing; the message names the remedy.
+            tcpdump, with ``capture.pcap``) missing, or no cgroup hierarchy to hold a run's
+            processes (:mod:`testbed.lifetime`); the message names the remedy.
     """
     network_preflight(exp.topology)
+    if process_hierarchy() is None:
+        raise MissingRequirement(f"every run needs {MISSING_HIERARCHY}")
     find_bwm_ng()
     if exp.capture.pcap:
         find_tcpdump()
@@ -443,6 +456,8 @@ def run_experiment(exp: Experiment, progress: bool = True,
     points = [(pr.point, pr.exp) for pr in planned]
     preflight(exp)
     with NetworkLock():  # a second run is refused before it creates anything
+        for line in sweep_dead_runs():  # a killed run's leftovers never poison this one
+            (say or log.warning)(line)
         return _run_points(exp, points, progress)
 
 
@@ -457,7 +472,7 @@ def _run_points(exp: Experiment, points: list[tuple[dict, Experiment]], progress
     with NetworkLock(run_dir=sweep_dir):
         pass  # names the sweep as the lock's holder until its first run names itself
     try:
-        (sweep_dir / "sweep.yaml").write_text(dump_spec(exp))
+        write_spec(sweep_dir / "sweep.yaml", exp)
     except OSError as e:
         raise TestbedError(f"cannot write {sweep_dir / 'sweep.yaml'}: {e.strerror or e}") from None
     results, rows = [], []

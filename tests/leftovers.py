@@ -10,12 +10,29 @@ from testbed.clean import _our_process
 from testbed.ledger import LEDGER_DIR
 
 
+def _netns(pid) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return None
+
+
 def leftovers() -> list[str]:
-    """Every testbed-made object still present (empty list = clean machine)."""
+    """Every testbed-made object still present (empty list = clean machine): our links,
+    cgroups and ledgers, the harness's own processes by their command lines, and *any*
+    process in another network namespace than this one (an emulated host's, whatever it
+    runs: a program's daemon has no name the harness knows)."""
     out = [f"link {p.name}" for p in Path("/sys/class/net").iterdir()
            if BRIDGE_RE.match(p.name) or INTF_RE.match(p.name)]
+    here = _netns("self")
     for p in psutil.process_iter():
-        if _our_process(p):
+        ns = _netns(p.pid)
+        if ns is not None and ns != here:
+            try:
+                out.append(f"process {p.pid} in network namespace {ns}: {' '.join(p.cmdline()[:3])}")
+            except psutil.Error:  # it ended (or became a zombie) since it was seen
+                pass
+        elif _our_process(p):
             try:
                 out.append(f"process {p.pid} {' '.join(p.cmdline()[:3])}")
             except psutil.Error:  # it ended (or became a zombie) since it was seen

@@ -114,12 +114,17 @@ KILLED = r"""
 import sys, time
 from traffic import rundir
 from testbed.ledger import Ledger, NetworkLock
+from testbed.lifetime import RunCgroup
 from testbed.network import Network
 from topologies import TopologySpec
 d = rundir.create(sys.argv[1], "killed")
 lock = NetworkLock().__enter__()
-net = Network(TopologySpec(), [], d, Ledger.create("killed", d)).start()
-net.hosts["h1"].popen(["sleep", "600"])
+led = Ledger.create("killed", d)
+cg = RunCgroup(d.name)
+led.set_process_cgroup(str(cg.path))
+net = Network(TopologySpec(), [], d, led, cgroup=cg).start()
+# not recorded in the ledger and not tied to this process: only the run's cgroup knows it
+net.hosts["h1"].popen(["sh", "-c", "sleep 600 & exec sleep 601"], preexec_fn=cg.preexec)
 print("up", flush=True)
 time.sleep(600)
 """

@@ -50,6 +50,8 @@ from pathlib import Path
 from typing import Callable
 
 from testbed.interrupts import deferred_signals
+from testbed.lifetime import tied_preexec
+from traffic.rundir import open_private
 from common.errors import MissingRequirement, TestbedError
 
 log = logging.getLogger(__name__)
@@ -114,12 +116,13 @@ class BwmNgRecorder:
         """
         cmd = bwm_ng_command(self.ports, self.interval_ms, self.out_file, self.binary)
         try:
-            self._log = open(self.log_file, "ab")
+            self._log = open_private(self.log_file)
             self._log.write((" ".join(cmd) + "\n").encode())
             self._log.flush()
             with deferred_signals():  # recorded before a Ctrl-C can interrupt
                 self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log,
-                                             stderr=subprocess.STDOUT, start_new_session=True)
+                                             stderr=subprocess.STDOUT, start_new_session=True,
+                                             preexec_fn=tied_preexec())  # ends with the harness
                 if self.on_pid:
                     self.on_pid(self.proc.pid, "bwm-ng")
             self._wait_first_line()

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from testbed import launch
 from testbed.ledger import Ledger
+from testbed.lifetime import RunCgroup, tied_preexec
 from testbed.spec import Experiment
 
 __all__ = ["Site", "switch_ports", "uplink_ports", "log_leftovers"]
@@ -45,6 +46,11 @@ class Site:
         network: the :class:`testbed.network.Network` (or its cluster subclass).
         topology: the ``topology.json`` document, once built.
         timings: phase -> seconds, recorded by :meth:`record`.
+        cgroup: the :class:`testbed.lifetime.RunCgroup` holding every process the run starts
+            on this machine (recorded in the ledger; killed whole at teardown).
+
+    Raises:
+        MissingRequirement: no cgroup hierarchy can hold the run's processes.
     """
 
     def __init__(self, exp: Experiment, run_dir: Path, ledger: Ledger, teardown: ExitStack):
@@ -52,6 +58,18 @@ class Site:
         self.topology: dict = {}
         self.timings: dict[str, float] = {}
         self.network = None
+        self.cgroup = RunCgroup(self.run_dir.name)
+        ledger.set_process_cgroup(str(self.cgroup.path))
+        # after every other stop (last in, first out): what is still in the cgroup then was
+        # left behind (a program's daemon, a crashed worker's children) and is killed
+        teardown.callback(lambda: log_leftovers([f"process {line} (left in the run's cgroup)"
+                                                 for line in self.cgroup.close()]))
+
+    def adopt(self, what: str, pid: int) -> None:
+        """Record process ``what`` (started by the harness itself, e.g. bwm-ng) in the ledger
+        and move it into the run's cgroup."""
+        self.ledger.add_pid(what, pid)
+        self.cgroup.add(pid)
 
     # ------------------------------------------------------------------ network
 
@@ -107,7 +125,8 @@ class Site:
 
     def run_in(self, host: str, cmd: list[str], log_file) -> subprocess.Popen:
         """Start ``cmd`` in ``host`` (stdin closed, output to ``log_file``)."""
-        return self.hosts[host].popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        return self.hosts[host].popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                      preexec_fn=tied_preexec(self.cgroup.preexec))
 
     def listening(self, host: str, port: int) -> bool:
         """Whether a TCP socket of ``host`` listens on ``port``."""

@@ -12,6 +12,7 @@ from testbed.background import listening
 from testbed.capture import Capture
 from testbed.capture.pcap import resolve_ports
 from testbed.ledger import Ledger
+from testbed.lifetime import tied_preexec
 from testbed.network import Network, bind_to_interface
 from testbed.site.base import Site, log_leftovers, switch_ports, uplink_ports
 from testbed.spec import Experiment
@@ -42,7 +43,7 @@ class LocalSite(Site):
         super().__init__(exp, run_dir, ledger, teardown)
         scheme = schemes.get(exp.workload.scheme)
         self.network = Network(exp.topology, scheme.hosts(exp.workload, exp.topology), run_dir, ledger,
-                               scale=exp.scale)
+                               scale=exp.scale, cgroup=self.cgroup)
         teardown.callback(lambda: log_leftovers(self.network.stop()))
         self.zygote = None
         if not forks(exp):
@@ -51,7 +52,7 @@ class LocalSite(Site):
             ledger.add_pid("zygote", zygote.proc.pid, shared=True)
             log.info("processes fork from the sweep's zygote (pid %d)", zygote.proc.pid)
         else:
-            zygote = launch.Zygote(on_pid=lambda pid: ledger.add_pid("zygote", pid)).start()
+            zygote = launch.Zygote(on_pid=lambda pid: ledger.add_pid("zygote", pid), join=self.cgroup.preexec).start()
             teardown.callback(zygote.close)  # after the processes are stopped (last in, first out)
             log.info("processes fork from this run's zygote (pid %d)", zygote.proc.pid)
         self.zygote = zygote
@@ -60,9 +61,10 @@ class LocalSite(Site):
         node = self.network.hosts[info["host"]]
         iface = info.get("iface_index", 0)
         if self.zygote is not None and iface == 0:
-            return self.zygote.popen(info, self.run_dir, env, log_file, netns_pid=node.pid)
+            return self.zygote.popen(info, self.run_dir, env, log_file, netns_pid=node.pid,
+                                     cgroup=str(self.cgroup.path / "cgroup.procs"))
         return node.popen(bind_to_interface(cmd, iface), env=env, stdout=log_file, stderr=subprocess.STDOUT,
-                          stdin=subprocess.DEVNULL, cwd=info.get("cwd"))
+                          stdin=subprocess.DEVNULL, cwd=info.get("cwd"), preexec_fn=tied_preexec(self.cgroup.preexec))
 
     def listening(self, host: str, port: int) -> bool:
         return listening(self.hosts[host].pid, port)
@@ -73,7 +75,7 @@ class LocalSite(Site):
             if spec.pcap else []
         capture = Capture(self.run_dir, ports=switch_ports(topo), qdisc_ifaces=uplink_ports(topo) or switch_ports(topo),
                           pids=lambda: {l.info["name"]: l.popen.pid for l in procs},
-                          spec=spec, on_pid=lambda pid, what: self.ledger.add_pid(what, pid),
+                          spec=spec, on_pid=lambda pid, what: self.adopt(what, pid),
                           procs=lambda: [(l.info, l.popen.pid) for l in list(procs)], pcap_ports=pcap_ports,
                           scale=self.exp.scale)
         self.teardown.callback(capture.stop)

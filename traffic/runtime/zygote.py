@@ -3,7 +3,9 @@
 Every training process of a run imports torch and the project (1.6 s alone on an idle core;
 with ten processes contending for two cores, most of the 15 s from launch to the first
 iteration). The zygote imports them once, then forks one child per process on request. A
-child, before it runs anything else: starts its own session (its pid is its process group,
+child, before it runs anything else: joins the run's cgroup (``cgroup``: the path of its
+``cgroup.procs``, so that everything it forks is in it too), asks to be killed when the zygote
+dies (:func:`common.process.die_with_parent`), starts its own session (its pid is its process group,
 so the harness's ``killpg`` reaches it), enters the network namespace of its Mininet host
 (``setns`` on ``/proc/<host shell pid>/ns/net``, through pyroute2), points stdout and stderr
 at its log, takes the environment the harness gives it, then runs
@@ -12,7 +14,8 @@ started with ``python -m traffic.runtime``. The zygote itself starts no thread, 
 is safe (checked: one OS thread after the imports).
 
 Protocol: one JSON object per line. On stdin, requests ``{"op": "spawn", "name", "run_dir",
-"netns_pid" (null: stay in this namespace), "env": {...}, "log": path}``; on stdout, ``{"op":
+"netns_pid" (null: stay in this namespace), "env": {...}, "log": path, "cgroup": path of a
+cgroup.procs file or null}``; on stdout, ``{"op":
 "ready", "import_s"}`` once, ``{"op": "spawned", "name", "pid"}`` or ``{"op": "error", "name",
 "error"}`` per request, and ``{"op": "exit", "pid", "status"}`` when a child ends (``status``
 as ``subprocess`` gives it: the exit code, or minus the signal that killed it). The zygote
@@ -37,6 +40,8 @@ import sys  # noqa: E402
 import traceback  # noqa: E402
 
 from pyroute2.netns import setns  # noqa: E402
+
+from common.process import die_with_parent  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -67,10 +72,14 @@ def _child(req: dict, keep_fds: tuple[int, ...]) -> None:
     """In the forked child: become the requested process, run it, exit. Never returns."""
     code = 1
     try:
+        if req.get("cgroup"):
+            with open(req["cgroup"], "w") as f:
+                f.write("0")
+        die_with_parent()
         os.setsid()
         for s in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
             signal.signal(s, signal.SIG_DFL)
-        log = os.open(req["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        log = os.open(req["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)  # (replaces the zygote's request pipe)
         os.dup2(log, 1)
