@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 import traceback
 from pathlib import Path
 
@@ -643,14 +644,37 @@ def compute_summary(run: Run, status: str = "ok", error: str | None = None) -> R
     if n_workers is None and not iters.empty:
         n_workers = int(iters["worker"].nunique())
     s = _skeleton(run, wl, n_workers, status, error)
-    s.capture_errors = _capture_errors(run.path)
-    _guarded(s, "events", _event_section, run.schedule)
-    window = _guarded(s, "iterations", _iteration_section, run, iters, n_workers, bool(wl.get("program")))
-    _guarded(s, "bytes", _bytes_section, run, window)
-    _guarded(s, "accuracy", _accuracy_section, run)
-    _guarded(s, "cpu", _cpu_section, run, window)
-    _guarded(s, "rates", _rate_section, run)
-    _guarded(s, "host_costs", _host_cost_section, run)
+    try:
+        s.capture_errors = _capture_errors(run.path)
+        _guarded(s, "events", _event_section, run.schedule)
+        window = _guarded(s, "iterations", _iteration_section, run, iters, n_workers, bool(wl.get("program")))
+        _guarded(s, "bytes", _bytes_section, run, window)
+        _guarded(s, "accuracy", _accuracy_section, run)
+        _guarded(s, "cpu", _cpu_section, run, window)
+        _guarded(s, "rates", _rate_section, run)
+        _guarded(s, "host_costs", _host_cost_section, run)
+    except Exception:
+        raise
+    except BaseException as e:  # Ctrl-C, or the harness's SIGTERM exception: what was computed is kept
+        raise AnalysisInterrupted(_interrupted(s, status, error), e) from e
+    return s
+
+
+class AnalysisInterrupted(Exception):
+    """Ctrl-C or SIGTERM (``cause``) during the analysis; ``summary`` holds the sections
+    computed until then, with status ``interrupted``."""
+
+    def __init__(self, summary: RunSummary, cause: BaseException):
+        super().__init__("the analysis was interrupted")
+        self.summary, self.cause = summary, cause
+
+
+def _interrupted(s: RunSummary, status: str, error: str | None) -> RunSummary:
+    """``s`` marked ``interrupted``: the error says so and keeps the run's own outcome."""
+    s.status = "interrupted"
+    s.error = (f"the analysis was interrupted (Ctrl-C or SIGTERM) before it ended: sections not reached are empty, "
+               f"the run's files are complete (analysis.metrics.summarize(RUN) recomputes this summary); the run "
+               f"itself ended {status}{': ' + error if error else ''}")
     return s
 
 
@@ -673,20 +697,44 @@ def summarize(run_dir: str | Path, status: str = "ok", error: str | None = None)
     Raises:
         OSError: ``iterations.csv`` or ``summary.json`` cannot be written (e.g. a full disk);
             ``summary.json`` is then absent or its earlier content, never a torn file.
+        KeyboardInterrupt (or the harness's SIGTERM exception): re-raised after
+            ``summary.json`` is written with status ``interrupted`` and the sections computed
+            until then.
     """
 
     p = Path(run_dir)
     try:
-        run = load(p)
-    except Exception as e:  # noqa: BLE001
-        summary = RunSummary(status=status, error=error, run_id=p.name,
-                             analysis_errors=[f"load: {type(e).__name__}: {e}"])
-        if p.is_dir():
-            summary.write(p)
-        return summary
-    if not (p / "iterations.csv").is_file() or not run.events.empty:
-        run.iterations = iteration_table(run.events)
-        run.iterations.to_csv(p / "iterations.csv", index=False)
-    summary = compute_summary(run, status, error)
+        try:
+            run = load(p)
+        except Exception as e:  # noqa: BLE001
+            summary = RunSummary(status=status, error=error, run_id=p.name,
+                                 analysis_errors=[f"load: {type(e).__name__}: {e}"])
+            if p.is_dir():
+                summary.write(p)
+            return summary
+        if not (p / "iterations.csv").is_file() or not run.events.empty:
+            run.iterations = iteration_table(run.events)
+            run.iterations.to_csv(p / "iterations.csv", index=False)
+        summary = compute_summary(run, status, error)
+    except AnalysisInterrupted as e:
+        _write_blocking_signals(e.summary, p)
+        raise e.cause from None
+    except Exception:
+        raise
+    except BaseException:  # Ctrl-C or SIGTERM while loading: the run's identity and outcome are kept
+        _write_blocking_signals(_interrupted(RunSummary(run_id=p.name), status, error), p)
+        raise
     summary.write(p)
     return summary
+
+
+def _write_blocking_signals(summary: RunSummary, run_dir: Path) -> None:
+    """Write ``summary`` with SIGINT and SIGTERM held until it is written (never raises OSError:
+    the interruption is what the caller reports)."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        summary.write(run_dir)
+    except OSError:
+        pass
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)

@@ -38,7 +38,7 @@ from typing import Callable
 from common.errors import SpecError, TestbedError
 from testbed.interrupts import deferred_signals
 from testbed.launch import Launched, kill_all
-from traffic.rundir import write_json
+from traffic.rundir import open_private, write_json
 
 __all__ = ["BASE_PORT", "FlowPlan", "plan_flows", "server_command", "client_command", "read_result",
            "listening", "listening_in_shell", "Background"]
@@ -196,7 +196,7 @@ class Background:
         log = self.run_dir / "logs" / f"background-{fp.name}-{role}.log"
         host = fp.src if role == "client" else fp.dst
         with deferred_signals():  # recorded before a Ctrl-C can interrupt
-            with open(log, "ab") as f:
+            with open_private(log) as f:
                 p = self.site.run_in(host, cmd, f)
             launched = Launched({"name": f"background:{fp.name}:{role}", "role": role, "host": host}, p, log)
             self.procs.append(launched)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from testbed import launch
-from testbed.spec import AUTO, Experiment, dump_spec, load_spec, with_scale
+from testbed.spec import AUTO, Experiment, load_spec, with_scale, write_spec
 from topologies import HostInfo, build_topo, hosts_of
 from common.errors import FieldError, RunFailed, SpecError, TestbedError
 from traffic import rundir, schemes
@@ -113,7 +113,7 @@ def run_local(exp: Experiment, run_dir: str | Path | None = None, *, timeout_s: 
     else:
         run_dir = Path(run_dir)
         run_dir = rundir.create(run_dir.parent, run_dir.name)
-    (run_dir / "spec.yaml").write_text(dump_spec(exp))
+    write_spec(run_dir / "spec.yaml", exp)
     entries = local_entries(exp)
     doc = launch.write_processes(run_dir, entries, LOCAL_IP, free_port(), exp.run.timeout_s)
     extra = dict(env or {})

@@ -29,6 +29,7 @@ from common.errors import FieldError, SpecError, show_value
 from topologies.spec import MAX_HOSTS, MAX_INTERFACES, TopologySpec
 from common.validation import (SAFE_LABEL_ALLOWED, SAFE_NAME_ALLOWED, SpecModel, check_depth, field_errors,
                                    is_safe_label, is_safe_name, load_yaml, safe_name, to_safe_name)
+from traffic import rundir
 from traffic.hostmodel import HostSpec
 from traffic.event_spec import ScheduledEvent, event_errors
 from traffic.spec import WorkloadSpec, option_errors
@@ -590,3 +591,18 @@ def with_scale(exp: Experiment, scale: float) -> Experiment:
 def dump_spec(exp: Experiment) -> str:
     """The resolved spec as YAML (what ``runs/<id>/spec.yaml`` holds)."""
     return yaml.safe_dump(exp.to_dict(), sort_keys=False)
+
+
+def write_spec(path: str | Path, exp: Experiment) -> None:
+    """Write ``exp`` as :func:`dump_spec` gives it (a run's ``spec.yaml``, a sweep's
+    ``sweep.yaml``); readable by its owner only (0600) when it holds a program's environment,
+    which may carry secrets.
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    program = exp.workload.program
+    if program is not None and program.env:
+        rundir.write_private(path, dump_spec(exp))
+    else:
+        Path(path).write_text(dump_spec(exp))

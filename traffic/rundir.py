@@ -229,8 +229,27 @@ def create(parent: str | Path, run_id: str, exclusive_id: bool = True, subdirs=S
         except OSError as e:
             raise TestbedError(f"cannot create the run directory {path}: {e.strerror or e}") from None
     for d in subdirs:
-        (path / d).mkdir()
+        (path / d).mkdir(mode=PRIVATE_DIR_MODE if d in PRIVATE_SUBDIRS else 0o777)
     return path
+
+
+#: subdirectories that may hold secrets (a program's output, its environment): owner only
+PRIVATE_SUBDIRS = ("logs",)
+#: mode of a private directory, and of a private file
+PRIVATE_DIR_MODE, PRIVATE_FILE_MODE = 0o700, 0o600
+
+
+def open_private(path: str | Path, mode: str = "ab"):
+    """Open ``path`` for writing (``"ab"``, ``"a"``, ``"wb"``, ``"w"``), creating it with mode
+    0600 (a log or a spec that may hold secrets: a program's environment, its output)."""
+    return open(path, mode, opener=lambda p, flags: os.open(p, flags, PRIVATE_FILE_MODE))
+
+
+def write_private(path: str | Path, text: str) -> None:
+    """Write ``text`` to a new or emptied file readable by its owner only (mode 0600)."""
+    with open_private(path, "w") as f:
+        os.fchmod(f.fileno(), PRIVATE_FILE_MODE)  # an existing file keeps its mode otherwise
+        f.write(text)
 
 
 def write_json(path: str | Path, data) -> None:

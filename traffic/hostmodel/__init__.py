@@ -166,14 +166,29 @@ def load_host_profile(ref: str) -> HostProfile:
     if not path.is_file():
         raise TestbedError(f"no host profile {ref!r}: one of {', '.join(available_host_profiles()) or 'none'}, "
                            "or the path of a host profile file (testbed profile --host writes one)")
+    # the messages name the file, the place and the fields, never the file's content: a
+    # path is read with the tool's privileges (root), so its lines must not be echoed
     try:
         data = load_yaml(path.read_text())
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise TestbedError(f"host profile {path} is not valid YAML ({e})") from None
+    except UnicodeDecodeError as e:
+        raise TestbedError(f"host profile {path} is not a text file (byte {e.start} is not UTF-8)") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise TestbedError(f"host profile {path} is not valid YAML{where} "
+                           f"({getattr(e, 'problem', None) or type(e).__name__})") from None
+    except SpecError as e:  # nested too deep
+        raise TestbedError(f"host profile {path} is not a host profile ({e.allowed})") from None
     try:
         return validate(HostProfile, data, "")
     except SpecError as e:
-        raise TestbedError(f"host profile {path} is malformed: {e}") from None
+        known = set(HostProfile.model_fields)
+        lines = [f"{x.field}: {x.allowed}" for x in e.errors if x.field.split(".")[0] in known]
+        other = len(e.errors) - len(lines)
+        if other:  # a key that is no field (or no mapping at all) is the file's content: not shown
+            lines.append(f"{other} key(s) or value(s) that are not fields of a host profile (not shown); a profile "
+                         f"is a mapping of {', '.join(HostProfile.model_fields)}")
+        raise TestbedError(f"host profile {path} is not a host profile: {'; '.join(lines)}") from None
 
 
 @dataclass(frozen=True)
