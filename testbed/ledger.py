@@ -185,8 +185,11 @@ class Ledger:
                 continue
             if _kill_tree(pid, self.starts.get(what)):
                 removed.append(f"process {what} (pid {pid})")
-        for path in self.cgroups:
+        for path in self.cgroups:  # a straggler's: its processes are the run's, and die with it
+            existed = Path(path).is_dir()
             removed += [f"process {line} (in cgroup {path})" for line in kill_cgroup(path)]
+            if existed and not Path(path).exists():
+                removed.append(f"cgroup {path}")
         if self.interfaces or self.bridges:
             with IPRoute() as ipr:
                 for name in self.interfaces + self.bridges:

@@ -193,6 +193,8 @@ def test_clean_force_never_touches_a_live_runs_processes(state_dir, tmp_path):
         orphan = subprocess.Popen(["sleep", "60"], start_new_session=True)
         stale.owner_pid, stale.owner_start = dead_pid(), None
         stale.pids = {"worker0": orphan.pid, "shared": holder.pid}  # a pid the live run owns is kept
+        stale.starts = {"worker0": psutil.Process(orphan.pid).create_time(),
+                        "shared": psutil.Process(holder.pid).create_time()}
         stale.save()
         with pytest.raises(TestbedError, match="runs/live"):
             clean_mod.clean()
