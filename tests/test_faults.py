@@ -380,12 +380,16 @@ LIVE = r"""
 import sys, time
 from traffic import rundir
 from testbed.ledger import Ledger, NetworkLock
+from testbed.lifetime import RunCgroup
 from testbed.network import Network
 from topologies import TopologySpec
 d = rundir.create(sys.argv[1], "live")
 lock = NetworkLock(run_dir=d).__enter__()
-net = Network(TopologySpec(), [], d, Ledger.create("live", d)).start()
-net.hosts["h1"].popen(["sleep", "600"])
+led = Ledger.create("live", d)
+cg = RunCgroup(d.name)  # as a run does: its processes in its cgroup, recorded in its ledger
+led.set_process_cgroup(str(cg.path))
+net = Network(TopologySpec(), [], d, led, cgroup=cg).start()
+net.hosts["h1"].popen(["sleep", "600"], preexec_fn=cg.preexec)
 print("up", flush=True)
 time.sleep(600)
 """
