@@ -140,7 +140,7 @@ def run_one(exp: Experiment, parent: Path, run_id: str, exclusive_id: bool = Tru
     old_term = signal.signal(signal.SIGTERM, _on_sigterm)
     old_int = signal.getsignal(signal.SIGINT)
     t0 = time.time()
-    ledger = None
+    ledger = summary = None
     try:
         with NetworkLock(run_dir=run_dir):
             ledger = Ledger.create(run_dir.name, run_dir)
@@ -173,7 +173,7 @@ def run_one(exp: Experiment, parent: Path, run_id: str, exclusive_id: bool = Tru
         except _Terminated:
             raise KeyboardInterrupt() from None  # reported as an interruption, like Ctrl-C
         finally:
-            if ledger is not None and (run_dir / "summary.json").is_file():
+            if ledger is not None and (summary is not None or (run_dir / "summary.json").is_file()):
                 ledger.path.unlink(missing_ok=True)  # else the next run or 'testbed clean' writes it
             progress.close()
             log.removeHandler(handler)

@@ -315,7 +315,7 @@ def test_a_sigkilled_runner_is_cleaned_and_its_run_marked_killed(tmp_path):
     runs = tmp_path / "runs"
     p = start_run(small_spec_file(tmp_path, runs, scheme="allreduce"))
     run_dir = wait_for(iterations_done(runs, n=3), "three iterations")
-    p.kill()  # no teardown at all: the network, capture and training processes stay
+    p.kill()  # no teardown at all: the network stays; the processes tied to the harness die with it
     p.communicate()
     assert leftovers() != []
     out = cli("ls", runs)
@@ -327,7 +327,9 @@ def test_a_sigkilled_runner_is_cleaned_and_its_run_marked_killed(tmp_path):
     assert leftovers() == []
     s = RunSummary.load(run_dir)
     assert s.status == "killed" and "died" in s.error
-    assert s.iterations_completed >= 3 and s.bytes.core > 0  # figures from what it had written
+    # figures from what it had written: worker0 had finished 3 iterations, the others (in step
+    # with it in a ring) at least 2 when they died with the runner
+    assert s.iterations_completed >= 2 and s.bytes.core > 0
     assert cli("ls", runs).stdout.split()[:2] == [run_dir.name, "killed"]
 
 
