@@ -27,8 +27,9 @@ The effects, and what each is judged from (formats in :mod:`traffic.rundir`):
     (below it, as under congestion, is recorded, not failed), either beyond one iperf3 block
     (:data:`IPERF3_BLOCK_BYTES`, written whatever the pace); and where the link counters cover
     the flow (it ran inside the bwm-ng capture), its source host's link carried at least the
-    payload its server received (less ``tolerance``). A flow that never started (training ended
-    before its start) is not done. Rates are compared as emulated Mbit/s (iperf3's payload over
+    payload its server received (less ``tolerance``). A flow that never started before training
+    ended (the last event any process recorded; without any, when the harness stopped the
+    flows) is not done. Rates are compared as emulated Mbit/s (iperf3's payload over
     the seconds it ran, x scale), durations as emulated seconds.
 ``capture``: one per port of ``capture.pcap`` (``traces/pcap/ports.json``,
     :mod:`testbed.capture.pcap`). Done when tcpdump started, was still running when the harness
@@ -130,8 +131,18 @@ def _capture_span(run: Run) -> tuple[float, float] | None:
     return float(t.min()), float(t.max())
 
 
-def _flow(run: Run, f: dict, scale: float, stopped: float | None, link_tx: dict, tolerance: float) -> Effect:
-    """The effect of one ``flows.json`` flow (see the module doc)."""
+def _last_event_end(run: Run) -> float | None:
+    """When the last event any process recorded ended, on the frames' clock (None without one)."""
+    if run.events.empty:
+        return None
+    end = (run.events["ts"] + run.events["dur"]).max()
+    return None if end != end else float(end)  # NaN: no timestamp
+
+
+def _flow(run: Run, f: dict, scale: float, stopped: float | None, ended: float | None, link_tx: dict,
+          tolerance: float) -> Effect:
+    """The effect of one ``flows.json`` flow (see the module doc); ``stopped``: unix s when the
+    harness stopped the flows; ``ended``: when training ended, on the frames' clock."""
     name = str(f.get("name"))
     asked = {k: f.get(k) for k in ("src", "dst", "protocol", "rate_mbps", "start_s", "duration_s")}
     achieved: dict[str, Any] = {"rate_mbps": None, "duration_s": None, "bytes_sent": None, "bytes_received": None,
@@ -142,11 +153,11 @@ def _flow(run: Run, f: dict, scale: float, stopped: float | None, link_tx: dict,
     res = f.get("result")
     if start is None:
         return _verdict("background", name, asked, achieved, ["never launched: flows.json has no client start"])
-    if stopped is not None and start >= stopped:
-        launch = start - (_num(f.get("delay_s")) or 0.0)
+    if ended is not None and run.on_clock(start) >= ended:
+        launch = run.on_clock(start - (_num(f.get("delay_s")) or 0.0))
         return _verdict("background", name, asked, achieved, [
-            f"never started: training ended {(stopped - launch) / scale:.3g} emulated s after the launch, before "
-            f"its start at {f.get('start_s')} s"])
+            f"never started during training: it ended {ended - launch:.3g} emulated s after the launch, before "
+            f"the flow's start at {f.get('start_s')} s"])
     if not isinstance(res, dict):
         return _verdict("background", name, asked, achieved, ["no iperf3 result was recorded in flows.json"])
     sent, received = _num(res.get("bytes_sent")), _num(res.get("bytes_received"))
@@ -218,7 +229,10 @@ def background_effects(run: Run, link_tx: dict[str, int | None] | None = None, t
                          ["no traces/background/flows.json: the flow was never started"]) for i, f in enumerate(flows)]
     scale = _num(doc.get("scale")) or run.scale
     stopped = _num(doc.get("stopped"))
-    return [_flow(run, f, scale, stopped, link_tx, tolerance) for f in doc["flows"] if isinstance(f, dict)]
+    ended = _last_event_end(run)
+    if ended is None and stopped is not None:
+        ended = run.on_clock(stopped)
+    return [_flow(run, f, scale, stopped, ended, link_tx, tolerance) for f in doc["flows"] if isinstance(f, dict)]
 
 
 # ----------------------------------------------------------------------------- packet captures
@@ -282,10 +296,9 @@ def _event_name(i: int, ev: dict, rec: dict | None) -> str:
 def _run_end_s(run: Run) -> float | None:
     """When the run's last event ended, in emulated seconds since ``at_s`` counts: the first
     measured iteration's start (for a program, its first event); None when unknown."""
-    ev = run.events
-    if ev.empty:
+    ev, end = run.events, _last_event_end(run)
+    if end is None:
         return None
-    end = float((ev["ts"] + ev["dur"]).max())
     wl = (run.spec or {}).get("workload") or {}
     it = run.iterations
     first = it[it["iteration"] == int(wl.get("warmup_iterations") or 0)] if not it.empty else it

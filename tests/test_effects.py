@@ -117,7 +117,10 @@ def test_rates_and_durations_are_emulated_under_dilation(tmp_path):
 
 @pytest.mark.parametrize("spec, output, stopped_after_s, reason", [
     (flow("late", start=500), None, 10,
-     "never started: training ended 10 emulated s after the launch, before its start at 500.0 s"),
+     "never started during training: it ended 55 emulated s after the launch, before the flow's start at 500.0 s"),
+    # started during the teardown, after the last event (155 s) but before the harness stopped the flows
+    (flow("teardown", start=56, duration=30), "tcp_term", 60,
+     "never started during training: it ended 55 emulated s after the launch, before the flow's start at 56.0 s"),
     (flow("refused"), "refused", 10, "iperf3: unable to connect to server: Connection refused"),
     (flow("busy"), "busy", 10, "iperf3: the server is busy running a test. try again later"),
     (flow("udp_fast", protocol="udp", rate=20), "udp_ok", 10, "UDP sent at 10.04 Mbit/s, asked 20 Mbit/s (within 10%)"),
@@ -131,6 +134,15 @@ def test_a_flow_not_done_says_why(tmp_path, spec, output, stopped_after_s, reaso
     d = flows_run(tmp_path, [spec], {spec["name"]: output}, stopped_after_s=stopped_after_s)
     (e,) = effects_of(d, "background")
     assert (e.verified, e.reason) == (False, reason)
+
+
+def test_without_any_event_training_ends_when_the_harness_stopped_the_flows(tmp_path):
+    d = flows_run(tmp_path, [flow("late", start=20)], {"late": None}, stopped_after_s=10)
+    shutil.rmtree(d / "events")
+    (d / "iterations.csv").unlink(missing_ok=True)
+    (e,) = effects_of(d, "background")
+    assert e.reason == ("never started during training: it ended 10 emulated s after the launch, before the flow's "
+                        "start at 20.0 s")
 
 
 def test_a_client_that_wrote_no_json_is_named_by_its_log(tmp_path):
@@ -372,7 +384,8 @@ def test_an_ok_run_with_an_effect_not_done_fails_keeping_every_figure(tmp_path):
                   {"a": "tcp_ok", "late": None, "gone": "refused"}, stopped_after_s=10, name="undone")
     bad = metrics.summarize(d)
     assert bad.fidelity.unverified == [
-        "background late: never started: training ended 10 emulated s after the launch, before its start at 500.0 s",
+        "background late: never started during training: it ended 55 emulated s after the launch, before the flow's "
+        "start at 500.0 s",
         "background gone: iperf3: unable to connect to server: Connection refused"]
     assert bad.status == "failed" and bad.error == "asked for but not done: " + "\n".join(bad.fidelity.unverified)
     assert bad.throughput.mean == s.throughput.mean and bad.bytes.core == s.bytes.core  # every figure kept
@@ -389,8 +402,8 @@ def test_the_run_line_and_testbed_ls_show_failed_with_the_first_line(tmp_path, c
     from testbed.runner import RunResult, one_line
     d = flows_run(tmp_path / "runs", [flow("late", start=500)], {"late": None}, stopped_after_s=10)
     s = metrics.summarize(d)
-    first = ("asked for but not done: background late: never started: training ended 10 emulated s after the launch, "
-             "before its start at 500.0 s")
+    first = ("asked for but not done: background late: never started during training: it ended 55 emulated s after "
+             "the launch, before the flow's start at 500.0 s")
     assert one_line(RunResult(d, s)) == f"{d}: failed: {first}"
     (d / "logs" / "harness.log").write_text("")
     assert cli.main(["ls", str(tmp_path / "runs")]) == 0
