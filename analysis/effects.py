@@ -358,7 +358,6 @@ def _how(code: int) -> str:
 def process_effects(run: Run) -> list[Effect]:
     """One effect per planned process (see the module doc)."""
     planned = [p for p in (run.processes.get("processes") or []) if isinstance(p, dict)]
-    kills = {r.get("target") for r in run.schedule if r.get("kind") == "kill" and r.get("applied")}
     out = []
     for p in planned:
         name = str(p.get("name"))
@@ -371,8 +370,7 @@ def process_effects(run: Run) -> list[Effect]:
         if not isinstance(e, dict):
             out.append(_verdict("process", name, asked, {}, ["never started: no exit status recorded"]))
             continue
-        code = e.get("exit_code")
-        killed = e.get("killed") or ("was killed by a scheduled event" if name in kills else None)
+        code, killed = e.get("exit_code"), e.get("killed")
         achieved = {"exit_code": code, "killed": killed}
         problems = []
         if not isinstance(code, int) or isinstance(code, bool):
