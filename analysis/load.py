@@ -65,6 +65,12 @@ class Run:
         the scheduled events as the harness recorded them (``schedule.jsonl``,
         :mod:`testbed.event_applier`), in the order applied, each with ``time``: its ``ts`` on the
         frames' clock (emulated under dilation; None for an event never reached).
+
+    What the harness recorded of the effects the spec asked for (formats in
+    :mod:`traffic.rundir`; empty when the run did not write the file): ``background``
+    (``traces/background/flows.json``), ``pcap`` (``traces/pcap/ports.json``, one entry per
+    port), ``exits`` (``logs/exits.json``: each process's exit status) and ``shaping``
+    (``shaping.json``: the build's read-back verdict).
     """
     path: Path
     spec: dict = field(default_factory=dict)
@@ -79,6 +85,10 @@ class Run:
     events: pd.DataFrame = field(default_factory=pd.DataFrame)
     iterations: pd.DataFrame = field(default_factory=pd.DataFrame)
     schedule: list = field(default_factory=list)
+    background: dict = field(default_factory=dict)
+    pcap: list = field(default_factory=list)
+    exits: dict = field(default_factory=dict)
+    shaping: dict = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -102,6 +112,21 @@ class Run:
                     cands.append(float(v))
         return min(cands) if cands else None
 
+    @property
+    def scale(self) -> float:
+        """Time dilation of the run: ``spec.scale`` (1 without one)."""
+        return float(self.spec.get("scale") or 1.0)
+
+    def on_clock(self, ts) -> float | None:
+        """A unix timestamp the harness wrote (``time.time()``) on the frames' clock:
+        :func:`to_emulated_time`'s ``t0 + (ts - t0) / scale``, t0 being :attr:`t0` (which the
+        conversion keeps where it was); ``ts`` itself without any frame; None when ``ts`` is
+        not a number."""
+        if not isinstance(ts, (int, float)) or isinstance(ts, bool):
+            return None
+        t0 = self.t0
+        return float(ts) if t0 is None else t0 + (float(ts) - t0) / self.scale
+
     def worker_hosts(self) -> list[str]:
         """Hosts of the worker processes, in rank order (from processes.json)."""
         out = []
@@ -122,6 +147,12 @@ def _read_json(path: Path) -> dict:
         if path.exists():
             log.warning("cannot read %s: %s", path, e)
         return {}
+
+
+def _read_object(path: Path) -> dict:
+    """:func:`_read_json` of a file holding a JSON object ({} for anything else)."""
+    doc = _read_json(path)
+    return doc if isinstance(doc, dict) else {}
 
 
 def _read_summary(run_dir: Path) -> RunSummary | None:
@@ -288,11 +319,12 @@ def load(run_dir: str | Path) -> Run:
               traces=traces, rates=tr.rates(traces), qdisc=qdisc, cpu=cpu, events=events,
               iterations=iterations)
     run.schedule = read_schedule(p)
-    t0 = run.t0  # the earliest raw timestamp: to_emulated_time keeps it where it was
     for rec in run.schedule:
-        ts = rec.get("ts")
-        ok = isinstance(ts, (int, float)) and not isinstance(ts, bool)
-        rec["time"] = (t0 + (ts - t0) / scale if t0 is not None else ts) if ok else None
+        rec["time"] = run.on_clock(rec.get("ts"))
+    run.background, run.exits, run.shaping = (_read_object(p / f) for f in (
+        Path("traces", "background", "flows.json"), Path("logs", "exits.json"), Path("shaping.json")))
+    pcap = _read_json(p / "traces" / "pcap" / "ports.json")
+    run.pcap = [e for e in pcap if isinstance(e, dict)] if isinstance(pcap, list) else []
     return run
 
 

@@ -50,6 +50,11 @@ Definitions (all documented again in ``summary.json``'s ``*method`` fields):
   iteration started; null: open-ended).
 * **No iterations**: a run whose workers recorded no ``iteration`` event (a program that
   marks none) says so in ``iterations_note``; its iteration figures are null.
+* **Effects asked for** (:mod:`analysis.effects`, which states the rule and each check):
+  ``fidelity.effects`` judges every effect the spec asked for (background flows, packet
+  captures, scheduled events, processes, shaping, delay and loss) from the run's files;
+  ``fidelity.unverified`` lists those not done, and a run the harness ended ``ok`` with one
+  is ``failed`` (``error``: ``asked for but not done:`` and those lines), every figure kept.
 """
 from __future__ import annotations
 
@@ -62,6 +67,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analysis import effects
 from analysis import traces as tr
 from analysis.load import Run, iteration_table, load, port_table  # noqa: F401 (iteration_table: re-exported)
 from traffic.hostmodel.costs import OVERRUN_THRESHOLD
@@ -514,7 +520,8 @@ def _skeleton(run: Run, wl: dict, n_workers: int | None, status: str, error: str
                    throughput=None, iteration_time_s=None, bytes=None, bytes_per_iteration=None,
                    final_accuracy=None, final_loss=None, accuracy_source=None, cpu=None,
                    fidelity=Fidelity(cpu_starved=None, min_idle_pct=None, idle_pct_mean=None, rule=CPU_IDLE_RULE,
-                                     shaping_failed=None, rates=None, host_cost_overrun=None),
+                                     shaping_failed=None, rates=None, host_cost_overrun=None, effects=[],
+                                     unverified=[], effects_rule=effects.EFFECTS_RULE),
                    host_costs=None, iterations_note=None, events=[], events_not_reached=[], segments=[],
                    capture_s=None, analysis_errors=[], capture_errors=[])
     if wl.get("program"):  # a researcher's program: the workload's model, data and batch are not its
@@ -620,6 +627,17 @@ def _host_cost_section(s: RunSummary, run: Run) -> None:
     s.fidelity.host_cost_overrun = host_cost_overrun(s.host_costs)
 
 
+def _effects_section(s: RunSummary, run: Run) -> None:
+    """``fidelity.effects`` and ``fidelity.unverified`` (:func:`analysis.effects.check`, the
+    flows' rates judged with :data:`RATE_TOLERANCE`), then the rule
+    (:func:`analysis.effects.apply_rule`): an ``ok`` run with an effect not done is ``failed``."""
+    per_host = (s.bytes.per_host or {}) if s.bytes is not None else {}
+    f = s.fidelity
+    f.effects = effects.check(run, {h: v.tx for h, v in per_host.items()}, RATE_TOLERANCE)
+    f.unverified = effects.unverified_lines(f.effects)
+    effects.apply_rule(s)
+
+
 def _guarded(s: RunSummary, name: str, section, *args):
     """``section(s, *args)``; an exception is recorded in ``analysis_errors`` (a summary is
     always written) and gives None."""
@@ -634,7 +652,9 @@ def compute_summary(run: Run, status: str = "ok", error: str | None = None) -> R
     """The summary of a loaded run (what :func:`summarize` writes), without writing anything.
 
     Sections that cannot be computed are None; an unexpected failure of one section is
-    recorded under ``analysis_errors`` instead of raising.
+    recorded under ``analysis_errors`` instead of raising. ``status`` and ``error`` are the
+    harness's, except that an ``ok`` run with an effect its spec asked for not done is
+    ``failed`` (:mod:`analysis.effects`).
     """
     wl = (run.spec or {}).get("workload") or {}
     n_workers = sum(1 for p in run.processes.get("processes", []) if p.get("role") == "worker") or None
@@ -653,6 +673,7 @@ def compute_summary(run: Run, status: str = "ok", error: str | None = None) -> R
         _guarded(s, "cpu", _cpu_section, run, window)
         _guarded(s, "rates", _rate_section, run)
         _guarded(s, "host_costs", _host_cost_section, run)
+        _guarded(s, "effects", _effects_section, run)  # last: it may fail the run, keeping every figure
     except Exception:
         raise
     except BaseException as e:  # Ctrl-C, or the harness's SIGTERM exception: what was computed is kept

@@ -23,8 +23,9 @@ Servers are started, and listening, before the training processes; clients are s
 them and each sleeps until its start. A flow still running when training ends is stopped
 (SIGTERM: iperf3 still writes its JSON, with an ``error``). Every pid is in the run's ledger,
 so teardown and ``testbed clean`` kill whatever is left. ``traces/background/flows.json``
-records each flow as planned and, after the run, what iperf3 reports it moved (format in
-:mod:`traffic.rundir`).
+records each flow as planned and, after the run, when the harness stopped the flows still
+running and what iperf3 reports each moved (format in :mod:`traffic.rundir`);
+:mod:`analysis.effects` judges from it whether each flow ran as asked.
 """
 from __future__ import annotations
 
@@ -191,6 +192,7 @@ class Background:
         self.on_pid = on_pid or (lambda what, pid: None)
         self.procs: list[Launched] = []
         self.started_at: dict[str, float] = {}
+        self.stopped_at: float | None = None
 
     def _popen(self, fp: FlowPlan, role: str, cmd: list[str]) -> Launched:
         log = self.run_dir / "logs" / f"background-{fp.name}-{role}.log"
@@ -234,10 +236,12 @@ class Background:
         self._write()
 
     def stop(self, grace_s: float = 2.0) -> None:
-        """Stop every flow still running (SIGTERM, SIGKILL after ``grace_s``) and record each
-        flow's result in ``flows.json``. Never raises."""
+        """Stop every flow still running (SIGTERM, SIGKILL after ``grace_s``) and record when
+        (``stopped``) and each flow's result in ``flows.json``. Never raises."""
         if not self.plans:
             return
+        if self.stopped_at is None:
+            self.stopped_at = time.time()
         self.site.stop_matching(str(SUBDIR), grace_s)
         kill_all(self.procs, grace_s=grace_s)
         try:
@@ -254,4 +258,4 @@ class Background:
                 self.site.fetch(fp.src, str(SUBDIR / f"{fp.name}.json"))
                 d["result"] = read_result(self.dir / f"{fp.name}.json")
             flows.append(d)
-        write_json(self.dir / "flows.json", {"scale": self.scale, "flows": flows})
+        write_json(self.dir / "flows.json", {"scale": self.scale, "stopped": self.stopped_at, "flows": flows})

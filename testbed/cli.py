@@ -166,9 +166,10 @@ def _cmd_ls(args) -> int:
         f = s.fidelity or Fidelity()
         flags = [name for name, flag in (("CPU-starved", f.cpu_starved), ("host-cost overrun", f.host_cost_overrun))
                  if flag]
+        why = (s.error or "").splitlines()[:1] if s.status != "ok" else []  # the first line: what failed
         rows.append(f"{str(d.relative_to(root)):60s} {str(s.status):11s} "
                     f"{s.scheme or '':10s} {'' if tp is None else f'{tp:10.1f} samples/s'}"
-                    + (f"  [{', '.join(flags)}]" if flags else ""))
+                    + (f"  [{', '.join(flags)}]" if flags else "") + (f"  {why[0]}" if why else ""))
     print("\n".join(rows) if rows else f"no runs under {root}")
     return 0
 

@@ -38,7 +38,8 @@ spec), ``kind``, ``target``, its trigger (``at_s`` or ``at_iteration``), ``appli
 (true), ``ts`` (unix s when applied), ``emulated_s`` (emulated s since the first measured
 iteration started; null before it), ``iteration`` (the global iteration count then), and as
 they apply ``bw_mbps`` (emulated), ``shaped_mbps`` (this machine's), ``readback_mbps`` ({iface:
-Mbit/s read back, this machine's}), ``ifaces``, ``slowdown``, ``cgroup``, ``cgroup_version``,
+Mbit/s read back, this machine's}), ``rate_tolerance`` (the fraction a read-back may be off,
+:data:`testbed.shaping.RATE_TOLERANCE`), ``ifaces``, ``slowdown``, ``cgroup``, ``cgroup_version``,
 ``quota_us``, ``period_us``, ``pids``; ``error`` when applying failed. Events never reached
 are written at :meth:`Schedule.stop` with ``applied`` false (and ``ts`` null).
 """
@@ -352,7 +353,7 @@ class Schedule:
                "emulated_s": (now - t_m) / self.scale if applied and t_m is not None else None,
                "iteration": self.iteration}
         if e.kind == "link_rate":
-            rec.update(bw_mbps=e.bw_mbps, shaped_mbps=e.bw_mbps / self.scale)
+            rec.update(bw_mbps=e.bw_mbps, shaped_mbps=e.bw_mbps / self.scale, rate_tolerance=RATE_TOLERANCE)
         if e.kind == "compute_slowdown":
             rec["slowdown"] = e.compute_slowdown
         return rec

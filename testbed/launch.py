@@ -339,43 +339,58 @@ def watch(procs: list[Launched], timeout_s: float, poll_s: float = 0.2,
     (a scheduled ``kill`` event), each with why: their deaths do not fail the run; a
     survivor that fails after one names it as the likely cause.
 
+    When it returns or raises, every process's exit status is written to ``exits.json`` in
+    the directory of their logs (the run's ``logs/``): ``{name: {"exit_code": its status,
+    negative for the signal that killed it, null if still running; "killed": why the run
+    killed it on purpose, or null}}`` (not written when the disk is full).
+
     Raises:
         RunFailed: a process exited non-zero (message has its log tail), or ``timeout_s``
             passed. The remaining processes are killed before raising.
     """
-    deadline = time.monotonic() + timeout_s
-    while True:
-        running = False
-        failed = []
-        planned = killed() if killed is not None else {}
-        for l in procs:
-            rc = l.popen.poll()
-            if rc is None:
-                running = True
-            elif rc != 0 and l.info["name"] not in planned:
-                failed.append((l, rc))
-        if failed:
-            # the first to fail is the cause; processes that fail because a peer died wait
-            # before exiting (traffic.runtime), so they are seen later
-            l, rc = failed[0]
-            others = ", ".join(f.info["name"] for f, _ in failed[1:])
-            kill_all(procs)
-            how = f"was killed by signal {_signal_name(-rc)}" if rc < 0 else f"exited with code {rc}"
-            after = "; ".join(f"{n} {why}" for n, why in planned.items())
-            raise RunFailed(f"process {l.info['name']} (role {l.info['role']} on host {l.info['host']}) "
-                            f"{how}" + (f" (also failed: {others})" if others else "") +
-                            (f" after {after}" if after else "") +
-                            f"; its log {l.log} ends with:\n{log_tail(l.log)}")
-        if not running:
-            return
-        if on_poll is not None:
-            on_poll()
-        if time.monotonic() > deadline:
-            alive = [l.info["name"] for l in procs if l.popen.poll() is None]
-            kill_all(procs)
-            raise RunFailed(f"run timed out after {timeout_s:.0f} s (run.timeout_s) with "
-                            f"{', '.join(alive)} still running; logs are in {procs[0].log.parent}")
-        time.sleep(poll_s)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            running = False
+            failed = []
+            planned = killed() if killed is not None else {}
+            for l in procs:
+                rc = l.popen.poll()
+                if rc is None:
+                    running = True
+                elif rc != 0 and l.info["name"] not in planned:
+                    failed.append((l, rc))
+            if failed:
+                # the first to fail is the cause; processes that fail because a peer died wait
+                # before exiting (traffic.runtime), so they are seen later
+                l, rc = failed[0]
+                others = ", ".join(f.info["name"] for f, _ in failed[1:])
+                kill_all(procs)
+                how = f"was killed by signal {_signal_name(-rc)}" if rc < 0 else f"exited with code {rc}"
+                after = "; ".join(f"{n} {why}" for n, why in planned.items())
+                raise RunFailed(f"process {l.info['name']} (role {l.info['role']} on host {l.info['host']}) "
+                                f"{how}" + (f" (also failed: {others})" if others else "") +
+                                (f" after {after}" if after else "") +
+                                f"; its log {l.log} ends with:\n{log_tail(l.log)}")
+            if not running:
+                return
+            if on_poll is not None:
+                on_poll()
+            if time.monotonic() > deadline:
+                alive = [l.info["name"] for l in procs if l.popen.poll() is None]
+                kill_all(procs)
+                raise RunFailed(f"run timed out after {timeout_s:.0f} s (run.timeout_s) with "
+                                f"{', '.join(alive)} still running; logs are in {procs[0].log.parent}")
+            time.sleep(poll_s)
+    finally:
+        if procs:
+            why = killed() if killed is not None else {}
+            try:
+                write_json(procs[0].log.parent / "exits.json",
+                           {l.info["name"]: {"exit_code": l.popen.poll(), "killed": why.get(l.info["name"])}
+                            for l in procs})
+            except OSError:
+                pass
 
 
 def _signal_name(signum: int) -> str:

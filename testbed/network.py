@@ -7,8 +7,9 @@ Switches are Linux bridges (``mininet.nodelib.LinuxBridge``, no controller: Open
 kernel datapath is not needed); links are veth pairs shaped on both ends by
 :class:`testbed.shaping.ShapedIntf` (htb). After the build, every shaped interface's htb
 class is read back over netlink (:meth:`testbed.shaping.LinkShaper.read`) and compared with
-the rate asked for (:func:`testbed.shaping.shaping_errors`); a mismatch fails the build. ``topology.json`` records the
-hosts, switches, links, and the read-back shaping.
+the rate asked for (:func:`testbed.shaping.shaping_errors`: htb rate, MTU, netem delay and loss,
+queue); a mismatch fails the build. ``topology.json`` records the hosts, switches, links, and
+the read-back shaping; ``shaping.json`` the verdict (written before a mismatch fails the build).
 """
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ from testbed.interrupts import deferred_signals
 from testbed.ledger import Ledger
 from traffic.rundir import write_json
 from testbed.check import kernel_qdiscs
-from testbed.shaping import LinkShaper, ShapedLink, htb_burst_bytes, link_ends, shaping_errors
+from testbed.shaping import (RATE_TOLERANCE, LinkShaper, ShapedLink, htb_burst_bytes, link_ends, netem_errors,
+                              shaping_errors)
 from topologies import HostRequest, TopologySpec, build_topo
 
 #: A process bound to interface i >= 1 of a host with several interfaces runs as uid
@@ -252,7 +254,8 @@ class Network:
                           "bw_mbps": p.get("bw_mbps") * self.scale, "shaped_mbps": p.get("bw_mbps"),
                           "node1": link.intf1.node.name, "intf1": link.intf1.name,
                           "node2": link.intf2.node.name, "intf2": link.intf2.name,
-                          "delay_ms": self.emulated.delay_ms, "loss_pct": self.spec.loss_pct,
+                          "delay_ms": self.emulated.delay_ms, "shaped_delay_ms": self.spec.delay_ms,
+                          "loss_pct": self.spec.loss_pct,
                           "max_queue_packets": self.spec.max_queue_packets,
                           "mtu_bytes": [int(i.node.cmd(f"cat /sys/class/net/{i.name}/mtu").strip() or 0)
                                         for i in (link.intf1, link.intf2)],
@@ -268,17 +271,26 @@ class Network:
         return LinkShaper({h.name: h.pid for h in self.net.hosts})
 
     def _verify_shaping(self) -> None:
-        """Read back every link end's qdisc and htb rate; record it; fail on a mismatch.
+        """Read back every link end's qdisc, htb rate and netem delay and loss; record them in
+        each link's ``shaping`` and the verdict in ``shaping.json`` (format in
+        :mod:`traffic.rundir`); fail on a mismatch.
 
         Raises:
-            TestbedError: an interface has no htb root or a rate off by more than 1%.
+            TestbedError: an interface has no htb root, a rate off by more than 1%, or a delay
+                or loss other than asked.
         """
         links = self.topology["links"]
         shaping = self.shaper.read(link_ends(links))
-        bad = []
+        bad, netem_bad = [], []
         for link in links:
             link["shaping"] = {link[f"intf{e}"]: shaping[link[f"intf{e}"]] for e in ("1", "2")}
             bad += shaping_errors(link, shaping, self.spec.mtu_bytes, self.spec.max_queue_packets)
+            netem_bad += netem_errors(link, shaping)
+        write_json(self.run_dir / "shaping.json", {
+            "ends": len(shaping), "rate_tolerance": RATE_TOLERANCE, "errors": bad,
+            "netem": {"available": kernel_qdiscs().get("netem", False), "delay_ms": self.spec.delay_ms,
+                      "loss_pct": self.spec.loss_pct,
+                      "ends": sum(1 for v in shaping.values() if v.get("leaf") == "netem"), "errors": netem_bad}})
         if bad:
             raise TestbedError("links are not shaped as asked (so results would be wrong):\n  " + "\n  ".join(bad))
 

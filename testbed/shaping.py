@@ -13,8 +13,9 @@ shaping, set by :class:`ShapedIntf` when Mininet builds the link:
 The rates a link may have are those of :data:`topologies.spec.MAX_RATE_MBPS`, the one
 definition that the spec's validation and the build both use.
 
-After the build every end is read back over netlink (:meth:`LinkShaper.read`, pyroute2)
-and compared with what was asked (:func:`shaping_errors`); a scheduled event changes an
+After the build every end is read back over netlink (:meth:`LinkShaper.read`, pyroute2:
+the htb rate, and the delay and loss of a netem leaf) and compared with what was asked
+(:func:`shaping_errors`, :func:`netem_errors`); a scheduled event changes an
 end's class in place (:meth:`LinkShaper.set_rate`) or sets a switch port down or up
 (:meth:`LinkShaper.set_state`) and reads it back. On a cluster, :class:`RemoteLinkShaper`
 runs the very same methods on the machine that holds each end (``python -m
@@ -32,16 +33,22 @@ from typing import Callable
 
 from mininet.link import Link, TCIntf
 from pyroute2 import IPRoute, NetNS
+from pyroute2.netlink.rtnl.tcmsg.common import tick_in_usec
 
 from common.errors import TestbedError
 from topologies.spec import MAX_RATE_MBPS
 
 __all__ = ["MAX_RATE_MBPS", "RATE_TOLERANCE", "HTB_QUANTUM_BYTES", "HTB_ROOT", "HTB_CLASS", "htb_burst_bytes",
-           "ShapedIntf", "ShapedLink", "LinkShaper", "RemoteLinkShaper", "read_shaping", "shaping_errors",
-           "link_ends", "switch_ends"]
+           "ShapedIntf", "ShapedLink", "LinkShaper", "RemoteLinkShaper", "read_shaping", "netem_options",
+           "shaping_errors", "netem_errors", "link_ends", "switch_ends"]
 
-#: Rate read back must be within this fraction of the rate asked for (tc rounds rates).
+#: Rate read back must be within this fraction of the rate asked for (tc rounds rates); so
+#: must a netem delay and loss, or within :data:`NETEM_DELAY_FLOOR_MS` / :data:`NETEM_LOSS_FLOOR_PCT`.
 RATE_TOLERANCE = 0.01
+#: A netem delay read back may differ by this much, ms, whatever the delay (tc takes whole µs).
+NETEM_DELAY_FLOOR_MS = 0.001
+#: A netem loss read back may differ by this much, % (Mininet writes it with 5 decimals).
+NETEM_LOSS_FLOOR_PCT = 1e-5
 #: htb class quantum, bytes (>= one MTU-sized frame, below htb's 200 kB warning limit).
 HTB_QUANTUM_BYTES = 60_000
 #: htb handles: the root qdisc 5: and its one class 5:1 (major << 16 | minor)
@@ -117,24 +124,46 @@ class ShapedLink(Link):
 # ---------------------------------------------------------------------------- read back
 
 
+def netem_options(qdisc) -> dict:
+    """Delay and loss of a netem qdisc, from its netlink message (a pyroute2 ``tcmsg`` whose
+    ``TCA_OPTIONS`` is netem's ``tc_netem_qopt``).
+
+    Returns:
+        ``{"delay_ms": one-way delay, ms (the latency, in the packet scheduler's ticks, over
+        ``tick_in_usec`` ticks per µs as ``/proc/net/psched`` gives them), "loss_pct": loss
+        probability, % (the 32-bit fraction over 2**32 - 1)}``; None for what the message
+        lacks.
+    """
+    opts = qdisc.get_attr("TCA_OPTIONS")
+    ticks = opts.get("delay") if opts is not None else None
+    loss = opts.get("loss") if opts is not None else None
+    return {"delay_ms": None if ticks is None else ticks / tick_in_usec / 1000.0,
+            "loss_pct": None if loss is None else loss / 0xFFFFFFFF * 100.0}
+
+
 def read_shaping(ipr, ifname: str) -> dict:
     """Root qdisc kind and htb class :data:`HTB_CLASS` rate (Mbit/s) of an interface, and
-    its leaf qdisc.
+    its leaf qdisc (with its delay and loss when it is netem, :func:`netem_options`).
 
     ``ipr``: a pyroute2 ``IPRoute`` or ``NetNS`` for the interface's namespace.
-    Returns ``{"qdisc": kind or None, "rate_mbps": float or None, "leaf": kind or None}``
-    (with ``"error"`` when there is no such interface).
+    Returns ``{"qdisc": kind or None, "rate_mbps": float or None, "leaf": kind or None,
+    "delay_ms": ms or None, "loss_pct": % or None}`` (delay and loss None without a netem
+    leaf; with ``"error"`` when there is no such interface).
     """
     idx = ipr.link_lookup(ifname=ifname)
     if not idx:
-        return {"qdisc": None, "rate_mbps": None, "leaf": None, "error": "no such interface"}
+        return {"qdisc": None, "rate_mbps": None, "leaf": None, "delay_ms": None, "loss_pct": None,
+                "error": "no such interface"}
     idx = idx[0]
     kind = leaf = None
+    netem = {"delay_ms": None, "loss_pct": None}
     for q in ipr.get_qdiscs(index=idx):
         if q["parent"] == _TC_H_ROOT:
             kind = q.get_attr("TCA_KIND")
         elif q["parent"] == HTB_CLASS:  # the leaf: pfifo queue limit or netem
             leaf = q.get_attr("TCA_KIND")
+            if leaf == "netem":
+                netem = netem_options(q)
     rate = None
     if kind == "htb":
         for c in ipr.get_classes(index=idx):
@@ -143,13 +172,38 @@ def read_shaping(ipr, ifname: str) -> dict:
                 rate64 = c.get_attr("TCA_OPTIONS").get_attr("TCA_HTB_RATE64")
                 bps = rate64 if rate64 else parms["rate"]
                 rate = bps * 8 / 1e6
-    return {"qdisc": kind, "rate_mbps": rate, "leaf": leaf}
+    return {"qdisc": kind, "rate_mbps": rate, "leaf": leaf, **netem}
+
+
+def _netem_problem(link: dict, have: dict) -> str | None:
+    """What differs between the delay and loss asked of ``link`` (``shaped_delay_ms``, ms as
+    built, and ``loss_pct``, %) and one end's :func:`read_shaping`; None when they agree or
+    neither is asked."""
+    delay, loss = float(link.get("shaped_delay_ms") or 0.0), float(link.get("loss_pct") or 0.0)
+    if not delay and not loss:
+        return None
+    d, l = have.get("delay_ms"), have.get("loss_pct")
+    if (have.get("leaf") != "netem" or d is None or l is None
+            or abs(d - delay) > max(RATE_TOLERANCE * delay, NETEM_DELAY_FLOOR_MS)
+            or abs(l - loss) > max(RATE_TOLERANCE * loss, NETEM_LOSS_FLOOR_PCT)):
+        return f"asked netem delay {delay:g} ms loss {loss:g} %, kernel has {have}"
+    return None
+
+
+def netem_errors(link: dict, got: dict[str, dict]) -> list[str]:
+    """What differs between the delay and loss asked of ``link`` (a ``topology.json`` link:
+    ``shaped_delay_ms``, ms as built, ``loss_pct``, %) and what the kernel has (``got``:
+    interface -> :func:`read_shaping`), one line per end that differs; empty when the link
+    asks for neither."""
+    return [f"{link[f'intf{e}']}: {p}" for e in ("1", "2")
+            if (p := _netem_problem(link, got[link[f"intf{e}"]])) is not None]
 
 
 def shaping_errors(link: dict, got: dict[str, dict], mtu_bytes: int, max_queue_packets: int | None) -> list[str]:
     """What differs between the shaping asked of ``link`` (a ``topology.json`` link:
-    ``shaped_mbps``, ``mtu_bytes`` of both ends) and what the kernel has (``got``: interface
-    -> :func:`read_shaping`), one line per end that differs."""
+    ``shaped_mbps``, ``mtu_bytes`` of both ends, ``shaped_delay_ms`` and ``loss_pct``) and
+    what the kernel has (``got``: interface -> :func:`read_shaping`), one line per end that
+    differs: the htb rate, the MTU, netem's delay and loss (:func:`netem_errors`), the queue."""
     bad = []
     want = link["shaped_mbps"]
     for end in ("1", "2"):
@@ -160,6 +214,8 @@ def shaping_errors(link: dict, got: dict[str, dict], mtu_bytes: int, max_queue_p
             bad.append(f"{intf}: asked {want} Mbit/s htb, kernel has {have}")
         elif link["mtu_bytes"] != [mtu_bytes] * 2:
             bad.append(f"{intf}: asked MTU {mtu_bytes}, kernel has {link['mtu_bytes']}")
+        elif (netem := _netem_problem(link, have)) is not None:
+            bad.append(f"{intf}: {netem}")
         elif max_queue_packets and have.get("leaf") not in ("pfifo", "netem"):
             bad.append(f"{intf}: asked a {max_queue_packets}-packet queue, kernel has {have}")
     return bad

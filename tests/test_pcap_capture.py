@@ -2,12 +2,13 @@
 import json
 import os
 import socket
+import threading
 import time
 
 import pytest
 
 from testbed.capture.endpoints import EndpointSampler, _addr, read_tcp_table
-from testbed.capture.pcap import PcapRecorder, resolve_ports, topo_links
+from testbed.capture.pcap import PcapRecorder, resolve_ports, tcpdump_command, topo_links
 from testbed.runner import plan_point
 from testbed.spec import PcapSpec, from_dict
 from tests.leftovers import needs_root
@@ -51,6 +52,29 @@ def test_a_bad_bpf_filter_is_a_spec_error():
     with pytest.raises(SpecError, match="capture.pcap.filter"):
         from_dict({"capture": {"pcap": {"ports": ["uplinks"], "filter": "tcp and prt 80"}}})
     assert PcapSpec(ports=["uplinks"], filter="  ").filter is None
+
+
+def test_the_filter_follows_a_double_dash_so_one_beginning_with_a_dash_is_no_option(tmp_path):
+    cmd = tcpdump_command("tcpdump", "tor1-eth3", 128, tmp_path / "p.pcap", "-1 != 0 and tcp")
+    assert cmd[-2:] == ["--", "-1 != 0 and tcp"] and cmd[cmd.index("-w") + 1] == str(tmp_path / "p.pcap")
+    assert "--" not in tcpdump_command("tcpdump", "tor1-eth3", 128, tmp_path / "p.pcap", None)
+    PcapSpec(ports=["uplinks"], filter="-1 != 0 and tcp")  # valid BPF, so the spec takes it
+
+
+def test_a_start_no_timer_can_wait_is_recorded_not_a_dying_thread(tmp_path):
+    """A window start beyond threading.TIMEOUT_MAX: no timer thread (which would die with
+    OverflowError), the error in ``errors`` and in ports.json, and stop() is still safe."""
+    (tmp_path / "logs").mkdir()
+    errors = []
+    before = threading.active_count()
+    rec = PcapRecorder(["lo"], tmp_path, PcapSpec(ports=["lo"]), start_after_s=1e300, errors=errors).start()
+    assert threading.active_count() == before and rec.procs == {}
+    assert len(errors) == 1 and "cannot be scheduled" in errors[0] and "not started" in errors[0]
+    (entry,) = json.loads((tmp_path / "traces" / "pcap" / "ports.json").read_text())
+    assert entry["started"] is None and entry["error"] == errors[0]
+    rec.stop()
+    (entry,) = json.loads((tmp_path / "traces" / "pcap" / "ports.json").read_text())
+    assert entry["exit_code"] is None and entry["error"] == errors[0]
 
 
 def test_procfs_addresses_are_decoded():
@@ -116,8 +140,32 @@ def test_tcpdump_records_the_port_and_reports_its_counts(tmp_path):
     assert started == ["tcpdump:lo"]
     (entry,) = json.loads((tmp_path / "traces" / "pcap" / "ports.json").read_text())
     assert entry["port"] == "lo" and entry["stopped"] >= entry["started"] and entry["packets_captured"] >= 4
+    assert entry["exit_code"] == 0 and entry["terminated"] is True  # ended by the harness's SIGTERM
     assert (tmp_path / "traces" / "pcap" / "lo.pcap").stat().st_size > 24
     rec.stop()  # idempotent
+
+
+@pytest.mark.skipif(needs_root, reason="needs root (tcpdump)")
+def test_a_filter_beginning_with_a_dash_is_captured(tmp_path):
+    """``-0 = 0 and udp and port P`` (true for every datagram to P): without the ``--`` before
+    it, tcpdump reads ``-0`` as an option and exits at once."""
+    (tmp_path / "logs").mkdir()
+    srv = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    srv.bind(("127.0.0.1", 0))
+    cli = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    errors = []
+    rec = PcapRecorder(["lo"], tmp_path, PcapSpec(ports=["lo"], filter=f"-0 = 0 and udp and port {srv.getsockname()[1]}"),
+                       errors=errors).start()
+    try:
+        for _ in range(5):
+            cli.sendto(b"x", srv.getsockname())
+        time.sleep(0.2)
+    finally:
+        rec.stop()
+        cli.close()
+        srv.close()
+    (entry,) = json.loads((tmp_path / "traces" / "pcap" / "ports.json").read_text())
+    assert errors == [] and entry["exit_code"] == 0 and entry["packets_captured"] == 5, (errors, entry)
 
 
 @pytest.mark.skipif(needs_root, reason="needs root (tcpdump)")

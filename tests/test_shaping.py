@@ -1,5 +1,7 @@
 """Link shaping in one module: the htb handles written once, the rate limit shared by the
-spec's validation and the build, and the remote shaper asking each machine for its own ends.
+spec's validation and the build, the remote shaper asking each machine for its own ends, a
+netem leaf's delay and loss read from its netlink message (this machine's kernel has no netem,
+so the message is built here), and the build's verdict in shaping.json.
 (Building and reading back real links: tests/test_network.py; changing them while a run
 trains: tests/test_schedule_e2e.py and tests/test_cluster_e2e.py.)"""
 import io
@@ -7,9 +9,13 @@ import json
 
 import pytest
 
+from pyroute2.netlink.rtnl.tcmsg import tcmsg
+from pyroute2.netlink.rtnl.tcmsg.common import percent2u32, time2tick
+
 from common.errors import SpecError, TestbedError
 from testbed.shaping import (HTB_CLASS, HTB_ROOT, MAX_RATE_MBPS, RemoteLinkShaper, ShapedIntf, link_ends,
-                             serve, shaping_errors, switch_ends, tc_handle)
+                             netem_errors, netem_options, read_shaping, serve, shaping_errors, switch_ends,
+                             tc_handle)
 from testbed.spec import from_dict
 from topologies import spec as topology_spec
 
@@ -58,6 +64,71 @@ def test_shaping_errors_name_each_end_that_differs():
     assert shaping_errors(link, {"a": good, "b": good}, 1500, 50)[0].startswith("a: asked a 50-packet queue")
 
 
+def qdisc_message(kind: str, parent: int, options: dict | None = None) -> tcmsg:
+    """A qdisc as the kernel reports it over netlink: encoded, then decoded by pyroute2."""
+    m = tcmsg()
+    m["index"], m["handle"], m["parent"] = 3, 0x100000, parent
+    m["attrs"] = [["TCA_KIND", kind]] + ([["TCA_OPTIONS", options]] if options is not None else [])
+    m.encode()
+    got = tcmsg(m.data)
+    got.decode()
+    return got
+
+
+def netem_message(delay_us: float, loss_pct: float) -> tcmsg:
+    """A netem leaf under the htb class, as tc (``netem delay <us>us loss <pct>``) leaves it."""
+    return qdisc_message("netem", HTB_CLASS, {"delay": time2tick(delay_us), "limit": 1000,
+                                              "loss": percent2u32(loss_pct), "gap": 0, "duplicate": 0, "jitter": 0,
+                                              "attrs": []})
+
+
+def test_netem_options_give_the_delay_in_ms_and_the_loss_in_percent():
+    got = netem_options(netem_message(5000, 1.5))
+    assert got["delay_ms"] == pytest.approx(5.0) and got["loss_pct"] == pytest.approx(1.5, abs=1e-6)
+    assert netem_options(qdisc_message("netem", HTB_CLASS)) == {"delay_ms": None, "loss_pct": None}
+
+
+class FakeIpr:
+    """The part of pyroute2's IPRoute that read_shaping uses: one interface, its qdiscs."""
+
+    def __init__(self, qdiscs):
+        self.qdiscs = qdiscs
+
+    def link_lookup(self, ifname):
+        return [3] if ifname == "eth0" else []
+
+    def get_qdiscs(self, index):
+        return self.qdiscs
+
+    def get_classes(self, index):
+        return []
+
+
+def test_read_shaping_reads_a_netem_leafs_delay_and_loss():
+    got = read_shaping(FakeIpr([qdisc_message("pfifo_fast", 0xFFFFFFFF), netem_message(2500, 0.1)]), "eth0")
+    # 2.5 ms is 39062.5 ticks of 64 ns: the kernel keeps 39062, 2.499968 ms
+    assert got["leaf"] == "netem" and got["delay_ms"] == pytest.approx(2.5, abs=1e-4)
+    assert got["loss_pct"] == pytest.approx(0.1)
+    assert netem_errors({"intf1": "eth0", "intf2": "eth0", "shaped_delay_ms": 2.5, "loss_pct": 0.1}, {"eth0": got}) == []
+    plain = read_shaping(FakeIpr([qdisc_message("pfifo", HTB_CLASS, {"limit": 8})]), "eth0")
+    assert plain["leaf"] == "pfifo" and plain["delay_ms"] is None and plain["loss_pct"] is None
+    assert read_shaping(FakeIpr([]), "eth9")["error"] == "no such interface"
+
+
+def test_netem_errors_name_each_end_whose_delay_or_loss_differs():
+    link = {"intf1": "a", "intf2": "b", "shaped_mbps": 100.0, "mtu_bytes": [1500, 1500], "shaped_delay_ms": 4.0,
+            "loss_pct": 0.5}
+    good = {"qdisc": "htb", "rate_mbps": 100.0, "leaf": "netem", "delay_ms": 4.0, "loss_pct": 0.50000001}
+    assert netem_errors(link, {"a": good, "b": good}) == [] == shaping_errors(link, {"a": good, "b": good}, 1500, None)
+    slow = {**good, "delay_ms": 8.0}
+    no_netem = {**good, "leaf": "pfifo", "delay_ms": None, "loss_pct": None}
+    bad = netem_errors(link, {"a": slow, "b": no_netem})
+    assert [b.split(":")[0] for b in bad] == ["a", "b"] and "asked netem delay 4 ms loss 0.5 %" in bad[0]
+    assert shaping_errors(link, {"a": slow, "b": good}, 1500, None) == bad[:1]
+    # nothing asked: no netem needed
+    assert netem_errors({**link, "shaped_delay_ms": 0.0, "loss_pct": 0.0}, {"a": no_netem, "b": no_netem}) == []
+
+
 def test_the_remote_shaper_asks_each_machine_for_its_own_ends():
     asked = []
 
@@ -89,3 +160,37 @@ def test_serve_answers_a_query_with_the_local_shaper():
     serve(io.StringIO(json.dumps({"op": "read", "ends": [["sw", "lo"]], "pids": {}})), out)
     got = json.loads(out.getvalue())
     assert set(got) == {"lo"} and got["lo"]["qdisc"] != "htb" and got["lo"]["rate_mbps"] is None
+
+
+class ReadBack:
+    """A shaper whose read-back is given: interface -> read_shaping's dict."""
+
+    def __init__(self, got):
+        self.got = got
+
+    def read(self, ends):
+        return {i: self.got[i] for _, i in ends}
+
+
+def test_the_build_records_its_read_back_verdict_in_shaping_json_before_failing(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from testbed import network
+    monkeypatch.setattr(network, "kernel_qdiscs", lambda: {"htb": True, "netem": False})
+    link = {**LINKS[0], "shaped_mbps": 50.0, "mtu_bytes": [1500, 1500], "shaped_delay_ms": 0.0, "loss_pct": 0.0}
+    good = {"qdisc": "htb", "rate_mbps": 50.0, "leaf": None, "delay_ms": None, "loss_pct": None}
+
+    def built(got):
+        net = network.Network.__new__(type("Built", (network.Network,), {"shaper": ReadBack(got)}))
+        net.run_dir, net.topology = tmp_path, {"links": [dict(link)]}
+        net.spec = SimpleNamespace(mtu_bytes=1500, max_queue_packets=None, delay_ms=0.0, loss_pct=0.0)
+        return net
+
+    built({"h1-eth0": good, "tor1-eth1": good})._verify_shaping()
+    doc = json.loads((tmp_path / "shaping.json").read_text())
+    assert doc == {"ends": 2, "rate_tolerance": 0.01, "errors": [],
+                   "netem": {"available": False, "delay_ms": 0.0, "loss_pct": 0.0, "ends": 0, "errors": []}}
+    with pytest.raises(TestbedError, match="not shaped as asked"):
+        built({"h1-eth0": good, "tor1-eth1": {**good, "rate_mbps": 25.0}})._verify_shaping()
+    doc = json.loads((tmp_path / "shaping.json").read_text())
+    assert len(doc["errors"]) == 1 and doc["errors"][0].startswith("tor1-eth1: asked 50.0 Mbit/s htb")

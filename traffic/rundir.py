@@ -15,13 +15,17 @@ cpu_starved, run_dir``)::
     params/<proc>.pt     final parameters (torch.save of a state dict), if workload.save_params
     logs/                <proc>.log (stdout+stderr of each process), harness.log,
                          bwm-ng.log (its command line and output), capture.log (sampler
-                         problems, one per line)
+                         problems, one per line), exits.json (each process's exit status)
+    shaping.json         the build's read-back verdict: link ends, rates, delay and loss
     traces/bwm-ng.csv    bwm-ng's CSV of every switch port
     traces/qdisc.csv     root-qdisc counters of the uplink ports
     traces/cpu.csv       per-core and per-process CPU use
     traces/background/   background flows (spec ``background``): flows.json, and per flow
                          <name>.json (iperf3 client) and <name>.server.json (iperf3 server);
                          their logs are logs/background-<name>-{client,server}.log
+    traces/pcap/         packet headers (spec ``capture.pcap``): <port>.pcap per port and
+                         ports.json (each tcpdump's window, counts and exit status; format in
+                         :mod:`testbed.capture.pcap`)
     iterations.csv       one row per (iteration, worker)
     schedule.jsonl       the spec's scheduled events as applied (spec ``events``)
     summary.json         headline figures and fidelity flags (:class:`traffic.summary.RunSummary`)
@@ -57,11 +61,27 @@ seconds of wall clock, unless a name says otherwise.
     one; interface i >= 1 has address 10.<i>.x.y where x.y ends the main one);
     ``switches``: ``[{name, role ("tor" | "core"), rack (null for the core)}]``; ``links``:
     ``[{class ("host": node1 is the host, node2 its ToR | "uplink": node1 the ToR, node2 the
-    core), rack, bw_mbps, node1, intf1, node2, intf2, delay_ms, loss_pct,
-    max_queue_packets, mtu_bytes: [end1, end2], htb_burst_bytes, shaping: {intf: {qdisc,
-    rate_mbps, leaf}}}]`` (``shaping`` is read back from the kernel). Switch ports (the
+    core), rack, bw_mbps, node1, intf1, node2, intf2, delay_ms`` (emulated)``,
+    shaped_delay_ms`` (as built: x scale)``, loss_pct, max_queue_packets, mtu_bytes: [end1,
+    end2], htb_burst_bytes, shaping: {intf: {qdisc, rate_mbps, leaf, delay_ms, loss_pct}}}]``
+    (``shaping`` is read back from the kernel; ``delay_ms``/``loss_pct`` there are a netem
+    leaf's, as built, null without one). Switch ports (the
     switch ends of links) are in the root namespace and are what capture samples; a port's
     tx is what the switch sends on that link, so a host's tx is its switch port's rx.
+
+``shaping.json`` (:meth:`testbed.network.Network._verify_shaping`, written after every build,
+before a mismatch fails it)
+    ``{"ends": link ends read back, "rate_tolerance": the fraction a rate (and a netem delay
+    or loss) may be off, "errors": [one line per end that differs from what was asked: htb
+    rate, MTU, netem delay and loss, queue], "netem": {"available": this machine's kernel has
+    the netem qdisc, "delay_ms": delay asked of every link as built (ms, emulated x scale),
+    "loss_pct": loss asked (%), "ends": ends read back with a netem leaf, "errors": [the netem
+    lines of errors]}}``.
+
+``logs/exits.json`` (:func:`testbed.launch.watch`, when it returns or raises)
+    ``{<proc>: {"exit_code": its exit status (negative: the signal that killed it; null: still
+    running when the harness stopped watching), "killed": why the run killed it on purpose
+    (a scheduled ``kill`` event), or null}}``.
 
 ``events/<proc>.jsonl`` (:mod:`traffic.runtime.events`)
     One JSON object per line, flushed as each event ends: always ``proc, role, rank,
@@ -106,12 +126,14 @@ seconds of wall clock, unless a name says otherwise.
     htb root's counters include its leaf queue.
 
 ``traces/background/`` (:mod:`testbed.background`, when the spec has ``background`` flows)
-    ``flows.json``: ``{"scale", "flows": [{index, name, src, dst, dst_ip, port, protocol,
-    rate_mbps, start_s, duration_s`` (emulated, from the spec)``, shaped_bps`` (iperf3
+    ``flows.json``: ``{"scale", "stopped", "flows": [{index, name, src, dst, dst_ip, port,
+    protocol, rate_mbps, start_s, duration_s`` (emulated, from the spec)``, shaped_bps`` (iperf3
     ``-b``, bit/s)``, delay_s, seconds`` (real start delay after launch and iperf3 ``-t``)``,
     client_start`` (unix s)``, result: {bytes_sent, bytes_received, seconds, error}}]}``
-    (``result`` from the client's JSON once the run ended; payload bytes; ``error`` is
-    iperf3's message, e.g. for a flow cut short when training ended, or null).
+    (``stopped``: unix s when the harness stopped the flows still running, after training
+    ended; null until then. ``result`` from the client's JSON once the run ended; payload
+    bytes; ``error`` is iperf3's message, e.g. ``interrupt - the client has terminated`` for a
+    flow cut short when training ended, or null).
     ``<name>.json`` / ``<name>.server.json``: iperf3's own ``--json`` output of the client
     and the server.
 
@@ -128,7 +150,8 @@ seconds of wall clock, unless a name says otherwise.
     for an event never reached, written when the run ends with ``applied`` false),
     ``emulated_s`` (emulated s since the first measured iteration started, null before),
     ``iteration`` (the global iteration count then), and as they apply ``bw_mbps``,
-    ``shaped_mbps``, ``readback_mbps`` (``{iface: Mbit/s}`` read back), ``ifaces``,
+    ``shaped_mbps``, ``readback_mbps`` (``{iface: Mbit/s}`` read back), ``rate_tolerance``
+    (the fraction a read-back may be off), ``ifaces``,
     ``slowdown``, ``cgroup``, ``quota_us``, ``period_us``, ``pids``; ``error`` when applying
     failed. A straggler's processes (emulated compute) also write an instant event
     ``compute_slowdown`` (``slowdown``, ``iteration``, ``event``) when it takes effect.

@@ -182,9 +182,59 @@ class RateCheck(_Section):
     """One entry per checked switch port."""
 
 
+class Effect(_Section):
+    """One effect the spec asked of the emulation, and whether the run's files show it happened
+    (:mod:`analysis.effects`). ``asked`` and ``achieved`` hold, by ``kind``:
+
+    ``background`` (one per flow, ``name`` the flow's)
+        asked ``src, dst, protocol, rate_mbps`` (emulated Mbit/s), ``start_s, duration_s``
+        (emulated s); achieved ``rate_mbps`` (payload iperf3 sent over the seconds it ran,
+        emulated Mbit/s: x scale), ``duration_s`` (emulated s it ran), ``bytes_sent,
+        bytes_received`` (payload bytes, iperf3's report), ``error`` (iperf3's),
+        ``stopped_by_harness`` (it was still running when training ended and the harness
+        stopped it), ``src_link_tx_bytes`` (bytes the source host sent over its link during the
+        capture, null without counters).
+    ``capture`` (one per tcpdump port, ``name`` the port)
+        asked ``filter, snaplen_bytes, start_s, duration_s`` (emulated s; duration null: with
+        the run); achieved ``seconds`` (emulated s tcpdump ran), ``packets_captured,
+        packets_dropped`` (its closing report), ``exit_code``.
+    ``event`` (one per scheduled event, ``name`` ``#<index> <kind> <target>``)
+        asked the spec's event (its trigger ``at_s`` emulated s or ``at_iteration``, and
+        ``bw_mbps`` emulated Mbit/s, ``compute_slowdown`` ...); achieved ``applied,
+        iteration, emulated_s, error`` and for a rate ``readback_mbps`` ({iface: emulated
+        Mbit/s read back}).
+    ``process`` (one per planned process, ``name`` the process's)
+        asked ``role, host``; achieved ``exit_code`` (negative: killed by that signal) and
+        ``killed`` (why the run killed it on purpose, or null).
+    ``shaping`` (one per run, ``name`` ``links``)
+        asked ``links`` (count) and ``bw_mbps`` (the emulated rates); achieved ``ends`` (link
+        ends read back after the build) and ``errors`` (one line per end that differed).
+    ``netem`` (one per run, ``name`` ``delay/loss``)
+        asked ``delay_ms`` (emulated ms, one way, every link) and ``loss_pct`` (%);
+        achieved ``available`` (the kernel has netem), ``ends`` (ends read back with a netem
+        leaf), ``delay_ms``/``loss_pct`` (``[lowest, highest]`` read back: emulated ms, %) and
+        ``errors``.
+    """
+    kind: Optional[str] = None
+    """``background``, ``capture``, ``event``, ``process``, ``shaping`` or ``netem``."""
+    name: Optional[str] = None
+    """Which one: the flow, port, event, process; ``links`` or ``delay/loss`` for the run's."""
+    asked: dict[str, Any] = Field(default_factory=dict)
+    """What the spec asked, in the spec's units (emulated seconds and Mbit/s)."""
+    achieved: dict[str, Any] = Field(default_factory=dict)
+    """What the run's files say happened, in the same units."""
+    verified: Optional[bool] = None
+    """True: it happened as asked; False: it did not (the run fails, see
+    :data:`analysis.effects.EFFECTS_RULE`); None: it could not be judged (nothing asked, or a
+    file an older version did not write)."""
+    reason: Optional[str] = None
+    """Why it is not verified (False or None); None when it is."""
+
+
 class Fidelity(_Section):
     """Whether the emulation kept its promises: enough CPU idle, links at their rates, host
-    costs within their budgets. A flag is None when it could not be judged."""
+    costs within their budgets, every effect the spec asked for done. A flag is None when it
+    could not be judged."""
     cpu_starved: Optional[bool] = None
     """Mean idle % below 35 (in a run over several machines: on some machine)."""
     min_idle_pct: Optional[float] = None
@@ -200,6 +250,14 @@ class Fidelity(_Section):
     host_cost_overrun: Optional[bool] = None
     """For some modelled kind of host cost, the real work overran its budgeted time by more
     than :data:`traffic.hostmodel.costs.OVERRUN_THRESHOLD` (5 %) of it."""
+    effects: list[Effect] = Field(default_factory=list)
+    """Every effect the spec asked for (background flows, captures, scheduled events,
+    processes, shaping, delay and loss), each judged from the run's files."""
+    unverified: list[str] = Field(default_factory=list)
+    """One line per effect not done (``verified`` false): ``<kind> <name>: <reason>``."""
+    effects_rule: Optional[str] = None
+    """The rule that turns an effect not done into a failed run, in words
+    (:data:`analysis.effects.EFFECTS_RULE`)."""
 
 
 class HostCost(_Section):
@@ -252,9 +310,11 @@ class RunSummary(_Section):
     # --- the run: status and identity
     status: Optional[str] = None
     """``ok``, ``failed``, ``interrupted`` (Ctrl-C or SIGTERM) or ``killed`` (the runner died;
-    written by ``testbed clean``)."""
+    written by ``testbed clean``). A run the harness ended ``ok`` is ``failed`` when an effect
+    its spec asked for was not done (``fidelity.unverified``, :data:`analysis.effects.EFFECTS_RULE`)."""
     error: Optional[str] = None
-    """The error of a run that did not end ``ok``."""
+    """The error of a run that did not end ``ok``; for an effect not done, ``asked for but not
+    done: `` and then ``fidelity.unverified``, one per line."""
     run_id: Optional[str] = None
     """The run directory's name."""
     name: Optional[str] = None

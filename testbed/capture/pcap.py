@@ -11,13 +11,17 @@ turns its tokens into switch-side interfaces of the root namespace:
     a switch port by its name (``tor1-eth3``, ``core1-eth1``).
 
 Each port gets ``tcpdump -i <port> -s <snaplen> -n -U --immediate-mode -w
-traces/pcap/<port>.pcap [filter]`` (every packet handed over and written as it is captured,
+traces/pcap/<port>.pcap [-- filter]`` (every packet handed over and written as it is captured,
 so a stopped or killed capture leaves whole packets up to its last moments), started when the capture starts (just before the training processes
 are launched) or ``start_after_s`` later, and stopped with the capture or after
 ``duration_s``. ``traces/pcap/ports.json`` lists ``{port, file, snaplen_bytes, filter,
-started, stopped, packets_captured, packets_dropped}`` (unix s; the counts from tcpdump's
-closing report, None if it was killed). tcpdump's messages go to ``logs/tcpdump-<port>.log``.
-The analysis is :func:`analysis.flows`.
+started, stopped, packets_captured, packets_dropped, exit_code, terminated, error}`` (unix s;
+the counts from tcpdump's closing report, None if it was killed; ``exit_code`` tcpdump's exit
+status, negative for the signal that killed it, None if it never started; ``terminated`` true
+when it was still running when the harness stopped it with SIGTERM, false when it had exited
+on its own; ``error`` why it never started, e.g. a start too far away to schedule).
+tcpdump's messages go to ``logs/tcpdump-<port>.log``. The analysis is :func:`analysis.flows`;
+:mod:`analysis.effects` judges from ``ports.json`` whether each port was captured.
 """
 from __future__ import annotations
 
@@ -105,7 +109,10 @@ def resolve_ports(tokens: list[str], links: list[dict], switches: set[str]) -> l
 
 
 def tcpdump_command(binary: str, port: str, snaplen: int, out_file: Path, bpf: str | None) -> list[str]:
-    """``tcpdump -i PORT -s SNAPLEN -n -U --immediate-mode -Z root -w OUT [BPF]``.
+    """``tcpdump -i PORT -s SNAPLEN -n -U --immediate-mode -Z root -w OUT [-- BPF]``.
+
+    The filter follows ``--``, so one that begins with ``-`` (``-1 != 0 and tcp`` is valid
+    BPF) is read as the filter, never as options.
 
     ``--immediate-mode``: without it libpcap (TPACKET_V3) hands packets over in blocks, up to
     a second late, and a tcpdump stopped with SIGTERM drops the block it holds: measured on
@@ -113,7 +120,7 @@ def tcpdump_command(binary: str, port: str, snaplen: int, out_file: Path, bpf: s
     file stays root's."""
     return [binary, "-i", port, "-s", str(snaplen), "-n", "-U", "--immediate-mode", "-Z", "root",
             "-w", str(out_file)] + \
-        ([bpf] if bpf else [])
+        (["--", bpf] if bpf else [])
 
 
 _REPORT = re.compile(r"(\d+) packets? captured.*?(\d+) packets? dropped by kernel", re.S)
@@ -162,15 +169,29 @@ class PcapRecorder:
         for port in self.ports:
             self.entries[port] = {"port": port, "file": f"{port}.pcap", "snaplen_bytes": self.spec.snaplen_bytes,
                                   "filter": self.spec.filter, "started": None, "stopped": None,
-                                  "packets_captured": None, "packets_dropped": None}
+                                  "packets_captured": None, "packets_dropped": None, "exit_code": None,
+                                  "terminated": None, "error": None}
         self._write_index()
         if self.start_after_s > 0:
-            self._timer(self.start_after_s, self._start_all)
+            self._timer(self.start_after_s, self._start_all, "start", "tcpdump was not started")
         else:
             self._start_all()
         return self
 
-    def _timer(self, delay_s: float, fn) -> None:
+    def _timer(self, delay_s: float, fn, what: str, otherwise: str) -> None:
+        """Call ``fn`` in ``delay_s`` s on a daemon timer. A delay no timer can wait
+        (beyond ``threading.TIMEOUT_MAX`` s, about 292 years) is recorded as an error, in
+        :attr:`errors` and in the ``error`` of every port not started, instead of a timer
+        thread dying with a traceback: "the ``what`` ... cannot be scheduled ...: ``otherwise``"."""
+        if not delay_s <= threading.TIMEOUT_MAX:
+            msg = (f"capture.pcap: the {what} {delay_s:g} s away cannot be scheduled (a timer waits at most "
+                   f"{threading.TIMEOUT_MAX:.0f} s): {otherwise}")
+            self.errors.append(msg)
+            for e in self.entries.values():
+                if e["started"] is None:
+                    e["error"] = msg
+            self._write_index()
+            return
         t = threading.Timer(delay_s, fn)
         t.daemon = True
         t.name = "capture-pcap-window"
@@ -199,7 +220,7 @@ class PcapRecorder:
         self._wait_listening()
         self._write_index()
         if self.duration_s is not None:
-            self._timer(self.duration_s, self.stop)
+            self._timer(self.duration_s, self.stop, "end of the window", "tcpdump runs until the capture stops")
 
     def _wait_listening(self, wait_s: float = 5.0) -> None:
         """Wait until each tcpdump says it listens (its first packet would be missed before)."""
@@ -226,7 +247,8 @@ class PcapRecorder:
             self._stopped = True
         for t in self._timers:
             t.cancel()
-        for p in self.procs.values():
+        for port, p in self.procs.items():
+            self.entries[port]["terminated"] = p.poll() is None
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
         for port, p in self.procs.items():
@@ -237,6 +259,7 @@ class PcapRecorder:
                 p.wait()
             e = self.entries[port]
             e["stopped"] = time.time()
+            e["exit_code"] = p.returncode
             try:
                 m = _REPORT.search((self.logs / f"tcpdump-{port}.log").read_text(errors="replace"))
             except OSError:
