@@ -37,8 +37,10 @@ from typing import Callable
 
 from mininet.util import natural
 
+from testbed.lifetime import tied_preexec
 from testbed.interrupts import deferred_signals
 from testbed.spec import PcapSpec
+from traffic.rundir import open_private
 from common.errors import FieldError, MissingRequirement, SpecError
 
 __all__ = ["PcapRecorder", "resolve_ports", "topo_links", "find_tcpdump", "tcpdump_command"]
@@ -205,13 +207,15 @@ class PcapRecorder:
                     return
                 cmd = tcpdump_command(self.binary, port, self.spec.snaplen_bytes, self.dir / f"{port}.pcap",
                                       self.spec.filter)
-                log = open(self.logs / f"tcpdump-{port}.log", "ab")
+                log = open_private(self.logs / f"tcpdump-{port}.log")
                 try:
                     log.write((" ".join(cmd) + "\n").encode())
                     log.flush()
                     with deferred_signals():  # recorded before a Ctrl-C can interrupt
+                        # tied to the harness when started from its main thread (a window's timer
+                        # thread would end it early); in the run's cgroup either way (on_pid)
                         p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                             start_new_session=True)
+                                             start_new_session=True, preexec_fn=tied_preexec())
                         self.procs[port] = p
                         self.on_pid(p.pid, f"tcpdump:{port}")
                 finally:
