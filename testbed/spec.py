@@ -315,19 +315,24 @@ class Experiment(SpecModel):
         return out
 
     def cross_errors(self) -> list[FieldError]:
-        """Checks that involve several fields or sections (every field being valid)."""
+        """Checks that involve several fields or sections (every field being valid).
+
+        Under ``scale: auto`` the checks that only get stricter as the scale grows (shaped
+        rates' minimum) are made at 1, the least ``auto`` resolves to; every check is made again at
+        the scale it resolves to (:func:`with_scale`)."""
         out = self.topology.cross_errors() + self.workload.cross_errors() + self._size_errors()
-        out += event_errors(self.events, iterations=self.workload.iterations, topology_kind=self.topology.kind,
-                            scale=self.scale)
+        t, s = self.topology, self.scale
+        low = 1.0 if s == AUTO else s
+        out += event_errors(self.events, iterations=self.workload.iterations, topology_kind=t.kind,
+                            scale=s)
         try:
             out += self.host.cross_errors()
         except (OSError, ValueError) as e:  # a profile path the OS refuses (too long, ...)
             out.append(FieldError("host.profile", self.host.profile,
                                   f"a shipped host profile or the path of a readable one ({type(e).__name__}: {e})"))
         out += self._cluster_errors()
-        t, s = self.topology, self.scale
         if s == AUTO:  # resolved at planning (testbed.capacity.auto_scale), then checked again
-            return out + _background_errors(self)
+            return out + t.rate_errors(low, upper=False) + _background_errors(self)
         if not (math.isfinite(t.delay_ms * s) and t.host_bw_mbps / s > 0 and t.uplink_mbps() / s > 0):
             out.append(FieldError("scale", s, f"a factor that keeps the dilated links finite and non-zero "
                                               f"(delay_ms x scale = {t.delay_ms * s:g}, host_bw_mbps / scale = "

@@ -20,6 +20,36 @@ MAX_INTERFACES = 64
 #: veth pair on one CPU cannot keep up anyway. The spec's validation and the build
 #: (:class:`testbed.shaping.ShapedIntf`) both use this one value.
 MAX_RATE_MBPS = 40_000.0
+#: the lowest rate a link is shaped at, Mbit/s (after dilation): 800 bit/s = 100 bytes/s.
+#: htb keeps a rate as whole bytes per second, which tc truncates (measured with tc
+#: (iproute2 6.1) on a veth in an ``unshare --net`` namespace, kernel 6.18: ``rate 799bit``
+#: reads back as 792 bit/s, ``100bit`` as 96, ``8bit`` as 8, and below 8 bit/s tc refuses
+#: the class, "rate is required"), so a rate reads back within
+#: :data:`testbed.shaping.RATE_TOLERANCE` (1 %) only from 99 bytes/s on. htb also keeps the
+#: burst as a 32-bit count of psched ticks (15.625 per microsecond here, /proc/net/psched):
+#: the 15,000-byte burst of :func:`testbed.shaping.htb_burst_bytes` fits from 55 bytes/s on
+#: (below, tc stores a smaller burst, measured 1,256 bytes at 400 bit/s, and pyroute2, which
+#: changes a rate in place, fails to encode it). 100 bytes/s meets all three: 305 rates
+#: from 800 bit/s to 40 Gbit/s (log-uniform) read back within 1 % both as built with tc
+#: (worst 0.75 %) and as changed in place with pyroute2 (worst 0.39 %).
+MIN_RATE_MBPS = 0.0008
+
+
+def rate_error(field: str, bw: float, scale: float, upper: bool = True) -> FieldError | None:
+    """The error of a link rate ``bw`` (emulated Mbit/s) that, shaped on this machine at time
+    dilation ``scale`` (``bw / scale``), falls outside [:data:`MIN_RATE_MBPS`,
+    :data:`MAX_RATE_MBPS`], or None. ``upper=False`` checks the minimum only: under
+    ``scale: auto`` the rate is checked at scale 1 before the scale is resolved (it resolves
+    to 1 or more, which only lowers the shaped rate) and fully once it is."""
+    shaped = bw / scale
+    if MIN_RATE_MBPS <= shaped and (not upper or shaped <= MAX_RATE_MBPS):
+        return None
+    low = shaped < MIN_RATE_MBPS
+    return FieldError(field, bw, f"a rate whose shaped rate ({bw:g} / scale {scale:g} = {shaped:g} Mbit/s) is "
+                                 f"{'at least' if low else 'at most'} {MIN_RATE_MBPS if low else MAX_RATE_MBPS:g} Mbit/s "
+                                 f"(htb shapes [{MIN_RATE_MBPS:g}, {MAX_RATE_MBPS:g}] Mbit/s on this machine): "
+                                 + ("raise it" + (" or lower scale" if scale > 1 else "") if low else
+                                    "lower it or raise scale"))
 
 
 class TopologySpec(SpecModel):
@@ -118,19 +148,23 @@ class TopologySpec(SpecModel):
                                   f"at most {MAX_INTERFACES}"))
         return out
 
-    def rate_errors(self, scale: float, prefix: str = "topology") -> list[FieldError]:
+    def rate_errors(self, scale: float, prefix: str = "topology", upper: bool = True) -> list[FieldError]:
         """The links whose rate, shaped on this machine at time dilation ``scale`` (rate /
-        ``scale``), exceeds :data:`MAX_RATE_MBPS`: the host links and, for ``rack_core``,
-        the uplinks (given or derived from ``oversubscription``)."""
+        ``scale``), the shaper cannot take: the host links (the scheme's server hosts' links
+        have the same rate) and, for ``rack_core``, the uplinks (given or derived from
+        ``oversubscription``), each a rate in [:data:`MIN_RATE_MBPS`, :data:`MAX_RATE_MBPS`]
+        (:func:`rate_error`). ``upper=False`` leaves out the maximum, which a larger scale
+        could meet: for ``scale: auto``, checked at 1 before it is resolved."""
         out = []
         rates = [("host_bw_mbps", self.host_bw_mbps)]
         if self.kind == "rack_core":
             rates.append(("uplink_bw_mbps", self.uplink_mbps()))
         for name, bw in rates:
-            if bw / scale > MAX_RATE_MBPS:
-                out.append(FieldError(f"{prefix}.{name}", bw,
-                                      f"a rate whose shaped rate ({bw:g} / scale {scale:g} = {bw / scale:g} Mbit/s) "
-                                      f"is at most {MAX_RATE_MBPS:g} Mbit/s: lower it or raise scale"))
+            err = rate_error(f"{prefix}.{name}", bw, scale, upper)
+            if err is not None:
+                derived = name == "uplink_bw_mbps" and self.uplink_bw_mbps is None
+                out.append(FieldError(err.field, err.value, err.allowed + (
+                    " (this uplink is derived: hosts_per_rack x host_bw_mbps / oversubscription)" if derived else "")))
         return out
 
     def dilated(self, scale: float) -> "TopologySpec":

@@ -36,6 +36,7 @@ from pydantic import field_validator
 
 from common.errors import FieldError, SpecError
 from common.validation import SpecModel, validate
+from topologies.spec import rate_error
 
 __all__ = ["ScheduledEvent", "KINDS", "TRIGGERS", "LINK_PREFIXES", "COMPUTE_ROLES", "MAX_SLOWDOWN",
            "event_errors", "parse_events", "ComputeSlowdown"]
@@ -218,18 +219,22 @@ def event_errors(events: list[ScheduledEvent], *, iterations: int, topology_kind
         events: the spec's events.
         iterations: ``workload.iterations`` (an ``at_iteration`` must be below it).
         topology_kind: ``topology.kind`` (``uplink:`` links exist only in ``rack_core``).
-        scale: the time dilation (``auto``: checked at 1, and again once resolved).
+        scale: the time dilation (``auto``: checked at 1, the least it resolves to, and again
+            once resolved).
         prefix: the dotted path of the list.
 
     Returns:
         one :class:`FieldError` per problem: no trigger or two, no action or two, an action
         without its link or host (or with one it does not use), ``down``/``up`` false, an
         ``at_iteration`` at or beyond ``iterations``, an ``uplink:`` link in a ``rack``
-        topology, a dilated time or rate that is not finite, and two events that change the
-        same part of the same target at the same trigger.
+        topology, a dilated time that is not finite, a shaped rate ``bw_mbps / scale``
+        outside the shaper's range (:func:`topologies.spec.rate_error`; under ``auto`` only its
+        minimum, at 1), and two events that change the same part of the same target at the
+        same trigger.
     """
     out: list[FieldError] = []
-    s = 1.0 if isinstance(scale, str) else float(scale)
+    auto = isinstance(scale, str)
+    s = 1.0 if auto else float(scale)
     seen: dict[tuple, int] = {}
     for i, e in enumerate(events):
         path = f"{prefix}[{i}]"
@@ -241,9 +246,8 @@ def event_errors(events: list[ScheduledEvent], *, iterations: int, topology_kind
                                   f"numbered from 0, and a later one never comes"))
         if e.at_s is not None and not math.isfinite(e.at_s * s):
             out.append(FieldError(f"{path}.at_s", e.at_s, "a time whose dilated value at_s x scale is finite"))
-        if e.bw_mbps is not None and not (math.isfinite(e.bw_mbps * 1e6 / s) and e.bw_mbps / s > 0):
-            out.append(FieldError(f"{path}.bw_mbps", e.bw_mbps, "a rate whose shaped value bw_mbps / scale is "
-                                                                 "finite and > 0"))
+        if e.bw_mbps is not None and (err := rate_error(f"{path}.bw_mbps", e.bw_mbps, s, upper=not auto)):
+            out.append(err)
         if e.link is not None and e.link.startswith("uplink:") and topology_kind != "rack_core":
             out.append(FieldError(f"{path}.link", e.link, f"host:<host>: uplinks exist only with topology.kind "
                                                          f"'rack_core' (this topology is {topology_kind!r})"))

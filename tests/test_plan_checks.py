@@ -1,0 +1,112 @@
+"""Specs that cannot work are refused before anything is built: at validation
+(:func:`testbed.spec.from_dict`) or at planning (:func:`testbed.runner.plan_experiment`, on
+the topology graph), with exit status 2 from ``testbed run --dry-run`` and a message naming
+the field, the value and what is allowed.
+
+One section per class of limit: the shaper's rates.
+"""
+
+import contextlib
+import io
+from pathlib import Path
+
+import pytest
+import yaml
+
+from common.errors import SpecError, TestbedError
+from testbed import cli
+from testbed.runner import plan_experiment
+from testbed.shaping import ShapedIntf
+from testbed.spec import from_dict
+from topologies.spec import MAX_RATE_MBPS, MIN_RATE_MBPS
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = ROOT / "experiments" / "quickstart.yaml"
+#: a small valid point: one rack of 4 hosts, 3 iterations of the quick-start model
+RACK = {"topology": {"kind": "rack", "hosts_per_rack": 4}, "workload": {"iterations": 3}}
+
+
+def dry_run(tmp_path: Path, spec: dict | Path, *sets: str) -> tuple[int, str, str]:
+    """``testbed run --dry-run SPEC --set ...`` in this process: (exit status, stdout, stderr)."""
+    if isinstance(spec, dict):
+        path = tmp_path / "spec.yaml"
+        path.write_text(yaml.safe_dump(spec))
+    else:
+        path = spec
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = cli.main(["run", "--dry-run", str(path), *[f"--set={s}" for s in sets],
+                       "--runs-dir", str(tmp_path / "runs")])
+    assert "Traceback" not in err.getvalue()
+    assert not (tmp_path / "runs").exists()  # nothing written
+    return rc, out.getvalue(), err.getvalue()
+
+
+def refused(data: dict, overrides: list[str] | None = None) -> SpecError:
+    """The SpecError validation or planning raises for ``data``."""
+    with pytest.raises(SpecError) as e:
+        plan_experiment(from_dict(data, overrides))
+    return e.value
+
+
+def fields(err: SpecError) -> list[str]:
+    return [e.field for e in err.errors]
+
+
+def with_(base: dict, **sections) -> dict:
+    """``base`` with each section's fields updated (one level deep)."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
+    for k, v in sections.items():
+        out[k] = {**out.get(k, {}), **v} if isinstance(v, dict) else v
+    return out
+
+
+# ---------------------------------------------------------------- link rates inside the shaper's range
+
+
+def test_a_host_link_below_the_shapers_minimum_is_exit_2_naming_the_field_and_the_range(tmp_path):
+    rc, _, err = dry_run(tmp_path, QUICKSTART, "topology.host_bw_mbps=1e-7")
+    assert rc == 2
+    assert "'topology.host_bw_mbps': got 1e-07" in err
+    assert f"at least {MIN_RATE_MBPS:g} Mbit/s" in err and f"[{MIN_RATE_MBPS:g}, {MAX_RATE_MBPS:g}] Mbit/s" in err
+
+
+@pytest.mark.parametrize("topology, field", [
+    ({"host_bw_mbps": MIN_RATE_MBPS / 2}, "topology.host_bw_mbps"),
+    ({"host_bw_mbps": 0.001, "oversubscription": 20}, "topology.uplink_bw_mbps"),  # derived: 4 x 0.001 / 20
+    ({"uplink_bw_mbps": 1e-5}, "topology.uplink_bw_mbps"),
+])
+def test_every_link_rate_given_or_derived_is_at_least_the_minimum(topology, field):
+    err = refused({"topology": topology})
+    assert fields(err) == [field] and "at least 0.0008 Mbit/s" in err.allowed
+
+
+def test_the_minimum_holds_after_dilation_and_the_build_refuses_the_same_rate():
+    base = {"workload": {"compute": {"mode": "emulated"}, "iterations": 3}}
+    from_dict({**base, "scale": 1, "topology": {"host_bw_mbps": 0.01}})
+    err = refused({**base, "scale": 20, "topology": {"host_bw_mbps": 0.01}})  # 0.0005 Mbit/s shaped
+    assert fields(err)[0] == "topology.host_bw_mbps" and "lower scale" in err.allowed
+    with pytest.raises(TestbedError, match="outside"):
+        ShapedIntf.bwCmds(None, bw=MIN_RATE_MBPS * 0.99)
+    ShapedIntf.bwCmds(None, bw=MIN_RATE_MBPS)
+
+
+def test_a_scheduled_rate_below_the_minimum_is_refused_at_validation():
+    events = [{"at_s": 1, "link": "host:h1", "bw_mbps": 1e-5}]
+    err = refused(with_(RACK, events=events))
+    assert fields(err) == ["events[0].bw_mbps"] and "at least 0.0008 Mbit/s" in err.allowed
+
+
+def test_with_scale_auto_the_rates_are_checked_again_once_it_is_resolved(monkeypatch):
+    # emulated compute: auto resolves from the cost model; here it resolves to 100
+    monkeypatch.setattr("testbed.runner.capacity.auto_scale", lambda *a, **k: 100.0)
+    spec = {"topology": {"kind": "rack", "hosts_per_rack": 4, "host_bw_mbps": 0.05},
+            "workload": {"compute": {"mode": "emulated"}, "iterations": 3}}
+    exp = from_dict(spec)  # at scale 1 (the least auto gives) 0.05 Mbit/s is fine
+    assert exp.scale == "auto"
+    with pytest.raises(SpecError) as e:
+        plan_experiment(exp)  # 0.05 / 100 = 0.0005 Mbit/s
+    assert fields(e.value) == ["topology.host_bw_mbps"] and "scale 100" in e.value.allowed
+    # and a rate no scale can save is refused at once
+    err = refused(with_(spec, topology={"host_bw_mbps": 1e-4}))
+    assert fields(err) == ["topology.host_bw_mbps"] and "scale 1 " in err.allowed
