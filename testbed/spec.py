@@ -26,7 +26,8 @@ import yaml
 from pydantic import Field, PrivateAttr, ValidationError, field_validator
 
 from common.errors import FieldError, SpecError, show_value
-from topologies.spec import MAX_HOSTS, MAX_INTERFACES, TopologySpec
+from testbed.background import BASE_PORT, IPERF3_MAX_TIME_S, IPERF3_MIN_RATE_BPS, MAX_FLOWS
+from topologies.spec import MAX_HOSTS, MAX_INTERFACES, MAX_RATE_MBPS, TopologySpec
 from common.validation import (SAFE_LABEL_ALLOWED, SAFE_NAME_ALLOWED, SpecModel, check_depth, field_errors,
                                    is_safe_label, is_safe_name, load_yaml, safe_name, to_safe_name)
 from traffic.hostmodel import HostSpec
@@ -55,11 +56,15 @@ class BackgroundFlow(SpecModel):
     dst: str
     """Receiving host."""
     rate_mbps: float = Field(gt=0)
-    """Sending rate in emulated Mbit/s (shaped at rate / ``scale`` like links)."""
+    """Sending rate in emulated Mbit/s (shaped at rate / ``scale`` like links): iperf3's
+    ``-b``, in bit/s, must round to at least 1 (``-b 0`` is no limit) and be at most
+    :data:`~topologies.spec.MAX_RATE_MBPS` (no link is faster)."""
     duration_s: float = Field(gt=0)
-    """Emulated seconds; ``duration_s * scale`` must be whole seconds (iperf3 ``-t``)."""
+    """Emulated seconds; ``duration_s * scale`` must be whole seconds in [1, 86400] (iperf3
+    ``-t``; :data:`testbed.background.IPERF3_MAX_TIME_S`)."""
     start_s: float = Field(0.0, ge=0)
-    """Start in emulated seconds after the training processes are launched."""
+    """Start in emulated seconds after the training processes are launched; ``start_s *
+    scale`` below ``run.timeout_s`` (the flow would never start)."""
     protocol: Literal["tcp", "udp"] = "tcp"
     """``tcp`` (paced at the rate; backs off under congestion) or ``udp`` (constant rate)."""
     name: Optional[str] = None
@@ -318,7 +323,7 @@ class Experiment(SpecModel):
         """Checks that involve several fields or sections (every field being valid).
 
         Under ``scale: auto`` the checks that only get stricter as the scale grows (shaped
-        rates' minimum) are made at 1, the least ``auto`` resolves to; every check is made again at
+        rates' minimum, background flows' iperf3 limits) are made at 1, the least ``auto`` resolves to; every check is made again at
         the scale it resolves to (:func:`with_scale`)."""
         out = self.topology.cross_errors() + self.workload.cross_errors() + self._size_errors()
         t, s = self.topology, self.scale
@@ -468,24 +473,44 @@ def _program_cwd(data, folder: Path) -> None:
 
 
 def _background_errors(exp: Experiment) -> list[FieldError]:
-    """Background flows: distinct endpoints, finite dilated rates and times, whole dilated
-    seconds, unique file-safe names. (Whether the hosts exist depends on the topology and the
-    scheme's hosts: :func:`testbed.runner.plan_point` checks it before anything is built.)"""
+    """Background flows: distinct endpoints, file-safe unique names, at most
+    :data:`~testbed.background.MAX_FLOWS` (one port each), and iperf3's limits once dilated
+    (:mod:`testbed.background`): ``-b`` (rate_mbps x 1e6 / scale, rounded) at least
+    :data:`~testbed.background.IPERF3_MIN_RATE_BPS` (0 is no limit) and at most
+    :data:`~topologies.spec.MAX_RATE_MBPS` (no link is faster), ``-t`` (duration_s x scale) a
+    whole number of seconds in [1, :data:`~testbed.background.IPERF3_MAX_TIME_S`], and the
+    start (start_s x scale) below ``run.timeout_s``. Under ``scale: auto`` the checks a larger
+    scale cannot pass are made at 1 (the least it resolves to), the rest once it is resolved.
+    (Whether the hosts exist depends on the topology and the scheme's hosts:
+    :func:`testbed.runner.plan_point` checks it before anything is built.)"""
     out, names = [], set()
-    auto = exp.scale == AUTO  # checked at scale 1 now, and again at the scale it resolves to
-    scale = 1.0 if auto else exp.scale
+    auto = exp.scale == AUTO
+    scale, timeout = 1.0 if auto else exp.scale, exp.run.timeout_s
+    if len(exp.background) > MAX_FLOWS:
+        out.append(FieldError("background", f"{len(exp.background)} flows",
+                              f"at most {MAX_FLOWS} flows (flow i's iperf3 server listens on TCP port {BASE_PORT} + i, "
+                              f"at most 65535)"))
     for i, f in enumerate(exp.background):
         path = f"background[{i}]"
         if f.src == f.dst:
             out.append(FieldError(f"{path}.dst", f.dst, f"a host other than src ({f.src})"))
+        bps = f.rate_mbps * 1e6 / scale
+        if not (math.isfinite(bps) and round(bps) >= IPERF3_MIN_RATE_BPS and (auto or bps <= MAX_RATE_MBPS * 1e6)):
+            out.append(FieldError(f"{path}.rate_mbps", f.rate_mbps,
+                                  f"a rate whose shaped value (iperf3's -b: rate_mbps x 1e6 / scale {scale:g} = {bps:g} "
+                                  f"bit/s) is at least {IPERF3_MIN_RATE_BPS} bit/s once rounded (-b 0 is no limit at "
+                                  f"all) and at most {MAX_RATE_MBPS:g} Mbit/s (no link is faster)"))
+        if not f.start_s * scale < timeout:
+            out.append(FieldError(f"{path}.start_s", f.start_s,
+                                  f"a start whose dilated value (start_s x scale {scale:g} = {f.start_s * scale:g} s) is "
+                                  f"below run.timeout_s ({timeout:g} s): the run is stopped before it comes"))
         dilated = f.duration_s * scale
-        if not math.isfinite(f.rate_mbps * 1e6 / scale) or not math.isfinite(f.start_s * scale):
-            out.append(FieldError(f"{path}.rate_mbps", f.rate_mbps, f"a rate whose shaped value rate_mbps x 1e6 / "
-                                  f"scale, and a start_s whose dilated value start_s x scale, are finite"))
-        if not math.isfinite(dilated) or (not auto and abs(dilated - round(dilated)) > 1e-9) or dilated < 1 - 1e-9:
+        if not (math.isfinite(dilated) and (auto or abs(dilated - round(dilated)) <= 1e-9)
+                and 1 - 1e-9 <= dilated <= IPERF3_MAX_TIME_S + 1e-9):
             out.append(FieldError(f"{path}.duration_s", f.duration_s,
-                                  f"a duration that is a whole number (>= 1) of seconds once dilated: duration_s x "
-                                  f"scale = {dilated:g} (iperf3 -t takes whole seconds)"))
+                                  f"a duration that is a whole number of seconds in [1, {IPERF3_MAX_TIME_S}] once "
+                                  f"dilated: duration_s x scale = {dilated:g} (iperf3 -t takes whole seconds, at most "
+                                  f"{IPERF3_MAX_TIME_S})"))
         name = f.name if f.name is not None else f"bg{i}"
         if not is_safe_name(name):
             out.append(FieldError(f"{path}.name", f.name, f"a file name: {SAFE_NAME_ALLOWED}"))

@@ -3,7 +3,7 @@
 the topology graph), with exit status 2 from ``testbed run --dry-run`` and a message naming
 the field, the value and what is allowed.
 
-One section per class of limit: the shaper's rates.
+One section per class of limit: the shaper's rates and iperf3's limits.
 """
 
 import contextlib
@@ -15,6 +15,7 @@ import yaml
 
 from common.errors import SpecError, TestbedError
 from testbed import cli
+from testbed.background import IPERF3_MAX_TIME_S, plan_flows
 from testbed.runner import plan_experiment
 from testbed.shaping import ShapedIntf
 from testbed.spec import from_dict
@@ -110,3 +111,44 @@ def test_with_scale_auto_the_rates_are_checked_again_once_it_is_resolved(monkeyp
     # and a rate no scale can save is refused at once
     err = refused(with_(spec, topology={"host_bw_mbps": 1e-4}))
     assert fields(err) == ["topology.host_bw_mbps"] and "scale 1 " in err.allowed
+
+
+# ---------------------------------------------------------------- background flows inside iperf3's limits
+
+
+def flow(**kw) -> dict:
+    return {"src": "bg1", "dst": "bg2", "rate_mbps": 10, "duration_s": 10, **kw}
+
+
+BG = {"topology": {"background_hosts_per_rack": 1}, "workload": {"iterations": 3}}
+
+
+@pytest.mark.parametrize("over, field, fragment", [
+    (flow(rate_mbps=1e-7), "background[0].rate_mbps", "at least 1 bit/s once rounded (-b 0 is no limit"),
+    (flow(duration_s=IPERF3_MAX_TIME_S + 1), "background[0].duration_s", "in [1, 86400]"),
+    (flow(start_s=600), "background[0].start_s", "below run.timeout_s (600 s)"),
+    (flow(start_s=1e300), "background[0].start_s", "below run.timeout_s"),
+])
+def test_a_flow_outside_iperf3s_limits_is_refused(over, field, fragment):
+    err = refused(with_(BG, background=[over]))
+    assert fields(err) == [field] and fragment in err.allowed
+
+
+def test_iperf3s_limits_hold_after_dilation_at_a_number_and_once_auto_is_resolved(monkeypatch):
+    emulated = with_(BG, workload={"compute": {"mode": "emulated"}, "iterations": 3})
+    err = refused(with_(emulated, scale=2, background=[flow(duration_s=IPERF3_MAX_TIME_S)]))  # -t 172800
+    assert fields(err) == ["background[0].duration_s"]
+    err = refused(with_(emulated, scale=4e6, background=[flow(rate_mbps=1)]))  # -b 0.25
+    assert "background[0].rate_mbps" in fields(err)
+    monkeypatch.setattr("testbed.runner.capacity.auto_scale", lambda *a, **k: 10.0)
+    exp = from_dict(with_(emulated, background=[flow(start_s=100, duration_s=1)]))  # fine at 1
+    with pytest.raises(SpecError) as e:
+        plan_experiment(exp)  # at 10: starts at 1000 s > 600 s
+    assert fields(e.value) == ["background[0].start_s"]
+
+
+def test_an_accepted_flow_plans_an_iperf3_command_inside_its_limits():
+    exp = from_dict(with_(BG, background=[flow(rate_mbps=1e-6, duration_s=IPERF3_MAX_TIME_S, start_s=599)]))
+    topo = {"hosts": [{"name": "bg1", "ip": "10.0.0.9"}, {"name": "bg2", "ip": "10.0.0.10"}]}
+    fp, = plan_flows(exp.background, topo, scale=1.0)
+    assert fp.shaped_bps == 1 and fp.seconds == IPERF3_MAX_TIME_S and fp.delay_s < exp.run.timeout_s
