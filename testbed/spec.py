@@ -148,7 +148,8 @@ class RunSpec(SpecModel):
     """A fixed run id (the run fails if its directory exists): a safe name (letters, digits,
     ``_``, ``-``, ``.``; no leading ``.`` or ``-``; at most 100 characters)."""
     master_port: int = 29500
-    """The torch.distributed rendezvous port, in [1024, 65535]."""
+    """The torch.distributed rendezvous port, in [1024, 65535], and no background flow's
+    iperf3 port (:data:`testbed.background.BASE_PORT` + its index)."""
     launcher: Literal["zygote", "exec"] = "zygote"
     """How training processes start (:mod:`testbed.launch`): ``zygote`` forks each from one
     process per run that imported torch and the runtime once (start-up in seconds);
@@ -319,6 +320,20 @@ class Experiment(SpecModel):
             out.append(FieldError("workload.servers.interfaces", w.servers.interfaces, f"at most {MAX_INTERFACES}"))
         return out
 
+    def _port_errors(self) -> list[FieldError]:
+        """``run.master_port`` (rank 0's TCPStore, on the first process's host) apart from
+        every fixed port a run listens on: flow i's iperf3 server on ``BASE_PORT + i``
+        (:mod:`testbed.background`). The rest listen on ports the kernel picks (gloo's pairs,
+        bound to port 0); ``testbed.remote``'s VXLAN port is UDP in the machines' root
+        namespaces, never a host's."""
+        i = self.run.master_port - BASE_PORT
+        if 0 <= i < len(self.background):
+            return [FieldError("run.master_port", self.run.master_port,
+                               f"a port no background flow listens on: background[{i}]'s iperf3 server listens on "
+                               f"{self.run.master_port} (port {BASE_PORT} + its index; the flows take {BASE_PORT}.."
+                               f"{BASE_PORT + len(self.background) - 1}), e.g. 29500")]
+        return []
+
     def cross_errors(self) -> list[FieldError]:
         """Checks that involve several fields or sections (every field being valid).
 
@@ -335,7 +350,7 @@ class Experiment(SpecModel):
         except (OSError, ValueError) as e:  # a profile path the OS refuses (too long, ...)
             out.append(FieldError("host.profile", self.host.profile,
                                   f"a shipped host profile or the path of a readable one ({type(e).__name__}: {e})"))
-        out += self._cluster_errors()
+        out += self._cluster_errors() + self._port_errors()
         if s == AUTO:  # resolved at planning (testbed.capacity.auto_scale), then checked again
             return out + t.rate_errors(low, upper=False) + _background_errors(self)
         if not (math.isfinite(t.delay_ms * s) and t.host_bw_mbps / s > 0 and t.uplink_mbps() / s > 0):

@@ -3,7 +3,7 @@
 the topology graph), with exit status 2 from ``testbed run --dry-run`` and a message naming
 the field, the value and what is allowed.
 
-One section per class of limit: the shaper's rates and iperf3's limits.
+One section per class of limit: the shaper's rates, iperf3's limits and ports.
 """
 
 import contextlib
@@ -15,7 +15,7 @@ import yaml
 
 from common.errors import SpecError, TestbedError
 from testbed import cli
-from testbed.background import IPERF3_MAX_TIME_S, plan_flows
+from testbed.background import BASE_PORT, IPERF3_MAX_TIME_S, plan_flows
 from testbed.runner import plan_experiment
 from testbed.shaping import ShapedIntf
 from testbed.spec import from_dict
@@ -152,3 +152,14 @@ def test_an_accepted_flow_plans_an_iperf3_command_inside_its_limits():
     topo = {"hosts": [{"name": "bg1", "ip": "10.0.0.9"}, {"name": "bg2", "ip": "10.0.0.10"}]}
     fp, = plan_flows(exp.background, topo, scale=1.0)
     assert fp.shaped_bps == 1 and fp.seconds == IPERF3_MAX_TIME_S and fp.delay_s < exp.run.timeout_s
+
+
+# ---------------------------------------------------------------- ports that cannot clash
+
+
+def test_the_rendezvous_port_cannot_be_a_background_flows_iperf3_port(tmp_path):
+    spec = with_(BG, background=[flow(), flow(src="bg2", dst="bg1")])
+    rc, _, err = dry_run(tmp_path, spec, f"run.master_port={BASE_PORT + 1}")
+    assert rc == 2 and "'run.master_port': got 5202" in err and "background[1]'s iperf3 server listens on 5202" in err
+    assert dry_run(tmp_path, spec, f"run.master_port={BASE_PORT + 2}")[0] == 0
+    assert dry_run(tmp_path, RACK, f"run.master_port={BASE_PORT}")[0] == 0  # no flows: 5201 is free
