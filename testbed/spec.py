@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 import yaml
 from pydantic import Field, PrivateAttr, ValidationError, field_validator
 
-from common.errors import FieldError, SpecError, show_value
+from common.errors import FieldError, SpecError, TestbedError, show_value
 from testbed.background import BASE_PORT, IPERF3_MAX_TIME_S, IPERF3_MIN_RATE_BPS, MAX_FLOWS
 from topologies.spec import MAX_HOSTS, MAX_INTERFACES, MAX_RATE_MBPS, TopologySpec
 from common.validation import (SAFE_LABEL_ALLOWED, SAFE_NAME_ALLOWED, SpecModel, check_depth, field_errors,
@@ -43,6 +43,14 @@ AUTO = "auto"
 
 #: the most runs (variants x sweep points) one spec may ask for
 MAX_POINTS = 1000
+
+#: the longest ``run.timeout_s``, seconds: 2**31 - 1 ms, 24.8 days. Every time a run waits
+#: for lies inside it (:meth:`Experiment.cross_errors`: capture periods, events' ``at_s``,
+#: background flows' starts, link delays), and the longest of those, bwm-ng's
+#: period ``-t`` in ms, is an unsigned int that bwm-ng doubles (``avg_length = 2 x delay + 1``,
+#: src/options.c), which holds up to 2**31 - 1 ms. Python's waits (``threading.Timer``,
+#: ``time.sleep``: at most ``threading.TIMEOUT_MAX``, 292 years) are far from it.
+MAX_TIMEOUT_S = (2 ** 31 - 1) / 1000
 
 
 class BackgroundFlow(SpecModel):
@@ -109,7 +117,9 @@ class PcapSpec(SpecModel):
 
 
 class CaptureSpec(SpecModel):
-    """What the harness records while a run trains (periods in milliseconds)."""
+    """What the harness records while a run trains (periods in milliseconds of wall clock,
+    each at most ``run.timeout_s``: a longer period takes no sample before the run ends, and
+    bwm-ng holds its period in a 32-bit count of ms, :data:`MAX_TIMEOUT_S`)."""
     interval_ms: int = Field(10, gt=0)
     """bwm-ng's period (10 ms, as P3's evaluation)."""
     qdisc: bool = True
@@ -140,8 +150,9 @@ class CaptureSpec(SpecModel):
 
 class RunSpec(SpecModel):
     """How the run is driven: time limit, where run directories go, an optional fixed id."""
-    timeout_s: float = Field(600.0, gt=0)
-    """Limit of the whole run, seconds of wall clock."""
+    timeout_s: float = Field(600.0, gt=0, le=MAX_TIMEOUT_S)
+    """Limit of the whole run, seconds of wall clock, at most :data:`MAX_TIMEOUT_S`
+    (2,147,483.647 s); every time the run waits for (dilated) must fall inside it."""
     runs_dir: str = "runs"
     """Where run directories are created (nothing of a run is written outside it)."""
     id: Optional[str] = None
@@ -334,17 +345,55 @@ class Experiment(SpecModel):
                                f"{BASE_PORT + len(self.background) - 1}), e.g. 29500")]
         return []
 
+    def _timing_errors(self, scale: float) -> list[FieldError]:
+        """Times the run waits for, each inside ``run.timeout_s`` (the run is stopped before a
+        later one comes; ``run.timeout_s`` is far below what ``threading.Timer`` and
+        ``time.sleep`` take): a link's one-way delay (x ``scale``, as every emulated time);
+        the capture periods (wall-clock ms); the host's
+        smallest costs (:class:`traffic.hostmodel.HostSpec`: one message, one pull request,
+        one float32 element at each rate). Events' ``at_s``
+        (:func:`traffic.event_spec.event_errors`) and background flows' starts
+        (:func:`_background_errors`) are checked with them."""
+        T, c, t = self.run.timeout_s, self.capture, self.topology
+        out = []
+
+        def within(field, value, seconds, what, strict=True):
+            if not (seconds < T if strict else seconds <= T):
+                out.append(FieldError(field, value, f"a value for which {what} ({seconds:g} s) is "
+                                                    f"{'below' if strict else 'at most'} run.timeout_s ({T:g} s)"))
+
+        within("topology.delay_ms", t.delay_ms, t.delay_ms * scale / 1000, f"a link's one-way delay x scale {scale:g}")
+        periods = [("interval_ms", True), ("qdisc_interval_ms", c.qdisc), ("cpu_interval_ms", c.cpu),
+                   ("endpoints_interval_ms", c.endpoints)]
+        for name, on in periods:
+            if on:
+                within(f"capture.{name}", getattr(c, name), getattr(c, name) / 1000, "the sampling period", False)
+        try:
+            h, given = self.host.resolve(), self.host.pinned()
+        except (TestbedError, OSError, ValueError):  # an unreadable profile: host.cross_errors names it
+            return out
+        costs = [("message_overhead_us", h.message_overhead_s, "one message's software cost"),
+                 ("request_startup_ms", h.request_startup_s, "one pull request's start-up cost")]
+        costs += [(f, 4 / r if r else 0.0, "one float32 element's cost at this rate")
+                  for f, r in (("aggregate_gb_per_s", h.aggregate_bytes_per_s),
+                               ("optimizer_gb_per_s", h.optimizer_bytes_per_s),
+                               ("codec_gb_per_s", h.codec_bytes_per_s))]
+        for name, seconds, what in costs:
+            within(f"host.{name}", given[name], seconds * scale, f"{what} x scale {scale:g}")
+        return out
+
     def cross_errors(self) -> list[FieldError]:
         """Checks that involve several fields or sections (every field being valid).
 
         Under ``scale: auto`` the checks that only get stricter as the scale grows (shaped
-        rates' minimum, background flows' iperf3 limits) are made at 1, the least ``auto`` resolves to; every check is made again at
+        rates' minimum, dilated times inside ``run.timeout_s``, background flows' iperf3
+        limits) are made at 1, the least ``auto`` resolves to; every check is made again at
         the scale it resolves to (:func:`with_scale`)."""
         out = self.topology.cross_errors() + self.workload.cross_errors() + self._size_errors()
         t, s = self.topology, self.scale
         low = 1.0 if s == AUTO else s
         out += event_errors(self.events, iterations=self.workload.iterations, topology_kind=t.kind,
-                            scale=s)
+                            scale=s, timeout_s=self.run.timeout_s)
         try:
             out += self.host.cross_errors()
         except (OSError, ValueError) as e:  # a profile path the OS refuses (too long, ...)
@@ -352,13 +401,13 @@ class Experiment(SpecModel):
                                   f"a shipped host profile or the path of a readable one ({type(e).__name__}: {e})"))
         out += self._cluster_errors() + self._port_errors()
         if s == AUTO:  # resolved at planning (testbed.capacity.auto_scale), then checked again
-            return out + t.rate_errors(low, upper=False) + _background_errors(self)
+            return out + t.rate_errors(low, upper=False) + self._timing_errors(low) + _background_errors(self)
         if not (math.isfinite(t.delay_ms * s) and t.host_bw_mbps / s > 0 and t.uplink_mbps() / s > 0):
             out.append(FieldError("scale", s, f"a factor that keeps the dilated links finite and non-zero "
                                               f"(delay_ms x scale = {t.delay_ms * s:g}, host_bw_mbps / scale = "
                                               f"{t.host_bw_mbps / s:g} Mbit/s)"))
         else:
-            out += t.rate_errors(s)
+            out += t.rate_errors(s) + self._timing_errors(s)
         if self.scale != 1 and self.workload.compute.mode != "emulated":
             out.append(FieldError("scale", self.scale, "1 unless workload.compute.mode is 'emulated' (time "
                                   "dilation slows emulated compute and links; real compute cannot be slowed)"))

@@ -3,7 +3,7 @@
 the topology graph), with exit status 2 from ``testbed run --dry-run`` and a message naming
 the field, the value and what is allowed.
 
-One section per class of limit: the shaper's rates, iperf3's limits and ports.
+One section per class of limit: the shaper's rates, iperf3's limits, ports and bounded numbers.
 """
 
 import contextlib
@@ -18,8 +18,9 @@ from testbed import cli
 from testbed.background import BASE_PORT, IPERF3_MAX_TIME_S, plan_flows
 from testbed.runner import plan_experiment
 from testbed.shaping import ShapedIntf
-from testbed.spec import from_dict
-from topologies.spec import MAX_RATE_MBPS, MIN_RATE_MBPS
+from testbed.spec import MAX_TIMEOUT_S, from_dict
+from topologies.spec import MAX_DELAY_MS, MAX_RATE_MBPS, MIN_RATE_MBPS
+from traffic.spec import MAX_ITERATIONS, MAX_SEED
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "experiments" / "quickstart.yaml"
@@ -113,6 +114,11 @@ def test_with_scale_auto_the_rates_are_checked_again_once_it_is_resolved(monkeyp
     assert fields(err) == ["topology.host_bw_mbps"] and "scale 1 " in err.allowed
 
 
+def test_a_delay_netem_cannot_hold_is_refused():
+    err = refused(with_(RACK, topology={"delay_ms": MAX_DELAY_MS * 1.01}))
+    assert fields(err)[0] == "topology.delay_ms" and "at most 274878 ms" in err.allowed
+
+
 # ---------------------------------------------------------------- background flows inside iperf3's limits
 
 
@@ -163,3 +169,48 @@ def test_the_rendezvous_port_cannot_be_a_background_flows_iperf3_port(tmp_path):
     assert rc == 2 and "'run.master_port': got 5202" in err and "background[1]'s iperf3 server listens on 5202" in err
     assert dry_run(tmp_path, spec, f"run.master_port={BASE_PORT + 2}")[0] == 0
     assert dry_run(tmp_path, RACK, f"run.master_port={BASE_PORT}")[0] == 0  # no flows: 5201 is free
+
+
+# ---------------------------------------------------------------- bounded seeds, timeouts and counts
+
+
+@pytest.mark.parametrize("override, field", [
+    ("workload.seed=-1", "workload.seed"),
+    ("workload.seed=4294967296", "workload.seed"),
+    ("workload.seed=1000000000000000000000000000000", "workload.seed"),
+    (f"workload.iterations={MAX_ITERATIONS + 1}", "workload.iterations"),
+    ("run.timeout_s=1e12", "run.timeout_s"),
+    ("topology.max_queue_packets=4294967296", "topology.max_queue_packets"),
+    ("topology.tcp_notsent_lowat_bytes=4294967296", "topology.tcp_notsent_lowat_bytes"),
+    ("capture.interval_ms=1000000", "capture.interval_ms"),  # 1000 s > run.timeout_s 240 s
+    ("capture.cpu_interval_ms=9223372036854775807", "capture.cpu_interval_ms"),
+    ("capture.endpoints_interval_ms=1000000000", "capture.endpoints_interval_ms"),
+    ("host.message_overhead_us=1e12", "host.message_overhead_us"),
+    ("host.request_startup_ms=1e12", "host.request_startup_ms"),
+    ("host.aggregate_gb_per_s=1e-15", "host.aggregate_gb_per_s"),  # 4 bytes take 4e6 s
+    ("events=[{at_s: 1e12, link: 'host:h1', bw_mbps: 10}]", "events[0].at_s"),
+    ("events=[{at_s: 240, kill: worker1}]", "events[0].at_s"),
+])
+def test_numbers_that_would_crash_or_hang_the_run_are_exit_2_naming_the_field(tmp_path, override, field):
+    rc, _, err = dry_run(tmp_path, QUICKSTART, override)
+    assert rc == 2 and f"'{field}'" in err, err
+
+
+def test_the_bounds_themselves_are_accepted():
+    exp = from_dict({"workload": {"seed": MAX_SEED, "iterations": MAX_ITERATIONS},
+                     "run": {"timeout_s": MAX_TIMEOUT_S},
+                     "topology": {"max_queue_packets": 2 ** 32 - 1, "tcp_notsent_lowat_bytes": 2 ** 32 - 1}})
+    assert exp.workload.seed == 2 ** 32 - 1
+    assert from_dict({"workload": {"seed": 0}}).workload.seed == 0
+
+
+def test_a_capture_period_or_an_event_is_checked_against_the_runs_own_timeout():
+    # the same period is fine with a longer run
+    from_dict({"capture": {"interval_ms": 1_000_000}, "run": {"timeout_s": 1001}})
+    err = refused({"capture": {"qdisc_interval_ms": 700_000}})  # 700 s > 600 s
+    assert fields(err) == ["capture.qdisc_interval_ms"] and "at most run.timeout_s (600 s)" in err.allowed
+    from_dict({"capture": {"qdisc": False, "qdisc_interval_ms": 700_000}})  # off: not waited for
+    from_dict(with_(RACK, events=[{"at_s": 599.5, "link": "host:h1", "bw_mbps": 5}]))  # real compute: 599.5 s
+    emulated = with_(RACK, workload={"compute": {"mode": "emulated"}, "iterations": 3})
+    err = refused(with_(emulated, scale=2, events=[{"at_s": 300, "link": "host:h1", "bw_mbps": 5}]))
+    assert fields(err) == ["events[0].at_s"] and "at_s x scale 2 = 600 s" in err.allowed

@@ -33,6 +33,18 @@ MAX_RATE_MBPS = 40_000.0
 #: from 800 bit/s to 40 Gbit/s (log-uniform) read back within 1 % both as built with tc
 #: (worst 0.75 %) and as changed in place with pyroute2 (worst 0.39 %).
 MIN_RATE_MBPS = 0.0008
+#: the longest one-way delay a link may have, ms (after dilation): tc holds netem's latency
+#: as a 32-bit count of psched ticks, 2**32 / 15.625 ticks per microsecond = 274.877906944 s
+#: (tc refuses more, "time (too large)"; from 2**32 microseconds on it wraps silently:
+#: ``delay 4.29497e+06ms`` is taken as 2.7 ms). Measured with tc (iproute2 6.1) in an
+#: ``unshare --net`` namespace.
+MAX_DELAY_MS = 274_877.906944
+#: the largest queue limit, packets: tc's ``pfifo limit`` and netem's ``limit`` are 32-bit
+#: (measured: tc takes 4294967295 and refuses 4294967296, "Illegal value for limit")
+MAX_QUEUE_PACKETS = 2 ** 32 - 1
+#: the largest ``net.ipv4.tcp_notsent_lowat``: an unsigned int the kernel reads with
+#: ``proc_douintvec`` (net/ipv4/sysctl_net_ipv4.c), which refuses more with EINVAL
+MAX_NOTSENT_LOWAT_BYTES = 2 ** 32 - 1
 
 
 def rate_error(field: str, bw: float, scale: float, upper: bool = True) -> FieldError | None:
@@ -74,11 +86,13 @@ class TopologySpec(SpecModel):
     oversubscription: float = 1.0
     """(hosts_per_rack x host_bw_mbps) / uplink rate, a ratio >= 1."""
     delay_ms: float = Field(0.0, ge=0)
-    """One-way delay of every link, ms (needs the netem qdisc)."""
+    """One-way delay of every link, ms (needs the netem qdisc); dilated (x ``scale``) at most
+    :data:`MAX_DELAY_MS` (274,877 ms, netem's limit) and below ``run.timeout_s``."""
     loss_pct: float = 0.0
     """Packet loss of every link, % in [0, 100) (needs the netem qdisc)."""
-    max_queue_packets: Optional[int] = Field(None, gt=0)
-    """Queue limit of every shaped interface, packets (a pfifo leaf); null: the kernel's."""
+    max_queue_packets: Optional[int] = Field(None, gt=0, le=MAX_QUEUE_PACKETS)
+    """Queue limit of every shaped interface, packets (a pfifo leaf); null: the kernel's. At
+    most 4294967295 (:data:`MAX_QUEUE_PACKETS`: tc's limits are 32-bit)."""
     interfaces_per_host: int = Field(1, gt=0)
     """Links from every host to its ToR, each shaped at ``host_bw_mbps`` with its own address."""
     background_hosts_per_rack: int = Field(0, ge=0)
@@ -86,12 +100,13 @@ class TopologySpec(SpecModel):
     so that a busy core can be emulated without loading the workers' own links."""
     mtu_bytes: int = 1500
     """MTU of every interface, bytes in [576, 9000] (9000: jumbo frames, less per-packet overhead)."""
-    tcp_notsent_lowat_bytes: Optional[int] = Field(None, gt=0)
+    tcp_notsent_lowat_bytes: Optional[int] = Field(None, gt=0, le=MAX_NOTSENT_LOWAT_BYTES)
     """The hosts' ``net.ipv4.tcp_notsent_lowat``: unsent bytes a TCP socket accepts before a
     sender blocks. null keeps the kernel's default (unlimited: a send "completes" once it is
     in a socket buffer that autotuning grows to 16 MB, 32 ms of a 4 Gbit/s link); a small
     value (e.g. 131072) makes a blocking send follow the network's pace, which P3's
-    application-level priority queue relies on (P3 Sec. 4.3)."""
+    application-level priority queue relies on (P3 Sec. 4.3). At most 4294967295
+    (:data:`MAX_NOTSENT_LOWAT_BYTES`: the kernel's sysctl is an unsigned int)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -149,12 +164,13 @@ class TopologySpec(SpecModel):
         return out
 
     def rate_errors(self, scale: float, prefix: str = "topology", upper: bool = True) -> list[FieldError]:
-        """The links whose rate, shaped on this machine at time dilation ``scale`` (rate /
-        ``scale``), the shaper cannot take: the host links (the scheme's server hosts' links
-        have the same rate) and, for ``rack_core``, the uplinks (given or derived from
-        ``oversubscription``), each a rate in [:data:`MIN_RATE_MBPS`, :data:`MAX_RATE_MBPS`]
-        (:func:`rate_error`). ``upper=False`` leaves out the maximum, which a larger scale
-        could meet: for ``scale: auto``, checked at 1 before it is resolved."""
+        """The links whose rate or delay, shaped on this machine at time dilation ``scale``
+        (rate / ``scale``, delay x ``scale``), the shaper cannot take: the host links (the
+        scheme's server hosts' links have the same rate) and, for ``rack_core``, the
+        uplinks (given or derived from ``oversubscription``), each a rate in
+        [:data:`MIN_RATE_MBPS`, :data:`MAX_RATE_MBPS`] (:func:`rate_error`), and the delay at
+        most :data:`MAX_DELAY_MS`. ``upper=False`` leaves out the checks that a larger scale
+        could pass (the maximum rate), for ``scale: auto`` checked at 1 before it is resolved."""
         out = []
         rates = [("host_bw_mbps", self.host_bw_mbps)]
         if self.kind == "rack_core":
@@ -165,6 +181,10 @@ class TopologySpec(SpecModel):
                 derived = name == "uplink_bw_mbps" and self.uplink_bw_mbps is None
                 out.append(FieldError(err.field, err.value, err.allowed + (
                     " (this uplink is derived: hosts_per_rack x host_bw_mbps / oversubscription)" if derived else "")))
+        if self.delay_ms * scale > MAX_DELAY_MS:
+            out.append(FieldError(f"{prefix}.delay_ms", self.delay_ms,
+                                  f"a delay whose dilated value (delay_ms x scale {scale:g} = {self.delay_ms * scale:g} "
+                                  f"ms) is at most {MAX_DELAY_MS:g} ms (netem's latency is a 32-bit count of ticks)"))
         return out
 
     def dilated(self, scale: float) -> "TopologySpec":
