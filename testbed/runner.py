@@ -46,7 +46,7 @@ from testbed.progress import RunProgress
 from testbed.site import log_leftovers, open_site
 from testbed.site.local import forks
 from testbed.spec import AUTO, Experiment, dump_spec, expand_sweep, with_scale
-from topologies import build_topo, hosts_of
+from topologies import bridge_port_errors, build_topo, hosts_of
 from topologies.hosts import HostInfo
 from traffic import rundir, schemes
 from traffic.schemes import ProcessPlan
@@ -294,9 +294,10 @@ def plan_point(exp: Experiment) -> tuple[list[HostInfo], list[ProcessPlan]]:
 
     Raises:
         SpecError: the plan does not fit the topology (more workers or servers than hosts, an
-            interface a host lacks, a scheme's host outside the racks), a background flow
-            names a host the topology will not have, or ``capture.pcap.ports`` names a port
-            it will not have.
+            interface a host lacks, a scheme's host outside the racks), a switch would have
+            more ports than a Linux bridge takes (:func:`topologies.bridge_port_errors`), a
+            background flow names a host the topology will not have, or
+            ``capture.pcap.ports`` names a port it will not have.
     """
     scheme = schemes.get(exp.workload.scheme)
     try:
@@ -304,6 +305,8 @@ def plan_point(exp: Experiment) -> tuple[list[HostInfo], list[ProcessPlan]]:
     except ValueError as e:  # a requested host in a rack the topology lacks
         raise SpecError("workload.servers", exp.workload.servers.model_dump(), f"hosts the topology can hold ({e})") \
             from None
+    if errors := bridge_port_errors(exp.topology, topo):
+        raise SpecError.of(errors)
     hosts = hosts_of(topo)
     if exp.capture.pcap:
         resolve_ports(exp.capture.pcap.ports, topo_links(topo), set(topo.switches()))

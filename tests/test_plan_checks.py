@@ -3,7 +3,7 @@
 the topology graph), with exit status 2 from ``testbed run --dry-run`` and a message naming
 the field, the value and what is allowed.
 
-One section per class of limit: the shaper's rates, iperf3's limits, ports and bounded numbers.
+One section per class of limit: the shaper's rates, iperf3's limits, ports, bounded numbers and a bridge's ports.
 """
 
 import contextlib
@@ -19,7 +19,7 @@ from testbed.background import BASE_PORT, IPERF3_MAX_TIME_S, plan_flows
 from testbed.runner import plan_experiment
 from testbed.shaping import ShapedIntf
 from testbed.spec import MAX_TIMEOUT_S, from_dict
-from topologies.spec import MAX_DELAY_MS, MAX_RATE_MBPS, MIN_RATE_MBPS
+from topologies.spec import MAX_BRIDGE_PORTS, MAX_DELAY_MS, MAX_RATE_MBPS, MIN_RATE_MBPS
 from traffic.spec import MAX_ITERATIONS, MAX_SEED
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -214,3 +214,33 @@ def test_a_capture_period_or_an_event_is_checked_against_the_runs_own_timeout():
     emulated = with_(RACK, workload={"compute": {"mode": "emulated"}, "iterations": 3})
     err = refused(with_(emulated, scale=2, events=[{"at_s": 300, "link": "host:h1", "bw_mbps": 5}]))
     assert fields(err) == ["events[0].at_s"] and "at_s x scale 2 = 600 s" in err.allowed
+
+
+# ---------------------------------------------------------------- a bridge's ports
+
+
+@pytest.mark.parametrize("topology, field, switch", [
+    ({"kind": "rack", "hosts_per_rack": 1024}, "topology.hosts_per_rack", "tor1 would have 1024"),
+    ({"racks": 2, "hosts_per_rack": 16, "interfaces_per_host": 64}, "topology.hosts_per_rack", "tor1 would have 1025"),
+    ({"racks": 2, "hosts_per_rack": 1000, "background_hosts_per_rack": 23}, "topology.hosts_per_rack",
+     "tor2 would have 1024"),
+    ({"racks": 1024, "hosts_per_rack": 1}, "topology.racks", "core1 would have 1024"),
+])
+def test_a_switch_with_more_ports_than_a_linux_bridge_takes_is_refused_at_planning(topology, field, switch):
+    exp = from_dict({"topology": topology, "workload": {"workers": 1, "iterations": 3}})  # valid as a spec
+    with pytest.raises(SpecError) as e:
+        plan_experiment(exp)
+    assert fields(e.value) == [field] and switch in e.value.allowed and f"at most {MAX_BRIDGE_PORTS}" in e.value.allowed
+
+
+def test_the_schemes_hosts_count_on_their_tor_and_a_full_bridge_is_accepted():
+    spec = {"topology": {"kind": "rack", "hosts_per_rack": 1022}, "workload": {"workers": 1, "iterations": 3}}
+    plan_experiment(from_dict(spec))  # 1022 ports
+    with pytest.raises(SpecError) as e:  # two dedicated server hosts: 1024
+        plan_experiment(from_dict(spec, ["workload.servers.count=2", "workload.servers.placement=dedicated"]))
+    assert fields(e.value) == ["topology.hosts_per_rack"] and "tor1 would have 1024" in e.value.allowed
+
+
+def test_the_bridge_check_shows_in_a_dry_run(tmp_path):
+    rc, _, err = dry_run(tmp_path, QUICKSTART, "topology.hosts_per_rack=1100")
+    assert rc == 2 and "'topology.hosts_per_rack': got 1100" in err and "tor1 would have 1101" in err

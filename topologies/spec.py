@@ -45,6 +45,10 @@ MAX_QUEUE_PACKETS = 2 ** 32 - 1
 #: the largest ``net.ipv4.tcp_notsent_lowat``: an unsigned int the kernel reads with
 #: ``proc_douintvec`` (net/ipv4/sysctl_net_ipv4.c), which refuses more with EINVAL
 MAX_NOTSENT_LOWAT_BYTES = 2 ** 32 - 1
+#: the most ports of one switch: a Linux bridge numbers its ports in BR_PORT_BITS = 10 bits
+#: (BR_MAX_PORTS = 1 << BR_PORT_BITS in net/bridge/br_private.h) and port 0 is reserved
+#: (find_portno in net/bridge/br_if.c), so the 1,024th port fails with EXFULL
+MAX_BRIDGE_PORTS = (1 << 10) - 1
 
 
 def rate_error(field: str, bw: float, scale: float, upper: bool = True) -> FieldError | None:
