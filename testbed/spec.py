@@ -45,8 +45,8 @@ AUTO = "auto"
 MAX_POINTS = 1000
 
 #: the longest ``run.timeout_s``, seconds: 2**31 - 1 ms, 24.8 days. Every time a run waits
-#: for lies inside it (:meth:`Experiment.cross_errors`: capture periods, events' ``at_s``,
-#: background flows' starts, link delays), and the longest of those, bwm-ng's
+#: for lies inside it (:meth:`Experiment.cross_errors`: capture periods, the pcap window,
+#: events' ``at_s``, background flows' starts, link delays), and the longest of those, bwm-ng's
 #: period ``-t`` in ms, is an unsigned int that bwm-ng doubles (``avg_length = 2 x delay + 1``,
 #: src/options.c), which holds up to 2**31 - 1 ms. Python's waits (``threading.Timer``,
 #: ``time.sleep``: at most ``threading.TIMEOUT_MAX``, 292 years) are far from it.
@@ -95,9 +95,12 @@ class PcapSpec(SpecModel):
     every packet; checked with libpcap's compiler before anything is built."""
     start_s: float = Field(0.0, ge=0)
     """Start this many emulated seconds after the training processes are launched (a time
-    window for runs whose whole capture would be too large to analyse)."""
+    window for runs whose whole capture would be too large to analyse); ``start_s x scale``
+    below ``run.timeout_s`` (a window starting later captures nothing; its timer is a
+    ``threading.Timer``, which overflows beyond ``threading.TIMEOUT_MAX``)."""
     duration_s: Optional[float] = Field(None, gt=0)
-    """Stop after this many emulated seconds (null: with the run)."""
+    """Stop after this many emulated seconds (null: with the run); ``duration_s x scale`` at
+    most ``run.timeout_s`` (for as long as the run, leave it null)."""
 
     @field_validator("filter")
     @classmethod
@@ -349,7 +352,7 @@ class Experiment(SpecModel):
         """Times the run waits for, each inside ``run.timeout_s`` (the run is stopped before a
         later one comes; ``run.timeout_s`` is far below what ``threading.Timer`` and
         ``time.sleep`` take): a link's one-way delay (x ``scale``, as every emulated time);
-        the capture periods (wall-clock ms); the host's
+        the capture periods (wall-clock ms); the pcap window's start and length; the host's
         smallest costs (:class:`traffic.hostmodel.HostSpec`: one message, one pull request,
         one float32 element at each rate). Events' ``at_s``
         (:func:`traffic.event_spec.event_errors`) and background flows' starts
@@ -368,6 +371,12 @@ class Experiment(SpecModel):
         for name, on in periods:
             if on:
                 within(f"capture.{name}", getattr(c, name), getattr(c, name) / 1000, "the sampling period", False)
+        if c.pcap is not None:
+            within("capture.pcap.start_s", c.pcap.start_s, c.pcap.start_s * scale,
+                   f"the capture window's start x scale {scale:g}")
+            if c.pcap.duration_s is not None:
+                within("capture.pcap.duration_s", c.pcap.duration_s, c.pcap.duration_s * scale,
+                       f"the capture window's length x scale {scale:g} (null: until the run ends)", False)
         try:
             h, given = self.host.resolve(), self.host.pinned()
         except (TestbedError, OSError, ValueError):  # an unreadable profile: host.cross_errors names it

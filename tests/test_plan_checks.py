@@ -3,7 +3,7 @@
 the topology graph), with exit status 2 from ``testbed run --dry-run`` and a message naming
 the field, the value and what is allowed.
 
-One section per class of limit: the shaper's rates, iperf3's limits, ports, bounded numbers and a bridge's ports.
+One section per class of limit: the shaper's rates, iperf3's limits, ports, bounded numbers, a bridge's ports and capture windows.
 """
 
 import contextlib
@@ -244,3 +244,25 @@ def test_the_schemes_hosts_count_on_their_tor_and_a_full_bridge_is_accepted():
 def test_the_bridge_check_shows_in_a_dry_run(tmp_path):
     rc, _, err = dry_run(tmp_path, QUICKSTART, "topology.hosts_per_rack=1100")
     assert rc == 2 and "'topology.hosts_per_rack': got 1100" in err and "tor1 would have 1101" in err
+
+
+# ---------------------------------------------------------------- capture windows inside the run
+
+
+@pytest.mark.parametrize("pcap, field", [
+    ({"ports": ["uplinks"], "start_s": 1e12}, "capture.pcap.start_s"),
+    ({"ports": ["uplinks"], "start_s": 600}, "capture.pcap.start_s"),
+    ({"ports": ["uplinks"], "duration_s": 1e12}, "capture.pcap.duration_s"),
+])
+def test_a_capture_window_outside_the_run_is_refused(pcap, field):
+    err = refused({"workload": {"iterations": 3}, "capture": {"pcap": pcap}})
+    assert fields(err) == [field] and "run.timeout_s (600 s)" in err.allowed
+
+
+def test_a_capture_window_is_dilated_before_it_is_compared(tmp_path):
+    base = {"workload": {"iterations": 3, "compute": {"mode": "emulated"}}, "capture": {"pcap": {"ports": ["uplinks"]}}}
+    from_dict(base, ["capture.pcap.start_s=100", "scale=5"])  # 500 s
+    err = refused(base, ["capture.pcap.start_s=100", "scale=6"])  # 600 s
+    assert fields(err) == ["capture.pcap.start_s"]
+    rc, _, err = dry_run(tmp_path, QUICKSTART, "capture.pcap={ports: [uplinks], start_s: 1e12}")
+    assert rc == 2 and "'capture.pcap.start_s': got 1000000000000.0" in err
