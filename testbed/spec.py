@@ -449,7 +449,8 @@ def parse_override(text: str) -> tuple[str, Any]:
     """Parse ``path.to.field=value`` (value in YAML syntax) into ``(path, value)``.
 
     Raises:
-        SpecError: no ``=``, an empty path, or a value that is not YAML.
+        SpecError: no ``=``, an empty path, or a value that is not YAML; a key given twice in
+            the value names its dotted path below ``path`` (:class:`~common.validation.DuplicateKeyError`).
     """
     if "=" not in text:
         raise SpecError("--set", text, "path.to.field=value, e.g. workload.iterations=20")
@@ -457,7 +458,9 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not path.strip():
         raise SpecError("--set", text, "a non-empty field path before '='")
     try:
-        return path.strip(), load_yaml(raw)
+        return path.strip(), load_yaml(raw, source=f"the --set value {text}", prefix=path.strip())
+    except SpecError:
+        raise
     except yaml.YAMLError as e:
         raise SpecError("--set", text, f"a value in YAML syntax ({e})") from None
 
@@ -512,8 +515,9 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> Experimen
     ``my-spec``).
 
     Raises:
-        SpecError: the file is missing or unreadable, is not YAML (or not UTF-8), or fields
-            are malformed.
+        SpecError: the file is missing or unreadable, is not YAML (or not UTF-8), a key is
+            given twice in a mapping (named by its dotted path, with both lines and the file:
+            :class:`~common.validation.DuplicateKeyError`), or fields are malformed.
     """
     p = Path(path)
     try:
@@ -523,7 +527,9 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> Experimen
     except (OSError, ValueError) as e:  # a path the OS refuses (too long, NUL), unreadable, not UTF-8
         raise SpecError("<file>", str(path), f"a readable UTF-8 YAML spec file ({type(e).__name__}: {e})") from None
     try:
-        data = load_yaml(text)
+        data = load_yaml(text, source=str(path))
+    except SpecError:
+        raise
     except yaml.YAMLError as e:
         raise SpecError("<file>", str(path), f"valid YAML ({e})") from None
     data = {} if data is None else data

@@ -312,6 +312,8 @@ NASTY_YAML = [
     "name: ../../etc/evil\n", "run: {id: /abs}\n", "sweep: 5\n", "sweep: {workload.scheme: []}\n",
     "variants: {a: 1}\n", "variants: [{1: 2}]\n", "topology: {kind: rack_core, racks: 200, hosts_per_rack: 2}\n",
     "\t- tab\n", "a: b: c\n", "\xff\xfe", "key: 'unterminated\n", "!!binary aGVsbG8=\n", "!!set {a, b}\n",
+    "topology: {racks: 2, racks: 3}\n", "name: a\nname: b\n", "background:\n- {src: h1, src: h2}\n",
+    "base: &b {x: 1}\nm: {<<: *b, x: 2}\n", "!!set {a, a}\n", "a: {? [x]: 1, ? [x]: 2}\n",
 ]
 FILE_TEXTS = st.one_of(st.sampled_from(NASTY_YAML), SPECS.map(lambda d: yaml.safe_dump(d) if _dumpable(d) else ""),
                        st.text(max_size=60))

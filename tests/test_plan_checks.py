@@ -3,7 +3,7 @@
 the topology graph), with exit status 2 from ``testbed run --dry-run`` and a message naming
 the field, the value and what is allowed.
 
-One section per class of limit: the shaper's rates, iperf3's limits, ports, bounded numbers, a bridge's ports and capture windows.
+One section per class of limit: the shaper's rates, iperf3's limits, ports, bounded numbers, a bridge's ports, capture windows and duplicate YAML keys.
 """
 
 import contextlib
@@ -14,12 +14,14 @@ import pytest
 import yaml
 
 from common.errors import SpecError, TestbedError
+from common.validation import DuplicateKeyError, load_yaml
 from testbed import cli
 from testbed.background import BASE_PORT, IPERF3_MAX_TIME_S, plan_flows
 from testbed.runner import plan_experiment
 from testbed.shaping import ShapedIntf
-from testbed.spec import MAX_TIMEOUT_S, from_dict
+from testbed.spec import MAX_TIMEOUT_S, from_dict, load_spec
 from topologies.spec import MAX_BRIDGE_PORTS, MAX_DELAY_MS, MAX_RATE_MBPS, MIN_RATE_MBPS
+from traffic import rundir
 from traffic.spec import MAX_ITERATIONS, MAX_SEED
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -266,3 +268,43 @@ def test_a_capture_window_is_dilated_before_it_is_compared(tmp_path):
     assert fields(err) == ["capture.pcap.start_s"]
     rc, _, err = dry_run(tmp_path, QUICKSTART, "capture.pcap={ports: [uplinks], start_s: 1e12}")
     assert rc == 2 and "'capture.pcap.start_s': got 1000000000000.0" in err
+
+
+# ---------------------------------------------------------------- duplicate YAML keys
+
+
+def test_a_key_given_twice_in_a_spec_file_names_its_path_both_lines_and_the_file(tmp_path):
+    p = tmp_path / "dup.yaml"
+    p.write_text("name: dup\ntopology:\n  kind: rack\n  hosts_per_rack: 4\n  kind: rack_core\nworkload: {iterations: 3}\n")
+    with pytest.raises(SpecError) as e:
+        load_spec(p)
+    assert e.value.field == "topology.kind"
+    assert e.value.allowed == f"each key once (lines 3 and 5 of {p})"
+    rc, _, err = dry_run(tmp_path, p)
+    assert rc == 2 and "'topology.kind'" in err and "lines 3 and 5" in err
+
+
+def test_a_key_given_twice_in_a_list_item_or_a_set_value_names_its_path():
+    with pytest.raises(DuplicateKeyError) as e:
+        load_yaml("background:\n- {src: h1, dst: h2}\n- {src: h1, dst: h2, dst: h3}\n")
+    assert e.value.field == "background[1].dst" and "lines 3 and 3" in e.value.allowed
+    with pytest.raises(SpecError) as e:
+        from_dict({}, ["workload.options={overlap: true, overlap: false}"])
+    assert e.value.field == "workload.options.overlap" and "--set value" in e.value.allowed
+
+
+def test_a_duplicate_key_is_an_error_in_a_runs_spec_yaml_too(tmp_path):
+    run = rundir.create(tmp_path, "r")
+    (run / "spec.yaml").write_text("scale: 1\nscale: 2\n")
+    with pytest.raises(TestbedError, match=r"'scale'.*lines 1 and 2 of .*spec.yaml"):
+        rundir.read_spec(run)
+
+
+def test_load_yaml_keeps_its_other_behaviour():
+    assert load_yaml("a: 1e12\nb: [1E-3]\n") == {"a": 1e12, "b": [1e-3]}
+    # a merge key's values may be overridden (YAML's merge, not a repeated key)
+    assert load_yaml("base: &b {x: 1, y: 2}\nm: {<<: *b, x: 3}\n")["m"] == {"x": 3, "y": 2}
+    with pytest.raises(yaml.YAMLError, match="nested at most 32"):
+        load_yaml("a: " + "[" * 40 + "]" * 40)
+    with pytest.raises(DuplicateKeyError):  # 1 and true are the same key of a Python mapping
+        load_yaml("{1: a, true: b}")

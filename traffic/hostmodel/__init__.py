@@ -173,7 +173,7 @@ def load_host_profile(ref: str) -> HostProfile:
         raise TestbedError(f"no host profile {ref!r}: one of {', '.join(available_host_profiles()) or 'none'}, "
                            "or the path of a host profile file (testbed profile --host writes one)")
     try:
-        data = load_yaml(path.read_text())
+        data = load_yaml(path.read_text(), source=str(path))
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise TestbedError(f"host profile {path} is not valid YAML ({e})") from None
     try:
