@@ -336,7 +336,8 @@ def plan_experiment(exp: Experiment) -> list[PlannedRun]:
 
     Raises:
         SpecError: a point is invalid or its plan does not fit its topology (or is invalid
-            at the scale ``auto`` resolved to); the message names the point.
+            at the scale ``auto`` resolved to), or its links cannot carry its training within
+            ``run.timeout_s`` (:func:`time_errors`); the message names the point.
         CapacityError: ``scale: auto`` and the cost model is missing or malformed.
     """
     out = []
@@ -348,6 +349,8 @@ def plan_experiment(exp: Experiment) -> list[PlannedRun]:
             if auto:
                 model = model or capacity.CostModel.load()  # read once for every point
                 e = with_scale(e, capacity.auto_scale(e, hosts, plan, model=model))
+            if errors := time_errors(e, hosts, plan):
+                raise SpecError.of(errors)
         except SpecError as err:
             if not point:
                 raise
@@ -355,6 +358,45 @@ def plan_experiment(exp: Experiment) -> list[PlannedRun]:
                                 for x in err.errors]) from None
         out.append(PlannedRun(point, e, hosts, plan, scale_auto=auto))
     return out
+
+
+def time_errors(exp: Experiment, hosts: list[HostInfo], processes: list[ProcessPlan]) -> list[FieldError]:
+    """A run whose links cannot carry its training within ``run.timeout_s`` (``exp`` at a
+    number ``scale``: one point, ``auto`` resolved), by a lower bound of its wall-clock time:
+
+        iterations x S x 8 / (L x R x 1e6 / scale)  seconds
+
+    ``S``: the least bytes the hosts of the ``worker`` processes send together per iteration
+    (:meth:`traffic.schemes.Scheme.min_sent_bytes`: for data-parallel schemes the gradient as
+    sent x (hosts - 1)); ``L``: those hosts' links to their ToR; ``R``: the fastest rate any
+    of them has, Mbit/s (``topology.host_bw_mbps``, or a scheduled ``bw_mbps`` above it),
+    shaped at ``R / scale``. Each link carries at most ``R x 1e6 / scale`` bit/s one way, and
+    ``iterations`` counts the warm-up ones too (the runtime runs ``workload.iterations`` in
+    all), so the bound leaves out start-up, compute, latency, every byte beyond ``S`` and
+    every slower link: the run takes at least this long. Schemes that state no bound
+    (``workload.program``, a scheme of one's own) are not checked.
+
+    Returns:
+        one error naming ``topology.host_bw_mbps`` with the estimate and the least rate
+        that would fit, or none.
+    """
+    sent = schemes.get(exp.workload.scheme).min_sent_bytes(exp.workload, processes)
+    if not sent:
+        return []
+    workers = {p.host for p in processes if p.role == "worker"}
+    links = sum(h.interfaces for h in hosts if h.name in workers)
+    t, w, timeout = exp.topology, exp.workload, exp.run.timeout_s
+    fastest = max([t.host_bw_mbps] + [e.bw_mbps for e in exp.events if e.kind == "link_rate"])
+    need_s = w.iterations * sent * 8 / (links * fastest * 1e6 / exp.scale)
+    if need_s <= timeout:
+        return []
+    return [FieldError("topology.host_bw_mbps", t.host_bw_mbps,
+                       f"a rate at which the run can finish within run.timeout_s ({timeout:g} s): at least "
+                       f"{fastest * need_s / timeout:.4g} Mbit/s. At {fastest:g} Mbit/s its workers' links need at least "
+                       f"{need_s:.4g} s of wall clock: {w.iterations} iterations x {sent:.4g} bytes (the least the "
+                       f"{len(workers)} worker hosts of scheme {w.scheme!r} send per iteration) x 8 / ({links} links x "
+                       f"{fastest:g} Mbit/s / scale {exp.scale:g}); or lower workload.iterations or raise "
+                       f"run.timeout_s")]
 
 
 def describe_plan(planned: list[PlannedRun]) -> str:

@@ -3,7 +3,7 @@
 the topology graph), with exit status 2 from ``testbed run --dry-run`` and a message naming
 the field, the value and what is allowed.
 
-One section per class of limit: the shaper's rates, iperf3's limits, ports, bounded numbers, a bridge's ports, capture windows and duplicate YAML keys.
+One section per class of limit: the shaper's rates, iperf3's limits, ports, bounded numbers, a bridge's ports, capture windows, duplicate YAML keys and runs too slow to finish.
 """
 
 import contextlib
@@ -17,11 +17,12 @@ from common.errors import SpecError, TestbedError
 from common.validation import DuplicateKeyError, load_yaml
 from testbed import cli
 from testbed.background import BASE_PORT, IPERF3_MAX_TIME_S, plan_flows
-from testbed.runner import plan_experiment
+from testbed.runner import plan_experiment, time_errors
 from testbed.shaping import ShapedIntf
 from testbed.spec import MAX_TIMEOUT_S, from_dict, load_spec
 from topologies.spec import MAX_BRIDGE_PORTS, MAX_DELAY_MS, MAX_RATE_MBPS, MIN_RATE_MBPS
-from traffic import rundir
+from traffic import rundir, schemes
+from traffic.schemes.base import sync_sent_bytes
 from traffic.spec import MAX_ITERATIONS, MAX_SEED
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -308,3 +309,82 @@ def test_load_yaml_keeps_its_other_behaviour():
         load_yaml("a: " + "[" * 40 + "]" * 40)
     with pytest.raises(DuplicateKeyError):  # 1 and true are the same key of a Python mapping
         load_yaml("{1: a, true: b}")
+
+
+# ---------------------------------------------------------------- runs too slow to finish
+
+
+def test_a_link_too_slow_for_the_run_is_exit_2_with_the_estimate(tmp_path):
+    rc, _, err = dry_run(tmp_path, QUICKSTART, "topology.host_bw_mbps=1")
+    assert rc == 2 and "'topology.host_bw_mbps': got 1.0" in err
+    # 60 iterations x 7 hosts x 1,204,264 bytes (digits_mlp's float32 gradient) x 8 / (8 links x 1 Mbit/s)
+    assert "at least 505.8 s of wall clock" in err and "at least 2.107 Mbit/s" in err and "(240 s)" in err
+    assert dry_run(tmp_path, QUICKSTART, "topology.host_bw_mbps=2.2")[0] == 0
+
+
+def test_the_estimate_is_a_lower_bound_with_its_arithmetic():
+    exp = from_dict({"topology": {"kind": "rack", "hosts_per_rack": 4, "host_bw_mbps": 1},
+                     "workload": {"scheme": "allreduce", "iterations": 100}, "run": {"timeout_s": 10_000}})
+    (pr,) = plan_experiment(exp)
+    assert time_errors(pr.exp, pr.hosts, pr.processes) == []
+    grad = 4 * 301_066  # digits_mlp
+    assert schemes.get("allreduce").min_sent_bytes(exp.workload, pr.processes) == 3 * grad
+    need = 100 * 3 * grad * 8 / (4 * 1e6)  # 722.6 s
+    tight = from_dict(pr.exp.to_dict(), [f"run.timeout_s={need * 0.99}"])
+    (err,) = time_errors(tight, pr.hosts, pr.processes)
+    assert err.field == "topology.host_bw_mbps" and f"{need:.4g} s" in err.allowed
+    # a scheduled event that speeds the links up counts: the bound takes the fastest rate
+    faster = from_dict(tight.to_dict(), ["events=[{at_iteration: 1, link: 'host:h1', bw_mbps: 2}]"])
+    assert time_errors(faster, pr.hosts, pr.processes) == []
+
+
+def test_the_bound_counts_hosts_not_workers_and_each_job_apart():
+    assert sync_sent_bytes([["h1", "h2", "h3", "h4"]], 10) == 30
+    assert sync_sent_bytes([["h1", "h1"]], 10) == 0  # on one host nothing must cross a link
+    assert sync_sent_bytes([["h1", "h2"], ["h3", "h4"]], 10) == 20
+    exp = from_dict({"topology": {"kind": "rack", "hosts_per_rack": 4},
+                     "workload": {"scheme": "phub", "iterations": 3, "options": {"jobs": 2}}})
+    (pr,) = plan_experiment(exp)
+    assert schemes.get("phub").min_sent_bytes(exp.workload, pr.processes) == 2 * 4 * 301_066
+
+
+@pytest.mark.parametrize("compression, element_bytes", [("none", 4), ("truncation", 2), ("quantization", 1)])
+def test_pipe_sgds_compression_lowers_the_bound_by_its_ratio(compression, element_bytes):
+    exp = from_dict({"topology": {"kind": "rack", "hosts_per_rack": 4},
+                     "workload": {"scheme": "pipe_sgd", "iterations": 3, "options": {"compression": compression}}})
+    (pr,) = plan_experiment(exp)
+    assert schemes.get("pipe_sgd").min_sent_bytes(exp.workload, pr.processes) == 3 * element_bytes * 301_066
+
+
+def test_stanza_counts_its_conv_layers_and_real_compute_the_model_built_for_the_data():
+    from traffic.models import model_info
+    info = model_info("digits_cnn")
+    conv = 4 * sum(info["layer_numels"][:info["split_index"]])
+    exp = from_dict({"topology": {"kind": "rack", "hosts_per_rack": 4},
+                     "workload": {"scheme": "stanza", "model": "digits_cnn", "iterations": 3}})
+    (pr,) = plan_experiment(exp)
+    assert schemes.get("stanza").min_sent_bytes(exp.workload, pr.processes) == 2 * conv  # 3 CONV workers
+    # real compute on digits: vgg19 is built for 64 features, fewer parameters than at 224 x 224
+    real = from_dict({"workload": {"model": "vgg19", "iterations": 3}})
+    emulated = from_dict({"scale": 1, "workload": {"model": "vgg19", "iterations": 3, "compute": {"mode": "emulated"}}})
+    (r,), (e,) = plan_experiment(real), plan_experiment(emulated)
+    assert 0 < schemes.get("ps").min_sent_bytes(real.workload, r.processes) < \
+        schemes.get("ps").min_sent_bytes(emulated.workload, e.processes)
+
+
+def test_a_program_whose_traffic_is_unknown_is_not_checked():
+    assert schemes.get("program").min_sent_bytes(None, []) is None
+    exp = from_dict({"topology": {"kind": "rack", "hosts_per_rack": 4, "host_bw_mbps": 0.001},
+                     "workload": {"program": {"command": ["python", "-c", "pass"]}}})
+    plan_experiment(exp)
+
+
+def test_with_auto_the_time_is_estimated_at_the_resolved_scale(monkeypatch):
+    spec = {"topology": {"kind": "rack", "hosts_per_rack": 4, "host_bw_mbps": 100},
+            "workload": {"compute": {"mode": "emulated"}, "iterations": 100}}
+    monkeypatch.setattr("testbed.runner.capacity.auto_scale", lambda *a, **k: 1.0)
+    plan_experiment(from_dict(spec))
+    monkeypatch.setattr("testbed.runner.capacity.auto_scale", lambda *a, **k: 2000.0)
+    with pytest.raises(SpecError) as e:  # 100 x 3 x 1.2 MB x 8 / (4 x 0.05 Mbit/s) = 14,451 s
+        plan_experiment(from_dict(spec))
+    assert fields(e.value) == ["topology.host_bw_mbps"] and "scale 2000" in e.value.allowed
