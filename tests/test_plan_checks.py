@@ -3,11 +3,14 @@
 the topology graph), with exit status 2 from ``testbed run --dry-run`` and a message naming
 the field, the value and what is allowed.
 
-One section per class of limit: the shaper's rates, iperf3's limits, ports, bounded numbers, a bridge's ports, capture windows, duplicate YAML keys and runs too slow to finish.
+One section per class of limit: the shaper's rates, iperf3's limits, ports, bounded numbers,
+a bridge's ports, capture windows, duplicate YAML keys and runs too slow to finish.
 """
+from __future__ import annotations
 
 import contextlib
 import io
+import math
 from pathlib import Path
 
 import pytest
@@ -19,7 +22,7 @@ from testbed import cli
 from testbed.background import BASE_PORT, IPERF3_MAX_TIME_S, plan_flows
 from testbed.runner import plan_experiment, time_errors
 from testbed.shaping import ShapedIntf
-from testbed.spec import MAX_TIMEOUT_S, from_dict, load_spec
+from testbed.spec import MAX_TIMEOUT_S, from_dict, load_spec, with_scale
 from topologies.spec import MAX_BRIDGE_PORTS, MAX_DELAY_MS, MAX_RATE_MBPS, MIN_RATE_MBPS
 from traffic import rundir, schemes
 from traffic.schemes.base import sync_sent_bytes
@@ -388,3 +391,14 @@ def test_with_auto_the_time_is_estimated_at_the_resolved_scale(monkeypatch):
     with pytest.raises(SpecError) as e:  # 100 x 3 x 1.2 MB x 8 / (4 x 0.05 Mbit/s) = 14,451 s
         plan_experiment(from_dict(spec))
     assert fields(e.value) == ["topology.host_bw_mbps"] and "scale 2000" in e.value.allowed
+
+
+# ---------------------------------------------------------------- shipped specs
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "experiments").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_shipped_experiment_is_still_planned(path):
+    planned = plan_experiment(load_spec(path))
+    assert planned and all(isinstance(pr.exp.scale, float) and math.isfinite(pr.exp.scale) for pr in planned)
+    for pr in planned:
+        assert with_scale(pr.exp, pr.exp.scale) is not None
