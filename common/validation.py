@@ -266,8 +266,67 @@ def validate(model: type[M], data: Any, prefix: str = "", what: str | None = Non
         raise SpecError.of(field_errors(e, model, prefix, what)) from None
 
 
+class DuplicateKeyError(SpecError, yaml.YAMLError):
+    """A key given twice in one YAML mapping: a :class:`SpecError` (field: the key's dotted
+    path; allowed: each key once, with the lines of both and the file), and a
+    ``yaml.YAMLError`` for readers that treat any YAML problem alike."""
+
+
 class _Loader(yaml.SafeLoader):
-    """YAML 1.1 with YAML 1.2's floats: ``1e12`` and ``1E-3`` are numbers, not strings."""
+    """YAML 1.1 with YAML 1.2's floats: ``1e12`` and ``1E-3`` are numbers, not strings; and a
+    key given twice in a mapping is an error (:class:`DuplicateKeyError`), not the second
+    value silently winning.
+
+    Args:
+        text: the YAML text.
+        source: what the text is, for messages (a file's path, ``--set ...``).
+        prefix: the dotted path the document sits at (the field a ``--set`` value sets).
+    """
+
+    def __init__(self, text: str, source: str | None = None, prefix: str = ""):
+        super().__init__(text)
+        if source is not None:
+            self.name = source  # marks (line numbers in messages) name it
+        self.source, self._paths, self._checked = source, {}, set()
+        self._paths[None] = prefix  # the document's root (see construct_document)
+
+    def construct_document(self, node):
+        self._paths[id(node)] = self._paths.pop(None, "")
+        return super().construct_document(node)
+
+    def _check_keys(self, node) -> None:
+        """Refuse a key given twice among ``node``'s own keys (merged ``<<`` keys may be
+        overridden, as YAML says) and note the path of each value. Done once per node, before
+        PyYAML flattens its merges (which happens first when another mapping merges it)."""
+        if id(node) in self._checked or not isinstance(node, yaml.MappingNode):
+            return
+        self._checked.add(id(node))
+        here, first = self._paths.get(id(node), ""), {}
+        for key_node, value_node in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                continue
+            key = self.construct_object(key_node, deep=True)
+            path = _path(here, [key])
+            line = key_node.start_mark.line + 1
+            if key in first:
+                where = f" of {self.source}" if self.source else ""
+                raise DuplicateKeyError(path, key, f"each key once (lines {first[key]} and {line}{where})")
+            first[key] = line
+            self._paths.setdefault(id(value_node), path)
+
+    def flatten_mapping(self, node):
+        self._check_keys(node)
+        super().flatten_mapping(node)
+
+    def construct_mapping(self, node, deep=False):
+        self._check_keys(node)
+        return super().construct_mapping(node, deep=deep)
+
+    def construct_sequence(self, node, deep=False):
+        here = self._paths.get(id(node), "")
+        for i, child in enumerate(getattr(node, "value", ())):
+            self._paths.setdefault(id(child), f"{here}[{i}]")
+        return super().construct_sequence(node, deep=deep)
 
 
 _Loader.add_implicit_resolver(
@@ -280,22 +339,33 @@ _Loader.add_implicit_resolver(
     list("-+0123456789."))
 
 
-def load_yaml(text: str) -> Any:
+def load_yaml(text: str, source: str | None = None, prefix: str = "") -> Any:
     """Parse YAML text; ``1e12`` is a number (PyYAML alone reads it as a string).
 
+    Args:
+        text: the YAML text.
+        source: what it is, named in messages: a file's path, ``the --set value ...``.
+        prefix: the dotted path the document sits at, for the field of a repeated key (the
+            path a ``--set`` value is set at; '' for a whole spec).
+
     Raises:
+        DuplicateKeyError: a key given twice in one mapping (a :class:`SpecError` naming the
+            key's dotted path, both lines and ``source``; also a ``yaml.YAMLError``).
         yaml.YAMLError: not YAML, a value its tag cannot hold (``2001-13-01``, ``!!int x``,
             an integer of more than 4300 digits), or nesting deeper than :data:`MAX_DEPTH`
             levels (or a recursive anchor).
     """
+    loader = _Loader(text, source, prefix)
     try:
-        data = yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+        data = loader.get_single_data()
     except yaml.YAMLError:
         raise
     except RecursionError:
         raise yaml.YAMLError(f"nested more than {MAX_DEPTH} levels deep") from None
     except (ValueError, TypeError, OverflowError) as e:  # PyYAML's constructors let these through
         raise yaml.YAMLError(f"a value its type cannot hold ({e})") from None
+    finally:
+        loader.dispose()
     try:
         check_depth(data)
     except SpecError as e:

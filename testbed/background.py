@@ -41,11 +41,20 @@ from testbed.interrupts import deferred_signals
 from testbed.launch import Launched, kill_all
 from traffic.rundir import open_private, write_json
 
-__all__ = ["BASE_PORT", "FlowPlan", "plan_flows", "server_command", "client_command", "read_result",
+__all__ = ["BASE_PORT", "MAX_FLOWS", "IPERF3_MAX_TIME_S", "IPERF3_MIN_RATE_BPS", "FlowPlan", "plan_flows", "server_command", "client_command", "read_result",
            "listening", "listening_in_shell", "Background"]
 
 #: TCP port of flow i's iperf3 server: BASE_PORT + i (iperf3's default port for flow 0).
 BASE_PORT = 5201
+#: the most flows a spec may have: flow i listens on TCP port BASE_PORT + i, at most 65535
+MAX_FLOWS = 65535 - BASE_PORT + 1
+#: iperf3's longest test, seconds (``-t``): MAX_TIME in iperf3's src/iperf_api.h; iperf 3.12
+#: refuses more with "test duration too long (maximum = 86400 seconds)"
+IPERF3_MAX_TIME_S = 86_400
+#: the least ``-b`` (bit/s) that limits a flow: ``-b 0`` is no limit at all (man iperf3:
+#: "Setting the target bitrate to 0 will disable bitrate limits"), so a shaped rate that
+#: rounds to 0 bit/s would send as fast as the links allow
+IPERF3_MIN_RATE_BPS = 1
 #: Subdirectory of the run directory holding the flows' files.
 SUBDIR = Path("traces") / "background"
 

@@ -264,7 +264,9 @@ def load_cluster(path: str | Path) -> tuple[ClusterSpec, dict[str, str]]:
             be made (named ``cluster.machines``).
     """
     try:
-        data = load_yaml(Path(path).read_text())
+        data = load_yaml(Path(path).read_text(), source=str(path))
+    except SpecError:  # a key given twice: named by its own path
+        raise
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise SpecError("<file>", str(path), f"a readable YAML experiment spec ({type(e).__name__}: {e})") from None
     if not isinstance(data, dict) or "cluster" not in data:

@@ -3,8 +3,8 @@ anything is built, applied while the run trains, recorded in ``schedule.jsonl``.
 
 :func:`check` refuses, at planning, what needs the topology and the plan to see: a link, host
 or process that will not exist, a slowdown on a host that computes nothing, a shaped rate
-beyond :data:`testbed.shaping.MAX_RATE_MBPS`, a real-compute straggler on a machine without
-the cpu cgroup controller.
+outside [:data:`testbed.shaping.MIN_RATE_MBPS`, :data:`testbed.shaping.MAX_RATE_MBPS`], a
+real-compute straggler on a machine without the cpu cgroup controller.
 
 :class:`Schedule` runs in a thread of the harness. It follows the runtime's event logs
 (``events/*.jsonl``, :class:`testbed.progress.EventTail`) to know the global iteration count
@@ -55,10 +55,11 @@ from typing import Callable, Iterable
 from mininet.util import natural
 
 from testbed.cgroups import MISSING, CpuThrottle, cpu_controller, netns_pids
-from testbed.shaping import MAX_RATE_MBPS, RATE_TOLERANCE, LinkShaper, link_ends, switch_ends
+from testbed.shaping import RATE_TOLERANCE, LinkShaper, link_ends, switch_ends
 from testbed.progress import EventTail
 from common.errors import FieldError, SpecError, TestbedError
 from topologies.hosts import CORE
+from topologies.spec import rate_error
 from common.validation import load_yaml
 from traffic.rundir import read_json
 from traffic.event_spec import COMPUTE_ROLES, ScheduledEvent
@@ -142,8 +143,9 @@ def check(events: list[ScheduledEvent], links: list[dict], switches: set[str], h
     Raises:
         SpecError: every problem, by field: an unknown link (naming those there are), a host
             the topology lacks or one that runs no worker, a process the plan lacks, a shaped
-            rate ``bw_mbps / scale`` above :data:`~testbed.shaping.MAX_RATE_MBPS`, a
-            real-compute slowdown without the cpu cgroup controller.
+            rate ``bw_mbps / scale`` outside the shaper's range
+            (:func:`topologies.spec.rate_error`), a real-compute slowdown without the cpu
+            cgroup controller.
     """
     errors: list[FieldError] = []
     host_names = [h if isinstance(h, str) else h.name for h in hosts]
@@ -158,9 +160,8 @@ def check(events: list[ScheduledEvent], links: list[dict], switches: set[str], h
                 resolve_link(e.link, links, switches)
             except LookupError as err:
                 errors.append(FieldError(f"{path}.link", e.link, str(err)))
-            if kind == "link_rate" and e.bw_mbps / s > MAX_RATE_MBPS:
-                errors.append(FieldError(f"{path}.bw_mbps", e.bw_mbps, f"a rate whose shaped value bw_mbps / scale "
-                                         f"= {e.bw_mbps / s:g} Mbit/s is at most {MAX_RATE_MBPS:g} Mbit/s"))
+            if kind == "link_rate" and (bad := rate_error(f"{path}.bw_mbps", e.bw_mbps, s)):
+                errors.append(bad)
         elif kind == "compute_slowdown":
             computing = {h for _, role, h in procs if role in COMPUTE_ROLES}
             if e.host not in host_names:

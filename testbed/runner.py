@@ -48,7 +48,7 @@ from testbed.progress import RunProgress
 from testbed.site import log_leftovers, open_site
 from testbed.site.local import forks
 from testbed.spec import AUTO, Experiment, expand_sweep, with_scale, write_spec
-from topologies import build_topo, hosts_of
+from topologies import bridge_port_errors, build_topo, hosts_of
 from topologies.hosts import HostInfo
 from traffic import rundir, schemes
 from traffic.schemes import ProcessPlan
@@ -304,9 +304,10 @@ def plan_point(exp: Experiment) -> tuple[list[HostInfo], list[ProcessPlan]]:
 
     Raises:
         SpecError: the plan does not fit the topology (more workers or servers than hosts, an
-            interface a host lacks, a scheme's host outside the racks), a background flow
-            names a host the topology will not have, or ``capture.pcap.ports`` names a port
-            it will not have.
+            interface a host lacks, a scheme's host outside the racks), a switch would have
+            more ports than a Linux bridge takes (:func:`topologies.bridge_port_errors`), a
+            background flow names a host the topology will not have, or
+            ``capture.pcap.ports`` names a port it will not have.
     """
     scheme = schemes.get(exp.workload.scheme)
     try:
@@ -314,6 +315,8 @@ def plan_point(exp: Experiment) -> tuple[list[HostInfo], list[ProcessPlan]]:
     except ValueError as e:  # a requested host in a rack the topology lacks
         raise SpecError("workload.servers", exp.workload.servers.model_dump(), f"hosts the topology can hold ({e})") \
             from None
+    if errors := bridge_port_errors(exp.topology, topo):
+        raise SpecError.of(errors)
     hosts = hosts_of(topo)
     if exp.capture.pcap:
         resolve_ports(exp.capture.pcap.ports, topo_links(topo), set(topo.switches()))
@@ -343,7 +346,8 @@ def plan_experiment(exp: Experiment) -> list[PlannedRun]:
 
     Raises:
         SpecError: a point is invalid or its plan does not fit its topology (or is invalid
-            at the scale ``auto`` resolved to); the message names the point.
+            at the scale ``auto`` resolved to), or its links cannot carry its training within
+            ``run.timeout_s`` (:func:`time_errors`); the message names the point.
         CapacityError: ``scale: auto`` and the cost model is missing or malformed.
     """
     out = []
@@ -355,6 +359,8 @@ def plan_experiment(exp: Experiment) -> list[PlannedRun]:
             if auto:
                 model = model or capacity.CostModel.load()  # read once for every point
                 e = with_scale(e, capacity.auto_scale(e, hosts, plan, model=model))
+            if errors := time_errors(e, hosts, plan):
+                raise SpecError.of(errors)
         except SpecError as err:
             if not point:
                 raise
@@ -362,6 +368,45 @@ def plan_experiment(exp: Experiment) -> list[PlannedRun]:
                                 for x in err.errors]) from None
         out.append(PlannedRun(point, e, hosts, plan, scale_auto=auto))
     return out
+
+
+def time_errors(exp: Experiment, hosts: list[HostInfo], processes: list[ProcessPlan]) -> list[FieldError]:
+    """A run whose links cannot carry its training within ``run.timeout_s`` (``exp`` at a
+    number ``scale``: one point, ``auto`` resolved), by a lower bound of its wall-clock time:
+
+        iterations x S x 8 / (L x R x 1e6 / scale)  seconds
+
+    ``S``: the least bytes the hosts of the ``worker`` processes send together per iteration
+    (:meth:`traffic.schemes.Scheme.min_sent_bytes`: for data-parallel schemes the gradient as
+    sent x (hosts - 1)); ``L``: those hosts' links to their ToR; ``R``: the fastest rate any
+    of them has, Mbit/s (``topology.host_bw_mbps``, or a scheduled ``bw_mbps`` above it),
+    shaped at ``R / scale``. Each link carries at most ``R x 1e6 / scale`` bit/s one way, and
+    ``iterations`` counts the warm-up ones too (the runtime runs ``workload.iterations`` in
+    all), so the bound leaves out start-up, compute, latency, every byte beyond ``S`` and
+    every slower link: the run takes at least this long. Schemes that state no bound
+    (``workload.program``, a scheme of one's own) are not checked.
+
+    Returns:
+        one error naming ``topology.host_bw_mbps`` with the estimate and the least rate
+        that would fit, or none.
+    """
+    sent = schemes.get(exp.workload.scheme).min_sent_bytes(exp.workload, processes)
+    if not sent:
+        return []
+    workers = {p.host for p in processes if p.role == "worker"}
+    links = sum(h.interfaces for h in hosts if h.name in workers)
+    t, w, timeout = exp.topology, exp.workload, exp.run.timeout_s
+    fastest = max([t.host_bw_mbps] + [e.bw_mbps for e in exp.events if e.kind == "link_rate"])
+    need_s = w.iterations * sent * 8 / (links * fastest * 1e6 / exp.scale)
+    if need_s <= timeout:
+        return []
+    return [FieldError("topology.host_bw_mbps", t.host_bw_mbps,
+                       f"a rate at which the run can finish within run.timeout_s ({timeout:g} s): at least "
+                       f"{fastest * need_s / timeout:.4g} Mbit/s. At {fastest:g} Mbit/s its workers' links need at least "
+                       f"{need_s:.4g} s of wall clock: {w.iterations} iterations x {sent:.4g} bytes (the least the "
+                       f"{len(workers)} worker hosts of scheme {w.scheme!r} send per iteration) x 8 / ({links} links x "
+                       f"{fastest:g} Mbit/s / scale {exp.scale:g}); or lower workload.iterations or raise "
+                       f"run.timeout_s")]
 
 
 def describe_plan(planned: list[PlannedRun]) -> str:

@@ -10,7 +10,8 @@ shaping, set by :class:`ShapedIntf` when Mininet builds the link:
 * under the class, optionally a leaf: ``pfifo`` (``topology.max_queue_packets``) or
   ``netem`` (delay or loss, on kernels that have it).
 
-The rates a link may have are those of :data:`topologies.spec.MAX_RATE_MBPS`, the one
+The rates a link may have are [:data:`topologies.spec.MIN_RATE_MBPS`,
+:data:`topologies.spec.MAX_RATE_MBPS`] (the minimum's measured basis is given there), the one
 definition that the spec's validation and the build both use.
 
 After the build every end is read back over netlink (:meth:`LinkShaper.read`, pyroute2:
@@ -36,11 +37,11 @@ from pyroute2 import IPRoute, NetNS
 from pyroute2.netlink.rtnl.tcmsg.common import tick_in_usec
 
 from common.errors import TestbedError
-from topologies.spec import MAX_RATE_MBPS
+from topologies.spec import MAX_RATE_MBPS, MIN_RATE_MBPS
 
-__all__ = ["MAX_RATE_MBPS", "RATE_TOLERANCE", "HTB_QUANTUM_BYTES", "HTB_ROOT", "HTB_CLASS", "htb_burst_bytes",
-           "ShapedIntf", "ShapedLink", "LinkShaper", "RemoteLinkShaper", "read_shaping", "netem_options",
-           "shaping_errors", "netem_errors", "link_ends", "switch_ends"]
+__all__ = ["MAX_RATE_MBPS", "MIN_RATE_MBPS", "RATE_TOLERANCE", "HTB_QUANTUM_BYTES", "HTB_ROOT", "HTB_CLASS",
+           "htb_burst_bytes", "ShapedIntf", "ShapedLink", "LinkShaper", "RemoteLinkShaper", "read_shaping",
+           "netem_options", "shaping_errors", "netem_errors", "link_ends", "switch_ends"]
 
 #: Rate read back must be within this fraction of the rate asked for (tc rounds rates); so
 #: must a netem delay and loss, or within :data:`NETEM_DELAY_FLOOR_MS` / :data:`NETEM_LOSS_FLOOR_PCT`.
@@ -79,11 +80,11 @@ def htb_burst_bytes(bw_mbps: float) -> int:
 class ShapedIntf(TCIntf):
     """Mininet ``TCIntf`` that shapes every rate it is given, or refuses it.
 
-    Differences from ``TCIntf``: rates up to :data:`MAX_RATE_MBPS` are accepted (stock
-    ``TCIntf`` silently leaves a link unshaped above ``bwParamMax`` = 1000 Mbit/s); burst is
-    :func:`htb_burst_bytes`; a queue limit without delay or loss uses a ``pfifo`` leaf
-    (``netem`` is not available on every kernel); a rate out of range raises instead of
-    logging.
+    Differences from ``TCIntf``: rates in [:data:`MIN_RATE_MBPS`, :data:`MAX_RATE_MBPS`] are
+    accepted (stock ``TCIntf`` silently leaves a link unshaped above ``bwParamMax`` = 1000
+    Mbit/s); burst is :func:`htb_burst_bytes`; a queue limit without delay or loss uses a
+    ``pfifo`` leaf (``netem`` is not available on every kernel); a rate out of range raises
+    instead of logging.
     """
 
     bwParamMax = MAX_RATE_MBPS
@@ -91,8 +92,8 @@ class ShapedIntf(TCIntf):
     def bwCmds(self, bw=None, **_):
         if bw is None:
             return [], " root "
-        if not 0 < bw <= MAX_RATE_MBPS:
-            raise TestbedError(f"link rate {bw} Mbit/s is outside (0, {MAX_RATE_MBPS:.0f}] Mbit/s")
+        if not MIN_RATE_MBPS <= bw <= MAX_RATE_MBPS:
+            raise TestbedError(f"link rate {bw} Mbit/s is outside [{MIN_RATE_MBPS:g}, {MAX_RATE_MBPS:.0f}] Mbit/s")
         burst = htb_burst_bytes(bw)
         # an explicit quantum: htb's default (rate / r2q) exceeds its 200 kB limit above
         # 16 Mbit/s and the kernel warns; with one class the quantum has no other effect

@@ -25,8 +25,9 @@ from typing import Annotated, Any, Literal, Optional, Union
 import yaml
 from pydantic import Field, PrivateAttr, ValidationError, field_validator
 
-from common.errors import FieldError, SpecError, show_value
-from topologies.spec import MAX_HOSTS, MAX_INTERFACES, TopologySpec
+from common.errors import FieldError, SpecError, TestbedError, show_value
+from testbed.background import BASE_PORT, IPERF3_MAX_TIME_S, IPERF3_MIN_RATE_BPS, MAX_FLOWS
+from topologies.spec import MAX_HOSTS, MAX_INTERFACES, MAX_RATE_MBPS, TopologySpec
 from common.validation import (SAFE_LABEL_ALLOWED, SAFE_NAME_ALLOWED, SpecModel, check_depth, field_errors,
                                    is_safe_label, is_safe_name, load_yaml, safe_name, to_safe_name)
 from traffic import rundir
@@ -44,6 +45,14 @@ AUTO = "auto"
 #: the most runs (variants x sweep points) one spec may ask for
 MAX_POINTS = 1000
 
+#: the longest ``run.timeout_s``, seconds: 2**31 - 1 ms, 24.8 days. Every time a run waits
+#: for lies inside it (:meth:`Experiment.cross_errors`: capture periods, the pcap window,
+#: events' ``at_s``, background flows' starts, link delays), and the longest of those, bwm-ng's
+#: period ``-t`` in ms, is an unsigned int that bwm-ng doubles (``avg_length = 2 x delay + 1``,
+#: src/options.c), which holds up to 2**31 - 1 ms. Python's waits (``threading.Timer``,
+#: ``time.sleep``: at most ``threading.TIMEOUT_MAX``, 292 years) are far from it.
+MAX_TIMEOUT_S = (2 ** 31 - 1) / 1000
+
 
 class BackgroundFlow(SpecModel):
     """One background flow: iperf3 from host ``src`` to host ``dst`` (:mod:`testbed.background`).
@@ -56,11 +65,15 @@ class BackgroundFlow(SpecModel):
     dst: str
     """Receiving host."""
     rate_mbps: float = Field(gt=0)
-    """Sending rate in emulated Mbit/s (shaped at rate / ``scale`` like links)."""
+    """Sending rate in emulated Mbit/s (shaped at rate / ``scale`` like links): iperf3's
+    ``-b``, in bit/s, must round to at least 1 (``-b 0`` is no limit) and be at most
+    :data:`~topologies.spec.MAX_RATE_MBPS` (no link is faster)."""
     duration_s: float = Field(gt=0)
-    """Emulated seconds; ``duration_s * scale`` must be whole seconds (iperf3 ``-t``)."""
+    """Emulated seconds; ``duration_s * scale`` must be whole seconds in [1, 86400] (iperf3
+    ``-t``; :data:`testbed.background.IPERF3_MAX_TIME_S`)."""
     start_s: float = Field(0.0, ge=0)
-    """Start in emulated seconds after the training processes are launched."""
+    """Start in emulated seconds after the training processes are launched; ``start_s *
+    scale`` below ``run.timeout_s`` (the flow would never start)."""
     protocol: Literal["tcp", "udp"] = "tcp"
     """``tcp`` (paced at the rate; backs off under congestion) or ``udp`` (constant rate)."""
     name: Optional[str] = None
@@ -83,9 +96,12 @@ class PcapSpec(SpecModel):
     every packet; checked with libpcap's compiler before anything is built."""
     start_s: float = Field(0.0, ge=0)
     """Start this many emulated seconds after the training processes are launched (a time
-    window for runs whose whole capture would be too large to analyse)."""
+    window for runs whose whole capture would be too large to analyse); ``start_s x scale``
+    below ``run.timeout_s`` (a window starting later captures nothing; its timer is a
+    ``threading.Timer``, which overflows beyond ``threading.TIMEOUT_MAX``)."""
     duration_s: Optional[float] = Field(None, gt=0)
-    """Stop after this many emulated seconds (null: with the run)."""
+    """Stop after this many emulated seconds (null: with the run); ``duration_s x scale`` at
+    most ``run.timeout_s`` (for as long as the run, leave it null)."""
 
     @field_validator("filter")
     @classmethod
@@ -105,7 +121,9 @@ class PcapSpec(SpecModel):
 
 
 class CaptureSpec(SpecModel):
-    """What the harness records while a run trains (periods in milliseconds)."""
+    """What the harness records while a run trains (periods in milliseconds of wall clock,
+    each at most ``run.timeout_s``: a longer period takes no sample before the run ends, and
+    bwm-ng holds its period in a 32-bit count of ms, :data:`MAX_TIMEOUT_S`)."""
     interval_ms: int = Field(10, gt=0)
     """bwm-ng's period (10 ms, as P3's evaluation)."""
     qdisc: bool = True
@@ -136,15 +154,17 @@ class CaptureSpec(SpecModel):
 
 class RunSpec(SpecModel):
     """How the run is driven: time limit, where run directories go, an optional fixed id."""
-    timeout_s: float = Field(600.0, gt=0)
-    """Limit of the whole run, seconds of wall clock."""
+    timeout_s: float = Field(600.0, gt=0, le=MAX_TIMEOUT_S)
+    """Limit of the whole run, seconds of wall clock, at most :data:`MAX_TIMEOUT_S`
+    (2,147,483.647 s); every time the run waits for (dilated) must fall inside it."""
     runs_dir: str = "runs"
     """Where run directories are created (nothing of a run is written outside it)."""
     id: Optional[str] = None
     """A fixed run id (the run fails if its directory exists): a safe name (letters, digits,
     ``_``, ``-``, ``.``; no leading ``.`` or ``-``; at most 100 characters)."""
     master_port: int = 29500
-    """The torch.distributed rendezvous port, in [1024, 65535]."""
+    """The torch.distributed rendezvous port, in [1024, 65535], and no background flow's
+    iperf3 port (:data:`testbed.background.BASE_PORT` + its index)."""
     launcher: Literal["zygote", "exec"] = "zygote"
     """How training processes start (:mod:`testbed.launch`): ``zygote`` forks each from one
     process per run that imported torch and the runtime once (start-up in seconds);
@@ -315,26 +335,89 @@ class Experiment(SpecModel):
             out.append(FieldError("workload.servers.interfaces", w.servers.interfaces, f"at most {MAX_INTERFACES}"))
         return out
 
+    def _port_errors(self) -> list[FieldError]:
+        """``run.master_port`` (rank 0's TCPStore, on the first process's host) apart from
+        every fixed port a run listens on: flow i's iperf3 server on ``BASE_PORT + i``
+        (:mod:`testbed.background`). The rest listen on ports the kernel picks (gloo's pairs,
+        bound to port 0); ``testbed.remote``'s VXLAN port is UDP in the machines' root
+        namespaces, never a host's."""
+        i = self.run.master_port - BASE_PORT
+        if 0 <= i < len(self.background):
+            return [FieldError("run.master_port", self.run.master_port,
+                               f"a port no background flow listens on: background[{i}]'s iperf3 server listens on "
+                               f"{self.run.master_port} (port {BASE_PORT} + its index; the flows take {BASE_PORT}.."
+                               f"{BASE_PORT + len(self.background) - 1}), e.g. 29500")]
+        return []
+
+    def _timing_errors(self, scale: float) -> list[FieldError]:
+        """Times the run waits for, each inside ``run.timeout_s`` (the run is stopped before a
+        later one comes; ``run.timeout_s`` is far below what ``threading.Timer`` and
+        ``time.sleep`` take): a link's one-way delay (x ``scale``, as every emulated time);
+        the capture periods (wall-clock ms); the pcap window's start and length; the host's
+        smallest costs (:class:`traffic.hostmodel.HostSpec`: one message, one pull request,
+        one float32 element at each rate). Events' ``at_s``
+        (:func:`traffic.event_spec.event_errors`) and background flows' starts
+        (:func:`_background_errors`) are checked with them."""
+        T, c, t = self.run.timeout_s, self.capture, self.topology
+        out = []
+
+        def within(field, value, seconds, what, strict=True):
+            if not (seconds < T if strict else seconds <= T):
+                out.append(FieldError(field, value, f"a value for which {what} ({seconds:g} s) is "
+                                                    f"{'below' if strict else 'at most'} run.timeout_s ({T:g} s)"))
+
+        within("topology.delay_ms", t.delay_ms, t.delay_ms * scale / 1000, f"a link's one-way delay x scale {scale:g}")
+        periods = [("interval_ms", True), ("qdisc_interval_ms", c.qdisc), ("cpu_interval_ms", c.cpu),
+                   ("endpoints_interval_ms", c.endpoints)]
+        for name, on in periods:
+            if on:
+                within(f"capture.{name}", getattr(c, name), getattr(c, name) / 1000, "the sampling period", False)
+        if c.pcap is not None:
+            within("capture.pcap.start_s", c.pcap.start_s, c.pcap.start_s * scale,
+                   f"the capture window's start x scale {scale:g}")
+            if c.pcap.duration_s is not None:
+                within("capture.pcap.duration_s", c.pcap.duration_s, c.pcap.duration_s * scale,
+                       f"the capture window's length x scale {scale:g} (null: until the run ends)", False)
+        try:
+            h, given = self.host.resolve(), self.host.pinned()
+        except (TestbedError, OSError, ValueError):  # an unreadable profile: host.cross_errors names it
+            return out
+        costs = [("message_overhead_us", h.message_overhead_s, "one message's software cost"),
+                 ("request_startup_ms", h.request_startup_s, "one pull request's start-up cost")]
+        costs += [(f, 4 / r if r else 0.0, "one float32 element's cost at this rate")
+                  for f, r in (("aggregate_gb_per_s", h.aggregate_bytes_per_s),
+                               ("optimizer_gb_per_s", h.optimizer_bytes_per_s),
+                               ("codec_gb_per_s", h.codec_bytes_per_s))]
+        for name, seconds, what in costs:
+            within(f"host.{name}", given[name], seconds * scale, f"{what} x scale {scale:g}")
+        return out
+
     def cross_errors(self) -> list[FieldError]:
-        """Checks that involve several fields or sections (every field being valid)."""
+        """Checks that involve several fields or sections (every field being valid).
+
+        Under ``scale: auto`` the checks that only get stricter as the scale grows (shaped
+        rates' minimum, dilated times inside ``run.timeout_s``, background flows' iperf3
+        limits) are made at 1, the least ``auto`` resolves to; every check is made again at
+        the scale it resolves to (:func:`with_scale`)."""
         out = self.topology.cross_errors() + self.workload.cross_errors() + self._size_errors()
-        out += event_errors(self.events, iterations=self.workload.iterations, topology_kind=self.topology.kind,
-                            scale=self.scale)
+        t, s = self.topology, self.scale
+        low = 1.0 if s == AUTO else s
+        out += event_errors(self.events, iterations=self.workload.iterations, topology_kind=t.kind,
+                            scale=s, timeout_s=self.run.timeout_s)
         try:
             out += self.host.cross_errors()
         except (OSError, ValueError) as e:  # a profile path the OS refuses (too long, ...)
             out.append(FieldError("host.profile", self.host.profile,
                                   f"a shipped host profile or the path of a readable one ({type(e).__name__}: {e})"))
-        out += self._cluster_errors()
-        t, s = self.topology, self.scale
+        out += self._cluster_errors() + self._port_errors()
         if s == AUTO:  # resolved at planning (testbed.capacity.auto_scale), then checked again
-            return out + _background_errors(self)
+            return out + t.rate_errors(low, upper=False) + self._timing_errors(low) + _background_errors(self)
         if not (math.isfinite(t.delay_ms * s) and t.host_bw_mbps / s > 0 and t.uplink_mbps() / s > 0):
             out.append(FieldError("scale", s, f"a factor that keeps the dilated links finite and non-zero "
                                               f"(delay_ms x scale = {t.delay_ms * s:g}, host_bw_mbps / scale = "
                                               f"{t.host_bw_mbps / s:g} Mbit/s)"))
         else:
-            out += t.rate_errors(s)
+            out += t.rate_errors(s) + self._timing_errors(s)
         if self.scale != 1 and self.workload.compute.mode != "emulated":
             out.append(FieldError("scale", self.scale, "1 unless workload.compute.mode is 'emulated' (time "
                                   "dilation slows emulated compute and links; real compute cannot be slowed)"))
@@ -367,7 +450,8 @@ def parse_override(text: str) -> tuple[str, Any]:
     """Parse ``path.to.field=value`` (value in YAML syntax) into ``(path, value)``.
 
     Raises:
-        SpecError: no ``=``, an empty path, or a value that is not YAML.
+        SpecError: no ``=``, an empty path, or a value that is not YAML; a key given twice in
+            the value names its dotted path below ``path`` (:class:`~common.validation.DuplicateKeyError`).
     """
     if "=" not in text:
         raise SpecError("--set", text, "path.to.field=value, e.g. workload.iterations=20")
@@ -375,7 +459,9 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not path.strip():
         raise SpecError("--set", text, "a non-empty field path before '='")
     try:
-        return path.strip(), load_yaml(raw)
+        return path.strip(), load_yaml(raw, source=f"the --set value {text}", prefix=path.strip())
+    except SpecError:
+        raise
     except yaml.YAMLError as e:
         raise SpecError("--set", text, f"a value in YAML syntax ({e})") from None
 
@@ -430,8 +516,9 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> Experimen
     ``my-spec``).
 
     Raises:
-        SpecError: the file is missing or unreadable, is not YAML (or not UTF-8), or fields
-            are malformed.
+        SpecError: the file is missing or unreadable, is not YAML (or not UTF-8), a key is
+            given twice in a mapping (named by its dotted path, with both lines and the file:
+            :class:`~common.validation.DuplicateKeyError`), or fields are malformed.
     """
     p = Path(path)
     try:
@@ -441,7 +528,9 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> Experimen
     except (OSError, ValueError) as e:  # a path the OS refuses (too long, NUL), unreadable, not UTF-8
         raise SpecError("<file>", str(path), f"a readable UTF-8 YAML spec file ({type(e).__name__}: {e})") from None
     try:
-        data = load_yaml(text)
+        data = load_yaml(text, source=str(path))
+    except SpecError:
+        raise
     except yaml.YAMLError as e:
         raise SpecError("<file>", str(path), f"valid YAML ({e})") from None
     data = {} if data is None else data
@@ -464,24 +553,44 @@ def _program_cwd(data, folder: Path) -> None:
 
 
 def _background_errors(exp: Experiment) -> list[FieldError]:
-    """Background flows: distinct endpoints, finite dilated rates and times, whole dilated
-    seconds, unique file-safe names. (Whether the hosts exist depends on the topology and the
-    scheme's hosts: :func:`testbed.runner.plan_point` checks it before anything is built.)"""
+    """Background flows: distinct endpoints, file-safe unique names, at most
+    :data:`~testbed.background.MAX_FLOWS` (one port each), and iperf3's limits once dilated
+    (:mod:`testbed.background`): ``-b`` (rate_mbps x 1e6 / scale, rounded) at least
+    :data:`~testbed.background.IPERF3_MIN_RATE_BPS` (0 is no limit) and at most
+    :data:`~topologies.spec.MAX_RATE_MBPS` (no link is faster), ``-t`` (duration_s x scale) a
+    whole number of seconds in [1, :data:`~testbed.background.IPERF3_MAX_TIME_S`], and the
+    start (start_s x scale) below ``run.timeout_s``. Under ``scale: auto`` the checks a larger
+    scale cannot pass are made at 1 (the least it resolves to), the rest once it is resolved.
+    (Whether the hosts exist depends on the topology and the scheme's hosts:
+    :func:`testbed.runner.plan_point` checks it before anything is built.)"""
     out, names = [], set()
-    auto = exp.scale == AUTO  # checked at scale 1 now, and again at the scale it resolves to
-    scale = 1.0 if auto else exp.scale
+    auto = exp.scale == AUTO
+    scale, timeout = 1.0 if auto else exp.scale, exp.run.timeout_s
+    if len(exp.background) > MAX_FLOWS:
+        out.append(FieldError("background", f"{len(exp.background)} flows",
+                              f"at most {MAX_FLOWS} flows (flow i's iperf3 server listens on TCP port {BASE_PORT} + i, "
+                              f"at most 65535)"))
     for i, f in enumerate(exp.background):
         path = f"background[{i}]"
         if f.src == f.dst:
             out.append(FieldError(f"{path}.dst", f.dst, f"a host other than src ({f.src})"))
+        bps = f.rate_mbps * 1e6 / scale
+        if not (math.isfinite(bps) and round(bps) >= IPERF3_MIN_RATE_BPS and (auto or bps <= MAX_RATE_MBPS * 1e6)):
+            out.append(FieldError(f"{path}.rate_mbps", f.rate_mbps,
+                                  f"a rate whose shaped value (iperf3's -b: rate_mbps x 1e6 / scale {scale:g} = {bps:g} "
+                                  f"bit/s) is at least {IPERF3_MIN_RATE_BPS} bit/s once rounded (-b 0 is no limit at "
+                                  f"all) and at most {MAX_RATE_MBPS:g} Mbit/s (no link is faster)"))
+        if not f.start_s * scale < timeout:
+            out.append(FieldError(f"{path}.start_s", f.start_s,
+                                  f"a start whose dilated value (start_s x scale {scale:g} = {f.start_s * scale:g} s) is "
+                                  f"below run.timeout_s ({timeout:g} s): the run is stopped before it comes"))
         dilated = f.duration_s * scale
-        if not math.isfinite(f.rate_mbps * 1e6 / scale) or not math.isfinite(f.start_s * scale):
-            out.append(FieldError(f"{path}.rate_mbps", f.rate_mbps, f"a rate whose shaped value rate_mbps x 1e6 / "
-                                  f"scale, and a start_s whose dilated value start_s x scale, are finite"))
-        if not math.isfinite(dilated) or (not auto and abs(dilated - round(dilated)) > 1e-9) or dilated < 1 - 1e-9:
+        if not (math.isfinite(dilated) and (auto or abs(dilated - round(dilated)) <= 1e-9)
+                and 1 - 1e-9 <= dilated <= IPERF3_MAX_TIME_S + 1e-9):
             out.append(FieldError(f"{path}.duration_s", f.duration_s,
-                                  f"a duration that is a whole number (>= 1) of seconds once dilated: duration_s x "
-                                  f"scale = {dilated:g} (iperf3 -t takes whole seconds)"))
+                                  f"a duration that is a whole number of seconds in [1, {IPERF3_MAX_TIME_S}] once "
+                                  f"dilated: duration_s x scale = {dilated:g} (iperf3 -t takes whole seconds, at most "
+                                  f"{IPERF3_MAX_TIME_S})"))
         name = f.name if f.name is not None else f"bg{i}"
         if not is_safe_name(name):
             out.append(FieldError(f"{path}.name", f.name, f"a file name: {SAFE_NAME_ALLOWED}"))

@@ -8,6 +8,10 @@ directory, and run paths for ``show``/``plot``/``timeline``/``report``. Properti
 * validation and planning (:func:`testbed.spec.from_dict` / :func:`~testbed.spec.load_spec`
   then :func:`testbed.runner.plan_experiment`, what ``testbed run`` does before it builds
   anything) either succeed or raise :class:`~common.errors.SpecError`, nothing else;
+* at the limits the plan-time checks enforce (values at and around the shaper's rates, a
+  bridge's ports, iperf3's limits, ports, seeds and times inside ``run.timeout_s``, at a
+  number ``scale`` and at ``auto``), planning still succeeds or raises ``SpecError``, and what
+  it accepts is inside every one of those limits;
 * ``testbed run --dry-run`` (the CLI's ``main``) exits 0 or 2 with no traceback and writes
   nothing; ``testbed show/plot/timeline/report`` on a path that is not a run exit 2;
 * a name validation accepts gives a run directory directly inside the runs directory;
@@ -45,11 +49,15 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from testbed import cli
-from testbed.runner import plan_experiment
-from testbed.spec import Experiment, from_dict, load_spec
+from testbed.background import IPERF3_MAX_TIME_S, plan_flows
+from testbed.runner import plan_experiment, time_errors
+from testbed.spec import MAX_TIMEOUT_S, Experiment, from_dict, load_spec
 from common.errors import SpecError
 from common.validation import load_yaml
+from topologies import build_topo
+from topologies.spec import MAX_BRIDGE_PORTS, MAX_DELAY_MS, MAX_RATE_MBPS, MIN_RATE_MBPS
 from traffic import rundir, schemes
+from traffic.spec import MAX_ITERATIONS, MAX_SEED
 from traffic.data import available_datasets
 from traffic.hostmodel import available_host_profiles
 
@@ -312,6 +320,8 @@ NASTY_YAML = [
     "name: ../../etc/evil\n", "run: {id: /abs}\n", "sweep: 5\n", "sweep: {workload.scheme: []}\n",
     "variants: {a: 1}\n", "variants: [{1: 2}]\n", "topology: {kind: rack_core, racks: 200, hosts_per_rack: 2}\n",
     "\t- tab\n", "a: b: c\n", "\xff\xfe", "key: 'unterminated\n", "!!binary aGVsbG8=\n", "!!set {a, b}\n",
+    "topology: {racks: 2, racks: 3}\n", "name: a\nname: b\n", "background:\n- {src: h1, src: h2}\n",
+    "base: &b {x: 1}\nm: {<<: *b, x: 2}\n", "!!set {a, a}\n", "a: {? [x]: 1, ? [x]: 2}\n",
 ]
 FILE_TEXTS = st.one_of(st.sampled_from(NASTY_YAML), SPECS.map(lambda d: yaml.safe_dump(d) if _dumpable(d) else ""),
                        st.text(max_size=60))
@@ -326,6 +336,95 @@ def _dumpable(d) -> bool:
         return True
     except (yaml.YAMLError, ValueError):
         return False
+
+
+# ------------------------------------------------------------------ the plan-time checks at their limits
+
+def _flow(**kw) -> dict:
+    return {"src": "bg1", "dst": "bg2", "rate_mbps": 10, "duration_s": 10, **kw}
+
+
+#: values at and around every limit validation and planning enforce
+AT_LIMITS = {
+    "scale": ["auto", "auto", 1, 4, 1000, 1e-3],
+    "workload.compute.mode": ["real", "emulated", "emulated"],
+    "topology.host_bw_mbps": [MIN_RATE_MBPS, MIN_RATE_MBPS * 0.999, 1e-7, 0.01, 1, 100, MAX_RATE_MBPS,
+                              MAX_RATE_MBPS * 1.001, 1e12],
+    "topology.uplink_bw_mbps": [None, MIN_RATE_MBPS, 1e-6, MAX_RATE_MBPS * 2],
+    "topology.oversubscription": [1, 3, 1e6],
+    "topology.delay_ms": [0, 1, MAX_DELAY_MS, MAX_DELAY_MS * 1.0001, 1e12],
+    "topology.max_queue_packets": [None, 1, 2 ** 32 - 1, 2 ** 32],
+    "topology.tcp_notsent_lowat_bytes": [None, 2 ** 32 - 1, 2 ** 32],
+    "topology.hosts_per_rack": [1, 2, 4, 511, 1022, 1023, 1100],
+    "topology.racks": [1, 2, 3, 1023, 1024],
+    "topology.interfaces_per_host": [1, 2, 64],
+    "topology.background_hosts_per_rack": [0, 1, 2, 1021],
+    "workload.seed": [0, -1, MAX_SEED, MAX_SEED + 1, 10 ** 30],
+    "workload.iterations": [1, 3, 100, MAX_ITERATIONS, MAX_ITERATIONS + 1],
+    "workload.workers": [0, 1, 2],
+    "run.timeout_s": [1e-3, 1, 240, 600, MAX_TIMEOUT_S, MAX_TIMEOUT_S * 1.0001, 1e12],
+    "run.master_port": [29500, 5201, 5202, 65535],
+    "capture.interval_ms": [1, 10, 240_000, 600_001, 2 ** 31, 10 ** 18],
+    "capture.cpu_interval_ms": [10, 10 ** 9],
+    "capture.qdisc": [True, False],
+    "capture.qdisc_interval_ms": [50, 10 ** 9],
+    "capture.pcap": [None, {"ports": ["uplinks"]}, {"ports": ["uplinks"], "start_s": 1e12},
+                     {"ports": ["uplinks"], "start_s": 239.9, "duration_s": 0.01},
+                     {"ports": ["uplinks"], "duration_s": 1e12}],
+    "background": [[], [_flow()], [_flow(), _flow(src="bg2", dst="bg1")], [_flow(rate_mbps=1e-7)],
+                   [_flow(rate_mbps=4e-6, start_s=1e-3)], [_flow(duration_s=IPERF3_MAX_TIME_S)],
+                   [_flow(duration_s=IPERF3_MAX_TIME_S + 1)], [_flow(start_s=599.99)], [_flow(start_s=1e300)],
+                   [_flow(rate_mbps=1e12)]],
+    "events": [[], [{"at_s": 1, "link": "host:h1", "bw_mbps": 1e-5}], [{"at_s": 1e12, "kill": "worker1"}],
+               [{"at_s": 0.5, "link": "host:h2", "bw_mbps": MAX_RATE_MBPS}], [{"at_iteration": 1, "link": "host:h1",
+                                                                            "bw_mbps": 1000}]],
+    "host.message_overhead_us": [None, 0, 1e12],
+    "host.aggregate_gb_per_s": [None, 1e-15, 10],
+}
+LIMIT_BASES = [{"topology": {"kind": "rack_core", "racks": 2, "hosts_per_rack": 2, "background_hosts_per_rack": 1},
+                "workload": {"scheme": s, "iterations": 3, "model": "digits_cnn"}}
+               for s in schemes.available() if s != "program"] + [load_yaml((ROOT / "experiments" / "quickstart.yaml")
+                                                                            .read_text())]
+LIMIT_SPECS = st.builds(_mutated, st.sampled_from(LIMIT_BASES),
+                        st.lists(st.sampled_from(sorted(AT_LIMITS)).flatmap(
+                            lambda p: st.tuples(st.just(p), st.sampled_from(AT_LIMITS[p]))), max_size=5),
+                        st.none())
+
+
+def _planned_within_limits(data) -> None:
+    """Plan ``data`` and check that every point accepted is inside every limit."""
+    for pr in plan_experiment(from_dict(data)):
+        e, s = pr.exp, pr.exp.scale
+        t, T = e.topology, e.run.timeout_s
+        assert isinstance(s, float) and T <= MAX_TIMEOUT_S
+        rates = [t.host_bw_mbps] + ([t.uplink_mbps()] if t.kind == "rack_core" else [])
+        rates += [ev.bw_mbps for ev in e.events if ev.kind == "link_rate"]
+        assert all(MIN_RATE_MBPS <= r / s <= MAX_RATE_MBPS for r in rates), (rates, s)
+        assert t.delay_ms * s <= MAX_DELAY_MS and t.delay_ms * s / 1000 < T
+        scheme = schemes.get(e.workload.scheme)
+        topo = build_topo(t, scheme.hosts(e.workload, t))
+        ports = {sw: 0 for sw in topo.switches()}
+        for a, b in topo.links():
+            for n in (a, b):
+                if n in ports:
+                    ports[n] += 1
+        assert max(ports.values()) <= MAX_BRIDGE_PORTS
+        hosts = {"hosts": [{"name": h.name, "ip": "10.0.0.1"} for h in pr.hosts]}
+        for fp in plan_flows(e.background, hosts, scale=s):
+            assert fp.shaped_bps >= 1 and 1 <= fp.seconds <= IPERF3_MAX_TIME_S and fp.delay_s < T
+            assert fp.port != e.run.master_port and fp.port <= 65535
+        assert 0 <= e.workload.seed <= MAX_SEED and e.workload.iterations <= MAX_ITERATIONS
+        assert all(ev.at_s * s < T for ev in e.events if ev.at_s is not None)
+        c = e.capture
+        assert c.interval_ms <= T * 1000 and (not c.cpu or c.cpu_interval_ms <= T * 1000)
+        if c.pcap is not None:
+            assert c.pcap.start_s * s < T and (c.pcap.duration_s is None or c.pcap.duration_s * s <= T)
+        assert time_errors(e, pr.hosts, pr.processes) == []
+
+
+def _check_limits(data) -> None:
+    outcome, exc = _outcome(lambda: _planned_within_limits(data))
+    _record("plan at the limits", outcome, exc, data)
 
 
 # ------------------------------------------------------------------ properties
@@ -413,6 +512,12 @@ def test_fuzz_cli_dry_run_exits_0_or_2_and_writes_nothing(nothing_built, content
 
 
 @_profile(DEFAULT_EXAMPLES)
+@given(data=LIMIT_SPECS)
+def test_fuzz_plan_at_the_limits_refuses_with_spec_errors_and_accepts_only_what_fits(data):
+    _check_limits(data)
+
+
+@_profile(DEFAULT_EXAMPLES)
 @given(name=st.one_of(st.sampled_from(NAMES), st.text(max_size=12),
                       st.text(alphabet="./-_a\x00\n", max_size=8)))
 def test_fuzz_names_accepted_stay_inside_the_runs_dir(name):
@@ -446,6 +551,13 @@ def test_fuzz_long_spec_files(long_profile, content, fname, overrides):
 @given(content=FILE_BYTES, overrides=OVERRIDES)
 def test_fuzz_long_cli_dry_run(long_profile, nothing_built, content, overrides):
     _check_cli(content, overrides)
+
+
+@pytest.mark.fuzz_long
+@_profile(LONG_EXAMPLES)
+@given(data=LIMIT_SPECS)
+def test_fuzz_long_plan_at_the_limits(long_profile, data):
+    _check_limits(data)
 
 
 @pytest.mark.fuzz_long

@@ -20,6 +20,52 @@ MAX_INTERFACES = 64
 #: veth pair on one CPU cannot keep up anyway. The spec's validation and the build
 #: (:class:`testbed.shaping.ShapedIntf`) both use this one value.
 MAX_RATE_MBPS = 40_000.0
+#: the lowest rate a link is shaped at, Mbit/s (after dilation): 800 bit/s = 100 bytes/s.
+#: htb keeps a rate as whole bytes per second, which tc truncates (measured with tc
+#: (iproute2 6.1) on a veth in an ``unshare --net`` namespace, kernel 6.18: ``rate 799bit``
+#: reads back as 792 bit/s, ``100bit`` as 96, ``8bit`` as 8, and below 8 bit/s tc refuses
+#: the class, "rate is required"), so a rate reads back within
+#: :data:`testbed.shaping.RATE_TOLERANCE` (1 %) only from 99 bytes/s on. htb also keeps the
+#: burst as a 32-bit count of psched ticks (15.625 per microsecond here, /proc/net/psched):
+#: the 15,000-byte burst of :func:`testbed.shaping.htb_burst_bytes` fits from 55 bytes/s on
+#: (below, tc stores a smaller burst, measured 1,256 bytes at 400 bit/s, and pyroute2, which
+#: changes a rate in place, fails to encode it). 100 bytes/s meets all three: 305 rates
+#: from 800 bit/s to 40 Gbit/s (log-uniform) read back within 1 % both as built with tc
+#: (worst 0.75 %) and as changed in place with pyroute2 (worst 0.39 %).
+MIN_RATE_MBPS = 0.0008
+#: the longest one-way delay a link may have, ms (after dilation): tc holds netem's latency
+#: as a 32-bit count of psched ticks, 2**32 / 15.625 ticks per microsecond = 274.877906944 s
+#: (tc refuses more, "time (too large)"; from 2**32 microseconds on it wraps silently:
+#: ``delay 4.29497e+06ms`` is taken as 2.7 ms). Measured with tc (iproute2 6.1) in an
+#: ``unshare --net`` namespace.
+MAX_DELAY_MS = 274_877.906944
+#: the largest queue limit, packets: tc's ``pfifo limit`` and netem's ``limit`` are 32-bit
+#: (measured: tc takes 4294967295 and refuses 4294967296, "Illegal value for limit")
+MAX_QUEUE_PACKETS = 2 ** 32 - 1
+#: the largest ``net.ipv4.tcp_notsent_lowat``: an unsigned int the kernel reads with
+#: ``proc_douintvec`` (net/ipv4/sysctl_net_ipv4.c), which refuses more with EINVAL
+MAX_NOTSENT_LOWAT_BYTES = 2 ** 32 - 1
+#: the most ports of one switch: a Linux bridge numbers its ports in BR_PORT_BITS = 10 bits
+#: (BR_MAX_PORTS = 1 << BR_PORT_BITS in net/bridge/br_private.h) and port 0 is reserved
+#: (find_portno in net/bridge/br_if.c), so the 1,024th port fails with EXFULL
+MAX_BRIDGE_PORTS = (1 << 10) - 1
+
+
+def rate_error(field: str, bw: float, scale: float, upper: bool = True) -> FieldError | None:
+    """The error of a link rate ``bw`` (emulated Mbit/s) that, shaped on this machine at time
+    dilation ``scale`` (``bw / scale``), falls outside [:data:`MIN_RATE_MBPS`,
+    :data:`MAX_RATE_MBPS`], or None. ``upper=False`` checks the minimum only: under
+    ``scale: auto`` the rate is checked at scale 1 before the scale is resolved (it resolves
+    to 1 or more, which only lowers the shaped rate) and fully once it is."""
+    shaped = bw / scale
+    if MIN_RATE_MBPS <= shaped and (not upper or shaped <= MAX_RATE_MBPS):
+        return None
+    low = shaped < MIN_RATE_MBPS
+    return FieldError(field, bw, f"a rate whose shaped rate ({bw:g} / scale {scale:g} = {shaped:g} Mbit/s) is "
+                                 f"{'at least' if low else 'at most'} {MIN_RATE_MBPS if low else MAX_RATE_MBPS:g} Mbit/s "
+                                 f"(htb shapes [{MIN_RATE_MBPS:g}, {MAX_RATE_MBPS:g}] Mbit/s on this machine): "
+                                 + ("raise it" + (" or lower scale" if scale > 1 else "") if low else
+                                    "lower it or raise scale"))
 
 
 class TopologySpec(SpecModel):
@@ -44,11 +90,13 @@ class TopologySpec(SpecModel):
     oversubscription: float = 1.0
     """(hosts_per_rack x host_bw_mbps) / uplink rate, a ratio >= 1."""
     delay_ms: float = Field(0.0, ge=0)
-    """One-way delay of every link, ms (needs the netem qdisc)."""
+    """One-way delay of every link, ms (needs the netem qdisc); dilated (x ``scale``) at most
+    :data:`MAX_DELAY_MS` (274,877 ms, netem's limit) and below ``run.timeout_s``."""
     loss_pct: float = 0.0
     """Packet loss of every link, % in [0, 100) (needs the netem qdisc)."""
-    max_queue_packets: Optional[int] = Field(None, gt=0)
-    """Queue limit of every shaped interface, packets (a pfifo leaf); null: the kernel's."""
+    max_queue_packets: Optional[int] = Field(None, gt=0, le=MAX_QUEUE_PACKETS)
+    """Queue limit of every shaped interface, packets (a pfifo leaf); null: the kernel's. At
+    most 4294967295 (:data:`MAX_QUEUE_PACKETS`: tc's limits are 32-bit)."""
     interfaces_per_host: int = Field(1, gt=0)
     """Links from every host to its ToR, each shaped at ``host_bw_mbps`` with its own address."""
     background_hosts_per_rack: int = Field(0, ge=0)
@@ -56,12 +104,13 @@ class TopologySpec(SpecModel):
     so that a busy core can be emulated without loading the workers' own links."""
     mtu_bytes: int = 1500
     """MTU of every interface, bytes in [576, 9000] (9000: jumbo frames, less per-packet overhead)."""
-    tcp_notsent_lowat_bytes: Optional[int] = Field(None, gt=0)
+    tcp_notsent_lowat_bytes: Optional[int] = Field(None, gt=0, le=MAX_NOTSENT_LOWAT_BYTES)
     """The hosts' ``net.ipv4.tcp_notsent_lowat``: unsent bytes a TCP socket accepts before a
     sender blocks. null keeps the kernel's default (unlimited: a send "completes" once it is
     in a socket buffer that autotuning grows to 16 MB, 32 ms of a 4 Gbit/s link); a small
     value (e.g. 131072) makes a blocking send follow the network's pace, which P3's
-    application-level priority queue relies on (P3 Sec. 4.3)."""
+    application-level priority queue relies on (P3 Sec. 4.3). At most 4294967295
+    (:data:`MAX_NOTSENT_LOWAT_BYTES`: the kernel's sysctl is an unsigned int)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -118,19 +167,28 @@ class TopologySpec(SpecModel):
                                   f"at most {MAX_INTERFACES}"))
         return out
 
-    def rate_errors(self, scale: float, prefix: str = "topology") -> list[FieldError]:
-        """The links whose rate, shaped on this machine at time dilation ``scale`` (rate /
-        ``scale``), exceeds :data:`MAX_RATE_MBPS`: the host links and, for ``rack_core``,
-        the uplinks (given or derived from ``oversubscription``)."""
+    def rate_errors(self, scale: float, prefix: str = "topology", upper: bool = True) -> list[FieldError]:
+        """The links whose rate or delay, shaped on this machine at time dilation ``scale``
+        (rate / ``scale``, delay x ``scale``), the shaper cannot take: the host links (the
+        scheme's server hosts' links have the same rate) and, for ``rack_core``, the
+        uplinks (given or derived from ``oversubscription``), each a rate in
+        [:data:`MIN_RATE_MBPS`, :data:`MAX_RATE_MBPS`] (:func:`rate_error`), and the delay at
+        most :data:`MAX_DELAY_MS`. ``upper=False`` leaves out the checks that a larger scale
+        could pass (the maximum rate), for ``scale: auto`` checked at 1 before it is resolved."""
         out = []
         rates = [("host_bw_mbps", self.host_bw_mbps)]
         if self.kind == "rack_core":
             rates.append(("uplink_bw_mbps", self.uplink_mbps()))
         for name, bw in rates:
-            if bw / scale > MAX_RATE_MBPS:
-                out.append(FieldError(f"{prefix}.{name}", bw,
-                                      f"a rate whose shaped rate ({bw:g} / scale {scale:g} = {bw / scale:g} Mbit/s) "
-                                      f"is at most {MAX_RATE_MBPS:g} Mbit/s: lower it or raise scale"))
+            err = rate_error(f"{prefix}.{name}", bw, scale, upper)
+            if err is not None:
+                derived = name == "uplink_bw_mbps" and self.uplink_bw_mbps is None
+                out.append(FieldError(err.field, err.value, err.allowed + (
+                    " (this uplink is derived: hosts_per_rack x host_bw_mbps / oversubscription)" if derived else "")))
+        if self.delay_ms * scale > MAX_DELAY_MS:
+            out.append(FieldError(f"{prefix}.delay_ms", self.delay_ms,
+                                  f"a delay whose dilated value (delay_ms x scale {scale:g} = {self.delay_ms * scale:g} "
+                                  f"ms) is at most {MAX_DELAY_MS:g} ms (netem's latency is a 32-bit count of ticks)"))
         return out
 
     def dilated(self, scale: float) -> "TopologySpec":

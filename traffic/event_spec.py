@@ -36,6 +36,7 @@ from pydantic import field_validator
 
 from common.errors import FieldError, SpecError
 from common.validation import SpecModel, validate
+from topologies.spec import rate_error
 
 __all__ = ["ScheduledEvent", "KINDS", "TRIGGERS", "LINK_PREFIXES", "COMPUTE_ROLES", "MAX_SLOWDOWN",
            "event_errors", "parse_events", "ComputeSlowdown"]
@@ -66,7 +67,8 @@ class ScheduledEvent(SpecModel):
     the module doc). Which fields go together is checked by :func:`event_errors`."""
     at_s: Optional[float] = None
     """Trigger: emulated seconds from the start of the first measured iteration (global
-    iteration ``workload.warmup_iterations``), a number >= 0."""
+    iteration ``workload.warmup_iterations``), a number >= 0 with ``at_s x scale`` below
+    ``run.timeout_s`` (the run is stopped before a later one comes)."""
     at_iteration: Optional[int] = None
     """Trigger: a global iteration index (from 0), below ``workload.iterations``."""
     link: Optional[str] = None
@@ -211,25 +213,31 @@ _ASPECT = {"link_rate": "rate", "link_down": "state (up or down)", "link_up": "s
 
 
 def event_errors(events: list[ScheduledEvent], *, iterations: int, topology_kind: str, scale: float | str = 1.0,
-                 prefix: str = "events") -> list[FieldError]:
+                 timeout_s: float = math.inf, prefix: str = "events") -> list[FieldError]:
     """The checks of ``events`` that need only the spec (each event's fields being valid).
 
     Args:
         events: the spec's events.
         iterations: ``workload.iterations`` (an ``at_iteration`` must be below it).
         topology_kind: ``topology.kind`` (``uplink:`` links exist only in ``rack_core``).
-        scale: the time dilation (``auto``: checked at 1, and again once resolved).
+        scale: the time dilation (``auto``: checked at 1, the least it resolves to, and again
+            once resolved).
+        timeout_s: ``run.timeout_s`` (an ``at_s`` must fall inside the run).
         prefix: the dotted path of the list.
 
     Returns:
         one :class:`FieldError` per problem: no trigger or two, no action or two, an action
         without its link or host (or with one it does not use), ``down``/``up`` false, an
         ``at_iteration`` at or beyond ``iterations``, an ``uplink:`` link in a ``rack``
-        topology, a dilated time or rate that is not finite, and two events that change the
-        same part of the same target at the same trigger.
+        topology, a dilated time ``at_s x scale`` not below ``timeout_s`` (the run is stopped
+        before it comes; the time also waits in a thread, which takes at most
+        ``threading.TIMEOUT_MAX``), a shaped rate ``bw_mbps / scale`` outside the shaper's
+        range (:func:`topologies.spec.rate_error`; under ``auto`` only its minimum, at 1),
+        and two events that change the same part of the same target at the same trigger.
     """
     out: list[FieldError] = []
-    s = 1.0 if isinstance(scale, str) else float(scale)
+    auto = isinstance(scale, str)
+    s = 1.0 if auto else float(scale)
     seen: dict[tuple, int] = {}
     for i, e in enumerate(events):
         path = f"{prefix}[{i}]"
@@ -239,11 +247,12 @@ def event_errors(events: list[ScheduledEvent], *, iterations: int, topology_kind
             out.append(FieldError(f"{path}.at_iteration", e.at_iteration,
                                   f"an iteration index below workload.iterations ({iterations}): iterations are "
                                   f"numbered from 0, and a later one never comes"))
-        if e.at_s is not None and not math.isfinite(e.at_s * s):
-            out.append(FieldError(f"{path}.at_s", e.at_s, "a time whose dilated value at_s x scale is finite"))
-        if e.bw_mbps is not None and not (math.isfinite(e.bw_mbps * 1e6 / s) and e.bw_mbps / s > 0):
-            out.append(FieldError(f"{path}.bw_mbps", e.bw_mbps, "a rate whose shaped value bw_mbps / scale is "
-                                                                 "finite and > 0"))
+        if e.at_s is not None and not e.at_s * s < timeout_s:
+            out.append(FieldError(f"{path}.at_s", e.at_s, f"a time whose dilated value (at_s x scale {s:g} = "
+                                  f"{e.at_s * s:g} s) is below run.timeout_s ({timeout_s:g} s): the run is stopped "
+                                  f"before it comes"))
+        if e.bw_mbps is not None and (err := rate_error(f"{path}.bw_mbps", e.bw_mbps, s, upper=not auto)):
+            out.append(err)
         if e.link is not None and e.link.startswith("uplink:") and topology_kind != "rack_core":
             out.append(FieldError(f"{path}.link", e.link, f"host:<host>: uplinks exist only with topology.kind "
                                                          f"'rack_core' (this topology is {topology_kind!r})"))

@@ -360,7 +360,7 @@ def find_runs(paths) -> list[Path]:
 
 def _read_yaml_mapping(path: Path) -> dict:
     try:
-        doc = load_yaml(path.read_text())  # the loader every spec is read with (1e12 is a number)
+        doc = load_yaml(path.read_text(), source=str(path))  # the loader every spec is read with (1e12 is a number)
     except FileNotFoundError:
         raise NotARunError(f"{path} not found: {path.parent} is not a run or sweep directory") from None
     except (OSError, ValueError, yaml.YAMLError) as e:  # ValueError: not UTF-8

@@ -114,6 +114,15 @@ class ServersSpec(SpecModel):
 
 #: warm-up iterations when ``workload.warmup_iterations`` is left out (fewer in a shorter run)
 DEFAULT_WARMUP = 5
+#: the most iterations a run may have: every process writes its events of each iteration to
+#: ``events/<process>.jsonl`` (4 to 28 kB per iteration in this project's test runs of ps and
+#: phub), which the analysis reads back whole, so a million iterations is already gigabytes
+#: per process; the papers' runs have hundreds
+MAX_ITERATIONS = 1_000_000
+#: the largest seed: numpy's ``RandomState`` takes seeds in [0, 2**32 - 1]; the data order
+#: (``numpy.random.default_rng``) refuses a negative seed with ValueError, and torch one
+#: beyond 2**64 - 1 (emulated compute seeds its gradients with seed x 100,003 + rank)
+MAX_SEED = 2 ** 32 - 1
 
 
 class OptimizerSpec(SpecModel):
@@ -223,15 +232,16 @@ class WorkloadSpec(SpecModel):
     """Real or emulated compute."""
     batch_size: int = Field(32, gt=0)
     """Samples per worker per iteration."""
-    iterations: int = Field(100, gt=0)
-    """Training iterations."""
+    iterations: int = Field(100, gt=0, le=MAX_ITERATIONS)
+    """Training iterations (warm-up included), at most :data:`MAX_ITERATIONS` (1,000,000)."""
     warmup_iterations: int = Field(DEFAULT_WARMUP, ge=0)
     """First iterations left out of the measured figures; left out: 5, or ``iterations - 1``
     when the run is shorter (a default never contradicts the ``iterations`` written)."""
     eval_every: int = Field(0, ge=0)
     """Evaluate on the test set every this many iterations (0: only at the end)."""
-    seed: int = 0
-    """Seed of the model's initial values and of the data order."""
+    seed: int = Field(0, ge=0, le=MAX_SEED)
+    """Seed of the model's initial values and of the data order, in [0, 4294967295]
+    (:data:`MAX_SEED`)."""
     workers: int = Field(0, ge=0)
     """Worker processes; 0: one per worker host."""
     save_params: bool = False

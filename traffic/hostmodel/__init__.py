@@ -39,7 +39,13 @@ RATE_FIELDS = ("message_overhead_us", "request_startup_ms", "aggregate_gb_per_s"
 
 
 class HostSpec(SpecModel):
-    """The ``host:`` section: the emulated host's non-network costs (emulated units)."""
+    """The ``host:`` section: the emulated host's non-network costs (emulated units).
+
+    The smallest operation of each kind, dilated (x ``scale``), must take less than
+    ``run.timeout_s`` (:meth:`testbed.spec.Experiment.cross_errors`): one message, one pull
+    request, and one float32 element (4 bytes) at each rate. A run that sends, sums, updates
+    or codes anything pays at least one of them, waiting in ``time.sleep``; with more, the
+    run could never end in time (and a wait beyond ``threading.TIMEOUT_MAX`` would raise)."""
     profile: Optional[str] = None
     """A host profile: a name in ``traffic/hostmodel/data/`` or the path of a profile file; the
     fields below, when written, override its values."""
@@ -169,7 +175,7 @@ def load_host_profile(ref: str) -> HostProfile:
     # the messages name the file, the place and the fields, never the file's content: a
     # path is read with the tool's privileges (root), so its lines must not be echoed
     try:
-        data = load_yaml(path.read_text())
+        data = load_yaml(path.read_text(), source=str(path))
     except UnicodeDecodeError as e:
         raise TestbedError(f"host profile {path} is not a text file (byte {e.start} is not UTF-8)") from None
     except yaml.YAMLError as e:

@@ -50,7 +50,8 @@ from pydantic import Field
 
 from traffic.runtime.trainer import make_optimizer
 from traffic.schemes import register
-from traffic.schemes.base import ELEMENT_BYTES, ProcessPlan, Scheme, SchemeOptions, count_roles, model_keys
+from traffic.schemes.base import (ELEMENT_BYTES, ProcessPlan, Scheme, SchemeOptions, count_roles, gradient_sync_bytes,
+                                  model_keys)
 
 __all__ = ["AllReduce", "make_buckets", "ring_reduced_bytes", "gloo_ring_sends", "GLOO_MAX_SEGMENT_BYTES"]
 
@@ -158,6 +159,13 @@ class AllReduce(Scheme):
             m, b = gloo_ring_sends(sum(key_bytes[k] for k in keys), p)
             msgs, sent = msgs + m, sent + b
         return sent / msgs if msgs else math.inf
+
+    @classmethod
+    def min_sent_bytes(cls, workload, processes: Sequence[ProcessPlan]) -> float | None:
+        """:meth:`Scheme.min_sent_bytes`: the workers all-reduce their whole float32 gradient
+        every iteration: :func:`~traffic.schemes.base.gradient_sync_bytes` of the workers (a
+        ring sends ``2 (W - 1) / W`` of it from each host, twice the bound)."""
+        return gradient_sync_bytes(workload, processes)
 
     def setup(self) -> None:
         ctx = self.ctx

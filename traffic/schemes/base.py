@@ -44,6 +44,7 @@ from typing import ClassVar, Sequence
 from common.errors import SpecError
 from topologies.hosts import HostInfo, HostRequest
 from common.validation import SpecModel, validate
+from traffic.data import load_dataset
 from traffic.models import build_model
 from traffic.runtime.trainer import Trainer
 
@@ -161,6 +162,26 @@ class Scheme:
         return ELEMENT_BYTES * sum(n for n, _ in keys) / len(keys)
 
     @classmethod
+    def min_sent_bytes(cls, workload, processes: Sequence[ProcessPlan]) -> float | None:
+        """A lower bound of the bytes that the hosts of the plan's ``worker`` processes send,
+        together, over their own links in one training iteration: what
+        :func:`testbed.runner.time_errors` divides by those links' rate to refuse a run that
+        cannot finish within ``run.timeout_s``. It must be sound for every run the scheme
+        makes (a bound too high refuses runs that would finish): count only bytes the scheme
+        cannot avoid sending, compressed as sent (:func:`sync_sent_bytes` is the bound of
+        data-parallel synchronization).
+
+        ``workload``: a :class:`traffic.spec.WorkloadSpec`; ``processes``: the scheme's
+        :meth:`plan`.
+
+        Returns:
+            bytes (>= 0), or None when the scheme states no bound (its runs' time is not
+            checked). Default: None (a scheme that does not say what it sends, e.g. a
+            researcher's own program).
+        """
+        return None
+
+    @classmethod
     def model_device(cls, role: str) -> str | None:
         """Device the runtime builds the model on for ``role``: None (CPU, real values) or
         ``"meta"`` for a role that needs only the layers' shapes (it must then get values
@@ -218,6 +239,56 @@ def model_keys(model: str) -> tuple[tuple[int, int], ...]:
     """
     m = build_model(model, 0, device="meta")
     return tuple((p.numel(), layer) for p, layer in zip(m.parameters(), m.param_layers()))
+
+
+def trained_layer_numels(workload) -> tuple[int, ...] | None:
+    """Parameters per layer of ``workload.model`` as the runtime builds it (on the meta
+    device: no memory; cached): at the model's native input in ``compute.mode: emulated``,
+    for the samples of ``workload.dataset`` in ``real`` (:mod:`traffic.runtime`, which can be
+    smaller: the FC layers follow the input's size). None if it cannot be built so (the run
+    itself would fail on it, and says so)."""
+    return _layer_numels(workload.model, workload.dataset if workload.compute.mode == "real" else None)
+
+
+@functools.lru_cache(maxsize=None)
+def _layer_numels(model: str, dataset: str | None) -> tuple[int, ...] | None:
+    try:
+        if dataset is None:
+            return tuple(build_model(model, 0, device="meta").layer_numels())
+        data = load_dataset(dataset, 0)
+        return tuple(build_model(model, 0, data.input_shape, data.num_classes, device="meta").layer_numels())
+    except Exception:  # noqa: BLE001 - any model/data mismatch: no bound, the run reports it
+        return None
+
+
+def sync_sent_bytes(groups: Sequence[Sequence[str]], gradient_bytes: float) -> float:
+    """The least that the hosts of data-parallel workers send together per iteration when
+    each group (the hosts of its workers) sums a gradient of ``gradient_bytes`` bytes, as
+    sent on the wire, every iteration: ``gradient_bytes x sum(H_g - 1)``, ``H_g`` the
+    group's distinct hosts.
+
+    Why it is a lower bound: each element's sum is formed on one host; every other host of
+    the group holds a contribution to it that must leave that host at least once, alone or
+    inside a partial sum, so for each element at least ``H_g - 1`` of the group's hosts send
+    it (whatever the pattern: parameter servers, colocated or not, rings, trees); workers
+    that share a host count once. The bytes servers send back (updated parameters), headers
+    and retransmissions only add to it."""
+    return gradient_bytes * sum(max(len(set(g)) - 1, 0) for g in groups)
+
+
+def gradient_sync_bytes(workload, processes: Sequence[ProcessPlan], element_bytes: float = ELEMENT_BYTES,
+                        layers: slice = slice(None), groups: Sequence[Sequence[int]] | None = None) -> float | None:
+    """:func:`sync_sent_bytes` of the plan's ``worker`` processes summing the gradient of the
+    model's ``layers`` (as trained: :func:`trained_layer_numels`) every iteration,
+    ``element_bytes`` per element on the wire (4: float32). ``groups``: worker indices (in
+    plan order) of each group that sums its own gradient; None: all workers, one group.
+    None when the model cannot be built for the workload."""
+    numels = trained_layer_numels(workload)
+    if numels is None:
+        return None
+    hosts = [p.host for p in processes if p.role == "worker"]
+    groups = [range(len(hosts))] if groups is None else groups
+    return sync_sent_bytes([[hosts[w] for w in g] for g in groups], element_bytes * sum(numels[layers]))
 
 
 def count_roles(processes: Sequence[ProcessPlan]) -> dict[str, int]:

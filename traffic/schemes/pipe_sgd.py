@@ -71,7 +71,8 @@ from traffic.compression import make_codec
 from traffic.runtime.trainer import make_optimizer
 from traffic.schemes import register
 from traffic.schemes.allreduce import make_buckets
-from traffic.schemes.base import ELEMENT_BYTES, ProcessPlan, Scheme, SchemeOptions, count_roles, model_keys
+from traffic.schemes.base import (ELEMENT_BYTES, ProcessPlan, Scheme, SchemeOptions, count_roles, gradient_sync_bytes,
+                                  model_keys)
 
 __all__ = ["PipeSGD", "PipeSGDOptions", "Compression", "grad_iteration", "SWITCH_INTERVAL_S"]
 
@@ -138,6 +139,17 @@ class PipeSGD(Scheme):
                   for b in range(p)]
         sent = [codec.payload_bytes(n) for n in blocks if n > 0]
         return sum(sent) / len(sent) if sent else math.inf
+
+    @classmethod
+    def min_sent_bytes(cls, workload, processes: Sequence[ProcessPlan]) -> float | None:
+        """:meth:`Scheme.min_sent_bytes`: the workers ring-all-reduce their whole gradient
+        every iteration (the last ``K - 1`` iterations' too), each element sent as the codec's
+        payload (``compression``: :meth:`~traffic.compression.Codec.payload_bytes` of one
+        element beyond an empty block's, i.e. 4, 2 or 1 byte for none, truncation,
+        quantization; a quantized block's 4-byte scale is left out):
+        :func:`~traffic.schemes.base.gradient_sync_bytes` of the workers at that size."""
+        codec = make_codec(cls.options_of(workload).compression)
+        return gradient_sync_bytes(workload, processes, element_bytes=codec.payload_bytes(1) - codec.payload_bytes(0))
 
     def setup(self) -> None:
         ctx = self.ctx

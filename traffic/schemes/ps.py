@@ -83,7 +83,8 @@ from topologies.hosts import HostInfo, HostRequest
 from traffic.runtime.transport import Pending
 from traffic.runtime.trainer import make_optimizer
 from traffic.schemes import register
-from traffic.schemes.base import ProcessPlan, Scheme, SchemeOptions, count_roles, model_keys, worker_hosts
+from traffic.schemes.base import (ProcessPlan, Scheme, SchemeOptions, count_roles, gradient_sync_bytes, model_keys,
+                                  worker_hosts)
 from traffic.schemes.ps_pull_request import CONTROL_BYTES, NotifiedPuller, RequestResponder
 
 __all__ = ["BIGARRAY_BOUND", "Shard", "assign_keys", "model_shards", "ParameterServer"]
@@ -294,6 +295,13 @@ class ParameterServer(Scheme):
         requests = len({(keys[s.key][1], s.server) for s in shards})
         # per worker: push + pull per shard, a notification per shard, a request per (layer, server)
         return (2 * data + CONTROL_BYTES * (len(shards) + requests)) / (3 * len(shards) + requests)
+
+    @classmethod
+    def min_sent_bytes(cls, workload, processes: Sequence[ProcessPlan]) -> float | None:
+        """:meth:`Scheme.min_sent_bytes`: every worker pushes its whole float32 gradient every
+        iteration (so do P3's slices and iBatch's pushes):
+        :func:`~traffic.schemes.base.gradient_sync_bytes` of the workers."""
+        return gradient_sync_bytes(workload, processes)
 
     @classmethod
     def model_device(cls, role: str) -> str | None:

@@ -152,7 +152,7 @@ from traffic.data import GlobalBatches
 from traffic.runtime.transport import Pending
 from traffic.runtime.trainer import make_optimizer
 from traffic.schemes import register
-from traffic.schemes.base import ProcessPlan, SchemeOptions, count_roles, model_keys
+from traffic.schemes.base import ProcessPlan, SchemeOptions, count_roles, gradient_sync_bytes, model_keys
 from traffic.schemes.phub.aggregation import RECV_WINDOW_BYTES, recv_window, tall_aggregate
 from traffic.schemes.phub.charges import charge_messages
 from traffic.schemes.phub.chunks import CHUNK_BYTES, ELEMENT_BYTES, Chunk, assign_chunks, lpt
@@ -269,6 +269,16 @@ class PHub(ParameterServer):
                 raise SpecError("workload.options.bad_token_worker", o.bad_token_worker,
                                 "null with hierarchical reduction")
         return workers + servers
+
+    @classmethod
+    def min_sent_bytes(cls, workload, processes: list[ProcessPlan]) -> float | None:
+        """:meth:`Scheme.min_sent_bytes`: the workers of each of the ``jobs`` push their
+        whole float32 gradient every iteration, each job its own model:
+        :func:`~traffic.schemes.base.gradient_sync_bytes` per job (a ``bad_token_worker``'s
+        refused pushes left out; chunks' metadata only adds)."""
+        o = cls.options_of(workload)
+        workers = count_roles(processes).get("worker", 0)
+        return gradient_sync_bytes(workload, processes, groups=job_groups(workers, o.jobs, o.bad_token_worker))
 
     @classmethod
     def message_bytes(cls, workload, processes: list[ProcessPlan]) -> float:

@@ -130,7 +130,7 @@ from traffic.compute_profiles import load_profile
 from traffic.runtime.emulation import EmulatedCompute
 from traffic.runtime.trainer import Trainer, make_optimizer
 from traffic.schemes import register
-from traffic.schemes.base import ELEMENT_BYTES, ProcessPlan, Scheme, SchemeOptions, count_roles
+from traffic.schemes.base import ELEMENT_BYTES, ProcessPlan, Scheme, SchemeOptions, count_roles, gradient_sync_bytes
 from traffic.schemes.stanza.assignment import Assignment, Constants, node_assignment, split_shape
 
 __all__ = ["Stanza", "StanzaOptions", "ConvTrainer", "fc_groups", "fc_of", "split_shape", "checkpoint_holder"]
@@ -321,6 +321,16 @@ class Stanza(Scheme):
             t = sum(len(r) for r in recursive_doubling.schedule(n)) if n > 1 else 0
             msgs, sent = msgs + t, sent + t * nbytes
         return sent / msgs
+
+    @classmethod
+    def min_sent_bytes(cls, workload, processes: Sequence[ProcessPlan]) -> float | None:
+        """:meth:`Scheme.min_sent_bytes`: the CONV workers (role ``worker``) all-reduce the
+        float32 gradient of the CONV layers (``[0, split_index)``) every iteration:
+        :func:`~traffic.schemes.base.gradient_sync_bytes` of those layers. The activations
+        sent to the FC workers and the FC workers' own allreduce are left out (a weaker,
+        still sound, bound)."""
+        split = model_info(workload.model)["split_index"]
+        return None if split is None else gradient_sync_bytes(workload, processes, layers=slice(0, split))
 
     @classmethod
     def assignment(cls, workload, N: int, bw_bps: float) -> Assignment:
