@@ -339,6 +339,16 @@ _Loader.add_implicit_resolver(
     list("-+0123456789."))
 
 
+def _marked(e: "yaml.MarkedYAMLError", source: str | None) -> str:
+    """A YAML syntax error as ``<problem> at line L, column C [of SOURCE] (<context>)``:
+    PyYAML's own message quotes the line, which may be a secret of a file the tool (root)
+    was pointed at."""
+    mark = e.problem_mark or e.context_mark
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    context = f" ({e.context})" if e.context else ""
+    return f"{e.problem or 'not YAML'}{where}{' of ' + source if source else ''}{context}"
+
+
 def load_yaml(text: str, source: str | None = None, prefix: str = "") -> Any:
     """Parse YAML text; ``1e12`` is a number (PyYAML alone reads it as a string).
 
@@ -358,6 +368,8 @@ def load_yaml(text: str, source: str | None = None, prefix: str = "") -> Any:
     loader = _Loader(text, source, prefix)
     try:
         data = loader.get_single_data()
+    except yaml.MarkedYAMLError as e:  # said without PyYAML's snippet: a file's lines are never echoed
+        raise yaml.YAMLError(_marked(e, source)) from None
     except yaml.YAMLError:
         raise
     except RecursionError:

@@ -235,3 +235,13 @@ def test_a_host_profile_error_never_shows_the_files_content(tmp_path):
             load_host_profile(str(f))
         assert "SECRET" not in str(e.value), str(e.value)
         assert str(f) in str(e.value)
+
+
+def test_a_yaml_syntax_error_names_the_place_but_never_quotes_the_line(tmp_path):
+    from testbed.spec import load_spec
+    f = tmp_path / "s.yaml"
+    f.write_text("name: x\nworkload: [1, 2\nsecret: SECRETLINE\n")
+    with pytest.raises(TestbedError) as e:
+        load_spec(f)
+    assert "line 3, column 7" in str(e.value) and str(f) in str(e.value)
+    assert "SECRET" not in str(e.value)
