@@ -17,17 +17,18 @@ def _netns(pid) -> str | None:
         return None
 
 
-def leftovers() -> list[str]:
+def leftovers(own_netns: frozenset[str] = frozenset()) -> list[str]:
     """Every testbed-made object still present (empty list = clean machine): our links,
     cgroups and ledgers, the harness's own processes by their command lines, and *any*
     process in another network namespace than this one (an emulated host's, whatever it
-    runs: a program's daemon has no name the harness knows)."""
+    runs: a program's daemon has no name the harness knows) except those of ``own_netns``
+    (``/proc/PID/ns/net`` link texts: a test's own machines)."""
     out = [f"link {p.name}" for p in Path("/sys/class/net").iterdir()
            if BRIDGE_RE.match(p.name) or INTF_RE.match(p.name)]
     here = _netns("self")
     for p in psutil.process_iter():
         ns = _netns(p.pid)
-        if ns is not None and ns != here:
+        if ns is not None and ns != here and ns not in own_netns:
             try:
                 out.append(f"process {p.pid} in network namespace {ns}: {' '.join(p.cmdline()[:3])}")
             except psutil.Error:  # it ended (or became a zombie) since it was seen

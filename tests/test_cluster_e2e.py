@@ -5,6 +5,7 @@ teardown), not performance."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import time
@@ -59,6 +60,12 @@ def quickstart(tmp_path: Path, runs: Path, cluster: dict | None, extra: dict | N
     return path
 
 
+def machine_netns(ns: dict) -> frozenset[str]:
+    """The network namespaces of the namespace machines themselves (their sshd runs there),
+    as ``/proc/PID/ns/net`` names them: not a run's leftovers."""
+    return frozenset(f"net:[{os.stat(f'/run/netns/{name}').st_ino}]" for name in ns["namespaces"])
+
+
 def machine_leftovers(ns: dict, runs: Path) -> list[str]:
     """What a run may have left on the namespace machines: links besides their own, node
     shells, processes of a staging directory, staging directories."""
@@ -75,7 +82,7 @@ def machine_leftovers(ns: dict, runs: Path) -> list[str]:
 
 
 def test_quickstart_on_two_machines_moves_the_core_bytes_of_one_machine(machines, tmp_path):
-    assert leftovers() == [] and machine_leftovers(machines, tmp_path / "runs") == []
+    assert leftovers(machine_netns(machines)) == [] and machine_leftovers(machines, tmp_path / "runs") == []
     one, = run_experiment(load_spec(quickstart(tmp_path, tmp_path / "runs", None)), progress=False)
     two, = run_experiment(load_spec(quickstart(tmp_path, tmp_path / "runs", cluster_section(machines, 2))),
                           progress=False)
@@ -101,7 +108,7 @@ def test_quickstart_on_two_machines_moves_the_core_bytes_of_one_machine(machines
         assert (d / "events" / f"{p['name']}.jsonl").stat().st_size > 0, p["name"]
         assert (d / "logs" / f"{p['name']}.log").is_file()
     time.sleep(0.5)
-    assert leftovers() == [] and machine_leftovers(machines, tmp_path / "runs") == []
+    assert leftovers(machine_netns(machines)) == [] and machine_leftovers(machines, tmp_path / "runs") == []
 
 
 def test_a_plain_ddp_program_on_two_machines_moves_its_allreduce_bytes(machines, tmp_path):
@@ -131,7 +138,7 @@ def test_a_plain_ddp_program_on_two_machines_moves_its_allreduce_bytes(machines,
         for direction, got in (("to", rows["bytes_out"].sum()), ("from", rows["bytes_in"].sum())):
             assert 1.0 <= got / expected <= 1.05, (h, direction, got, expected)
     time.sleep(0.5)
-    assert leftovers() == [] and machine_leftovers(machines, tmp_path / "runs") == []
+    assert leftovers(machine_netns(machines)) == [] and machine_leftovers(machines, tmp_path / "runs") == []
 
 
 def test_an_uplink_between_machines_halved_at_a_scheduled_time_runs_at_the_new_rate(machines, tmp_path):
@@ -164,7 +171,7 @@ def test_an_uplink_between_machines_halved_at_a_scheduled_time_runs_at_the_new_r
     # with the allreduce, so it got less than the uplink's rate)
     assert flow["result"]["seconds"] > 10 and 10e6 < flow["result"]["bytes_sent"] * 8 / flow["result"]["seconds"] < 80e6, flow
     time.sleep(0.5)
-    assert leftovers() == [] and machine_leftovers(machines, tmp_path / "runs") == []
+    assert leftovers(machine_netns(machines)) == [] and machine_leftovers(machines, tmp_path / "runs") == []
 
 
 def test_a_scheduled_kill_on_another_machine_ends_the_run_naming_it(machines, tmp_path):
@@ -184,7 +191,7 @@ def test_a_scheduled_kill_on_another_machine_ends_the_run_naming_it(machines, tm
     assert mine["start"].max() < rec["ts"] + 1.0, (mine["start"].max() - rec["ts"])
     assert mine["iteration"].max() < 39  # it did not run to the end
     time.sleep(0.5)
-    assert leftovers() == [] and machine_leftovers(machines, tmp_path / "runs") == []
+    assert leftovers(machine_netns(machines)) == [] and machine_leftovers(machines, tmp_path / "runs") == []
 
 
 def test_a_worker_crash_on_another_machine_ends_the_run_promptly_with_its_log(machines, tmp_path, monkeypatch):
@@ -198,7 +205,7 @@ def test_a_worker_crash_on_another_machine_ends_the_run_promptly_with_its_log(ma
     assert "crash" in (res.run_dir / "logs" / "worker5.log").read_text().lower()
     assert (res.run_dir / "machines" / machines["machines"][1] / "processes.json").is_file()
     time.sleep(0.5)
-    assert leftovers() == [] and machine_leftovers(machines, tmp_path / "runs") == []
+    assert leftovers(machine_netns(machines)) == [] and machine_leftovers(machines, tmp_path / "runs") == []
 
 
 def test_a_sigkilled_cluster_run_is_cleaned_on_every_machine(machines, tmp_path):
@@ -213,7 +220,7 @@ def test_a_sigkilled_cluster_run_is_cleaned_on_every_machine(machines, tmp_path)
     assert out.returncode == 0, out.stderr
     assert f"{machines['machines'][1]}: bridge tor2" in out.stdout, out.stdout
     time.sleep(0.5)
-    assert leftovers() == [] and machine_leftovers(machines, runs) == []
+    assert leftovers(machine_netns(machines)) == [] and machine_leftovers(machines, runs) == []
     assert (run_dir / "machines" / machines["machines"][1] / "processes.json").is_file()  # gathered by clean
 
 

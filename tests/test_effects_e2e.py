@@ -54,12 +54,12 @@ def test_a_udp_flow_that_ran_at_its_rate_is_verified(tmp_path):
 def test_a_flow_starting_after_training_ended_fails_the_run_keeping_every_figure(tmp_path):
     assert leftovers() == []
     exp = from_dict(spec(tmp_path, iterations=20, background=[
-        {"name": "late", "src": "bg1", "dst": "bg2", "rate_mbps": 10, "start_s": 500, "duration_s": 1}]))
+        {"name": "late", "src": "bg1", "dst": "bg2", "rate_mbps": 10, "start_s": 200, "duration_s": 1}]))
     (res,) = run_experiment(exp, progress=False)
     s = res.summary
     (line,) = s.fidelity.unverified
     assert line.startswith("background late: never started during training: it ended ") and line.endswith(
-        "before the flow's start at 500.0 s"), line
+        "before the flow's start at 200.0 s"), line
     assert s.status == "failed" and s.error == f"asked for but not done: {line}"
     assert s.throughput.mean > 0 and s.measured_iterations == 17 and s.bytes.core > 0  # every figure kept
     assert one_line(res) == f"{res.run_dir}: failed: asked for but not done: {line}"
