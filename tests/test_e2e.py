@@ -106,11 +106,11 @@ def test_sweep_goes_on_after_a_failed_point(tmp_path):
     exp = small_spec(tmp_path, iterations=4, warmup_iterations=1)
     exp.sweep = {"topology.host_bw_mbps": [50, 60]}
     exp.run.timeout_s = 240
-    # the first point fails while it trains (a worker killed), the second runs
-    exp = from_dict({**exp.to_dict(), "sweep": {"events": [[{"at_iteration": 1, "kill": "worker1"}], []]}})
+    # the first point fails while it trains (its parameter server killed: the workers fail at once), the second runs
+    exp = from_dict({**exp.to_dict(), "sweep": {"events": [[{"at_iteration": 1, "kill": "server0"}], []]}})
     results = run_experiment(exp, progress=False)
     assert [r.summary.status for r in results] == ["failed", "ok"]
-    assert "worker1 was killed by a scheduled event" in results[0].summary.error
+    assert "server0 was killed by a scheduled event" in results[0].summary.error, results[0].summary.error
     table = pd.read_csv(results[0].run_dir.parent / "sweep.csv")
     assert list(table["status"]) == ["failed", "ok"]
     # both points forked from one zygote: the failed point's teardown left it to the next
