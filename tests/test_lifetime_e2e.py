@@ -75,7 +75,8 @@ def test_a_run_started_right_after_a_kill_9_of_another_succeeds_and_nothing_of_i
     runs = tmp_path / "runs"
     spec = str(REPO / "experiments" / "quickstart.yaml")
     killed = _testbed("run", spec, "--quiet", "--set", "sweep={}", "--set", "workload.scheme=allreduce",
-                      "--set", "workload.iterations=5000", "--set", f"run.runs_dir={runs}", "--set", "run.id=killed")
+                      "--set", "workload.iterations=5000", "--set", "run.timeout_s=3600", "--set", f"run.runs_dir={runs}",
+                      "--set", "run.id=killed")
     try:
         _training(runs / "killed")
     except AssertionError:
