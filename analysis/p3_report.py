@@ -100,7 +100,8 @@ def sweep_plots(sweep_dir: str | Path, out_dir: str | Path, baseline: str = "bas
     if has_base and (df["variant"] == "p3").any():
         for v in sorted(df[x].unique()):
             runs = [df[(df["variant"] == n) & (df[x] == v) & (df["status"] == "ok")]["run"] for n in (baseline, "p3")]
-            if all(len(r) for r in runs):
+            # (an archived run keeps no topology or traces: nothing to draw)
+            if all(len(r) and (Path(r.iloc[0]) / "topology.json").is_file() for r in runs):
                 out.append(figures.plot_utilization([runs[0].iloc[0], runs[1].iloc[0]], out_dir / f"utilization-{v}.png",
                                                     labels=[f"{baseline} at {v}", f"p3 at {v}"]))
     return out

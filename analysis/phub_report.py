@@ -158,6 +158,8 @@ def plot_table(table: pd.DataFrame, path: str | Path, title: str = "") -> Path:
     multi_rack = (t["racks"] > 1).any()
     t["point"] = [f"{r.racks} racks {r.oversub:g}:1" + (" +bg" if r.background else "") if multi_rack else r.model
                   for r in t.itertuples()]
+    # several rows of one variant at one point (a sweep of another field): numbered, never merged
+    t["point"] += t.groupby(["variant", "point"]).cumcount().map(lambda k: f" ({k + 1})" if k else "")
     y = ("per_job_mean" if "per_job_mean" in t.columns else
          "speedup" if "speedup" in t.columns and t["speedup"].notna().any() else "samples_per_s")
     panels = [y] + (["core_MB_per_iter"] if multi_rack else [])

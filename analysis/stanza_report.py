@@ -115,6 +115,10 @@ def run_figures(run_dir: str | Path) -> dict:
     procs = run.processes.get("processes", [])
     n = sum(p["role"] == "worker" for p in procs)
     other = sum(p["role"] in ("fc", "server") for p in procs)
+    if not procs:  # an archived run keeps no processes.json: the counts its spec asked for
+        n = int(w.get("workers") or 0)
+        other = int((w.get("options") or {}).get("fc_workers") or 0) if scheme == "stanza" else \
+            int((w.get("servers") or {}).get("count") or 0)
     K = int(w.get("batch_size") or 0)
     warmup = int(w.get("warmup_iterations") or 0)
     ev = run.events
@@ -142,8 +146,10 @@ def run_figures(run_dir: str | Path) -> dict:
     else:
         samples = load_dataset(w.get("dataset", "digits"), int(w.get("seed") or 0)).n_train
     out["iters_per_epoch"] = samples // max(n * K, 1)
-    out["bytes_per_epoch"] = out["bytes_per_iter"] * out["iters_per_epoch"]
-    if compute.get("mode") == "emulated" and scheme in ("stanza", "ps"):
+    if ev.empty:  # no events kept (an archived run's small files): the payload is not known, not 0
+        out["bytes_per_iter"] = out["fc_bytes_per_iter"] = None
+    out["bytes_per_epoch"] = None if out["bytes_per_iter"] is None else out["bytes_per_iter"] * out["iters_per_epoch"]
+    if compute.get("mode") == "emulated" and scheme in ("stanza", "ps") and n >= 1 and other >= 1:
         out["predicted_s"] = _predict(run, scheme, model, K, n, other, compute.get("profile", "zero"))
         if out["measured_s"]:
             out["model_error"] = (out["predicted_s"] - out["measured_s"]) / out["measured_s"]

@@ -141,6 +141,9 @@ def utilization_summary(run, host: str | None = None, window_s: float = 0.01, th
     if host is None:
         hosts = run.worker_hosts()
         host = hosts[0] if hosts else None
+    if host is None or run.ports().empty:  # no plan or no topology kept (an archived run's small files)
+        return {"host": host, "window_s": window_s, "threshold": threshold, "windows": 0, "tx_mean": None,
+                "rx_mean": None, "tx_idle": None, "rx_idle": None, "both_idle": None}
     u = host_utilization(run, host, window_s)
     empty = u.empty
     return {"host": host, "window_s": window_s, "threshold": threshold, "windows": int(len(u)),

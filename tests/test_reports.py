@@ -653,3 +653,19 @@ def test_testbed_report_errors_without_traceback(tmp_path, capsys):
     assert cli_main(["report", "phub", str(run)]) == 2  # a sweep report given a run
     err = capsys.readouterr().err
     assert "is a run directory" in err and "Traceback" not in err
+
+
+ARCHIVED = sorted(p for p in (Path(__file__).resolve().parents[1] / "reproduction" / "runs").iterdir() if p.is_dir())
+
+
+@pytest.mark.parametrize("paper", sorted(skeleton.REPORTS))
+def test_every_report_reads_every_archived_run_without_a_traceback(paper, capsys, tmp_path):
+    """An archived run keeps only its small files (spec, summary, sweep table): each paper's
+    report gives its table, or says clearly what it cannot do (exit 2), on every one of them."""
+    assert ARCHIVED
+    for d in ARCHIVED:
+        code = cli_main(["report", paper, str(d), "--plots", str(tmp_path / paper / d.name)])
+        out, err = capsys.readouterr()
+        assert code in (0, 2), (paper, d.name, err[-2000:])
+        assert "Traceback" not in err, (paper, d.name, err[-2000:])
+        assert (out.strip() if code == 0 else err.strip()), (paper, d.name)
