@@ -118,14 +118,38 @@ def test_a_bad_marker_or_missing_directory_is_a_clear_error(tmp_path):
         find_marked(tmp_path)
 
 
+def test_the_protocol_names_what_a_measurement_lacks(tmp_path):
+    from analysis.scoreboard import counted, protocol_problems
+    dirs = _three(tmp_path / "a")
+    res = ratio_result(PIPE, PIPE.headline.ratios[0], find_marked(tmp_path / "a"))
+    # the synthetic runs state no warm-up and measured no iteration
+    assert protocol_problems(res) == ["0 warm-up iterations (at least 2)", "0 measured iterations (at least 5)",
+                                      "no dilation check"]
+    for d in dirs:
+        for run in d.glob("0*"):
+            spec = yaml.safe_load((run / "spec.yaml").read_text())
+            spec["workload"]["warmup_iterations"] = 2
+            spec["scale"] = 20.0 if run.name.startswith("002") else 10.0  # Pipe-SGD at another dilation
+            (run / "spec.yaml").write_text(yaml.safe_dump(spec))
+            s = json.loads((run / "summary.json").read_text())
+            (run / "summary.json").write_text(json.dumps({**s, "measured_iterations": 6}))
+    res = ratio_result(PIPE, PIPE.headline.ratios[0], find_marked(tmp_path / "a"))
+    assert protocol_problems(res) == ["variants at different dilations (20 and 10)", "no dilation check"]
+    assert res.within and not counted(res)
+    res = ratio_result(PIPE, PIPE.headline.ratios[0], find_marked(tmp_path / "a")[:2])
+    assert protocol_problems(res)[0] == "2 repeats (at least 3)"
+
+
 def test_the_scoreboard_is_deterministic_and_counts_the_headlines(tmp_path):
     _three(tmp_path)
     text = scoreboard(tmp_path, ENTRIES)
     assert text == scoreboard(tmp_path, ENTRIES)
     heads = [r for e in ENTRIES if e.headline for r in e.headline.ratios if not r.sensitivity]
     # both of Pipe-SGD's ratios are within, on a setting that differs (batch 32 against 64)
-    assert (f"**2 of {len(heads)} headline ratios are within +-25 % of the paper's** (2 measured; 2 of the 2 on a "
-            "setting that differs from the paper's, see the row).") in text
+    # none counts: a setting that differs, and measured without the protocol's warm-up and dilation check
+    assert (f"**0 of {len(heads)} headline ratios count: within +-25 % of the paper's, on its setting, by the "
+            f"protocol.** 2 of {len(heads)} are within +-25 % as measured (2 measured; 2 of the 2 on a setting that "
+            "differs from the paper's, see the row)") in text
     row = next(line for line in text.splitlines() if line.startswith(f"| `{PIPE.id}` | Pipe-SGD over D-Sync"))
     assert ("| 2.00-3.20 | 2.10 (1.90-2.40), 3 runs | 1.00 | yes (setting differs: batch 32 per worker here, 64 in "
             "the paper) | yes |") in row
