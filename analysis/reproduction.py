@@ -23,8 +23,10 @@ reported at once in one :class:`CatalogueError` that names the entry and the fie
 
 Status rule (the tolerance :data:`TOLERANCE`): ``reproduced`` when every paper value
 of the entry was measured here, on the setting the spec states, within +-25 % of the paper's
-ratio; ``partly`` when some of it was measured or matches; ``not`` when nothing was measured
-yet (e.g. no spec); ``not possible here`` when this testbed cannot produce it at all.
+ratio; ``arithmetic checked`` when the entry's values follow from the paper's own formulas and
+figures and were recomputed here, with no measurement (a check of the paper's arithmetic, not
+a reproduction); ``partly`` when some of it was measured or matches; ``not`` when nothing was
+measured yet (e.g. no spec); ``not possible here`` when this testbed cannot produce it at all.
 """
 from __future__ import annotations
 
@@ -59,7 +61,7 @@ PAPERS = {"p3": "p3.txt", "phub": "phub.txt", "ibatch": "ibatch.txt", "stanza": 
 #: entry, run mode (full / quick / headline), overrides and repeat it is (JSON)
 MARKER = "reproduce.json"
 #: the allowed statuses, from best to worst
-STATUSES = ("reproduced", "partly", "not", "not possible here")
+STATUSES = ("reproduced", "arithmetic checked", "partly", "not", "not possible here")
 #: a measured ratio within this fraction of the paper's counts as reproduced
 TOLERANCE = 0.25
 #: the longest a ``quick`` version may take here, wall minutes (a few minutes)
@@ -243,7 +245,7 @@ class Entry(SpecModel):
     """The spec that reproduces it, or null."""
     report: str | None
     """The ``testbed report <paper> ...`` command that compares its runs, or null."""
-    status: Literal["reproduced", "partly", "not", "not possible here"]
+    status: Literal["reproduced", "arithmetic checked", "partly", "not", "not possible here"]
     """One of :data:`STATUSES`."""
     reason: str | None = Field(default=None, validate_default=True)
     """Why not (further): required unless ``status`` is ``reproduced``."""

@@ -42,7 +42,7 @@ from statistics import median
 
 import pandas as pd
 
-from analysis.reproduction import MARKER, PAPERS, TOLERANCE, Entry, Ratio, load_catalogue
+from analysis.reproduction import MARKER, PAPERS, STATUSES, TOLERANCE, Entry, Ratio, load_catalogue
 from common.errors import TestbedError
 from traffic.rundir import read_spec
 from traffic.summary import RunSummary
@@ -453,7 +453,7 @@ def scoreboard(root: str | Path, entries: list[Entry] | None = None, command: st
         rows.append([f"`{e.id}`", e.title, _paper_text(e), meas, e.status, why])
     out.append(_table(["id", "what it shows", "the paper states", "measured here", "status", "why not (further)"],
                       rows))
-    counts = {s: sum(e.status == s for e in entries) for s in ("reproduced", "partly", "not", "not possible here")}
+    counts = {s: sum(e.status == s for e in entries) for s in STATUSES}
     per_paper = ", ".join(f"{p} {sum(e.paper == p for e in entries)}" for p in PAPERS)
     out += ["", f"{len(entries)} figures and tables ({per_paper}); status: "
             + ", ".join(f"{k} {v}" for k, v in counts.items() if v) + ".", ""]
