@@ -32,6 +32,9 @@ __all__ = ["CpuController", "CpuThrottle", "cpu_controller", "quota_us", "netns_
 #: every cgroup the testbed creates is named with this prefix (``testbed clean`` and the
 #: tests' leftover check look for it)
 CGROUP_PREFIX = "testbed-"
+#: the v1 controllers whose hierarchies may hold the testbed's cgroups (a straggler's in
+#: ``cpu``; a run's, :mod:`testbed.lifetime`, in the first of them mounted)
+V1_CONTROLLERS = ("freezer", "pids", "memory", "cpuset", "cpuacct", "cpu")
 #: what is missing when no cpu controller is found, in words
 MISSING = ("the cpu cgroup controller: a cgroup v2 hierarchy with 'cpu' in its cgroup.controllers, or a cgroup v1 "
            "hierarchy with the cpu controller (e.g. 'mount -t cgroup -o cpu cgroup /sys/fs/cgroup/cpu' as root)")
@@ -186,7 +189,7 @@ def testbed_cgroups() -> list[Path]:
     hierarchy or cgroup v2 (a straggler's, and a run's process cgroup, :mod:`testbed.lifetime`)."""
     out = []
     for point, fstype, opts in _mounts("/proc/mounts"):
-        if fstype == "cgroup2" or (fstype == "cgroup" and ("cpu" in opts or "freezer" in opts)):
+        if fstype == "cgroup2" or (fstype == "cgroup" and any(c in opts for c in V1_CONTROLLERS)):
             try:
                 out += [d for d in Path(point).iterdir() if d.name.startswith(CGROUP_PREFIX) and d.is_dir()]
             except OSError:

@@ -12,7 +12,8 @@ and re-parents to init stays in it. Teardown and ``testbed clean`` kill the whol
 (:func:`kill_cgroup`): ``cgroup.kill`` on cgroup v2 (Linux >= 5.14), else by freezing it
 (the v1 ``freezer``, or v2's ``cgroup.freeze``), SIGKILL to every member, thaw; then the
 cgroup is removed. cgroup v2 is used where it is mounted (also the ``unified`` hierarchy of a
-hybrid set-up, which needs no controller to hold processes), else the v1 freezer hierarchy.
+hybrid set-up, which needs no controller to hold processes), else the v1 freezer hierarchy,
+else any other mounted v1 hierarchy (:data:`V1_PREFERENCE`).
 
 **The harness's helpers.** Capture processes (bwm-ng, tcpdump) and the processes started in
 the emulated hosts get ``PR_SET_PDEATHSIG`` = SIGKILL (:func:`tied_preexec`): the kernel
@@ -38,7 +39,7 @@ import psutil
 
 from common.errors import MissingRequirement
 from common.process import die_with_parent
-from testbed.cgroups import CGROUP_PREFIX, _mounts
+from testbed.cgroups import CGROUP_PREFIX, V1_CONTROLLERS, _mounts
 
 __all__ = ["Hierarchy", "process_hierarchy", "RunCgroup", "kill_cgroup", "cgroup_pids", "tied_preexec",
            "RUN_CGROUP_SUFFIX", "MISSING_HIERARCHY"]
@@ -50,8 +51,8 @@ log = logging.getLogger(__name__)
 RUN_CGROUP_SUFFIX = ".procs"
 #: what is missing when no hierarchy can hold a run's processes, in words
 MISSING_HIERARCHY = ("a cgroup hierarchy to hold each run's processes: cgroup v2 mounted (e.g. 'mount -t cgroup2 "
-                     "none /sys/fs/cgroup', as systemd does) or a cgroup v1 freezer hierarchy ('mount -t cgroup -o "
-                     "freezer freezer /sys/fs/cgroup/freezer'), writable by root")
+                     "none /sys/fs/cgroup', as systemd does) or a cgroup v1 hierarchy, best the freezer's ('mount -t "
+                     "cgroup -o freezer freezer /sys/fs/cgroup/freezer'), writable by root")
 
 @dataclass(frozen=True)
 class Hierarchy:
@@ -61,16 +62,23 @@ class Hierarchy:
     root: Path
 
 
+#: v1 controllers whose hierarchy can hold a run's processes, best first: the freezer stops
+#: forks while a cgroup is killed; any other hierarchy holds them too (killed until empty)
+V1_PREFERENCE = V1_CONTROLLERS
+
+
 def process_hierarchy(mounts: str | Path = "/proc/mounts") -> Hierarchy | None:
-    """The hierarchy for run cgroups: a writable cgroup2 mount, else a v1 ``freezer`` mount;
-    None when neither exists (:data:`MISSING_HIERARCHY`)."""
-    ms = _mounts(mounts)
+    """The hierarchy for run cgroups: a writable cgroup2 mount, else a writable v1 hierarchy
+    (the ``freezer``'s first, then :data:`V1_PREFERENCE`); None when there is none
+    (:data:`MISSING_HIERARCHY`)."""
+    ms = [(point, fstype, opts) for point, fstype, opts in _mounts(mounts) if "ro" not in opts]
     for point, fstype, opts in ms:
-        if fstype == "cgroup2" and "ro" not in opts and (Path(point) / "cgroup.procs").exists():
+        if fstype == "cgroup2" and (Path(point) / "cgroup.procs").exists():
             return Hierarchy(2, Path(point))
-    for point, fstype, opts in ms:
-        if fstype == "cgroup" and "freezer" in opts and "ro" not in opts:
-            return Hierarchy(1, Path(point))
+    for controller in V1_PREFERENCE:
+        for point, fstype, opts in ms:
+            if fstype == "cgroup" and controller in opts and (Path(point) / "cgroup.procs").exists():
+                return Hierarchy(1, Path(point))
     return None
 
 

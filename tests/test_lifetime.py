@@ -58,14 +58,30 @@ def _hierarchies() -> list[Hierarchy]:
     h = process_hierarchy()
     if h is not None:
         out.append(h)
-    freezer = Path("/sys/fs/cgroup/freezer")
-    if (freezer / "freezer.state").exists() or (freezer / "cgroup.procs").exists():
-        out.append(Hierarchy(1, freezer))
+    for v1 in ("freezer", "pids"):  # with a freezer, and without one (members killed until none is left)
+        if (Path("/sys/fs/cgroup") / v1 / "cgroup.procs").exists():
+            out.append(Hierarchy(1, Path("/sys/fs/cgroup") / v1))
     return out
 
 
+def test_the_run_cgroup_goes_in_cgroup_v2_else_the_best_v1_hierarchy_mounted(tmp_path):
+    def mounts(*lines):
+        for point in [line.split()[1] for line in lines]:
+            Path(point).mkdir(parents=True, exist_ok=True)
+            (Path(point) / "cgroup.procs").write_text("")
+        f = tmp_path / "mounts"
+        f.write_text("".join(line + " 0 0\n" for line in lines))
+        return f
+    cpu, pids, v2 = (f"cgroup {tmp_path}/cpu cgroup rw,cpu", f"cgroup {tmp_path}/pids cgroup rw,pids",
+                     f"cgroup2 {tmp_path}/unified cgroup2 rw")
+    assert process_hierarchy(mounts(cpu, pids, v2)) == Hierarchy(2, tmp_path / "unified")
+    assert process_hierarchy(mounts(cpu, pids)) == Hierarchy(1, tmp_path / "pids")
+    assert process_hierarchy(mounts(cpu)) == Hierarchy(1, tmp_path / "cpu")
+    assert process_hierarchy(mounts(f"cgroup {tmp_path}/ro cgroup ro,freezer")) is None
+
+
 @root_only
-@pytest.mark.parametrize("hierarchy", _hierarchies(), ids=lambda h: f"v{h.version}")
+@pytest.mark.parametrize("hierarchy", _hierarchies(), ids=lambda h: f"v{h.version}-{h.root.name}")
 def test_a_daemon_forked_by_a_run_process_dies_with_the_run_cgroup(tmp_path, hierarchy):
     cg = RunCgroup(f"test-{os.getpid()}-v{hierarchy.version}", hierarchy)
     try:
