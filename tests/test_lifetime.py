@@ -244,7 +244,7 @@ def test_python_P_ignores_a_module_in_the_working_directory(tmp_path):
 def test_a_host_profile_error_never_shows_the_files_content(tmp_path):
     from traffic.hostmodel import load_host_profile
     for text in ("root:$y$SECRETHASH:19000:0:99999:7:::\n", "a: [1, 2\nb: SECRETLINE\n", "SECRETKEY: 1\n",
-                 "- SECRETITEM\n"):
+                 "- SECRETITEM\n", "SECRETTWICE: 1\nSECRETTWICE: 2\n"):
         f = tmp_path / "p.yaml"
         f.write_text(text)
         with pytest.raises(TestbedError) as e:

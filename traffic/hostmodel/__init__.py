@@ -178,10 +178,10 @@ def load_host_profile(ref: str) -> HostProfile:
         data = load_yaml(path.read_text(), source=str(path))
     except UnicodeDecodeError as e:
         raise TestbedError(f"host profile {path} is not a text file (byte {e.start} is not UTF-8)") from None
+    except SpecError as e:  # a key given twice (also a YAMLError): its lines, never the key itself
+        raise TestbedError(f"host profile {path} is not a host profile ({e.allowed})") from None
     except yaml.YAMLError as e:  # (load_yaml's messages quote no line of the file)
         raise TestbedError(f"host profile {path} is not valid YAML ({e})") from None
-    except SpecError as e:  # nested too deep
-        raise TestbedError(f"host profile {path} is not a host profile ({e.allowed})") from None
     try:
         return validate(HostProfile, data, "")
     except SpecError as e:
