@@ -39,7 +39,7 @@ import psutil
 
 from common.errors import MissingRequirement
 from common.process import die_with_parent
-from testbed.cgroups import CGROUP_PREFIX, V1_CONTROLLERS, _mounts
+from testbed.cgroups import CGROUP_PREFIX, V1_CONTROLLERS, _mounts, _write
 
 __all__ = ["Hierarchy", "process_hierarchy", "RunCgroup", "kill_cgroup", "cgroup_pids", "tied_preexec",
            "RUN_CGROUP_SUFFIX", "MISSING_HIERARCHY"]
@@ -97,11 +97,6 @@ def tied_preexec(join: Callable[[], None] | None = None) -> Callable[[], None] |
         if tie:
             die_with_parent()
     return preexec
-
-
-def _write(path: Path, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
 
 
 def cgroup_pids(path: str | Path) -> list[int]:
