@@ -10,7 +10,8 @@ directories that ``testbed reproduce`` marked, never typed by hand.
 
 A *marked* directory is a sweep (or run) directory with :data:`analysis.reproduction.MARKER`
 in it: the catalogue entry it reproduces, the mode (``full``, ``quick``, ``headline``), the
-``--set`` overrides, which repeat of how many, and when. Everything the scoreboard prints
+``--set`` overrides, which repeat of how many, the dilation (1, or 2 for a headline's
+dilation check: the same run at twice its dilation), and when. Everything the scoreboard prints
 comes from those directories (their ``sweep.csv``, each run's ``spec.yaml``) and from the
 catalogue (the paper's values, the status and reason of entries not run here).
 
@@ -27,8 +28,11 @@ A ratio *counts* toward the headline verdict only when it is within, on the pape
 setting (no ``setting_differs`` in the catalogue), and measured by the protocol
 (:func:`protocol_problems`): at least :data:`MIN_REPEATS` repeats, every compared run with at
 least :data:`MIN_WARMUP` warm-up and :data:`MIN_MEASURED` measured iterations, the two variants
-of a repeat at one dilation, and a dilation check (the ratio at twice the dilation, within
-:data:`DILATION_TOLERANCE`) recorded.
+of a repeat at one dilation, and a dilation check: the median ratio over the repeats at
+twice the dilation (``testbed reproduce ID --headline --dilation-check``) within
+:data:`DILATION_TOLERANCE` of the median at the headline's dilation. A ratio the emulated
+network and host model carry does not move with the dilation; one that moves shows this
+machine's own speed in the result.
 """
 from __future__ import annotations
 
@@ -77,6 +81,7 @@ class Marked:
     repeats: int
     started: str
     finished: str
+    dilation: int = 1
 
     @property
     def date(self) -> str:
@@ -101,7 +106,7 @@ def find_marked(root: str | Path) -> list[Marked]:
         try:
             m = json.loads(f.read_text())
             out.append(Marked(d, m["id"], m["mode"], int(m["repeat"]), int(m["repeats"]), m["started"],
-                              m["finished"]))
+                              m["finished"], int(m.get("dilation", 1))))
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ScoreboardError(f"{f}: not a readable marker ({type(e).__name__}: {e})") from None
     return out
@@ -184,11 +189,14 @@ def measure_ratio(ratio: Ratio, sweep_dir: str | Path) -> Measurement:
 
 @dataclass(frozen=True)
 class RatioResult:
-    """A headline ratio over the marked sweeps of its entry."""
+    """A headline ratio over the marked sweeps of its entry: ``measurements`` at the
+    headline's dilation, ``checks`` at twice it (its dilation check; empty when not run)."""
     entry: Entry
     ratio: Ratio
     marked: list[Marked]
     measurements: list[Measurement]
+    checks: tuple[Measurement, ...] = ()
+    check_marked: tuple[Marked, ...] = ()
 
     @property
     def values(self) -> list[float]:
@@ -197,6 +205,18 @@ class RatioResult:
     @property
     def median(self) -> float:
         return median(self.values) if self.values else math.nan
+
+    @property
+    def check_values(self) -> list[float]:
+        return [m.ratio for m in self.checks if m.ok]
+
+    @property
+    def moved(self) -> float:
+        """How far the median ratio at twice the dilation is from the one at the headline's
+        dilation (``check / base - 1``); NaN without both."""
+        if not self.values or not self.check_values:
+            return math.nan
+        return median(self.check_values) / self.median - 1
 
     @property
     def to_paper(self) -> float:
@@ -223,16 +243,12 @@ class RatioResult:
                 or m.numerator + m.numerator_ci95 < m.denominator - m.denominator_ci95)
 
 
-def protocol_problems(res: RatioResult) -> list[str]:
-    """Where the measurement of ``res`` falls short of :data:`PROTOCOL`, one phrase each
-    (empty: it holds), from each compared run's ``spec.yaml`` and ``summary.json``. No
-    dilation check is recorded by ``testbed reproduce`` yet, so it is always among them."""
-    ok = [m for m in res.measurements if m.ok]
-    out = []
-    if len(ok) < MIN_REPEATS:
-        out.append(f"{len(ok)} repeat{'s' if len(ok) != 1 else ''} (at least {MIN_REPEATS})")
-    warm, measured, mixed = [], [], set()
-    for m in ok:
+def _dilation_problems(ms, what: str) -> tuple[list[str], list[int], list[int]]:
+    """The compared runs of ``ms`` (ok measurements): unreadable ones, and variants of one
+    repeat at different dilations (phrases naming ``what``), with every run's warm-up and
+    measured iterations."""
+    out, warm, measured, mixed = [], [], [], set()
+    for m in ms:
         scales = []
         for d in m.run_dirs:
             try:
@@ -245,13 +261,37 @@ def protocol_problems(res: RatioResult) -> list[str]:
             scales.append(spec.get("scale"))
         if len(set(map(str, scales))) > 1:
             mixed.add(" and ".join(f"{s:g}" if isinstance(s, (int, float)) else str(s) for s in scales))
+    if mixed:
+        out.append(f"variants at different dilations{what} ({'; '.join(sorted(mixed))})")
+    return out, warm, measured
+
+
+def protocol_problems(res: RatioResult) -> list[str]:
+    """Where the measurement of ``res`` falls short of :data:`PROTOCOL`, one phrase each
+    (empty: it holds), from each compared run's ``spec.yaml`` and ``summary.json`` (those of
+    its dilation check too)."""
+    ok = [m for m in res.measurements if m.ok]
+    out = []
+    if len(ok) < MIN_REPEATS:
+        out.append(f"{len(ok)} repeat{'s' if len(ok) != 1 else ''} (at least {MIN_REPEATS})")
+    problems, warm, measured = _dilation_problems(ok, "")
+    checked, cwarm, cmeasured = _dilation_problems([m for m in res.checks if m.ok], " in the dilation check")
+    warm, measured = warm + cwarm, measured + cmeasured
     if warm and min(warm) < MIN_WARMUP:
         out.append(f"{min(warm)} warm-up iteration{'s' if min(warm) != 1 else ''} (at least {MIN_WARMUP})")
     if measured and min(measured) < MIN_MEASURED:
         out.append(f"{min(measured)} measured iterations (at least {MIN_MEASURED})")
-    if mixed:
-        out.append(f"variants at different dilations ({'; '.join(sorted(mixed))})")
-    out.append("no dilation check")
+    out += problems + checked
+    if not res.checks:
+        out.append("no dilation check")
+    elif not res.check_values:
+        out.append("no ok run in the dilation check")
+    else:
+        n = len(res.check_values)
+        if n < MIN_REPEATS:
+            out.append(f"{n} repeat{'s' if n != 1 else ''} in the dilation check (at least {MIN_REPEATS})")
+        if abs(res.moved) > DILATION_TOLERANCE:
+            out.append(f"the ratio moves {res.moved:+.1%} at twice the dilation (at most {DILATION_TOLERANCE:.0%})")
     return out
 
 
@@ -262,8 +302,12 @@ def counted(res: RatioResult) -> bool:
 
 
 def ratio_result(entry: Entry, ratio: Ratio, marked: list[Marked]) -> RatioResult:
-    """``ratio`` measured in each of ``marked`` (the entry's headline sweeps)."""
-    return RatioResult(entry, ratio, list(marked), [measure_ratio(ratio, m.path) for m in marked])
+    """``ratio`` measured in each of ``marked`` (the entry's headline sweeps: those at
+    dilation 1 are its measurements, the others its dilation check)."""
+    base = [m for m in marked if m.dilation == 1]
+    check = [m for m in marked if m.dilation != 1]
+    return RatioResult(entry, ratio, base, [measure_ratio(ratio, m.path) for m in base],
+                       tuple(measure_ratio(ratio, m.path) for m in check), tuple(check))
 
 
 def _paper(r: Ratio) -> str:
@@ -309,15 +353,26 @@ def _cells(res: RatioResult) -> list[str]:
     flagged = sum(m.flagged for m in res.measurements)
     if flagged:
         measured += f", {flagged} flagged"
-    dates = sorted({m.date for m in res.marked})
+    dates = sorted({m.date for m in res.marked + list(res.check_marked)})
     date = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}" if dates else "-"
-    runs = "<br>".join(f"`{m.path.name}`" for m in res.marked)
+    runs = "<br>".join(f"`{m.path.name}`" for m in res.marked) + "".join(
+        f"<br>`{m.path.name}` ({m.dilation}x the dilation)" for m in res.check_marked)
     protocol = "holds" if not protocol_problems(res) else "; ".join(protocol_problems(res))
-    return [measured, to_paper, within, dist, protocol, _setting(res), runs, date]
+    return [measured, to_paper, within, dist, _check_cell(res), protocol, _setting(res), runs, date]
+
+
+def _check_cell(res: RatioResult) -> str:
+    """The dilation check: the median (range) at twice the dilation, and how far it moved."""
+    v = res.check_values
+    if not v:
+        return "not run" if not res.checks else "no ok run"
+    spread = f" ({min(v):.2f}-{max(v):.2f})" if len(v) > 1 else ""
+    moved = f", {res.moved:+.1%}" if math.isfinite(res.moved) else ""
+    return f"{median(v):.2f}{spread}, {len(v)} run{'s' if len(v) > 1 else ''}{moved}"
 
 
 _HEAD = ["paper's ratio", "measured: median (range), runs", "measured / paper", "within +-25 %",
-         "distinguishable", "protocol (what falls short)", "setting (host, compute, scale, host link)",
+         "distinguishable", "at twice the dilation: median (range), runs, moved", "protocol (what falls short)", "setting (host, compute, scale, host link)",
          "run directories", "date"]
 
 

@@ -14,6 +14,7 @@
     testbed reproduce --list              every figure and table of the five papers: spec, minutes, status
     testbed reproduce ID [--quick]        run one of them, then its report beside the paper's values
     testbed reproduce ID --headline --repeat 3   its headline ratios, median and range over 3 runs
+    testbed reproduce ID --headline --repeat 3 --dilation-check   and each repeat again at twice its dilation
     testbed reproduce --archive DEST      keep the marked runs' small files (reproduction/runs)
     testbed reproduce --scoreboard DIR    REPRODUCTION.md from the marked runs under DIR
     testbed clean                         remove what a killed run left on the machine
@@ -335,7 +336,8 @@ def _cmd_reproduce(args) -> int:
         raise TestbedError(f"--repeat must be at least 1 (got {args.repeat})")
     entry = get_entry(entries, args.id)
     from testbed.reproduce import reproduce  # lazy: Mininet, torch (through the runner)
-    return reproduce(entry, quick=args.quick, headline=args.headline, repeat=args.repeat, runs_dir=args.runs_dir)
+    return reproduce(entry, quick=args.quick, headline=args.headline, repeat=args.repeat, runs_dir=args.runs_dir,
+                     dilation_check=args.dilation_check)
 
 
 def _cmd_clean(args) -> int:
@@ -442,6 +444,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="run the entry's headline run and print its ratios against the paper's")
     s.add_argument("--repeat", type=int, default=1, metavar="N",
                    help="run it N times (each sweep marked as one repeat; 3 for a headline)")
+    s.add_argument("--dilation-check", action="store_true",
+                   help="with --headline: run each repeat again at twice its dilation; the scoreboard flags a ratio "
+                        "that moves by more than 5 %% between the two")
     s.add_argument("--runs-dir", help="where run directories go (default: the spec's run.runs_dir); "
                                       "with --archive, where the marked runs are (default: runs)")
     s.add_argument("--scoreboard", metavar="DIR",

@@ -26,13 +26,16 @@ from analysis.report import get_report
 from analysis.reproduction import MARKER, REPO_ROOT, Entry
 from common.errors import TestbedError
 
-__all__ = ["MEASURED_HEADING", "NotRunnable", "PAPER_HEADING", "describe", "paper_block", "report_argv",
+__all__ = ["CHECK_FACTOR", "MEASURED_HEADING", "NotRunnable", "PAPER_HEADING", "describe", "paper_block", "report_argv",
            "reproduce", "reproduce_once"]
 
 #: the heading of the report's output
 MEASURED_HEADING = "measured (this run) and the paper model's prediction"
 #: the heading of the compact block of the paper's values printed after it
 PAPER_HEADING = "paper"
+#: a headline's dilation check runs it again at this many times its dilation: a ratio the
+#: emulation carries does not move with the dilation; one the machine's own speed leaks into does
+CHECK_FACTOR = 2
 
 
 class NotRunnable(TestbedError):
@@ -109,20 +112,28 @@ def _target(results) -> Path:
 
 
 def _write_marker(target: Path, entry: Entry, mode: str, overrides: list[str], repeat: int, repeats: int,
-                  started: str) -> None:
+                  started: str, dilation: int = 1) -> None:
     """Record in ``target`` (the sweep or run directory) which catalogue entry it reproduces
-    (:data:`analysis.reproduction.MARKER`, read by :mod:`analysis.scoreboard`)."""
+    (:data:`analysis.reproduction.MARKER`, read by :mod:`analysis.scoreboard`); ``dilation``:
+    1 for a run at the headline's dilation, :data:`CHECK_FACTOR` for its dilation check."""
     marker = {"id": entry.id, "mode": mode, "spec": entry.spec.path, "overrides": overrides,
-              "repeat": repeat, "repeats": repeats, "started": started,
+              "repeat": repeat, "repeats": repeats, "dilation": dilation, "started": started,
               "finished": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
     (target / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
 
 
 def reproduce(entry: Entry, quick: bool = False, runs_dir: str | Path | None = None, progress: bool = True,
               out: TextIO | None = None, say: Callable[[str], None] | None = None, headline: bool = False,
-              repeat: int = 1) -> int:
+              repeat: int = 1, dilation_check: bool = False) -> int:
     """Run ``entry``'s spec ``repeat`` times and print its report beside the paper after each;
     with ``headline``, then its headline ratios over the repeats (median and range).
+
+    A headline run compares its variants at one dilation: under ``scale: auto`` every point
+    runs at the largest dilation the capacity model picks for any of them
+    (:func:`headline_scale`). With ``dilation_check``, each repeat is followed by the same run
+    at :data:`CHECK_FACTOR` times that dilation, marked as its dilation check (the scoreboard
+    flags a ratio that moves by more than
+    :data:`analysis.scoreboard.DILATION_TOLERANCE` between the two).
 
     Args:
         entry: a catalogue entry with a spec and a report command.
@@ -130,14 +141,16 @@ def reproduce(entry: Entry, quick: bool = False, runs_dir: str | Path | None = N
         headline: run the headline run instead (the entry's ``headline`` overrides).
         repeat: how many times to run it (>= 1); each run's directory is marked as one
             repeat of the entry (``reproduce.json``) for ``testbed reproduce --scoreboard``.
+        dilation_check: with ``headline``, run each repeat again at :data:`CHECK_FACTOR`
+            times its dilation (the run takes about three times as long).
         runs_dir, progress, out, say: as :func:`reproduce_once`.
 
     Returns:
         0 if every run of every repeat was ``ok``, else 1.
 
     Raises:
-        NotRunnable: no spec, no such version, both ``quick`` and ``headline``, or no
-            report command.
+        NotRunnable: no spec, no such version, both ``quick`` and ``headline``, no report
+            command, or ``dilation_check`` without ``headline``.
         ValueError: ``repeat`` < 1.
         TestbedError: as :func:`reproduce_once`.
     """
@@ -145,14 +158,23 @@ def reproduce(entry: Entry, quick: bool = False, runs_dir: str | Path | None = N
         raise ValueError(f"repeat must be at least 1 (got {repeat})")
     if quick and headline:
         raise NotRunnable("--quick or --headline, not both")
+    if dilation_check and not headline:
+        raise NotRunnable("--dilation-check checks a headline ratio: give --headline too")
     if headline and entry.headline is None:
         raise NotRunnable(f"{entry.id} has no headline run (no 'headline' section in its catalogue entry)")
+    _check_runnable(entry, quick)
+    scale = headline_scale(entry) if headline else None
+    runs = [(i, 1) for i in range(1, repeat + 1)]
+    if dilation_check:
+        runs = [(i, f) for i in range(1, repeat + 1) for f in (1, CHECK_FACTOR)]
     status, targets = 0, []
-    for i in range(1, repeat + 1):
-        if repeat > 1:
-            print(f"\n# {entry.id}: repeat {i} of {repeat}", file=out or sys.stdout, flush=True)
+    for i, factor in runs:
+        if repeat > 1 or dilation_check:
+            at = f" at {factor}x the dilation (scale {scale * factor:g}): the dilation check" if factor > 1 else ""
+            print(f"\n# {entry.id}: repeat {i} of {repeat}{at}", file=out or sys.stdout, flush=True)
         rc, target = reproduce_once(entry, quick=quick, headline=headline, runs_dir=runs_dir, progress=progress,
-                                    out=out, say=say, repeat=(i, repeat))
+                                    out=out, say=say, repeat=(i, repeat),
+                                    scale=None if scale is None else scale * factor, dilation=factor)
         status, targets = max(status, rc), targets + [target]
     if headline:
         from analysis.scoreboard import headline_table  # lazy: pandas, only after a headline run
@@ -161,9 +183,34 @@ def reproduce(entry: Entry, quick: bool = False, runs_dir: str | Path | None = N
     return status
 
 
+def _spec_path(entry: Entry) -> Path:
+    root = REPO_ROOT if (REPO_ROOT / "experiments").is_dir() else Path.cwd()  # as load_catalogue's spec paths
+    return root / entry.spec.path
+
+
+def headline_scale(entry: Entry) -> float:
+    """The one dilation at which ``entry``'s headline run compares its variants: the spec's
+    ``scale`` when it is a number, else (``auto``) the largest scale the capacity model picks
+    for any of its points (:func:`testbed.runner.plan_experiment`; nothing is built), so that
+    no variant runs at a dilation the model finds too small for it.
+
+    Raises:
+        NotRunnable: no spec, or no headline run.
+        TestbedError: as :func:`testbed.runner.plan_experiment`.
+    """
+    _check_runnable(entry, False)
+    if entry.headline is None:
+        raise NotRunnable(f"{entry.id} has no headline run (no 'headline' section in its catalogue entry)")
+    from testbed.runner import plan_experiment  # lazy: Mininet, torch
+    from testbed.spec import load_spec  # lazy: torch (the model registry)
+    return max(float(p.exp.scale) for p in plan_experiment(load_spec(_spec_path(entry),
+                                                                     overrides=entry.overrides(headline=True))))
+
+
 def reproduce_once(entry: Entry, quick: bool = False, runs_dir: str | Path | None = None, progress: bool = True,
                    out: TextIO | None = None, say: Callable[[str], None] | None = None, headline: bool = False,
-                   repeat: tuple[int, int] = (1, 1)) -> tuple[int, Path]:
+                   repeat: tuple[int, int] = (1, 1), scale: float | None = None,
+                   dilation: int = 1) -> tuple[int, Path]:
     """Run ``entry``'s spec (every point of its sweep) and print its report beside the paper.
 
     Args:
@@ -174,13 +221,16 @@ def reproduce_once(entry: Entry, quick: bool = False, runs_dir: str | Path | Non
         out: where the entry, the runs' lines, the report and the paper block are printed
             (default stdout); ``say`` gets the capacity estimate (default: stderr, prefixed
             ``testbed:``).
+        scale: run every point at this dilation (``--set scale=...`` after the entry's
+            overrides); None: as the spec says.
+        dilation: what the marker records: 1, or :data:`CHECK_FACTOR` for a dilation check.
 
     Returns:
         (0 if every run's status is ``ok``, else 1 (the report is still attempted; if it
         then finds nothing to report its message is printed instead of the tables); the
         sweep directory, or the run directory of a single run). The directory is marked
         with :data:`analysis.reproduction.MARKER` (entry, mode, overrides, ``repeat`` =
-        (this one, of how many), times).
+        (this one, of how many), ``dilation``, times).
 
     Raises:
         NotRunnable: no spec, ``quick`` without a quick version, or no report command.
@@ -199,16 +249,15 @@ def reproduce_once(entry: Entry, quick: bool = False, runs_dir: str | Path | Non
     out = out or sys.stdout
     say = say or (lambda line: print(f"testbed: {line}", file=sys.stderr))
     print(describe(entry, quick, headline), file=out, flush=True)
-    root = REPO_ROOT if (REPO_ROOT / "experiments").is_dir() else Path.cwd()  # as load_catalogue's spec paths
-    overrides = entry.overrides(quick, headline)
-    exp = load_spec(root / entry.spec.path, overrides=overrides)
+    overrides = entry.overrides(quick, headline) + ([] if scale is None else [f"scale={scale:.10g}"])
+    exp = load_spec(_spec_path(entry), overrides=overrides)
     if runs_dir is not None:
         exp.run.runs_dir = str(runs_dir)
     started = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     results = run_experiment(exp, progress=progress, say=say)
     target = _target(results)
     _write_marker(target, entry, "quick" if quick else "headline" if headline else "full", overrides, *repeat,
-                  started=started)
+                  started=started, dilation=dilation)
     if not progress or target == results[0].run_dir:  # else the runner wrote them as the sweep went
         print("\n".join(one_line(r) for r in results), file=out)
     ok = all(r.ok for r in results)

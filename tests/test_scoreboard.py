@@ -25,7 +25,7 @@ COLUMNS = ["variant", "workload.scheme", "workload.model", "scheme", "status", "
 
 def _sweep(root: Path, name: str, rates: dict[str, float], entry_id: str = PIPE.id, mode: str = "headline",
            repeat: int = 1, repeats: int = 3, status: dict[str, str] | None = None, starved: tuple[str, ...] = (),
-           ci: float = 1.0, finished: str = "2026-11-23T05:00:00Z") -> Path:
+           ci: float = 1.0, finished: str = "2026-11-23T05:00:00Z", dilation: int = 1) -> Path:
     """A sweep directory as the runner writes it: sweep.csv, sweep.yaml, one run directory
     per variant (spec.yaml, summary.json, a trace file the archive must leave out), and the
     marker ``testbed reproduce`` writes."""
@@ -38,7 +38,7 @@ def _sweep(root: Path, name: str, rates: dict[str, float], entry_id: str = PIPE.
             run = d / f"{i:03d}_{variant}_model=resnet18"
             (run / "traces").mkdir(parents=True)
             (run / "traces" / "bwm.csv").write_text("t,bytes\n0,0\n")
-            spec = {"name": "pipe_sgd_timing", "scale": 10.0, "topology": {"host_bw_mbps": 10000.0},
+            spec = {"name": "pipe_sgd_timing", "scale": 10.0 * dilation, "topology": {"host_bw_mbps": 10000.0},
                     "host": {"profile": "pipe_sgd_node"},
                     "workload": {"model": "resnet18", "compute": {"mode": "emulated", "profile": "titanxp"}}}
             (run / "spec.yaml").write_text(yaml.safe_dump(spec))
@@ -49,7 +49,7 @@ def _sweep(root: Path, name: str, rates: dict[str, float], entry_id: str = PIPE.
     (d / "sweep.yaml").write_text("name: pipe_sgd_timing\n")
     (d / MARKER).write_text(json.dumps({"id": entry_id, "mode": mode, "spec": "experiments/pipe_sgd_timing.yaml",
                                         "overrides": [], "repeat": repeat, "repeats": repeats,
-                                        "started": finished, "finished": finished}))
+                                        "started": finished, "finished": finished, "dilation": dilation}))
     return d
 
 
@@ -138,6 +138,45 @@ def test_the_protocol_names_what_a_measurement_lacks(tmp_path):
     assert res.within and not counted(res)
     res = ratio_result(PIPE, PIPE.headline.ratios[0], find_marked(tmp_path / "a")[:2])
     assert protocol_problems(res)[0] == "2 repeats (at least 3)"
+
+
+def _protocol_runs(dirs: list[Path]) -> None:
+    """Give the synthetic runs of ``dirs`` the protocol's warm-up and measured iterations."""
+    for d in dirs:
+        for run in d.glob("0*"):
+            spec = yaml.safe_load((run / "spec.yaml").read_text())
+            spec["workload"]["warmup_iterations"] = 2
+            (run / "spec.yaml").write_text(yaml.safe_dump(spec))
+            s = json.loads((run / "summary.json").read_text())
+            (run / "summary.json").write_text(json.dumps({**s, "measured_iterations": 6}))
+
+
+@pytest.mark.parametrize("check_ratios, moved", [((1.95, 2.15, 2.3), None), ((2.4, 2.5, 2.6), "+19.0%")])
+def test_a_dilation_check_holds_or_names_how_far_the_ratio_moved(tmp_path, check_ratios, moved):
+    from analysis.scoreboard import counted, protocol_problems
+    base = _three(tmp_path)
+    checks = [_sweep(tmp_path, f"pipe_sgd_timing-2026112{i}-060000",
+                     {"PS-Sync": 100.0, "D-Sync": 200.0, "Pipe-SGD": 200.0 * r}, repeat=i + 1, dilation=2)
+              for i, r in enumerate(check_ratios)]
+    _protocol_runs(base + checks)
+    res = ratio_result(PIPE, PIPE.headline.ratios[0], find_marked(tmp_path))
+    assert res.values == pytest.approx([1.9, 2.1, 2.4]) and res.check_values == pytest.approx(list(check_ratios))
+    assert [m.path for m in res.marked] == base and [m.path for m in res.check_marked] == checks
+    if moved is None:
+        assert protocol_problems(res) == [] and res.moved == pytest.approx(2.15 / 2.1 - 1)
+    else:
+        assert protocol_problems(res) == [f"the ratio moves {moved} at twice the dilation (at most 5%)"]
+    assert not counted(res)  # the catalogue says Pipe-SGD's setting differs (batch 32 against 64)
+    row = next(line for line in scoreboard(tmp_path, ENTRIES).splitlines()
+               if line.startswith(f"| `{PIPE.id}` | Pipe-SGD over D-Sync"))
+    cell = f"{sorted(check_ratios)[1]:.2f} ({min(check_ratios):.2f}-{max(check_ratios):.2f}), 3 runs, "
+    assert cell in row and f"`{checks[0].name}` (2x the dilation)" in row
+    # a check whose variants ran at different dilations is named as such
+    run = next(checks[0].glob("002*"))
+    spec = yaml.safe_load((run / "spec.yaml").read_text())
+    (run / "spec.yaml").write_text(yaml.safe_dump({**spec, "scale": 30.0}))
+    res = ratio_result(PIPE, PIPE.headline.ratios[0], find_marked(tmp_path))
+    assert "variants at different dilations in the dilation check (30 and 20)" in protocol_problems(res)
 
 
 def test_the_scoreboard_is_deterministic_and_counts_the_headlines(tmp_path):
@@ -231,7 +270,37 @@ def test_headline_repeats_mark_each_sweep_and_print_the_ratios(tmp_path, monkeyp
     assert [len(c.variants) for c in calls] == [3, 3, 3] and calls[0].workload.iterations == 6
     marks = find_marked(tmp_path)
     assert [(m.id, m.mode, m.repeat, m.repeats) for m in marks] == [(PIPE.id, "headline", i, 3) for i in (1, 2, 3)]
-    assert json.loads((marks[0].path / MARKER).read_text())["overrides"] == PIPE.overrides(headline=True)
+    assert json.loads((marks[0].path / MARKER).read_text())["overrides"] == PIPE.overrides(headline=True) + ["scale=10"]
     out = capsys.readouterr().out
     assert "# pipe_sgd.fig4_resnet18_timing: repeat 3 of 3" in out
+    assert len({c.scale for c in calls}) == 1 and isinstance(calls[0].scale, float)  # one dilation for every variant
     assert "| Pipe-SGD over D-Sync, ResNet-18, samples/s | 2.00-3.20 | 3.00 (2.00-4.00), 3 runs |" in out
+
+
+def test_a_dilation_check_runs_each_repeat_again_at_twice_the_dilation(tmp_path, monkeypatch, capsys):
+    import testbed.runner  # lazy: Mininet
+    from testbed.reproduce import CHECK_FACTOR, NotRunnable, headline_scale, reproduce  # lazy: the runner
+    calls = []
+
+    def fake_run(exp, progress=True, say=None):
+        calls.append(exp)
+        d = _sweep(Path(exp.run.runs_dir), f"pipe_sgd_timing-x{len(calls)}",
+                   {"PS-Sync": 50.0, "D-Sync": 100.0, "Pipe-SGD": 250.0})
+        (d / MARKER).unlink()
+        return [testbed.runner.RunResult(p.parent, json.loads(p.read_text())) for p in sorted(d.glob("*/summary.json"))]
+
+    monkeypatch.setattr(testbed.runner, "run_experiment", fake_run)
+    monkeypatch.setattr("testbed.reproduce.get_report", lambda name: type("R", (), {"main": lambda *a, **k: 0})())
+    with pytest.raises(NotRunnable, match="--headline"):
+        reproduce(PIPE, dilation_check=True, runs_dir=tmp_path, progress=False)
+    assert calls == []
+    assert reproduce(PIPE, headline=True, repeat=2, dilation_check=True, runs_dir=tmp_path, progress=False) == 0
+    base = headline_scale(PIPE)
+    assert [c.scale for c in calls] == [base, CHECK_FACTOR * base] * 2  # interleaved: each repeat, then its check
+    marks = find_marked(tmp_path)
+    assert [(m.repeat, m.dilation) for m in marks] == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    out = capsys.readouterr().out
+    assert f"# {PIPE.id}: repeat 2 of 2 at 2x the dilation (scale {CHECK_FACTOR * base:g}): the dilation check" in out
+    assert "| 2.50 (2.50-2.50), 2 runs, +0.0% |" in out
+    assert cli_main(["reproduce", PIPE.id, "--dilation-check"]) == 2
+    assert "give --headline too" in capsys.readouterr().err
