@@ -14,7 +14,9 @@ profile (``traffic/hostmodel/data/*.yaml``, paired with its paper's setting) or 
 - ``scale: <=5 %``: the smallest scale at which the overrun time is at most
   ``OVERRUN_THRESHOLD`` (5 %) of the budgeted time, the fraction that flags a run
   (``fidelity.host_cost_overrun``);
-- or ``not modelled`` when the profile's value is null (the op takes its real time).
+- or ``not modelled`` when the resolved value is None (the op takes its real time); no
+  resolved rate is: a value a profile leaves null is the reference profile's
+  (``traffic/hostmodel/data/reference.yaml``), as in a run.
 
 The last column gives, at the spec's own ``scale``, the fastest emulated rate (or the
 smallest emulated per-op cost) that this machine can honour without overruns: what a
@@ -77,7 +79,7 @@ import torch  # noqa: E402
 from testbed.spec import expand_sweep, from_dict  # noqa: E402
 from common.validation import load_yaml  # noqa: E402
 from traffic.compression import make_codec  # noqa: E402
-from traffic.hostmodel import HostSpec, available_host_profiles, load_host_profile  # noqa: E402
+from traffic.hostmodel import HostSpec, available_host_profiles  # noqa: E402
 from traffic.hostmodel.measure import machine, run_pair, time_calls  # noqa: E402
 from traffic.models import build_model  # noqa: E402
 from traffic.compute_profiles import load_profile  # noqa: E402
@@ -426,7 +428,7 @@ def main(argv=None) -> int:
         evals += [(name, name, p) for p in (mine or papers)]
     evals += [(f, Path(f).name, p) for f in a.profile for p in papers]
     models = {ref: HostSpec(profile=ref).resolve() for ref, _, _ in evals}
-    values = {ref: load_host_profile(ref) for ref, _, _ in evals}
+    values = {ref: HostSpec(profile=ref).pinned() for ref, _, _ in evals}  # as a run resolves them
 
     t_start = time.perf_counter()
     real = RealCosts(a.repeats)
@@ -459,7 +461,7 @@ def main(argv=None) -> int:
                 continue
             pt = points[paper]
             where = f"{paper.label} ({pt.paper.spec}, {paper.variant}, {pt.model}, W={pt.workers})"
-            value = values[ref][FIELD[kind]].value
+            value = values[ref][FIELD[kind]]
             if kind in ("message", "request_startup"):
                 r = msg_s if kind == "message" else req_s
                 bound = f"needs >= {fmt_s(r / pt.scale)} at scale {pt.scale:g}"

@@ -105,9 +105,12 @@ def test_spec_inline_fields_override_the_profile(tmp_path):
     exp = from_dict({"host": {"profile": str(prof), "aggregate_gb_per_s": 5}})
     m = exp.host.resolve()
     assert m.message_overhead_s == pytest.approx(12e-6) and m.request_startup_s == pytest.approx(3e-3)
-    assert m.aggregate_bytes_per_s == 5e9 and m.optimizer_bytes_per_s is None
+    assert m.aggregate_bytes_per_s == 5e9
     assert m.sources["aggregate_gb_per_s"] == "spec" and "a paper" in m.sources["request_startup_ms"]
-    assert HostSpec().resolve() == HostModel(sources=HostSpec().resolve().sources)  # nothing stated: today's behaviour
+    # a value the profile leaves null is the reference profile's, never "not modelled"
+    ref = load_host_profile("reference")
+    assert m.optimizer_bytes_per_s == ref["optimizer_gb_per_s"].value * 1e9
+    assert m.sources["optimizer_gb_per_s"].startswith("reference measurement (")
 
 
 @pytest.mark.parametrize("host, field", [

@@ -5,8 +5,11 @@ the rates of the work a scheme does besides communicating: per-message software 
 the start-up a server pays before answering a pull request, summation of gradients, the
 optimizer update and compression. A host *profile* (``traffic/hostmodel/data/<name>.yaml``, one per
 system the papers describe, every value with its source) supplies them; fields written
-inline override the profile's. ``null`` means not modelled: the work takes this machine's
-real time, reported as such. :class:`HostModel` is the resolved form the runtime uses
+inline override the profile's. ``null`` states nothing: a value that neither the spec nor its
+profile states resolves to the reference profile's (:data:`REFERENCE_PROFILE`, a measurement
+of a named machine at scale 1), never to the real time of the machine running the emulation
+(which, divided by ``scale``, would make the same unstated cost depend on the dilation and the
+machine). :class:`HostModel` is the resolved form the runtime uses
 (:class:`traffic.hostmodel.costs.HostCosts` charges each operation at it, dilated by
 ``scale``).
 
@@ -14,7 +17,7 @@ Host profile file format (YAML)::
 
     description: "..."
     message_overhead_us: {value: 12.0, source: "PHub Sec. 4.1: \\"...\\""}
-    request_startup_ms: {value: null, source: "the paper gives no figure"}
+    request_startup_ms: {value: 0, source: "reference measurement (...): the paper gives no figure"}
     aggregate_gb_per_s: {...}
     optimizer_gb_per_s: {...}
     codec_gb_per_s: {...}
@@ -37,6 +40,10 @@ DATA_DIR = Path(__file__).resolve().parent / "data"
 RATE_FIELDS = ("message_overhead_us", "request_startup_ms", "aggregate_gb_per_s", "optimizer_gb_per_s",
                "codec_gb_per_s")
 
+REFERENCE_PROFILE = "reference"
+"""The shipped profile every value that neither a spec nor its profile states resolves to:
+``testbed profile --host`` on a named machine at scale 1 (``data/reference.yaml``)."""
+
 
 class HostSpec(SpecModel):
     """The ``host:`` section: the emulated host's non-network costs (emulated units).
@@ -50,17 +57,18 @@ class HostSpec(SpecModel):
     """A host profile: a name in ``traffic/hostmodel/data/`` or the path of a profile file; the
     fields below, when written, override its values."""
     message_overhead_us: Optional[float] = Field(None, ge=0)
-    """Software cost per message sent and per message received, microseconds (0 when neither
-    given nor in the profile)."""
+    """Software cost per message sent and per message received, microseconds (null: the
+    profile's, else the reference profile's)."""
     request_startup_ms: Optional[float] = Field(None, ge=0)
     """What a server pays before answering each pull request (iBatch's T_s), milliseconds
-    (0 when neither given nor in the profile)."""
+    (null: the profile's, else the reference profile's)."""
     aggregate_gb_per_s: Optional[float] = Field(None, gt=0)
-    """Server summation, GB of incoming gradient per second; null: not modelled."""
+    """Server summation, GB of incoming gradient per second; null: the profile's, else the reference's."""
     optimizer_gb_per_s: Optional[float] = Field(None, gt=0)
-    """Optimizer update, GB of parameters per second; null: not modelled."""
+    """Optimizer update, GB of parameters per second; null: the profile's, else the reference's."""
     codec_gb_per_s: Optional[float] = Field(None, gt=0)
-    """Compression and decompression, GB of uncompressed data per second; null: not modelled."""
+    """Compression and decompression, GB of uncompressed data per second; null: the profile's,
+    else the reference's."""
 
     def cross_errors(self, prefix: str = "host") -> list[FieldError]:
         """A profile that cannot be found or read."""
@@ -73,27 +81,37 @@ class HostSpec(SpecModel):
         return []
 
     def _values(self) -> tuple[dict, dict]:
-        """The rates in force (the profile's, overridden by the fields written inline) and
-        where each comes from.
+        """The rates in force (the profile's, overridden by the fields written inline; a value
+        stated by neither, or stated null, is the reference profile's) and where each comes
+        from.
 
         Raises:
-            TestbedError: the profile cannot be loaded.
+            TestbedError: the profile (or the reference profile) cannot be loaded.
         """
         values = {f: None for f in RATE_FIELDS}
-        sources = {f: "not modelled" for f in RATE_FIELDS}
+        sources = {f: "" for f in RATE_FIELDS}
         if self.profile is not None:
             prof = load_host_profile(self.profile)
             for f in RATE_FIELDS:
-                values[f], sources[f] = prof[f].value, f"profile {self.profile}: {prof[f].source}"
+                if prof[f].value is not None:
+                    values[f], sources[f] = prof[f].value, f"profile {self.profile}: {prof[f].source}"
         for f in RATE_FIELDS:
-            if f in self.model_fields_set:
+            if f in self.model_fields_set and getattr(self, f) is not None:
                 values[f], sources[f] = getattr(self, f), "spec"
+        unstated = [f for f in RATE_FIELDS if values[f] is None]
+        if unstated:  # never this machine's real time: the reference machine's measured number
+            ref = load_host_profile(REFERENCE_PROFILE)
+            by = "the spec" if self.profile is None else f"the spec or profile {self.profile}"
+            for f in unstated:
+                values[f] = ref[f].value
+                sources[f] = (f"reference measurement (profile {REFERENCE_PROFILE}, as {by} states no value): "
+                              f"{ref[f].source}")
         return values, sources
 
     def pinned(self) -> dict:
-        """This section with every rate written out as resolved (what a run's ``spec.yaml``
-        records: the run keeps the rates it used even if the profile file changes later, and
-        reading it back resolves to the same rates).
+        """This section with every rate written out as resolved, as numbers (what a run's
+        ``spec.yaml`` records: the run keeps the rates it used even if the profile file or the
+        reference profile changes later, and reading it back resolves to the same rates).
 
         Raises:
             TestbedError: the profile cannot be loaded.
@@ -121,7 +139,7 @@ class HostSpec(SpecModel):
 class SourcedValue(SpecModel):
     """One value of a host profile and where it comes from."""
     value: Optional[float] = None
-    """The value in the field's unit; null: not modelled."""
+    """The value in the field's unit; null: not stated (resolves to the reference profile's)."""
     source: str
     """A paper's table, figure or sentence (quoted), or a measurement with its command, or why
     there is none."""
@@ -196,7 +214,9 @@ def load_host_profile(ref: str) -> HostProfile:
 
 @dataclass(frozen=True)
 class HostModel:
-    """Resolved host rates in SI units of the emulated host (None: not modelled)."""
+    """Resolved host rates in SI units of the emulated host. :meth:`HostSpec.resolve` never
+    leaves a rate None (a value stated nowhere is the reference profile's); None, as in a
+    bare ``HostModel()``, is not modelled: the work is charged its real time."""
     message_overhead_s: float = 0.0
     request_startup_s: float = 0.0
     aggregate_bytes_per_s: float | None = None

@@ -6,8 +6,9 @@ then waits until ``scale x`` the operation's emulated cost has passed since the 
 work is only the floor of the emulated cost: when it alone takes longer than the budget,
 the operation is an *overrun*, counted and reported (``results/<proc>.json`` and
 ``summary.json``: ``host_costs``), never silently folded into the result. A kind the host
-model does not state (``null`` rate, or a zero overhead) takes its real time and is reported
-as not modelled.
+model does not state (a zero overhead, or a rate left None in a bare :class:`HostModel`; a
+spec's never is: :meth:`~traffic.hostmodel.HostSpec.resolve` gives every rate a number) takes
+its real time and is reported as not modelled.
 
 Emulated compute (:class:`traffic.runtime.emulation.EmulatedCompute`) is the kind
 ``compute``: no real work, a stated time per layer.

@@ -27,7 +27,8 @@ in this process (and, for messages, one helper process), single-threaded by defa
   server software stack (iBatch, "Case Study": "searching the servers that store
   parameters and handling TCP connections"), not of the machine's arithmetic; measure it on
   the stack to be emulated (BigDL: getWeights minus fetchBlockSync, iBatch
-  "Implementation").
+  "Implementation"). A profile's null resolves to the reference profile's value
+  (:data:`traffic.hostmodel.REFERENCE_PROFILE`: written by this module, it states 0 here).
 
 The rate kinds are measured at sizes :data:`SIZES_BYTES` and reported at
 :data:`REPORT_BYTES` (4 MiB, MXNet's key chunk: "PHub's default is 32KB, while MXNet's is
@@ -352,8 +353,9 @@ def write_host_profile(profile: dict, path: str | Path) -> Path:
         "# The rates of THIS machine (one process, the torch threads named in each source), not of a",
         "# host a paper describes: use it to emulate hosts like this one, e.g.",
         f"#   host: {{profile: {path}}}",
-        "# Each source says what exactly was timed. request_startup_ms is null (not modelled): a",
-        "# start-up per request belongs to a server software stack, not to the machine.",
+        "# Each source says what exactly was timed. request_startup_ms is null (resolves to the reference",
+        "# profile's, traffic/hostmodel/data/reference.yaml): a start-up per request belongs to a server",
+        "# software stack, not to the machine.",
     ]
     body = yaml.safe_dump({k: profile[k] for k in ("description", *RATE_FIELDS)}, sort_keys=False,
                           allow_unicode=True, width=100)
