@@ -13,12 +13,19 @@ machine). :class:`HostModel` is the resolved form the runtime uses
 (:class:`traffic.hostmodel.costs.HostCosts` charges each operation at it, dilated by
 ``scale``).
 
+Each value has a *scope*. ``process`` (the default): every emulated process has the rate to
+itself, and each of its operations runs on its own clock. ``machine``: the rate is the whole
+emulated host's (e.g. a rate derived from the host's DRAM bandwidth), shared by every
+process and thread on that host; only the three rates (``aggregate_gb_per_s``,
+``optimizer_gb_per_s``, ``codec_gb_per_s``) may have it. Those kinds are charged on one
+shared clock per host (:class:`traffic.hostmodel.machine.HostMachine`).
+
 Host profile file format (YAML)::
 
     description: "..."
     message_overhead_us: {value: 12.0, source: "PHub Sec. 4.1: \\"...\\""}
     request_startup_ms: {value: 0, source: "reference measurement (...): the paper gives no figure"}
-    aggregate_gb_per_s: {...}
+    aggregate_gb_per_s: {value: 40, source: "...", scope: machine}
     optimizer_gb_per_s: {...}
     codec_gb_per_s: {...}
 """
@@ -26,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import yaml
 from pydantic import Field, field_validator
@@ -43,6 +50,13 @@ RATE_FIELDS = ("message_overhead_us", "request_startup_ms", "aggregate_gb_per_s"
 REFERENCE_PROFILE = "reference"
 """The shipped profile every value that neither a spec nor its profile states resolves to:
 ``testbed profile --host`` on a named machine at scale 1 (``data/reference.yaml``)."""
+
+#: the fields that may be machine-scoped (``scope: machine``, ``host.machine_rates``) and the
+#: kind of cost (:meth:`HostModel.cost_s`) each one is the rate of
+MACHINE_RATE_KINDS = {"aggregate_gb_per_s": "aggregate", "optimizer_gb_per_s": "optimizer",
+                      "codec_gb_per_s": "codec"}
+
+MachineRate = Literal["aggregate_gb_per_s", "optimizer_gb_per_s", "codec_gb_per_s"]
 
 
 class HostSpec(SpecModel):
@@ -69,6 +83,12 @@ class HostSpec(SpecModel):
     codec_gb_per_s: Optional[float] = Field(None, gt=0)
     """Compression and decompression, GB of uncompressed data per second; null: the profile's,
     else the reference's."""
+    machine_rates: Optional[list[MachineRate]] = None
+    """Which of the three rates are the whole emulated host's (``scope: machine``: shared by
+    every process and thread on the host), e.g. ``[aggregate_gb_per_s, optimizer_gb_per_s]``;
+    the others are each process's. When written (``[]`` too) it replaces every scope; null:
+    each rate has the scope its value comes with (the profile's, which a rate written inline
+    keeps; else the reference profile's)."""
 
     def cross_errors(self, prefix: str = "host") -> list[FieldError]:
         """A profile that cannot be found or read."""
@@ -80,19 +100,22 @@ class HostSpec(SpecModel):
             return [FieldError(f"{prefix}.profile", self.profile, str(e))]
         return []
 
-    def _values(self) -> tuple[dict, dict]:
+    def _values(self) -> tuple[dict, dict, list[str]]:
         """The rates in force (the profile's, overridden by the fields written inline; a value
-        stated by neither, or stated null, is the reference profile's) and where each comes
-        from.
+        stated by neither, or stated null, is the reference profile's), where each comes
+        from, and the machine-scoped rate fields (in :data:`RATE_FIELDS` order: ``machine_rates``
+        when written, else each value's scope in its profile).
 
         Raises:
             TestbedError: the profile (or the reference profile) cannot be loaded.
         """
         values = {f: None for f in RATE_FIELDS}
         sources = {f: "" for f in RATE_FIELDS}
+        scopes = {f: "process" for f in RATE_FIELDS}
         if self.profile is not None:
             prof = load_host_profile(self.profile)
             for f in RATE_FIELDS:
+                scopes[f] = prof[f].scope  # what the field means on this host, its value inline or not
                 if prof[f].value is not None:
                     values[f], sources[f] = prof[f].value, f"profile {self.profile}: {prof[f].source}"
         for f in RATE_FIELDS:
@@ -103,21 +126,24 @@ class HostSpec(SpecModel):
             ref = load_host_profile(REFERENCE_PROFILE)
             by = "the spec" if self.profile is None else f"the spec or profile {self.profile}"
             for f in unstated:
-                values[f] = ref[f].value
+                values[f], scopes[f] = ref[f].value, ref[f].scope
                 sources[f] = (f"reference measurement (profile {REFERENCE_PROFILE}, as {by} states no value): "
                               f"{ref[f].source}")
-        return values, sources
+        machine = set(self.machine_rates) if self.machine_rates is not None else \
+            {f for f in RATE_FIELDS if scopes[f] == "machine"}
+        return values, sources, [f for f in RATE_FIELDS if f in machine]
 
     def pinned(self) -> dict:
-        """This section with every rate written out as resolved, as numbers (what a run's
-        ``spec.yaml`` records: the run keeps the rates it used even if the profile file or the
-        reference profile changes later, and reading it back resolves to the same rates).
+        """This section with every rate written out as resolved, as numbers, and
+        ``machine_rates`` as resolved (what a run's ``spec.yaml`` records: the run keeps the
+        rates and scopes it used even if the profile file or the reference profile changes
+        later, and reading it back resolves to the same model).
 
         Raises:
             TestbedError: the profile cannot be loaded.
         """
-        values, _ = self._values()
-        return {"profile": self.profile, **values}
+        values, _, machine = self._values()
+        return {"profile": self.profile, **values, "machine_rates": machine}
 
     def resolve(self) -> "HostModel":
         """The rates in force: the profile's, overridden by the fields written inline.
@@ -125,7 +151,7 @@ class HostSpec(SpecModel):
         Raises:
             TestbedError: the profile cannot be loaded.
         """
-        values, sources = self._values()
+        values, sources, machine = self._values()
         gb = 1e9
         return HostModel(
             message_overhead_s=(values["message_overhead_us"] or 0.0) * 1e-6,
@@ -133,7 +159,8 @@ class HostSpec(SpecModel):
             aggregate_bytes_per_s=values["aggregate_gb_per_s"] and values["aggregate_gb_per_s"] * gb,
             optimizer_bytes_per_s=values["optimizer_gb_per_s"] and values["optimizer_gb_per_s"] * gb,
             codec_bytes_per_s=values["codec_gb_per_s"] and values["codec_gb_per_s"] * gb,
-            sources=sources)
+            sources=sources,
+            machine_kinds=frozenset(MACHINE_RATE_KINDS[f] for f in machine if values[f] is not None))
 
 
 class SourcedValue(SpecModel):
@@ -143,6 +170,10 @@ class SourcedValue(SpecModel):
     source: str
     """A paper's table, figure or sentence (quoted), or a measurement with its command, or why
     there is none."""
+    scope: Literal["process", "machine"] = "process"
+    """``machine``: the rate is the whole emulated host's, shared by every process and thread
+    on that host (one clock per host, :class:`traffic.hostmodel.machine.HostMachine`);
+    ``process``: each process has it. Only the three rates may be machine-scoped."""
 
     @field_validator("value")
     @classmethod
@@ -168,6 +199,14 @@ class HostProfile(SpecModel):
     aggregate_gb_per_s: SourcedValue
     optimizer_gb_per_s: SourcedValue
     codec_gb_per_s: SourcedValue
+
+    @field_validator(*(f for f in RATE_FIELDS if f not in MACHINE_RATE_KINDS))
+    @classmethod
+    def _process_scoped(cls, v: SourcedValue) -> SourcedValue:
+        if v.scope != "process":
+            raise ValueError("scope: process (a per-message or per-request cost is each process's; only "
+                             f"{', '.join(MACHINE_RATE_KINDS)} may be scope: machine)")
+        return v
 
     def __getitem__(self, name: str) -> SourcedValue:
         return getattr(self, name)
@@ -216,13 +255,20 @@ def load_host_profile(ref: str) -> HostProfile:
 class HostModel:
     """Resolved host rates in SI units of the emulated host. :meth:`HostSpec.resolve` never
     leaves a rate None (a value stated nowhere is the reference profile's); None, as in a
-    bare ``HostModel()``, is not modelled: the work is charged its real time."""
+    bare ``HostModel()``, is not modelled: the work is charged its real time.
+
+    Attributes:
+        machine_kinds: the kinds (``aggregate``, ``optimizer``, ``codec``) whose stated rate
+            is the whole host's: charged on the host's one shared clock
+            (:class:`traffic.hostmodel.machine.HostMachine`), not per process.
+    """
     message_overhead_s: float = 0.0
     request_startup_s: float = 0.0
     aggregate_bytes_per_s: float | None = None
     optimizer_bytes_per_s: float | None = None
     codec_bytes_per_s: float | None = None
     sources: dict | None = None
+    machine_kinds: frozenset[str] = frozenset()
 
     def cost_s(self, kind: str, nbytes: int = 0) -> float | None:
         """Emulated seconds of one operation of ``kind`` on ``nbytes`` bytes; None when the
