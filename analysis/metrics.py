@@ -492,6 +492,8 @@ def host_cost_totals(results: dict[str, dict]) -> dict[str, HostCost] | None:
             for k in ("count", "emulated_s", "budget_s", "real_s", "overruns", "overrun_s"):
                 t[k] += v.get(k, 0)
             t["modelled"] = t["modelled"] and bool(v.get("modelled"))
+            if "queued_s" in v:  # charged on a host's shared clock
+                t["queued_s"] = t.get("queued_s", 0.0) + v["queued_s"]
     for t in out.values():
         t["overrun_fraction"] = t["overrun_s"] / t["budget_s"] if t["budget_s"] > 0 else 0.0
     return {kind: HostCost.model_validate(t) for kind, t in out.items()} or None

@@ -278,6 +278,10 @@ class HostCost(_Section):
     """Real seconds beyond the budgets."""
     overrun_fraction: Optional[float] = None
     """``overrun_s`` / ``budget_s`` (0 without a budget)."""
+    queued_s: Optional[float] = None
+    """A kind whose rate is the whole host's (scope ``machine``): real seconds its operations
+    waited behind other operations of their host, beyond their budgets (the host's
+    contention); absent for a kind each process has to itself."""
 
 
 class Segment(_Section):

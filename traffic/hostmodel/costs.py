@@ -21,7 +21,11 @@ Usage in a scheme::
         optimizer.step()
 
 Waits are precise on average without burning CPU (a per-thread :class:`PreciseSleeper`). Thread-safe: a scheme's comm and server
-threads charge concurrently, each operation on its own clock.
+threads charge concurrently, each operation on its own clock, except the kinds whose rate is
+the whole host's (``HostModel.machine_kinds``, scope ``machine``): given the host's
+:class:`~traffic.hostmodel.machine.HostMachine`, each such operation reserves its budget on
+that one clock, shared by every process and thread of the host, and waits until the
+reservation ends; the time it queued behind the others is reported as ``queued_s``.
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from traffic.hostmodel import HostModel
+from traffic.hostmodel.machine import HostMachine
 
 __all__ = ["HostCosts", "Charge", "PreciseSleeper", "KINDS", "OVERRUN_THRESHOLD"]
 
@@ -78,11 +83,15 @@ class Charge:
     Attributes:
         emulated_s: the emulated seconds charged (a kind not modelled: real / scale).
         real_s: the real seconds the block's work took.
-        overrun: the work took longer than its budget (``scale x emulated_s``).
+        overrun: the work took longer than its budget (``scale x emulated_s``; a machine-scoped
+            kind: it ended after its reservation on the host's clock).
+        queued_s: real seconds it waited for the host's clock before its own budget began
+            (machine-scoped kinds; 0 otherwise).
     """
     emulated_s: float = 0.0
     real_s: float = 0.0
     overrun: bool = False
+    queued_s: float = 0.0
 
 
 class HostCosts:
@@ -92,6 +101,9 @@ class HostCosts:
         model: the resolved host rates (:meth:`traffic.hostmodel.HostSpec.resolve`).
         scale: the time dilation factor (every budget is ``scale x`` the emulated cost).
         events: an event log to record each operation as a span (kind ``host_<kind>``), or None.
+        machine: the clock of this process's emulated host
+            (:meth:`HostMachine.for_host`), on which the kinds of ``model.machine_kinds``
+            are charged; None: every kind is charged on the process's own clocks.
 
     Attributes:
         compute_slowdown: None, or a callable giving the factor on this process's emulated
@@ -102,13 +114,17 @@ class HostCosts:
             overrun_s}``: operations, whether the kind has a stated cost, the emulated
             seconds charged (for a kind not modelled: real seconds / scale), the real seconds
             budgeted (``scale x emulated``), the real seconds the work took, and how many
-            operations, and how many real seconds, went beyond their budget.
+            operations, and how many real seconds, went beyond their budget. A kind charged
+            on the host's clock (:meth:`on_machine`) also has ``queued_s``: the real seconds
+            its operations waited behind other operations of the host, beyond their budgets.
     """
 
-    def __init__(self, model: HostModel | None = None, scale: float = 1.0, events=None):
+    def __init__(self, model: HostModel | None = None, scale: float = 1.0, events=None,
+                 machine: HostMachine | None = None):
         self.model = model or HostModel()
         self.scale = float(scale)
         self.events = events
+        self.machine = machine
         self.compute_slowdown = None
         self.stats: dict[str, dict] = {}
         self._lock = threading.Lock()
@@ -119,6 +135,11 @@ class HostCosts:
         if s is None:
             s = self._local.sleeper = PreciseSleeper()
         return s
+
+    def on_machine(self, kind: str) -> bool:
+        """True when ``kind`` is charged on the host's shared clock (its rate is the whole
+        host's and a :class:`HostMachine` was given)."""
+        return self.machine is not None and kind in self.model.machine_kinds
 
     @contextmanager
     def charge(self, kind: str, *, nbytes: int = 0, seconds: float | None = None, span: bool = True,
@@ -140,6 +161,10 @@ class HostCosts:
                 or per-request overhead, ``ops`` overheads), counted as ``ops`` operations;
                 if the block overruns the budget, all ``ops`` count as overruns.
 
+        A kind charged on the host's clock (:meth:`on_machine`) reserves its budget there when
+        the block starts, and the wait ends when the reservation does (the budget plus the
+        time queued behind the host's other operations); the span also has ``queued_s``.
+
         Raises:
             ValueError: an unknown kind, or ``ops`` < 1.
         """
@@ -147,10 +172,6 @@ class HostCosts:
             raise ValueError(f"unknown host cost kind {kind!r}; one of {', '.join(KINDS)}")
         if ops < 1:
             raise ValueError(f"ops must be >= 1, got {ops}")
-        ts, t0 = time.time(), time.perf_counter()
-        outcome = Charge()
-        yield outcome
-        real = time.perf_counter() - t0
         if seconds is not None:
             cost = seconds
         else:
@@ -160,8 +181,22 @@ class HostCosts:
         # wait for: the work is reported at its real time, like a kind not modelled, not as
         # an overrun of a zero budget
         modelled = cost is not None and cost > 0
+        shared = modelled and self.on_machine(kind)
+        ts, t0 = time.time(), time.perf_counter()
+        slot = self.machine.reserve(cost * self.scale) if shared else None
+        outcome = Charge()
+        yield outcome
+        real = time.perf_counter() - t0
         overrun = 0.0
-        if modelled:
+        if slot is not None:  # the host's clock: done when the reservation ends
+            budget = cost * self.scale
+            late = time.monotonic() - slot.end
+            if late < 0:
+                self._sleeper().sleep(-late)
+            else:
+                overrun = late
+            outcome.queued_s = slot.queued_s
+        elif modelled:
             budget = cost * self.scale
             if real < budget:
                 self._sleeper().sleep(budget - real)
@@ -181,10 +216,13 @@ class HostCosts:
             if overrun > 0:
                 s["overruns"] += ops
                 s["overrun_s"] += overrun
+            if slot is not None:
+                s["queued_s"] = s.get("queued_s", 0.0) + slot.queued_s
         if span and self.events is not None:
             self.events.record(f"host_{kind}", ts, time.perf_counter() - t0, emulated_s=cost, real_s=real,
                                overrun=overrun > 0, bytes=nbytes or None,
-                               **({"ops": ops} if ops > 1 else {}), **fields)
+                               **({"ops": ops} if ops > 1 else {}),
+                               **({"queued_s": slot.queued_s} if slot is not None else {}), **fields)
 
     def compute_factor(self) -> float:
         """The factor on emulated compute now: 1, or :attr:`compute_slowdown`'s."""

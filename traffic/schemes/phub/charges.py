@@ -38,8 +38,10 @@ class ChargeBatch:
     ``host_<kind>`` from the first charge's start to now, with ``emulated_s`` and ``real_s``
     (sums over the batch, seconds; a kind not modelled, or a zero cost, counts its real
     time / scale, as the accountant does), ``overrun`` (any charge of the batch took longer
-    than its budget), ``bytes`` (sum), ``ops`` (the number of charges) and ``fields``. An
-    empty batch writes nothing.
+    than its budget), ``bytes`` (sum), ``ops`` (the number of charges) and ``fields``; for a
+    kind charged on the host's shared clock (:meth:`HostCosts.on_machine`, e.g. ``phub_pbox``'s
+    aggregation and optimizer), also ``queued_s`` (sum of the time the charges queued behind
+    the host's other operations). An empty batch writes nothing.
 
     Args:
         costs: the process's accountant; None: the blocks just run, nothing is charged.
@@ -54,6 +56,7 @@ class ChargeBatch:
         self.nbytes = 0
         self.emulated_s = 0.0
         self.real_s = 0.0
+        self.queued_s = 0.0
         self.overrun = False
         self._ts: float | None = None
         self._t0 = 0.0
@@ -78,14 +81,16 @@ class ChargeBatch:
         self.nbytes += nbytes
         self.emulated_s += op.emulated_s
         self.real_s += op.real_s
+        self.queued_s += op.queued_s
 
     def close(self) -> None:
         """Write the batch's span (nothing if no charge was made or there is no event log)."""
         events = self.costs.events if self.costs is not None else None
         if self.count and events is not None and self._ts is not None:
+            shared = {"queued_s": self.queued_s} if self.costs.on_machine(self.kind) else {}
             events.record(f"host_{self.kind}", self._ts, time.perf_counter() - self._t0, emulated_s=self.emulated_s,
                           real_s=self.real_s, overrun=self.overrun, bytes=self.nbytes or None, ops=self.count,
-                          **self.fields)
+                          **shared, **self.fields)
         self._ts = None
 
     def __enter__(self) -> "ChargeBatch":
