@@ -28,6 +28,9 @@ cpu_starved, run_dir``)::
                          :mod:`testbed.capture.pcap`)
     iterations.csv       one row per (iteration, worker)
     schedule.jsonl       the spec's scheduled events as applied (spec ``events``)
+    hostclock/<host>     a host model with whole-host rates (``scope: machine``) only: the
+                         emulated host's shared clock, one float64 (``time.monotonic()``
+                         seconds; :mod:`traffic.hostmodel.machine`), written by its processes
     summary.json         headline figures and fidelity flags (:class:`traffic.summary.RunSummary`)
     ibatch.json          scheme ibatch only: measured pull/forward profile and batches
     cluster.json         a run spread over machines (spec ``cluster``): machines, tunnel,

@@ -43,6 +43,7 @@ from traffic.runtime.comm import CommThread  # noqa: E402
 from traffic.runtime.context import Context, InjectedCrash  # noqa: E402
 from traffic.runtime.events import EventLog  # noqa: E402
 from traffic.hostmodel.costs import HostCosts  # noqa: E402
+from traffic.hostmodel.machine import HostMachine  # noqa: E402
 from traffic.runtime.transport import Transport  # noqa: E402
 from traffic.event_spec import ComputeSlowdown, parse_events  # noqa: E402
 from traffic.spec import WorkloadSpec  # noqa: E402
@@ -66,7 +67,9 @@ def run_process(run_dir: str | Path, name: str) -> int:
     ``topology``, ``scale``, ``events``: the ``compute_slowdown`` events of this process's
     host make it a straggler in emulated compute, :class:`traffic.event_spec.ComputeSlowdown`)
     and ``processes.json`` (which gives the run's ``timeout_s``). Does not call
-    ``os._exit`` (:func:`main` does).
+    ``os._exit`` (:func:`main` does). When the host model has whole-host rates
+    (``machine_kinds``), they are charged on this process's host's shared clock
+    (:meth:`traffic.hostmodel.machine.HostMachine.for_host`: ``RUN_DIR/hostclock/<host>``).
     """
     t_start = _T_START
     torch.set_num_threads(1)
@@ -90,8 +93,10 @@ def run_process(run_dir: str | Path, name: str) -> int:
     events = EventLog(run_dir / "events" / f"{name}.jsonl", name, role, rank)
     print(f"traffic.runtime: {name} (role {role}, rank {rank}/{world}) on host {entry.get('host')} "
           f"ip {entry.get('ip')} iface {os.environ.get('GLOO_SOCKET_IFNAME')}; scheme {w.scheme}", flush=True)
-    ctx = None
+    ctx = machine = None
     try:
+        if host.machine_kinds:  # before the rendezvous: a clock that cannot be made fails fast
+            machine = HostMachine.for_host(run_dir, entry.get("host"))
         with events.span("init", world_size=world):
             dist.init_process_group(
                 "gloo", init_method=f"tcp://{doc['master_addr']}:{doc['master_port']}",
@@ -107,7 +112,7 @@ def run_process(run_dir: str | Path, name: str) -> int:
             data = load_dataset(w.dataset, w.seed)
             model = build_model(w.model, w.seed, data.input_shape, data.num_classes, device=device)
             batches = GlobalBatches(data, w.batch_size, max(n_workers, 1), w.seed)
-        costs = HostCosts(host, scale, events)  # one accountant: the scheme's and the transport's messages
+        costs = HostCosts(host, scale, events, machine)  # one accountant: the scheme's and the transport's messages
         slowdown = None
         if w.compute.mode == "emulated":  # real compute: the harness throttles the host (testbed.event_applier)
             slowdown = ComputeSlowdown.for_host(parse_events(spec.get("events")), entry.get("host"), scale,
@@ -150,6 +155,8 @@ def run_process(run_dir: str | Path, name: str) -> int:
         return 1
     finally:
         events.close()
+        if machine is not None:
+            machine.close()
 
 
 def main(argv: list[str] | None = None) -> None:
