@@ -183,21 +183,26 @@ def test_process_scoped_rates_stay_each_processs(tmp_path):
 
 
 def test_threads_of_one_process_share_a_machine_rate(tmp_path):
+    n, op, kinds = 4, 0.020, ("aggregate", "optimizer", "aggregate")
     costs = HostCosts(MACHINE, 1.0, machine=HostMachine.for_host(tmp_path, "h"))
 
     def work(kind):
-        with costs.charge(kind, nbytes=2 * MB):
-            pass
+        for _ in range(n):
+            with costs.charge(kind, nbytes=2 * MB):
+                pass
     t0 = time.monotonic()
-    threads = [threading.Thread(target=work, args=(k,)) for k in ("aggregate", "optimizer", "aggregate")]
+    threads = [threading.Thread(target=work, args=(k,)) for k in kinds]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert time.monotonic() - t0 >= 3 * 0.020 * 0.98
+    assert time.monotonic() - t0 >= len(kinds) * n * op * 0.98   # the reservations cannot overlap
     s = costs.summary()
-    assert s["aggregate"]["count"] == 2 and s["optimizer"]["count"] == 1
-    assert s["aggregate"]["queued_s"] + s["optimizer"]["queued_s"] == pytest.approx(3 * 0.020, rel=0.2)
+    assert s["aggregate"]["count"] == 2 * n and s["optimizer"]["count"] == n
+    # after the first round each operation waits behind the other threads' (as for processes)
+    k = len(kinds)
+    want = op * (k * (k - 1) / 2 + (n - 1) * k * (k - 1))
+    assert s["aggregate"]["queued_s"] + s["optimizer"]["queued_s"] == pytest.approx(want, rel=0.2)
 
 
 def test_a_machine_kind_overruns_only_past_its_reservation(tmp_path):
