@@ -25,10 +25,12 @@ COLUMNS = ["variant", "workload.scheme", "workload.model", "scheme", "status", "
 
 def _sweep(root: Path, name: str, rates: dict[str, float], entry_id: str = PIPE.id, mode: str = "headline",
            repeat: int = 1, repeats: int = 3, status: dict[str, str] | None = None, starved: tuple[str, ...] = (),
-           ci: float = 1.0, finished: str = "2026-11-23T05:00:00Z", dilation: int = 1) -> Path:
+           ci: float = 1.0, finished: str = "2026-11-23T05:00:00Z", dilation: int = 1,
+           overrides: list[str] | None = None) -> Path:
     """A sweep directory as the runner writes it: sweep.csv, sweep.yaml, one run directory
     per variant (spec.yaml, summary.json, a trace file the archive must leave out), and the
-    marker ``testbed reproduce`` writes."""
+    marker ``testbed reproduce`` writes (``overrides``: default the headline's of the
+    catalogue's Pipe-SGD entry)."""
     d = root / name
     d.mkdir(parents=True)
     with open(d / "sweep.csv", "w", newline="") as f:
@@ -48,7 +50,8 @@ def _sweep(root: Path, name: str, rates: dict[str, float], entry_id: str = PIPE.
                         "", variant in starved, False, f"runs/{name}/{run.name}"])
     (d / "sweep.yaml").write_text("name: pipe_sgd_timing\n")
     (d / MARKER).write_text(json.dumps({"id": entry_id, "mode": mode, "spec": "experiments/pipe_sgd_timing.yaml",
-                                        "overrides": [], "repeat": repeat, "repeats": repeats,
+                                        "overrides": PIPE.overrides(headline=True) if overrides is None else overrides,
+                                        "repeat": repeat, "repeats": repeats,
                                         "started": finished, "finished": finished, "dilation": dilation}))
     return d
 
@@ -196,6 +199,32 @@ def test_the_scoreboard_is_deterministic_and_counts_the_headlines(tmp_path):
     for e in ENTRIES:  # every figure and table has its row, with the catalogue's status
         assert f"| `{e.id}` | {e.title} |" in text
     assert "Pipe-SGD@model=resnet18 480.0" in text  # the last headline sweep's rates
+
+
+def test_a_headline_sweep_with_other_overrides_is_left_out_of_the_ratios(tmp_path):
+    _three(tmp_path)
+    _sweep(tmp_path, "pipe_sgd_timing-20261130-050000", {"PS-Sync": 100.0, "D-Sync": 200.0, "Pipe-SGD": 2000.0},
+           overrides=["workload.iterations=3"], finished="2026-11-30T05:00:00Z")
+    marked = find_marked(tmp_path)
+    assert marked[-1].overrides == ("workload.iterations=3",) and not marked[-1].is_headline_of(PIPE)
+    assert all(m.is_headline_of(PIPE) for m in marked[:3])
+    # testbed reproduce puts every point of a headline at one dilation: a last scale= is its own
+    from dataclasses import replace
+    assert replace(marked[0], overrides=marked[0].overrides + ("scale=10",)).is_headline_of(PIPE)
+    assert not replace(marked[0], overrides=marked[0].overrides + ("workload.iterations=3",)).is_headline_of(PIPE)
+    text = scoreboard(tmp_path, ENTRIES)
+    row = next(line for line in text.splitlines() if line.startswith(f"| `{PIPE.id}` | Pipe-SGD over D-Sync"))
+    assert "| 2.10 (1.90-2.40), 3 runs |" in row and "20261130" not in row
+    # listed apart among what the entry's directories hold
+    assert ("headline with other overrides than the catalogue's headline (`pipe_sgd_timing-20261130-050000`, "
+            "2026-11-30): samples/s: PS-Sync@model=resnet18 100.0; D-Sync@model=resnet18 200.0; "
+            "Pipe-SGD@model=resnet18 2000.0") in text
+    # with none of the catalogue's overrides, the ratio says so
+    only = tmp_path / "only"
+    _sweep(only, "s", {"PS-Sync": 1.0, "D-Sync": 1.0, "Pipe-SGD": 1.0}, overrides=[])
+    row = next(line for line in scoreboard(only, ENTRIES).splitlines()
+               if line.startswith(f"| `{PIPE.id}` | Pipe-SGD over D-Sync"))
+    assert "| not run with the catalogue's headline overrides | - | - | - |" in row
 
 
 def test_archive_keeps_the_small_files_and_never_overwrites(tmp_path):
