@@ -379,7 +379,7 @@ def _cells(res: RatioResult) -> list[str]:
     runs = "<br>".join(f"`{m.path.name}`" for m in res.marked) + "".join(
         f"<br>`{m.path.name}` ({m.dilation}x the dilation)" for m in res.check_marked)
     protocol = "holds" if not protocol_problems(res) else "; ".join(protocol_problems(res))
-    return [measured, to_paper, within, dist, _check_cell(res), protocol, _setting(res), runs, date]
+    return [measured, to_paper, within, dist, _check_cell(res), protocol, _setting(res) if res.marked else "-", runs, date]
 
 
 def _check_cell(res: RatioResult) -> str:
