@@ -15,6 +15,12 @@ dilation check: the same run at twice its dilation), and when. Everything the sc
 comes from those directories (their ``sweep.csv``, each run's ``spec.yaml``) and from the
 catalogue (the paper's values, the status and reason of entries not run here).
 
+A marked headline sweep measures its entry's headline ratios only when its recorded overrides
+are the entry's headline overrides as the catalogue states them now
+(:meth:`analysis.reproduction.Entry.overrides`): a sweep run with other overrides measured
+another setting, whose rows the ratios may not even select. The scoreboard leaves such a
+sweep out of the ratios and lists it, labelled, among what the entry's directories hold.
+
 A headline ratio (:class:`analysis.reproduction.Ratio`) is, in each marked headline sweep of
 its entry, ``samples_per_s`` of the one ``sweep.csv`` row matching its numerator over that of
 the row matching its denominator. Over the repeats the scoreboard gives the median and the
@@ -82,10 +88,21 @@ class Marked:
     started: str
     finished: str
     dilation: int = 1
+    overrides: tuple[str, ...] | None = None
+    """The ``--set`` overrides it was run with (None: the marker records none)."""
 
     @property
     def date(self) -> str:
         return self.finished[:10]
+
+    def is_headline_of(self, entry: Entry) -> bool:
+        """Whether this is a headline sweep of ``entry`` run with the entry's headline
+        overrides as the catalogue states them now (then, as ``testbed reproduce`` adds it,
+        possibly one ``scale=`` override: the one dilation of all its points)."""
+        if self.id != entry.id or self.mode != "headline" or entry.headline is None or self.overrides is None:
+            return False
+        over, want = list(self.overrides), entry.overrides(headline=True)
+        return over == want or (over[:-1] == want and over[-1].startswith("scale="))
 
 
 def find_marked(root: str | Path) -> list[Marked]:
@@ -105,8 +122,10 @@ def find_marked(root: str | Path) -> list[Marked]:
             continue
         try:
             m = json.loads(f.read_text())
+            over = m.get("overrides")
             out.append(Marked(d, m["id"], m["mode"], int(m["repeat"]), int(m["repeats"]), m["started"],
-                              m["finished"], int(m.get("dilation", 1))))
+                              m["finished"], int(m.get("dilation", 1)),
+                              None if over is None else tuple(str(o) for o in over)))
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ScoreboardError(f"{f}: not a readable marker ({type(e).__name__}: {e})") from None
     return out
@@ -339,7 +358,9 @@ def _setting(res: RatioResult) -> str:
 
 def _cells(res: RatioResult) -> list[str]:
     v = res.values
-    if not v:
+    if not res.marked:
+        measured, to_paper, within, dist = "not run with the catalogue's headline overrides", "-", "-", "-"
+    elif not v:
         measured, to_paper, within, dist = "no ok run", "-", "-", "-"
     else:
         spread = f" ({min(v):.2f}-{max(v):.2f})" if len(v) > 1 else ""
@@ -358,7 +379,7 @@ def _cells(res: RatioResult) -> list[str]:
     runs = "<br>".join(f"`{m.path.name}`" for m in res.marked) + "".join(
         f"<br>`{m.path.name}` ({m.dilation}x the dilation)" for m in res.check_marked)
     protocol = "holds" if not protocol_problems(res) else "; ".join(protocol_problems(res))
-    return [measured, to_paper, within, dist, _check_cell(res), protocol, _setting(res), runs, date]
+    return [measured, to_paper, within, dist, _check_cell(res), protocol, _setting(res) if res.marked else "-", runs, date]
 
 
 def _check_cell(res: RatioResult) -> str:
@@ -386,9 +407,9 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 def _results(entries: list[Entry], marked: list[Marked]) -> list[RatioResult]:
     out = []
     for e in entries:
-        mine = [m for m in marked if m.id == e.id and m.mode == "headline"]
         if e.headline is None:
             continue
+        mine = [m for m in marked if m.is_headline_of(e)]
         out += [ratio_result(e, r, mine) for r in e.headline.ratios]
     return out
 
@@ -492,14 +513,16 @@ def scoreboard(root: str | Path, entries: list[Entry] | None = None, command: st
     out += [f"- `{e.id}`: " + " ".join(e.headline.note.split()) for e in entries if e.headline is not None]
     out += ["", "## Every figure and table", "",
             "Status and reason are the catalogue's; *measured here* lists what the marked directories hold "
-            "(the last marked sweep of each mode).", ""]
+            "(the last marked sweep of each mode; a headline sweep run with other overrides than the "
+            "catalogue's headline run apart, and left out of the headline ratios).", ""]
     rows = []
     for e in entries:
         mine = [m for m in marked if m.id == e.id]
         if mine:
             last = {}
             for m in mine:
-                last[m.mode] = m
+                other = m.mode == "headline" and not m.is_headline_of(e)
+                last[m.mode + (" with other overrides than the catalogue's headline" if other else "")] = m
             meas = "<br>".join(f"{mode} (`{m.path.name}`, {m.date}): {_sweep_summary(m)}"
                                for mode, m in sorted(last.items()))
         else:

@@ -18,17 +18,19 @@ from analysis.scoreboard import (ScoreboardError, archive, find_marked, headline
 from testbed.cli import main as cli_main
 
 ENTRIES = load_catalogue()
-PIPE = get_entry(ENTRIES, "pipe_sgd.fig4_resnet18_timing")  # ratios: Pipe-SGD / D-Sync [2.0, 3.2], / PS-Sync [4.0, 5.4]
+PIPE = get_entry(ENTRIES, "pipe_sgd.fig4_resnet18_timing")  # ratios: Pipe-SGD+T / D-Sync [2.0, 3.2], / PS-Sync [4.0, 5.4]
 COLUMNS = ["variant", "workload.scheme", "workload.model", "scheme", "status", "samples_per_s", "samples_per_s_ci95",
            "iter_mean_s", "iter_p95_s", "core_bytes", "accuracy", "cpu_starved", "host_cost_overrun", "run_dir"]
 
 
 def _sweep(root: Path, name: str, rates: dict[str, float], entry_id: str = PIPE.id, mode: str = "headline",
            repeat: int = 1, repeats: int = 3, status: dict[str, str] | None = None, starved: tuple[str, ...] = (),
-           ci: float = 1.0, finished: str = "2026-11-23T05:00:00Z", dilation: int = 1) -> Path:
+           ci: float = 1.0, finished: str = "2026-11-23T05:00:00Z", dilation: int = 1,
+           overrides: list[str] | None = None) -> Path:
     """A sweep directory as the runner writes it: sweep.csv, sweep.yaml, one run directory
     per variant (spec.yaml, summary.json, a trace file the archive must leave out), and the
-    marker ``testbed reproduce`` writes."""
+    marker ``testbed reproduce`` writes (``overrides``: default the headline's of the
+    catalogue's Pipe-SGD entry)."""
     d = root / name
     d.mkdir(parents=True)
     with open(d / "sweep.csv", "w", newline="") as f:
@@ -48,21 +50,22 @@ def _sweep(root: Path, name: str, rates: dict[str, float], entry_id: str = PIPE.
                         "", variant in starved, False, f"runs/{name}/{run.name}"])
     (d / "sweep.yaml").write_text("name: pipe_sgd_timing\n")
     (d / MARKER).write_text(json.dumps({"id": entry_id, "mode": mode, "spec": "experiments/pipe_sgd_timing.yaml",
-                                        "overrides": [], "repeat": repeat, "repeats": repeats,
+                                        "overrides": PIPE.overrides(headline=True) if overrides is None else overrides,
+                                        "repeat": repeat, "repeats": repeats,
                                         "started": finished, "finished": finished, "dilation": dilation}))
     return d
 
 
 def _three(root: Path, ratios=(1.9, 2.1, 2.4)) -> list[Path]:
-    return [_sweep(root, f"pipe_sgd_timing-2026112{i}-050000", {"PS-Sync": 100.0, "D-Sync": 200.0, "Pipe-SGD": 200.0 * r},
+    return [_sweep(root, f"pipe_sgd_timing-2026112{i}-050000", {"PS-Sync": 100.0, "D-Sync": 200.0, "Pipe-SGD+T": 200.0 * r},
                    repeat=i + 1) for i, r in enumerate(ratios)]
 
 
 def test_a_ratio_is_the_metric_of_one_row_over_another(tmp_path):
-    d = _sweep(tmp_path, "s", {"PS-Sync": 50.0, "D-Sync": 120.0, "Pipe-SGD": 240.0})
+    d = _sweep(tmp_path, "s", {"PS-Sync": 50.0, "D-Sync": 120.0, "Pipe-SGD+T": 240.0})
     m = measure_ratio(PIPE.headline.ratios[0], d)
     assert m.ok and m.ratio == pytest.approx(2.0) and (m.numerator, m.denominator) == (240.0, 120.0)
-    assert m.run_dirs == (d / "002_Pipe-SGD_model=resnet18", d / "001_D-Sync_model=resnet18")
+    assert m.run_dirs == (d / "002_Pipe-SGD+T_model=resnet18", d / "001_D-Sync_model=resnet18")
     assert measure_ratio(PIPE.headline.ratios[1], d).ratio == pytest.approx(4.8)
 
 
@@ -82,16 +85,16 @@ def test_median_range_tolerance_and_distinguishability_over_repeats(tmp_path):
 
 
 def test_one_run_is_distinguishable_by_its_confidence_intervals(tmp_path):
-    apart = _sweep(tmp_path, "a", {"PS-Sync": 50.0, "D-Sync": 100.0, "Pipe-SGD": 110.0}, ci=4.0)
-    close = _sweep(tmp_path, "b", {"PS-Sync": 50.0, "D-Sync": 100.0, "Pipe-SGD": 110.0}, ci=6.0)
+    apart = _sweep(tmp_path, "a", {"PS-Sync": 50.0, "D-Sync": 100.0, "Pipe-SGD+T": 110.0}, ci=4.0)
+    close = _sweep(tmp_path, "b", {"PS-Sync": 50.0, "D-Sync": 100.0, "Pipe-SGD+T": 110.0}, ci=6.0)
     r = PIPE.headline.ratios[0]
     assert ratio_result(PIPE, r, find_marked(tmp_path)[:1]).distinguishable is True
     assert ratio_result(PIPE, r, [m for m in find_marked(tmp_path) if m.path == close]).distinguishable is False
 
 
 def test_failed_and_flagged_runs_are_counted_not_hidden(tmp_path):
-    _sweep(tmp_path, "s1", {"PS-Sync": 50.0, "D-Sync": 100.0, "Pipe-SGD": 250.0}, starved=("Pipe-SGD",))
-    _sweep(tmp_path, "s2", {"PS-Sync": 50.0, "D-Sync": 100.0, "Pipe-SGD": 0.0}, status={"Pipe-SGD": "error"})
+    _sweep(tmp_path, "s1", {"PS-Sync": 50.0, "D-Sync": 100.0, "Pipe-SGD+T": 250.0}, starved=("Pipe-SGD+T",))
+    _sweep(tmp_path, "s2", {"PS-Sync": 50.0, "D-Sync": 100.0, "Pipe-SGD+T": 0.0}, status={"Pipe-SGD+T": "error"})
     res = ratio_result(PIPE, PIPE.headline.ratios[0], find_marked(tmp_path))
     assert res.values == pytest.approx([2.5]) and [m.flagged for m in res.measurements] == [True, False]
     assert math.isnan(res.measurements[1].ratio)
@@ -100,7 +103,7 @@ def test_failed_and_flagged_runs_are_counted_not_hidden(tmp_path):
 
 
 @pytest.mark.parametrize("rates, says", [
-    ({"PS-Sync": 1.0, "D-Sync": 2.0}, "the numerator {'variant': 'Pipe-SGD'} matches 0 rows of sweep.csv, not one"),
+    ({"PS-Sync": 1.0, "D-Sync": 2.0}, "the numerator {'variant': 'Pipe-SGD+T'} matches 0 rows of sweep.csv, not one"),
 ])
 def test_a_selector_must_pick_exactly_one_row(tmp_path, rates, says):
     d = _sweep(tmp_path, "s", rates)
@@ -129,7 +132,7 @@ def test_the_protocol_names_what_a_measurement_lacks(tmp_path):
         for run in d.glob("0*"):
             spec = yaml.safe_load((run / "spec.yaml").read_text())
             spec["workload"]["warmup_iterations"] = 2
-            spec["scale"] = 20.0 if run.name.startswith("002") else 10.0  # Pipe-SGD at another dilation
+            spec["scale"] = 20.0 if run.name.startswith("002") else 10.0  # Pipe-SGD+T at another dilation
             (run / "spec.yaml").write_text(yaml.safe_dump(spec))
             s = json.loads((run / "summary.json").read_text())
             (run / "summary.json").write_text(json.dumps({**s, "measured_iterations": 6}))
@@ -156,7 +159,7 @@ def test_a_dilation_check_holds_or_names_how_far_the_ratio_moved(tmp_path, check
     from analysis.scoreboard import counted, protocol_problems
     base = _three(tmp_path)
     checks = [_sweep(tmp_path, f"pipe_sgd_timing-2026112{i}-060000",
-                     {"PS-Sync": 100.0, "D-Sync": 200.0, "Pipe-SGD": 200.0 * r}, repeat=i + 1, dilation=2)
+                     {"PS-Sync": 100.0, "D-Sync": 200.0, "Pipe-SGD+T": 200.0 * r}, repeat=i + 1, dilation=2)
               for i, r in enumerate(check_ratios)]
     _protocol_runs(base + checks)
     res = ratio_result(PIPE, PIPE.headline.ratios[0], find_marked(tmp_path))
@@ -166,9 +169,10 @@ def test_a_dilation_check_holds_or_names_how_far_the_ratio_moved(tmp_path, check
         assert protocol_problems(res) == [] and res.moved == pytest.approx(2.15 / 2.1 - 1)
     else:
         assert protocol_problems(res) == [f"the ratio moves {moved} at twice the dilation (at most 5%)"]
-    assert not counted(res)  # the catalogue says Pipe-SGD's setting differs (batch 32 against 64)
+    # on the paper's setting (batch 64, truncation): it counts exactly when the check holds
+    assert counted(res) == (moved is None)
     row = next(line for line in scoreboard(tmp_path, ENTRIES).splitlines()
-               if line.startswith(f"| `{PIPE.id}` | Pipe-SGD over D-Sync"))
+               if line.startswith(f"| `{PIPE.id}` | Pipe-SGD with truncation over D-Sync"))
     cell = f"{sorted(check_ratios)[1]:.2f} ({min(check_ratios):.2f}-{max(check_ratios):.2f}), 3 runs, "
     assert cell in row and f"`{checks[0].name}` (2x the dilation)" in row
     # a check whose variants ran at different dilations is named as such
@@ -184,18 +188,42 @@ def test_the_scoreboard_is_deterministic_and_counts_the_headlines(tmp_path):
     text = scoreboard(tmp_path, ENTRIES)
     assert text == scoreboard(tmp_path, ENTRIES)
     heads = [r for e in ENTRIES if e.headline for r in e.headline.ratios if not r.sensitivity]
-    # both of Pipe-SGD's ratios are within, on a setting that differs (batch 32 against 64)
-    # none counts: a setting that differs, and measured without the protocol's warm-up and dilation check
+    # both of Pipe-SGD's ratios are within, on the paper's setting (batch 64, truncation)
+    # none counts: measured without the protocol's warm-up and dilation check
     assert (f"**0 of {len(heads)} headline ratios count: within +-25 % of the paper's, on its setting, by the "
-            f"protocol.** 2 of {len(heads)} are within +-25 % as measured (2 measured; 2 of the 2 on a setting that "
-            "differs from the paper's, see the row)") in text
-    row = next(line for line in text.splitlines() if line.startswith(f"| `{PIPE.id}` | Pipe-SGD over D-Sync"))
-    assert ("| 2.00-3.20 | 2.10 (1.90-2.40), 3 runs | 1.00 | yes (setting differs: batch 32 per worker here, 64 in "
-            "the paper) | yes |") in row
+            f"protocol.** 2 of {len(heads)} are within +-25 % as measured (2 measured); the column") in text
+    row = next(line for line in text.splitlines() if line.startswith(f"| `{PIPE.id}` | Pipe-SGD with truncation over D-Sync"))
+    assert "| 2.00-3.20 | 2.10 (1.90-2.40), 3 runs | 1.00 | yes | yes |" in row
     assert "host pipe_sgd_node, compute emulated titanxp, scale 10, 10 Gbit/s" in row
     for e in ENTRIES:  # every figure and table has its row, with the catalogue's status
         assert f"| `{e.id}` | {e.title} |" in text
-    assert "Pipe-SGD@model=resnet18 480.0" in text  # the last headline sweep's rates
+    assert "Pipe-SGD+T@model=resnet18 480.0" in text  # the last headline sweep's rates
+
+
+def test_a_headline_sweep_with_other_overrides_is_left_out_of_the_ratios(tmp_path):
+    _three(tmp_path)
+    _sweep(tmp_path, "pipe_sgd_timing-20261130-050000", {"PS-Sync": 100.0, "D-Sync": 200.0, "Pipe-SGD+T": 2000.0},
+           overrides=["workload.iterations=3"], finished="2026-11-30T05:00:00Z")
+    marked = find_marked(tmp_path)
+    assert marked[-1].overrides == ("workload.iterations=3",) and not marked[-1].is_headline_of(PIPE)
+    assert all(m.is_headline_of(PIPE) for m in marked[:3])
+    # testbed reproduce puts every point of a headline at one dilation: a last scale= is its own
+    from dataclasses import replace
+    assert replace(marked[0], overrides=marked[0].overrides + ("scale=10",)).is_headline_of(PIPE)
+    assert not replace(marked[0], overrides=marked[0].overrides + ("workload.iterations=3",)).is_headline_of(PIPE)
+    text = scoreboard(tmp_path, ENTRIES)
+    row = next(line for line in text.splitlines() if line.startswith(f"| `{PIPE.id}` | Pipe-SGD with truncation over D-Sync"))
+    assert "| 2.10 (1.90-2.40), 3 runs |" in row and "20261130" not in row
+    # listed apart among what the entry's directories hold
+    assert ("headline with other overrides than the catalogue's headline (`pipe_sgd_timing-20261130-050000`, "
+            "2026-11-30): samples/s: PS-Sync@model=resnet18 100.0; D-Sync@model=resnet18 200.0; "
+            "Pipe-SGD+T@model=resnet18 2000.0") in text
+    # with none of the catalogue's overrides, the ratio says so
+    only = tmp_path / "only"
+    _sweep(only, "s", {"PS-Sync": 1.0, "D-Sync": 1.0, "Pipe-SGD+T": 1.0}, overrides=[])
+    row = next(line for line in scoreboard(only, ENTRIES).splitlines()
+               if line.startswith(f"| `{PIPE.id}` | Pipe-SGD with truncation over D-Sync"))
+    assert "| not run with the catalogue's headline overrides | - | - | - |" in row
 
 
 def test_archive_keeps_the_small_files_and_never_overwrites(tmp_path):
@@ -211,7 +239,7 @@ def test_archive_keeps_the_small_files_and_never_overwrites(tmp_path):
     first = next(dest.rglob("summary.json"))
     first.write_text("{}")
     before = sorted(dest.rglob("*"))
-    _sweep(runs, "pipe_sgd_timing-20261129-000000", {"PS-Sync": 1.0, "D-Sync": 1.0, "Pipe-SGD": 1.0})
+    _sweep(runs, "pipe_sgd_timing-20261129-000000", {"PS-Sync": 1.0, "D-Sync": 1.0, "Pipe-SGD+T": 1.0})
     with pytest.raises(ScoreboardError, match="differ from the runs' and would be overwritten"):
         archive(runs, dest)
     assert sorted(dest.rglob("*")) == before and first.read_text() == "{}"
@@ -259,7 +287,7 @@ def test_headline_repeats_mark_each_sweep_and_print_the_ratios(tmp_path, monkeyp
     def fake_run(exp, progress=True, say=None):
         calls.append(exp)
         d = _sweep(Path(exp.run.runs_dir), f"pipe_sgd_timing-x{len(calls)}",
-                   {"PS-Sync": 50.0, "D-Sync": 100.0, "Pipe-SGD": 100.0 + 100 * len(calls)})
+                   {"PS-Sync": 50.0, "D-Sync": 100.0, "Pipe-SGD+T": 100.0 + 100 * len(calls)})
         (d / MARKER).unlink()
         return [testbed.runner.RunResult(p.parent, json.loads(p.read_text())) for p in sorted(d.glob("*/summary.json"))]
 
@@ -267,14 +295,14 @@ def test_headline_repeats_mark_each_sweep_and_print_the_ratios(tmp_path, monkeyp
     monkeypatch.setattr("analysis.report.get_report", lambda name: type("R", (), {"main": lambda *a, **k: 0})())
     monkeypatch.setattr("testbed.reproduce.get_report", lambda name: type("R", (), {"main": lambda *a, **k: 0})())
     assert reproduce(PIPE, headline=True, repeat=3, runs_dir=tmp_path, progress=False) == 0
-    assert [len(c.variants) for c in calls] == [3, 3, 3] and calls[0].workload.iterations == 6
+    assert [len(c.variants) for c in calls] == [3, 3, 3] and calls[0].workload.iterations == 8
     marks = find_marked(tmp_path)
     assert [(m.id, m.mode, m.repeat, m.repeats) for m in marks] == [(PIPE.id, "headline", i, 3) for i in (1, 2, 3)]
     assert json.loads((marks[0].path / MARKER).read_text())["overrides"] == PIPE.overrides(headline=True) + ["scale=10"]
     out = capsys.readouterr().out
     assert "# pipe_sgd.fig4_resnet18_timing: repeat 3 of 3" in out
     assert len({c.scale for c in calls}) == 1 and isinstance(calls[0].scale, float)  # one dilation for every variant
-    assert "| Pipe-SGD over D-Sync, ResNet-18, samples/s | 2.00-3.20 | 3.00 (2.00-4.00), 3 runs |" in out
+    assert "| Pipe-SGD with truncation over D-Sync, ResNet-18, samples/s | 2.00-3.20 | 3.00 (2.00-4.00), 3 runs |" in out
 
 
 def test_a_dilation_check_runs_each_repeat_again_at_twice_the_dilation(tmp_path, monkeypatch, capsys):
@@ -285,7 +313,7 @@ def test_a_dilation_check_runs_each_repeat_again_at_twice_the_dilation(tmp_path,
     def fake_run(exp, progress=True, say=None):
         calls.append(exp)
         d = _sweep(Path(exp.run.runs_dir), f"pipe_sgd_timing-x{len(calls)}",
-                   {"PS-Sync": 50.0, "D-Sync": 100.0, "Pipe-SGD": 250.0})
+                   {"PS-Sync": 50.0, "D-Sync": 100.0, "Pipe-SGD+T": 250.0})
         (d / MARKER).unlink()
         return [testbed.runner.RunResult(p.parent, json.loads(p.read_text())) for p in sorted(d.glob("*/summary.json"))]
 

@@ -180,3 +180,48 @@ def test_testbed_report_stanza_fig8_needs_no_run_but_something(tmp_path, capsys)
     assert stanza_report.main(["--fig8", "alexnet", "--fig8-gbps", "40", "--fig8-nodes", "80"]) == 0
     (rows,) = _tables(capsys.readouterr().out)
     assert [(r["Gbit/s"], r["N"]) for r in rows] == [("40", "80")]
+
+
+def _derive_fig8():
+    """experiments/stanza_profiles/derive_fig8.py as a module (the experiments folder is no package)."""
+    import importlib.util
+    import sys
+    if "derive_fig8" in sys.modules:
+        return sys.modules["derive_fig8"]
+    path = Path(__file__).resolve().parents[1] / "experiments" / "stanza_profiles" / "derive_fig8.py"
+    spec = importlib.util.spec_from_file_location("derive_fig8", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["derive_fig8"] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_fig8_band_gives_the_papers_ratios_and_ships_as_derived_profiles():
+    d = _derive_fig8()
+    b = d.band()
+    for st, s in zip(d.STATEMENTS, b.factors):
+        # the equations written out here, on the shape of alexnet-v100-b128.json x s
+        c = d.scaled_constants(b.c0, s)
+        B = st.gbps * 1e9
+        n_c = _best(st.nodes, lambda a, k: _t_stanza(c, a, k, B))
+        n_w = _best(st.nodes, lambda a, k: _t_ps(c, a, k, B))
+        ratio = (n_c / _t_stanza(c, n_c, st.nodes - n_c, B)) / (n_w / _t_ps(c, n_w, st.nodes - n_w, B))
+        assert ratio == pytest.approx(st.ratio, rel=1e-9), st
+    assert [round(b.c0.T_c * s, 4) for s in b.factors] == [0.1600, 0.1340, 0.1006, 0.0990]
+    assert (b.low[1].ratio, b.low[1].nodes, b.high[1].ratio, b.high[1].nodes) == (1.55, 80, 1.79, 80)
+    speedups = []
+    for which in ("low", "high"):
+        want = d.end_profile(b, which)
+        path = ALEXNET.parent / f"alexnet-v100fig8{which}-b128.json"
+        shipped = load_profile(str(path), "alexnet", 128)
+        assert (shipped.device, shipped.method, shipped.source, shipped.derived) == \
+            (want.device, want.method, want.source, True)
+        assert "experiments/stanza_profiles/derive_fig8.py" in shipped.method
+        for a, w in zip(shipped.layers, want.layers):
+            assert a.forward_s == pytest.approx(w.forward_s, rel=1e-9)
+            assert a.backward_s == pytest.approx(w.backward_s, rel=1e-9)
+        c = _constants_from_file(path, split=5)
+        B = 10e9  # Fig. 6a: 10 CONV + 1 FC against 10 workers + 1 server at 10 Gbit/s
+        speedups.append(_t_ps(c, 10, 1, B) / _t_stanza(c, 10, 1, B))
+        assert d.fig6a(c)["speedup"] == pytest.approx(speedups[-1], rel=1e-12)
+    assert [round(x, 2) for x in speedups] == [13.14, 9.65]

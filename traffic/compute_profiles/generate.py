@@ -2,7 +2,7 @@
 
     python -m traffic.compute_profiles.generate [--out-dir DIR]
 
-Three kinds of files, each labelled in its ``method`` and ``source`` fields:
+Four kinds of files, each labelled in its ``method`` and ``source`` fields:
 
 1. :data:`PUBLISHED`: a paper's forward+backward time per batch, split over the layers by
    FLOPs (:func:`traffic.compute_profiles.flops.split_published`).
@@ -12,6 +12,10 @@ Three kinds of files, each labelled in its ``method`` and ``source`` fields:
    FP32 throughput (derived). The papers give their GPUs' relative speed only in figures
    (PHub Figure 1), never as a number in the text, so the ratio is the vendors' peak FP32
    TFLOPS; it assumes compute-bound FP32 training (no tensor cores, no mixed precision).
+4. :data:`BATCHES`: a device's batch-32 profile at the batch a paper trains with, its total
+   scaled by the ratio of the model's forward+backward FLOPs at the two batches (derived;
+   every op the FLOP counter counts is linear in the batch, so the ratio is batch / 32), split
+   by FLOPs. It assumes time proportional to FLOPs (a GPU kept as busy at either batch).
 
 A model that is not registered (``traffic.models``) is skipped with a message. Existing
 files of the same names are replaced; nothing else in the directory is touched.
@@ -26,7 +30,7 @@ from traffic.models import available_models
 from traffic.compute_profiles.flops import flops_per_layer, split_published
 from traffic.compute_profiles.profile import DATA_DIR, Profile, profile_filename
 
-__all__ = ["Published", "PUBLISHED", "SIBLINGS", "DEVICES", "generate"]
+__all__ = ["Published", "PUBLISHED", "SIBLINGS", "DEVICES", "BATCHES", "generate"]
 
 _PHUB = ("PHub (Luo et al., \"Parameter Hub: a Rack-Scale Parameter Server for Distributed Deep "
          "Neural Network Training\", SoCC 2018), Table 3 (Section 4.2): forward and backward compute "
@@ -88,6 +92,16 @@ DEVICES: dict[str, tuple[float, str]] = {
 """Device name -> (peak FP32 TFLOPS from the NVIDIA datasheet, which GPU and where it is used).
 GTX 1080 Ti: 11.3 TFLOPS."""
 
+_PIPE_SGD_BATCH = ("Pipe-SGD Sec. 4 trains AlexNet and ResNet-18 \"both with a global batch size of 256\" on \"a "
+                   "cluster of four nodes\": 256 / 4 = 64 per worker")
+BATCHES: list[tuple[str, str, int, str]] = [
+    ("alexnet", "titanxp", 64, _PIPE_SGD_BATCH),
+    ("resnet18", "titanxp", 64, _PIPE_SGD_BATCH),
+]
+"""``(model, device, batch, why)``: the ``device`` profile of ``model`` at batch 32 made above,
+at ``batch``: its total x forward+backward FLOPs at ``batch`` / at 32 (counted by
+:mod:`traffic.compute_profiles.flops`), split by FLOPs; ``why`` cites the paper's batch."""
+
 
 def _registered() -> set[str]:
     return set(available_models())
@@ -104,6 +118,7 @@ def generate(out_dir: str | Path = DATA_DIR, log=print) -> list[Path]:
     have = _registered()
     written: list[Path] = []
     base: dict[str, Profile] = {}   # model -> its gtx1080ti b32 profile
+    made: dict[tuple[str, str], Profile] = {}   # (model, device) -> its b32 profile scaled by peak FP32
 
     def save(p: Profile) -> None:
         path = p.save(out_dir / profile_filename(p.model, p.device, p.batch_size), overwrite=True)
@@ -141,7 +156,22 @@ def generate(out_dir: str | Path = DATA_DIR, log=print) -> list[Path]:
                    f"1080 Ti {_PEAK_1080TI} TFLOPS / {what} {peak} TFLOPS (NVIDIA datasheets)")
             if ref.derived:
                 how += f"; the GTX 1080 Ti profile is itself {ref.method}"
-            save(ref.scaled(factor, device, how))
+            made[(model, device)] = ref.scaled(factor, device, how)
+            save(made[(model, device)])
+
+    for model, device, batch, why in BATCHES:
+        if (model, device) not in made:
+            log(f"skip {model}-{device}-b{batch}: no {device} batch-32 profile of {model}")
+            continue
+        ref = made[(model, device)]
+        f32, fb = _total_flops(model, ref.batch_size), _total_flops(model, batch)
+        ratio = fb / f32
+        method = (f"derived: {device} batch-{ref.batch_size} profile {ref.total_s() * 1e3:.4f} ms x {ratio:.4f} = "
+                  f"forward+backward FLOPs at batch {batch} / at batch {ref.batch_size} ({fb:,} / {f32:,}, counted "
+                  f"by traffic.compute_profiles.flops; time taken as proportional to FLOPs), split by FLOPs; batch "
+                  f"{batch}: {why}; the batch-{ref.batch_size} profile is itself {ref.method}")
+        save(split_published(model, device, batch, ref.total_s() * ratio, ref.source, method=method, derived=True,
+                             out_dir=None))
     return written
 
 
