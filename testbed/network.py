@@ -188,7 +188,8 @@ class Network:
         if self.spec.mtu_bytes != 1500:
             self._set_mtu(self.spec.mtu_bytes)
         if self.spec.tcp_notsent_lowat_bytes is not None:
-            self._set_notsent_lowat(self.spec.tcp_notsent_lowat_bytes)
+            self._set_sysctl("net.ipv4.tcp_notsent_lowat", int(self.spec.tcp_notsent_lowat_bytes))
+        self._set_sysctl("net.ipv4.tcp_slow_start_after_idle", int(self.spec.tcp_slow_start_after_idle))
         self.topology = self._describe()
         self._verify_shaping()
         write_json(self.run_dir / "topology.json", self.topology)
@@ -218,17 +219,19 @@ class Network:
                 uid = iface_uid(i)
                 host.cmd(f"ip rule add uidrange {uid}-{uid} table {table}")
 
-    def _set_notsent_lowat(self, nbytes: int) -> None:
-        """Set ``net.ipv4.tcp_notsent_lowat`` in every host's namespace and read it back.
+    def _set_sysctl(self, key: str, value: int) -> None:
+        """Set the namespaced sysctl ``key`` to ``value`` in every host's namespace and read
+        it back.
 
         Raises:
             TestbedError: the kernel did not take the value.
         """
+        path = "/proc/sys/" + key.replace(".", "/")
         for h in self.net.hosts:
-            h.cmd(f"sysctl -qw net.ipv4.tcp_notsent_lowat={int(nbytes)}")
-            got = h.cmd("cat /proc/sys/net/ipv4/tcp_notsent_lowat").strip()
-            if got != str(int(nbytes)):
-                raise TestbedError(f"cannot set net.ipv4.tcp_notsent_lowat={nbytes} on {h.name} (kernel has {got!r})")
+            h.cmd(f"sysctl -qw {key}={value}")
+            got = h.cmd(f"cat {path}").strip()
+            if got != str(value):
+                raise TestbedError(f"cannot set {key}={value} on {h.name} (kernel has {got!r})")
 
     def _set_mtu(self, mtu: int) -> None:
         """Set ``mtu`` on both ends of every link (bridges follow their ports' MTU)."""
@@ -244,6 +247,8 @@ class Network:
             hosts.append({"name": h.name, "rack": h.params.get("rack"), "kind": h.params.get("kind"),
                           "ip": h.IP(), "pid": h.pid,
                           "tcp_notsent_lowat": int(h.cmd("cat /proc/sys/net/ipv4/tcp_notsent_lowat").strip() or -1),
+                          "tcp_slow_start_after_idle": int(
+                              h.cmd("cat /proc/sys/net/ipv4/tcp_slow_start_after_idle").strip() or -1),
                           "intfs": [{"name": i.name, "ip": i.IP()} for i in h.intfList()]})
         switches = [{"name": s.name, "role": s.params.get("role"), "rack": s.params.get("rack")}
                     for s in self.net.switches]

@@ -111,6 +111,15 @@ class TopologySpec(SpecModel):
     value (e.g. 131072) makes a blocking send follow the network's pace, which P3's
     application-level priority queue relies on (P3 Sec. 4.3). At most 4294967295
     (:data:`MAX_NOTSENT_LOWAT_BYTES`: the kernel's sysctl is an unsigned int)."""
+    tcp_slow_start_after_idle: bool = False
+    """The hosts' ``net.ipv4.tcp_slow_start_after_idle``. TCP restarts its congestion window
+    after an idle period longer than its retransmission timeout (RFC 5681 Sec. 4.1), at least
+    200 ms of real time (the kernel's TCP_RTO_MIN), a timer the time dilation does not stretch:
+    at ``scale`` s an idle of 200/s ms of emulated time (2.5 ms at 80) already restarts it,
+    where a sender on the emulated network would keep its window through any idle below
+    200 ms, such as the gap between a worker's last pull and its next push. false (the
+    default) turns the restart off, which matches the emulated network for every idle below
+    its real timeout; true keeps the kernel's default."""
 
     @model_validator(mode="before")
     @classmethod
