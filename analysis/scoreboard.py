@@ -368,7 +368,7 @@ def _cells(res: RatioResult) -> list[str]:
         to_paper = f"{res.to_paper:.2f}"
         within = "yes" if res.within else "no"
         if res.ratio.setting_differs:
-            within += f" (setting differs: {res.ratio.setting_differs})"
+            within += f" (a comparison, not counted: the setting differs: {res.ratio.setting_differs})"
         d = res.distinguishable
         dist = "?" if d is None else "yes" if d else "no"
     flagged = sum(m.flagged for m in res.measurements)
