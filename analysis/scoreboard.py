@@ -58,7 +58,7 @@ from traffic.rundir import read_spec
 from traffic.summary import RunSummary
 
 __all__ = ["ARCHIVED_FILES", "Marked", "RatioResult", "ScoreboardError", "archive", "find_marked", "headline_table",
-           "measure_ratio", "ratio_result", "scoreboard"]
+           "last_campaign", "measure_ratio", "ratio_result", "scoreboard"]
 
 #: the measurement protocol of a headline ratio (see the module doc): repeats, warm-up and
 #: measured iterations of every compared run, and how far the ratio may move at twice the dilation
@@ -409,9 +409,17 @@ def _results(entries: list[Entry], marked: list[Marked]) -> list[RatioResult]:
     for e in entries:
         if e.headline is None:
             continue
-        mine = [m for m in marked if m.is_headline_of(e)]
+        mine = last_campaign([m for m in marked if m.is_headline_of(e)])
         out += [ratio_result(e, r, mine) for r in e.headline.ratios]
     return out
+
+
+def last_campaign(marked: list[Marked]) -> list[Marked]:
+    """The last set of repeats among ``marked`` (one entry's headline sweeps, in time order):
+    from its last first repeat at the headline's dilation on. An earlier set was run by other
+    code or another host model, so its runs are not pooled with the new ones."""
+    firsts = [i for i, m in enumerate(marked) if m.repeat == 1 and m.dilation == 1]
+    return marked[firsts[-1]:] if firsts else list(marked)
 
 
 def headline_table(entry: Entry, sweep_dirs: list[str | Path]) -> str:

@@ -332,3 +332,16 @@ def test_a_dilation_check_runs_each_repeat_again_at_twice_the_dilation(tmp_path,
     assert "| 2.50 (2.50-2.50), 2 runs, +0.0% |" in out
     assert cli_main(["reproduce", PIPE.id, "--dilation-check"]) == 2
     assert "give --headline too" in capsys.readouterr().err
+
+
+def test_only_the_last_set_of_repeats_is_pooled(tmp_path):
+    from analysis.scoreboard import last_campaign
+    old = _three(tmp_path, ratios=(1.0, 1.0, 1.0))
+    new = [_sweep(tmp_path, f"pipe_sgd_timing-2026113{i}-050000", {"PS-Sync": 100.0, "D-Sync": 200.0,
+                                                                    "Pipe-SGD+T": 200.0 * r}, repeat=i + 1)
+           for i, r in enumerate((2.0, 2.2, 2.4))]
+    marked = find_marked(tmp_path)
+    assert [m.path for m in last_campaign(marked)] == new and last_campaign(marked[:3]) == marked[:3]
+    row = next(line for line in scoreboard(tmp_path, ENTRIES).splitlines()
+               if line.startswith(f"| `{PIPE.id}` | "))
+    assert "2.20 (2.00-2.40), 3 runs" in row and old[0].name not in row
