@@ -47,9 +47,10 @@ def _reserve_many(run_dir, host, n, budget, barrier, out):
         out.put([(r.issued, r.start, r.end) for r in (m.reserve(budget) for _ in range(n))])
 
 
-def _reservations(run_dir, host, procs, n, budget):
+def _in_processes(target, args, procs):
+    """``target(*args, barrier, out)`` in ``procs`` processes started together; what each put in ``out``."""
     barrier, out = CTX.Barrier(procs), CTX.Queue()
-    ps = [CTX.Process(target=_reserve_many, args=(run_dir, host, n, budget, barrier, out)) for _ in range(procs)]
+    ps = [CTX.Process(target=target, args=(*args, barrier, out)) for _ in range(procs)]
     for p in ps:
         p.start()
     got = [out.get(timeout=60) for _ in ps]
@@ -57,6 +58,10 @@ def _reservations(run_dir, host, procs, n, budget):
         p.join(timeout=60)
         assert p.exitcode == 0
     return got
+
+
+def _reservations(run_dir, host, procs, n, budget):
+    return _in_processes(_reserve_many, (run_dir, host, n, budget), procs)
 
 
 def test_processes_reserving_on_one_host_queue_one_after_another(tmp_path):
@@ -142,15 +147,7 @@ def _charge_many(run_dir, model, kinds, n, barrier, out):
 
 
 def _charge_in_processes(run_dir, model, kinds, n):
-    barrier, out = CTX.Barrier(PROCS), CTX.Queue()
-    ps = [CTX.Process(target=_charge_many, args=(run_dir, model, kinds, n, barrier, out)) for _ in range(PROCS)]
-    for p in ps:
-        p.start()
-    got = [out.get(timeout=60) for _ in ps]
-    for p in ps:
-        p.join(timeout=60)
-        assert p.exitcode == 0
-    return got
+    return _in_processes(_charge_many, (run_dir, model, kinds, n), PROCS)
 
 
 def test_processes_of_one_host_share_a_machine_rate(tmp_path):
