@@ -244,3 +244,25 @@ def test_crashing_worker_fails_the_run(tmp_path):
     assert not [pid for pid in started if psutil.pid_exists(pid)
                 and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
     assert _runtime_procs(tmp_path) == []
+
+
+@pytest.mark.parametrize("momentum,weight_decay", [(0.9, 1e-4), (0.0, 0.0), (0.5, 0.0)])
+def test_tensor_sgd_equals_torch_sgd_bit_for_bit(momentum, weight_decay):
+    from traffic.runtime.trainer import TensorSGD, make_optimizer
+    from traffic.spec import OptimizerSpec
+    spec = OptimizerSpec(lr=0.05, momentum=momentum, weight_decay=weight_decay)
+    g = torch.Generator().manual_seed(3)
+    start = torch.randn(5000, generator=g)
+    ref = torch.nn.Parameter(start.clone())
+    opt = make_optimizer([ref], spec)
+    light = TensorSGD(start.clone(), spec)
+    for _ in range(4):
+        grad = torch.randn(5000, generator=g)
+        ref.grad = grad.clone()
+        opt.step()
+        light.step(grad.clone())
+        assert torch.equal(ref.detach(), light.param)
+    if momentum:
+        assert torch.equal(opt.state[ref]["momentum_buffer"], light.momentum_buffer)
+    else:
+        assert light.momentum_buffer is None

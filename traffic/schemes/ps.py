@@ -81,7 +81,7 @@ from pydantic import Field
 from common.errors import SpecError
 from topologies.hosts import HostInfo, HostRequest
 from traffic.runtime.transport import Pending
-from traffic.runtime.trainer import make_optimizer
+from traffic.runtime.trainer import TensorSGD
 from traffic.schemes import register
 from traffic.schemes.base import (ProcessPlan, Scheme, SchemeOptions, count_roles, gradient_sync_bytes, model_keys,
                                   worker_hosts)
@@ -474,7 +474,7 @@ class ParameterServer(Scheme):
         self.values = [torch.nn.Parameter(torch.empty(s.numel)) for s in self.mine]
         tr.wait_all([tr.irecv(v.data, self.worker_ranks[0], tag=s.id, kind="init", **self._fields(-1, s))
                      for s, v in zip(self.mine, self.values)])
-        opts = [make_optimizer([v], ctx.workload.optimizer) for v in self.values]
+        opts = [TensorSGD(v, ctx.workload.optimizer) for v in self.values]
         bufs = self._bufs = [[torch.empty(s.numel) for _ in range(W)] for s in self.mine]
         ev.instant("server_keys", shards=[s.id for s in self.mine], numel=sum(s.numel for s in self.mine))
         if self.pull_requested:
@@ -494,9 +494,8 @@ class ParameterServer(Scheme):
                         for b in bufs[i][1:]:
                             g += b
                         g /= W
-                    self.values[i].grad = g
                     with ctx.costs.charge("optimizer", nbytes=nbytes, iteration=it, shard=s.id):
-                        opts[i].step()
+                        opts[i].step(g)
                 sends += self._publish(it, i)
             tr.wait_all(sends)  # before the next round changes the values in place
             self._round_end(it)
