@@ -5,4 +5,5 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$here/scripts/setup.sh"
 cd "$here"
-exec "$here/.venv/bin/python" -m pytest -q -rs "$@"
+# --durations: the slowest cases are printed at the end, to keep the suite short
+exec "$here/.venv/bin/python" -m pytest -q -rs --durations=25 "$@"
