@@ -1,4 +1,4 @@
-"""A scheme of your own, outside the testbed's repository (README: "Writing a scheme").
+"""A scheme of your own, outside the testbed's repository (docs/schemes.md: "Writing a scheme").
 
     PYTHONPATH=examples testbed run experiments/quickstart.yaml --set workload.scheme=mymod:MyAllreduce
 """

@@ -193,7 +193,7 @@ def test_ctrl_c_tears_everything_down_and_records_the_run(tmp_path):
 @pytest.mark.slow
 @root_only
 def test_a_scheme_outside_the_repository_runs_on_the_quickstart_topology(tmp_path):
-    """README "Writing a scheme": examples/mymod.py found through PYTHONPATH as module:Class."""
+    """docs/schemes.md "Writing a scheme": examples/mymod.py found through PYTHONPATH as module:Class."""
     assert leftovers() == []
     env = {**os.environ, "PYTHONPATH": str(ROOT / "examples")}
     out = subprocess.run([sys.executable, "-m", "testbed.cli", "run", "experiments/quickstart.yaml", "--quiet",

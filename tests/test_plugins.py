@@ -67,8 +67,8 @@ def test_an_unknown_scheme_is_a_spec_error_naming_the_forms_allowed():
     assert "allreduce" in str(e.value) and "module:ClassName" in str(e.value)
 
 
-def test_the_readme_shows_the_example_scheme_verbatim():
-    assert EXAMPLES.joinpath("mymod.py").read_text() in (ROOT / "README.md").read_text()
+def test_the_scheme_docs_show_the_example_scheme_verbatim():
+    assert EXAMPLES.joinpath("mymod.py").read_text() in (ROOT / "docs" / "schemes.md").read_text()
 
 
 def test_the_example_scheme_validates_its_own_options(monkeypatch):

@@ -250,7 +250,7 @@ def test_reproduction_md_is_what_the_documented_command_prints(monkeypatch):
     md = REPO_ROOT / "REPRODUCTION.md"
     assert md.read_text() == scoreboard("reproduction/runs")
     assert "testbed reproduce --scoreboard reproduction/runs > REPRODUCTION.md" in md.read_text()
-    assert "testbed reproduce --scoreboard reproduction/runs > REPRODUCTION.md" in (REPO_ROOT / "README.md").read_text()
+    assert "testbed reproduce --scoreboard reproduction/runs > REPRODUCTION.md" in (REPO_ROOT / "docs" / "reproduction.md").read_text()
 
 
 def test_every_headline_run_plans_and_its_ratios_name_its_variants():
