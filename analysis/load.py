@@ -15,6 +15,7 @@ import pandas as pd
 import yaml
 
 from analysis import traces as tr
+from common.provenance import PROVENANCE_FILE
 from traffic.summary import SUMMARY_FILE, RunSummary
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,10 @@ class Run:
     (``traces/background/flows.json``), ``pcap`` (``traces/pcap/ports.json``, one entry per
     port), ``exits`` (``logs/exits.json``: each process's exit status) and ``shaping``
     (``shaping.json``: the build's read-back verdict).
+
+    ``provenance``
+        ``provenance.json`` as written when the run started (the mapping of
+        :class:`common.provenance.Provenance`); {} for a run without one.
     """
     path: Path
     spec: dict = field(default_factory=dict)
@@ -89,6 +94,7 @@ class Run:
     pcap: list = field(default_factory=list)
     exits: dict = field(default_factory=dict)
     shaping: dict = field(default_factory=dict)
+    provenance: dict = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -321,8 +327,9 @@ def load(run_dir: str | Path) -> Run:
     run.schedule = read_schedule(p)
     for rec in run.schedule:
         rec["time"] = run.on_clock(rec.get("ts"))
-    run.background, run.exits, run.shaping = (_read_object(p / f) for f in (
-        Path("traces", "background", "flows.json"), Path("logs", "exits.json"), Path("shaping.json")))
+    run.background, run.exits, run.shaping, run.provenance = (_read_object(p / f) for f in (
+        Path("traces", "background", "flows.json"), Path("logs", "exits.json"), Path("shaping.json"),
+        Path(PROVENANCE_FILE)))
     pcap = _read_json(p / "traces" / "pcap" / "ports.json")
     run.pcap = [e for e in pcap if isinstance(e, dict)] if isinstance(pcap, list) else []
     return run

@@ -14,6 +14,8 @@ Definitions (all documented again in ``summary.json``'s ``*method`` fields):
   worker count. For pipelined schemes whose iterations overlap, the per-iteration span
   overstates the period; ``throughput.overall`` (all measured samples / wall time from the
   first measured start to the last measured end) is the steady-state rate in that case.
+* **Provenance**: ``provenance`` is the run's ``provenance.json`` (the code, software and
+  machine, written when the run started: :mod:`common.provenance`), None without one.
 * **Warm-up**: the ``workload.warmup_iterations`` smallest iteration numbers are skipped.
 * **Bytes** come from the bwm-ng samples of the switch ports (see :mod:`traffic.rundir`): a host's tx is
   the rx of the switch port of its host link, its rx that port's tx; host links total = both
@@ -70,6 +72,7 @@ import pandas as pd
 from analysis import effects
 from analysis import traces as tr
 from analysis.load import Run, iteration_table, load, port_table  # noqa: F401 (iteration_table: re-exported)
+from common.provenance import Provenance
 from traffic.hostmodel.costs import OVERRUN_THRESHOLD
 from traffic.summary import (Bytes, BytesPerIteration, Cpu, Fidelity, HostCost, IterationTime, RateCheck, RunSummary,
                              Segment, Throughput)
@@ -517,7 +520,7 @@ def _skeleton(run: Run, wl: dict, n_workers: int | None, status: str, error: str
                    topology=(spec.get("topology") or {}).get("kind"), scale=float(spec.get("scale") or 1.0),
                    workers=n_workers, batch_size=wl.get("batch_size"),
                    global_batch=(wl["batch_size"] * n_workers) if wl.get("batch_size") and n_workers else None,
-                   iterations=wl.get("iterations"), iterations_completed=None,
+                   provenance=None, iterations=wl.get("iterations"), iterations_completed=None,
                    warmup_iterations=int(wl.get("warmup_iterations") or 0), measured_iterations=0,
                    throughput=None, iteration_time_s=None, bytes=None, bytes_per_iteration=None,
                    final_accuracy=None, final_loss=None, accuracy_source=None, cpu=None,
@@ -539,6 +542,11 @@ def _capture_errors(run_dir: Path) -> list[str]:
     except OSError:
         return []
     return [l for l in text.splitlines() if l.strip()]
+
+
+def _provenance_section(s: RunSummary, run: Run) -> None:
+    """``provenance``: the run's ``provenance.json`` (None without one)."""
+    s.provenance = Provenance.model_validate(run.provenance) if run.provenance else None
 
 
 def _event_section(s: RunSummary, schedule: list[dict]) -> None:
@@ -668,6 +676,7 @@ def compute_summary(run: Run, status: str = "ok", error: str | None = None) -> R
     s = _skeleton(run, wl, n_workers, status, error)
     try:
         s.capture_errors = _capture_errors(run.path)
+        _guarded(s, "provenance", _provenance_section, run)
         _guarded(s, "events", _event_section, run.schedule)
         window = _guarded(s, "iterations", _iteration_section, run, iters, n_workers, bool(wl.get("program")))
         _guarded(s, "bytes", _bytes_section, run, window)

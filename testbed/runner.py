@@ -7,7 +7,7 @@ computed on the topology graph), so that a spec that cannot run fails at once wi
 
 One run (docs/architecture.md, "The flow of one run")::
 
-    run dir created (never reused, always inside the runs directory) -> spec.yaml
+    run dir created (never reused, always inside the runs directory) -> provenance.json, spec.yaml
     -> lock + ledger -> site (this machine, or the machines of a cluster: testbed.site)
     -> site.build() -> scheme.plan() -> processes.json -> site.start_capture()
     -> background iperf3 servers -> background clients (each waits its start) + launch.start() -> watch()
@@ -132,7 +132,7 @@ def run_one(exp: Experiment, parent: Path, run_id: str, exclusive_id: bool = Tru
     if exp.scale == AUTO:  # called directly, not through run_experiment's planning
         exp = plan_experiment(exp)[0].exp
     run_dir = rundir.create(parent, run_id, exclusive_id=exclusive_id)
-    write_spec(run_dir / "spec.yaml", exp)
+    write_spec(run_dir / "spec.yaml", exp, rundir.write_provenance(run_dir))
     progress = progress or RunProgress(False, run_dir.name, exp.workload.iterations)
     handler = _harness_log(run_dir)
     status, error = "ok", None

@@ -10,6 +10,7 @@ import pytest
 
 from analysis import metrics
 from tests.test_analysis import make_run
+from common.provenance import PROVENANCE_FILE, collect
 from traffic.summary import RunSummary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,3 +71,35 @@ def test_a_computed_summary_sets_every_key_of_the_model(tmp_path):
     assert set(doc["fidelity"]["rates"]["links"][0]) == {"iface", "class", "bw_mbps", "max_tx_mbps", "max_rx_mbps",
                                                          "max_ratio"}
     assert same_json(RunSummary.load(tmp_path / "synthetic").dump(), doc) is None
+
+
+def test_the_provenance_section_round_trips(tmp_path):
+    prov = collect(argv=["testbed", "run", "x.yaml"])
+    s = RunSummary(status="ok", run_id="r", provenance=prov)
+    s.write(tmp_path)
+    doc = json.loads((tmp_path / "summary.json").read_text())
+    assert doc["provenance"] == prov.dump() and doc["provenance"]["argv"] == ["testbed", "run", "x.yaml"]
+    back = RunSummary.load(tmp_path)
+    assert back.provenance == prov and isinstance(back.provenance.machine.cores_logical, int)
+    assert same_json(back.dump(), doc) is None
+    # a key a newer version adds is kept; an absent section reads as None
+    doc["provenance"]["machine"]["gpu"] = "none"
+    (tmp_path / "summary.json").write_text(json.dumps(doc))
+    assert same_json(RunSummary.load(tmp_path).dump(), doc) is None
+    assert RunSummary.model_validate({"status": "ok"}).provenance is None
+
+
+def test_a_summary_carries_the_run_s_provenance_json_also_when_killed(tmp_path):
+    """The harness writes provenance.json first; the summary copies it, also the one
+    ``testbed clean`` writes for a killed run (status ``killed``)."""
+    run = make_run(tmp_path)
+    prov = collect()
+    (run / PROVENANCE_FILE).write_text(json.dumps(prov.dump()))
+    s = metrics.summarize(run, status="killed", error="the runner died")
+    assert s.status == "killed" and s.provenance == prov
+    assert json.loads((run / "summary.json").read_text())["provenance"] == prov.dump()
+    (run / PROVENANCE_FILE).unlink()
+    assert metrics.summarize(run).provenance is None
+    (run / PROVENANCE_FILE).write_text(json.dumps({"machine": {"cores_logical": "many"}}))
+    s = metrics.summarize(run)  # an unreadable record is an analysis error, not a failed summary
+    assert s.provenance is None and any(e.startswith("provenance:") for e in s.analysis_errors)

@@ -5,7 +5,7 @@ and :func:`analysis.metrics.summarize` writes it; every reader loads it with
 :meth:`RunSummary.load` and reads attributes (``s.throughput.mean``,
 ``s.fidelity.cpu_starved``). The model mirrors the file key for key: the identity of the run,
 its iteration counts and its accuracy are top-level keys, each other concern is a section
-(``throughput``, ``iteration_time_s``, ``bytes``, ``bytes_per_iteration``, ``cpu``,
+(``provenance``, ``throughput``, ``iteration_time_s``, ``bytes``, ``bytes_per_iteration``, ``cpu``,
 ``fidelity``, ``host_costs``, ``segments`` ...).
 
 A key is written exactly when it was set: read from the file, or given by the analysis (a
@@ -26,6 +26,7 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from common.provenance import Provenance
 from traffic.rundir import write_json
 
 #: the summary's file in a run directory
@@ -343,6 +344,9 @@ class RunSummary(_Section):
     """Samples per worker per iteration (None for a program)."""
     global_batch: Optional[int] = None
     """Samples of all workers per iteration."""
+    provenance: Optional[Provenance] = None
+    """The code, software and machine the run ran on, when and how it was started (the run's
+    ``provenance.json``, :class:`common.provenance.Provenance`); None for a run without one."""
 
     # --- iteration counts
     iterations: Optional[int] = None
