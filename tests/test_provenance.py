@@ -1,7 +1,9 @@
 """A run's provenance (:mod:`common.provenance`): what it records, that the commit is the
 project's own (git run in the package's directory, never the caller's), None instead of an
 error without git or a checkout, the comment block of a run's ``spec.yaml`` (which still loads
-and runs as without it) and the record a run and its summary carry."""
+and runs as without it), and ``testbed check --cluster``'s comparison of the code on each
+machine (:func:`testbed.cluster.compare_source`, :func:`testbed.cluster.check_machine` with
+a machine whose answers are faked)."""
 from __future__ import annotations
 
 import json
@@ -18,6 +20,8 @@ import yaml
 
 from common import provenance
 from common.provenance import PROVENANCE_FILE, Provenance, changes_digest, collect, source_revision
+from testbed import cluster
+from testbed.cluster import Machine, Source, check_machine, compare_source
 from testbed.spec import dump_spec, from_dict, load_spec, write_spec
 from traffic import rundir
 
@@ -145,3 +149,87 @@ def test_a_run_records_its_provenance_first_and_its_summary_carries_it(tmp_path)
     assert prov.argv == sys.argv and prov.python == platform.python_version()
     assert (run_dir / "spec.yaml").read_text().startswith(prov.comment())
     assert summarize(run_dir).provenance == prov
+
+
+# ----------------------------------------------------------------------------- testbed check --cluster
+
+HEAD = "a" * 40
+OTHER = "b" * 40
+
+
+@pytest.mark.parametrize("there, here, same, says", [
+    (Source("0.2.0", HEAD, False), Source("0.2.0", HEAD, False), True, "commit aaaaaaaaaaaa"),
+    (Source("0.2.0", OTHER, False), Source("0.2.0", HEAD, False), False, "another commit"),
+    (Source("0.2.0", HEAD, True, "d1"), Source("0.2.0", HEAD, False), False, "uncommitted changes there only"),
+    (Source("0.2.0", HEAD, False), Source("0.2.0", HEAD, True, "d1"), False, "uncommitted changes here only"),
+    (Source("0.2.0", HEAD, True, "d1"), Source("0.2.0", HEAD, True, "d2"), False, "other uncommitted changes"),
+    (Source("0.2.0", HEAD, True, "d1"), Source("0.2.0", HEAD, True, "d1"), True, "the same as here"),
+    (Source("0.2.0", HEAD, True, None), Source("0.2.0", HEAD, True, None), False, "other uncommitted changes"),
+    (Source("0.2.0"), Source("0.2.0", HEAD, False), False, "cannot be compared"),
+    (Source("0.1.0"), Source("0.2.0"), False, "here: version 0.2.0"),
+    (Source("0.2.0"), Source("0.2.0"), True, "version 0.2.0 (no git checkout)"),
+])
+def test_compare_source(there, here, same, says):
+    ok, detail = compare_source(there, here)
+    assert ok is same and says in detail, detail
+
+
+class FakeMachine(Machine):
+    """A machine whose SSH answers are given: ``id -u`` says root, the project's probe says
+    ``probe`` (None: it fails as a missing project does), every other command succeeds."""
+
+    def __init__(self, addr: str, probe: dict | None):
+        super().__init__(addr)
+        object.__setattr__(self, "probe", probe)
+
+    def run(self, command, timeout_s=20, input=None):
+        return subprocess.CompletedProcess([], 0, "0\n" if command == "id -u" else "", "")
+
+    def python(self, project_dir, code, query=None, timeout_s=120):
+        if self.probe is None:
+            raise RuntimeError("ModuleNotFoundError: No module named 'testbed'")
+        assert "source_revision" in code and "changes_digest" in code
+        return self.probe
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """No clock exchange and no ping: the fake machines answer only over ``run`` and ``python``."""
+    monkeypatch.setattr(cluster, "clock_offset", lambda m: (0.0, 0.001))
+    monkeypatch.setattr(cluster, "_largest_unfragmented", lambda addr: 1500)
+
+
+def _probe(**kw) -> dict:
+    return {"version": "0.2.0", "commit": HEAD, "dirty": False, "changes": None, "qdiscs": {"htb": True},
+            "tools": {"mnexec": "/usr/bin/mnexec", "bwm-ng": "/usr/bin/bwm-ng"}, **kw}
+
+
+def test_check_machine_names_the_machine_whose_code_differs(no_network):
+    here = Source("0.2.0", HEAD, False)
+    items = {m: check_machine(FakeMachine(m, probe), "/srv/netbed", here) for m, probe in (
+        ("10.0.0.1", _probe()), ("10.0.0.2", _probe(commit=OTHER)), ("10.0.0.3", _probe(dirty=True, changes="x")),
+        ("10.0.0.4", {k: v for k, v in _probe().items() if k not in ("commit", "dirty", "changes")}))}
+    project = {m: next(i for i in its if i.name == f"{m}: project") for m, its in items.items()}
+    assert project["10.0.0.1"].ok and project["10.0.0.1"].detail == "commit aaaaaaaaaaaa at /srv/netbed"
+    assert all(i.ok for i in items["10.0.0.1"]), [(i.name, i.detail) for i in items["10.0.0.1"] if not i.ok]
+    bad = {m for m, i in project.items() if not i.ok}
+    assert bad == {"10.0.0.2", "10.0.0.3", "10.0.0.4"}
+    assert "commit bbbbbbbbbbbb; here: commit aaaaaaaaaaaa: another commit" in project["10.0.0.2"].detail
+    assert "uncommitted changes there only" in project["10.0.0.3"].detail
+    assert "no git checkout" in project["10.0.0.4"].detail  # a copy that reports no commit
+    assert "check out commit aaaaaaaaaaaa there" in project["10.0.0.2"].remedy
+    missing = check_machine(FakeMachine("10.0.0.5", None), "/srv/netbed", here)
+    assert not next(i for i in missing if i.name == "10.0.0.5: project").ok
+
+
+def test_check_cluster_compares_every_machine_with_this_one(no_network, monkeypatch):
+    from testbed.spec import ClusterSpec
+    here = Source.here()
+    answers = {"10.0.0.1": _probe(commit=here.commit, dirty=here.dirty, changes=here.changes),
+               "10.0.0.2": _probe(commit=OTHER)}
+    monkeypatch.setattr(cluster.Machine, "of", classmethod(lambda cls, spec: [FakeMachine(m, answers[m])
+                                                                               for m in spec.machines]))
+    items = cluster.check_cluster(ClusterSpec.model_validate({"machines": list(answers)}))
+    project = {i.name: i for i in items if i.name.endswith(": project")}
+    assert not project["10.0.0.2: project"].ok
+    assert project["10.0.0.1: project"].ok is (here.commit is not None)  # without a checkout here: not comparable
