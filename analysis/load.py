@@ -16,6 +16,7 @@ import yaml
 
 from analysis import traces as tr
 from common.provenance import PROVENANCE_FILE
+from traffic.rundir import SWEEP_RENAMED
 from traffic.summary import SUMMARY_FILE, RunSummary
 
 log = logging.getLogger(__name__)
@@ -333,6 +334,19 @@ def load(run_dir: str | Path) -> Run:
     pcap = _read_json(p / "traces" / "pcap" / "ports.json")
     run.pcap = [e for e in pcap if isinstance(e, dict)] if isinstance(pcap, list) else []
     return run
+
+
+def read_sweep_csv(path: str | Path, **read_csv) -> pd.DataFrame:
+    """A sweep's ``sweep.csv`` (:func:`pandas.read_csv` with the options ``read_csv``), its
+    columns under their names in :data:`traffic.rundir.SWEEP_FIGURES`: a column of an older
+    file (:data:`traffic.rundir.SWEEP_RENAMED`) is renamed when the file lacks the new one.
+
+    Raises:
+        OSError: the file cannot be read; pandas' errors: it is not CSV.
+    """
+    df = pd.read_csv(path, **read_csv)
+    return df.rename(columns={old: new for old, new in SWEEP_RENAMED.items()
+                              if old in df.columns and new not in df.columns})
 
 
 def iteration_table(events: pd.DataFrame) -> pd.DataFrame:

@@ -11,7 +11,7 @@ import pytest
 from analysis import metrics
 from tests.test_analysis import make_run
 from common.provenance import PROVENANCE_FILE, collect
-from traffic.summary import RunSummary
+from traffic.summary import RunSummary, Throughput
 
 ROOT = Path(__file__).resolve().parents[1]
 ARCHIVED = sorted((ROOT / "reproduction" / "runs").rglob("summary.json"))
@@ -60,17 +60,31 @@ def test_unknown_absent_and_null_keys_are_written_back_as_read(tmp_path):
 
 def test_a_computed_summary_sets_every_key_of_the_model(tmp_path):
     """Every field is written (null when it cannot be computed), except ``program`` (a
-    researcher's program only) and ``cpu.machines``/``cpu.worst_machine`` (a cluster run only)."""
+    researcher's program only), ``cpu.machines``/``cpu.worst_machine`` (a cluster run only) and
+    ``throughput.ci95`` (read from older files only)."""
     s = metrics.summarize(make_run(tmp_path))
     doc = json.loads((tmp_path / "synthetic" / "summary.json").read_text())
     assert set(doc) == set(RunSummary.model_fields) - {"program"}
+    read_only = {"throughput": {"ci95"}}  # the name of spread95 in older files: read, never written
     for section in ("throughput", "iteration_time_s", "bytes", "bytes_per_iteration", "fidelity"):
         model = type(getattr(s, section))
-        assert set(doc[section]) == {f.alias or name for name, f in model.model_fields.items()}, section
+        assert set(doc[section]) == {f.alias or name for name, f in model.model_fields.items()} - read_only.get(
+            section, set()), section
     assert set(doc["cpu"]) == set(type(s.cpu).model_fields) - {"machines", "worst_machine"}
     assert set(doc["fidelity"]["rates"]["links"][0]) == {"iface", "class", "bw_mbps", "max_tx_mbps", "max_rx_mbps",
                                                          "max_ratio"}
     assert same_json(RunSummary.load(tmp_path / "synthetic").dump(), doc) is None
+
+
+def test_a_summary_with_ci95_reads_it_as_the_spread_and_writes_it_back(tmp_path):
+    """A summary written before ``spread95`` had its name keeps ``ci95``; readers get it as
+    :attr:`~traffic.summary.Throughput.spread`."""
+    doc = {"status": "ok", "throughput": {"mean": 100.0, "ci95": 19.6, "std": 10.0}}
+    (tmp_path / "summary.json").write_text(json.dumps(doc))
+    s = RunSummary.load(tmp_path)
+    assert s.throughput.spread == 19.6 and s.throughput.spread95 is None and s.throughput.mean_ci95_low is None
+    assert same_json(s.dump(), doc) is None
+    assert Throughput(spread95=3.0, ci95=19.6).spread == 3.0
 
 
 def test_the_provenance_section_round_trips(tmp_path):

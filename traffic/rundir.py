@@ -3,9 +3,11 @@
 A run directory is created exclusively (:func:`create`): an existing one is never
 overwritten. Layout of ``runs/<id>/`` (a sweep puts one per point in
 ``runs/<sweep-id>/<NNN>_<point>/``, next to ``sweep.yaml``, the sweep's spec, and
-``sweep.csv``: one row per point with the swept values and ``scheme, status,
-samples_per_s, samples_per_s_ci95, iter_mean_s, iter_p95_s, core_bytes, accuracy,
-cpu_starved, run_dir``)::
+``sweep.csv``: one row per point with the swept values, its ``variant`` and
+:data:`SWEEP_FIGURES`; the throughput's from its summary: ``samples_per_s`` the mean,
+``samples_per_s_spread95`` 1.96 sd of the iterations, ``samples_per_s_mean_ci95_low``/``_high``
+the 95 % confidence interval of the mean; a file written before version 0.2.0 has
+``samples_per_s_ci95`` for ``samples_per_s_spread95`` (:data:`SWEEP_RENAMED`))::
 
     spec.yaml            the resolved experiment (every default filled in), headed by the
                          run's provenance as a comment block
@@ -201,6 +203,12 @@ from common.provenance import PROVENANCE_FILE, Provenance, collect
 from common.validation import load_yaml
 
 SUBDIRS = ("events", "results", "params", "logs", "traces")
+#: the columns of ``sweep.csv`` after the swept values and ``variant``, in order
+SWEEP_FIGURES = ("scheme", "status", "samples_per_s", "samples_per_s_spread95", "samples_per_s_mean_ci95_low",
+                 "samples_per_s_mean_ci95_high", "iter_mean_s", "iter_p95_s", "core_bytes", "accuracy", "cpu_starved",
+                 "host_cost_overrun", "run_dir")
+#: a ``sweep.csv`` column under the name an older file gives it -> its name in :data:`SWEEP_FIGURES`
+SWEEP_RENAMED = {"samples_per_s_ci95": "samples_per_s_spread95"}
 
 
 def new_run_id(name: str) -> str:

@@ -46,8 +46,16 @@ class Throughput(_Section):
     has only ``mean``, ``overall`` and ``unit``."""
     mean: Optional[float] = None
     """Mean of the per-iteration throughput, samples/s."""
-    ci95: Optional[float] = None
-    """1.96 x ``std``, samples/s (as Horovod's synthetic benchmark prints it)."""
+    spread95: Optional[float] = None
+    """1.96 x ``std``, samples/s: the half-width of the band that would hold 95 % of the
+    iterations were they normal (as Horovod's synthetic benchmark prints it); a spread of the
+    iterations, not an uncertainty of ``mean``."""
+    mean_ci95_low: Optional[float] = None
+    """Lower end of the 95 % confidence interval of ``mean``, samples/s: Student's t interval
+    ``mean -+ t(0.975, n - 1) x sd / sqrt(n)`` (sd with ddof=1; it takes the iterations as
+    independent draws). None with fewer than two iterations."""
+    mean_ci95_high: Optional[float] = None
+    """Upper end of that interval, samples/s."""
     std: Optional[float] = None
     """Standard deviation of the per-iteration throughput (ddof=0), samples/s."""
     min: Optional[float] = None
@@ -63,6 +71,14 @@ class Throughput(_Section):
     """``"samples/s"``."""
     method: Optional[str] = None
     """How the figures are computed, in words."""
+    ci95: Optional[float] = None
+    """``spread95`` under the name summaries written before version 0.2.0 give it; read from
+    such a file (and written back), never computed. Read :attr:`spread` for either."""
+
+    @property
+    def spread(self) -> Optional[float]:
+        """``spread95``, or ``ci95`` in a summary that has that key instead, samples/s."""
+        return self.spread95 if self.spread95 is not None else self.ci95
 
 
 class IterationTime(_Section):
