@@ -15,6 +15,8 @@ import pandas as pd
 import yaml
 
 from analysis import traces as tr
+from common.provenance import PROVENANCE_FILE
+from traffic.rundir import SWEEP_RENAMED
 from traffic.summary import SUMMARY_FILE, RunSummary
 
 log = logging.getLogger(__name__)
@@ -71,6 +73,10 @@ class Run:
     (``traces/background/flows.json``), ``pcap`` (``traces/pcap/ports.json``, one entry per
     port), ``exits`` (``logs/exits.json``: each process's exit status) and ``shaping``
     (``shaping.json``: the build's read-back verdict).
+
+    ``provenance``
+        ``provenance.json`` as written when the run started (the mapping of
+        :class:`common.provenance.Provenance`); {} for a run without one.
     """
     path: Path
     spec: dict = field(default_factory=dict)
@@ -89,6 +95,7 @@ class Run:
     pcap: list = field(default_factory=list)
     exits: dict = field(default_factory=dict)
     shaping: dict = field(default_factory=dict)
+    provenance: dict = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -321,11 +328,25 @@ def load(run_dir: str | Path) -> Run:
     run.schedule = read_schedule(p)
     for rec in run.schedule:
         rec["time"] = run.on_clock(rec.get("ts"))
-    run.background, run.exits, run.shaping = (_read_object(p / f) for f in (
-        Path("traces", "background", "flows.json"), Path("logs", "exits.json"), Path("shaping.json")))
+    run.background, run.exits, run.shaping, run.provenance = (_read_object(p / f) for f in (
+        Path("traces", "background", "flows.json"), Path("logs", "exits.json"), Path("shaping.json"),
+        Path(PROVENANCE_FILE)))
     pcap = _read_json(p / "traces" / "pcap" / "ports.json")
     run.pcap = [e for e in pcap if isinstance(e, dict)] if isinstance(pcap, list) else []
     return run
+
+
+def read_sweep_csv(path: str | Path, **read_csv) -> pd.DataFrame:
+    """A sweep's ``sweep.csv`` (:func:`pandas.read_csv` with the options ``read_csv``), its
+    columns under their names in :data:`traffic.rundir.SWEEP_FIGURES`: a column of an older
+    file (:data:`traffic.rundir.SWEEP_RENAMED`) is renamed when the file lacks the new one.
+
+    Raises:
+        OSError: the file cannot be read; pandas' errors: it is not CSV.
+    """
+    df = pd.read_csv(path, **read_csv)
+    return df.rename(columns={old: new for old, new in SWEEP_RENAMED.items()
+                              if old in df.columns and new not in df.columns})
 
 
 def iteration_table(events: pd.DataFrame) -> pd.DataFrame:

@@ -8,12 +8,17 @@ Definitions (all documented again in ``summary.json``'s ``*method`` fields):
   "iteration" event of *i* to the latest ``end`` (``ts + dur``) of any worker's. This is the
   time the whole job needs to advance one global step: a straggler counts.
 * **Throughput** of iteration *i*: the samples of all workers in *i* (the global batch)
-  divided by its iteration time. The summary gives the mean over post-warm-up iterations and
-  ``ci95`` = 1.96 x the standard deviation (numpy's ``std``, ddof=0), as Horovod's synthetic
-  benchmark prints ``img/sec per X: mean +- 1.96 * std``. Only iterations reported by every
-  worker count. For pipelined schemes whose iterations overlap, the per-iteration span
-  overstates the period; ``throughput.overall`` (all measured samples / wall time from the
-  first measured start to the last measured end) is the steady-state rate in that case.
+  divided by its iteration time. The summary gives the mean over post-warm-up iterations,
+  ``spread95`` = 1.96 x the standard deviation (numpy's ``std``, ddof=0), as Horovod's
+  synthetic benchmark prints ``img/sec per X: mean +- 1.96 * std`` (a spread of the
+  iterations, not an uncertainty of the mean), and the 95 % confidence interval of the mean
+  ``[mean_ci95_low, mean_ci95_high]`` (:func:`mean_interval`: Student's t over the
+  per-iteration throughputs). Only iterations reported by every worker count. For pipelined
+  schemes whose iterations overlap, the per-iteration span overstates the period;
+  ``throughput.overall`` (all measured samples / wall time from the first measured start to
+  the last measured end) is the steady-state rate in that case.
+* **Provenance**: ``provenance`` is the run's ``provenance.json`` (the code, software and
+  machine, written when the run started: :mod:`common.provenance`), None without one.
 * **Warm-up**: the ``workload.warmup_iterations`` smallest iteration numbers are skipped.
 * **Bytes** come from the bwm-ng samples of the switch ports (see :mod:`traffic.rundir`): a host's tx is
   the rx of the switch port of its host link, its rx that port's tx; host links total = both
@@ -66,10 +71,12 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from analysis import effects
 from analysis import traces as tr
 from analysis.load import Run, iteration_table, load, port_table  # noqa: F401 (iteration_table: re-exported)
+from common.provenance import Provenance
 from traffic.hostmodel.costs import OVERRUN_THRESHOLD
 from traffic.summary import (Bytes, BytesPerIteration, Cpu, Fidelity, HostCost, IterationTime, RateCheck, RunSummary,
                              Segment, Throughput)
@@ -137,6 +144,33 @@ def measured_iterations(glob: pd.DataFrame, warmup: int) -> pd.DataFrame:
     return glob[~glob["iteration"].isin(skip) & glob["complete"]]
 
 
+#: the confidence level of ``throughput.mean_ci95_low``/``mean_ci95_high``
+CONFIDENCE = 0.95
+
+
+def mean_interval(values: np.ndarray, confidence: float = CONFIDENCE) -> tuple[float | None, float | None]:
+    """The confidence interval of the mean of ``values``: Student's t interval
+    ``mean -+ t((1 + confidence) / 2, n - 1) x s / sqrt(n)``, ``s`` the sample standard
+    deviation (ddof=1), the t quantile from ``scipy.stats.t``.
+
+    It takes the values as independent draws of one distribution; iterations of a run that
+    drift or come in bursts are correlated, and the interval is then too narrow.
+
+    Args:
+        values: shape ``(n,)``, in any unit (the interval is in the same).
+        confidence: in (0, 1).
+
+    Returns:
+        ``(low, high)``; ``(None, None)`` with fewer than two values (no spread to estimate).
+    """
+    x = np.asarray(values, dtype=float)
+    n = len(x)
+    if n < 2:
+        return None, None
+    half = stats.t.ppf((1 + confidence) / 2, n - 1) * x.std(ddof=1) / math.sqrt(n)
+    return _f(x.mean() - half), _f(x.mean() + half)
+
+
 def throughput_stats(measured: pd.DataFrame) -> tuple[Throughput, IterationTime]:
     """Throughput and iteration-time statistics of measured iterations (see module doc).
 
@@ -144,16 +178,19 @@ def throughput_stats(measured: pd.DataFrame) -> tuple[Throughput, IterationTime]
         The ``throughput`` and ``iteration_time_s`` sections, every key set (None values if no data).
     """
     m = measured[measured["time_s"] > 0] if not measured.empty else measured
-    tp = {"mean": None, "ci95": None, "std": None, "min": None, "max": None, "overall": None,
-          "n": int(len(m)), "unit": "samples/s",
+    tp = {"mean": None, "spread95": None, "mean_ci95_low": None, "mean_ci95_high": None, "std": None, "min": None,
+          "max": None, "overall": None, "n": int(len(m)), "unit": "samples/s",
           "method": "per iteration: global batch / (latest worker end - earliest worker start); "
-                    "mean and 1.96*std (ddof=0) over post-warm-up iterations, as Horovod's benchmark; "
+                    "over post-warm-up iterations: mean, spread95 = 1.96*std (ddof=0) as Horovod's benchmark, "
+                    "mean_ci95 = Student's t 95% interval of the mean (sd ddof=1, n-1 degrees of freedom); "
                     "overall = measured samples / (last end - first start)"}
     it = {"mean": None, "p50": None, "p95": None, "std": None, "min": None, "max": None, "n": int(len(m))}
     if len(m):
         s = m["samples_per_s"].to_numpy(dtype=float)
         t = m["time_s"].to_numpy(dtype=float)
-        tp.update(mean=_f(s.mean()), std=_f(s.std()), ci95=_f(1.96 * s.std()), min=_f(s.min()), max=_f(s.max()))
+        low, high = mean_interval(s)
+        tp.update(mean=_f(s.mean()), std=_f(s.std()), spread95=_f(1.96 * s.std()), mean_ci95_low=low,
+                  mean_ci95_high=high, min=_f(s.min()), max=_f(s.max()))
         span = m["end"].max() - m["start"].min()
         tp["overall"] = _f(m["samples"].sum() / span) if span > 0 else None
         it.update(mean=_f(t.mean()), p50=_f(np.percentile(t, 50)), p95=_f(np.percentile(t, 95)),
@@ -517,7 +554,7 @@ def _skeleton(run: Run, wl: dict, n_workers: int | None, status: str, error: str
                    topology=(spec.get("topology") or {}).get("kind"), scale=float(spec.get("scale") or 1.0),
                    workers=n_workers, batch_size=wl.get("batch_size"),
                    global_batch=(wl["batch_size"] * n_workers) if wl.get("batch_size") and n_workers else None,
-                   iterations=wl.get("iterations"), iterations_completed=None,
+                   provenance=None, iterations=wl.get("iterations"), iterations_completed=None,
                    warmup_iterations=int(wl.get("warmup_iterations") or 0), measured_iterations=0,
                    throughput=None, iteration_time_s=None, bytes=None, bytes_per_iteration=None,
                    final_accuracy=None, final_loss=None, accuracy_source=None, cpu=None,
@@ -539,6 +576,11 @@ def _capture_errors(run_dir: Path) -> list[str]:
     except OSError:
         return []
     return [l for l in text.splitlines() if l.strip()]
+
+
+def _provenance_section(s: RunSummary, run: Run) -> None:
+    """``provenance``: the run's ``provenance.json`` (None without one)."""
+    s.provenance = Provenance.model_validate(run.provenance) if run.provenance else None
 
 
 def _event_section(s: RunSummary, schedule: list[dict]) -> None:
@@ -668,6 +710,7 @@ def compute_summary(run: Run, status: str = "ok", error: str | None = None) -> R
     s = _skeleton(run, wl, n_workers, status, error)
     try:
         s.capture_errors = _capture_errors(run.path)
+        _guarded(s, "provenance", _provenance_section, run)
         _guarded(s, "events", _event_section, run.schedule)
         window = _guarded(s, "iterations", _iteration_section, run, iters, n_workers, bool(wl.get("program")))
         _guarded(s, "bytes", _bytes_section, run, window)

@@ -3,7 +3,8 @@
     testbed report p3 SWEEP... [--baseline baseline] [--plots DIR]
     python -m analysis.p3_report runs/p3_resnet50-<ts> [runs/p3_vgg19-<ts> runs/p3_slices-<ts> ...]
 
-For each sweep directory: a table (markdown, on stdout) with every point's throughput, the
+For each sweep directory: a table (markdown, on stdout) with every point's throughput (the
+mean, ``spread95``: 1.96 sd of the iterations, the 95 % confidence interval of the mean), the
 speedup of each variant over the layer-wise baseline at the same swept value, and the idle
 fraction and mean utilization of worker 0's link (:mod:`analysis.utilization`; P3 Sec. 5.3)
 and the run's fidelity flags (``flags``, explained under a table that has any);
@@ -59,7 +60,8 @@ def sweep_table(sweep_dir: str | Path, baseline: str = "baseline") -> pd.DataFra
     """The table of one sweep directory (see the module docstring).
 
     Returns:
-        ``variant``, the swept column, ``samples_per_s``, ``ci95``, ``tx_idle``,
+        ``variant``, the swept column, ``samples_per_s``, ``spread95``, ``mean_ci95_low``,
+        ``mean_ci95_high`` (:func:`analysis.report.throughput_cells`), ``tx_idle``,
         ``rx_idle``, ``tx_mean``, ``rx_mean`` (worker 0's link), ``flags`` (the run's fidelity
         flags from ``sweep.csv``, :func:`analysis.report.row_flags`), ``status``, ``speedup``
         (over ``baseline`` at the same swept value; NaN without one).
@@ -71,8 +73,8 @@ def sweep_table(sweep_dir: str | Path, baseline: str = "baseline") -> pd.DataFra
     rows = []
     for _, r in df.iterrows():
         u = utilization_summary(r["run"]) if r["status"] == "ok" else {}
-        rows.append({"variant": r["variant"], **({x: r[x]} if x else {}), "samples_per_s": r["samples_per_s"],
-                     "ci95": r["samples_per_s_ci95"], "tx_idle": u.get("tx_idle"), "rx_idle": u.get("rx_idle"),
+        rows.append({"variant": r["variant"], **({x: r[x]} if x else {}), **skeleton.throughput_cells(r),
+                     "tx_idle": u.get("tx_idle"), "rx_idle": u.get("rx_idle"),
                      "tx_mean": u.get("tx_mean"), "rx_mean": u.get("rx_mean"), "flags": skeleton.row_flags(r),
                      "status": r["status"]})
     table = pd.DataFrame(rows)

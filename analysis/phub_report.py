@@ -5,9 +5,10 @@
 
 One row per point of each sweep (markdown on stdout):
 
-* throughput (samples/s, emulated time) and its 1.96-sigma band, and the speedup over the
-  ``--baseline`` variant *at the same point* (same model, racks, oversubscription and
-  background; PHub Fig. 12);
+* throughput (samples/s, emulated time), its spread (``spread95``: 1.96 sd of the
+  iterations) and the 95 % confidence interval of its mean (``mean_ci95_low``/``_high``), and
+  the speedup over the ``--baseline`` variant *at the same point* (same model, racks,
+  oversubscription and background; PHub Fig. 12);
 * bytes moved by a worker host's link per measured iteration (``worker_link``, mean over
   worker hosts; Sec. 4.4: a PBox halves it against colocated servers);
 * bytes that crossed the core per measured iteration, training only
@@ -116,7 +117,7 @@ def sweep_table(sweep_dir: str | Path, baseline: str | None = "mxnet-cs", flat: 
         rows.append({"variant": r.get("variant", r.get("scheme")), "model": (spec.get("workload") or {}).get("model"),
                      "racks": t.get("racks"), "oversub": t.get("oversubscription"), "background": bool(spec.get("background")),
                      "workers": s.workers, "status": r["status"],
-                     "samples_per_s": r["samples_per_s"], "ci95": r["samples_per_s_ci95"],
+                     **skeleton.throughput_cells(r),
                      "iter_ms": None if pd.isna(r["iter_mean_s"]) else 1e3 * r["iter_mean_s"],
                      "core_MB_per_iter": None if core is None else core / 1e6,
                      "worker_link_MB_per_iter": None if bpi.worker_link is None else bpi.worker_link / 1e6,

@@ -19,7 +19,7 @@ import pandas as pd  # noqa: E402
 
 from analysis import traces as tr  # noqa: E402
 from analysis.flows import flow_labels, flows_and_rates  # noqa: E402
-from analysis.load import Run, load, port_table  # noqa: E402
+from analysis.load import Run, load, port_table, read_sweep_csv  # noqa: E402
 from analysis.metrics import compute_summary, global_iterations  # noqa: E402
 from analysis.timeline import event_name  # noqa: E402
 from analysis.utilization import host_utilization, idle_fraction  # noqa: E402
@@ -152,7 +152,9 @@ def plot_interface_rates(run, host: str | None = None, path=None, window_s: floa
 
 
 def plot_throughput(runs, path, labels: list[str] | None = None) -> Path:
-    """Samples/s of several runs side by side: bars with 1.96-sigma error bars.
+    """Samples/s of several runs side by side: bars of the mean over the post-warm-up
+    iterations, error bars its 95 % confidence interval (``throughput.mean_ci95_low`` and
+    ``_high``: Student's t, :func:`analysis.metrics.mean_interval`).
 
     Args:
         runs: :class:`Run` objects or run directories.
@@ -160,17 +162,19 @@ def plot_throughput(runs, path, labels: list[str] | None = None) -> Path:
         labels: one label per run (default ``"<scheme>\\n<run id>"``).
 
     Returns:
-        The PNG path. Values come from ``summary.json`` (computed if the run has none).
+        The PNG path. Values come from ``summary.json``, computed from the run's files when
+        it has none or lacks the interval; a run whose interval cannot be had (fewer than two
+        iterations, or only a summary without it) is drawn without an error bar.
     """
 
     runs = [_as_run(r) for r in runs]
-    means, errs, names = [], [], []
+    means, errs, names = [], [[], []], []
     for i, r in enumerate(runs):
-        tp = r.summary.throughput if r.summary else None
-        if tp is None or tp.mean is None:
-            tp = compute_summary(r).throughput or Throughput()
+        tp = _throughput(r)
         means.append(tp.mean or 0.0)
-        errs.append(tp.ci95 or 0.0)
+        known = tp.mean is not None and tp.mean_ci95_low is not None and tp.mean_ci95_high is not None
+        errs[0].append(tp.mean - tp.mean_ci95_low if known else 0.0)
+        errs[1].append(tp.mean_ci95_high - tp.mean if known else 0.0)
         names.append(labels[i] if labels else f"{r.scheme or '?'}\n{r.name}")
     path = _out(path, None, "")
     fig, ax = plt.subplots(figsize=(max(4.0, 1.3 * len(runs) + 1.5), 3.6))
@@ -180,10 +184,21 @@ def plot_throughput(runs, path, labels: list[str] | None = None) -> Path:
         ax.text(xi, m, f"{m:.0f}", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(x, names, fontsize=8)
     ax.set_ylabel("throughput (samples/s)")
-    ax.set_title("training throughput (mean +- 1.96 sigma over post-warm-up iterations)", fontsize=9)
+    ax.set_title("training throughput: mean over post-warm-up iterations, 95 % confidence interval (t)", fontsize=9)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     return save_figure(fig, path)
+
+
+def _throughput(run: Run) -> Throughput:
+    """The run's ``throughput`` from its summary, or computed from its files when the summary
+    has no mean or no confidence interval of it and the files give them."""
+    tp = run.summary.throughput if run.summary else None
+    if tp is None or tp.mean is None or tp.mean_ci95_low is None:
+        computed = compute_summary(run).throughput
+        if computed is not None and computed.mean is not None:
+            return computed
+    return tp or Throughput()
 
 
 def plot_iteration_times(run, path=None) -> Path:
@@ -267,9 +282,24 @@ def plot_utilization(runs, path, labels: list[str] | None = None, host: str | No
     return save_figure(fig, path)
 
 
+def _mean_interval_errors(rows: pd.DataFrame) -> np.ndarray | None:
+    """``yerr`` of ``sweep.csv`` rows: shape ``(2, n)``, how far below and above
+    ``samples_per_s`` its 95 % confidence interval reaches (0 for a row without one); None
+    when the file has no interval columns."""
+    lo, hi = "samples_per_s_mean_ci95_low", "samples_per_s_mean_ci95_high"
+    if lo not in rows.columns or hi not in rows.columns:
+        return None
+    mean = pd.to_numeric(rows["samples_per_s"], errors="coerce")
+    below = (mean - pd.to_numeric(rows[lo], errors="coerce")).fillna(0.0).clip(lower=0.0)
+    above = (pd.to_numeric(rows[hi], errors="coerce") - mean).fillna(0.0).clip(lower=0.0)
+    return np.vstack([below.to_numpy(dtype=float), above.to_numpy(dtype=float)])
+
+
 def plot_sweep(sweep_dir, x: str, path=None, speedup_over: str | None = None, xscale: str = "linear",
                xlabel: str | None = None) -> Path:
-    """Throughput against a swept field, one line per variant (P3 Fig. 7 / Fig. 12 style).
+    """Throughput against a swept field, one line per variant (P3 Fig. 7 / Fig. 12 style):
+    each point's mean samples/s, its error bar the 95 % confidence interval of that mean
+    (``sweep.csv``'s ``samples_per_s_mean_ci95_low``/``_high``; none in a file without them).
 
     Args:
         sweep_dir: a sweep directory (with ``sweep.csv``).
@@ -288,7 +318,7 @@ def plot_sweep(sweep_dir, x: str, path=None, speedup_over: str | None = None, xs
         ValueError: ``x`` is not a column of ``sweep.csv``.
     """
     sweep_dir = Path(sweep_dir)
-    df = pd.read_csv(sweep_dir / "sweep.csv")
+    df = read_sweep_csv(sweep_dir / "sweep.csv")
     if x not in df.columns:
         raise ValueError(f"{x!r} is not a column of {sweep_dir / 'sweep.csv'}: {', '.join(df.columns)}")
     df = df[df["status"] == "ok"]
@@ -299,7 +329,7 @@ def plot_sweep(sweep_dir, x: str, path=None, speedup_over: str | None = None, xs
     base = df[df["variant"] == speedup_over].set_index(x)["samples_per_s"] if speedup_over else None
     for name, g in df.groupby("variant", sort=False):
         g = g.sort_values(x)
-        line = ax.errorbar(g[x], g["samples_per_s"], yerr=g["samples_per_s_ci95"], marker="o", capsize=3,
+        line = ax.errorbar(g[x], g["samples_per_s"], yerr=_mean_interval_errors(g), marker="o", capsize=3,
                            label=str(name))
         starved = g[g["cpu_starved"].astype(str) == "True"]
         ax.scatter(starved[x], starved["samples_per_s"], s=90, facecolors="white",

@@ -42,6 +42,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 import pandas as pd
 from tabulate import tabulate
 
+from analysis.load import read_sweep_csv
 from analysis.metrics import MIN_IDLE_PCT
 from common.errors import TestbedError
 from traffic.rundir import find_runs, is_run
@@ -205,9 +206,19 @@ def sweep_rows(sweep_dir: str | Path) -> list[tuple[Path, pd.Series]]:
     csv = sweep_dir / "sweep.csv"
     if not csv.is_file():
         raise ReportError(f"{sweep_dir} has no sweep.csv: no point of the sweep has finished yet")
-    df = pd.read_csv(csv)
+    df = read_sweep_csv(csv)
     by_name = {Path(str(r["run_dir"])).name: r for _, r in df.iterrows()}
     return [(run, by_name[run.name]) for run in runs if run.name in by_name]
+
+
+def throughput_cells(row: Mapping) -> dict:
+    """A run's throughput cells of a report's table, from its ``sweep.csv`` row
+    (:func:`sweep_rows`): ``samples_per_s`` (the mean), ``spread95`` (1.96 sd of the
+    iterations) and ``mean_ci95_low``/``mean_ci95_high`` (the 95 % confidence interval of the
+    mean; None in a file without them), samples/s."""
+    return {"samples_per_s": row.get("samples_per_s"), "spread95": row.get("samples_per_s_spread95"),
+            "mean_ci95_low": row.get("samples_per_s_mean_ci95_low"),
+            "mean_ci95_high": row.get("samples_per_s_mean_ci95_high")}
 
 
 def load_rows(runs: Iterable[Path], row: Callable[[Path], dict],

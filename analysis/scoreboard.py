@@ -27,8 +27,8 @@ the row matching its denominator. Over the repeats the scoreboard gives the medi
 range; *measured / paper* is the median over the paper's ratio, or over the nearer end of a
 range the paper gives (1.0 inside it); *within* is ``|measured / paper - 1| <= 0.25``
 (:data:`analysis.reproduction.TOLERANCE`). The two variants are *distinguishable* when the
-ratio's range over the repeats excludes 1.0 (with one run: when the two rows' 95 %
-confidence intervals of samples/s do not overlap).
+ratio's range over the repeats excludes 1.0 (with one run: when the two rows' bands of
+samples/s, mean +- 1.96 sd of the iterations (``samples_per_s_spread95``), do not overlap).
 
 A ratio *counts* toward the headline verdict only when it is within, on the paper's own
 setting (no ``setting_differs`` in the catalogue), and measured by the protocol
@@ -52,9 +52,10 @@ from statistics import median
 
 import pandas as pd
 
+from analysis.load import read_sweep_csv
 from analysis.reproduction import MARKER, PAPERS, STATUSES, TOLERANCE, Entry, Ratio, load_catalogue
 from common.errors import TestbedError
-from traffic.rundir import read_spec
+from traffic.rundir import SWEEP_FIGURES, SWEEP_RENAMED, read_spec
 from traffic.summary import RunSummary
 
 __all__ = ["ARCHIVED_FILES", "Marked", "RatioResult", "ScoreboardError", "archive", "find_marked", "headline_table",
@@ -135,7 +136,7 @@ def _rows(sweep_dir: Path) -> pd.DataFrame:
     f = sweep_dir / "sweep.csv"
     if not f.is_file():
         raise ScoreboardError(f"{sweep_dir}: no sweep.csv (a headline run is a sweep of its variants)")
-    return pd.read_csv(f, dtype=str, keep_default_na=False)
+    return read_sweep_csv(f, dtype=str, keep_default_na=False)
 
 
 def _text(v) -> str:
@@ -181,8 +182,10 @@ class Measurement:
     ratio: float
     numerator: float
     denominator: float
-    numerator_ci95: float
-    denominator_ci95: float
+    numerator_spread95: float
+    """1.96 sd of the numerator's iterations (``{metric}_spread95``; NaN without it)."""
+    denominator_spread95: float
+    """The same of the denominator's."""
     flagged: bool
     ok: bool
     run_dirs: tuple[Path, Path]
@@ -202,8 +205,8 @@ def measure_ratio(ratio: Ratio, sweep_dir: str | Path) -> Measurement:
     flagged = any(str(r.get(c, "")).lower() == "true" for r in (num, den) for c in ("cpu_starved", "host_cost_overrun"))
     ok = all(r.get("status", "ok") == "ok" for r in (num, den)) and b > 0 and math.isfinite(a)
     dirs = tuple(sweep_dir / Path(str(r.get("run_dir", ""))).name for r in (num, den))
-    return Measurement(a / b if ok else math.nan, a, b, _float(num, f"{ratio.metric}_ci95"),
-                       _float(den, f"{ratio.metric}_ci95"), flagged, ok, dirs)
+    return Measurement(a / b if ok else math.nan, a, b, _float(num, f"{ratio.metric}_spread95"),
+                       _float(den, f"{ratio.metric}_spread95"), flagged, ok, dirs)
 
 
 @dataclass(frozen=True)
@@ -256,10 +259,10 @@ class RatioResult:
         if len(v) > 1:
             return min(v) > 1 or max(v) < 1
         m = next(m for m in self.measurements if m.ok)
-        if math.isnan(m.numerator_ci95) or math.isnan(m.denominator_ci95):
+        if math.isnan(m.numerator_spread95) or math.isnan(m.denominator_spread95):
             return None
-        return (m.numerator - m.numerator_ci95 > m.denominator + m.denominator_ci95
-                or m.numerator + m.numerator_ci95 < m.denominator - m.denominator_ci95)
+        return (m.numerator - m.numerator_spread95 > m.denominator + m.denominator_spread95
+                or m.numerator + m.numerator_spread95 < m.denominator - m.denominator_spread95)
 
 
 def _dilation_problems(ms, what: str) -> tuple[list[str], list[int], list[int]]:
@@ -456,8 +459,7 @@ def _sweep_summary(m: Marked) -> str:
         rows = _rows(m.path)
     except ScoreboardError:
         return "(no sweep.csv)"
-    fixed = {"variant", "scheme", "status", "samples_per_s", "samples_per_s_ci95", "iter_mean_s", "iter_p95_s",
-             "core_bytes", "accuracy", "cpu_starved", "host_cost_overrun", "run_dir"}
+    fixed = {"variant", *SWEEP_FIGURES, *SWEEP_RENAMED}
     swept = [c for c in rows.columns if c not in fixed and not c.startswith("workload.scheme")
              and not c.startswith("workload.options") and not c.startswith("workload.servers")
              and not c.startswith("host.")]

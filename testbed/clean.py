@@ -13,7 +13,8 @@ run's ``traces/``. Mininet host namespaces are unnamed: they vanish with their s
 them.
 
 A run whose runner died leaves a run directory without ``summary.json``; ``clean`` writes it
-from whatever the run had written, with status ``killed`` (:func:`mark_killed`).
+from whatever the run had written (its ``provenance.json`` too), with status ``killed``
+(:func:`mark_killed`).
 
 While a run is live (its harness holds the network lock), ``clean`` refuses; ``clean --force``
 then removes only what dead runs left, and never touches the live run's objects: the

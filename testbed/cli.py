@@ -132,10 +132,12 @@ def _program_spec(args):
 
 
 def format_table(df) -> str:
-    """The comparison table: the sweep point, scheme, samples/s (+-1.96 sigma), iteration
-    mean/p95 (ms), core MB, accuracy, whether the emulation was CPU-starved, status."""
+    """The comparison table: the sweep point, scheme, samples/s (the mean, the 95 %
+    confidence interval of the mean, 1.96 sd of the iterations), iteration mean/p95 (ms), core
+    MB, accuracy, whether the emulation was CPU-starved, status."""
     out = df.copy()
-    cols = {"scheme": "scheme", "samples_per_s": "samples/s", "samples_per_s_ci95": "+-1.96sd",
+    cols = {"scheme": "scheme", "samples_per_s": "samples/s", "samples_per_s_mean_ci95_low": "mean CI95 lo",
+            "samples_per_s_mean_ci95_high": "mean CI95 hi", "samples_per_s_spread95": "1.96sd",
             "iter_mean_s": "iter mean ms", "iter_p95_s": "iter p95 ms", "core_bytes": "core MB",
             "accuracy": "test acc", "cpu_starved": "cpu starved", "host_cost_overrun": "host overrun",
             "status": "status"}

@@ -11,7 +11,8 @@ as Mininet's cluster support does (``mininet/examples/cluster.py``, ``RemoteMixi
 machine needs, each item checked by :func:`check_machine` with a remedy when it fails:
 
 * SSH without a password, as ``user``, and ``user`` is root (Mininet needs it);
-* this project at ``project_dir`` (default: where it is on this machine) at the same version;
+* this project at ``project_dir`` (default: where it is on this machine) running the same code:
+  the same git commit with the same uncommitted changes, if any (:func:`compare_source`);
 * ``mnexec`` and ``bwm-ng`` on the ``PATH``, and the qdiscs the testbed shapes with (htb);
 * its clock's offset from this machine's, measured as NTP does from one round trip:
   ``offset = remote - (t_send + t_receive) / 2``, uncertain by half the round trip;
@@ -20,7 +21,6 @@ machine needs, each item checked by :func:`check_machine` with a remedy when it 
 """
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import shlex
 import subprocess
@@ -38,12 +38,13 @@ from testbed.spec import ClusterSpec
 from testbed.remote import tunnel_command
 from topologies import build_topo
 from common.errors import FieldError, SpecError
+from common.provenance import DISTRIBUTION, changes_digest, distribution_version, source_revision
 from topologies.placement import PlacementError, place_racks
 from topologies.spec import TopologySpec
 from common.validation import field_errors, load_yaml
 
 __all__ = ["GRE_PACKET_BYTES", "ClusterSpec", "Machine", "check_cluster", "check_machine", "clock_offset", "end_process",
-           "format_placement", "load_cluster", "local_version"]
+           "format_placement", "load_cluster", "Source", "compare_source"]
 
 #: the IPv4 packet a GRE tunnel with a 1,450-byte inner MTU sends (1,450 + 4 GRE + 20 outer IP + 2 spare)
 GRE_PACKET_BYTES = 1476
@@ -174,17 +175,82 @@ def _largest_unfragmented(addr: str, sizes=(1500, GRE_PACKET_BYTES, 1280)) -> in
     return None
 
 
-_REMOTE_PROBE = ("import json, importlib.metadata as md, shutil; from testbed.check import kernel_qdiscs; "
-                 "print(json.dumps({'version': md.version('dl-netbed'), 'qdiscs': kernel_qdiscs(), "
+#: what a machine's project says of itself (no revision when its copy has no
+#: :mod:`common.provenance`: :func:`compare_source` reports it)
+_REMOTE_PROBE = ("import json, importlib.metadata as md, shutil; from testbed.check import kernel_qdiscs\n"
+                 "try:\n    from common.provenance import changes_digest, source_revision\n"
+                 "    (commit, dirty), changes = source_revision(), changes_digest()\n"
+                 "except ImportError:\n    commit = dirty = changes = None\n"
+                 "print(json.dumps({'version': md.version('dl-netbed'), 'commit': commit, 'dirty': dirty, "
+                 "'changes': changes, 'qdiscs': kernel_qdiscs(), "
                  "'tools': {t: shutil.which(t) for t in ('mnexec', 'bwm-ng')}}))")
 
 
-def local_version() -> str:
-    """This installation's version of the project."""
-    return importlib.metadata.version("dl-netbed")
+@dataclass(frozen=True)
+class Source:
+    """What code a machine runs: the project's version; for a git checkout, its commit,
+    whether a tracked file differs from it and the digest of those changes
+    (:func:`common.provenance.changes_digest`), else None."""
+    version: Optional[str]
+    commit: Optional[str] = None
+    dirty: Optional[bool] = None
+    changes: Optional[str] = None
+
+    @classmethod
+    def here(cls) -> "Source":
+        """This machine's."""
+        commit, dirty = source_revision()
+        return cls(distribution_version(DISTRIBUTION), commit, dirty, changes_digest() if dirty else None)
+
+    @classmethod
+    def of_probe(cls, probe: dict) -> "Source":
+        """A machine's, from what its project printed (``version``, ``commit``, ``dirty``, ``changes``)."""
+        return cls(probe.get("version"), probe.get("commit"), probe.get("dirty"), probe.get("changes"))
+
+    def describe(self) -> str:
+        """``commit 0123456789ab (uncommitted changes)``, or ``version X (no git checkout)``."""
+        if self.commit is None:
+            return f"version {self.version} (no git checkout)"
+        return f"commit {self.commit[:12]}" + (" (uncommitted changes)" if self.dirty else "")
+
+    def remedy(self) -> str:
+        """What another machine must do to run this code."""
+        if self.commit is None:
+            return f"install version {self.version} there"
+        if not self.dirty:
+            return f"check out commit {self.commit[:12]} there, without uncommitted changes"
+        return f"check out commit {self.commit[:12]} there with this machine's uncommitted changes (git diff HEAD)"
 
 
-def check_machine(machine: Machine, project_dir: str | None = None, version: str | None = None,
+def compare_source(there: Source, here: Source) -> tuple[bool, str]:
+    """Whether a machine runs the same code as this one, and why not.
+
+    The same code: both checkouts at one commit, with no uncommitted changes to a tracked file
+    or the same ones (equal :attr:`Source.changes`); without a checkout on either side, the
+    same version; a checkout on one side only cannot be compared: not the same.
+
+    Returns:
+        ``(same, detail)``: ``detail`` describes the machine's code and, when it is not the
+        same, this machine's and what differs.
+    """
+    if here.commit is None and there.commit is None:
+        same = there.version == here.version
+        return same, there.describe() + ("" if same else f"; here: version {here.version}")
+    mine = f"; here: {here.describe()}"
+    if here.commit is None or there.commit is None:
+        return False, f"{there.describe()}{mine}: the code cannot be compared"
+    if there.commit != here.commit:
+        return False, f"{there.describe()}{mine}: another commit"
+    if not there.dirty and not here.dirty:
+        return True, there.describe()
+    if there.dirty and here.dirty and there.changes is not None and there.changes == here.changes:
+        return True, f"{there.describe()}, the same as here"
+    if there.dirty and here.dirty:
+        return False, f"{there.describe()}{mine}: other uncommitted changes"
+    return False, f"{there.describe()}{mine}: uncommitted changes {'there' if there.dirty else 'here'} only"
+
+
+def check_machine(machine: Machine, project_dir: str | None = None, here: Source | None = None,
                   max_offset_s: float = 0.05, tunnel: str = "gre") -> list[Item]:
     """Every requirement of one machine, each an :class:`~testbed.check.Item` named
     ``<addr>: <what>`` with a remedy. When SSH fails, that is the only item.
@@ -192,12 +258,13 @@ def check_machine(machine: Machine, project_dir: str | None = None, version: str
     Args:
         machine: the machine.
         project_dir: this project's directory there (default: its directory here).
-        version: the version it must have (default: this installation's).
+        here: the code it must run (default: this machine's, :meth:`Source.here`), compared
+            by :func:`compare_source`.
         max_offset_s: the largest clock offset accepted (beyond it, timestamps would need the
             correction recorded with the run; the item fails so that it is seen).
     """
     project_dir = project_dir or str(PROJECT_DIR)
-    version = version or local_version()
+    here = here or Source.here()
     name = machine.addr
     try:
         r = machine.run("id -u")
@@ -219,9 +286,9 @@ def check_machine(machine: Machine, project_dir: str | None = None, version: str
                           f"clone this project to {project_dir} there and run scripts/setup.sh "
                           "(or set cluster.project_dir)"))
     else:
-        same = probe["version"] == version
-        items.append(Item(f"{name}: project", same, f"version {probe['version']} at {project_dir}"
-                          + ("" if same else f" (here: {version})"), "install the same version there"))
+        same, detail = compare_source(Source.of_probe(probe), here)
+        items.append(Item(f"{name}: project", same, f"{detail} at {project_dir}",
+                          here.remedy()))
         for tool, path in probe["tools"].items():
             items.append(Item(f"{name}: {tool}", path is not None, path or "not found",
                               "apt-get install mininet bwm-ng (or scripts/setup.sh there)"))
@@ -249,8 +316,10 @@ def check_machine(machine: Machine, project_dir: str | None = None, version: str
 
 
 def check_cluster(spec: ClusterSpec) -> list[Item]:
-    """:func:`check_machine` for every machine of ``spec``, in order."""
-    return [it for m in Machine.of(spec) for it in check_machine(m, spec.project_dir, tunnel=spec.tunnel)]
+    """:func:`check_machine` for every machine of ``spec``, in order, each compared with this
+    machine's code."""
+    here = Source.here()
+    return [it for m in Machine.of(spec) for it in check_machine(m, spec.project_dir, here, tunnel=spec.tunnel)]
 
 
 def load_cluster(path: str | Path) -> tuple[ClusterSpec, dict[str, str]]:

@@ -13,7 +13,7 @@ racks, kinds and interfaces as the real network), asks the scheme for its plan, 
 process ip ``127.0.0.1`` and iface ``lo``, picks a free master port, and starts and watches
 the processes with :mod:`testbed.launch` exactly as the harness does (forked from a zygote
 unless ``run.launcher`` is ``exec``). Nothing is shaped,
-nothing is captured and no ``background`` flow runs (``scale: auto`` runs at 1): the run directory gets spec.yaml,
+nothing is captured and no ``background`` flow runs (``scale: auto`` runs at 1): the run directory gets provenance.json, spec.yaml,
 processes.json, events/, results/, params/ and logs/ (no topology.json, traces/ or
 summary.json).
 
@@ -113,7 +113,7 @@ def run_local(exp: Experiment, run_dir: str | Path | None = None, *, timeout_s: 
     else:
         run_dir = Path(run_dir)
         run_dir = rundir.create(run_dir.parent, run_dir.name)
-    write_spec(run_dir / "spec.yaml", exp)
+    write_spec(run_dir / "spec.yaml", exp, rundir.write_provenance(run_dir))
     entries = local_entries(exp)
     doc = launch.write_processes(run_dir, entries, LOCAL_IP, free_port(), exp.run.timeout_s)
     extra = dict(env or {})

@@ -7,7 +7,7 @@ computed on the topology graph), so that a spec that cannot run fails at once wi
 
 One run (docs/architecture.md, "The flow of one run")::
 
-    run dir created (never reused, always inside the runs directory) -> spec.yaml
+    run dir created (never reused, always inside the runs directory) -> provenance.json, spec.yaml
     -> lock + ledger -> site (this machine, or the machines of a cluster: testbed.site)
     -> site.build() -> scheme.plan() -> processes.json -> site.start_capture()
     -> background iperf3 servers -> background clients (each waits its start) + launch.start() -> watch()
@@ -132,7 +132,7 @@ def run_one(exp: Experiment, parent: Path, run_id: str, exclusive_id: bool = Tru
     if exp.scale == AUTO:  # called directly, not through run_experiment's planning
         exp = plan_experiment(exp)[0].exp
     run_dir = rundir.create(parent, run_id, exclusive_id=exclusive_id)
-    write_spec(run_dir / "spec.yaml", exp)
+    write_spec(run_dir / "spec.yaml", exp, rundir.write_provenance(run_dir))
     progress = progress or RunProgress(False, run_dir.name, exp.workload.iterations)
     handler = _harness_log(run_dir)
     status, error = "ok", None
@@ -557,15 +557,19 @@ def _safe(text: str) -> str:
 
 
 def headline(res: RunResult) -> dict:
-    """The figures of a run's table row (scheme, samples/s, iteration times, core bytes, accuracy)."""
+    """The figures of a run's table row and of its ``sweep.csv`` row: the point, then
+    :data:`traffic.rundir.SWEEP_FIGURES` (scheme, samples/s with its spread and the
+    confidence interval of its mean, iteration times, core bytes, accuracy, flags)."""
     s = res.summary
     tp, it, b, f = (s.throughput or Throughput(), s.iteration_time_s or IterationTime(), s.bytes or Bytes(),
                     s.fidelity or Fidelity())
-    return {**res.point, "scheme": s.scheme, "status": s.status,
-            "samples_per_s": tp.mean, "samples_per_s_ci95": tp.ci95,
-            "iter_mean_s": it.mean, "iter_p95_s": it.p95,
-            "core_bytes": b.core, "accuracy": s.final_accuracy,
-            "cpu_starved": f.cpu_starved, "host_cost_overrun": f.host_cost_overrun, "run_dir": str(res.run_dir)}
+    figures = {"scheme": s.scheme, "status": s.status,
+               "samples_per_s": tp.mean, "samples_per_s_spread95": tp.spread,
+               "samples_per_s_mean_ci95_low": tp.mean_ci95_low, "samples_per_s_mean_ci95_high": tp.mean_ci95_high,
+               "iter_mean_s": it.mean, "iter_p95_s": it.p95,
+               "core_bytes": b.core, "accuracy": s.final_accuracy,
+               "cpu_starved": f.cpu_starved, "host_cost_overrun": f.host_cost_overrun, "run_dir": str(res.run_dir)}
+    return {**res.point, **{k: figures[k] for k in rundir.SWEEP_FIGURES}}
 
 
 def one_line(res: RunResult) -> str:
@@ -579,7 +583,9 @@ def one_line(res: RunResult) -> str:
     flag = "  [CPU-starved: figures unreliable]" if h["cpu_starved"] else ""
     if h["host_cost_overrun"]:
         flag += "  [host-cost overrun: the real work took longer than the host model's budget]"
-    return (f"{res.run_dir}: ok, {h['scheme']}, {f(h['samples_per_s'], '.1f')} +- {f(h['samples_per_s_ci95'], '.1f')} "
-            f"samples/s, iteration {f(h['iter_mean_s'] and h['iter_mean_s'] * 1e3, '.1f')} ms "
+    ci = (f"[{f(h['samples_per_s_mean_ci95_low'], '.1f')}, {f(h['samples_per_s_mean_ci95_high'], '.1f')}]"
+          if h["samples_per_s_mean_ci95_low"] is not None else "n/a")
+    return (f"{res.run_dir}: ok, {h['scheme']}, {f(h['samples_per_s'], '.1f')} samples/s (95 % CI of the mean {ci}, "
+            f"1.96 sd {f(h['samples_per_s_spread95'], '.1f')}), iteration {f(h['iter_mean_s'] and h['iter_mean_s'] * 1e3, '.1f')} ms "
             f"(p95 {f(h['iter_p95_s'] and h['iter_p95_s'] * 1e3, '.1f')} ms), core {f(h['core_bytes'] and h['core_bytes'] / 1e6, '.2f')} MB, "
             f"accuracy {f(h['accuracy'], '.3f')}{flag}")

@@ -26,6 +26,7 @@ import yaml
 from pydantic import Field, PrivateAttr, ValidationError, field_validator
 
 from common.errors import FieldError, SpecError, TestbedError, show_value
+from common.provenance import Provenance
 from testbed.background import BASE_PORT, IPERF3_MAX_TIME_S, IPERF3_MIN_RATE_BPS, MAX_FLOWS
 from topologies.spec import MAX_HOSTS, MAX_INTERFACES, MAX_RATE_MBPS, TopologySpec
 from common.validation import (SAFE_LABEL_ALLOWED, SAFE_NAME_ALLOWED, SpecModel, check_depth, field_errors,
@@ -697,21 +698,25 @@ def with_scale(exp: Experiment, scale: float) -> Experiment:
     return _validate(_point_data(exp, {"scale": scale}))
 
 
-def dump_spec(exp: Experiment) -> str:
-    """The resolved spec as YAML (what ``runs/<id>/spec.yaml`` holds)."""
-    return yaml.safe_dump(exp.to_dict(), sort_keys=False)
+def dump_spec(exp: Experiment, provenance: Provenance | None = None) -> str:
+    """The resolved spec as YAML (what ``runs/<id>/spec.yaml`` holds), headed by
+    ``provenance`` as a comment block (:meth:`common.provenance.Provenance.comment`) when
+    given: the spec loads, and runs again, as without it."""
+    head = provenance.comment() if provenance is not None else ""
+    return head + yaml.safe_dump(exp.to_dict(), sort_keys=False)
 
 
-def write_spec(path: str | Path, exp: Experiment) -> None:
-    """Write ``exp`` as :func:`dump_spec` gives it (a run's ``spec.yaml``, a sweep's
-    ``sweep.yaml``); readable by its owner only (0600) when it holds a program's environment,
-    which may carry secrets.
+def write_spec(path: str | Path, exp: Experiment, provenance: Provenance | None = None) -> None:
+    """Write ``exp`` as :func:`dump_spec` gives it (a run's ``spec.yaml``, headed by the run's
+    ``provenance``; a sweep's ``sweep.yaml``); readable by its owner only (0600) when it holds
+    a program's environment, which may carry secrets.
 
     Raises:
         OSError: the file cannot be written.
     """
+    text = dump_spec(exp, provenance)
     program = exp.workload.program
     if program is not None and program.env:
-        rundir.write_private(path, dump_spec(exp))
+        rundir.write_private(path, text)
     else:
-        Path(path).write_text(dump_spec(exp))
+        Path(path).write_text(text)

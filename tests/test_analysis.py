@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import analysis  # noqa: E402
 from analysis import metrics, plots, timeline  # noqa: E402
 from analysis.traces import rates  # noqa: E402
+from traffic import rundir  # noqa: E402
 from traffic.summary import RunSummary, TxRx  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
@@ -182,7 +184,13 @@ def test_summarize_known_answers(run_dir):
     spans = np.array(SPANS[WARMUP:])
     tp = WORKERS * BATCH / spans  # 128, 64, 32, 256 samples/s
     assert s.throughput.mean == pytest.approx(tp.mean()) == pytest.approx(120.0)
-    assert s.throughput.ci95 == pytest.approx(1.96 * tp.std()) == pytest.approx(1.96 * 85.790442)
+    assert s.throughput.spread95 == pytest.approx(1.96 * tp.std()) == pytest.approx(1.96 * 85.790442)
+    assert s.throughput.spread == s.throughput.spread95 and s.throughput.ci95 is None
+    # Student's t 95 % interval of the mean: t(0.975, 3) = 3.182446 (the tables' value), sd with ddof=1
+    half = 3.182446 * tp.std(ddof=1) / 2
+    assert half == pytest.approx(157.63, abs=0.01)
+    assert s.throughput.mean_ci95_low == pytest.approx(120.0 - half, abs=1e-4)
+    assert s.throughput.mean_ci95_high == pytest.approx(120.0 + half, abs=1e-4)
     assert s.throughput.std == pytest.approx(tp.std())
     assert s.throughput.overall == pytest.approx(WORKERS * BATCH * 4 / spans.sum())
     assert s.iteration_time_s.mean == pytest.approx(1.875)
@@ -211,6 +219,29 @@ def test_summarize_known_answers(run_dir):
     assert list(it.columns) == ["iteration", "worker", "start", "end", "duration_s", "samples"]
     assert len(it) == WORKERS * len(SPANS) and set(it["worker"]) == {f"worker{i}" for i in range(WORKERS)}
     assert (it["duration_s"] - (it["end"] - it["start"])).abs().max() < 1e-9
+
+
+def test_mean_interval_is_student_s_t():
+    # t(0.975, 4) = 2.776445 (the tables' value); sd of 1..5 with ddof=1 = sqrt(2.5)
+    low, high = metrics.mean_interval(np.array([1.0, 2.0, 3.0, 4.0, 5.0]))
+    half = 2.776445 * math.sqrt(2.5) / math.sqrt(5)
+    assert (low, high) == (pytest.approx(3 - half, abs=1e-5), pytest.approx(3 + half, abs=1e-5))
+    lo90, hi90 = metrics.mean_interval(np.array([1.0, 2.0, 3.0, 4.0, 5.0]), confidence=0.90)
+    assert low < lo90 < 3 < hi90 < high
+    assert metrics.mean_interval(np.array([7.0, 7.0, 7.0])) == (7.0, 7.0)
+    assert metrics.mean_interval(np.array([7.0])) == (None, None) == metrics.mean_interval(np.array([]))
+
+
+def test_sweep_rows_hold_the_spread_and_the_mean_s_interval(tmp_path):
+    from testbed.runner import RunResult, headline
+    s = metrics.summarize(make_run(tmp_path))
+    row = headline(RunResult(tmp_path / "synthetic", s, {"variant": "v"}))
+    assert list(row) == ["variant", *rundir.SWEEP_FIGURES]
+    assert row["samples_per_s_spread95"] == s.throughput.spread95
+    assert (row["samples_per_s_mean_ci95_low"], row["samples_per_s_mean_ci95_high"]) == (
+        s.throughput.mean_ci95_low, s.throughput.mean_ci95_high)
+    old = RunSummary.model_validate({"status": "ok", "throughput": {"mean": 5.0, "ci95": 1.5}})
+    assert headline(RunResult(tmp_path, old))["samples_per_s_spread95"] == 1.5
 
 
 def test_fidelity_flags_trip(tmp_path):

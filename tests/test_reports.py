@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -401,6 +402,36 @@ def test_p3_speedups_per_bandwidth_and_idle_fractions(tmp_path):
     assert t.loc[("baseline", 2000), "tx_idle"] == pytest.approx(0.7, abs=0.05)
     assert t.loc[("p3", 2000), "tx_idle"] == pytest.approx(0.2, abs=0.05)
     assert t.loc[("baseline", 8000), "status"] == "failed" and pd.isna(t.loc[("baseline", 8000), "tx_idle"])
+
+
+def test_sweep_tables_and_plots_read_the_spread_under_either_name(tmp_path):
+    """A sweep.csv of today names the spread ``samples_per_s_spread95`` and has the mean's
+    confidence interval; an older one names the spread ``samples_per_s_ci95`` and has none:
+    the tables give both as ``spread95`` (and the interval where known), the sweep plot draws
+    the interval as its error bars, or none."""
+    from analysis import plots
+    from analysis.load import read_sweep_csv
+    d = build_p3(tmp_path / "old")
+    assert "samples_per_s_spread95" in read_sweep_csv(d / "sweep.csv").columns
+    old = p3_report.sweep_table(d)
+    assert (old["spread95"] == 1.0).all() and old["mean_ci95_low"].isna().all()
+    assert plots.plot_sweep(d, P3_X, tmp_path / "old.png").stat().st_size > 0
+    new = tmp_path / "new" / "p3_resnet50"
+    shutil.copytree(d, new)
+    df = pd.read_csv(new / "sweep.csv").rename(columns={"samples_per_s_ci95": "samples_per_s_spread95"})
+    df["samples_per_s_spread95"] = 2.0
+    df["samples_per_s_mean_ci95_low"] = df["samples_per_s"] - 0.5
+    df["samples_per_s_mean_ci95_high"] = df["samples_per_s"] + 0.5
+    df.to_csv(new / "sweep.csv", index=False)
+    t = p3_report.sweep_table(new).set_index(["variant", P3_X])
+    assert t.loc[("p3", 2000), "spread95"] == 2.0
+    assert (t.loc[("p3", 2000), "mean_ci95_low"], t.loc[("p3", 2000), "mean_ci95_high"]) == (129.5, 130.5)
+    assert t.loc[("p3", 2000), "speedup"] == pytest.approx(1.3)
+    rows = df[df["status"] == "ok"]
+    assert plots._mean_interval_errors(rows).tolist() == [[0.5] * len(rows), [0.5] * len(rows)]
+    assert plots.plot_sweep(new, P3_X, tmp_path / "new.png").stat().st_size > 0
+    ph = phub_report.sweep_table(build_phub(tmp_path / "phub"), baseline="ps_cs")
+    assert (ph["spread95"] == 1.0).all() and "mean_ci95_high" not in ph.columns  # no row has it: left out
 
 
 def test_phub_ratios_per_point_from_the_plain_spec(tmp_path):

@@ -84,12 +84,22 @@ def test_median_range_tolerance_and_distinguishability_over_repeats(tmp_path):
     assert not low.within and low.distinguishable is False  # 0.9-1.45 spans 1.0
 
 
-def test_one_run_is_distinguishable_by_its_confidence_intervals(tmp_path):
+def test_one_run_is_distinguishable_by_its_spread_bands(tmp_path):
+    """With one run, by the rows' mean +- 1.96 sd bands: read from ``samples_per_s_spread95``,
+    or ``samples_per_s_ci95`` in an older sweep.csv (the one :func:`_sweep` writes)."""
     apart = _sweep(tmp_path, "a", {"PS-Sync": 50.0, "D-Sync": 100.0, "Pipe-SGD+T": 110.0}, ci=4.0)
     close = _sweep(tmp_path, "b", {"PS-Sync": 50.0, "D-Sync": 100.0, "Pipe-SGD+T": 110.0}, ci=6.0)
     r = PIPE.headline.ratios[0]
     assert ratio_result(PIPE, r, find_marked(tmp_path)[:1]).distinguishable is True
     assert ratio_result(PIPE, r, [m for m in find_marked(tmp_path) if m.path == close]).distinguishable is False
+    m = measure_ratio(r, apart)
+    assert (m.numerator_spread95, m.denominator_spread95) == (4.0, 4.0)
+    for d in (apart, close):  # the same sweeps as the runner writes them now
+        csv_path = d / "sweep.csv"
+        csv_path.write_text(csv_path.read_text().replace("samples_per_s_ci95", "samples_per_s_spread95", 1))
+    assert measure_ratio(r, apart) == m
+    assert ratio_result(PIPE, r, find_marked(tmp_path)[:1]).distinguishable is True
+    assert ratio_result(PIPE, r, [x for x in find_marked(tmp_path) if x.path == close]).distinguishable is False
 
 
 def test_failed_and_flagged_runs_are_counted_not_hidden(tmp_path):

@@ -10,7 +10,8 @@ import pytest
 
 from analysis import metrics
 from tests.test_analysis import make_run
-from traffic.summary import RunSummary
+from common.provenance import PROVENANCE_FILE, collect
+from traffic.summary import RunSummary, Throughput
 
 ROOT = Path(__file__).resolve().parents[1]
 ARCHIVED = sorted((ROOT / "reproduction" / "runs").rglob("summary.json"))
@@ -59,14 +60,60 @@ def test_unknown_absent_and_null_keys_are_written_back_as_read(tmp_path):
 
 def test_a_computed_summary_sets_every_key_of_the_model(tmp_path):
     """Every field is written (null when it cannot be computed), except ``program`` (a
-    researcher's program only) and ``cpu.machines``/``cpu.worst_machine`` (a cluster run only)."""
+    researcher's program only), ``cpu.machines``/``cpu.worst_machine`` (a cluster run only) and
+    ``throughput.ci95`` (read from older files only)."""
     s = metrics.summarize(make_run(tmp_path))
     doc = json.loads((tmp_path / "synthetic" / "summary.json").read_text())
     assert set(doc) == set(RunSummary.model_fields) - {"program"}
+    read_only = {"throughput": {"ci95"}}  # the name of spread95 in older files: read, never written
     for section in ("throughput", "iteration_time_s", "bytes", "bytes_per_iteration", "fidelity"):
         model = type(getattr(s, section))
-        assert set(doc[section]) == {f.alias or name for name, f in model.model_fields.items()}, section
+        assert set(doc[section]) == {f.alias or name for name, f in model.model_fields.items()} - read_only.get(
+            section, set()), section
     assert set(doc["cpu"]) == set(type(s.cpu).model_fields) - {"machines", "worst_machine"}
     assert set(doc["fidelity"]["rates"]["links"][0]) == {"iface", "class", "bw_mbps", "max_tx_mbps", "max_rx_mbps",
                                                          "max_ratio"}
     assert same_json(RunSummary.load(tmp_path / "synthetic").dump(), doc) is None
+
+
+def test_a_summary_with_ci95_reads_it_as_the_spread_and_writes_it_back(tmp_path):
+    """A summary written before ``spread95`` had its name keeps ``ci95``; readers get it as
+    :attr:`~traffic.summary.Throughput.spread`."""
+    doc = {"status": "ok", "throughput": {"mean": 100.0, "ci95": 19.6, "std": 10.0}}
+    (tmp_path / "summary.json").write_text(json.dumps(doc))
+    s = RunSummary.load(tmp_path)
+    assert s.throughput.spread == 19.6 and s.throughput.spread95 is None and s.throughput.mean_ci95_low is None
+    assert same_json(s.dump(), doc) is None
+    assert Throughput(spread95=3.0, ci95=19.6).spread == 3.0
+
+
+def test_the_provenance_section_round_trips(tmp_path):
+    prov = collect(argv=["testbed", "run", "x.yaml"])
+    s = RunSummary(status="ok", run_id="r", provenance=prov)
+    s.write(tmp_path)
+    doc = json.loads((tmp_path / "summary.json").read_text())
+    assert doc["provenance"] == prov.dump() and doc["provenance"]["argv"] == ["testbed", "run", "x.yaml"]
+    back = RunSummary.load(tmp_path)
+    assert back.provenance == prov and isinstance(back.provenance.machine.cores_logical, int)
+    assert same_json(back.dump(), doc) is None
+    # a key a newer version adds is kept; an absent section reads as None
+    doc["provenance"]["machine"]["gpu"] = "none"
+    (tmp_path / "summary.json").write_text(json.dumps(doc))
+    assert same_json(RunSummary.load(tmp_path).dump(), doc) is None
+    assert RunSummary.model_validate({"status": "ok"}).provenance is None
+
+
+def test_a_summary_carries_the_run_s_provenance_json_also_when_killed(tmp_path):
+    """The harness writes provenance.json first; the summary copies it, also the one
+    ``testbed clean`` writes for a killed run (status ``killed``)."""
+    run = make_run(tmp_path)
+    prov = collect()
+    (run / PROVENANCE_FILE).write_text(json.dumps(prov.dump()))
+    s = metrics.summarize(run, status="killed", error="the runner died")
+    assert s.status == "killed" and s.provenance == prov
+    assert json.loads((run / "summary.json").read_text())["provenance"] == prov.dump()
+    (run / PROVENANCE_FILE).unlink()
+    assert metrics.summarize(run).provenance is None
+    (run / PROVENANCE_FILE).write_text(json.dumps({"machine": {"cores_logical": "many"}}))
+    s = metrics.summarize(run)  # an unreadable record is an analysis error, not a failed summary
+    assert s.provenance is None and any(e.startswith("provenance:") for e in s.analysis_errors)

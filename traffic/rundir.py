@@ -3,11 +3,16 @@
 A run directory is created exclusively (:func:`create`): an existing one is never
 overwritten. Layout of ``runs/<id>/`` (a sweep puts one per point in
 ``runs/<sweep-id>/<NNN>_<point>/``, next to ``sweep.yaml``, the sweep's spec, and
-``sweep.csv``: one row per point with the swept values and ``scheme, status,
-samples_per_s, samples_per_s_ci95, iter_mean_s, iter_p95_s, core_bytes, accuracy,
-cpu_starved, run_dir``)::
+``sweep.csv``: one row per point with the swept values, its ``variant`` and
+:data:`SWEEP_FIGURES`; the throughput's from its summary: ``samples_per_s`` the mean,
+``samples_per_s_spread95`` 1.96 sd of the iterations, ``samples_per_s_mean_ci95_low``/``_high``
+the 95 % confidence interval of the mean; a file written before version 0.2.0 has
+``samples_per_s_ci95`` for ``samples_per_s_spread95`` (:data:`SWEEP_RENAMED`))::
 
-    spec.yaml            the resolved experiment (every default filled in)
+    spec.yaml            the resolved experiment (every default filled in), headed by the
+                         run's provenance as a comment block
+    provenance.json      the code, software and machine of the run, when and how it was
+                         started (:class:`common.provenance.Provenance`), written first
     topology.json        the network as built and read back
     processes.json       the launch plan
     events/<proc>.jsonl  per-process events
@@ -41,7 +46,7 @@ cpu_starved, run_dir``)::
                          params are also put in events/, results/, params/ (event ``ts``
                          corrected by the clock offset) and its traces merged into traces/
 
-A loopback run (:mod:`testbed.loopback`) writes only spec.yaml, processes.json,
+A loopback run (:mod:`testbed.loopback`) writes only provenance.json, spec.yaml, processes.json,
 events/, results/, params/ and logs/. Times are unix seconds (``time.time()``), durations
 seconds of wall clock, unless a name says otherwise.
 
@@ -194,9 +199,16 @@ from pathlib import Path
 import yaml
 
 from common.errors import TestbedError
+from common.provenance import PROVENANCE_FILE, Provenance, collect
 from common.validation import load_yaml
 
 SUBDIRS = ("events", "results", "params", "logs", "traces")
+#: the columns of ``sweep.csv`` after the swept values and ``variant``, in order
+SWEEP_FIGURES = ("scheme", "status", "samples_per_s", "samples_per_s_spread95", "samples_per_s_mean_ci95_low",
+                 "samples_per_s_mean_ci95_high", "iter_mean_s", "iter_p95_s", "core_bytes", "accuracy", "cpu_starved",
+                 "host_cost_overrun", "run_dir")
+#: a ``sweep.csv`` column under the name an older file gives it -> its name in :data:`SWEEP_FIGURES`
+SWEEP_RENAMED = {"samples_per_s_ci95": "samples_per_s_spread95"}
 
 
 def new_run_id(name: str) -> str:
@@ -293,6 +305,21 @@ def write_json(path: str | Path, data) -> None:
     except BaseException:  # e.g. a full disk: leave the old file (if any), not a torn temp file
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_provenance(run_dir: str | Path) -> Provenance:
+    """Collect the provenance of a run starting now (:func:`common.provenance.collect`) and
+    write it to ``run_dir/provenance.json`` (:func:`write_json`).
+
+    Returns:
+        What was written.
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    prov = collect()
+    write_json(Path(run_dir) / PROVENANCE_FILE, prov.dump())
+    return prov
 
 
 def read_json(path: str | Path):

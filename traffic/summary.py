@@ -5,7 +5,7 @@ and :func:`analysis.metrics.summarize` writes it; every reader loads it with
 :meth:`RunSummary.load` and reads attributes (``s.throughput.mean``,
 ``s.fidelity.cpu_starved``). The model mirrors the file key for key: the identity of the run,
 its iteration counts and its accuracy are top-level keys, each other concern is a section
-(``throughput``, ``iteration_time_s``, ``bytes``, ``bytes_per_iteration``, ``cpu``,
+(``provenance``, ``throughput``, ``iteration_time_s``, ``bytes``, ``bytes_per_iteration``, ``cpu``,
 ``fidelity``, ``host_costs``, ``segments`` ...).
 
 A key is written exactly when it was set: read from the file, or given by the analysis (a
@@ -26,6 +26,7 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from common.provenance import Provenance
 from traffic.rundir import write_json
 
 #: the summary's file in a run directory
@@ -45,8 +46,16 @@ class Throughput(_Section):
     has only ``mean``, ``overall`` and ``unit``."""
     mean: Optional[float] = None
     """Mean of the per-iteration throughput, samples/s."""
-    ci95: Optional[float] = None
-    """1.96 x ``std``, samples/s (as Horovod's synthetic benchmark prints it)."""
+    spread95: Optional[float] = None
+    """1.96 x ``std``, samples/s: the half-width of the band that would hold 95 % of the
+    iterations were they normal (as Horovod's synthetic benchmark prints it); a spread of the
+    iterations, not an uncertainty of ``mean``."""
+    mean_ci95_low: Optional[float] = None
+    """Lower end of the 95 % confidence interval of ``mean``, samples/s: Student's t interval
+    ``mean -+ t(0.975, n - 1) x sd / sqrt(n)`` (sd with ddof=1; it takes the iterations as
+    independent draws). None with fewer than two iterations."""
+    mean_ci95_high: Optional[float] = None
+    """Upper end of that interval, samples/s."""
     std: Optional[float] = None
     """Standard deviation of the per-iteration throughput (ddof=0), samples/s."""
     min: Optional[float] = None
@@ -62,6 +71,14 @@ class Throughput(_Section):
     """``"samples/s"``."""
     method: Optional[str] = None
     """How the figures are computed, in words."""
+    ci95: Optional[float] = None
+    """``spread95`` under the name summaries written before version 0.2.0 give it; read from
+    such a file (and written back), never computed. Read :attr:`spread` for either."""
+
+    @property
+    def spread(self) -> Optional[float]:
+        """``spread95``, or ``ci95`` in a summary that has that key instead, samples/s."""
+        return self.spread95 if self.spread95 is not None else self.ci95
 
 
 class IterationTime(_Section):
@@ -343,6 +360,9 @@ class RunSummary(_Section):
     """Samples per worker per iteration (None for a program)."""
     global_batch: Optional[int] = None
     """Samples of all workers per iteration."""
+    provenance: Optional[Provenance] = None
+    """The code, software and machine the run ran on, when and how it was started (the run's
+    ``provenance.json``, :class:`common.provenance.Provenance`); None for a run without one."""
 
     # --- iteration counts
     iterations: Optional[int] = None

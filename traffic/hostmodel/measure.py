@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import platform
 import socket
 import statistics
 import time
@@ -53,6 +52,7 @@ import torch.distributed as dist
 import yaml
 
 from common.errors import SpecError, TestbedError
+from common.provenance import cpu_model
 from common.validation import validate
 from traffic.compression import Quantization, Truncation
 from traffic.hostmodel import RATE_FIELDS, HostProfile
@@ -60,7 +60,7 @@ from traffic.runtime.trainer import make_optimizer
 from traffic.spec import OptimizerSpec
 
 __all__ = ["SIZES_BYTES", "REPORT_BYTES", "WARMUP", "measure_host_profile", "write_host_profile",
-           "time_calls", "run_pair", "cpu_model", "machine"]
+           "time_calls", "run_pair", "machine"]
 
 KIB, MIB = 1024, 1024 * 1024
 #: tensor sizes (bytes of float32) at which the rate kinds are timed
@@ -72,19 +72,6 @@ WARMUP = 3
 #: bytes of the message timed for ``message_overhead_us`` (one float32)
 MESSAGE_BYTES = 4
 GB = 1e9
-
-
-def cpu_model() -> str:
-    """The CPU's ``model name`` from ``/proc/cpuinfo`` (else ``platform.processor()``, else
-    ``"unknown CPU"``)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def machine(threads: int) -> str:
