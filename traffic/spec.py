@@ -13,7 +13,7 @@ from typing import Any, Literal, Optional
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from common.errors import FieldError, SpecError, TestbedError
-from common.validation import SpecModel
+from common.validation import SpecModel, did_you_mean, one_of
 from traffic import schemes
 from traffic.data import available_datasets
 from traffic.models import available_models
@@ -280,14 +280,14 @@ class WorkloadSpec(SpecModel):
     @classmethod
     def _model(cls, v):
         if v not in available_models():
-            raise ValueError("one of " + ", ".join(available_models()))
+            raise ValueError(one_of(v, available_models()))
         return v
 
     @field_validator("dataset")
     @classmethod
     def _dataset(cls, v):
         if v not in available_datasets():
-            raise ValueError("one of " + ", ".join(available_datasets()))
+            raise ValueError(one_of(v, available_datasets()))
         return v
 
     def cross_errors(self, prefix: str = "workload") -> list[FieldError]:
@@ -331,7 +331,8 @@ def _scheme_not_found(name: str, e: Exception) -> str:
     if isinstance(e, TestbedError):
         return str(e)
     return (f"one of {', '.join(schemes.available())}, a package.module:ClassName or an entry point "
-            f"of the group {schemes.ENTRY_POINT_GROUP} (cannot import {name!r}: {type(e).__name__}: {e})")
+            f"of the group {schemes.ENTRY_POINT_GROUP} (cannot import {name!r}: {type(e).__name__}: {e})"
+            f"{did_you_mean(name, schemes.available())}")
 
 
 def option_errors(raw_workload: Any) -> list[FieldError]:
