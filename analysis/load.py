@@ -15,6 +15,7 @@ import pandas as pd
 import yaml
 
 from analysis import traces as tr
+from common.validation import load_yaml
 from traffic.summary import SUMMARY_FILE, RunSummary
 
 log = logging.getLogger(__name__)
@@ -167,7 +168,7 @@ def _read_summary(run_dir: Path) -> RunSummary | None:
 
 def _read_yaml(path: Path) -> dict:
     try:
-        return yaml.safe_load(path.read_text()) or {}
+        return load_yaml(path.read_text(), source=str(path)) or {}
     except (OSError, yaml.YAMLError) as e:
         if path.exists():
             log.warning("cannot read %s: %s", path, e)

@@ -366,14 +366,20 @@ _Loader.add_implicit_resolver(
     list("-+0123456789."))
 
 
+def _located(source: str | None, mark, text: str) -> str:
+    """``SOURCE, line L, column C: text`` (the parts known; ``mark`` a PyYAML mark or None)."""
+    where = [source] if source else []
+    if mark is not None:
+        where.append(f"line {mark.line + 1}, column {mark.column + 1}")
+    return f"{', '.join(where)}: {text}" if where else text
+
+
 def _marked(e: "yaml.MarkedYAMLError", source: str | None) -> str:
-    """A YAML syntax error as ``<problem> at line L, column C [of SOURCE] (<context>)``:
-    PyYAML's own message quotes the line, which may be a secret of a file the tool (root)
-    was pointed at."""
-    mark = e.problem_mark or e.context_mark
-    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    """A YAML syntax error as ``SOURCE, line L, column C: <problem> (<context>)``: PyYAML's
+    own message quotes the line, which may be a secret of a file the tool (root) was pointed
+    at, and names a text it was given as ``<unicode string>``."""
     context = f" ({e.context})" if e.context else ""
-    return f"{e.problem or 'not YAML'}{where}{' of ' + source if source else ''}{context}"
+    return _located(source, e.problem_mark or e.context_mark, f"{e.problem or 'not YAML'}{context}")
 
 
 def load_yaml(text: str, source: str | None = None, prefix: str = "") -> Any:
@@ -390,7 +396,8 @@ def load_yaml(text: str, source: str | None = None, prefix: str = "") -> Any:
             key's dotted path, both lines and ``source``; also a ``yaml.YAMLError``).
         yaml.YAMLError: not YAML, a value its tag cannot hold (``2001-13-01``, ``!!int x``,
             an integer of more than 4300 digits), or nesting deeper than :data:`MAX_DEPTH`
-            levels (or a recursive anchor).
+            levels (or a recursive anchor). The message begins with where: ``SOURCE, line L,
+            column C: `` (the line and column where PyYAML stopped, when it says).
     """
     loader = _Loader(text, source, prefix)
     try:
@@ -400,13 +407,31 @@ def load_yaml(text: str, source: str | None = None, prefix: str = "") -> Any:
     except yaml.YAMLError:
         raise
     except RecursionError:
-        raise yaml.YAMLError(f"nested more than {MAX_DEPTH} levels deep") from None
+        raise yaml.YAMLError(_located(source, None, f"nested more than {MAX_DEPTH} levels deep")) from None
     except (ValueError, TypeError, OverflowError) as e:  # PyYAML's constructors let these through
-        raise yaml.YAMLError(f"a value its type cannot hold ({e})") from None
+        raise yaml.YAMLError(_located(source, None, f"a value its type cannot hold ({e})")) from None
     finally:
         loader.dispose()
     try:
         check_depth(data)
     except SpecError as e:
-        raise yaml.YAMLError(e.allowed) from None
+        raise yaml.YAMLError(_located(source, None, e.allowed)) from None
     return data
+
+
+class SpecFileError(SpecError):
+    """A spec file that is not YAML (field ``<file>``, value its path): the message is the
+    YAML error's, which begins with the file, line and column (``experiments/x.yaml, line 3,
+    column 5: mapping values are not allowed here (not valid YAML)``).
+
+    Args:
+        path: the file, as the user named it.
+        error: what :func:`load_yaml` raised.
+    """
+
+    def __init__(self, path: str, error: yaml.YAMLError):
+        super().__init__("<file>", path, f"valid YAML ({error})")
+        self.detail = str(error)
+
+    def __str__(self) -> str:
+        return f"{self.detail} (not valid YAML)"
