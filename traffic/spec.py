@@ -16,6 +16,7 @@ from common.errors import FieldError, SpecError, TestbedError
 from common.validation import SpecModel, did_you_mean, one_of
 from traffic import schemes
 from traffic.data import available_datasets
+from traffic.launchers import launcher_refusal
 from traffic.models import available_models
 from traffic.compute_profiles import load_profile
 
@@ -172,7 +173,9 @@ class ProgramSpec(SpecModel):
     """
     command: list[str] = Field(min_length=1)
     """The command line, e.g. ``[python, train.py, --epochs, "1"]``; ``python`` is the
-    testbed's interpreter (the one with torch)."""
+    testbed's interpreter (the one with torch). Not a distributed launcher (``torchrun``,
+    ``python -m torch.distributed.run``, ``accelerate launch``): the testbed is the launcher
+    (:mod:`traffic.launchers`)."""
     processes_per_host: int = Field(1, ge=1, le=64)
     """Processes started on each worker host (``LOCAL_WORLD_SIZE``)."""
     cwd: Optional[str] = None
@@ -187,6 +190,9 @@ class ProgramSpec(SpecModel):
     def _command(cls, v):
         if any(not a for a in v[:1]):
             raise ValueError("a non-empty program name first")
+        refusal = launcher_refusal(v)  # torchrun & co.: the testbed is the launcher
+        if refusal:
+            raise ValueError(refusal)
         return v
 
     def cross_errors(self, prefix: str = "workload.program") -> list[FieldError]:
