@@ -20,7 +20,6 @@ machine needs, each item checked by :func:`check_machine` with a remedy when it 
 """
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import shlex
 import subprocess
@@ -36,6 +35,7 @@ from pydantic import ValidationError
 from testbed.check import Item
 from testbed.spec import ClusterSpec
 from testbed.remote import tunnel_command
+from testbed.version import package_version
 from topologies import build_topo
 from common.errors import FieldError, SpecError
 from topologies.placement import PlacementError, place_racks
@@ -180,8 +180,8 @@ _REMOTE_PROBE = ("import json, importlib.metadata as md, shutil; from testbed.ch
 
 
 def local_version() -> str:
-    """This installation's version of the project."""
-    return importlib.metadata.version("dl-netbed")
+    """This installation's version of the project (:func:`testbed.version.package_version`)."""
+    return package_version()
 
 
 def check_machine(machine: Machine, project_dir: str | None = None, version: str | None = None,
