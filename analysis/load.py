@@ -16,6 +16,7 @@ import yaml
 
 from analysis import traces as tr
 from common.provenance import PROVENANCE_FILE
+from common.validation import load_yaml
 from traffic.rundir import SWEEP_RENAMED
 from traffic.summary import SUMMARY_FILE, RunSummary
 
@@ -174,7 +175,7 @@ def _read_summary(run_dir: Path) -> RunSummary | None:
 
 def _read_yaml(path: Path) -> dict:
     try:
-        return yaml.safe_load(path.read_text()) or {}
+        return load_yaml(path.read_text(), source=str(path)) or {}
     except (OSError, yaml.YAMLError) as e:
         if path.exists():
             log.warning("cannot read %s: %s", path, e)

@@ -45,6 +45,7 @@ from tabulate import tabulate
 from analysis.load import read_sweep_csv
 from analysis.metrics import MIN_IDLE_PCT
 from common.errors import TestbedError
+from common.validation import did_you_mean
 from traffic.rundir import find_runs, is_run
 from traffic.hostmodel.costs import OVERRUN_THRESHOLD
 from traffic.summary import SUMMARY_FILE, RunSummary
@@ -164,7 +165,7 @@ def get_report(name: str) -> Report:
         UnknownReport: no report of that name.
     """
     if name not in REPORTS:
-        raise UnknownReport(f"no report {name!r}; the reports are: {', '.join(REPORTS)}")
+        raise UnknownReport(f"no report {name!r}; the reports are: {', '.join(REPORTS)}{did_you_mean(name, REPORTS)}")
     return importlib.import_module(REPORTS[name]).REPORT
 
 

@@ -383,7 +383,7 @@ def load_catalogue(path: str | Path | None = None, root: str | Path | None = Non
         root = REPO_ROOT if (REPO_ROOT / "experiments").is_dir() else Path.cwd()
     root = Path(root)
     try:
-        data = load_yaml(path.read_text())
+        data = load_yaml(path.read_text(), source=str(path))
     except (OSError, UnicodeDecodeError) as e:
         raise CatalogueError(path, [f"cannot read the catalogue ({type(e).__name__}: {e})"]) from None
     except yaml.YAMLError as e:

@@ -34,7 +34,12 @@ from pathlib import Path
 
 from analysis import traces as tr
 from analysis.load import load
+from common.errors import TestbedError
 from traffic.hostmodel.costs import KINDS as HOST_COST_KINDS
+
+class NoEvents(TestbedError):
+    """A run without any recorded event: it has no timeline."""
+
 
 _BASE_FIELDS = {"proc", "role", "rank", "thread", "kind", "ts", "dur"}
 
@@ -177,8 +182,15 @@ def write_timeline(run_dir, path=None, include_rates: bool = True) -> Path:
 
     Returns:
         The path written.
+
+    Raises:
+        NoEvents: the run recorded no event (``events/*.jsonl`` empty or absent: its processes
+            never started, or a program marked nothing); nothing is written.
     """
     run = load(run_dir)
+    if run.events.empty:
+        raise NoEvents(f"{run.path} has no events (events/*.jsonl is empty or absent: its processes never started "
+                       f"or recorded nothing), so there is no timeline to draw; see 'testbed show {run.path}'")
     path = Path(path) if path is not None else run.path / "timeline.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {"traceEvents": trace_events(run, include_rates), "displayTimeUnit": "ms",

@@ -6,13 +6,16 @@ and the whole experiment). :func:`validate` turns pydantic's errors into one
 :class:`~common.errors.SpecError` that names every bad field by its dotted path, the
 value given and what is allowed. :func:`load_yaml` reads YAML with ``1e12`` as a number
 (every reader of a spec, its ``--set`` values and a run's ``spec.yaml`` uses it), and refuses
-documents nested deeper than :data:`MAX_DEPTH` levels. :func:`safe_name` is the rule for every
+documents nested deeper than :data:`MAX_DEPTH` levels; its errors name the file, line and column.
+A name that is not among those allowed (an unknown field, a value of a fixed set) is answered
+with the closest allowed one (:func:`did_you_mean`). :func:`safe_name` is the rule for every
 name that becomes a path component (a spec's ``name``, a run id, a background flow's name);
 :func:`is_safe_label` the looser one of a variant's name (``D-Sync+T``), which reaches a path
 only through a mapping to those characters.
 """
 from __future__ import annotations
 
+import difflib
 import re
 import typing
 from typing import Any, Iterable, TypeVar
@@ -117,6 +120,25 @@ def check_depth(data: Any, limit: int = MAX_DEPTH) -> None:
         stack.extend((c, depth + 1) for c in children)
 
 
+def did_you_mean(value: Any, choices: Iterable[Any], prefix: str = "") -> str:
+    """`` (did you mean 'X'?)`` with X the one of ``choices`` closest to ``value``
+    (:func:`difflib.get_close_matches`, similarity at least 0.6), ``prefix`` before it (the
+    dotted path of an unknown field's parent); '' when none is close or ``value`` is not a
+    string. E.g. ``did_you_mean("allreduc", ["ps", "allreduce"])`` is `` (did you mean
+    'allreduce'?)``."""
+    if not isinstance(value, str):
+        return ""
+    close = difflib.get_close_matches(value, [str(c) for c in choices], n=1)
+    return f" (did you mean '{prefix}{close[0]}'?)" if close else ""
+
+
+def one_of(value: Any, choices: Iterable[Any]) -> str:
+    """``one of a, b, c``, and :func:`did_you_mean` for ``value`` (the ``allowed`` of a spec
+    error, or a validator's ``ValueError`` message, for a value outside a fixed set)."""
+    choices = [str(c) for c in choices]
+    return "one of " + ", ".join(choices) + did_you_mean(value, choices)
+
+
 _TYPE_WORDS = {
     "int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer",
     "float_type": "a number", "float_parsing": "a number", "finite_number": "a finite number",
@@ -172,10 +194,12 @@ def _allowed(err: dict, model: type[BaseModel], prefix: str = "", what: str | No
     if t == "extra_forbidden":
         holder = _model_at(model, loc)
         names = _field_names(holder) if holder else ""
+        parent = _path(prefix, loc[:-1])
+        hint = did_you_mean(loc[-1], holder.model_fields if holder else (), f"{parent}." if parent else "")
         if what is not None and len(loc) == 1:
-            return f"{what}: {names or 'none'}"
+            return f"{what}: {names or 'none'}{hint}"
         where = _path(prefix, [p for p in loc[:-1] if not isinstance(p, int)]) or "the spec"
-        return f"a known field of {where}: {names}" if holder else "no such field"
+        return f"a known field of {where}: {names}{hint}" if holder else "no such field"
     if t == "missing":
         return "a value (required)"
     if t == "list_type":
@@ -185,8 +209,11 @@ def _allowed(err: dict, model: type[BaseModel], prefix: str = "", what: str | No
         if inner is not None:
             return f"a list of mappings with fields {_field_names(inner)}"
     if t == "literal_error":
-        return "one of " + ", ".join(re.findall(r"'[^']*'", ctx.get("expected", ""))) if "'" in ctx.get(
-            "expected", "") else f"one of {ctx.get('expected')}"
+        expected = str(ctx.get("expected", ""))
+        if "'" not in expected:
+            return f"one of {expected}"
+        quoted = re.findall(r"'([^']*)'", expected)
+        return "one of " + ", ".join(f"'{q}'" for q in quoted) + did_you_mean(err.get("input"), quoted)
     if t in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         bound = {"greater_than": f"> {ctx.get('gt')}", "greater_than_equal": f">= {ctx.get('ge')}",
                  "less_than": f"< {ctx.get('lt')}", "less_than_equal": f"<= {ctx.get('le')}"}[t]
@@ -339,14 +366,20 @@ _Loader.add_implicit_resolver(
     list("-+0123456789."))
 
 
+def _located(source: str | None, mark, text: str) -> str:
+    """``SOURCE, line L, column C: text`` (the parts known; ``mark`` a PyYAML mark or None)."""
+    where = [source] if source else []
+    if mark is not None:
+        where.append(f"line {mark.line + 1}, column {mark.column + 1}")
+    return f"{', '.join(where)}: {text}" if where else text
+
+
 def _marked(e: "yaml.MarkedYAMLError", source: str | None) -> str:
-    """A YAML syntax error as ``<problem> at line L, column C [of SOURCE] (<context>)``:
-    PyYAML's own message quotes the line, which may be a secret of a file the tool (root)
-    was pointed at."""
-    mark = e.problem_mark or e.context_mark
-    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    """A YAML syntax error as ``SOURCE, line L, column C: <problem> (<context>)``: PyYAML's
+    own message quotes the line, which may be a secret of a file the tool (root) was pointed
+    at, and names a text it was given as ``<unicode string>``."""
     context = f" ({e.context})" if e.context else ""
-    return f"{e.problem or 'not YAML'}{where}{' of ' + source if source else ''}{context}"
+    return _located(source, e.problem_mark or e.context_mark, f"{e.problem or 'not YAML'}{context}")
 
 
 def load_yaml(text: str, source: str | None = None, prefix: str = "") -> Any:
@@ -363,7 +396,8 @@ def load_yaml(text: str, source: str | None = None, prefix: str = "") -> Any:
             key's dotted path, both lines and ``source``; also a ``yaml.YAMLError``).
         yaml.YAMLError: not YAML, a value its tag cannot hold (``2001-13-01``, ``!!int x``,
             an integer of more than 4300 digits), or nesting deeper than :data:`MAX_DEPTH`
-            levels (or a recursive anchor).
+            levels (or a recursive anchor). The message begins with where: ``SOURCE, line L,
+            column C: `` (the line and column where PyYAML stopped, when it says).
     """
     loader = _Loader(text, source, prefix)
     try:
@@ -373,13 +407,31 @@ def load_yaml(text: str, source: str | None = None, prefix: str = "") -> Any:
     except yaml.YAMLError:
         raise
     except RecursionError:
-        raise yaml.YAMLError(f"nested more than {MAX_DEPTH} levels deep") from None
+        raise yaml.YAMLError(_located(source, None, f"nested more than {MAX_DEPTH} levels deep")) from None
     except (ValueError, TypeError, OverflowError) as e:  # PyYAML's constructors let these through
-        raise yaml.YAMLError(f"a value its type cannot hold ({e})") from None
+        raise yaml.YAMLError(_located(source, None, f"a value its type cannot hold ({e})")) from None
     finally:
         loader.dispose()
     try:
         check_depth(data)
     except SpecError as e:
-        raise yaml.YAMLError(e.allowed) from None
+        raise yaml.YAMLError(_located(source, None, e.allowed)) from None
     return data
+
+
+class SpecFileError(SpecError):
+    """A spec file that is not YAML (field ``<file>``, value its path): the message is the
+    YAML error's, which begins with the file, line and column (``experiments/x.yaml, line 3,
+    column 5: mapping values are not allowed here (not valid YAML)``).
+
+    Args:
+        path: the file, as the user named it.
+        error: what :func:`load_yaml` raised.
+    """
+
+    def __init__(self, path: str, error: yaml.YAMLError):
+        super().__init__("<file>", path, f"valid YAML ({error})")
+        self.detail = str(error)
+
+    def __str__(self) -> str:
+        return f"{self.detail} (not valid YAML)"

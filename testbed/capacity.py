@@ -108,6 +108,7 @@ import yaml
 from analysis.metrics import CPU_IDLE_RULE, MIN_IDLE_PCT
 from testbed.spec import AUTO, Experiment
 from common.errors import CapacityError
+from common.validation import load_yaml
 from topologies.hosts import HostInfo
 from traffic.models import model_info
 from traffic.schemes import ProcessPlan
@@ -232,7 +233,7 @@ class CostModel:
         path = Path(path) if path is not None else COSTS_PATH
         remedy = f"measure this machine: python benchmarks/machine_costs.py <new file>, then move it to {path}"
         try:
-            doc = yaml.safe_load(path.read_text())
+            doc = load_yaml(path.read_text(), source=str(path))
         except (OSError, ValueError, yaml.YAMLError) as e:
             raise CapacityError(f"cannot read the machine cost model {path} ({type(e).__name__}: {e}); {remedy}") \
                 from None

@@ -1,11 +1,14 @@
+# PYTHON_ARGCOMPLETE_OK
 """``testbed``: the command line.
 
+    testbed --version                     the package's version (and git commit in a checkout)
     testbed check                         what this machine can emulate
     testbed check --cluster SPEC          each machine of SPEC's cluster: section, over SSH
     testbed run SPEC.yaml [--set a.b=v]   run an experiment (or every point of its sweep)
                    [--dry-run]            only validate and plan every point (nothing built or written)
+                   [-v]                   also stream the harness's log lines to stderr
     testbed ls [RUNS_DIR]                 list runs
-    testbed show RUN                      a run's summary
+    testbed show RUN_OR_SWEEP [--json]    a run's (or a sweep's runs') status and figures; --json: one document
     testbed plot RUN [RUN ...]            draw plots (PNG files in the run directories)
     testbed timeline RUN                  Chrome trace-event JSON of a run's events
     testbed flows RUN [--port P] [--plot] TCP flows of a run's packet capture (capture.pcap)
@@ -19,30 +22,44 @@
     testbed reproduce --scoreboard DIR    REPRODUCTION.md from the marked runs under DIR
     testbed clean                         remove what a killed run left on the machine
     testbed profile MODEL --batch B       measure per-layer forward/backward times here
+    testbed schema                        the experiment spec's JSON Schema (testbed/data/spec.schema.json)
+    testbed completion [--shell SHELL]    shell code that completes testbed's arguments (argcomplete)
 
-Errors a user can cause (a bad spec, file, ``--set`` value or run path, a missing tool) are
-:class:`~common.errors.TestbedError` s, raised wherever they are found and caught in one
-place, :func:`main`: one message, no traceback, exit status 2. Bad command-line syntax is
+``python -m testbed`` is the same command.
+
+Exit status, the same for every command: 0 done; 1 a run failed (``run``, ``reproduce``: a
+run's status is not ``ok``; ``check``: the machine is not ready); 2 a usage or spec error;
+130 interrupted (Ctrl-C). Errors a user can cause (a bad spec, file, ``--set`` value or run
+path, a run with nothing to show, a missing tool) are :class:`~common.errors.TestbedError` s,
+raised wherever they are found and caught in one place, :func:`main`: one message, no
+traceback, exit status 2 (:class:`~common.errors.RunFailed`: 1). Bad command-line syntax is
 argparse's (usage message, status 2).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 from pathlib import Path
 
+import argcomplete
+from argcomplete.completers import ChoicesCompleter, DirectoriesCompleter, FilesCompleter
 from pydantic import ValidationError
+from tabulate import tabulate
 
 from analysis.report import REPORTS, get_report
 from analysis.reproduction import format_list, get_entry, load_catalogue
 from testbed.check import format_checks, run_checks
 from testbed.clean import clean
 from testbed.ledger import live_ledgers
-from common.errors import SpecError, TestbedError
+from testbed.progress import echo_log
+from testbed.schema import field_paths, schema_text
+from testbed.version import describe
+from common.errors import RunFailed, SpecError, TestbedError
 from traffic.rundir import NotARunError, find_runs, is_run, read_json
-from traffic.summary import SUMMARY_FILE, Fidelity, RunSummary, Throughput
+from traffic.summary import SUMMARY_FILE, Bytes, Fidelity, IterationTime, RunSummary, Throughput
 
 # Modules that load torch, Mininet or matplotlib (seconds) are imported lazily in the
 # commands that need them, so that `testbed clean`, `ls`, `show` and `check` start at once.
@@ -88,8 +105,9 @@ def _cmd_run(args) -> int:
         print(describe_plan(planned))
         print("\n".join(lines))
         return 0
-    results = run_experiment(exp, progress=not args.quiet,
-                             say=lambda line: print(f"testbed: {line}", file=sys.stderr))
+    with echo_log() if args.verbose else contextlib.nullcontext():
+        results = run_experiment(exp, progress=not args.quiet,
+                                 say=lambda line: print(f"testbed: {line}", file=sys.stderr))
     if len(results) == 1:
         print(one_line(results[0]))
     else:
@@ -98,7 +116,9 @@ def _cmd_run(args) -> int:
         print(format_table(table))
         print(f"\nsweep directory: {results[0].run_dir.parent}")
     if args.plot:
-        _plot([r.run_dir for r in results], quiet=args.quiet)
+        _, empty = _plot([r.run_dir for r in results], quiet=args.quiet)
+        for d in empty:  # the runs' outcome is the exit status; a run with nothing to draw is said
+            print(f"testbed: {_nothing_to_plot([d])}", file=sys.stderr)
     return 0 if all(r.ok for r in results) else 1
 
 
@@ -149,12 +169,19 @@ def format_table(df) -> str:
     return out.to_string(index=False, float_format=lambda v: f"{v:.2f}")
 
 
+#: where ``testbed ls`` looks when given no directory (``run.runs_dir``'s default)
+DEFAULT_RUNS_DIR = "runs"
+
+
 def _cmd_ls(args) -> int:
-    root = Path(args.runs_dir)
+    root = Path(args.runs_dir or DEFAULT_RUNS_DIR)
     try:
         if not root.is_dir():
-            print(f"no runs under {root}")
-            return 0
+            if args.runs_dir is None and not root.exists():  # the default: nothing has run here yet
+                print(f"no runs under {root}")
+                return 0
+            raise NotARunError(f"{root} is {'not a directory' if root.exists() else 'missing'}: give a directory "
+                               f"that holds runs (default: {DEFAULT_RUNS_DIR}, run.runs_dir of the specs)")
         specs = sorted(root.rglob("spec.yaml"))
     except OSError as e:  # e.g. a name too long for the file system
         raise TestbedError(f"cannot list {root}: {e.strerror or e}") from None
@@ -166,15 +193,26 @@ def _cmd_ls(args) -> int:
             continue
         s = _summary(d) if (d / SUMMARY_FILE).is_file() else RunSummary(status=_unfinished_status(d, live))
         tp = (s.throughput or Throughput()).mean
-        f = s.fidelity or Fidelity()
-        flags = [name for name, flag in (("CPU-starved", f.cpu_starved), ("host-cost overrun", f.host_cost_overrun))
-                 if flag]
-        why = (s.error or "").splitlines()[:1] if s.status != "ok" else []  # the first line: what failed
+        flags = _flags(s)
+        why = _error_line(s)
         rows.append(f"{str(d.relative_to(root)):60s} {str(s.status):11s} "
                     f"{s.scheme or '':10s} {'' if tp is None else f'{tp:10.1f} samples/s'}"
-                    + (f"  [{', '.join(flags)}]" if flags else "") + (f"  {why[0]}" if why else ""))
+                    + (f"  [{', '.join(flags)}]" if flags else "") + (f"  {why}" if why else ""))
     print("\n".join(rows) if rows else f"no runs under {root}")
     return 0
+
+
+def _flags(s: RunSummary) -> list[str]:
+    """The fidelity flags a run's line shows: ``CPU-starved``, ``host-cost overrun``."""
+    f = s.fidelity or Fidelity()
+    return [name for name, flag in (("CPU-starved", f.cpu_starved), ("host-cost overrun", f.host_cost_overrun))
+            if flag]
+
+
+def _error_line(s: RunSummary) -> str:
+    """The first line of the error of a run that is not ``ok`` (what failed), else ''."""
+    lines = (s.error or "").splitlines() if s.status != "ok" else []
+    return lines[0] if lines else ""
 
 
 def _unfinished_status(run_dir: Path, live: set[Path]) -> str:
@@ -207,49 +245,106 @@ def _resolve_runs(paths: list[str]) -> list[Path]:
     return out
 
 
-def _plot(paths, out: str | None = None, host: str | None = None, quiet=False) -> list[Path]:
+def _plot(paths, out: str | None = None, host: str | None = None, quiet=False) -> tuple[list[Path], list[Path]]:
+    """Draw each run's plots (and, for several runs or with ``out``, their throughput side by
+    side); returns the files written and the runs that had nothing to draw (no traces, no
+    iterations)."""
     import analysis  # lazy: matplotlib
     from analysis import plots  # lazy: matplotlib
     runs = [analysis.load(p) for p in paths]
-    written = []
+    written, empty = [], []
     for run in runs:
         if not run.traces.empty:
             written.append(plots.plot_interface_rates(run, host=host))
         if not run.iterations.empty:
             written.append(plots.plot_iteration_times(run))
-    if len(runs) > 1 or out:
+        if run.traces.empty and run.iterations.empty:
+            empty.append(run.path)
+    if len(runs) > len(empty) and (len(runs) > 1 or out):
         target = Path(out) if out else Path(paths[0]).parent / "throughput.png"
         written.append(plots.plot_throughput(runs, target))
     if not quiet:
         for w in written:
             print(f"wrote {w}")
-    return written
+    return written, empty
+
+
+def _nothing_to_plot(runs: list[Path]) -> str:
+    return (f"nothing to plot in {', '.join(map(str, runs))}: no interface traces (traces/bwm-ng.csv) and no "
+            f"iterations (the run ended before training; see 'testbed show')")
 
 
 def _cmd_plot(args) -> int:
-    _plot(_resolve_runs(args.runs), out=args.out, host=args.host)
+    _, empty = _plot(_resolve_runs(args.runs), out=args.out, host=args.host)
+    if empty:  # the others' plots are written; the run(s) with none are an error
+        raise NotARunError(_nothing_to_plot(empty))
     return 0
 
 
 def _cmd_show(args) -> int:
-    for d in _resolve_runs([args.run]):
-        path = d / SUMMARY_FILE
-        if not path.is_file():
-            raise NotARunError(f"{d} has no summary.json yet: it is still running, or its runner was killed "
-                               f"(see 'testbed ls')")
-        try:
-            summary = RunSummary.load(path)
-        except (OSError, ValueError) as e:
-            what = "a run summary" if isinstance(e, ValidationError) else "readable JSON"
-            raise NotARunError(f"{path} is not {what} ({e})") from None
-        print(json.dumps(summary.dump(), indent=2))
+    one = is_run(args.run)
+    runs = _resolve_runs([args.run])
+    if one:  # its summary, or why it has none
+        summaries = [(runs[0], _run_summary(runs[0]))]
+    else:  # a sweep: every run, those without a summary with their state (as 'testbed ls')
+        live = {Path(led.run_dir).resolve() for led in live_ledgers() if led.run_dir}
+        summaries = [(d, _summary(d) if (d / SUMMARY_FILE).is_file() else RunSummary(status=_unfinished_status(d, live)))
+                     for d in runs]
+    if args.json:
+        doc = summaries[0][1].dump() if one else {d.name: s.dump() for d, s in summaries}
+        print(json.dumps(doc, indent=2))
+    else:
+        print(format_summaries(summaries))
     return 0
 
 
+def _run_summary(d: Path) -> RunSummary:
+    """The summary of the run ``d``.
+
+    Raises:
+        NotARunError: it has no summary.json yet, or one that is not a readable summary.
+    """
+    path = d / SUMMARY_FILE
+    if not path.is_file():
+        raise NotARunError(f"{d} has no summary.json yet: it is still running, or its runner was killed "
+                           f"(see 'testbed ls')")
+    try:
+        return RunSummary.load(path)
+    except (OSError, ValueError) as e:
+        what = "a run summary" if isinstance(e, ValidationError) else "readable JSON"
+        raise NotARunError(f"{path} is not {what} ({e})") from None
+
+
+def format_summaries(summaries: list[tuple[Path, RunSummary]]) -> str:
+    """What ``testbed show`` prints: one row per run (its directory's name, status, scheme,
+    scale, samples/s, mean iteration time in ms, core bytes in MB, fidelity flags), then the
+    first line of each error."""
+    rows, errors = [], []
+    for d, s in summaries:
+        it, core = (s.iteration_time_s or IterationTime()).mean, (s.bytes or Bytes()).core
+        rows.append({"run": d.name, "status": s.status, "scheme": s.scheme, "scale": s.scale,
+                     "samples/s": (s.throughput or Throughput()).mean,
+                     "iteration ms": None if it is None else it * 1e3,
+                     "core MB": None if core is None else core / 1e6, "flags": ", ".join(_flags(s))})
+        if _error_line(s):
+            errors.append(f"{d.name}: {_error_line(s)}")
+    if not any(r["flags"] for r in rows):
+        for r in rows:
+            del r["flags"]
+    table = tabulate(rows, headers="keys", floatfmt=("", "", "", "g", ".1f", ".1f", ".2f"), missingval="-")
+    return table + ("\n\n" + "\n".join(errors) if errors else "")
+
+
 def _cmd_timeline(args) -> int:
-    from analysis.timeline import write_timeline  # lazy: pandas
+    from analysis.timeline import NoEvents, write_timeline  # lazy: pandas
+    empty = []
     for d in _resolve_runs(args.runs):
-        print(f"wrote {write_timeline(d)}  (open in https://ui.perfetto.dev or chrome://tracing)")
+        try:
+            print(f"wrote {write_timeline(d)}  (open in https://ui.perfetto.dev or chrome://tracing)")
+        except NoEvents as e:  # the others are written; the run(s) without events are an error
+            empty.append(str(e))
+    if empty:
+        raise NotARunError("\n".join(empty))
     return 0
 
 
@@ -342,6 +437,49 @@ def _cmd_reproduce(args) -> int:
                      dilation_check=args.dilation_check)
 
 
+def _cmd_schema(args) -> int:
+    sys.stdout.write(schema_text())
+    return 0
+
+
+#: the shells ``testbed completion`` writes code for (argcomplete's)
+SHELLS = ("bash", "zsh", "fish", "tcsh", "powershell")
+
+
+def _cmd_completion(args) -> int:
+    login = os.path.basename(os.environ.get("SHELL", ""))
+    shell = args.shell or (login if login in SHELLS else "bash")
+    sys.stdout.write(argcomplete.shellcode(["testbed"], shell=shell))
+    return 0
+
+
+def _set_paths(prefix: str, **_) -> list[str]:
+    """Completions of ``--set``: every field path of the spec's schema, with ``=``."""
+    try:
+        return [f"{p}=" for p in field_paths() if p.startswith(prefix)]
+    except (OSError, ValueError):
+        return []
+
+
+def _entry_ids(**_) -> list[str]:
+    """Completions of ``testbed reproduce ID``: the catalogue's ids."""
+    try:
+        return [e.id for e in load_catalogue()]
+    except TestbedError:
+        return []
+
+
+class _Version(argparse.Action):
+    """``--version``: :func:`testbed.version.describe` (git is asked only when it is given)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(describe())
+        parser.exit()
+
+
 def _cmd_clean(args) -> int:
     removed = clean(force=args.force)
     print("\n".join(removed) if removed else "nothing to clean")
@@ -382,7 +520,11 @@ def _cmd_profile_host(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="testbed", description="Network-emulation testbed for distributed DL training")
+    p = argparse.ArgumentParser(prog="testbed", description="Network-emulation testbed for distributed DL training",
+                                epilog="exit status: 0 done, 1 a run failed (check: the machine is not ready), "
+                                       "2 a usage or spec error, 130 interrupted")
+    p.add_argument("--version", action=_Version, help="print the package's version (and its git commit when it runs "
+                                                      "from a checkout) and exit")
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("check", help="what this machine can emulate; --cluster SPEC: each machine of a spec's "
                                      "cluster section")
@@ -391,7 +533,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=_cmd_check)
     s = sub.add_parser("run", help="run an experiment spec (all points of its sweep), or your own program "
                                    "(--program)")
-    s.add_argument("spec", nargs="?", help="experiment YAML, e.g. experiments/quickstart.yaml")
+    s.add_argument("spec", nargs="?", help="experiment YAML, e.g. experiments/quickstart.yaml"
+                   ).completer = FilesCompleter(("yaml", "yml"))
     s.add_argument("--program", metavar="COMMAND",
                    help="run this command unmodified on every worker host instead of a spec's workload, e.g. "
                         "--program 'python train.py --epochs 1' (torchrun's environment; workload.program)")
@@ -399,30 +542,37 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --program: the network of this spec file (its topology section); default: the "
                         "built-in default topology")
     s.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
-                   help="override a spec field, e.g. --set workload.iterations=20 (repeatable)")
+                   help="override a spec field, e.g. --set workload.iterations=20 (repeatable)").completer = _set_paths
     s.add_argument("--runs-dir", help="where run directories go (default: the spec's run.runs_dir)")
     s.add_argument("--plot", action="store_true", help="draw plots after the runs")
     s.add_argument("--dry-run", action="store_true",
                    help="only validate the spec and plan every run (hosts, processes); build and write nothing")
-    s.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress (bar or lines)")
+    s.add_argument("-v", "--verbose", action="store_true",
+                   help="also write the harness's log lines (logs/harness.log) to stderr as they come")
     s.set_defaults(fn=_cmd_run)
     s = sub.add_parser("ls", help="list runs")
-    s.add_argument("runs_dir", nargs="?", default="runs")
+    s.add_argument("runs_dir", nargs="?", metavar="RUNS_DIR",
+                   help=f"where the runs are (default: {DEFAULT_RUNS_DIR}; a missing one given is an error)"
+                   ).completer = DirectoriesCompleter()
     s.set_defaults(fn=_cmd_ls)
-    s = sub.add_parser("show", help="print a run's summary.json")
-    s.add_argument("run")
+    s = sub.add_parser("show", help="a run's status and figures as a table (a sweep: one row per run); "
+                                    "--json: its summary.json as one document")
+    s.add_argument("run", metavar="RUN_OR_SWEEP").completer = DirectoriesCompleter()
+    s.add_argument("--json", action="store_true",
+                   help="print the summary as one JSON document (a sweep: an object keyed by run directory name)")
     s.set_defaults(fn=_cmd_show)
     s = sub.add_parser("plot", help="plot runs (interface rates per run; throughput side by side)")
-    s.add_argument("runs", nargs="+", help="run directories or sweep directories")
+    s.add_argument("runs", nargs="+", help="run directories or sweep directories").completer = DirectoriesCompleter()
     s.add_argument("--host", help="host whose link to plot (default: the first worker's)")
     s.add_argument("--out", help="path of the side-by-side throughput PNG")
     s.set_defaults(fn=_cmd_plot)
     s = sub.add_parser("timeline", help="write a Chrome trace-event JSON of a run's events")
-    s.add_argument("runs", nargs="+")
+    s.add_argument("runs", nargs="+", help="run directories or sweep directories").completer = DirectoriesCompleter()
     s.set_defaults(fn=_cmd_timeline)
     s = sub.add_parser("flows", help="TCP flows of a run's packet capture (capture.pcap): top flows, what crossed "
                                      "the core, retransmissions")
-    s.add_argument("run")
+    s.add_argument("run").completer = DirectoriesCompleter()
     s.add_argument("--port", help="only this captured port (default: every one)")
     s.add_argument("--top", type=int, default=10, help="flows listed per port (by bytes)")
     s.add_argument("--plot", action="store_true", help="also draw per-flow rates over time, stacked, per port")
@@ -431,14 +581,14 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Print a paper's tables (markdown) from run or sweep directories; "
                                    "--plots DIR also draws its figures. 'testbed report PAPER --help' "
                                    "lists the paper's own options.")
-    s.add_argument("paper", metavar="PAPER", help=f"one of {', '.join(REPORTS)}")
+    s.add_argument("paper", metavar="PAPER", help=f"one of {', '.join(REPORTS)}").completer = ChoicesCompleter(REPORTS)
     s.add_argument("args", nargs=argparse.REMAINDER, metavar="RUN_OR_SWEEP... [--plots DIR] [OPTIONS]",
                    help="run or sweep directories, then options (e.g. phub's --baseline, pipe_sgd's --alpha-us)")
     s.set_defaults(fn=_cmd_report)
     s = sub.add_parser("reproduce", help="the papers' figures and tables: --list shows each one's spec, run time "
                                          "and reproduction status; ID runs one and compares it with the paper")
     s.add_argument("id", nargs="?", metavar="ID", help="a figure or table to run, e.g. p3.fig7c: its spec, then its "
-                                                       "report beside the paper's values")
+                                                       "report beside the paper's values").completer = _entry_ids
     s.add_argument("--list", action="store_true", help="list every figure and table of the five papers' evaluations")
     mode = s.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="run the entry's reduced version (a few minutes)")
@@ -473,13 +623,33 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--threads", type=int, default=1,
                    help="torch threads for --host (default 1, as the runtime's processes)")
     s.set_defaults(fn=_cmd_profile)
+    s = sub.add_parser("schema", help="print the experiment spec's JSON Schema (what editors check specs with; "
+                                      "committed as testbed/data/spec.schema.json)")
+    s.set_defaults(fn=_cmd_schema)
+    s = sub.add_parser("completion", help="print shell code that completes testbed's commands, options and --set "
+                                          "paths: eval \"$(testbed completion)\" in ~/.bashrc")
+    s.add_argument("--shell", choices=SHELLS, help="default: the login shell ($SHELL) if one of these, else bash")
+    s.set_defaults(fn=_cmd_completion)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run the command ``argv`` (default: ``sys.argv[1:]``); returns the exit status (see the
+    module doc). Under shell completion (argcomplete's environment) it prints the completions
+    and exits instead.
+
+    Raises:
+        SystemExit: bad command-line syntax (status 2, argparse's usage message), ``--help``
+            and ``--version`` (status 0).
+    """
+    parser = build_parser()
+    argcomplete.autocomplete(parser)
+    args = parser.parse_args(argv)
     try:
         return args.fn(args)
+    except RunFailed as e:
+        print(f"testbed: error: {e}", file=sys.stderr)
+        return 1
     except TestbedError as e:
         print(f"testbed: error: {e}", file=sys.stderr)
         return 2

@@ -1,28 +1,43 @@
-"""What a run shows while it runs: its phase, then a bar of iterations with the live
-samples/s and the busiest link's utilization.
+"""What a run shows while it runs: its phase, then its iterations with the live samples/s
+and the busiest link's utilization; a sweep's points; with ``-v``, the harness's log.
 
 Phases: ``building network``, ``starting N processes``, ``training``, ``analysing``,
-``tearing down``. While training, the bar counts global iterations (the fewest any worker
+``tearing down``. While training, the count is of global iterations (the fewest any worker
 has finished) from the ``iteration`` events the processes already write
 (``events/<worker>.jsonl``, read incrementally), the samples/s of the last iterations (in
 the emulated network's time: real time divided by ``scale``), and the busiest switch port's
 transmit rate as a share of the rate shaped on its link (psutil's interface counters of the
-root namespace, where the switch ports are). Nothing is shown under ``--quiet`` or when
-stderr is not a terminal; the display reads files and counters once a second and never
-affects the run.
+root namespace, where the switch ports are).
+
+On a terminal (stderr a TTY) this is a tqdm bar redrawn in place. Elsewhere (``nohup``,
+``| tee``, CI) it is plain lines on stderr, each ``testbed: <run>: <what>``: one per phase,
+one per sweep point, and while training one when the count has moved, at most every
+:data:`LINE_PERIOD_S` seconds. Nothing is shown under ``--quiet``. The display reads files
+and counters once a second and never affects the run.
 """
 from __future__ import annotations
 
 import json
+import logging
 import re
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
 from tqdm import tqdm
 
-__all__ = ["RunProgress", "EventTail"]
+__all__ = ["RunProgress", "SweepProgress", "EventTail", "LINE_PERIOD_S", "say", "echo_log"]
+
+#: without a terminal, the least time between two lines of a run's iteration count, seconds
+LINE_PERIOD_S = 10.0
+
+
+def say(text: str) -> None:
+    """One plain progress line on stderr (``testbed: <text>``), written between tqdm's bars."""
+    tqdm.write(f"testbed: {text}", file=sys.stderr)
+    sys.stderr.flush()
 
 
 class EventTail:
@@ -79,18 +94,20 @@ class EventTail:
 
 
 class RunProgress:
-    """The live display of one run (a no-op when ``enabled`` is false).
+    """The live display of one run (a no-op when ``enabled`` is false): a tqdm bar when stderr
+    is a terminal (:attr:`terminal`), else plain lines (see the module doc).
 
     Args:
-        enabled: show anything at all (false under ``--quiet`` or without a terminal).
-        label: what the bar is named (the run directory's name).
+        enabled: show anything at all (false under ``--quiet``).
+        label: what the bar or the lines are named (the run directory's name).
         iterations: iterations each worker runs (the bar's total).
         scale: the run's time dilation (rates are shown in emulated time).
         position: the bar's line (1 under a sweep's bar).
     """
 
     def __init__(self, enabled: bool, label: str, iterations: int, scale: float = 1.0, position: int = 0):
-        self.enabled = enabled and sys.stderr.isatty()
+        self.enabled = enabled
+        self.terminal = sys.stderr.isatty()
         self.label, self.iterations, self.scale, self.position = label, iterations, scale, position
         self.bar: tqdm | None = None
         self._tail: EventTail | None = None
@@ -98,10 +115,14 @@ class RunProgress:
         self._ports: dict[str, float] = {}  # switch port -> shaped rate, bit/s
         self._last_counters: tuple[float, dict] | None = None
         self._next_poll = 0.0
+        self._line_at: tuple[float, int] = (0.0, 0)  # (monotonic s, count) of the last iteration line
 
     def phase(self, text: str) -> None:
         """Show the current phase."""
         if not self.enabled:
+            return
+        if not self.terminal:
+            say(f"{self.label}: {text}")
             return
         if self.bar is None:
             self.bar = tqdm(total=self.iterations, desc=self.label, unit="it", position=self.position,
@@ -109,8 +130,8 @@ class RunProgress:
         self.bar.set_postfix_str(text)
 
     def training(self, run_dir: Path, workers: list[str], topology: dict) -> None:
-        """Switch to the iteration bar: ``workers`` are the worker process names, ``topology``
-        the run's ``topology.json`` (switch ports and their shaped rates)."""
+        """Switch to the iteration count: ``workers`` are the worker process names,
+        ``topology`` the run's ``topology.json`` (switch ports and their shaped rates)."""
         if not self.enabled:
             return
         self._tail = EventTail(Path(run_dir) / "events", workers, kinds=("iteration",))
@@ -121,6 +142,10 @@ class RunProgress:
             for end in ("1", "2"):
                 if link.get(f"node{end}") in switches and rate > 0:
                     self._ports[link[f"intf{end}"]] = rate
+        if not self.terminal:
+            self._line_at = (time.monotonic(), 0)
+            say(f"{self.label}: training ({self.iterations} iterations)")
+            return
         if self.bar is not None:
             self.bar.close()
         self.bar = tqdm(total=self.iterations, desc=self.label, unit="it", position=self.position,
@@ -128,10 +153,25 @@ class RunProgress:
         self.bar.set_postfix_str("training")
 
     def poll(self) -> None:
-        """Read what is new (at most once a second) and redraw."""
+        """Read what is new (at most once a second) and redraw the bar, or, without a
+        terminal, write a line when the count has moved and :data:`LINE_PERIOD_S` has passed
+        since the last one."""
         if not self.enabled or self._tail is None or time.monotonic() < self._next_poll:
             return
         self._next_poll = time.monotonic() + 1.0
+        done, parts = self._read()
+        if not self.terminal:
+            at, count = self._line_at
+            if done > count and time.monotonic() - at >= LINE_PERIOD_S:
+                self._line_at = (time.monotonic(), done)
+                say(f"{self.label}: iteration {done}/{self.iterations}" + "".join(f", {p}" for p in parts))
+            return
+        self.bar.n = done
+        self.bar.set_postfix_str(", ".join(parts) or "training", refresh=False)
+        self.bar.refresh()
+
+    def _read(self) -> tuple[int, list[str]]:
+        """The global iterations done and the figures to show (samples/s, busiest link)."""
         for ev in self._tail.read():
             if ev.get("kind") == "iteration" and ev.get("proc") in self._done:
                 self._done[ev["proc"]].append((ev["ts"] + ev.get("dur", 0.0), ev.get("samples") or 0))
@@ -146,9 +186,7 @@ class RunProgress:
         busiest = self._busiest_port()
         if busiest:
             parts.append(f"busiest link {busiest[0]} {busiest[1]:.0%}")
-        self.bar.n = done
-        self.bar.set_postfix_str(", ".join(parts) or "training", refresh=False)
-        self.bar.refresh()
+        return done, parts
 
     def _busiest_port(self) -> tuple[str, float] | None:
         if not self._ports:
@@ -168,3 +206,60 @@ class RunProgress:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+class SweepProgress:
+    """A sweep's display: a bar of its points on a terminal, else a line on stderr per point
+    as it starts (``testbed: sweep <name>: point 2/6: <label>``); each point's result line
+    goes to stdout as it ends.
+
+    Args:
+        enabled: show anything at all (false under ``--quiet``).
+        name: the sweep directory's name.
+        total: the number of points.
+    """
+
+    def __init__(self, enabled: bool, name: str, total: int):
+        self.enabled, self.name, self.total = enabled, name, total
+        self.terminal = sys.stderr.isatty()
+        self.bar = tqdm(total=total, desc=f"sweep {name}", unit="run", disable=not (enabled and self.terminal))
+
+    def start(self, index: int, label: str) -> None:
+        """Point ``index`` (from 0), labelled ``label``, starts."""
+        if self.enabled and not self.terminal:
+            say(f"sweep {self.name}: point {index + 1}/{self.total}: {label}")
+        self.bar.set_postfix_str(label)
+
+    def end(self, line: str) -> None:
+        """The point that started last ended; ``line`` is its result (:func:`testbed.runner.one_line`)."""
+        self.bar.update()
+        if self.enabled:
+            tqdm.write(line)  # on stdout (below the bars), as the table that follows the sweep
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+class _TqdmStderr(logging.Handler):
+    """A log handler that writes each record as a line on stderr through ``tqdm.write`` (the
+    bars are redrawn below it)."""
+
+    def emit(self, record):
+        try:
+            tqdm.write(self.format(record), file=sys.stderr)
+        except Exception:  # noqa: BLE001 - logging's own rule: a handler never raises
+            self.handleError(record)
+
+
+@contextmanager
+def echo_log(logger: str = "testbed"):
+    """While inside, every record of ``logger`` (the harness's: what ``logs/harness.log`` gets)
+    is also written to stderr, ``testbed: LEVEL message`` (``testbed run -v``)."""
+    handler = _TqdmStderr()
+    handler.setFormatter(logging.Formatter("testbed: %(levelname)s %(message)s"))
+    lg = logging.getLogger(logger)
+    lg.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        lg.removeHandler(handler)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import sys
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -32,7 +31,6 @@ from typing import Callable
 
 import pandas as pd
 from mininet.log import StreamHandlerNoNewline
-from tqdm import tqdm
 
 from analysis.metrics import summarize
 from common.errors import FieldError, MissingRequirement, SpecError, TestbedError
@@ -44,7 +42,7 @@ from testbed.clean import sweep_dead_runs
 from testbed.ledger import Ledger, NetworkLock
 from testbed.lifetime import MISSING_HIERARCHY, process_hierarchy
 from testbed.network import preflight as network_preflight
-from testbed.progress import RunProgress
+from testbed.progress import RunProgress, SweepProgress
 from testbed.site import log_leftovers, open_site
 from testbed.site.local import forks
 from testbed.spec import AUTO, Experiment, expand_sweep, with_scale, write_spec
@@ -521,14 +519,14 @@ def _run_points(exp: Experiment, points: list[tuple[dict, Experiment]], progress
     except OSError as e:
         raise TestbedError(f"cannot write {sweep_dir / 'sweep.yaml'}: {e.strerror or e}") from None
     results, rows = [], []
-    bar = tqdm(points, desc=f"sweep {sweep_dir.name}", unit="run", disable=not progress or not sys.stderr.isatty())
+    shown = SweepProgress(progress, sweep_dir.name, len(points))
     # One zygote for the whole sweep: torch's import and the warm-up (2.3 s) are paid once,
     # not at every point. Its stdin is this process's pipe: if the harness dies, it exits.
     zygote = launch.Zygote().start() if any(forks(e) for _, e in points) else None
     try:
-        for i, (point, e) in enumerate(bar):
+        for i, (point, e) in enumerate(points):
             label = point_label(point)
-            bar.set_postfix_str(label)
+            shown.start(i, label)
             run_id = f"{i:03d}_{_safe(label)}"
             res = run_one(e, sweep_dir, run_id, zygote=zygote,
                           progress=RunProgress(progress, run_id, e.workload.iterations, e.scale, position=1))
@@ -539,9 +537,9 @@ def _run_points(exp: Experiment, points: list[tuple[dict, Experiment]], progress
                 pd.DataFrame(rows).to_csv(sweep_dir / "sweep.csv", index=False)
             except OSError as e:  # e.g. a full disk: the runs' own directories say the rest
                 log.warning("could not write %s: %s", sweep_dir / "sweep.csv", e)
-            if progress:
-                tqdm.write(one_line(res))
+            shown.end(one_line(res))
     finally:
+        shown.close()
         if zygote is not None:
             zygote.close()
     return results

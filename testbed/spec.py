@@ -29,8 +29,8 @@ from common.errors import FieldError, SpecError, TestbedError, show_value
 from common.provenance import Provenance
 from testbed.background import BASE_PORT, IPERF3_MAX_TIME_S, IPERF3_MIN_RATE_BPS, MAX_FLOWS
 from topologies.spec import MAX_HOSTS, MAX_INTERFACES, MAX_RATE_MBPS, TopologySpec
-from common.validation import (SAFE_LABEL_ALLOWED, SAFE_NAME_ALLOWED, SpecModel, check_depth, field_errors,
-                                   is_safe_label, is_safe_name, load_yaml, safe_name, to_safe_name)
+from common.validation import (SAFE_LABEL_ALLOWED, SAFE_NAME_ALLOWED, SpecFileError, SpecModel, check_depth,
+                               field_errors, is_safe_label, is_safe_name, load_yaml, safe_name, to_safe_name)
 from traffic import rundir
 from traffic.hostmodel import HostSpec
 from traffic.event_spec import ScheduledEvent, event_errors
@@ -517,8 +517,8 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> Experimen
     ``my-spec``).
 
     Raises:
-        SpecError: the file is missing or unreadable, is not YAML (or not UTF-8), a key is
-            given twice in a mapping (named by its dotted path, with both lines and the file:
+        SpecError: the file is missing or unreadable, is not YAML (:class:`~common.validation.SpecFileError`,
+            naming the file, line and column) or not UTF-8, a key is given twice in a mapping (named by its dotted path, with both lines and the file:
             :class:`~common.validation.DuplicateKeyError`), or fields are malformed.
     """
     p = Path(path)
@@ -533,7 +533,7 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> Experimen
     except SpecError:
         raise
     except yaml.YAMLError as e:
-        raise SpecError("<file>", str(path), f"valid YAML ({e})") from None
+        raise SpecFileError(str(path), e) from None
     data = {} if data is None else data
     if isinstance(data, dict) and "name" not in data:
         data["name"] = to_safe_name(p.stem)

@@ -14,7 +14,7 @@ def write_iterations(path, proc, ends, samples=32):
 def test_global_iterations_and_samples_per_s_in_emulated_time(tmp_path):
     (tmp_path / "events").mkdir()
     p = RunProgress(True, "run", iterations=20, scale=2.0)
-    p.enabled = True  # (stderr is not a terminal under pytest)
+    p.terminal = True  # the bar (stderr is not a terminal under pytest)
     p.phase("building network")
     p.training(tmp_path, ["worker0", "worker1"], {"switches": [{"name": "tor1"}], "links": []})
     write_iterations(tmp_path / "events" / "worker0.jsonl", "worker0", [10, 12, 14, 16])

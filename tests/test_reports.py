@@ -656,6 +656,9 @@ def test_ls_and_show_flag_a_host_cost_overrun(tmp_path, capsys):
     assert lines["over"].endswith("12.5 samples/s  [host-cost overrun]")
     assert lines["clean"].endswith("20.0 samples/s")
     assert cli_main(["show", str(over)]) == 0
+    header, _, row = capsys.readouterr().out.splitlines()[:3]
+    assert header.split()[-1] == "flags" and row.endswith("host-cost overrun")
+    assert cli_main(["show", str(over), "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["fidelity"] == fidelity and shown["host_costs"]["aggregate"]["overruns"] == 2
 

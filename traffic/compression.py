@@ -27,6 +27,7 @@ import sys
 import torch
 
 from common.errors import SpecError
+from common.validation import one_of
 
 __all__ = ["Codec", "Identity", "Truncation", "Quantization", "CODECS", "make_codec"]
 
@@ -188,5 +189,5 @@ def make_codec(name: str, field: str = "workload.options.compression") -> Codec:
         SpecError: unknown ``name`` (naming ``field`` and the names allowed).
     """
     if name not in CODECS:
-        raise SpecError(field, name, "one of " + ", ".join(CODECS))
+        raise SpecError(field, name, one_of(name, CODECS))
     return CODECS[name]()

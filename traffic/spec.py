@@ -13,9 +13,10 @@ from typing import Any, Literal, Optional
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from common.errors import FieldError, SpecError, TestbedError
-from common.validation import SpecModel
+from common.validation import SpecModel, did_you_mean, one_of
 from traffic import schemes
 from traffic.data import available_datasets
+from traffic.launchers import launcher_refusal
 from traffic.models import available_models
 from traffic.compute_profiles import load_profile
 
@@ -172,7 +173,9 @@ class ProgramSpec(SpecModel):
     """
     command: list[str] = Field(min_length=1)
     """The command line, e.g. ``[python, train.py, --epochs, "1"]``; ``python`` is the
-    testbed's interpreter (the one with torch)."""
+    testbed's interpreter (the one with torch). Not a distributed launcher (``torchrun``,
+    ``python -m torch.distributed.run``, ``accelerate launch``): the testbed is the launcher
+    (:mod:`traffic.launchers`)."""
     processes_per_host: int = Field(1, ge=1, le=64)
     """Processes started on each worker host (``LOCAL_WORLD_SIZE``)."""
     cwd: Optional[str] = None
@@ -187,6 +190,9 @@ class ProgramSpec(SpecModel):
     def _command(cls, v):
         if any(not a for a in v[:1]):
             raise ValueError("a non-empty program name first")
+        refusal = launcher_refusal(v)  # torchrun & co.: the testbed is the launcher
+        if refusal:
+            raise ValueError(refusal)
         return v
 
     def cross_errors(self, prefix: str = "workload.program") -> list[FieldError]:
@@ -280,14 +286,14 @@ class WorkloadSpec(SpecModel):
     @classmethod
     def _model(cls, v):
         if v not in available_models():
-            raise ValueError("one of " + ", ".join(available_models()))
+            raise ValueError(one_of(v, available_models()))
         return v
 
     @field_validator("dataset")
     @classmethod
     def _dataset(cls, v):
         if v not in available_datasets():
-            raise ValueError("one of " + ", ".join(available_datasets()))
+            raise ValueError(one_of(v, available_datasets()))
         return v
 
     def cross_errors(self, prefix: str = "workload") -> list[FieldError]:
@@ -331,7 +337,8 @@ def _scheme_not_found(name: str, e: Exception) -> str:
     if isinstance(e, TestbedError):
         return str(e)
     return (f"one of {', '.join(schemes.available())}, a package.module:ClassName or an entry point "
-            f"of the group {schemes.ENTRY_POINT_GROUP} (cannot import {name!r}: {type(e).__name__}: {e})")
+            f"of the group {schemes.ENTRY_POINT_GROUP} (cannot import {name!r}: {type(e).__name__}: {e})"
+            f"{did_you_mean(name, schemes.available())}")
 
 
 def option_errors(raw_workload: Any) -> list[FieldError]:

@@ -20,6 +20,7 @@ import importlib.metadata
 import pkgutil
 
 from common.errors import TestbedError
+from common.validation import did_you_mean
 from topologies.hosts import HostInfo, HostRequest
 from traffic.schemes.base import ProcessPlan, Scheme, SchemeOptions
 
@@ -102,7 +103,7 @@ def get(name: str) -> type[Scheme]:
         except ImportError as e:
             raise SchemeNotFound(f"entry point {name!r} of {ENTRY_POINT_GROUP} failed to load: {e}") from None
     raise SchemeNotFound(f"one of {', '.join(available())}, a package.module:ClassName, "
-                         f"or an entry point of the group {ENTRY_POINT_GROUP}")
+                         f"or an entry point of the group {ENTRY_POINT_GROUP}{did_you_mean(name, available())}")
 
 
 def _checked(cls, name: str) -> type[Scheme]:
