@@ -3,10 +3,11 @@
 For every finished run directory (``spec.yaml``, ``iterations.csv``, ``traces/cpu.csv``,
 ``summary.json`` with status ``ok``) under the given roots, prints the busy cores the run
 measured during training and the CPU estimate of :func:`testbed.capacity.estimate` for its
-spec (its own ``scale``) with three versions of the shipped cost model
-(``testbed/data/machine_costs.yaml``): ``old``, without any per-message term
+spec (its own ``scale``) with three versions of the cost model in use
+(:func:`testbed.machine_costs.costs_path`: ``$TESTBED_MACHINE_COSTS``, the user's, else the
+shipped ``testbed/data/machine_costs.yaml``): ``old``, without any per-message term
 (``runtime_message_cpu_s`` = 0 and no scheme's ``<scheme>_message_cpu_s``); ``rt``, with the
-runtime's per-message term only (no scheme's own); ``new``, the model as shipped (the
+runtime's per-message term only (no scheme's own); ``new``, the model as it is (the
 runtime's term plus the scheme's own, :func:`testbed.capacity.scheme_message_key`); and the
 ratios measured / estimate.
 

@@ -19,14 +19,14 @@ import subprocess
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import psutil
 import yaml
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["PROVENANCE_FILE", "PROJECT_DIR", "DISTRIBUTION", "Machine", "Provenance", "changes_digest", "collect", "cpu_model",
-           "distribution_version", "source_revision"]
+__all__ = ["PROVENANCE_FILE", "PROJECT_DIR", "DISTRIBUTION", "CostModelSource", "Machine", "Provenance",
+           "changes_digest", "collect", "cpu_model", "distribution_version", "source_revision"]
 
 #: the file a run directory records its provenance in
 PROVENANCE_FILE = "provenance.json"
@@ -59,6 +59,17 @@ class Machine(_Record):
     """``platform.machine()`` (``x86_64``, ``aarch64``)."""
 
 
+class CostModelSource(_Record):
+    """The machine cost model a run's capacity check and ``scale: auto`` read
+    (:mod:`testbed.machine_costs`)."""
+    path: Optional[str] = None
+    """The file: ``$TESTBED_MACHINE_COSTS``, the user's, or the one shipped with the package."""
+    measured_on: Optional[dict[str, Any]] = None
+    """The machine the file says measured it, as the file records it (its ``machine`` section:
+    ``cores``, ``cpu``, ``memory_total_bytes``, ``kernel``, ``date``); None when the file
+    cannot be read."""
+
+
 class Provenance(_Record):
     """The code, software and machine of one run, and when and how it was started. A value
     that cannot be found is None, never an error."""
@@ -82,6 +93,9 @@ class Provenance(_Record):
     """When the run started, UTC, ISO 8601 (``2026-11-23T04:25:36.123456+00:00``)."""
     argv: Optional[list[str]] = None
     """The harness's full command line (``sys.argv``)."""
+    cost_model: Optional[CostModelSource] = None
+    """The machine cost model the run's capacity check and ``scale: auto`` used; None for a
+    run that reads none (a loopback run)."""
 
     def dump(self) -> dict:
         """The JSON document (every key, unknown ones included)."""
@@ -172,12 +186,14 @@ def _machine() -> Machine:
                    arch=platform.machine())
 
 
-def collect(argv: list[str] | None = None, started_at: datetime | None = None) -> Provenance:
+def collect(argv: list[str] | None = None, started_at: datetime | None = None,
+            cost_model: CostModelSource | None = None) -> Provenance:
     """The provenance of a run starting now, on this machine.
 
     Args:
         argv: the command line to record (default ``sys.argv``).
         started_at: the start time (default now); a naive datetime is taken as UTC.
+        cost_model: the machine cost model the run uses (None: it uses none).
 
     Returns:
         Every field set (None where a value cannot be found). Runs ``git`` twice or three
@@ -192,4 +208,4 @@ def collect(argv: list[str] | None = None, started_at: datetime | None = None) -
                       python=platform.python_version(), torch=distribution_version("torch"),
                       mininet=distribution_version("mininet"), kernel=platform.release(), machine=_machine(),
                       started_at=when.astimezone(timezone.utc).isoformat(),
-                      argv=list(sys.argv if argv is None else argv))
+                      argv=list(sys.argv if argv is None else argv), cost_model=cost_model)

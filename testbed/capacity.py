@@ -2,8 +2,11 @@
 
 From a point's hosts, processes, model and ``scale`` this module estimates the memory and
 the CPU the run needs on this machine, with a cost model *measured on it*
-(``testbed/data/machine_costs.yaml``, written by ``benchmarks/machine_costs.py``; every value
-carries its unit and the command, date and machine that measured it). :func:`check` refuses
+(:mod:`testbed.machine_costs`: written by ``testbed profile --machine``; read from
+``$TESTBED_MACHINE_COSTS``, else the user's file, else the one shipped with the package,
+``testbed/data/machine_costs.yaml``, measured on the development machine; every value carries
+its unit and the command, date and machine that measured it; one measured on another machine
+is flagged). :func:`check` refuses
 a point whose memory estimate exceeds the memory the machine has available
 (:class:`~common.errors.CapacityError`, unless ``run.force: true``) and warns where the
 run's fidelity will suffer: when the CPU estimate at the spec's ``scale`` leaves less than
@@ -61,7 +64,7 @@ CPU (busy cores), an upper bound:
   scheme's own ``<scheme>_message_cpu_s`` (:func:`scheme_message_key`: what a loopback run
   of that scheme spends per message beyond every other term of this model -- the transport's
   per-message and per-byte CPU, ``runtime_user_cpu_s_per_byte`` and the waiting processes;
-  measured for the built-in schemes by ``benchmarks/machine_costs.py --only scheme``, floored
+  measured for the built-in schemes by ``testbed profile --machine`` (step ``scheme``), floored
   at 0). The key is optional: a scheme without it -- one a researcher adds, or ``program``,
   which does not run the runtime -- adds 0 beyond ``runtime_message_cpu_s``. Both are listed
   together as ``messages`` in :attr:`Estimate.cpu_breakdown`.
@@ -99,16 +102,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Iterable, Sequence
 
-import psutil
-import yaml
-
 from analysis.metrics import CPU_IDLE_RULE, MIN_IDLE_PCT
+from testbed.machine_costs import (COST_KEYS, COSTS_PATH, SCHEME_MESSAGE_UNIT, Cost, CostModel, Machine,
+                                   scheme_message_key)
 from testbed.spec import AUTO, Experiment
 from common.errors import CapacityError
-from common.validation import load_yaml
 from topologies.hosts import HostInfo
 from traffic.models import model_info
 from traffic.schemes import ProcessPlan
@@ -117,164 +117,10 @@ from traffic.schemes import get as get_scheme
 __all__ = ["COST_KEYS", "COSTS_PATH", "SCHEME_MESSAGE_UNIT", "Cost", "CostModel", "Machine", "Estimate", "estimate",
            "auto_scale", "check", "describe", "scheme_message_key", "CapacityError"]
 
-#: the measured cost model shipped with the package
-COSTS_PATH = Path(__file__).resolve().parent / "data" / "machine_costs.yaml"
-
 GIB = 1024 ** 3
-
-#: every value of the cost model: key -> (unit, what it is)
-COST_KEYS: dict[str, tuple[str, str]] = {
-    "process_uss_bytes": ("bytes", "USS of a process that imported torch and the project, idle (reference)"),
-    "process_pss_bytes": ("bytes", "PSS of the same process with 3 such processes alive (reference)"),
-    "process_shared_bytes": ("bytes", "RSS - USS of that process: library pages every process maps, resident once"),
-    "zygote_bytes": ("bytes", "RSS of the zygote: pages every process it forks shares, resident once"),
-    "worker_base_uss_bytes": ("bytes", "USS of a running worker at zero model size, forked by the zygote "
-                              "(schemes without their own figures: the larger of the measured schemes')"),
-    "worker_exec_base_uss_bytes": ("bytes", "the same for a worker started with exec"),
-    "worker_bytes_per_param_byte": ("bytes/byte", "a worker's USS per byte of model parameters"),
-    "ps_worker_base_uss_bytes": ("bytes", "worker_base_uss_bytes of scheme ps"),
-    "ps_worker_exec_base_uss_bytes": ("bytes", "worker_exec_base_uss_bytes of scheme ps"),
-    "ps_worker_bytes_per_param_byte": ("bytes/byte", "worker_bytes_per_param_byte of scheme ps"),
-    "allreduce_worker_base_uss_bytes": ("bytes", "worker_base_uss_bytes of scheme allreduce"),
-    "allreduce_worker_exec_base_uss_bytes": ("bytes", "worker_exec_base_uss_bytes of scheme allreduce"),
-    "allreduce_worker_bytes_per_param_byte": ("bytes/byte", "worker_bytes_per_param_byte of scheme allreduce"),
-    "server_base_uss_bytes": ("bytes", "USS of a running parameter server at zero model size, forked"),
-    "server_exec_base_uss_bytes": ("bytes", "the same for a server started with exec"),
-    "server_bytes_per_param_byte": ("bytes/byte", "a server's USS per byte of parameters it holds"),
-    "real_compute_worker_bytes": ("bytes", "extra USS of a worker in compute.mode real over emulated"),
-    "harness_uss_bytes": ("bytes", "USS of the harness process after importing testbed.cli"),
-    "bwm_ng_uss_bytes": ("bytes", "USS of bwm-ng while it samples"),
-    "network_host_bytes": ("bytes", "memory per Mininet host with one shaped link"),
-    "network_link_bytes": ("bytes", "memory per further shaped link of a host"),
-    "process_idle_cores": ("cores", "CPU of a runtime process waiting (emulated compute, small messages)"),
-    "runtime_user_cpu_s_per_byte": ("cpu-s/byte", "runtime processes' user CPU per byte they send"),
-    "runtime_message_cpu_s": ("cpu-s/message", "runtime CPU per point-to-point message, sender and receiver "
-                              "together (Transport over gloo, no emulated per-message cost)"),
-    "path_cpu_s_per_byte": ("cpu-s/byte", "busy CPU per byte between two namespaces over one htb-shaped bridge"),
-    "extra_bridge_cpu_s_per_byte": ("cpu-s/byte", "busy CPU per byte for each further bridge of a path"),
-    "bwm_ng_cpu_s_per_sample": ("cpu-s/sample", "bwm-ng CPU per sample, fixed part"),
-    "bwm_ng_cpu_s_per_sample_port": ("cpu-s/sample/port", "bwm-ng CPU per sample per switch port"),
-    "qdisc_cpu_s_per_sample": ("cpu-s/sample", "the harness's qdisc sampler CPU per sample, fixed part"),
-    "qdisc_cpu_s_per_sample_port": ("cpu-s/sample/port", "the qdisc sampler CPU per sample per switch port"),
-    "cpu_sampler_cpu_s_per_sample": ("cpu-s/sample", "the harness's CPU sampler CPU per sample"),
-}
-
-#: unit of a scheme's own CPU per message (:func:`scheme_message_key`)
-SCHEME_MESSAGE_UNIT = "cpu-s/message"
-
-
-def scheme_message_key(scheme: str) -> str:
-    """The cost-model key of scheme ``scheme``'s own CPU per message beyond the runtime's
-    (``<scheme>_message_cpu_s``, unit :data:`SCHEME_MESSAGE_UNIT`). Optional: a scheme
-    without it (one a researcher adds, or one not measured) adds nothing per message beyond
-    ``runtime_message_cpu_s``."""
-    return f"{scheme}_message_cpu_s"
-
-
-def _is_scheme_message_key(key: str) -> bool:
-    return key.endswith("_message_cpu_s") and key not in COST_KEYS and key != "_message_cpu_s"
-
 
 #: fraction of the cores that may be busy (Mininet-HiFi keeps >= 35 % idle)
 BUSY_FRACTION = 1.0 - MIN_IDLE_PCT / 100.0
-
-
-@dataclass(frozen=True)
-class Cost:
-    """One measured value: ``value`` in ``unit``, and ``source``: the command that measured it,
-    the date and the machine (cores, RAM, kernel)."""
-    value: float
-    unit: str
-    source: str
-
-
-class CostModel:
-    """The measured costs of this machine (:data:`COST_KEYS`), read from a YAML file::
-
-        machine: {cores: 2, memory_total_bytes: ..., kernel: ..., cpu: ..., date: ...}
-        values:
-          process_uss_bytes: {value: 1.9e8, unit: bytes, source: "python benchmarks/machine_costs.py ..."}
-          ...
-
-    Besides :data:`COST_KEYS` (all required) it may hold each scheme's own CPU per message,
-    ``<scheme>_message_cpu_s`` (:func:`scheme_message_key`; unit ``cpu-s/message``), which
-    is optional: a scheme without it adds nothing beyond ``runtime_message_cpu_s``.
-
-    ``model[key]`` is the value of ``key``; ``model.costs[key]`` the :class:`Cost`;
-    ``model.machine`` the machine that measured them.
-    """
-
-    def __init__(self, costs: dict[str, Cost], machine: dict, path: str | Path = "<memory>"):
-        self.costs = dict(costs)
-        self.machine = dict(machine)
-        self.path = str(path)
-
-    def __getitem__(self, key: str) -> float:
-        return self.costs[key].value
-
-    def scheme_message_cpu_s(self, scheme: str) -> float:
-        """Scheme ``scheme``'s own CPU per message beyond the runtime's (cpu-s/message): the
-        value of :func:`scheme_message_key`, 0.0 when the model has none for it."""
-        c = self.costs.get(scheme_message_key(scheme))
-        return c.value if c is not None else 0.0
-
-    @classmethod
-    def load(cls, path: str | Path | None = None) -> "CostModel":
-        """Read and check a cost model (default :data:`COSTS_PATH`).
-
-        Raises:
-            CapacityError: the file is missing or unreadable, not YAML, or a value of
-                :data:`COST_KEYS` is missing, not a finite number, in another unit or without
-                a source, or a scheme's ``<scheme>_message_cpu_s`` that is present is not a
-                finite number >= 0, in another unit or without a source; the message names
-                the file, the key and the remedy (measure this machine with
-                ``benchmarks/machine_costs.py``).
-        """
-        path = Path(path) if path is not None else COSTS_PATH
-        remedy = f"measure this machine: python benchmarks/machine_costs.py <new file>, then move it to {path}"
-        try:
-            doc = load_yaml(path.read_text(), source=str(path))
-        except (OSError, ValueError, yaml.YAMLError) as e:
-            raise CapacityError(f"cannot read the machine cost model {path} ({type(e).__name__}: {e}); {remedy}") \
-                from None
-        if not isinstance(doc, dict) or not isinstance(doc.get("values"), dict):
-            raise CapacityError(f"the machine cost model {path} has no 'values' mapping; {remedy}")
-        costs, bad = {}, []
-        optional = {k: SCHEME_MESSAGE_UNIT for k in doc["values"] if isinstance(k, str) and _is_scheme_message_key(k)}
-        for key, unit in [*((k, u) for k, (u, _) in COST_KEYS.items()), *optional.items()]:
-            v = doc["values"].get(key)
-            if not isinstance(v, dict):
-                bad.append(f"{key}: missing" if v is None else f"{key}: not a mapping of value, unit, source")
-                continue
-            value, got_unit, source = v.get("value"), v.get("unit"), v.get("source")
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                bad.append(f"{key}: value {value!r} is not a finite number")
-            elif key in optional and value < 0:
-                bad.append(f"{key}: value {value!r} is negative")
-            elif got_unit != unit:
-                bad.append(f"{key}: unit {got_unit!r}, expected {unit!r}")
-            elif not isinstance(source, str) or not source.strip():
-                bad.append(f"{key}: no source")
-            else:
-                costs[key] = Cost(float(value), unit, source)
-        if bad:
-            raise CapacityError(f"the machine cost model {path} is incomplete ({'; '.join(bad)}); {remedy}")
-        machine = doc.get("machine") if isinstance(doc.get("machine"), dict) else {}
-        return cls(costs, machine, path)
-
-
-@dataclass(frozen=True)
-class Machine:
-    """What this machine offers: logical cores, total and available memory (bytes)."""
-    cores: int
-    total_bytes: int
-    available_bytes: int
-
-    @classmethod
-    def current(cls) -> "Machine":
-        """This machine now (``psutil.cpu_count()``, ``psutil.virtual_memory()``)."""
-        vm = psutil.virtual_memory()
-        return cls(int(psutil.cpu_count() or 1), int(vm.total), int(vm.available))
 
 
 @dataclass
@@ -338,7 +184,7 @@ def estimate(exp: Experiment, hosts: Sequence[HostInfo], processes: Sequence[Pro
         exp: the point (no sweep): a validated :class:`testbed.spec.Experiment`.
         hosts: the hosts of its network (:func:`testbed.runner.plan_point`, all kinds).
         processes: the scheme's processes on them (:func:`testbed.runner.plan_point`).
-        model: the cost model; default :meth:`CostModel.load` of :data:`COSTS_PATH`.
+        model: the cost model; default :meth:`CostModel.load` (the user's, else the shipped one).
         machine: the machine; default :meth:`Machine.current`.
 
     Returns:
@@ -473,19 +319,6 @@ def _cpu_warning(who: str, exp: Experiment, est: Estimate) -> str:
     return head + fix + " or fewer hosts"
 
 
-def _machine_warning(model: CostModel, machine: Machine) -> str | None:
-    """A line when the cost model was measured on a machine with other cores or memory."""
-    cores, total = model.machine.get("cores"), model.machine.get("memory_total_bytes")
-    if not isinstance(cores, int) or not isinstance(total, (int, float)):
-        return None
-    if cores != machine.cores or abs(total - machine.total_bytes) > 0.1 * machine.total_bytes:
-        return (f"capacity: the cost model {model.path} was measured on a machine with {cores} cores and "
-                f"{_gib(total)} ({model.machine.get('kernel', '?')}); this one has {machine.cores} cores and "
-                f"{_gib(machine.total_bytes)}: estimates are approximate (re-measure with "
-                f"benchmarks/machine_costs.py)")
-    return None
-
-
 def check(points: Iterable[tuple[str, Experiment, Sequence[HostInfo], Sequence[ProcessPlan]]], force: bool = False,
           model: CostModel | None = None, machine: Machine | None = None) -> list[str]:
     """Check every point of a spec against this machine before anything is built.
@@ -510,8 +343,8 @@ def check(points: Iterable[tuple[str, Experiment, Sequence[HostInfo], Sequence[P
     m = model if model is not None else CostModel.load()
     mach = machine if machine is not None else Machine.current()
     warnings, refusals = [], []
-    if (line := _machine_warning(m, mach)) is not None:
-        warnings.append(line)
+    if (line := m.measured_elsewhere(mach)) is not None:
+        warnings.append(f"capacity: {line}")
     for label, exp, hosts, processes in points:
         est = estimate(exp, hosts, processes, model=m, machine=mach)
         who = _who(label, exp)

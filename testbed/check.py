@@ -1,4 +1,5 @@
-"""``testbed check``: what this machine can emulate, with a remedy for each missing piece."""
+"""``testbed check``: what this machine can emulate, with a remedy for each missing piece,
+and whether the machine cost model in use was measured on it."""
 from __future__ import annotations
 
 import functools
@@ -6,6 +7,9 @@ import os
 import shutil
 import uuid
 from dataclasses import dataclass
+
+from common.errors import CapacityError
+from testbed.machine_costs import MEASURE_COMMAND, CostModel, Machine
 
 QDISC_PROBES = {
     # kind: (pyroute2 tc() keyword arguments, what the testbed uses it for)
@@ -54,6 +58,18 @@ def kernel_qdiscs() -> dict[str, bool]:
     return out
 
 
+def cost_model_check(here: Machine | None = None) -> Item:
+    """The machine cost model runs use (:meth:`testbed.machine_costs.CostModel.load`): not ok
+    when it cannot be read; ok otherwise, its detail the file, or the line saying it was
+    measured on another machine than ``here`` (default this one) and the command that measures
+    this one."""
+    try:
+        model = CostModel.load()
+    except CapacityError as e:
+        return Item("cost model", False, str(e), f"{MEASURE_COMMAND} (as root)")
+    return Item("cost model", True, model.measured_elsewhere(here) or f"{model.path} (measured on this machine)")
+
+
 def run_checks() -> list[Item]:
     """Every requirement of the testbed, checked on this machine."""
     items = []
@@ -83,6 +99,7 @@ def run_checks() -> list[Item]:
         items.append(Item("torch", True, torch.__version__))
     except ImportError as e:
         items.append(Item("torch", False, str(e), "pip install torch==2.13.0 (scripts/setup.sh does it)"))
+    items.append(cost_model_check())
     if root:
         qd = kernel_qdiscs()
         for kind, (_, use) in QDISC_PROBES.items():

@@ -22,6 +22,7 @@
     testbed reproduce --scoreboard DIR    REPRODUCTION.md from the marked runs under DIR
     testbed clean                         remove what a killed run left on the machine
     testbed profile MODEL --batch B       measure per-layer forward/backward times here
+    testbed profile --machine [OUT.yaml]  measure this machine's cost model (capacity, scale: auto)
     testbed schema                        the experiment spec's JSON Schema (testbed/data/spec.schema.json)
     testbed completion [--shell SHELL]    shell code that completes testbed's arguments (argcomplete)
 
@@ -41,6 +42,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -54,6 +56,7 @@ from analysis.reproduction import format_list, get_entry, load_catalogue
 from testbed.check import format_checks, run_checks
 from testbed.clean import clean
 from testbed.ledger import live_ledgers
+from testbed.machine_costs import COSTS_ENV, check_target, costs_path, user_costs_path
 from testbed.progress import echo_log
 from testbed.schema import field_paths, schema_text
 from testbed.version import describe
@@ -77,7 +80,7 @@ def _cmd_check(args) -> int:
         return 1 if bad else 0
     items = run_checks()
     print(format_checks(items))
-    essential = {"root", "mnexec", "brctl", "bwm-ng", "tc", "mininet (python)", "torch", "qdisc htb"}
+    essential = {"root", "mnexec", "brctl", "bwm-ng", "tc", "mininet (python)", "torch", "cost model", "qdisc htb"}
     missing = [i.name for i in items if not i.ok and i.name in essential]
     if missing:
         print(f"\ncannot run experiments: missing {', '.join(missing)}")
@@ -487,11 +490,17 @@ def _cmd_clean(args) -> int:
 
 
 def _cmd_profile(args) -> int:
+    if args.host is not None and args.machine is not None:
+        raise TestbedError("--host and --machine measure different things: give one of them")
+    if args.force and args.machine is None:
+        raise TestbedError("--force replaces an existing cost model: it goes with --machine")
+    if args.machine is not None:
+        return _cmd_profile_machine(args)
     if args.host:
         return _cmd_profile_host(args)
     if args.model is None or args.batch is None:
         raise TestbedError("testbed profile needs a model and --batch "
-                           "(or --host OUT.yaml for this machine's host rates)")
+                           "(or --host OUT.yaml for this machine's host rates, or --machine for its cost model)")
     from traffic.compute_profiles import profile_filename  # lazy: torch
     from traffic.compute_profiles.measure import format_table, measure_profile  # lazy: torch
     out = Path(args.out) if args.out else Path.cwd() / profile_filename(args.model, args.device, args.batch)
@@ -516,6 +525,22 @@ def _cmd_profile_host(args) -> int:
         if field != "description":
             print(f"{field:20s} {'null' if v['value'] is None else v['value']}")
     print(f"wrote {write_host_profile(prof, out)}")
+    return 0
+
+
+def _cmd_profile_machine(args) -> int:
+    if args.model is not None or args.batch is not None:
+        raise TestbedError("--machine measures this machine's cost model, not a model: give no model or --batch")
+    out = Path(args.machine).expanduser() if args.machine else user_costs_path()
+    check_target(out, replace=args.force)  # before measuring too, so a long measurement is not wasted
+    from testbed.machine_costs.measure import measure  # lazy: torch, Mininet
+    command = shlex.join(["testbed", "profile", "--machine", str(out)] + (["--force"] if args.force else []))
+    measure(out, command=command, replace=args.force)
+    if out.resolve() == costs_path().resolve():
+        print("testbed run and testbed check use it from now on")
+    else:
+        print(f"testbed run and testbed check use {costs_path()}; to use this file: {COSTS_ENV}={out} (or move it "
+              f"to {user_costs_path()})")
     return 0
 
 
@@ -611,7 +636,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="while a run is live, still remove what dead runs left (never the live run's objects)")
     s.set_defaults(fn=_cmd_clean)
     s = sub.add_parser("profile", help="measure per-layer forward/backward times of a model on this machine "
-                                       "(or, with --host, this machine's host rates)")
+                                       "(or, with --host, this machine's host rates; with --machine, its cost "
+                                       "model)")
     s.add_argument("model", nargs="?", help="registered model name, e.g. digits_mlp")
     s.add_argument("--batch", type=int, help="samples per batch (required with a model)")
     s.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -622,6 +648,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "overhead, aggregation, optimizer, codec) and write them as a host profile (never overwritten)")
     s.add_argument("--threads", type=int, default=1,
                    help="torch threads for --host (default 1, as the runtime's processes)")
+    s.add_argument("--machine", nargs="?", const="", metavar="OUT.yaml",
+                   help="instead of a model: measure this machine's cost model, which the capacity check and scale: "
+                        "auto use (as root: it builds networks); default OUT: $TESTBED_MACHINE_COSTS, "
+                        "else $XDG_CONFIG_HOME/dl-netbed/machine_costs.yaml (~/.config/...)")
+    s.add_argument("--force", action="store_true", help="with --machine: replace an existing OUT once measured")
     s.set_defaults(fn=_cmd_profile)
     s = sub.add_parser("schema", help="print the experiment spec's JSON Schema (what editors check specs with; "
                                       "committed as testbed/data/spec.schema.json)")

@@ -7,7 +7,8 @@ computed on the topology graph), so that a spec that cannot run fails at once wi
 
 One run (docs/architecture.md, "The flow of one run")::
 
-    run dir created (never reused, always inside the runs directory) -> provenance.json, spec.yaml
+    run dir created (never reused, always inside the runs directory) -> provenance.json (with the
+    machine cost model used), spec.yaml
     -> lock + ledger -> site (this machine, or the machines of a cluster: testbed.site)
     -> site.build() -> scheme.plan() -> processes.json -> site.start_capture()
     -> background iperf3 servers -> background clients (each waits its start) + launch.start() -> watch()
@@ -34,7 +35,7 @@ from mininet.log import StreamHandlerNoNewline
 
 from analysis.metrics import summarize
 from common.errors import FieldError, MissingRequirement, SpecError, TestbedError
-from testbed import capacity, event_applier, launch
+from testbed import capacity, event_applier, launch, machine_costs
 from testbed.background import Background
 from testbed.capture import find_bwm_ng
 from testbed.capture.pcap import find_tcpdump, resolve_ports, topo_links
@@ -130,7 +131,7 @@ def run_one(exp: Experiment, parent: Path, run_id: str, exclusive_id: bool = Tru
     if exp.scale == AUTO:  # called directly, not through run_experiment's planning
         exp = plan_experiment(exp)[0].exp
     run_dir = rundir.create(parent, run_id, exclusive_id=exclusive_id)
-    write_spec(run_dir / "spec.yaml", exp, rundir.write_provenance(run_dir))
+    write_spec(run_dir / "spec.yaml", exp, rundir.write_provenance(run_dir, cost_model=machine_costs.in_use()))
     progress = progress or RunProgress(False, run_dir.name, exp.workload.iterations)
     handler = _harness_log(run_dir)
     status, error = "ok", None

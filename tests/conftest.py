@@ -1,4 +1,5 @@
-"""Shared test helpers: one factory of the small loopback experiments the scheme tests run."""
+"""Shared test helpers: one factory of the small loopback experiments the scheme tests run; every
+test reads the shipped machine cost model."""
 from __future__ import annotations
 
 import pytest
@@ -21,6 +22,15 @@ def experiment(scheme: str, *, racks: int = 1, hosts_per_rack: int = 4, timeout_
     w = {"scheme": scheme, "warmup_iterations": 1, "eval_every": 2, "save_params": True, "seed": 3,
          "optimizer": OPTIMIZER, **workload}
     return from_dict({"topology": topology, "workload": w, "run": {"timeout_s": timeout_s}})
+
+
+@pytest.fixture(autouse=True)
+def _shipped_cost_model(monkeypatch, tmp_path_factory):
+    """Every test, and every command it starts, reads the machine cost model shipped with the
+    package (testbed.machine_costs.costs_path), never one of the user's: no
+    ``TESTBED_MACHINE_COSTS``, and a configuration directory without one."""
+    monkeypatch.delenv("TESTBED_MACHINE_COSTS", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.getbasetemp() / "no-config"))
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from testbed import capacity
+from testbed import capacity, machine_costs
 from testbed.capacity import (COST_KEYS, SCHEME_MESSAGE_UNIT, Cost, CostModel, Machine, check, describe, estimate,
                               scheme_message_key)
 from testbed.runner import plan_point
@@ -270,7 +270,7 @@ def test_cost_model_without_the_message_cost_is_refused(tmp_path):
     del doc["values"]["runtime_message_cpu_s"]
     path = tmp_path / "old.yaml"
     path.write_text(yaml.safe_dump(doc))
-    with pytest.raises(CapacityError, match=r"incomplete \(runtime_message_cpu_s: missing\).*machine_costs.py"):
+    with pytest.raises(CapacityError, match=r"incomplete \(runtime_message_cpu_s: missing\).*profile --machine"):
         CostModel.load(path)
 
 
@@ -356,7 +356,7 @@ def test_refusal_reads_available_memory_from_psutil(monkeypatch):
     class VM:
         total, available = 24 * GIB, 64 * MIB
 
-    monkeypatch.setattr(capacity.psutil, "virtual_memory", lambda: VM)
+    monkeypatch.setattr(machine_costs.psutil, "virtual_memory", lambda: VM)
     with pytest.raises(CapacityError, match=r"run 'experiment'.*0\.06 GiB this machine has available"):
         check([("", exp, hosts, procs)], model=synthetic())
 
@@ -391,7 +391,7 @@ def test_shipped_cost_model_loads_with_a_source_for_every_value():
 def test_malformed_cost_model_names_the_key(tmp_path):
     path = tmp_path / "costs.yaml"
     path.write_text("values:\n  process_uss_bytes: {value: 1, unit: MB, source: x}\n")
-    with pytest.raises(CapacityError, match="process_uss_bytes: unit 'MB', expected 'bytes'.*machine_costs.py"):
+    with pytest.raises(CapacityError, match="process_uss_bytes: unit 'MB', expected 'bytes'.*profile --machine"):
         CostModel.load(path)
     with pytest.raises(CapacityError, match="cannot read"):
         CostModel.load(tmp_path / "missing.yaml")
@@ -401,7 +401,9 @@ def test_cost_model_of_another_machine_is_flagged():
     exp, hosts, procs = point({"kind": "rack", "hosts_per_rack": 2}, model="digits_mlp")
     other = Machine(cores=16, total_bytes=128 * GIB, available_bytes=120 * GIB)
     (line,) = check([("", exp, hosts, procs)], model=synthetic(), machine=other)
-    assert "measured on a machine with 2 cores" in line and "this one has 16 cores" in line
+    assert line.startswith("capacity: the cost model <memory> was measured on another machine (2 cores there, 16 here; "
+                           "24.0 GiB there, 128.0 GiB here)") and line.endswith("`testbed profile --machine` (as root)")
+    assert check([("", exp, hosts, procs)], model=synthetic(), machine=MACHINE) == []
 
 
 def test_describe_is_one_line():

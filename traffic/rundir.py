@@ -12,7 +12,8 @@ the 95 % confidence interval of the mean; a file written before version 0.2.0 ha
     spec.yaml            the resolved experiment (every default filled in), headed by the
                          run's provenance as a comment block
     provenance.json      the code, software and machine of the run, when and how it was
-                         started (:class:`common.provenance.Provenance`), written first
+                         started, and the machine cost model its capacity check read
+                         (:class:`common.provenance.Provenance`), written first
     topology.json        the network as built and read back
     processes.json       the launch plan
     events/<proc>.jsonl  per-process events
@@ -199,7 +200,7 @@ from pathlib import Path
 import yaml
 
 from common.errors import TestbedError
-from common.provenance import PROVENANCE_FILE, Provenance, collect
+from common.provenance import PROVENANCE_FILE, CostModelSource, Provenance, collect
 from common.validation import load_yaml
 
 SUBDIRS = ("events", "results", "params", "logs", "traces")
@@ -307,9 +308,10 @@ def write_json(path: str | Path, data) -> None:
         raise
 
 
-def write_provenance(run_dir: str | Path) -> Provenance:
-    """Collect the provenance of a run starting now (:func:`common.provenance.collect`) and
-    write it to ``run_dir/provenance.json`` (:func:`write_json`).
+def write_provenance(run_dir: str | Path, cost_model: CostModelSource | None = None) -> Provenance:
+    """Collect the provenance of a run starting now (:func:`common.provenance.collect`), with
+    the machine cost model it used (``cost_model``, when it used one), and write it to
+    ``run_dir/provenance.json`` (:func:`write_json`).
 
     Returns:
         What was written.
@@ -317,7 +319,7 @@ def write_provenance(run_dir: str | Path) -> Provenance:
     Raises:
         OSError: the file cannot be written.
     """
-    prov = collect()
+    prov = collect(cost_model=cost_model)
     write_json(Path(run_dir) / PROVENANCE_FILE, prov.dump())
     return prov
 
