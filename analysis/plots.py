@@ -693,15 +693,16 @@ def mark_paper(ax, sweeps, y, x=None, inverse: bool = False) -> int:
         label = ratio.label if ratio.label not in styles else "_" + ratio.label
         ls, color = styles.setdefault(ratio.label, PAPER_STYLES[len(styles) % len(PAPER_STYLES)])
         span = xs[run] if xs is not None else None
+        # lines and rectangles (not collections): a legend placed at "best" keeps clear of them
         if lo == hi and span is None:
             ax.axhline(lo, color="black", ls=ls, lw=1.2, label=label)
         elif lo == hi:
-            ax.hlines(lo, *span, color="black", ls=ls, lw=1.6, label=label, zorder=4)
+            ax.plot(list(span), [lo, lo], color="black", ls=ls, lw=1.6, label=label, zorder=4)
         elif span is None:
             ax.axhspan(lo, hi, facecolor=color, alpha=0.25, edgecolor="black", ls=ls, lw=0.8, label=label)
         else:
-            ax.fill_between(list(span), lo, hi, facecolor=color, alpha=0.35, edgecolor="black", ls=ls, lw=0.8,
-                            label=label, zorder=4)
+            ax.add_patch(plt.Rectangle((span[0], lo), span[1] - span[0], hi - lo, facecolor=color, alpha=0.35,
+                                       edgecolor="black", ls=ls, lw=0.8, label=label, zorder=4))
         bottom, top = ax.get_ylim()
         if hi > bottom + 0.85 * (top - bottom):  # room above it for a legend
             ax.set_ylim(bottom, bottom + (hi - bottom) / 0.75)
