@@ -251,20 +251,24 @@ def _plot(paths, out: str | None = None, host: str | None = None, quiet=False, s
           smooth_ms: float | None = None) -> tuple[list[Path], list[Path]]:
     """Draw each run's plots (and, for several runs or with ``out``, their throughput side by
     side); returns the files written and the runs that had nothing to draw (no traces, no
-    iterations). ``span`` and ``smooth_ms``: the rate plots' ``--window`` and ``--smooth-ms``."""
+    iterations and, side by side, no throughput in their summary: a run kept with only its
+    small files still has its bar). ``span`` and ``smooth_ms``: the rate plots' ``--window`` and
+    ``--smooth-ms``."""
     import analysis  # lazy: matplotlib
     from analysis import plots  # lazy: matplotlib
     runs = [analysis.load(p) for p in paths]
     smooth_s = plots.SMOOTH_S if smooth_ms is None else smooth_ms / 1e3
+    side_by_side = len(runs) > 1 or bool(out)
     written, empty = [], []
     for run in runs:
         if not run.traces.empty:
             written.append(plots.plot_interface_rates(run, host=host, smooth_s=smooth_s, span=span))
         if not run.iterations.empty:
             written.append(plots.plot_iteration_times(run))
-        if run.traces.empty and run.iterations.empty:
+        summarized = run.summary is not None and (run.summary.throughput or Throughput()).mean is not None
+        if run.traces.empty and run.iterations.empty and not (side_by_side and summarized):
             empty.append(run.path)
-    if len(runs) > len(empty) and (len(runs) > 1 or out):
+    if len(runs) > len(empty) and side_by_side:
         target = Path(out) if out else Path(paths[0]).parent / "throughput.png"
         written.append(plots.plot_throughput(runs, target))
     if not quiet:

@@ -209,6 +209,16 @@ def test_throughput_bars_coloured_per_variant_with_a_legend(tmp_path, figures):
     assert ticks[0] == "baseline\nhost_bw_mbps=2000"  # one parameter a line
 
 
+def test_testbed_plot_draws_an_archived_sweeps_bars_from_its_small_files(tmp_path, capsys, figures):
+    """Archived runs keep only spec.yaml and summary.json: no rates, no iterations, but the
+    side-by-side chart has what it needs (written where --out says, not into the archive)."""
+    out = tmp_path / "tp.png"
+    assert cli_main(["plot", str(P3_ARCHIVED), "--out", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == f"wrote {out}"
+    ticks = [t.get_text() for t in figures[-1].axes[0].get_xticklabels()]
+    assert ticks == ["baseline", "p3", "baseline-lowat-default", "p3-lowat-default"]
+
+
 def test_error_bars_prefer_the_interval_of_the_mean_then_the_spread():
     df = pd.DataFrame({"samples_per_s": [100.0, 200.0], "samples_per_s_spread95": [10.0, 20.0],
                        "samples_per_s_mean_ci95_low": [98.0, None], "samples_per_s_mean_ci95_high": [103.0, None]})
