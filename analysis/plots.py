@@ -15,7 +15,6 @@ reports share.
 """
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import matplotlib
