@@ -391,7 +391,7 @@ def plots(paths, out_dir, fig7: bool = False) -> list[Path]:
     largest cluster's run (its ``ibatch`` run if any), into ``out_dir``; with ``fig7`` also
     ``breakdown.png`` (:func:`plot_breakdown`)."""
     rows, out = report(paths), Path(out_dir)
-    written = [plot_speedup(rows, out / "speedup.png")]
+    written = [plot_speedup(rows, out / "speedup.png", sweeps=paths)]
     for model, g in rows.groupby("model"):
         pick = g.sort_values(["nodes", "pull"], key=lambda c: c if c.name == "nodes" else c.eq("ibatch")).iloc[-1]
         written.append(plot_layer_profile(pick["run"], out / f"profile-{model}.png"))
@@ -400,11 +400,13 @@ def plots(paths, out_dir, fig7: bool = False) -> list[Path]:
     return written
 
 
-def plot_speedup(rows: pd.DataFrame, path) -> Path:
+def plot_speedup(rows: pd.DataFrame, path, sweeps=()) -> Path:
     """Fig. 5: speedup against nodes, one panel per model, one line per pull strategy, and
-    the ideal linear speedup."""
+    the ideal linear speedup; the paper's value of the catalogue's headline ratios for
+    ``sweeps`` (the directories the rows come from) at their numerator's point
+    (:func:`analysis.plots.mark_paper`)."""
     # lazy: analysis.plots loads matplotlib, which the tables do not need
-    from analysis.plots import plt, save_figure
+    from analysis.plots import mark_paper, plt, save_figure, x_spans
     models = sorted(rows["model"].unique())
     fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.4), squeeze=False)
     for ax, model in zip(axes[0], models):
@@ -414,6 +416,7 @@ def plot_speedup(rows: pd.DataFrame, path) -> Path:
         for pull, gg in g.groupby("pull"):
             gg = gg.sort_values("nodes")
             ax.plot(gg["nodes"], gg["speedup"], marker="o", label=pull)
+        mark_paper(ax, sweeps, dict(zip(g["run"], g["speedup"])), x_spans(list(g["run"]), list(g["nodes"])))
         ax.set_title(model)
         ax.set_xlabel("nodes")
         ax.set_ylabel("speedup over 1 node")

@@ -147,6 +147,32 @@ class Run:
         """The sampled switch ports with their links (see :func:`port_table`)."""
         return port_table(self.topology)
 
+    def shaped_rate(self, iface: str) -> pd.Series:
+        """The rate the kernel was read back to shape ``iface`` at, over the run.
+
+        The build's read-back (``topology.json``: the link's ``shaping[iface].rate_mbps``), then
+        each applied ``link_rate`` event's read-back of that interface (``schedule.jsonl``:
+        ``readback_mbps``), both rates of this machine converted to the emulated network's by the
+        dilation (``topology.json`` ``scale``, else :attr:`scale`).
+
+        Returns:
+            Mbit/s (emulated), indexed by the time from which it held (unix s on the frames'
+            clock; the build's read-back at :attr:`t0`), in time order; empty when nothing of
+            ``iface`` was read back (e.g. a loopback or archived run).
+        """
+        scale, t0 = float(self.topology.get("scale") or self.scale), self.t0
+        points = []
+        for link in self.topology.get("links", []):
+            got = ((link.get("shaping") or {}).get(iface) or {}).get("rate_mbps")
+            if isinstance(got, (int, float)) and t0 is not None:
+                points.append((t0, float(got) * scale))
+        for rec in self.schedule:
+            got = (rec.get("readback_mbps") or {}).get(iface) if rec.get("applied") else None
+            if isinstance(got, (int, float)) and rec.get("time") is not None:
+                points.append((float(rec["time"]), float(got) * scale))
+        points.sort(key=lambda p: p[0])
+        return pd.Series([v for _, v in points], index=[t for t, _ in points], dtype="float64")
+
 
 def _read_json(path: Path) -> dict:
     try:

@@ -143,18 +143,20 @@ def sweep_table(sweep_dir: str | Path, baseline: str | None = "mxnet-cs", flat: 
     return out.dropna(axis=1, how="all")
 
 
-def plot_table(table: pd.DataFrame, path: str | Path, title: str = "") -> Path:
+def plot_table(table: pd.DataFrame, path: str | Path, title: str = "", runs=None, sweeps=()) -> Path:
     """Grouped bars of one sweep's table: one group per point (model, or racks / oversub /
     background), one bar per variant; the mean per-job throughput of a multi-tenant sweep
     (Fig. 18), else the speedup over the baseline when the table has it (Fig. 12), else
     samples/s; a second panel with the training bytes that crossed the core
-    per iteration when any point has a core (Sec. 3.4, Fig. 19).
+    per iteration when any point has a core (Sec. 3.4, Fig. 19). With ``runs`` (each row's run
+    directory) the speedup or samples/s panel shows the paper's value of the catalogue's
+    headline ratios for ``sweeps`` on the numerator's bar (:func:`analysis.plots.mark_paper`).
 
     Returns:
         the PNG written.
     """
     # lazy: analysis.plots loads matplotlib, which the tables do not need
-    from analysis.plots import plt, save_figure
+    from analysis.plots import mark_paper, plt, save_figure
     t = table.copy()
     multi_rack = (t["racks"] > 1).any()
     t["point"] = [f"{r.racks} racks {r.oversub:g}:1" + (" +bg" if r.background else "") if multi_rack else r.model
@@ -178,8 +180,12 @@ def plot_table(table: pd.DataFrame, path: str | Path, title: str = "") -> Path:
                        "core_MB_per_iter": "core MB / iteration"}[col])
         if col == "speedup":
             ax.axhline(1.0, color="grey", lw=0.8)
+        if runs is not None and col in ("speedup", "samples_per_s"):
+            at = [points.index(p) + variants.index(v) * width for p, v in zip(t["point"], t["variant"])]
+            mark_paper(ax, sweeps, dict(zip(runs, t[col])), {r: (c - width / 2, c + width / 2) for r, c in zip(runs, at)})
         ax.legend(fontsize=8)
     axes[0, 0].set_title(title)
+    fig.tight_layout()
     return save_figure(fig, path)
 
 
@@ -205,7 +211,8 @@ def table(paths, baseline: str | None = "mxnet-cs", flat: str | None = "phub_fla
 
 def plots(paths, out_dir, baseline: str | None = "mxnet-cs", flat: str | None = "phub_flat") -> list[Path]:
     """:func:`plot_table` of every sweep, as ``out_dir/<sweep>.png``."""
-    return [plot_table(sweep_table(d, baseline, flat), Path(out_dir) / f"{d.name}.png", d.name)
+    return [plot_table(sweep_table(d, baseline, flat), Path(out_dir) / f"{d.name}.png", d.name,
+                       runs=[rd for rd, _ in skeleton.sweep_rows(d)], sweeps=[d])
             for d in skeleton.sweep_dirs(paths)]
 
 
@@ -229,7 +236,9 @@ def main(argv: list[str] | None = None) -> int:
         t = sweep_table(d, args.baseline, args.flat)
         print(_sweep_section(d, t), end="")
         if args.plots:
-            print(f"\nplot: {plot_table(t, Path(args.plots) / f'{d.name}.png', d.name)}")
+            png = plot_table(t, Path(args.plots) / f"{d.name}.png", d.name, runs=[rd for rd, _ in skeleton.sweep_rows(d)],
+                             sweeps=[d])
+            print(f"\nplot: {png}")
         print()
     print(_closing(args.table2), end="")
     return 0

@@ -248,7 +248,7 @@ def report(paths: list[str | Path], alpha_s: float = 0.0, plot: str | None = Non
         plot_accuracy(runs, rows, plot)
         print(f"\nwrote {plot}", file=out)
     if breakdown:
-        plot_breakdown(df, breakdown)
+        plot_breakdown(df, breakdown, sweeps=paths)
         print(f"wrote {breakdown}", file=out)
     return df
 
@@ -268,7 +268,7 @@ def plots(paths, out_dir, alpha_us: float = 0.0) -> list[Path]:
         return []
     out = Path(out_dir)
     plot_accuracy(runs, rows, out / "accuracy.png")
-    plot_breakdown(pd.DataFrame(rows), out / "breakdown.png")
+    plot_breakdown(pd.DataFrame(rows), out / "breakdown.png", sweeps=paths)
     return [out / "accuracy.png", out / "breakdown.png"]
 
 
@@ -291,13 +291,15 @@ def plot_accuracy(runs: list[Path], rows: list[dict], path) -> None:
     save_figure(fig, path)
 
 
-def plot_breakdown(df: pd.DataFrame, path: str) -> None:
+def plot_breakdown(df: pd.DataFrame, path: str, sweeps=()) -> None:
     """Stacked bars per model and variant, like Fig. 4's right column: computation (forward +
     backward + update), compression, and the communication left on the critical path
     (``exposed_s`` minus compression, floored at 0), ms per iteration; the measured period
-    and the model's prediction as markers."""
+    and the model's prediction as markers; on the numerator's bar, the period the paper's
+    value of the catalogue's headline ratios for ``sweeps`` implies
+    (:func:`analysis.plots.mark_paper`, a time: lower is faster)."""
     # lazy: analysis.plots loads matplotlib, which the tables do not need
-    from analysis.plots import plt, save_figure
+    from analysis.plots import mark_paper, plt, save_figure
     models = list(dict.fromkeys(df["model"]))
     fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4), squeeze=False)
     for ax, model in zip(axes[0], models):
@@ -311,6 +313,8 @@ def plot_breakdown(df: pd.DataFrame, path: str) -> None:
         ax.bar(x, exposed, bottom=comp + codec, label="allreduce/communication (exposed)")
         ax.plot(x, g["period_s"] * 1e3, "k_", markersize=18, label="measured period")
         ax.plot(x, g["model_s"] * 1e3, "rx", label="timing model")
+        mark_paper(ax, sweeps, dict(zip(g["run"], g["period_s"] * 1e3)),
+                   {r: (i - 0.4, i + 0.4) for r, i in zip(g["run"], x)}, inverse=True)
         ax.set_xticks(x, g["variant"], rotation=30, ha="right", fontsize=8)
         ax.set_ylabel("ms per iteration")
         ax.set_title(model)

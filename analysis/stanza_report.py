@@ -72,8 +72,8 @@ from traffic.compute_profiles import DATA_DIR, Profile, load_profile, profile_fi
 from traffic.rundir import find_runs
 
 __all__ = ["IMAGENET_TRAIN", "REPORT", "FIG8_GBPS", "FIG8_NODES", "FIG8_PAPER", "FIG8_PROFILES", "TABLE5_BATCH",
-           "run_figures", "pair", "report", "table", "plots", "fig8_constants", "fig8_rows", "fig8_text", "plot_fig8",
-           "main"]
+           "run_figures", "pair", "report", "table", "plots", "plot_speedup", "fig8_constants", "fig8_rows", "fig8_text",
+           "plot_fig8", "main"]
 
 IMAGENET_TRAIN = 1_281_167
 """Training images of ImageNet-12 (ILSVRC 2012), the data set of Stanza §6.3."""
@@ -512,15 +512,45 @@ def table(paths, fig8: list[str] | None = None, fig8_gbps=FIG8_GBPS, fig8_nodes=
 
 
 def plots(paths, out_dir, fig8: list[str] | None = None, fig8_gbps=FIG8_GBPS, fig8_nodes=FIG8_NODES) -> list[Path]:
-    """``stanza_accuracy.png`` in ``out_dir`` when a run has an accuracy curve, and with
+    """``stanza_speedup.png`` in ``out_dir`` when a Stanza run has its PS run
+    (:func:`plot_speedup`), ``stanza_accuracy.png`` when a run has an accuracy curve, and with
     ``fig8`` ``stanza_fig8.png`` (:func:`plot_fig8`)."""
     out = []
-    curves = [r for r in _rows(paths) if r["accuracy_curve"]] if paths else []
+    runs = find_runs(paths) if paths else []
+    rows = skeleton.load_rows(runs, run_figures)[0]
+    paired = pair([{**r, "path": str(p)} for r, p in zip(rows, runs)])
+    if not paired.empty:
+        out.append(plot_speedup(paired, Path(out_dir) / "stanza_speedup.png", sweeps=paths))
+    curves = [r for r in rows if r["accuracy_curve"]]
     if curves:
         out.append(_plot(curves, Path(out_dir)))
     if fig8:
         out.append(plot_fig8(fig8_rows(fig8, fig8_gbps, fig8_nodes), Path(out_dir) / "stanza_fig8.png"))
     return out
+
+
+def plot_speedup(paired: pd.DataFrame, path, sweeps=()) -> Path:
+    """Fig. 6a: the measured speedup of each Stanza run over its PS run (:func:`pair`, with the
+    run directories in ``path_stanza``), a bar per pair, eqs. (3)/(6)'s prediction as a marker,
+    and the paper's value of the catalogue's headline ratios for ``sweeps``
+    (:func:`analysis.plots.mark_paper`)."""
+    # lazy: analysis.plots loads matplotlib, which the tables do not need
+    from analysis.plots import mark_paper, plt, save_figure
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.6 * len(paired) + 2.5), 4.0))
+    x = list(range(len(paired)))
+    ax.bar(x, paired["speedup"], color="tab:blue", alpha=0.85, label="measured (PS time / Stanza time)")
+    ax.plot(x, paired["speedup_predicted"], "rx", label="eqs. (3), (6)")
+    mark_paper(ax, sweeps, dict(zip(paired["path_stanza"], paired["speedup"])),
+               {p: (i - 0.4, i + 0.4) for p, i in zip(paired["path_stanza"], x)})
+    ax.set_xticks(x, [f"{m}, {n} workers\n{p}" for m, n, p in zip(paired["model"], paired["workers"], paired["profile"])],
+                  fontsize=7)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_ylabel("speedup of Stanza over PS")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    return save_figure(fig, path)
 
 
 def _plot(curves: list[dict], out_dir: Path) -> Path:

@@ -164,6 +164,39 @@ def windowed_rates(rate_df: pd.DataFrame, window_s: float) -> pd.DataFrame:
     return out[RATE_COLUMNS].sort_values(["time", "iface"], kind="stable").reset_index(drop=True)
 
 
+def smoothed_rates(rate_df: pd.DataFrame, window_s: float) -> pd.DataFrame:
+    """Rates as a rolling mean over a centred time window, per interface.
+
+    For every sample, the samples of its interface whose ``time`` lies within ``window_s / 2``
+    either side of its own (pandas ``rolling`` on a time index, ``center=True``): their bytes
+    over their intervals, ``8 * sum(bytes) / sum(dt_s)``, which is the mean of their rates
+    weighted by their intervals (their plain mean when the intervals are equal). Weighted,
+    because at 10 ms samples the jitter of bwm-ng's timestamps is in the intervals: a short
+    one puts a single sample well above the shaped rate, and its neighbour's longer one below;
+    over the window the bytes and the time add up.
+
+    Args:
+        rate_df: the frame of :func:`rates`.
+        window_s: the window, s (0 or less leaves the rates as they are).
+
+    Returns:
+        Same rows and columns as ``rate_df`` (sorted by ``time`` and ``iface``), ``tx_bps`` and
+        ``rx_bps`` smoothed.
+    """
+    if rate_df.empty or window_s <= 0:
+        return rate_df.copy()
+    window = pd.Timedelta(seconds=window_s)
+    parts = []
+    for _, g in rate_df.groupby("iface", sort=False):
+        g = g.sort_values("time", kind="stable").copy()
+        index = pd.to_timedelta(g["time"] - g["time"].iloc[0], unit="s")
+        sums = g[["dt_s", "tx_bytes", "rx_bytes"]].set_axis(index).rolling(window, center=True).sum()
+        g["tx_bps"] = 8.0 * sums["tx_bytes"].to_numpy() / sums["dt_s"].to_numpy()
+        g["rx_bps"] = 8.0 * sums["rx_bytes"].to_numpy() / sums["dt_s"].to_numpy()
+        parts.append(g)
+    return pd.concat(parts).sort_values(["time", "iface"], kind="stable").reset_index(drop=True)
+
+
 def read_table(path: str | Path, columns: list[str]) -> pd.DataFrame:
     """Read a CSV written by the harness (``qdisc.csv``, ``cpu.csv``), tolerating a missing
     file, an empty file and a truncated last line. Missing columns are added empty."""

@@ -10,6 +10,8 @@
     testbed ls [RUNS_DIR]                 list runs
     testbed show RUN_OR_SWEEP [--json]    a run's (or a sweep's runs') status and figures; --json: one document
     testbed plot RUN [RUN ...]            draw plots (PNG files in the run directories)
+                   [--window START:END] [--smooth-ms MS]   zoom the rate plots; their rolling mean
+    testbed plot SWEEP --x PARAM [--y METRIC]   a metric against a swept parameter, per variant
     testbed timeline RUN                  Chrome trace-event JSON of a run's events
     testbed flows RUN [--port P] [--plot] TCP flows of a run's packet capture (capture.pcap)
     testbed report PAPER RUN_OR_SWEEP...  a paper's tables (p3, phub, ibatch, stanza, pipe_sgd)
@@ -61,7 +63,7 @@ from testbed.progress import echo_log
 from testbed.schema import field_paths, schema_text
 from testbed.version import describe
 from common.errors import RunFailed, SpecError, TestbedError
-from traffic.rundir import NotARunError, find_runs, is_run, read_json
+from traffic.rundir import NotARunError, find_runs, is_run, is_sweep, read_json
 from traffic.summary import SUMMARY_FILE, Bytes, Fidelity, IterationTime, RunSummary, Throughput
 
 # Modules that load torch, Mininet or matplotlib (seconds) are imported lazily in the
@@ -248,22 +250,28 @@ def _resolve_runs(paths: list[str]) -> list[Path]:
     return out
 
 
-def _plot(paths, out: str | None = None, host: str | None = None, quiet=False) -> tuple[list[Path], list[Path]]:
+def _plot(paths, out: str | None = None, host: str | None = None, quiet=False, span=None,
+          smooth_ms: float | None = None) -> tuple[list[Path], list[Path]]:
     """Draw each run's plots (and, for several runs or with ``out``, their throughput side by
     side); returns the files written and the runs that had nothing to draw (no traces, no
-    iterations)."""
+    iterations and, side by side, no throughput in their summary: a run kept with only its
+    small files still has its bar). ``span`` and ``smooth_ms``: the rate plots' ``--window`` and
+    ``--smooth-ms``."""
     import analysis  # lazy: matplotlib
     from analysis import plots  # lazy: matplotlib
     runs = [analysis.load(p) for p in paths]
+    smooth_s = plots.SMOOTH_S if smooth_ms is None else smooth_ms / 1e3
+    side_by_side = len(runs) > 1 or bool(out)
     written, empty = [], []
     for run in runs:
         if not run.traces.empty:
-            written.append(plots.plot_interface_rates(run, host=host))
+            written.append(plots.plot_interface_rates(run, host=host, smooth_s=smooth_s, span=span))
         if not run.iterations.empty:
             written.append(plots.plot_iteration_times(run))
-        if run.traces.empty and run.iterations.empty:
+        summarized = run.summary is not None and (run.summary.throughput or Throughput()).mean is not None
+        if run.traces.empty and run.iterations.empty and not (side_by_side and summarized):
             empty.append(run.path)
-    if len(runs) > len(empty) and (len(runs) > 1 or out):
+    if len(runs) > len(empty) and side_by_side:
         target = Path(out) if out else Path(paths[0]).parent / "throughput.png"
         written.append(plots.plot_throughput(runs, target))
     if not quiet:
@@ -277,11 +285,59 @@ def _nothing_to_plot(runs: list[Path]) -> str:
             f"iterations (the run ended before training; see 'testbed show')")
 
 
+def _plot_sweeps(args) -> int:
+    """``testbed plot SWEEP... --x PARAM [--y METRIC]``: the metric against the parameter, one
+    PNG per sweep (``--out`` with one sweep only)."""
+    from analysis import plots  # lazy: matplotlib
+    if args.window is not None or args.smooth_ms is not None or args.host is not None:
+        raise TestbedError("--window, --smooth-ms and --host are for the rate plots of runs; a sweep plot (--x) "
+                           "takes --y and --out")
+    not_sweeps = [p for p in args.runs if is_run(p) or not is_sweep(p)]
+    if not_sweeps:
+        raise TestbedError(f"--x plots a sweep: {', '.join(not_sweeps)} is not a sweep directory (one with "
+                           f"sweep.csv, e.g. runs/<name>-<timestamp>)")
+    if args.out and len(args.runs) > 1:
+        raise TestbedError("--out names one PNG: with --x give one sweep directory, or leave --out out")
+    for d in args.runs:
+        print(f"wrote {plots.plot_sweep(d, args.x, args.out, y=args.y or 'samples_per_s')}")
+    return 0
+
+
 def _cmd_plot(args) -> int:
-    _, empty = _plot(_resolve_runs(args.runs), out=args.out, host=args.host)
+    if args.x is not None:
+        return _plot_sweeps(args)
+    if args.y is not None:
+        raise TestbedError("--y names the metric of a sweep plot: give the swept parameter too, --x PARAM")
+    _, empty = _plot(_resolve_runs(args.runs), out=args.out, host=args.host, span=args.window,
+                     smooth_ms=args.smooth_ms)
     if empty:  # the others' plots are written; the run(s) with none are an error
         raise NotARunError(_nothing_to_plot(empty))
     return 0
+
+
+def _time_window(text: str) -> tuple[float | None, float | None]:
+    """``--window START:END``: seconds since the run start, either side may be empty."""
+    start, sep, end = text.partition(":")
+    try:
+        lo, hi = (float(v) if v.strip() else None for v in (start, end))
+    except ValueError:
+        lo = hi = None
+        sep = ""
+    if not sep or (lo, hi) == (None, None) or (lo is not None and hi is not None and lo >= hi):
+        raise argparse.ArgumentTypeError(f"{text!r}: START:END in seconds since the run start, START < END, "
+                                         f"either may be left out (e.g. 10:20, 30:, :5)")
+    return lo, hi
+
+
+def _smooth_ms(text: str) -> float:
+    """``--smooth-ms MS``: a window of 0 ms or more."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = -1.0
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a window in ms, 0 or more (0: the samples alone)")
+    return v
 
 
 def _cmd_show(args) -> int:
@@ -587,10 +643,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true",
                    help="print the summary as one JSON document (a sweep: an object keyed by run directory name)")
     s.set_defaults(fn=_cmd_show)
-    s = sub.add_parser("plot", help="plot runs (interface rates per run; throughput side by side)")
-    s.add_argument("runs", nargs="+", help="run directories or sweep directories").completer = DirectoriesCompleter()
+    s = sub.add_parser("plot", help="plot runs (interface rates per run; throughput side by side), or a metric "
+                                    "against a swept parameter (--x)")
+    s.add_argument("runs", nargs="+", help="run directories or sweep directories (with --x: sweep directories)"
+                   ).completer = DirectoriesCompleter()
     s.add_argument("--host", help="host whose link to plot (default: the first worker's)")
-    s.add_argument("--out", help="path of the side-by-side throughput PNG")
+    s.add_argument("--window", type=_time_window, metavar="START:END",
+                   help="show only this span of the rate plots, seconds since the run start (e.g. 10:20, 30:)")
+    s.add_argument("--smooth-ms", type=_smooth_ms, metavar="MS",
+                   help="window of the rolling mean drawn over the rate samples, ms (default 100; 0: samples only)")
+    s.add_argument("--x", metavar="PARAM",
+                   help="plot a sweep's METRIC against this swept parameter (a dotted sweep.csv column, or its last "
+                        "part: host_bw_mbps), one line per variant, with error bars")
+    s.add_argument("--y", metavar="METRIC", help="with --x: the metric (default samples_per_s; also iter_mean_s, "
+                                                 "iter_p95_s, core_bytes, accuracy)")
+    s.add_argument("--out", help="path of the side-by-side throughput PNG (with --x: of the sweep plot)")
     s.set_defaults(fn=_cmd_plot)
     s = sub.add_parser("timeline", help="write a Chrome trace-event JSON of a run's events")
     s.add_argument("runs", nargs="+", help="run directories or sweep directories").completer = DirectoriesCompleter()

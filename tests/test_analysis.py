@@ -324,7 +324,7 @@ def test_plots_write_pngs(run_dir, tmp_path):
     run = analysis.load(run_dir)
     p1 = plots.plot_interface_rates(run)
     assert p1 == run_dir / "plots" / "rates-h1.png" and _is_png(p1)
-    p2 = plots.plot_interface_rates(run_dir, host="h3", path=tmp_path / "r.png", window_s=0.1)
+    p2 = plots.plot_interface_rates(run_dir, host="h3", path=tmp_path / "r.png", smooth_s=0.05, span=(1.0, 3.0))
     assert _is_png(p2)
     other = make_run(tmp_path, "other", scheme="ring")
     metrics.summarize(other)

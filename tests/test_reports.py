@@ -408,7 +408,7 @@ def test_sweep_tables_and_plots_read_the_spread_under_either_name(tmp_path):
     """A sweep.csv of today names the spread ``samples_per_s_spread95`` and has the mean's
     confidence interval; an older one names the spread ``samples_per_s_ci95`` and has none:
     the tables give both as ``spread95`` (and the interval where known), the sweep plot draws
-    the interval as its error bars, or none."""
+    the interval as its error bars, or the spread without it."""
     from analysis import plots
     from analysis.load import read_sweep_csv
     d = build_p3(tmp_path / "old")
@@ -428,7 +428,8 @@ def test_sweep_tables_and_plots_read_the_spread_under_either_name(tmp_path):
     assert (t.loc[("p3", 2000), "mean_ci95_low"], t.loc[("p3", 2000), "mean_ci95_high"]) == (129.5, 130.5)
     assert t.loc[("p3", 2000), "speedup"] == pytest.approx(1.3)
     rows = df[df["status"] == "ok"]
-    assert plots._mean_interval_errors(rows).tolist() == [[0.5] * len(rows), [0.5] * len(rows)]
+    yerr, words = plots.error_bars(rows, "samples_per_s")
+    assert yerr.tolist() == [[0.5] * len(rows), [0.5] * len(rows)] and "confidence interval of the mean" in words
     assert plots.plot_sweep(new, P3_X, tmp_path / "new.png").stat().st_size > 0
     ph = phub_report.sweep_table(build_phub(tmp_path / "phub"), baseline="ps_cs")
     assert (ph["spread95"] == 1.0).all() and "mean_ci95_high" not in ph.columns  # no row has it: left out
