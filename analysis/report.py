@@ -320,9 +320,9 @@ FLAGS = {"cpu_starved": "cpu-starved", "host_cost_overrun": "host-overrun"}
 #: The line printed under a table with a flagged row.
 FLAGS_NOTE = (f"flags: cpu-starved = the emulation's mean CPU idle was below {MIN_IDLE_PCT:g} % "
               f"(summary.json fidelity.idle_pct_mean), so link rates and times may be off; "
-              f"host-overrun = a modelled host cost's real work exceeded its dilated budget by more than "
-              f"{100 * OVERRUN_THRESHOLD:g} % of the budget (see summary.json host_costs), so the run is "
-              f"slower than the host model says. A row's flags are its run's; a row of a table comparing runs "
+              f"host-overrun = the real work of a process's modelled host costs exceeded their dilated budgets "
+              f"by more than {100 * OVERRUN_THRESHOLD:g} % of the process's time (see summary.json host_costs), so "
+              f"the run is slower than the host model says. A row's flags are its run's; a row of a table comparing runs "
               f"(a pairing, speed-ups) has those of every run compared; a ratio to a baseline in a table of runs "
               f"rests on the baseline's row too, flagged there.")
 

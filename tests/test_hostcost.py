@@ -218,3 +218,24 @@ def test_a_runs_spec_yaml_keeps_the_profiles_rates(host):
     assert before.optimizer_bytes_per_s == after.optimizer_bytes_per_s
     assert before.request_startup_s == after.request_startup_s
     assert dumped["profile"] == "phub_pbox"
+
+
+def test_a_run_is_flagged_by_the_share_of_a_process_time_its_overruns_added():
+    from analysis.metrics import host_cost_overrun
+
+    def proc(overrun_s, budget_s, wall_s=None, modelled=True):
+        r = {"host_costs": {"aggregate": {"modelled": modelled, "budget_s": budget_s, "overrun_s": overrun_s}}}
+        if wall_s is not None:
+            r["wall_s"] = wall_s
+        return r
+
+    # 12x its budget of 3 ms, but 0.05 % of a 67 s process: not flagged
+    assert host_cost_overrun({"server0": proc(0.034, 0.0027, 67.0)}) is False
+    # 4 s of a 60 s process (6.7 %): flagged, whatever the others do
+    assert host_cost_overrun({"w": proc(0.0, 1.0, 60.0), "s": proc(4.0, 10.0, 60.0)}) is True
+    assert host_cost_overrun({"s": proc(2.9, 10.0, 60.0)}) is False  # 4.8 %
+    # a kind not modelled does not count
+    assert host_cost_overrun({"s": proc(30.0, 1.0, 60.0, modelled=False)}) is False
+    # without wall_s: against the budgets (25 % of them)
+    assert host_cost_overrun({"s": proc(0.3, 1.2)}) is True
+    assert host_cost_overrun({"w": {"iterations": 3}}) is None

@@ -265,8 +265,9 @@ class Fidelity(_Section):
     rates: Optional[RateCheck] = None
     """The shaping check of every link."""
     host_cost_overrun: Optional[bool] = None
-    """For some modelled kind of host cost, the real work overran its budgeted time by more
-    than :data:`traffic.hostmodel.costs.OVERRUN_THRESHOLD` (5 %) of it."""
+    """For some process, the real work of its modelled host costs overran their budgets by
+    more than :data:`traffic.hostmodel.costs.OVERRUN_THRESHOLD` (5 %) of the process's wall
+    time (:func:`analysis.metrics.host_cost_overrun`)."""
     effects: list[Effect] = Field(default_factory=list)
     """Every effect the spec asked for (background flows, captures, scheduled events,
     processes, shaping, delay and loss), each judged from the run's files."""

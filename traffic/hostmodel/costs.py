@@ -72,7 +72,9 @@ class PreciseSleeper:
 #: the kinds of cost (``compute`` is emulated compute; the rest are :meth:`HostModel.cost_s`'s)
 KINDS = ("compute", "message", "request_startup", "aggregate", "optimizer", "codec")
 
-#: a kind whose overrun time exceeds this fraction of its budgeted time flags the run
+#: a process whose overruns (every modelled kind's real seconds beyond its budgets) add up to
+#: more than this fraction of its wall time flags the run (:func:`analysis.metrics.host_cost_overrun`):
+#: then the run's times are, by that share or more, the real work's and not the host model's
 OVERRUN_THRESHOLD = 0.05
 
 
