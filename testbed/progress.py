@@ -4,8 +4,9 @@ and the busiest link's utilization; a sweep's points; with ``-v``, the harness's
 Phases: ``building network``, ``starting N processes``, ``training``, ``analysing``,
 ``tearing down``. While training, the count is of global iterations (the fewest any worker
 has finished) from the ``iteration`` events the processes already write
-(``events/<worker>.jsonl``, read incrementally), the samples/s of the last iterations (in
-the emulated network's time: real time divided by ``scale``), and the busiest switch port's
+(``events/<worker>.jsonl``, read incrementally), the samples/s of the last iterations as the
+summary counts it (the mean over iterations of the global batch over the iteration's span,
+in the emulated network's time: real time divided by ``scale``), and the busiest switch port's
 transmit rate as a share of the rate shaped on its link (psutil's interface counters of the
 root namespace, where the switch ports are).
 
@@ -111,7 +112,7 @@ class RunProgress:
         self.label, self.iterations, self.scale, self.position = label, iterations, scale, position
         self.bar: tqdm | None = None
         self._tail: EventTail | None = None
-        self._done: dict[str, list[tuple[float, int]]] = {}  # worker -> (end unix s, samples) per iteration
+        self._done: dict[str, list[tuple[float, float, int]]] = {}  # worker -> (start, end unix s, samples) per iteration
         self._ports: dict[str, float] = {}  # switch port -> shaped rate, bit/s
         self._last_counters: tuple[float, dict] | None = None
         self._next_poll = 0.0
@@ -174,15 +175,20 @@ class RunProgress:
         """The global iterations done and the figures to show (samples/s, busiest link)."""
         for ev in self._tail.read():
             if ev.get("kind") == "iteration" and ev.get("proc") in self._done:
-                self._done[ev["proc"]].append((ev["ts"] + ev.get("dur", 0.0), ev.get("samples") or 0))
+                self._done[ev["proc"]].append((ev["ts"], ev["ts"] + ev.get("dur", 0.0), ev.get("samples") or 0))
         done = min(len(v) for v in self._done.values()) if self._done else 0
         parts = []
-        if done >= 2:  # over the last (up to) 10 global iterations: each ends when its last worker does
-            k = min(10, done - 1)
-            ends = [max(v[i][0] for v in self._done.values()) for i in (done - 1 - k, done - 1)]
-            samples = sum(v[i][1] for v in self._done.values() for i in range(done - k, done))
-            if ends[1] > ends[0]:
-                parts.append(f"{samples / ((ends[1] - ends[0]) / self.scale):.1f} samples/s")
+        if done >= 2:
+            # the summary's throughput (analysis.metrics) over the last (up to) 10 global iterations
+            # after the first: per iteration, the global batch over its span from the earliest
+            # worker's start to the latest worker's end, in emulated seconds; their mean
+            rates = []
+            for i in range(done - min(10, done - 1), done):
+                span = max(v[i][1] for v in self._done.values()) - min(v[i][0] for v in self._done.values())
+                if span > 0:
+                    rates.append(sum(v[i][2] for v in self._done.values()) / (span / self.scale))
+            if rates:
+                parts.append(f"{sum(rates) / len(rates):.1f} samples/s")
         busiest = self._busiest_port()
         if busiest:
             parts.append(f"busiest link {busiest[0]} {busiest[1]:.0%}")
