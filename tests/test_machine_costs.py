@@ -5,8 +5,6 @@ another machine (``testbed run``, ``testbed check``), its record in a run's prov
 network is built). No root needed."""
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import subprocess
@@ -20,25 +18,18 @@ from common.errors import CapacityError, MissingRequirement, TestbedError
 from common.provenance import PROVENANCE_FILE, Provenance
 from testbed import cli
 from testbed.check import Item, cost_model_check, format_checks
+from tests.test_cli import run_cli
 from testbed.machine_costs import (COSTS_ENV, COSTS_PATH, STEP_NAMES, CostModel, Machine, check_target, costs_path,
                                    in_use, user_costs_path)
 from traffic import rundir
 
 ROOT = Path(__file__).resolve().parents[1]
+
 GIB = 2 ** 30
 HERE = Machine(cores=8, total_bytes=32 * GIB, available_bytes=30 * GIB, cpu="Test CPU 3000")
 SAME = {"cores": 8, "cpu": "Test CPU 3000", "memory_total_bytes": 32 * GIB, "kernel": "6.1.0", "date": "today"}
 
 
-def run_cli(*argv) -> tuple[int, str, str]:
-    """``testbed.cli.main(argv)``: (exit status, stdout, stderr); argparse's exits give their status."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            rc = cli.main([str(a) for a in argv])
-        except SystemExit as e:
-            rc = e.code
-    return rc, out.getvalue(), err.getvalue()
 
 
 def write_model(path: Path, machine: dict | None) -> Path:
