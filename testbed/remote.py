@@ -24,8 +24,10 @@ What is ours and why, on top of Mininet's classes:
 from __future__ import annotations
 
 import itertools
+import os
 import re
 import shlex
+import signal
 import subprocess
 from pathlib import Path
 
@@ -77,6 +79,15 @@ class OnMachine(RemoteMixin):
 
     def _popen(self, cmd, sudo=True, tt=True, **params):
         return super()._popen(cmd, sudo=False, tt=tt, **params)
+
+    @staticmethod
+    def _ignoreSignal():
+        """In the SSH client before it runs: a process group of its own (Mininet's, so that a
+        Ctrl-C to the harness does not reach it), and SIGHUP at its default. Mininet stops a
+        node by sending its shell SIGHUP and waiting for it; ssh keeps ignoring SIGHUP when it
+        inherits it ignored, as under ``nohup``, and the wait would never end."""
+        os.setpgrp()
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
     def rcmd(self, *cmd, **opts) -> str:
         """Run a shell command on the node's machine in its root namespace; its output."""

@@ -277,3 +277,22 @@ def test_the_remote_sweep_kills_the_run_s_processes_and_removes_its_links_only(t
                                   "bridges": ["tor2"]})
     assert "kill -KILL 41" in script
     assert "ip link del dev tor2-eth1" in script and "ip link set dev tor2 down" in script
+
+
+def test_a_remote_node_shell_ends_on_sighup_when_the_harness_ignores_it():
+    """Under nohup the harness ignores SIGHUP and its children inherit that; Mininet stops a
+    remote node's ssh shell with SIGHUP and waits for it, so the shell must get it back."""
+    import signal
+    from testbed.remote import OnMachine
+    old = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        p = subprocess.Popen(["sleep", "30"], preexec_fn=OnMachine._ignoreSignal)
+    finally:
+        signal.signal(signal.SIGHUP, old)
+    try:
+        os.killpg(p.pid, signal.SIGHUP)
+        assert p.wait(timeout=10) == -signal.SIGHUP
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
