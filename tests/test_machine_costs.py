@@ -342,3 +342,14 @@ def test_the_benchmark_script_refuses_an_existing_file_with_status_2(tmp_path):
                        cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "exists; earlier measurements are never overwritten" in r.stderr
     assert existing.read_text() == "earlier results\n"
+
+
+def test_a_user_file_in_a_folder_this_process_may_not_search_counts_as_none(monkeypatch):
+    import testbed.machine_costs as mc
+
+    class Hidden(type(Path())):
+        def is_file(self):
+            raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(mc, "user_costs_path", lambda: Hidden("/root/.config/dl-netbed/machine_costs.yaml"))
+    assert costs_path() == COSTS_PATH

@@ -84,7 +84,17 @@ def costs_path() -> Path:
     (whether or not it exists), else the user's file when it exists, else the shipped
     :data:`COSTS_PATH` (module docstring)."""
     user = user_costs_path()
-    return user if os.environ.get(COSTS_ENV) or user.is_file() else COSTS_PATH
+    return user if os.environ.get(COSTS_ENV) or _visible_file(user) else COSTS_PATH
+
+
+def _visible_file(path: Path) -> bool:
+    """Whether ``path`` is a file this process can see. A location it may not search counts
+    as no file: a user's ``HOME`` can still be root's (``sudo -E``, ``setpriv``), and a run
+    refused for not being root must say so, not fail on root's folder."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
 
 
 def check_target(out: Path, *, merge: bool = False, replace: bool = False, needs_root: bool = True) -> None:
