@@ -26,8 +26,11 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import pandas as pd
 import psutil
 from tqdm import tqdm
+
+from analysis.metrics import global_iterations
 
 __all__ = ["RunProgress", "SweepProgress", "EventTail", "LINE_PERIOD_S", "say", "echo_log"]
 
@@ -112,7 +115,7 @@ class RunProgress:
         self.label, self.iterations, self.scale, self.position = label, iterations, scale, position
         self.bar: tqdm | None = None
         self._tail: EventTail | None = None
-        self._done: dict[str, list[tuple[float, float, int]]] = {}  # worker -> (start, end unix s, samples) per iteration
+        self._done: dict[str, list[dict]] = {}  # worker -> its iterations' rows (iteration_table's columns)
         self._ports: dict[str, float] = {}  # switch port -> shaped rate, bit/s
         self._last_counters: tuple[float, dict] | None = None
         self._next_poll = 0.0
@@ -175,20 +178,18 @@ class RunProgress:
         """The global iterations done and the figures to show (samples/s, busiest link)."""
         for ev in self._tail.read():
             if ev.get("kind") == "iteration" and ev.get("proc") in self._done:
-                self._done[ev["proc"]].append((ev["ts"], ev["ts"] + ev.get("dur", 0.0), ev.get("samples") or 0))
+                rows = self._done[ev["proc"]]
+                rows.append({"iteration": len(rows), "worker": ev["proc"], "start": ev["ts"],
+                             "end": ev["ts"] + ev.get("dur", 0.0), "samples": ev.get("samples") or 0})
         done = min(len(v) for v in self._done.values()) if self._done else 0
         parts = []
         if done >= 2:
-            # the summary's throughput (analysis.metrics) over the last (up to) 10 global iterations
-            # after the first: per iteration, the global batch over its span from the earliest
-            # worker's start to the latest worker's end, in emulated seconds; their mean
-            rates = []
-            for i in range(done - min(10, done - 1), done):
-                span = max(v[i][1] for v in self._done.values()) - min(v[i][0] for v in self._done.values())
-                if span > 0:
-                    rates.append(sum(v[i][2] for v in self._done.values()) / (span / self.scale))
-            if rates:
-                parts.append(f"{sum(rates) / len(rates):.1f} samples/s")
+            # the summary's throughput (analysis.metrics.global_iterations) over the last (up to)
+            # 10 global iterations after the first, their mean, in emulated time
+            recent = pd.DataFrame([r for v in self._done.values() for r in v[done - min(10, done - 1):done]])
+            rate = global_iterations(recent)["samples_per_s"].mean() * self.scale
+            if rate == rate:  # not NaN: some iteration took time
+                parts.append(f"{rate:.1f} samples/s")
         busiest = self._busiest_port()
         if busiest:
             parts.append(f"busiest link {busiest[0]} {busiest[1]:.0%}")
