@@ -21,7 +21,6 @@ denominator were the paper's (:meth:`PaperRatio.reference`), in the figure's own
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -30,8 +29,8 @@ from typing import Iterable
 
 import yaml
 
-from analysis.reproduction import MARKER, Entry, Ratio, load_catalogue
-from analysis.scoreboard import ScoreboardError, measure_ratio
+from analysis.reproduction import Entry, Ratio, load_catalogue
+from analysis.scoreboard import ScoreboardError, measure_ratio, read_marker
 from traffic.rundir import is_sweep, read_sweep_spec
 
 __all__ = ["PaperRatio", "paper_ratios", "sweep_entries"]
@@ -94,10 +93,13 @@ def _catalogue() -> tuple[Entry, ...]:
 
 
 def _marker_id(sweep_dir: Path) -> str | None:
+    """The catalogue id ``testbed reproduce`` marked ``sweep_dir`` with; None when unmarked
+    or the marker is unreadable (the figure is then drawn without the paper's value)."""
     try:
-        return str(json.loads((sweep_dir / MARKER).read_text())["id"])
-    except (OSError, ValueError, KeyError, TypeError):
+        marker = read_marker(sweep_dir)
+    except ScoreboardError:
         return None
+    return None if marker is None else marker.id
 
 
 def sweep_entries(sweep_dir: str | Path, entries: Iterable[Entry] | None = None) -> list[Entry]:

@@ -58,7 +58,7 @@ from common.errors import TestbedError
 from traffic.rundir import SWEEP_FIGURES, SWEEP_RENAMED, read_spec
 from traffic.summary import RunSummary
 
-__all__ = ["ARCHIVED_FILES", "Marked", "RatioResult", "ScoreboardError", "archive", "find_marked", "headline_table",
+__all__ = ["ARCHIVED_FILES", "Marked", "RatioResult", "ScoreboardError", "archive", "find_marked", "headline_table", "read_marker",
            "last_campaign", "measure_ratio", "ratio_result", "scoreboard"]
 
 #: the measurement protocol of a headline ratio (see the module doc): repeats, warm-up and
@@ -116,20 +116,26 @@ def find_marked(root: str | Path) -> list[Marked]:
     root = Path(root)
     if not root.is_dir():
         raise ScoreboardError(f"{root}: not a directory (give the runs directory, or reproduction/runs)")
-    out = []
-    for d in [root] + sorted(p for p in root.iterdir() if p.is_dir()):
-        f = d / MARKER
-        if not f.is_file():
-            continue
-        try:
-            m = json.loads(f.read_text())
-            over = m.get("overrides")
-            out.append(Marked(d, m["id"], m["mode"], int(m["repeat"]), int(m["repeats"]), m["started"],
-                              m["finished"], int(m.get("dilation", 1)),
-                              None if over is None else tuple(str(o) for o in over)))
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise ScoreboardError(f"{f}: not a readable marker ({type(e).__name__}: {e})") from None
-    return out
+    return [m for m in map(read_marker, [root] + sorted(p for p in root.iterdir() if p.is_dir())) if m is not None]
+
+
+def read_marker(d: str | Path) -> Marked | None:
+    """The marker of directory ``d``, or None when ``d`` has none.
+
+    Raises:
+        ScoreboardError: the marker is unreadable or lacks a field.
+    """
+    d = Path(d)
+    f = d / MARKER
+    if not f.is_file():
+        return None
+    try:
+        m = json.loads(f.read_text())
+        over = m.get("overrides")
+        return Marked(d, m["id"], m["mode"], int(m["repeat"]), int(m["repeats"]), m["started"], m["finished"],
+                      int(m.get("dilation", 1)), None if over is None else tuple(str(o) for o in over))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ScoreboardError(f"{f}: not a readable marker ({type(e).__name__}: {e})") from None
 
 
 def _rows(sweep_dir: Path) -> pd.DataFrame:
