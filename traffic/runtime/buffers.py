@@ -71,18 +71,24 @@ _MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)  # Linux's value
 _shared: mmap.mmap | None = None
 
 
-def reserve_shared(nbytes: int = SHARED_SCRATCH_BYTES) -> None:
+def reserve_shared(nbytes: int = SHARED_SCRATCH_BYTES) -> bool:
     """Reserve the shared scratch (a ``MAP_SHARED | MAP_ANONYMOUS | MAP_NORESERVE`` mapping of
     ``nbytes``); every process forked afterwards inherits it, and a light process's scratch
     requests that fit in it use it. Call it once, before forking (the zygote does);
-    idempotent.
+    idempotent. When the kernel refuses the mapping (strict overcommit,
+    ``vm.overcommit_memory = 2``, counts it whole) there is none: light processes then use
+    scratch of their own.
 
-    Raises:
-        OSError: the kernel refuses the mapping.
+    Returns:
+        Whether the shared scratch exists.
     """
     global _shared
     if _shared is None:
-        _shared = mmap.mmap(-1, int(nbytes), flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
+        try:
+            _shared = mmap.mmap(-1, int(nbytes), flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS | _MAP_NORESERVE)
+        except OSError:
+            return False
+    return True
 
 
 def shared_scratch_bytes() -> int:
