@@ -35,8 +35,8 @@ GIB = 2 ** 30
 
 def test_light_scratch_is_one_region_reused_by_every_request():
     b = Buffers(light=True)
-    small, large = b.empty(10), b.empty(4, 25)
-    again = b.empty(50)
+    large = b.empty(4, 25)  # the private scratch grows to the largest request, then serves every smaller one
+    small, again = b.empty(10), b.empty(50)
     assert small.data_ptr() == large.data_ptr() == again.data_ptr()
     assert tuple(large.shape) == (4, 25) and b.scratch_numel == 100
     meta = torch.nn.Parameter(torch.empty(3, 5, device="meta"))
@@ -81,6 +81,8 @@ import os, sys, time
 from traffic.models import build_model
 from traffic.runtime import buffers
 from traffic.runtime.buffers import Buffers
+from traffic.runtime.zygote import warm_up
+warm_up()  # as the zygote does before it forks (its imports are then shared, not each child's)
 buffers.reserve_shared(256 * 2 ** 20)
 ready_w = []
 pids = []

@@ -1,6 +1,6 @@
 """Light memory end to end through the harness (a real Mininet network; marked ``slow``, root):
 a light run moves the same bytes over every link as a full run, and a 64-host light run of
-VGG-19 ring allreduce stays within a memory bound."""
+ResNet-50 ring allreduce stays within a memory bound."""
 from __future__ import annotations
 
 import threading
@@ -22,7 +22,7 @@ def _spec(tmp_path, name: str, memory: str, scheme: str, racks: int, per_rack: i
         "name": name,
         "scale": 10,
         "topology": {"kind": "rack_core", "racks": racks, "hosts_per_rack": per_rack, "host_bw_mbps": 1000},
-        "workload": {"scheme": scheme, "model": "resnet18", "batch_size": 32, "iterations": 6,
+        "workload": {"scheme": scheme, "model": "resnet18", "batch_size": 32, "iterations": 3,
                      "warmup_iterations": 1, "compute": {"mode": "emulated", "profile": "gtx1080ti",
                                                          "memory": memory}, **workload},
         "run": {"runs_dir": str(tmp_path / memory), "timeout_s": 900},
@@ -54,19 +54,21 @@ def test_a_light_run_moves_the_same_bytes_over_every_link_as_a_full_run(tmp_path
     assert leftovers() == []
 
 
-#: what the machine's memory may grow by during a 64-host light VGG-19 ring allreduce run:
-#: 64 forked workers at a runtime base of at most 150 MiB each, the 411 MB shared scratch
-#: (VGG-19's fc6 bucket) once, the zygote, 64 hosts' network and the harness
-LIGHT_64_BOUND_BYTES = 12 * GIB
+#: what the machine's memory may grow by during a 64-host light ResNet-50 ring allreduce run
+#: (64 forked workers of a few tens of MB each, the shared scratch of one bucket once, the
+#: zygote, 64 hosts' network and the harness; measured 3.5 GiB for VGG-19 at 64 hosts). In
+#: full memory the same run needs more than this machine has: 64 x (4 x 98 MB of parameters,
+#: gradients, momentum and buckets + the worker's runtime) > 30 GiB
+LIGHT_64_BOUND_BYTES = 8 * GIB
 
 
 @pytest.mark.slow
 @root_only
-def test_a_64_host_light_vgg19_ring_allreduce_stays_under_its_memory_bound(tmp_path):
+def test_a_64_host_light_ring_allreduce_stays_under_its_memory_bound(tmp_path):
     """Used memory (total - available: it counts the shared scratch, which is shmem) sampled
     every 0.5 s during the run, growth over the level before it."""
     assert leftovers() == []
-    spec = _spec(tmp_path, "light-64", "light", "allreduce", 4, 16, model="vgg19", iterations=3,
+    spec = _spec(tmp_path, "light-64", "light", "allreduce", 4, 16, model="resnet50", iterations=2,
                  warmup_iterations=1)
 
     def used() -> int:
@@ -88,5 +90,6 @@ def test_a_64_host_light_vgg19_ring_allreduce_stays_under_its_memory_bound(tmp_p
         t.join()
     assert res.ok, res.summary.error
     growth = peak[0] - before
+    print(f"64 light workers: used memory grew by {growth / GIB:.2f} GiB")
     assert growth < LIGHT_64_BOUND_BYTES, f"grew by {growth / GIB:.2f} GiB"
     assert leftovers() == []
