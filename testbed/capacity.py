@@ -26,6 +26,11 @@ Memory (bytes), a sum over what the run starts:
   servers), and for every other role (workers, Stanza's ``fc``, which build the whole
   model) ``<scheme>_worker`` where the scheme was measured on its own (``ps``,
   ``allreduce``), else ``worker`` (the larger of those);
+* in ``workload.compute.memory: light`` (:mod:`traffic.runtime.buffers`) a process holds no
+  model: its cost is the same base USS plus its scratch (:func:`light_scratch_bytes`: the
+  scheme's largest buffer) when it is exec'd; a process forked by the zygote uses the
+  zygote's shared scratch instead, counted once with the shared pages below. The parameters
+  it sends are zero pages of a read-only mapping and cost nothing;
 * once, the pages the processes share: the zygote's RSS (``zygote_bytes``: torch and the
   project, imported once and shared copy-on-write by every process it forks) or, when every
   process is exec'd, the library pages they all map (``process_shared_bytes``). Per process
@@ -111,11 +116,12 @@ from testbed.spec import AUTO, Experiment
 from common.errors import CapacityError
 from topologies.hosts import HostInfo
 from traffic.models import model_info
+from traffic.runtime.buffers import ELEMENT_BYTES, REPLAY_CHUNK_ELEMENTS, SHARED_SCRATCH_BYTES
 from traffic.schemes import ProcessPlan
 from traffic.schemes import get as get_scheme
 
 __all__ = ["COST_KEYS", "COSTS_PATH", "SCHEME_MESSAGE_UNIT", "Cost", "CostModel", "Machine", "Estimate", "estimate",
-           "auto_scale", "check", "describe", "scheme_message_key", "CapacityError"]
+           "auto_scale", "check", "describe", "scheme_message_key", "light_scratch_bytes", "CapacityError"]
 
 GIB = 1024 ** 3
 
@@ -204,6 +210,8 @@ def estimate(exp: Experiment, hosts: Sequence[HostInfo], processes: Sequence[Pro
     real = w.compute.mode == "real"
 
     worker = f"{w.scheme}_worker" if f"{w.scheme}_worker_bytes_per_param_byte" in m.costs else "worker"
+    light = w.compute.memory == "light"
+    scratch = light_scratch_bytes(w, processes) if light else 0.0
     proc_bytes, forked, execed = 0.0, 0, 0
     for p in processes:
         # a second interface's process, and a researcher's program, are always exec'd
@@ -211,7 +219,9 @@ def estimate(exp: Experiment, hosts: Sequence[HostInfo], processes: Sequence[Pro
         forked, execed = forked + (not by_exec), execed + by_exec
         kind = "server" if p.role == "server" else worker
         b = m[f"{kind}_exec_base_uss_bytes" if by_exec else f"{kind}_base_uss_bytes"]
-        if p.role == "server":
+        if light:  # no model: its scratch, its own unless it shares the zygote's
+            b += scratch if by_exec or scratch > SHARED_SCRATCH_BYTES else 0.0
+        elif p.role == "server":
             b += m["server_bytes_per_param_byte"] * param_bytes / n_servers
         else:
             b += m[f"{kind}_bytes_per_param_byte"] * param_bytes
@@ -219,6 +229,8 @@ def estimate(exp: Experiment, hosts: Sequence[HostInfo], processes: Sequence[Pro
                 b += m["real_compute_worker_bytes"]
         proc_bytes += b
     shared = m["zygote_bytes"] if forked else (m["process_shared_bytes"] if execed else 0.0)
+    if light and forked and scratch <= SHARED_SCRATCH_BYTES:
+        shared += scratch  # the zygote's shared scratch: resident once, as large as the largest buffer
     extra_links = sum(max(h.interfaces - 1, 0) for h in hosts)
     memory = {
         "processes": int(round(proc_bytes)),
@@ -275,6 +287,19 @@ def estimate(exp: Experiment, hosts: Sequence[HostInfo], processes: Sequence[Pro
                     network_cores_at_scale_1=network_1)
 
 
+def light_scratch_bytes(workload, processes: Sequence[ProcessPlan]) -> float:
+    """Bytes of scratch one process of a ``compute.memory: light`` run touches: the scheme's
+    largest buffer (:meth:`traffic.schemes.Scheme.light_buffer_bytes`) or the optimizer
+    replay's three chunks (:data:`traffic.runtime.buffers.REPLAY_CHUNK_ELEMENTS`), whichever
+    is larger.
+
+    Raises:
+        KeyError: unknown model.
+    """
+    replay = 3 * REPLAY_CHUNK_ELEMENTS * ELEMENT_BYTES
+    return max(float(get_scheme(workload.scheme).light_buffer_bytes(workload, processes)), float(replay))
+
+
 def _gib(n: float) -> str:
     return f"{n / GIB:.2f} GiB"
 
@@ -296,13 +321,16 @@ def _who(label: str, exp: Experiment) -> str:
     return f"point '{label}'" if label else f"run '{exp.name}'"
 
 
-def _memory_refusal(who: str, est: Estimate) -> str:
+def _memory_refusal(who: str, exp: Experiment, est: Estimate) -> str:
     parts = ", ".join(f"{k} {_gib(v)}" for k, v in est.memory_breakdown.items())
+    c = exp.workload.compute
+    light = (", workload.compute.memory: light (no model per process: traffic.runtime.buffers)"
+             if c.mode == "emulated" and c.memory == "full" else "")
     return (f"{who}: estimated memory {_gib(est.memory_bytes)} ({parts}; {est.processes} processes, {est.hosts} hosts, "
             f"model {est.param_bytes / 1e6:.1f} MB of parameters) exceeds the {_gib(est.available_bytes)} this machine "
             f"has available (of {_gib(est.total_bytes)}): use fewer hosts or workers (topology.racks, "
-            f"topology.hosts_per_rack, workload.workers, workload.servers), a smaller model (workload.model), or set "
-            f"run.force: true to run anyway")
+            f"topology.hosts_per_rack, workload.workers, workload.servers), a smaller model (workload.model){light}, "
+            f"or set run.force: true to run anyway")
 
 
 def _cpu_warning(who: str, exp: Experiment, est: Estimate) -> str:
@@ -349,7 +377,7 @@ def check(points: Iterable[tuple[str, Experiment, Sequence[HostInfo], Sequence[P
         est = estimate(exp, hosts, processes, model=m, machine=mach)
         who = _who(label, exp)
         if est.memory_bytes > est.available_bytes:
-            refusals.append(_memory_refusal(who, est))
+            refusals.append(_memory_refusal(who, exp, est))
         if est.scale < est.min_scale:
             warnings.append(_cpu_warning(who, exp, est))
     if refusals and not force:

@@ -154,6 +154,18 @@ class ComputeSpec(SpecModel):
     """
     mode: Literal["real", "emulated"] = "real"
     """``real`` or ``emulated``."""
+    memory: Literal["full", "light"] = "full"
+    """``full``: every process holds the model's real tensors (parameters, gradients,
+    optimizer state, receive buffers), as real compute needs. ``light`` (``mode: emulated``
+    only): values are never used, so a process builds its model on the meta device, sends
+    from a read-only region of zeros that takes no memory and receives into one scratch
+    buffer the size of its largest message, shared by the processes of a machine when they
+    fork from the zygote (:mod:`traffic.runtime.buffers`); every message keeps its true size
+    and time. For runs too large to hold one model per process (VGG-19 on 128 workers).
+    Not with ``save_params``, and only for schemes that route their tensors through
+    :mod:`traffic.runtime.buffers` (``allreduce``, ``ps``, ``pipe_sgd``; the others are
+    refused, naming why). Left ``full`` by default so that a spec's results do not change
+    unasked."""
     profile: str = "zero"
     """``zero`` (infinitely fast compute: communication only, like PHub's
     ZeroComputeEngine, PHub Section 4.4), a device with a compute profile for (model, batch) in
@@ -315,6 +327,7 @@ class WorkloadSpec(SpecModel):
             out.append(FieldError(f"{prefix}.warmup_iterations", self.warmup_iterations,
                                   f"fewer than workload.iterations ({self.iterations})"))
         out += self.servers.cross_errors(f"{prefix}.servers")
+        out += self._memory_errors(prefix)
         if self.compute.mode == "emulated":
             try:
                 load_profile(self.compute.profile, self.model, self.batch_size)
@@ -324,6 +337,26 @@ class WorkloadSpec(SpecModel):
                 out.append(FieldError(f"{prefix}.compute.profile", self.compute.profile,
                                       f"'zero', a device with a shipped profile, or the path of a readable "
                                       f"profile JSON file ({type(e).__name__}: {e})"))
+        return out
+
+
+    def _memory_errors(self, prefix: str) -> list[FieldError]:
+        """``compute.memory: light`` needs emulated compute, no saved parameters and a scheme
+        that supports it (:meth:`traffic.schemes.base.Scheme.light_memory_refusal`)."""
+        if self.compute.memory != "light":
+            return []
+        field = f"{prefix}.compute.memory"
+        if self.compute.mode != "emulated":
+            return [FieldError(field, "light", "'full' with workload.compute.mode: real (real compute needs the "
+                               "model's values)")]
+        out = []
+        if self.save_params:
+            out.append(FieldError(field, "light", "'full' with workload.save_params: true (a light process holds "
+                                  "no parameter values to save)"))
+        if self.program is None:
+            refusal = schemes.get(self.scheme).light_memory_refusal()
+            if refusal:
+                out.append(FieldError(field, "light", f"'full' with scheme {self.scheme!r}: {refusal}"))
         return out
 
 

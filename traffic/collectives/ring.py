@@ -190,6 +190,6 @@ def ring_allreduce(transport: "Transport", tensor: torch.Tensor, ranks: Sequence
     for s in range(p - 1):
         sb, rb = (own - s) % p, (i - s) % p
         payload[rb] = codec.empty_payload(blk[rb].numel())
-        exchange("all_gather", p - 1 + s, payload[sb], payload[rb], sb, rb)
+        exchange("all_gather", p - 1 + s, payload.pop(sb), payload[rb], sb, rb)  # sent: no longer held
         blk[rb].copy_(decode(payload[rb], blk[rb].numel(), p - 1 + s))
     return stats

@@ -9,6 +9,8 @@ Modules:
     transport  Transport: logged torch.distributed point-to-point and collectives
     comm       CommThread / PriorityCommThread: background communication, futures
     trainer    Trainer: the standard loop with the scheme hooks; evaluate; make_optimizer
+    buffers    Buffers: where large tensors live, the model's own or light memory's shared
+               zeros and scratch (``workload.compute.memory``)
 
 The loopback runner that starts every process of a run without Mininet is harness code:
 :mod:`testbed.loopback`. This package's ``__init__`` imports nothing heavy.

@@ -39,6 +39,7 @@ from traffic.models import build_model  # noqa: E402
 from traffic.hostmodel import HostSpec  # noqa: E402
 from traffic.compute_profiles import load_profile  # noqa: E402
 from traffic.rundir import read_json, write_json  # noqa: E402
+from traffic.runtime.buffers import Buffers  # noqa: E402
 from traffic.runtime.comm import CommThread  # noqa: E402
 from traffic.runtime.context import Context, InjectedCrash  # noqa: E402
 from traffic.runtime.events import EventLog  # noqa: E402
@@ -105,8 +106,9 @@ def run_process(run_dir: str | Path, name: str) -> int:
         data = batches = profile = None
         scheme_cls = schemes.get(w.scheme)
         device = scheme_cls.model_device(role)
+        light = w.compute.memory == "light"
         if w.compute.mode == "emulated":  # the model's native input; no data is read
-            model = build_model(w.model, w.seed, device=device)
+            model = build_model(w.model, w.seed, device="meta" if light else device)
             profile = load_profile(w.compute.profile, w.model, w.batch_size, n_layers=len(model.layers))
         else:
             data = load_dataset(w.dataset, w.seed)
@@ -123,7 +125,8 @@ def run_process(run_dir: str | Path, name: str) -> int:
             run_dir=run_dir, workload=w, topology=topology, scale=scale, name=name, role=role, index=index, rank=rank, world_size=world,
             processes=doc["processes"], model=model, data=data, batches=batches,
             transport=Transport(events, rank, world, costs=costs), events=events, comm=CommThread("comm"),
-            crash_at=Context.crash_iteration(name), profile=profile, costs=costs, slowdown=slowdown)
+            crash_at=Context.crash_iteration(name), profile=profile, costs=costs, slowdown=slowdown,
+            buffers=Buffers(light))
         scheme = scheme_cls(ctx)
         t0 = time.perf_counter()
         scheme.main()

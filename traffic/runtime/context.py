@@ -9,6 +9,7 @@ from typing import Any
 from topologies.spec import TopologySpec
 from traffic.data import Dataset, GlobalBatches
 from traffic.models import LayeredModel
+from traffic.runtime.buffers import Buffers
 from traffic.runtime.comm import CommThread
 from traffic.runtime.events import EventLog
 from traffic.hostmodel.costs import HostCosts
@@ -71,6 +72,9 @@ class Context:
             work, emulated compute) is charged through it at the spec's ``host`` rates.
         results: extra fields for ``results/<proc>.json`` (the trainer sets
             ``final_accuracy``, ``final_loss``; a scheme may add its own).
+        buffers: where the process's large tensors live (:class:`~traffic.runtime.buffers.Buffers`:
+            the model's own in ``workload.compute.memory: full``, shared zeros and scratch in
+            ``light``, where ``model`` is on the meta device).
         slowdown: this host's straggler schedule (:class:`traffic.event_spec.ComputeSlowdown`,
             from the spec's ``events``) or None; :meth:`maybe_crash` tells it where each
             iteration starts, and ``costs`` takes its factor.
@@ -96,6 +100,7 @@ class Context:
     crash_at: int | None = None
     profile: Any = None
     slowdown: Any = None
+    buffers: Buffers = field(default_factory=Buffers)
 
     @property
     def iterations(self) -> int:

@@ -32,6 +32,9 @@ class EmulatedCompute:
             aggregation act on distinct data).
         costs: the process's host-cost accountant (it dilates by its ``scale`` and counts
             the ``compute`` kind); default: one of its own at scale 1.
+        gradients: allocate the gradients and leave them in ``p.grad`` (false in
+            ``workload.compute.memory: light``, where the model is on the meta device and a
+            scheme sends ``ctx.buffers.grad(p)``: :mod:`traffic.runtime.buffers`).
 
     Gradients are allocated once (``N(0, 1e-3^2)`` values) and assigned as each layer's
     ``.grad`` when its backward ends; they are not recomputed, which would cost a full
@@ -42,15 +45,17 @@ class EmulatedCompute:
     """
 
     def __init__(self, model, forward_s: list[float], backward_s: list[float], seed: int,
-                 costs: HostCosts | None = None):
+                 costs: HostCosts | None = None, gradients: bool = True):
         n = len(model.layers)
         if len(forward_s) != n or len(backward_s) != n:
             raise ValueError(f"profile has {len(forward_s)} layers, model {getattr(model, 'name', '')} has {n}")
         self.forward_s, self.backward_s = list(forward_s), list(backward_s)
         self.costs = costs if costs is not None else HostCosts()
-        gen = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            self.grads = {id(p): torch.randn(p.shape, generator=gen) * 1e-3 for p in model.parameters()}
+        self.grads: dict[int, torch.Tensor] = {}
+        if gradients:
+            gen = torch.Generator().manual_seed(seed)
+            with torch.no_grad():
+                self.grads = {id(p): torch.randn(p.shape, generator=gen) * 1e-3 for p in model.parameters()}
 
     def forward(self, layer: int) -> float:
         """Emulate layer ``layer``'s forward; returns the emulated seconds charged (the
@@ -60,10 +65,11 @@ class EmulatedCompute:
         return seconds
 
     def backward(self, layer: int, params) -> float:
-        """Emulate layer ``layer``'s backward and leave its gradients in ``p.grad``; returns
-        the emulated seconds charged."""
+        """Emulate layer ``layer``'s backward and leave its gradients in ``p.grad`` (when it
+        holds gradients); returns the emulated seconds charged."""
         seconds = self.backward_s[layer] * self.costs.compute_factor()
         self.costs.wait("compute", seconds, span=False)
-        for p in params:
-            p.grad = self.grads[id(p)]
+        if self.grads:
+            for p in params:
+                p.grad = self.grads[id(p)]
         return seconds

@@ -144,7 +144,8 @@ class Trainer:
         self.emulated = None
         if ctx.workload.compute.mode == "emulated":
             self.emulated = EmulatedCompute(self.model, ctx.profile.forward_s(), ctx.profile.backward_s(),
-                                            seed=ctx.workload.seed * 100_003 + ctx.rank, costs=ctx.costs)
+                                            seed=ctx.workload.seed * 100_003 + ctx.rank, costs=ctx.costs,
+                                            gradients=not ctx.buffers.light)
 
     # ---------------------------------------------------------------- hooks
 

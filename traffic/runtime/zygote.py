@@ -11,7 +11,9 @@ so the harness's ``killpg`` reaches it), enters the network namespace of its Min
 at its log, takes the environment the harness gives it, then runs
 :func:`traffic.runtime.__main__.run_process` and leaves through ``os._exit`` like a process
 started with ``python -m traffic.runtime``. The zygote itself starts no thread, so forking it
-is safe (checked: one OS thread after the imports).
+is safe (checked: one OS thread after the imports). Before serving it reserves the shared
+scratch of ``workload.compute.memory: light`` (:func:`traffic.runtime.buffers.reserve_shared`:
+address space only; pages take memory once a light child touches them, once per machine).
 
 Protocol: one JSON object per line. On stdin, requests ``{"op": "spawn", "name", "run_dir",
 "netns_pid" (null: stay in this namespace), "env": {...}, "log": path, "cgroup": path of a
@@ -46,6 +48,7 @@ from common.process import die_with_parent  # noqa: E402
 import torch  # noqa: E402
 
 import traffic.runtime.__main__ as runtime  # noqa: E402  (torch and the whole runtime)
+from traffic.runtime import buffers  # noqa: E402
 
 __all__ = ["main", "warm_up"]
 
@@ -136,6 +139,7 @@ def main() -> None:
     inp = sys.stdin.buffer
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the harness stops the run, not a Ctrl-C to the group
     warm_up()
+    buffers.reserve_shared()  # light memory's scratch: one region for every child (traffic.runtime.buffers)
     _send(out, {"op": "ready", "import_s": round(time.time() - _T_IMPORT, 3)})
     buf = b""
     while True:

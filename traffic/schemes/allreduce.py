@@ -28,6 +28,11 @@ within the measured collective, plus the stated cost after it. The project's own
 that by charging each sum as it happens, with the real work as the floor; this scheme keeps
 gloo's collective.
 
+Light memory (``workload.compute.memory: light``, :mod:`traffic.runtime.buffers`): each
+bucket is reduced in place on scratch (no copy of the gradients into it), the averaging
+division runs on it, and the optimizer step is replayed on scratch; the same collectives
+carry the same bytes.
+
 Events: ``allreduce`` per bucket (``bytes`` = the bucket's payload, ``bucket``, ``keys``,
 ``group_size``), ``host_aggregate`` per bucket (``bytes`` = the charged
 :func:`ring_reduced_bytes`, ``bucket``) and ``update`` for the optimizer step.
@@ -45,7 +50,6 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-import torch
 from pydantic import Field
 
 from traffic.runtime.trainer import make_optimizer
@@ -167,10 +171,24 @@ class AllReduce(Scheme):
         ring sends ``2 (W - 1) / W`` of it from each host, twice the bound)."""
         return gradient_sync_bytes(workload, processes)
 
+    light_refusal = None
+
+    @classmethod
+    def light_buffer_bytes(cls, workload, processes: Sequence[ProcessPlan]) -> float:
+        """:meth:`Scheme.light_buffer_bytes`: the largest bucket of :func:`make_buckets`
+        (reduced in place on scratch).
+
+        Raises:
+            KeyError: unknown model.
+        """
+        key_bytes = [ELEMENT_BYTES * n for n, _ in model_keys(workload.model)]
+        return max(sum(key_bytes[k] for k in keys) for keys in make_buckets(key_bytes, cls.options_of(workload).bucket_mb))
+
     def setup(self) -> None:
         ctx = self.ctx
         self.params = [p for p in ctx.model.parameters() if p.requires_grad]
-        self.optimizer = make_optimizer(self.params, ctx.workload.optimizer)
+        # light memory: no optimizer state; its step is replayed on scratch (traffic.runtime.buffers)
+        self.optimizer = None if ctx.buffers.light else make_optimizer(self.params, ctx.workload.optimizer)
         self.buckets = make_buckets([p.numel() * p.element_size() for p in self.params],
                                     self.opts.bucket_mb)
         worker_ranks = ctx.ranks("worker")
@@ -181,20 +199,17 @@ class AllReduce(Scheme):
     def on_backward_end(self, it: int) -> None:
         """All_reduce each bucket of gradients, average, and step the optimizer. Each
         bucket's local reduction is charged as host cost ``aggregate`` (module docstring)."""
-        tr = self.ctx.transport
+        tr, buffers = self.ctx.transport, self.ctx.buffers
         for b, keys in enumerate(self.buckets):
-            grads = []
-            for k in keys:
-                p = self.params[k]
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                grads.append(p.grad)
-            flat = torch.cat([g.reshape(-1) for g in grads]) if len(grads) > 1 else grads[0].reshape(-1).clone()
+            grads = [buffers.grad(self.params[k]) for k in keys]
+            flat = buffers.flat(grads)
             tr.all_reduce(flat, group=self.group, kind="allreduce", iteration=it, bucket=b, keys=keys)
             # gloo summed inside the collective; charge that sum here (module docstring)
             with self.ctx.costs.charge("aggregate", nbytes=ring_reduced_bytes(flat.numel() * flat.element_size(),
                                                                               self.W), iteration=it, bucket=b):
                 flat /= self.W
+            if buffers.light:
+                continue
             off = 0
             for g in grads:
                 g.copy_(flat[off:off + g.numel()].view_as(g))
@@ -204,4 +219,7 @@ class AllReduce(Scheme):
     def step(self, it: int) -> None:
         """The optimizer step on the averaged gradients (a subclass may change them first)."""
         with self.ctx.events.span("update", iteration=it):
-            self.optimizer.step()
+            if self.optimizer is None:
+                self.ctx.buffers.replay_sgd(sum(p.numel() for p in self.params), self.ctx.workload.optimizer)
+            else:
+                self.optimizer.step()

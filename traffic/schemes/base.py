@@ -88,11 +88,16 @@ class Scheme:
             processes run several Python threads sets it lower: a thread back from a gloo
             operation (or a stated host cost's wait) otherwise waits up to 5 ms for the GIL
             while another thread runs Python code (measured in :mod:`traffic.schemes.p3`).
+        light_refusal: why the scheme cannot run with ``workload.compute.memory: light``
+            (:meth:`light_memory_refusal`), or None when its payload tensors come from
+            ``ctx.buffers`` (:mod:`traffic.runtime.buffers`); read from the class's own
+            attributes only (not inherited).
     """
     name: ClassVar[str] = ""
     roles: ClassVar[tuple[str, ...]] = ("worker",)
     Options: ClassVar[type[SchemeOptions]] = SchemeOptions
     switch_interval_s: ClassVar[float | None] = None
+    light_refusal: ClassVar[str | None] = "its tensors do not go through traffic.runtime.buffers"
 
     def __init__(self, ctx):
         self.ctx = ctx
@@ -180,6 +185,36 @@ class Scheme:
             researcher's own program).
         """
         return None
+
+    @classmethod
+    def light_memory_refusal(cls) -> str | None:
+        """Why this scheme cannot run with ``workload.compute.memory: light``, or None when it
+        can (:mod:`traffic.runtime.buffers`: its payload tensors come from ``ctx.buffers``).
+        The spec's validation refuses ``light`` with this reason, naming the scheme.
+
+        Default: :attr:`light_refusal` as the class itself sets it; a class that does not
+        set it (a subclass of a scheme that supports light memory, say) is refused, since
+        what it adds may read values that light memory does not hold.
+        """
+        if "light_refusal" in vars(cls):
+            return cls.light_refusal
+        return (f"{cls.__name__} does not state that its tensors go through traffic.runtime.buffers "
+                f"(a scheme that does sets light_refusal = None in its own class)")
+
+    @classmethod
+    def light_buffer_bytes(cls, workload, processes: Sequence[ProcessPlan]) -> float:
+        """With ``compute.memory: light``: bytes of the largest single payload buffer one of
+        the plan's processes asks ``ctx.buffers`` for (a bucket, a shard, a message), the
+        size its scratch grows to; what the capacity model (:mod:`testbed.capacity`) counts
+        once per machine (shared scratch) or once per process (private scratch).
+
+        ``workload``: a :class:`traffic.spec.WorkloadSpec`; ``processes``: the scheme's
+        :meth:`plan`. Default: the model's largest parameter tensor (one key), float32.
+
+        Raises:
+            KeyError: unknown model.
+        """
+        return ELEMENT_BYTES * max(n for n, _ in model_keys(workload.model))
 
     @classmethod
     def model_device(cls, role: str) -> str | None:

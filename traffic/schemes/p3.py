@@ -191,6 +191,9 @@ class P3Options(SchemeOptions):
 @register("p3")
 class P3(ParameterServer):
     """Priority-based parameter propagation (see the module docstring). Options: :class:`P3Options`."""
+    light_refusal = ("its server reads each push's slice id from the message's first element, so every receive "
+                     "posted in a round needs a buffer of its own (W x the server's share of the model), which "
+                     "light memory's shared scratch cannot give")
     Options = P3Options
     push_kind = "push"
     pull_kind = "broadcast"

@@ -48,6 +48,11 @@ eq. (5)/(6) show is best when communication-bound; a number cuts the gradient in
 that many MiB as ``allreduce`` does (:func:`traffic.schemes.allreduce.make_buckets`), all
 still sent after the backward pass, one ring allreduce each, in order.
 
+Light memory (``workload.compute.memory: light``, :mod:`traffic.runtime.buffers`): the
+buckets are views of scratch (no copy of the gradients; iterations in flight share it), the
+ring reduces them in place, and the optimizer step is replayed on scratch; the ring sends
+the same messages.
+
 Events (worker): per bucket and iteration an ``allreduce`` span on the ``comm`` thread
 (``bytes`` = float32 payload, ``wire_bytes`` = bytes this worker sent, ``compression``,
 ``compress_s``, ``decompress_s``, ``reduce_s``, ``group_size``) containing the ring's own
@@ -113,6 +118,21 @@ class PipeSGD(Scheme):
     # interval for the GIL while the other thread runs Python code: with 2(p-1) ring steps
     # per allreduce that would put up to 2(p-1) x 5 ms on the communication path.
     switch_interval_s = SWITCH_INTERVAL_S
+    light_refusal = None
+
+    @classmethod
+    def light_buffer_bytes(cls, workload, processes: Sequence[ProcessPlan]) -> float:
+        """:meth:`Scheme.light_buffer_bytes`: the largest bucket (``bucket_mb``; null: the
+        whole gradient), reduced in place on scratch.
+
+        Raises:
+            KeyError: unknown model.
+        """
+        o = cls.options_of(workload)
+        key_bytes = [ELEMENT_BYTES * n for n, _ in model_keys(workload.model)]
+        if o.bucket_mb is None:
+            return sum(key_bytes)
+        return max(sum(key_bytes[k] for k in keys) for keys in make_buckets(key_bytes, float(o.bucket_mb)))
 
     @classmethod
     def message_bytes(cls, workload, processes: Sequence[ProcessPlan]) -> float:
@@ -156,7 +176,8 @@ class PipeSGD(Scheme):
         self.K = self.opts.K
         self.codec = make_codec(self.opts.compression)
         self.params = [p for p in ctx.model.parameters() if p.requires_grad]
-        self.optimizer = make_optimizer(self.params, ctx.workload.optimizer)
+        # light memory: no optimizer state; its step is replayed on scratch (traffic.runtime.buffers)
+        self.optimizer = None if ctx.buffers.light else make_optimizer(self.params, ctx.workload.optimizer)
         b = self.opts.bucket_mb
         if b is None:
             self.buckets = [list(reversed(range(len(self.params))))]
@@ -186,15 +207,18 @@ class PipeSGD(Scheme):
     def on_backward_end(self, it: int) -> None:
         """Hand iteration ``it``'s local gradient to the communication thread, then apply the
         update that uses ``g_sum[it - (K - 1)]`` (zero for the first ``K - 1`` iterations)."""
-        ev = self.ctx.events
+        ev, buffers = self.ctx.events, self.ctx.buffers
         with ev.span("pack", iteration=it):
-            flats = []
-            for keys in self.buckets:
-                grads = [self.params[k].grad if self.params[k].grad is not None else torch.zeros_like(self.params[k])
-                         for k in keys]
-                flats.append(torch.cat([g.reshape(-1) for g in grads]))
+            flats = [buffers.flat([buffers.grad(self.params[k]) for k in keys]) for keys in self.buckets]
         self._sums[it] = self.ctx.comm.submit(self._allreduce, it, flats)
         j = grad_iteration(it, self.K)
+        if self.optimizer is None:  # light memory: wait as a full worker does, then replay the step
+            if j is not None:
+                with ev.span("wait_gradient", iteration=it, grad_iteration=j):
+                    self._sums.pop(j).result()
+            with ev.span("update", iteration=it, grad_iteration=j, staleness=self.K - 1):
+                buffers.replay_sgd(sum(p.numel() for p in self.params), self.ctx.workload.optimizer)
+            return
         if j is None:
             for p in self.params:
                 p.grad = torch.zeros_like(p)

@@ -55,6 +55,11 @@ is pulled; with ``overlap``: ``after_backward`` only pushes, ``before_forward(it
 for layer ``l`` of round ``it - 1``. The values each forward pass reads are the same as
 without the option; only the messages (and their timing) differ.
 
+Light memory (``workload.compute.memory: light``, :mod:`traffic.runtime.buffers`): workers
+push their gradients from the shared zeros and pull onto scratch; a server receives the
+initial values and the pushes onto scratch, sends zeros, and skips the summation and the
+optimizer step, whose stated host costs are still charged. Every message is the same.
+
 Messages: push and pull of shard ``i`` use tag ``i`` (``Shard.id``); notifications and pull
 requests their own tags (:data:`traffic.schemes.ps_pull_request.NOTIFY_TAG`,
 ``PULL_REQUEST_TAG``). Events: workers log ``push`` (dir tx) and ``pull`` (dir rx); servers
@@ -197,6 +202,17 @@ class ParameterServer(Scheme):
     # with pull_request: the worker's puller (setup) and the server's responder (run_server)
     _notified: NotifiedPuller | None = None
     _responder: RequestResponder | None = None
+    light_refusal = None
+
+    @classmethod
+    def light_buffer_bytes(cls, workload, processes: Sequence[ProcessPlan]) -> float:
+        """:meth:`Scheme.light_buffer_bytes`: the largest shard of :meth:`planned_shards`
+        (a worker's pull lands on scratch; a server receives each push there).
+
+        Raises:
+            KeyError: unknown model.
+        """
+        return ELEMENT_BYTES * max(s.numel for s in cls.planned_shards(workload, processes)[1])
 
     @classmethod
     def hosts(cls, workload, topology) -> list[HostRequest]:
@@ -353,7 +369,7 @@ class ParameterServer(Scheme):
         self._pulls: dict[int, list[Pending]] = {}   # layer -> pulls in flight
         if self.ctx.index == 0:
             tr = self.ctx.transport
-            flat = [p.data.view(-1) for p in self.params]
+            flat = [self.ctx.buffers.values(p).view(-1) for p in self.params]
             tr.wait_all([tr.isend(flat[s.key][s.lo:s.hi], self.server_ranks[s.server], tag=s.id,
                                   kind="init", **self._fields(-1, s)) for s in self.shards])
         if self.pull_requested:
@@ -362,14 +378,13 @@ class ParameterServer(Scheme):
             self._notified.start()
 
     def _grad_slice(self, s: Shard) -> torch.Tensor:
-        p = self.params[s.key]
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-        return p.grad.view(-1)[s.lo:s.hi]
+        return self.ctx.buffers.grad(self.params[s.key]).view(-1)[s.lo:s.hi]
 
     def _post_pull(self, it: int, s: Shard) -> Pending:
-        """Post the receive of shard ``s``'s updated values straight into the model."""
-        return self.ctx.transport.irecv(self.params[s.key].data.view(-1)[s.lo:s.hi], self.server_ranks[s.server],
+        """Post the receive of shard ``s``'s updated values straight into the model (light
+        memory: onto scratch)."""
+        return self.ctx.transport.irecv(self.ctx.buffers.landing(self.params[s.key]).view(-1)[s.lo:s.hi],
+                                        self.server_ranks[s.server],
                                         tag=s.id, kind=self.pull_kind, **self._fields(it, s))
 
     def on_backward_end(self, it: int) -> None:
@@ -469,13 +484,14 @@ class ParameterServer(Scheme):
         """
         ctx = self.ctx
         self._layout()
-        tr, ev, W = ctx.transport, ctx.events, len(self.worker_ranks)
+        tr, ev, W, light = ctx.transport, ctx.events, len(self.worker_ranks), ctx.buffers.light
         self.mine = [s for s in self.shards if s.server == ctx.index]
-        self.values = [torch.nn.Parameter(torch.empty(s.numel)) for s in self.mine]
-        tr.wait_all([tr.irecv(v.data, self.worker_ranks[0], tag=s.id, kind="init", **self._fields(-1, s))
-                     for s, v in zip(self.mine, self.values)])
-        opts = [TensorSGD(v, ctx.workload.optimizer) for v in self.values]
-        bufs = self._bufs = [[torch.empty(s.numel) for _ in range(W)] for s in self.mine]
+        # light memory: the values sent are zeros (no memory), what arrives lands on scratch
+        self.values = [torch.nn.Parameter(ctx.buffers.zeros(s.numel), requires_grad=not light) for s in self.mine]
+        tr.wait_all([tr.irecv(v.data if not light else ctx.buffers.empty(s.numel), self.worker_ranks[0], tag=s.id,
+                              kind="init", **self._fields(-1, s)) for s, v in zip(self.mine, self.values)])
+        opts = [TensorSGD(v, ctx.workload.optimizer) for v in self.values] if not light else []
+        bufs = self._bufs = [[ctx.buffers.empty(s.numel) for _ in range(W)] for s in self.mine]
         ev.instant("server_keys", shards=[s.id for s in self.mine], numel=sum(s.numel for s in self.mine))
         if self.pull_requested:
             self._responder = RequestResponder(tr, ctx.costs, self.mine, self.values, self.key_layer,
@@ -489,13 +505,16 @@ class ParameterServer(Scheme):
                 nbytes = s.numel * ELEMENT_BYTES
                 with ev.span("update", **self._fields(it, s)):
                     # host costs (traffic.hostmodel): summing W copies, then the optimizer on the shard
+                    # (light memory: no values, the host model charges the stated costs alone)
                     with ctx.costs.charge("aggregate", nbytes=W * nbytes, iteration=it, shard=s.id):
-                        g = bufs[i][0]  # summed in place: the buffers are refilled only next round
-                        for b in bufs[i][1:]:
-                            g += b
-                        g /= W
+                        if not light:
+                            g = bufs[i][0]  # summed in place: the buffers are refilled only next round
+                            for b in bufs[i][1:]:
+                                g += b
+                            g /= W
                     with ctx.costs.charge("optimizer", nbytes=nbytes, iteration=it, shard=s.id):
-                        opts[i].step(g)
+                        if not light:
+                            opts[i].step(g)
                 sends += self._publish(it, i)
             tr.wait_all(sends)  # before the next round changes the values in place
             self._round_end(it)

@@ -144,6 +144,8 @@ class IBatch(ParameterServer):
     """Parameter server with pulls on request: default, layer by layer or iBatch batches
     (see the module docstring). Options: :class:`IBatchOptions`."""
     Options = IBatchOptions
+    light_refusal = ("not supported yet: its pull batches and profiling rounds still hold the model's tensors "
+                     "(traffic.runtime.buffers)")
 
     @classmethod
     def message_bytes(cls, workload, processes: Sequence[ProcessPlan]) -> float:

@@ -234,6 +234,8 @@ class PHub(ParameterServer):
     Options = PHubOptions
     push_kind = "push"
     pull_kind = "pull"
+    light_refusal = ("its frames carry a job token in their payload, read on arrival, so frames in flight cannot "
+                     "share light memory's scratch; not supported yet")
 
     # ---------------------------------------------------------------- harness side
 

@@ -255,6 +255,8 @@ class Stanza(Scheme):
     the module docstring. Options: :class:`StanzaOptions`."""
     roles = ("worker", "fc")
     Options = StanzaOptions
+    light_refusal = ("not supported yet: its CONV and FC workers exchange activations and hold the FC layers' "
+                     "tensors outside traffic.runtime.buffers")
 
     # ---------------------------------------------------------------- harness side
 
