@@ -4,9 +4,12 @@
         net.hosts["h1"].popen(...)
 
 Switches are Linux bridges (``mininet.nodelib.LinuxBridge``, no controller: Open vSwitch's
-kernel datapath is not needed); links are veth pairs shaped on both ends by
-:class:`testbed.shaping.ShapedIntf` (htb). After the build, every shaped interface's htb
-class is read back over netlink (:meth:`testbed.shaping.LinkShaper.read`) and compared with
+kernel datapath is not needed); links are veth pairs shaped on both ends as
+:class:`testbed.shaping.ShapedIntf` shapes them (htb). Mininet's classes are those of
+:mod:`testbed.netlink_build`, which make the links, addresses, qdiscs and bridges over netlink
+in one pass per namespace; what is left for the nodes' shells (routes, sysctls, reading
+values back) is one command line per node, every node's at once. After the build, every
+shaped interface's htb class is read back over netlink (:meth:`testbed.shaping.LinkShaper.read`) and compared with
 the rate asked for (:func:`testbed.shaping.shaping_errors`: htb rate, MTU, netem delay and loss,
 queue); a mismatch fails the build. ``topology.json`` records the hosts, switches, links, and
 the read-back shaping; ``shaping.json`` the verdict (written before a mismatch fails the build).
@@ -19,14 +22,15 @@ from pathlib import Path
 
 from mininet.log import setLogLevel
 from mininet.net import Mininet
-from mininet.nodelib import LinuxBridge
+from pyroute2 import IPRoute
 
 from common.errors import MissingRequirement, TestbedError
 from testbed.interrupts import deferred_signals
 from testbed.ledger import Ledger
 from traffic.rundir import write_json
 from testbed.check import kernel_qdiscs
-from testbed.shaping import (RATE_TOLERANCE, LinkShaper, ShapedLink, htb_burst_bytes, link_ends, netem_errors,
+from testbed.netlink_build import NetlinkBridge, NetlinkHost, NetlinkLink, configure, run_on_nodes
+from testbed.shaping import (RATE_TOLERANCE, LinkShaper, htb_burst_bytes, link_ends, netem_errors,
                               shaping_errors)
 from topologies import HostRequest, TopologySpec, build_topo
 
@@ -84,8 +88,29 @@ def nameservers(resolv_conf: str = "/etc/resolv.conf") -> list[str]:
     return out
 
 
+def read_files(paths: dict) -> dict:
+    """Read small files (``/proc/sys``, ``/sys/class/net``) in each node's namespace, one
+    command per node, every node's at once: ``paths`` node -> list of paths; returns node ->
+    {path: its content, stripped} (a file that cannot be read is left out)."""
+    cmds = {n: "grep -H . " + " ".join(ps) + " 2>/dev/null" for n, ps in paths.items() if ps}
+    out = {n: {} for n in paths}
+    for node, text in run_on_nodes(cmds).items():
+        for line in text.splitlines():
+            path, sep, value = line.strip().partition(":")
+            if sep and path in paths[node]:
+                out[node][path] = value.strip()
+    return out
+
+
+def sysctl_path(key: str) -> str:
+    """``net.ipv4.tcp_notsent_lowat`` -> ``/proc/sys/net/ipv4/tcp_notsent_lowat``."""
+    return "/proc/sys/" + key.replace(".", "/")
+
+
 class _LedgeredMininet(Mininet):
-    """Mininet that records each host shell's pid in the run's ledger as it starts."""
+    """Mininet that records each host shell's pid in the run's ledger as it starts, applies
+    the interfaces' settings in batches once every link exists
+    (:func:`testbed.netlink_build.configure`), and deletes the links in one pass at stop."""
 
     def __init__(self, *a, ledger: Ledger, cgroup=None, **kw):
         self._ledger, self._cgroup = ledger, cgroup
@@ -98,6 +123,19 @@ class _LedgeredMininet(Mininet):
             if self._cgroup is not None:  # what the shell runs (a command of node.cmd) is the run's too
                 self._cgroup.add(host.pid)
         return host
+
+    def build(self):
+        super().build()
+        configure(self.hosts + self.switches)
+
+    def stop(self):
+        try:
+            with IPRoute() as ipr:
+                for link in self.links:
+                    if isinstance(link, NetlinkLink):
+                        link.delete(ipr)
+        finally:
+            super().stop()
 
 
 def preflight(topology_spec, qdiscs: dict[str, bool] | None = None) -> None:
@@ -169,8 +207,8 @@ class Network:
 
     def _mininet(self) -> Mininet:
         """The (not yet built) Mininet of this network."""
-        return _LedgeredMininet(topo=self.topo, switch=LinuxBridge, controller=None, link=ShapedLink,
-                                autoSetMacs=True, build=False, waitConnected=False, ledger=self.ledger,
+        return _LedgeredMininet(topo=self.topo, host=NetlinkHost, switch=NetlinkBridge, controller=None,
+                                link=NetlinkLink, autoSetMacs=True, build=False, waitConnected=False, ledger=self.ledger,
                                 cgroup=self.cgroup)
 
     def start(self) -> "Network":
@@ -180,16 +218,14 @@ class Network:
         self.net.build()
         self.net.start()
         self.hosts = {h.name: h for h in self.net.hosts}
-        unreachable = nameservers()
         for h in self.net.hosts:
             self._configure_extra_interfaces(h)
-            for ns in unreachable:
-                h.cmd(f"ip route add unreachable {ns}/32")
         if self.spec.mtu_bytes != 1500:
             self._set_mtu(self.spec.mtu_bytes)
+        sysctls = {"net.ipv4.tcp_slow_start_after_idle": int(self.spec.tcp_slow_start_after_idle)}
         if self.spec.tcp_notsent_lowat_bytes is not None:
-            self._set_sysctl("net.ipv4.tcp_notsent_lowat", int(self.spec.tcp_notsent_lowat_bytes))
-        self._set_sysctl("net.ipv4.tcp_slow_start_after_idle", int(self.spec.tcp_slow_start_after_idle))
+            sysctls["net.ipv4.tcp_notsent_lowat"] = int(self.spec.tcp_notsent_lowat_bytes)
+        self._configure_hosts(nameservers(), sysctls)
         self.topology = self._describe()
         self._verify_shaping()
         write_json(self.run_dir / "topology.json", self.topology)
@@ -219,36 +255,56 @@ class Network:
                 uid = iface_uid(i)
                 host.cmd(f"ip rule add uidrange {uid}-{uid} table {table}")
 
-    def _set_sysctl(self, key: str, value: int) -> None:
-        """Set the namespaced sysctl ``key`` to ``value`` in every host's namespace and read
-        it back.
+    def _configure_hosts(self, unreachable: list[str], sysctls: dict[str, int]) -> None:
+        """In every host's namespace, one command line each, all at once: an ``unreachable``
+        route to each of ``unreachable`` (:func:`nameservers`), and the namespaced sysctls
+        ``sysctls`` (key -> value), read back.
 
         Raises:
-            TestbedError: the kernel did not take the value.
+            TestbedError: the kernel did not take a value.
         """
-        path = "/proc/sys/" + key.replace(".", "/")
+        line = "; ".join([f"ip route add unreachable {ns}/32" for ns in unreachable] +
+                         ["sysctl -qw " + " ".join(f"{k}={v}" for k, v in sysctls.items())])
+        run_on_nodes({h: line for h in self.net.hosts})
+        got = read_files({h: [sysctl_path(k) for k in sysctls] for h in self.net.hosts})
         for h in self.net.hosts:
-            h.cmd(f"sysctl -qw {key}={value}")
-            got = h.cmd(f"cat {path}").strip()
-            if got != str(value):
-                raise TestbedError(f"cannot set {key}={value} on {h.name} (kernel has {got!r})")
+            for key, value in sysctls.items():
+                have = got[h].get(sysctl_path(key))
+                if have != str(value):
+                    raise TestbedError(f"cannot set {key}={value} on {h.name} (kernel has {have!r})")
 
     def _set_mtu(self, mtu: int) -> None:
-        """Set ``mtu`` on both ends of every link (bridges follow their ports' MTU)."""
+        """Set ``mtu`` on both ends of every link (bridges follow their ports' MTU), one
+        command line per node, all at once.
+
+        Raises:
+            TestbedError: a node's ``ip`` refused (its message is included).
+        """
+        cmds: dict = {}
         for link in self.net.links:
             for intf in (link.intf1, link.intf2):
-                out = intf.node.cmd(f"ip link set dev {intf.name} mtu {mtu}")
-                if out.strip():
-                    raise TestbedError(f"cannot set MTU {mtu} on {intf.name}: {out.strip()}")
+                cmds.setdefault(intf.node, []).append(f"ip link set dev {intf.name} mtu {mtu}")
+        for node, out in run_on_nodes({n: "; ".join(c) for n, c in cmds.items()}).items():
+            if out.strip():
+                raise TestbedError(f"cannot set MTU {mtu} on the interfaces of {node.name}: {out.strip()}")
 
     def _describe(self) -> dict:
+        tcp = [sysctl_path("net.ipv4.tcp_notsent_lowat"), sysctl_path("net.ipv4.tcp_slow_start_after_idle")]
+        paths: dict = {h: list(tcp) for h in self.net.hosts}
+        for link in self.net.links:
+            for i in (link.intf1, link.intf2):
+                paths.setdefault(i.node, []).append(f"/sys/class/net/{i.name}/mtu")
+        got = read_files(paths)
+
+        def number(node, path, missing):
+            return int(got[node].get(path) or missing)
+
         hosts = []
         for h in self.net.hosts:
             hosts.append({"name": h.name, "rack": h.params.get("rack"), "kind": h.params.get("kind"),
                           "ip": h.IP(), "pid": h.pid,
-                          "tcp_notsent_lowat": int(h.cmd("cat /proc/sys/net/ipv4/tcp_notsent_lowat").strip() or -1),
-                          "tcp_slow_start_after_idle": int(
-                              h.cmd("cat /proc/sys/net/ipv4/tcp_slow_start_after_idle").strip() or -1),
+                          "tcp_notsent_lowat": number(h, tcp[0], -1),
+                          "tcp_slow_start_after_idle": number(h, tcp[1], -1),
                           "intfs": [{"name": i.name, "ip": i.IP()} for i in h.intfList()]})
         switches = [{"name": s.name, "role": s.params.get("role"), "rack": s.params.get("rack")}
                     for s in self.net.switches]
@@ -262,7 +318,7 @@ class Network:
                           "delay_ms": self.emulated.delay_ms, "shaped_delay_ms": self.spec.delay_ms,
                           "loss_pct": self.spec.loss_pct,
                           "max_queue_packets": self.spec.max_queue_packets,
-                          "mtu_bytes": [int(i.node.cmd(f"cat /sys/class/net/{i.name}/mtu").strip() or 0)
+                          "mtu_bytes": [number(i.node, f"/sys/class/net/{i.name}/mtu", 0)
                                         for i in (link.intf1, link.intf2)],
                           "htb_burst_bytes": htb_burst_bytes(p.get("bw_mbps")), "shaping": {}})
         doc = {"kind": self.spec.kind, "spec": self.emulated.model_dump(), "scale": self.scale,
