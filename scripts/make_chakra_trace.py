@@ -197,8 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.ranks):
         host, linked, et = work / f"host.{r}.json", work / f"linked.{r}.json", out / f"{NAME}.{r}.et"
         link(host, work / f"kineto.{r}.json", linked)
-        run([tool("chakra_converter"), "--log-filename", str(work / f"converter.{r}.log"), "PyTorch",
-             "--input", str(linked), "--output", str(et.resolve())], cwd=work)
+        run([tool("chakra_converter"), "--log-filename", str((work / f"converter.{r}.log").resolve()), "PyTorch",
+             "--input", str(linked.resolve()), "--output", str(et.resolve())], cwd=work)
         n = mark(et, *collectives(host), strip_io=args.strip_io)
         print(f"wrote {et} ({et.stat().st_size} bytes, {n} collectives)")
     if args.clean:
