@@ -383,3 +383,26 @@ def test_setup_installs_the_extra_chakra():
     extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["chakra"]
     line = next(l for l in (ROOT / "scripts" / "setup.sh").read_text().splitlines() if "mlc-chakra" in l and "pipq" in l)
     assert all(req in line for req in extra), (extra, line)
+
+
+def test_every_collective_and_message_replays_on_loopback(tmp_path):
+    """Each collective the reader accepts runs with gloo (2 ranks, one iteration), and the
+    replay's events carry the trace's sizes."""
+    from traffic.chakra.trace import COLLECTIVES
+    kinds = sorted({k for k, v in COLLECTIVES.items() if k != "REDUCE_SCATTER_BLOCK"})
+    ranks = [[], []]
+    for r in range(2):
+        prev = []
+        for i, k in enumerate(kinds, 1):
+            ranks[r].append(coll(i, k, size=64, deps=prev))
+            prev = [i]
+        peer = {"comm_dst": 1} if r == 0 else {"comm_src": 0}
+        ranks[r].append(node(99, "COMM_SEND_NODE" if r == 0 else "COMM_RECV_NODE", deps=prev, comm_size=40, **peer))
+    write(tmp_path / "t", ranks)
+    exp = from_dict({**trace_spec(tmp_path / "t"), "run": {"timeout_s": 60}})
+    run = run_local(exp, tmp_path / "run")
+    ev = read_events(run / "events" / "worker0.jsonl")
+    got = {e["kind"]: e["bytes"] for e in ev if "bytes" in e and e["kind"] != "host_message"}
+    assert got["allreduce"] == 64 and got["reduce_scatter"] == 64 and got["all_to_all"] == 64
+    assert got["all_gather"] == 32 and got["gather"] == 32 and got["scatter"] == 32  # each rank's part
+    assert got["send"] == 40 and "barrier" in {e["kind"] for e in ev}
