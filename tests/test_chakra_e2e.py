@@ -27,12 +27,15 @@ def _jsonizer() -> str:
     return shutil.which("chakra_jsonizer") or str(Path(sys.executable).parent / "chakra_jsonizer")
 
 
-def _replay(prefix: Path, topology: dict, runs: Path, iterations: int | None = None):
+def _replay(prefix: Path, topology: dict, runs: Path, iterations: int | None = None, scale=None):
     workload = {"trace": {"path": str(prefix)}}
     if iterations is not None:
         workload["iterations"] = iterations
-    exp = from_dict({"name": "replay", "topology": topology, "workload": workload,
-                     "run": {"runs_dir": str(runs), "timeout_s": 240}})
+    spec = {"name": "replay", "topology": topology, "workload": workload, "capture": {"interval_ms": 10},
+            "run": {"runs_dir": str(runs), "timeout_s": 240}}
+    if scale is not None:  # the original's dilation: the same compute and link times
+        spec["scale"] = scale
+    exp = from_dict(spec)
     (res,) = run_experiment(exp, progress=False)
     return res
 
@@ -51,7 +54,8 @@ def test_an_exported_quickstart_allreduce_run_replays_the_same_bytes_and_time(tm
         subprocess.run([_jsonizer(), "--input_filename", str(f), "--output_filename", str(out)], check=True,
                        capture_output=True, timeout=300)
         assert "comm_size" in out.read_text()
-    res = _replay(tmp_path / "out" / "trace", exp.topology.model_dump(mode="python"), tmp_path / "runs")
+    res = _replay(tmp_path / "out" / "trace", exp.topology.model_dump(mode="python"), tmp_path / "runs",
+                  scale=orig.summary.scale)
     assert res.ok, res.summary.error
     assert res.summary.scheme == "trace" and res.summary.iterations == orig.summary.iterations
     core, core0 = res.summary.bytes.core, orig.summary.bytes.core
