@@ -7,7 +7,9 @@
     testbed run SPEC.yaml [--set a.b=v]   run an experiment (or every point of its sweep)
                    [--dry-run]            only validate and plan every point (nothing built or written)
                    [-v]                   also stream the harness's log lines to stderr
+    testbed run --trace PREFIX [--topology SPEC]   replay a Chakra execution trace (PREFIX.<rank>.et)
     testbed ls [RUNS_DIR]                 list runs
+    testbed export chakra RUN --out DIR   a run as a Chakra execution trace (DIR/trace.<rank>.et)
     testbed show RUN_OR_SWEEP [--json]    a run's (or a sweep's runs') status and figures; --json: one document
     testbed plot RUN [RUN ...]            draw plots (PNG files in the run directories)
                    [--window START:END] [--smooth-ms MS]   zoom the rate plots; their rolling mean
@@ -63,6 +65,7 @@ from testbed.progress import echo_log
 from testbed.schema import field_paths, schema_text
 from testbed.version import describe
 from common.errors import RunFailed, SpecError, TestbedError
+from traffic.chakra.export import TRACE_NAME, export_run
 from traffic.rundir import NotARunError, find_runs, is_run, is_sweep, read_json
 from traffic.summary import SUMMARY_FILE, Bytes, Fidelity, IterationTime, RunSummary, Throughput
 
@@ -95,10 +98,11 @@ def _cmd_check(args) -> int:
 def _cmd_run(args) -> int:
     from testbed.runner import headline, one_line, run_experiment  # lazy: Mininet, torch
     from testbed.spec import load_spec  # lazy: torch (the model registry)
-    if args.program is not None or args.topology is not None:
-        exp = _program_spec(args)
+    if args.program is not None or args.trace is not None or args.topology is not None:
+        exp = _workload_spec(args)
     elif args.spec is None:
-        raise SpecError("<file>", None, "an experiment spec file, or --program COMMAND [--topology SPEC]")
+        raise SpecError("<file>", None, "an experiment spec file, or --program COMMAND or --trace PREFIX "
+                                        "[--topology SPEC]")
     else:
         exp = load_spec(args.spec, overrides=args.set)
     if args.runs_dir:
@@ -127,33 +131,56 @@ def _cmd_run(args) -> int:
     return 0 if all(r.ok for r in results) else 1
 
 
-def _program_spec(args):
-    """The experiment of ``testbed run --program COMMAND [--topology SPEC] [--set ...]``: the
-    command as ``workload.program`` (working directory: the current one), on the topology
-    section of SPEC (its ``name`` too, with ``-program``).
+def _workload_spec(args):
+    """The experiment of ``testbed run --program COMMAND [--topology SPEC] [--set ...]`` (the
+    command as ``workload.program``, working directory: the current one) or of ``testbed run
+    --trace PREFIX [--topology SPEC] [--set ...]`` (the Chakra trace as ``workload.trace``,
+    relative to the current directory), on the topology section of SPEC (its ``name`` too,
+    with ``-program`` or ``-trace``).
 
     Raises:
-        SpecError: a spec file given too, no --program, a command shlex cannot split, or what
-            :func:`testbed.spec.load_spec` / :func:`testbed.spec.from_dict` raise.
+        SpecError: a spec file given too, neither or both of --program and --trace, a command
+            shlex cannot split, or what :func:`testbed.spec.load_spec` /
+            :func:`testbed.spec.from_dict` raise (a trace that cannot be read or checked:
+            ``workload.trace.path``, naming the file and the node).
     """
     import shlex
 
     from testbed.spec import from_dict, load_spec  # lazy: torch (the model registry)
+    what = "--trace" if args.trace is not None else "--program"
     if args.spec is not None:
-        raise SpecError("<file>", args.spec, "no spec file with --program (give the network with --topology SPEC, "
-                                             "or put workload.program in the spec)")
-    if args.program is None:
-        raise SpecError("--program", None, "a command with --topology, e.g. --program 'python train.py'")
-    try:
-        command = shlex.split(args.program)
-    except ValueError as e:
-        raise SpecError("--program", args.program, f"a command line shlex can split ({e})") from None
-    data = {"name": "program", "workload": {"program": {"command": command, "cwd": os.getcwd()}}}
+        raise SpecError("<file>", args.spec, f"no spec file with {what} (give the network with --topology SPEC, "
+                                             f"or put workload.{what[2:]} in the spec)")
+    if args.program is not None and args.trace is not None:
+        raise SpecError("--trace", args.trace, "left out with --program (a run replays a trace or runs a program)")
+    if args.program is None and args.trace is None:
+        raise SpecError("--program", None, "a command with --topology, e.g. --program 'python train.py', or a "
+                                           "Chakra trace, --trace PREFIX")
+    if args.trace is not None:
+        data = {"name": "trace", "workload": {"trace": {"path": str(Path(args.trace).absolute())}}}
+    else:
+        try:
+            command = shlex.split(args.program)
+        except ValueError as e:
+            raise SpecError("--program", args.program, f"a command line shlex can split ({e})") from None
+        data = {"name": "program", "workload": {"program": {"command": command, "cwd": os.getcwd()}}}
     if args.topology is not None:
         base = load_spec(args.topology)
         data["topology"] = base.topology.model_dump(mode="python")
-        data["name"] = f"{base.name}-program"
+        data["name"] = f"{base.name}-{data['name']}"
     return from_dict(data, args.set)
+
+
+def _cmd_export(args) -> int:
+    runs = _resolve_runs([args.run])
+    if len(runs) != 1 or not is_run(args.run):
+        raise NotARunError(f"{args.run} is a sweep: export one run of it (one of {', '.join(d.name for d in runs[:4])}"
+                           f"{' ...' if len(runs) > 4 else ''})")
+    files = export_run(runs[0], args.out)
+    prefix = Path(args.out) / TRACE_NAME
+    print(f"wrote {len(files)} files: {prefix}.0.et to {prefix}.{len(files) - 1}.et\n"
+          f"replay: testbed run --trace {prefix} --topology {runs[0] / 'spec.yaml'}")
+    return 0
 
 
 def format_table(df) -> str:
@@ -619,8 +646,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--program", metavar="COMMAND",
                    help="run this command unmodified on every worker host instead of a spec's workload, e.g. "
                         "--program 'python train.py --epochs 1' (torchrun's environment; workload.program)")
+    s.add_argument("--trace", metavar="PREFIX",
+                   help="replay this Chakra execution trace (files PREFIX.0.et, PREFIX.1.et, ...: one rank per worker "
+                        "host) instead of a spec's workload (workload.trace)")
     s.add_argument("--topology", metavar="SPEC",
-                   help="with --program: the network of this spec file (its topology section); default: the "
+                   help="with --program or --trace: the network of this spec file (its topology section); default: the "
                         "built-in default topology")
     s.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
                    help="override a spec field, e.g. --set workload.iterations=20 (repeatable)").completer = _set_paths
@@ -632,6 +662,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-v", "--verbose", action="store_true",
                    help="also write the harness's log lines (logs/harness.log) to stderr as they come")
     s.set_defaults(fn=_cmd_run)
+    s = sub.add_parser("export", help="write a run as a trace another tool reads: chakra (MLCommons Chakra execution "
+                                      "traces, one .et file per rank)")
+    s.add_argument("format", choices=["chakra"], help="the trace format (chakra)")
+    s.add_argument("run", metavar="RUN", help="a run directory").completer = DirectoriesCompleter()
+    s.add_argument("--out", required=True, metavar="DIR",
+                   help=f"the directory to write (a new or empty one; never overwritten): DIR/{TRACE_NAME}.<rank>.et")
+    s.set_defaults(fn=_cmd_export)
     s = sub.add_parser("ls", help="list runs")
     s.add_argument("runs_dir", nargs="?", metavar="RUNS_DIR",
                    help=f"where the runs are (default: {DEFAULT_RUNS_DIR}; a missing one given is an error)"

@@ -538,6 +538,7 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> Experimen
     if isinstance(data, dict) and "name" not in data:
         data["name"] = to_safe_name(p.stem)
     _program_cwd(data, p.resolve().parent)
+    _trace_path(data, p.resolve().parent)
     return from_dict(data, overrides)
 
 
@@ -549,6 +550,18 @@ def _program_cwd(data, folder: Path) -> None:
     if isinstance(prog, dict) and (prog.get("cwd") is None or isinstance(prog.get("cwd"), str)):
         try:
             prog["cwd"] = str(folder / prog["cwd"]) if prog.get("cwd") else str(folder)
+        except (OSError, ValueError):  # a path the OS refuses: validation names it
+            pass
+
+
+def _trace_path(data, folder: Path) -> None:
+    """``workload.trace.path`` of a spec file made absolute: relative to the file's ``folder``
+    (a malformed section is left to validation)."""
+    w = data.get("workload") if isinstance(data, dict) else None
+    trace = w.get("trace") if isinstance(w, dict) else None
+    if isinstance(trace, dict) and isinstance(trace.get("path"), str) and trace["path"]:
+        try:
+            trace["path"] = str(folder / Path(trace["path"]).expanduser())
         except (OSError, ValueError):  # a path the OS refuses: validation names it
             pass
 

@@ -67,6 +67,7 @@ _GUIDES = {
     "workload.compute": "[experiments.md](experiments.md#models-emulated-compute-and-time-dilation)",
     "workload.servers": "[schemes.md](schemes.md#server-placement)",
     "workload.program": "[program.md](program.md)",
+    "workload.trace": "[chakra.md](chakra.md)",
     "host": "[host-model.md](host-model.md)",
     "capture.pcap": "[analysis.md](analysis.md#packets-and-flows)",
     "background[]": "[experiments.md](experiments.md#background-traffic)",

@@ -97,7 +97,8 @@ before a mismatch fails it)
     thread`` (``main``, ``comm`` ...: one timeline track each), ``kind``, ``ts`` (start),
     ``dur`` (s), ``iteration``, ``layer`` (forward order from 0; both may be null).
     Communication events add ``bytes`` (payload), point-to-point ones ``peer`` (rank),
-    ``dir`` (``tx``/``rx``) and ``tag``, collectives ``group_size``. Kinds: ``init``,
+    ``dir`` (``tx``/``rx``) and ``tag``, collectives ``group_size`` (and ``group``, the members'
+    global ranks, on a group other than the default). Kinds: ``init``,
     ``setup``, ``iteration`` (every worker, ``samples`` = its batch, ``loss``), ``forward``
     and ``backward`` (per layer), ``send``/``recv``/``allreduce``/``broadcast``/
     ``all_gather``/``barrier`` or a scheme's names (``push``, ``pull`` ...), ``update``,

@@ -15,6 +15,7 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 from common.errors import FieldError, SpecError, TestbedError
 from common.validation import SpecModel, did_you_mean, one_of
 from traffic import schemes
+from traffic.chakra import load_trace
 from traffic.data import available_datasets
 from traffic.launchers import launcher_refusal
 from traffic.models import available_models
@@ -22,6 +23,8 @@ from traffic.compute_profiles import load_profile
 
 #: the scheme name of a researcher's own program (``workload.program``)
 PROGRAM_SCHEME = "program"
+#: the scheme name of a Chakra trace's replay (``workload.trace``)
+TRACE_SCHEME = "trace"
 
 #: PS configurations of PHub (Section 2.1, Figure 4): placement and whether the
 #: keys are centralized on one server process or sharded over several.
@@ -230,6 +233,23 @@ class ProgramSpec(SpecModel):
         return []
 
 
+class TraceSpec(SpecModel):
+    """A Chakra execution trace replayed instead of a scheme's training (``workload.trace``;
+    scheme ``trace``, :mod:`traffic.schemes.trace`; the trace's format and what each node
+    becomes: :mod:`traffic.chakra.trace`).
+
+    Rank ``r`` of the trace runs on the ``r``-th worker process: the trace's ranks must be as
+    many as the worker processes (``workload.workers``, or every worker host). Left out,
+    ``workload.iterations`` is the trace's own number of iterations; more replay the trace
+    again from its first iteration. ``batch_size`` is the samples each iteration counts (for
+    samples/s); ``model``, ``dataset``, ``optimizer`` and the servers are unused.
+    """
+    path: str = Field(min_length=1)
+    """The trace's prefix: its files are ``<path>.0.et``, ``<path>.1.et``, ... (one per rank).
+    In a spec file, relative to the file's folder; on the command line (``--trace``), to the
+    current directory. Needs mlc-chakra (the extra ``chakra``)."""
+
+
 class WorkloadSpec(SpecModel):
     """What trains: scheme, model, data, batch, iterations.
 
@@ -272,6 +292,8 @@ class WorkloadSpec(SpecModel):
     """The scheme's own options (its ``Options`` model says which)."""
     program: Optional[ProgramSpec] = None
     """A researcher's own program instead of a scheme (:class:`ProgramSpec`)."""
+    trace: Optional[TraceSpec] = None
+    """A Chakra execution trace replayed instead of a scheme (:class:`TraceSpec`)."""
 
     @field_validator("scheme")
     @classmethod
@@ -286,10 +308,16 @@ class WorkloadSpec(SpecModel):
     def _program_scheme(self):
         if self.program is not None and "scheme" not in self.model_fields_set:
             self.scheme = PROGRAM_SCHEME
+        if self.trace is not None and "scheme" not in self.model_fields_set:
+            self.scheme = TRACE_SCHEME
         return self
 
     @model_validator(mode="after")
     def _warmup_default(self):
+        if self.trace is not None and "iterations" not in self.model_fields_set:
+            n = _trace_iterations(self.trace.path)  # an unreadable trace: cross_errors names it
+            if n is not None:
+                self.iterations = min(max(n, 1), MAX_ITERATIONS)
         if "warmup_iterations" not in self.model_fields_set:
             self.warmup_iterations = min(DEFAULT_WARMUP, self.iterations - 1)
         return self
@@ -320,6 +348,19 @@ class WorkloadSpec(SpecModel):
                                   f"{PROGRAM_SCHEME!r}"))
         if self.program is not None:
             out += self.program.cross_errors(f"{prefix}.program")
+        if self.trace is not None and self.scheme != TRACE_SCHEME:
+            out.append(FieldError(f"{prefix}.scheme", self.scheme, f"left out, or {TRACE_SCHEME!r}, with "
+                                  f"workload.trace (the trace is replayed instead of a scheme)"))
+        if self.trace is None and self.scheme == TRACE_SCHEME:
+            out.append(FieldError(f"{prefix}.trace", None, f"a trace (path: PREFIX) with scheme {TRACE_SCHEME!r}"))
+        if self.trace is not None and self.program is not None:
+            out.append(FieldError(f"{prefix}.trace", self.trace.path, "left out with workload.program (one of a "
+                                  "program or a trace runs)"))
+        if self.trace is not None:
+            try:
+                trace_of(self)
+            except TestbedError as e:
+                out.append(FieldError(f"{prefix}.trace.path", self.trace.path, f"a readable Chakra trace: {e}"))
         if self.program is not None and self.compute.mode != "real":
             out.append(FieldError(f"{prefix}.compute.mode", self.compute.mode, "'real' with workload.program (the "
                                   "program computes for itself)"))
@@ -358,6 +399,27 @@ class WorkloadSpec(SpecModel):
             if refusal:
                 out.append(FieldError(field, "light", f"'full' with scheme {self.scheme!r}: {refusal}"))
         return out
+
+
+def trace_of(workload: WorkloadSpec):
+    """The trace of ``workload.trace`` read and checked (:func:`traffic.chakra.load_trace`;
+    cached while its files do not change).
+
+    Raises:
+        TestbedError: the workload has no trace, or the trace cannot be read, or fails a check
+            (the message names the file and the node), or mlc-chakra is not installed.
+    """
+    if workload.trace is None:
+        raise TestbedError("the workload has no trace (workload.trace.path)")
+    return load_trace(workload.trace.path)
+
+
+def _trace_iterations(path: str) -> int | None:
+    """Iterations of one pass over the trace at ``path``; None when it cannot be read."""
+    try:
+        return load_trace(path).iterations
+    except (TestbedError, OSError, ValueError):
+        return None
 
 
 #: what :func:`traffic.schemes.get` raises for a name that names no scheme: its own error, or

@@ -1,7 +1,8 @@
 """Communication over torch.distributed (gloo) that logs every transfer as an event.
 
 A thin layer: point-to-point ``send``/``recv``/``isend``/``irecv`` with tags, and the
-collectives gloo offers (``all_reduce``, ``broadcast``, ``all_gather``, ``barrier``) on the
+collectives gloo offers (``all_reduce``, ``broadcast``, ``all_gather``, ``reduce``, ``reduce_scatter``,
+``all_to_all``, ``gather``, ``scatter``, ``barrier``) on the
 default group or a group from :meth:`Transport.new_group`. Ranks are always *global*
 torch.distributed ranks (see ``Context.ranks(role)``).
 
@@ -10,7 +11,7 @@ by default; schemes pass their own, e.g. ``push``, ``pull``, ``allreduce``), ``b
 payload: ``numel * element_size`` of the tensor sent, received or reduced -- not the bytes on
 the wire, which for a ring all_reduce are ``2(p-1)/p`` times that per process), ``peer`` (the
 other end's rank, point-to-point only), ``dir`` (``tx``/``rx``, point-to-point only) and
-``group_size`` (collectives only), plus whatever fields the caller passes (``iteration``,
+``group_size`` and, on a group other than the default, ``group`` (its members' global ranks; collectives only), plus whatever fields the caller passes (``iteration``,
 ``layer``, ``key`` ...). A blocking call's event spans the call; an asynchronous one's spans
 from posting to the return of :meth:`Pending.wait` -- call ``wait`` to get the event.
 
@@ -255,8 +256,12 @@ class Transport:
     # ------------------------------------------------------------------ collectives
 
     @staticmethod
-    def _group_size(group) -> int:
-        return dist.get_world_size(group)
+    def _group_of(group) -> dict:
+        """A collective's ``group_size`` and, on a group other than the default, its members
+        (``group``: their global ranks, sorted)."""
+        if group is None:
+            return {"group_size": dist.get_world_size()}
+        return {"group_size": dist.get_world_size(group), "group": sorted(dist.get_process_group_ranks(group))}
 
     def all_reduce(self, tensor: torch.Tensor, *, op: str = "sum", group=None, async_op: bool = False,
                    kind: str = "allreduce", **fields) -> Pending | None:
@@ -269,14 +274,14 @@ class Transport:
             KeyError: unknown ``op``.
             RuntimeError / DistBackendError: a member is gone or the op timed out.
         """
-        f = {**fields, "bytes": nbytes(tensor), "group_size": self._group_size(group), "op": op}
+        f = {**fields, "bytes": nbytes(tensor), **self._group_of(group), "op": op}
         return self._collective(kind, f, async_op,
                                 lambda: dist.all_reduce(tensor, op=_OPS[op], group=group, async_op=async_op))
 
     def broadcast(self, tensor: torch.Tensor, src: int, *, group=None, async_op: bool = False,
                   kind: str = "broadcast", **fields) -> Pending | None:
         """Copy ``tensor`` of global rank ``src`` into ``tensor`` of every member of ``group``."""
-        f = {**fields, "bytes": nbytes(tensor), "group_size": self._group_size(group), "src": int(src)}
+        f = {**fields, "bytes": nbytes(tensor), **self._group_of(group), "src": int(src)}
         return self._collective(kind, f, async_op,
                                 lambda: dist.broadcast(tensor, src, group=group, async_op=async_op))
 
@@ -286,9 +291,48 @@ class Transport:
 
         ``bytes`` is the size of this process's contribution.
         """
-        f = {**fields, "bytes": nbytes(tensor), "group_size": self._group_size(group)}
+        f = {**fields, "bytes": nbytes(tensor), **self._group_of(group)}
         return self._collective(kind, f, async_op,
                                 lambda: dist.all_gather(out, tensor, group=group, async_op=async_op))
+
+    def reduce(self, tensor: torch.Tensor, dst: int, *, op: str = "sum", group=None, async_op: bool = False,
+               kind: str = "reduce", **fields) -> Pending | None:
+        """Reduce ``tensor`` of every member into ``tensor`` of global rank ``dst``."""
+        f = {**fields, "bytes": nbytes(tensor), **self._group_of(group), "op": op, "dst": int(dst)}
+        return self._collective(kind, f, async_op, lambda: dist.reduce(tensor, dst, op=_OPS[op], group=group,
+                                                                       async_op=async_op))
+
+    def reduce_scatter(self, out: torch.Tensor, inputs: list[torch.Tensor], *, op: str = "sum", group=None,
+                       async_op: bool = False, kind: str = "reduce_scatter", **fields) -> Pending | None:
+        """Reduce ``inputs[i]`` of every member into ``out`` of the ``i``-th member (group
+        order). ``bytes`` is the whole buffer reduced (the sum of ``inputs``)."""
+        f = {**fields, "bytes": sum(nbytes(t) for t in inputs), **self._group_of(group), "op": op}
+        return self._collective(kind, f, async_op, lambda: dist.reduce_scatter(out, inputs, op=_OPS[op], group=group,
+                                                                               async_op=async_op))
+
+    def all_to_all(self, out: torch.Tensor, tensor: torch.Tensor, *, group=None, async_op: bool = False,
+                   kind: str = "all_to_all", **fields) -> Pending | None:
+        """Member ``j`` gets the ``i``-th equal part of ``tensor`` of member ``i`` as the ``j``-th part of
+        ``out`` (``torch.distributed.all_to_all_single``). ``bytes`` is ``tensor``'s whole size."""
+        f = {**fields, "bytes": nbytes(tensor), **self._group_of(group)}
+        return self._collective(kind, f, async_op, lambda: dist.all_to_all_single(out, tensor, group=group,
+                                                                                  async_op=async_op))
+
+    def gather(self, tensor: torch.Tensor, out: list[torch.Tensor] | None, dst: int, *, group=None,
+               async_op: bool = False, kind: str = "gather", **fields) -> Pending | None:
+        """Gather every member's ``tensor`` into ``out`` (one per member) on global rank ``dst``
+        (``out`` None elsewhere). ``bytes`` is this process's contribution."""
+        f = {**fields, "bytes": nbytes(tensor), **self._group_of(group), "dst": int(dst)}
+        return self._collective(kind, f, async_op, lambda: dist.gather(tensor, out, dst, group=group,
+                                                                       async_op=async_op))
+
+    def scatter(self, tensor: torch.Tensor, parts: list[torch.Tensor] | None, src: int, *, group=None,
+                async_op: bool = False, kind: str = "scatter", **fields) -> Pending | None:
+        """Give the ``i``-th of ``parts`` of global rank ``src`` (None elsewhere) to the ``i``-th
+        member, into ``tensor``. ``bytes`` is the part this process gets."""
+        f = {**fields, "bytes": nbytes(tensor), **self._group_of(group), "src": int(src)}
+        return self._collective(kind, f, async_op, lambda: dist.scatter(tensor, parts, src, group=group,
+                                                                        async_op=async_op))
 
     def _collective(self, kind: str, fields: dict, async_op: bool, call) -> Pending | None:
         """Run ``call()`` (a torch.distributed collective) and log it: now if synchronous,
