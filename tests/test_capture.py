@@ -31,6 +31,7 @@ from analysis import metrics  # noqa: E402
 from analysis.traces import parse_bwm_ng, rates  # noqa: E402
 from testbed.capture import Capture, CpuSampler, QdiscSampler, SampledCsv, bwm_ng_command, find_bwm_ng  # noqa: E402
 from testbed.capture.periodic import Periodic as _Periodic  # noqa: E402
+from testbed.capture.cpu import PROCESSES_PER_SAMPLE  # noqa: E402
 from common.errors import MissingRequirement, TestbedError  # noqa: E402
 from testbed.spec import CaptureSpec  # noqa: E402
 
@@ -248,6 +249,25 @@ def test_cpu_sampler_reports_cores_named_processes_with_descendants_and_itself()
     assert CpuSampler.csv_row(("core", 0, 12.3456)) == ("core", 0, "12.35")
     with pytest.raises(TestbedError, match="before open"):
         sampler.read()  # closed
+
+
+def test_cpu_sampler_reads_many_processes_every_few_periods_and_cores_every_period():
+    """32 processes: process rows every ceil(32 / 16) = 2 samples, cores and the harness every sample."""
+    sleepers = [subprocess.Popen(["sleep", "60"]) for _ in range(2 * PROCESSES_PER_SAMPLE)]
+    try:
+        with CpuSampler(lambda: {f"p{i}": p.pid for i, p in enumerate(sleepers)}) as sampler:
+            samples = []
+            for _ in range(6):
+                time.sleep(0.02)
+                samples.append(sampler.read())
+    finally:
+        for p in sleepers:
+            p.kill()
+            p.wait()
+    procs = [sum(r[0] == "proc" and r[1] != "harness" for r in rows) for rows in samples]
+    assert procs == [0, 32, 0, 32, 0, 32]  # the first read takes the baselines
+    assert all({r[1] for r in rows if r[0] == "core"} >= set(range(os.cpu_count())) for rows in samples)
+    assert all(("proc", "harness") in {r[:2] for r in rows} for rows in samples[1:])
 
 
 def test_failing_recorder_start_stops_the_recorders_started_before_it(tmp_path, monkeypatch):

@@ -116,6 +116,39 @@ def test_endpoint_sampler_records_a_processs_own_sockets_once():
             x.close()
 
 
+def test_endpoint_sampler_backs_off_while_nothing_is_new_and_returns_when_a_socket_appears():
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1024)  # about 160 connections, never accepted
+    opened, reads = [], []
+    info = {"name": "worker0", "role": "worker", "rank": 0, "host": "h1"}
+    s = EndpointSampler(lambda: reads.append(1) or [(info, os.getpid())]).open()  # called once per read
+
+    def gaps(count: int, connect: bool) -> list[int]:
+        """The calls between the next ``count`` reads; with ``connect``, a new connection before every call."""
+        out, since = [], 0
+        while len(out) < count:
+            if connect:
+                opened.append(socket.create_connection(srv.getsockname()))
+            before = len(reads)
+            s.read()
+            since += 1
+            if len(reads) > before:
+                out.append(since)
+                since = 0
+        return out
+
+    try:
+        assert gaps(EndpointSampler.FAST_SAMPLES, connect=False) == [1] * EndpointSampler.FAST_SAMPLES
+        assert gaps(3, connect=True) == [EndpointSampler.SLOW_EVERY] * 3  # each read finds something new
+        assert gaps(5, connect=False) == [10, 20, 40, 80, 120]  # nothing new: the gap doubles, up to MAX_EVERY
+        assert gaps(2, connect=True) == [120, 10]  # a new socket: back to every SLOW_EVERY after the read finding it
+        s.close()
+    finally:
+        for x in (*opened, srv):
+            x.close()
+
+
 @pytest.mark.skipif(needs_root, reason="needs root (tcpdump)")
 def test_tcpdump_records_the_port_and_reports_its_counts(tmp_path):
     (tmp_path / "logs").mkdir()
