@@ -1,11 +1,15 @@
 """Light memory (``workload.compute.memory: light``, traffic.runtime.buffers): the scratch is
-reused, a forked child neither copies the model nor the shared scratch, the capacity model
-counts a light process as its base plus its scratch, and the spec refuses what cannot work.
-No root, no network (the end-to-end checks are in test_light_memory_e2e.py, marked slow)."""
+reused, ordered receive rows keep their messages' ids, a forked child neither copies the
+model nor the shared scratch, the capacity model counts a light process as its base plus its
+scratch, the spec refuses what cannot work, and light loopback runs of p3 and ibatch send
+the messages of full runs. No root, no network (the end-to-end checks over a real network are
+in test_light_memory_e2e.py, marked slow)."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+from collections import Counter
 import sys
 import time
 from pathlib import Path
@@ -16,10 +20,13 @@ import torch
 
 from common.errors import SpecError
 from testbed.capacity import estimate, light_scratch_bytes
+from testbed.loopback import run_local
 from testbed.runner import plan_point
 from testbed.spec import from_dict
+from tests.conftest import experiment
 from tests.test_capacity import MACHINE, synthetic
 from traffic import schemes
+from traffic.runtime.events import read_events
 from traffic.models import build_model, model_info
 from traffic.runtime import buffers as bufmod
 from traffic.runtime.buffers import Buffers
@@ -64,6 +71,36 @@ def test_full_buffers_are_the_models_own_tensors():
     f = b.flat([torch.ones(2), torch.full((3,), 2.0)])
     assert f.tolist() == [1.0, 1.0, 2.0, 2.0, 2.0]
     assert b.empty(3).data_ptr() != b.empty(3).data_ptr() and b.scratch_numel == 0
+
+
+def test_a_light_landing_range_is_scratch_of_the_range_alone():
+    b = Buffers(light=True)
+    meta = torch.nn.Parameter(torch.empty(1000, device="meta"))
+    r = b.landing_range(meta, 900, 1000)
+    assert tuple(r.shape) == (100,) and r.is_contiguous() and b.scratch_numel == 100
+    p = torch.nn.Parameter(torch.zeros(10))
+    full = Buffers(light=False).landing_range(p, 2, 5)
+    full.fill_(1.0)
+    assert p.detach().tolist() == [0, 0, 1, 1, 1, 0, 0, 0, 0, 0]  # full memory: into the parameter
+
+
+@pytest.mark.parametrize("light", [False, True])
+def test_ordered_rows_keep_every_messages_first_element(light):
+    """Messages of any length up to the row written whole, in row order, into rows ``0 ..
+    n-1``: every row's first element is still its message's afterwards; light rows overlap
+    (``n + width - 1`` elements of their own), full rows are disjoint and keep everything."""
+    n, width = 6, 5
+    rows = Buffers(light=light).ordered_rows(n, width)
+    assert tuple(rows.shape) == (n, width) and all(rows[k].is_contiguous() for k in range(n))
+    lengths = [5, 1, 3, 5, 2, 4]
+    for k, m in enumerate(lengths):  # message k: its id k + 100, then its payload
+        rows[k, :m] = torch.tensor([k + 100.0] + [-(k + 1.0)] * (m - 1))
+    assert [float(rows[k, 0]) for k in range(n)] == [k + 100.0 for k in range(n)]
+    if light:
+        assert rows.untyped_storage().nbytes() == 4 * (n + width - 1)
+        assert rows[1].data_ptr() == rows[0].data_ptr() + 4
+    else:
+        assert all(rows[k, 1:lengths[k]].eq(-(k + 1.0)).all() for k in range(n))
 
 
 def test_replay_of_an_sgd_step_stays_on_a_few_chunks_of_scratch():
@@ -143,13 +180,13 @@ def _light(**workload):
 
 
 def test_light_memory_is_accepted_for_the_schemes_that_support_it():
-    for scheme in ("allreduce", "ps", "pipe_sgd"):
+    for scheme in ("allreduce", "ps", "p3", "ibatch", "pipe_sgd"):
         exp = from_dict(_light(scheme=scheme))
         assert exp.workload.compute.memory == "light"
     assert from_dict({"workload": {"compute": {"mode": "emulated"}}}).workload.compute.memory == "full"
 
 
-@pytest.mark.parametrize("scheme", ["p3", "phub", "ibatch", "stanza", "mymod:MyAllreduce"])
+@pytest.mark.parametrize("scheme", ["phub", "stanza", "mymod:MyAllreduce"])
 def test_light_memory_with_a_scheme_that_cannot_is_refused_naming_scheme_and_reason(scheme, monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "examples"))
     with pytest.raises(SpecError) as e:
@@ -170,10 +207,10 @@ def test_light_memory_needs_emulated_compute_and_no_saved_parameters():
 
 def test_the_cli_refuses_a_light_run_it_cannot_make_with_exit_2(tmp_path):
     out = subprocess.run([sys.executable, "-m", "testbed.cli", "run", "experiments/vgg19_10g.yaml", "--set", "sweep={}",
-                          "--set", "workload.scheme=p3", "--set", "workload.compute.memory=light", "--dry-run",
+                          "--set", "workload.scheme=phub", "--set", "workload.compute.memory=light", "--dry-run",
                           "--runs-dir", str(tmp_path / "r")], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert "workload.compute.memory" in out.stderr and "'p3'" in out.stderr
+    assert "workload.compute.memory" in out.stderr and "'phub'" in out.stderr
 
 
 # ---------------------------------------------------------------- capacity
@@ -235,3 +272,50 @@ def test_dry_run_of_vgg19_ring_allreduce_on_128_workers_no_longer_refuses_for_me
                            cwd=ROOT)
     assert light.returncode == 0, light.stderr
     assert "cannot hold the run" not in light.stdout + light.stderr
+
+
+def test_p3s_light_scratch_is_its_largest_slice():
+    exp = from_dict({"workload": {"scheme": "p3", "model": "vgg19", "servers": {"count": 4},
+                                  "compute": {"mode": "emulated", "memory": "light"}},
+                     "topology": {"hosts_per_rack": 4}})
+    _, procs = plan_point(exp)
+    assert schemes.get("p3").light_buffer_bytes(exp.workload, procs) == 4 * 50_000  # slice_params
+    assert light_scratch_bytes(exp.workload, procs) == 3 * bufmod.REPLAY_CHUNK_ELEMENTS * 4  # the replay's chunks
+
+
+# ---------------------------------------------------------------- loopback runs: the same messages
+
+#: scheme -> options of the loopback runs: 4 workers, 2 servers, digits_mlp. p3: slices of
+#: 20,000 elements give each server 10 slices, so every worker's pushes to a server land in
+#: 10 overlapping light rows; ibatch: one profiling iteration, then the chosen batches
+LOOPBACK = {"p3": {"slice_params": 20_000}, "ibatch": {"bigarray_bound": 100_000, "profile_iterations": 1}}
+
+
+def _messages(events: list[dict]) -> Counter:
+    """The parameter messages of one process: ``(kind, dir, iteration, slice, peer, bytes)``,
+    counted (every push, pull, broadcast and initial value; for a p3 server, the slice is the
+    id it read from the message)."""
+    return Counter((e["kind"], e["dir"], e["iteration"], e["slice"], e["peer"], e["bytes"])
+                   for e in events if "slice" in e and e.get("dir") in ("tx", "rx"))
+
+
+@pytest.mark.parametrize("scheme", list(LOOPBACK))
+def test_a_light_loopback_run_sends_the_messages_of_a_full_run(scheme, tmp_path):
+    """Full and light memory, emulated compute: every process sends and receives the same
+    bytes (its transport's counters, within 1 %: ibatch's batches, chosen from measured times,
+    may differ by a 32-byte request) and the same parameter messages, slice by slice."""
+    runs = {}
+    for memory in ("full", "light"):
+        exp = experiment(scheme, workers=4, iterations=4, warmup_iterations=2, batch_size=16,
+                         servers={"count": 2}, save_params=False, options=LOOPBACK[scheme],
+                         compute={"mode": "emulated", "memory": memory})
+        runs[memory] = run_local(exp, tmp_path / memory)
+    assert "memory: light" in (runs["light"] / "spec.yaml").read_text()
+    names = [p["name"] for p in json.loads((runs["full"] / "processes.json").read_text())["processes"]]
+    assert len(names) == 6
+    for name in names:
+        full, light = (json.loads((runs[m] / "results" / f"{name}.json").read_text()) for m in ("full", "light"))
+        for key in ("bytes_sent", "bytes_received"):
+            assert full[key] > 0 and abs(light[key] - full[key]) <= 0.01 * full[key], (name, key, full[key], light[key])
+        msgs = {m: _messages(read_events(runs[m] / "events" / f"{name}.jsonl")) for m in ("full", "light")}
+        assert msgs["full"] and msgs["light"] == msgs["full"], name

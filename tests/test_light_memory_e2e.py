@@ -37,7 +37,9 @@ def _link_bytes(summary) -> dict[str, int]:
 @pytest.mark.slow
 @root_only
 @pytest.mark.parametrize("scheme,workload", [("allreduce", {}), ("ps", {"servers": {"count": 2}}),
-                                             ("pipe_sgd", {})])
+                                             ("pipe_sgd", {}), ("p3", {"servers": {"count": 2}}),
+                                             ("ibatch", {"servers": {"count": 2},
+                                                         "options": {"profile_iterations": 1}})])
 def test_a_light_run_moves_the_same_bytes_over_every_link_as_a_full_run(tmp_path, scheme, workload):
     assert leftovers() == []
     runs = {}

@@ -166,8 +166,8 @@ class ComputeSpec(SpecModel):
     fork from the zygote (:mod:`traffic.runtime.buffers`); every message keeps its true size
     and time. For runs too large to hold one model per process (VGG-19 on 128 workers).
     Not with ``save_params``, and only for schemes that route their tensors through
-    :mod:`traffic.runtime.buffers` (``allreduce``, ``ps``, ``pipe_sgd``; the others are
-    refused, naming why). Left ``full`` by default so that a spec's results do not change
+    :mod:`traffic.runtime.buffers` (``allreduce``, ``ps``, ``p3``, ``ibatch``, ``pipe_sgd``;
+    the others are refused, naming why). Left ``full`` by default so that a spec's results do not change
     unasked."""
     profile: str = "zero"
     """``zero`` (infinitely fast compute: communication only, like PHub's

@@ -14,17 +14,19 @@ its model on the meta device (shapes only) and its payload tensors come from two
   the kernel's zero page, so it takes no memory however large it is; what a light process
   sends (gradients, parameter values) is read from here. A write into it kills the process
   (SIGSEGV): nothing may write to a source view.
-* **the scratch** (:meth:`Buffers.empty`, :meth:`Buffers.landing`, :meth:`Buffers.flat`):
+* **the scratch** (:meth:`Buffers.empty`, :meth:`Buffers.landing`, :meth:`Buffers.landing_range`,
+  :meth:`Buffers.flat`):
   where receives land and in-place collectives run (gloo's ``all_reduce`` sums in place, so
   a read-only buffer cannot be reduced). One region serves every request: each view starts
   at its offset 0, so buffers in flight at the same time alias. That is harmless because no
   light payload value is ever read; a buffer whose values *are* read (a message carrying an
-  id or a token) must not come from here. The scratch is the region the zygote reserved
+  id or a token) must not come from here: :meth:`Buffers.ordered_rows` gives receive rows
+  whose first elements (ids) survive in light memory, in the process's own memory. The scratch is the region the zygote reserved
   before it forked (:func:`reserve_shared`: a shared anonymous mapping, so every process
   forked from that zygote uses the same pages, resident once per machine) when the request
   fits in it, else the process's own, grown to its largest request. Its size is the largest
-  single buffer a process asks for (a bucket of ``allreduce``, a shard of ``ps``), not the
-  model.
+  single buffer a process asks for (a bucket of ``allreduce``, a shard of ``ps``, a slice of
+  ``p3``), not the model.
 
 Values stay exactly zero everywhere: the sources are zeros, and a sum, a division or an SGD
 step of zeros is zero (no NaN, no subnormal numbers that would slow the arithmetic down).
@@ -177,6 +179,33 @@ class Buffers:
         """Where received values of parameter ``p`` go: full memory ``p.data`` (the model);
         light, a scratch view of ``p``'s shape."""
         return p.data if not self.light else self.empty(*p.shape)
+
+    def landing_range(self, p: torch.nn.Parameter, lo: int, hi: int) -> torch.Tensor:
+        """Where received values of the flattened elements ``[lo, hi)`` of parameter ``p`` go
+        (a shard or slice of it), 1-D of ``hi - lo`` elements: full memory
+        ``p.data.view(-1)[lo:hi]``; light, a scratch view of ``hi - lo`` elements (so the
+        scratch grows to the largest range, not the whole parameter)."""
+        return p.data.view(-1)[lo:hi] if not self.light else self.empty(hi - lo)
+
+    def ordered_rows(self, n: int, width: int) -> torch.Tensor:
+        """Receive rows for ``n`` messages of at most ``width`` float32 elements whose *first*
+        element is read once the message is in (an id), and which arrive into rows ``0, 1,
+        ..., n - 1`` in that order, each whole before the next: receives of one tag from one
+        peer, posted in row order (gloo matches them in posting order, and one peer's
+        messages come over one connection, one after another). Shape ``(n, width)``, each
+        row contiguous; a message may be shorter than its row.
+
+        Full memory: ``torch.empty((n, width))``, disjoint rows, each keeping its message.
+        Light: ``n + width - 1`` elements of the process's own memory, row ``k`` starting at
+        element ``k`` (the rows overlap; ``as_strided``). Message ``k`` writes elements
+        ``k ..`` only, after every earlier message is in, so the first element of every row
+        stays that of its own message, while the rest of a row holds whatever later
+        messages wrote over it (values light memory never reads). Not the scratch: other
+        receives of this process, and other processes, write there at any time.
+        """
+        if not self.light:
+            return torch.empty((n, width))
+        return torch.empty(n + width - 1).as_strided((n, width), (1, 1))
 
     def flat(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
         """One flat float32 tensor of every element of ``tensors``, to reduce in place: full

@@ -48,6 +48,24 @@ servers: every row is as long as the server's largest slice, about 1 % more than
 gradients it holds for VGG-19, 26-28 % for ResNet-50 (many small batch-norm slices; 1-4
 servers).
 
+Light memory (``workload.compute.memory: light``, :mod:`traffic.runtime.buffers`): the
+messages, their sizes and their order are the same as in full memory, ids included. A
+worker copies each gradient slice from the shared zeros into its send buffer (its own
+memory, one slice long: it holds the id the server reads), as in full memory, and receives
+the broadcasts onto scratch. A server receives the initial values onto scratch, sends zeros,
+and skips the summation and the SGD step (their stated host costs are still charged), as
+``ps``'s. Its push rows are :meth:`~traffic.runtime.buffers.Buffers.ordered_rows`: per
+worker, one region of its own of ``n + max own numel`` elements in which row ``k`` starts at
+element ``k``. The ``k``-th push a worker sends lands in row ``k`` after every earlier one
+(one tag from one peer: gloo fills the rows in posting order, over one connection), and
+writes only elements ``k ..``, so every row's first element keeps its message's slice id
+until the receiver thread reads it, while the gradients overlap (never read). Servers are
+light too, not full: a server's parameters are a ``1/S`` share of the model, but its rows
+hold ``W`` copies of its share, ``W/S`` of a model (a whole model per server with a server
+per worker, as in the P3 paper's setup: about 580 MB for VGG-19); light, its rows take
+``4 W (n + max own numel)`` bytes: 3.2 MB for VGG-19 with 16 workers and 16 servers, 26 MB
+with 128 and 128, at the default ``slice_params``.
+
 Server, per round: the ``W x n`` receives are posted when the round starts, so a worker's
 send never waits for the server to post its receive (gloo hands a send to the socket at
 once when the matching receive is already posted; otherwise it first waits a round trip for
@@ -191,9 +209,7 @@ class P3Options(SchemeOptions):
 @register("p3")
 class P3(ParameterServer):
     """Priority-based parameter propagation (see the module docstring). Options: :class:`P3Options`."""
-    light_refusal = ("its server reads each push's slice id from the message's first element, so every receive "
-                     "posted in a round needs a buffer of its own (W x the server's share of the model), which "
-                     "light memory's shared scratch cannot give")
+    light_refusal = None  # ids survive in Buffers.ordered_rows (module docstring, "Light memory")
     Options = P3Options
     push_kind = "push"
     pull_kind = "broadcast"
@@ -217,6 +233,20 @@ class P3(ParameterServer):
         # per slice and worker: a push of numel + 1 elements and a broadcast of numel
         return ELEMENT_BYTES * sum(2 * s.numel + ID_ELEMENTS for s in slices) / (2 * len(slices))
 
+    @classmethod
+    def light_buffer_bytes(cls, workload, processes: Sequence[ProcessPlan]) -> float:
+        """:meth:`Scheme.light_buffer_bytes`: the largest slice of :func:`assign_slices` (a
+        worker's broadcast lands on scratch, and so does a server's initial value of a
+        slice; the push rows and a worker's send buffer are the process's own, not scratch).
+
+        Raises:
+            KeyError: unknown model.
+        """
+        servers = max(count_roles(processes).get("server", 0), 1)
+        slices = assign_slices([n for n, _ in model_keys(workload.model)], servers,
+                               cls.options_of(workload).slice_params)
+        return ELEMENT_BYTES * max(s.numel for s in slices)
+
     @property
     def overlapped(self) -> bool:
         """P3 always overlaps communication with backward and forward."""
@@ -235,7 +265,8 @@ class P3(ParameterServer):
 
     def setup(self) -> None:
         """The ``ps`` setup (slices, initial values to the servers); priority consumer
-        thread; the send buffer of the push messages (one: the consumer sends one at a time)."""
+        thread; the send buffer of the push messages (one: the consumer sends one at a time;
+        the process's own memory in light memory too, since it carries the id)."""
         super().setup()
         if self.prioritized:
             self.ctx.comm.close(wait=False)  # never started: nothing ran on it
@@ -265,8 +296,10 @@ class P3(ParameterServer):
         (completion order with ``priority: false``).
 
         Every receive of the round is posted first: ``n`` per worker (tag :data:`PUSH_TAG`),
-        into the rows of one ``(n, max own numel + 1)`` float32 tensor per worker, allocated
-        in the first round (the ``ps`` per-shard buffers are dropped then). One receiver
+        into the rows of one ``(n, max own numel + 1)`` float32 tensor per worker
+        (:meth:`~traffic.runtime.buffers.Buffers.ordered_rows`: disjoint rows in full memory,
+        overlapping ones that keep each row's id in light memory), allocated in the first
+        round (the ``ps`` per-shard buffers are dropped then). One receiver
         thread per worker takes that worker's rows in the order it sent them, reads each
         one's slice id and points ``self._bufs[i][j]`` (slice ``i``, worker ``j``) at the
         gradient in the row; a slice whose ``W`` copies are in enters the ready queue (the
@@ -281,7 +314,7 @@ class P3(ParameterServer):
             return
         if self._rows is None:
             cap = max(s.numel for s in self.mine) + ID_ELEMENTS
-            self._rows = [torch.empty((n, cap)) for _ in range(W)]
+            self._rows = [self.ctx.buffers.ordered_rows(n, cap) for _ in range(W)]
             for per_worker in self._bufs:  # the gradients are views into the rows from now on
                 per_worker[:] = [None] * W
         index = {s.id: i for i, s in enumerate(self.mine)}

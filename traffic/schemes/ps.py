@@ -56,7 +56,8 @@ for layer ``l`` of round ``it - 1``. The values each forward pass reads are the 
 without the option; only the messages (and their timing) differ.
 
 Light memory (``workload.compute.memory: light``, :mod:`traffic.runtime.buffers`): workers
-push their gradients from the shared zeros and pull onto scratch; a server receives the
+push their gradients from the shared zeros and pull onto scratch (of each shard's size:
+:meth:`~traffic.runtime.buffers.Buffers.landing_range`); a server receives the
 initial values and the pushes onto scratch, sends zeros, and skips the summation and the
 optimizer step, whose stated host costs are still charged. Every message is the same.
 
@@ -382,8 +383,8 @@ class ParameterServer(Scheme):
 
     def _post_pull(self, it: int, s: Shard) -> Pending:
         """Post the receive of shard ``s``'s updated values straight into the model (light
-        memory: onto scratch)."""
-        return self.ctx.transport.irecv(self.ctx.buffers.landing(self.params[s.key]).view(-1)[s.lo:s.hi],
+        memory: onto scratch of the shard's size)."""
+        return self.ctx.transport.irecv(self.ctx.buffers.landing_range(self.params[s.key], s.lo, s.hi),
                                         self.server_ranks[s.server],
                                         tag=s.id, kind=self.pull_kind, **self._fields(it, s))
 

@@ -72,6 +72,14 @@ configured strategy to every worker; from then on pulls follow them. All three s
 profile the same way, so their runs differ only in the pulls after iteration ``P``.
 Choose ``workload.warmup_iterations`` > ``P`` to leave profiling out of throughput.
 
+Light memory (``workload.compute.memory: light``, :mod:`traffic.runtime.buffers`): the
+tensors are ``ps``'s: pushes are sent from the shared zeros, every pull (the profiling
+rounds' single layers, the batches, the final pull) lands on scratch of its shard's size,
+and a server receives onto scratch, sends zeros and skips its summation and step (their
+stated host costs are still charged). Requests, one-element answers, profiles and batch
+ends are small tensors of their own, read as in full memory; the profile is timed over the
+same messages, so the batches are chosen the same way.
+
 Events (worker): ``sync`` and ``probe`` (spans on thread ``pull``, ``servers``),
 ``pull_request`` (tx, 32 bytes) and ``pull_reply`` (rx, 4 bytes) of those, ``pull_batch``
 (span of one batch pull: ``batch``, ``first_layer``, ``last_layer`` (0-based, inclusive),
@@ -144,8 +152,7 @@ class IBatch(ParameterServer):
     """Parameter server with pulls on request: default, layer by layer or iBatch batches
     (see the module docstring). Options: :class:`IBatchOptions`."""
     Options = IBatchOptions
-    light_refusal = ("not supported yet: its pull batches and profiling rounds still hold the model's tensors "
-                     "(traffic.runtime.buffers)")
+    light_refusal = None  # its payloads are ps's (module docstring, "Light memory")
 
     @classmethod
     def message_bytes(cls, workload, processes: Sequence[ProcessPlan]) -> float:
@@ -216,7 +223,8 @@ class IBatch(ParameterServer):
 
     def _pull_batch(self, it: int, b: int, lo: int, hi: int, profiling: bool = False) -> float:
         """Pull-thread job: pull layers ``[lo, hi)`` (one request per server holding shards of
-        them, the shards received straight into the model); returns the seconds it took
+        them, the shards received straight into the model, light memory onto scratch); returns
+        the seconds it took
         (0 and no message when the layers have no parameters)."""
         shards = [s for l in range(lo, hi) for s in self.layer_shards[l]]
         if not shards:
