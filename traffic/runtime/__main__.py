@@ -61,6 +61,31 @@ def _is_peer_failure(e: BaseException) -> bool:
                            "Timed out", "timed out"))
 
 
+def _leave_together(rank: int, world: int, timeout_s: float) -> None:
+    """Wait until every process has finished, through the rendezvous store rather than a gloo
+    barrier (which, with gloo's connections made on first use, ``TORCH_GLOO_LAZY_INIT``,
+    would connect peers that never talked). Rank 0 hosts the store: it leaves last, once
+    every other process has said it no longer needs it.
+
+    Raises:
+        TimeoutError: the others did not arrive within ``timeout_s``.
+    """
+    store = dist.distributed_c10d._get_default_store()
+    end = time.monotonic() + timeout_s
+    store.add("testbed/arrived", 1)
+    while store.add("testbed/arrived", 0) < world:
+        if time.monotonic() > end:
+            raise TimeoutError(f"not every process finished within {timeout_s} s")
+        time.sleep(0.05)
+    if rank != 0:
+        store.add("testbed/left", 1)
+        return
+    while store.add("testbed/left", 0) < world - 1:
+        if time.monotonic() > end:
+            raise TimeoutError(f"not every process left within {timeout_s} s")
+        time.sleep(0.05)
+
+
 def run_process(run_dir: str | Path, name: str) -> int:
     """Run process ``name`` of the run in ``run_dir`` to completion; returns the exit status.
 
@@ -147,7 +172,7 @@ def run_process(run_dir: str | Path, name: str) -> int:
             if state is not None:
                 torch.save({k: v.detach().clone() for k, v in state.items()}, run_dir / "params" / f"{name}.pt")
         # nobody leaves before everyone is done: rank 0 hosts the rendezvous store
-        ctx.transport.barrier(log=False)
+        _leave_together(rank, world, doc["timeout_s"])
         dist.destroy_process_group()
         return 0
     except BaseException as e:  # noqa: BLE001 - reported, then the process exits 1
