@@ -1,0 +1,96 @@
+"""Benchmark: how long launching a run's processes takes, without building a network.
+
+Runs N processes (default 128) of ring allreduce on digits_mlp (emulated compute, profile
+``zero``, ``workload.compute.memory: light``) over loopback with the zygote
+(:func:`testbed.loopback.run_local`: no Mininet, no root) and prints, in seconds from the
+start of the launch (``testbed.launch.start`` called, the zygote's imports already done as
+they are when a real run's network is up):
+
+- ``spawned``: every process started (``launch.start`` returned);
+- ``init``: every process past ``init_process_group`` (the last ``init`` event's end);
+- ``first_iteration``: every process at its first iteration (the latest first ``iteration``
+  event's start).
+
+::
+
+    python benchmarks/launch.py [--processes 128] [--iterations 3] [--repeat 1]
+
+It measures the code it imports: run it with ``PYTHONPATH`` at another checkout to compare.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from testbed import launch  # noqa: E402
+from testbed.loopback import run_local  # noqa: E402
+from testbed.spec import from_dict  # noqa: E402
+
+
+def spec(processes: int, iterations: int) -> dict:
+    return {"name": "launch",
+            "topology": {"kind": "rack_core", "racks": max(1, processes // 16), "hosts_per_rack": min(16, processes)},
+            "workload": {"scheme": "allreduce", "model": "digits_mlp", "batch_size": 32, "workers": processes,
+                         "iterations": iterations, "warmup_iterations": 1,
+                         "compute": {"mode": "emulated", "profile": "zero", "memory": "light"}},
+            "run": {"timeout_s": 600}}
+
+
+_MARKS: dict[str, float] = {}
+
+
+def _time_the_launch() -> None:
+    """Time ``launch.start`` (into :data:`_MARKS`) and keep the zygote's imports out of it."""
+    start, zygote_start = launch.start, launch.Zygote.start
+
+    def timed_start(*a, **kw):
+        _MARKS["launch"] = time.time()
+        out = start(*a, **kw)
+        _MARKS["spawned"] = time.time()
+        return out
+
+    def ready_zygote(self):
+        zygote_start(self)
+        while self.import_s is None and self.alive():
+            time.sleep(0.02)
+        return self
+
+    launch.start, launch.Zygote.start = timed_start, ready_zygote
+
+
+def measure(processes: int, iterations: int, work: Path) -> dict[str, float]:
+    """One loopback run of ``processes`` processes: seconds from the launch to each mark (module doc)."""
+    run_dir = run_local(from_dict(spec(processes, iterations)), work / f"launch-{processes}-{time.time_ns()}")
+    ev = [json.loads(line) for f in glob.glob(str(run_dir / "events" / "*.jsonl")) for line in open(f)
+          if line.strip().endswith("}")]
+    procs = {e["proc"] for e in ev}
+    init = max(e["ts"] + e["dur"] for e in ev if e["kind"] == "init")
+    first = max(min(e["ts"] for e in ev if e["kind"] == "iteration" and e["proc"] == p) for p in procs)
+    t0 = _MARKS["launch"]
+    return {"spawned": _MARKS["spawned"] - t0, "init": init - t0, "first_iteration": first - t0}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--processes", type=int, default=128)
+    ap.add_argument("--iterations", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=1)
+    a = ap.parse_args()
+    _time_the_launch()
+    print("processes  spawned_s  init_s  first_iteration_s")
+    with tempfile.TemporaryDirectory(prefix="launch-bench-") as tmp:
+        for _ in range(a.repeat):
+            m = measure(a.processes, a.iterations, Path(tmp))
+            print(f"{a.processes:9d}  {m['spawned']:9.1f}  {m['init']:6.1f}  {m['first_iteration']:17.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
