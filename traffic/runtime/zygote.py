@@ -45,6 +45,8 @@ _T_IMPORT = time.time()
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported: no thread pool to fork
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
+import ctypes  # noqa: E402
+import gc  # noqa: E402
 import importlib  # noqa: E402
 import json  # noqa: E402
 import select  # noqa: E402
@@ -62,7 +64,7 @@ import traffic.runtime.__main__ as runtime  # noqa: E402  (torch and the whole r
 from traffic import schemes  # noqa: E402
 from traffic.runtime import buffers  # noqa: E402
 
-__all__ = ["main", "warm_up"]
+__all__ = ["main", "warm_up", "prepare_to_fork"]
 
 
 def warm_up() -> None:
@@ -80,6 +82,42 @@ def warm_up() -> None:
     # the built-in schemes' modules, imported on a process's first scheme lookup: 0.17 s of
     # CPU in each child (measured at 128 processes on 2 cores: 13 s of the launch)
     schemes.available()
+
+
+#: ``madvise`` advice: collapse a range's pages into transparent huge pages now (<linux/mman.h>, Linux >= 6.1)
+MADV_COLLAPSE = 25
+HUGE_PAGE = 2 << 20
+
+
+def prepare_to_fork() -> int:
+    """Make forking this process, and the forked children, cheap; returns the bytes of
+    anonymous memory now held in huge pages.
+
+    A fork copies one page-table entry per page of anonymous memory: with the zygote's
+    ~230 MB in 4 KiB pages a fork took 17 ms on an idle core of this machine (25-50 ms
+    with other work running), 5 ms once collapsed into 2 MiB transparent huge pages
+    (``MADV_COLLAPSE``, 0.4 s once; used memory grew by 1.4 MB). A child's first write to
+    a page still copies only 4 KiB. Regions the kernel cannot collapse (unaligned, too
+    small, a kernel before 6.1) stay as they are. Also moves every object into the
+    collector's permanent generation (``gc.freeze``), so that a child's garbage collections
+    never write to, and so copy, the pages of the objects it inherited.
+    """
+    gc.collect()
+    gc.freeze()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    collapsed = 0
+    with open("/proc/self/maps") as f:
+        maps = f.read().splitlines()
+    for line in maps:  # private writable anonymous memory: the heap, Python's arenas, torch's allocations
+        fields = line.split()
+        if fields[1][:2] != "rw" or fields[1][3] != "p" or (len(fields) > 5 and fields[5] != "[heap]"):
+            continue
+        lo, hi = (int(x, 16) for x in fields[0].split("-"))
+        lo, hi = -(-lo // HUGE_PAGE) * HUGE_PAGE, hi // HUGE_PAGE * HUGE_PAGE
+        if hi > lo and libc.madvise(lo, hi - lo, MADV_COLLAPSE) == 0:
+            collapsed += hi - lo
+    return collapsed
 
 
 def _send(out, msg: dict) -> None:
@@ -231,6 +269,7 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the harness stops the run, not a Ctrl-C to the group
     warm_up()
     buffers.reserve_shared()  # light memory's scratch: one region for every child (traffic.runtime.buffers)
+    prepare_to_fork()
     _send(out, {"op": "ready", "import_s": round(time.time() - _T_IMPORT, 3)})
     batches = _Batches(out)
     buf = b""
