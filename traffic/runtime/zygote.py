@@ -33,8 +33,10 @@ to the harness's teardown (they are in the run's cgroup and their pids in its le
 ``--netns`` only marks a zygote that serves Mininet hosts, so that ``testbed clean`` knows
 it for the harness's.
 
-Forking a batch is quick: 128 children of the zygote in NN s (measured on this 2-core
-machine), where one request per child took 0.09 s each (11.8 s at 128).
+Measured on this 2-core machine with other work running (``benchmarks/launch.py``, 128
+processes over loopback): the batch was forked, recorded and started 1.7-1.8 s after the
+launch began (a fork costs 5 ms after :func:`prepare_to_fork`), where one request per child
+had taken 0.09 s each (11.8 s at 128).
 """
 from __future__ import annotations
 
