@@ -121,21 +121,19 @@ def run_local(exp: Experiment, run_dir: str | Path | None = None, *, timeout_s: 
     program = exp.workload.program  # a researcher's program runs its own command: no zygote
     zygote = launch.Zygote(netns=False).start() if exp.run.launcher == "zygote" and program is None else None
 
-    def popen(info, cmd, penv, log):
-        if zygote is not None:
-            return zygote.popen(info, run_dir, {**penv, **extra}, log, netns_pid=None)
-        return launch.local_popen(info, cmd, {**penv, **extra}, log)
+    def env_for(info: dict) -> dict:
+        return {**(launch.program_env(info, doc, run_dir, program) if program else launch.process_env(info)), **extra}
 
     procs: list[launch.Launched] = []
 
-    def started(l: launch.Launched) -> None:
-        procs.append(l)  # known at once: an interrupted start still kills what it started
-        if on_start:
+    def started(batch: list[launch.Launched]) -> None:
+        procs.extend(batch)  # known at once: an interrupted start still kills what it started
+        for l in batch if on_start else ():
             on_start(l)
 
     try:
-        launch.start(run_dir, doc, popen=popen, on_start=started,
-                     env_for=(lambda info: launch.program_env(info, doc, run_dir, program)) if program else None)
+        launch.start(run_dir, doc, on_start=started, env_for=env_for,
+                     fork=launch.Fork(zygote, lambda info: (None, None)) if zygote is not None else None)
         launch.watch(procs, exp.run.timeout_s if timeout_s is None else timeout_s, poll_s=poll_s)
     finally:
         launch.kill_all(procs)  # no-op when all exited; on any error nothing is left running

@@ -245,12 +245,12 @@ def _run(exp: Experiment, run_dir: Path, ledger: Ledger, teardown: ExitStack, t0
     background.start_clients()
     teardown.callback(launch.kill_all, procs)  # no-op when all exited
 
-    def started(l: launch.Launched) -> None:
-        procs.append(l)  # known at once: an interrupted start still kills what it started
-        ledger.add_pid(l.info["name"], l.popen.pid)
+    def started(batch: list[launch.Launched]) -> None:
+        procs.extend(batch)  # known at once: an interrupted start still kills what it started
+        ledger.add_pids({l.info["name"]: l.popen.pid for l in batch})  # one write per batch
 
     program = exp.workload.program
-    launch.start(run_dir, doc, site.popen, on_start=started,
+    launch.start(run_dir, doc, site.popen, on_start=started, fork=site.fork,
                  env_for=(lambda info: launch.program_env(info, doc, run_dir, program)) if program else None)
     killed: dict[str, str] = {}
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import timedelta
 
 import numpy as np
 import psutil
@@ -15,7 +16,7 @@ import torch
 
 from common.errors import RunFailed
 from testbed.launch import write_processes
-from traffic.runtime.__main__ import run_process
+from traffic.runtime.__main__ import leave_together, run_process
 from testbed.spec import dump_spec, from_dict, with_scale
 from traffic.data import GlobalBatches, available_datasets, digits_raw, load_dataset
 from traffic.models import LayeredModel, available_models, build_model
@@ -207,6 +208,42 @@ def test_runtime_refuses_an_unresolved_scale_clearly(tmp_path, capsys):
                                 "ip": "127.0.0.1", "iface": "lo"}], "127.0.0.1", 29999, timeout_s=60)
     assert run_process(tmp_path, "worker0") == 2
     assert "scale 'auto': a number > 0 is needed" in capsys.readouterr().out
+
+
+def _stores(world: int) -> list:
+    """``world`` TCPStore handles on one store (rank 0's hosts it), as the processes of a run hold them."""
+    import torch.distributed as dist
+    master = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False,
+                           timeout=timedelta(seconds=30))
+    return [master] + [dist.TCPStore("127.0.0.1", master.port, world, timeout=timedelta(seconds=30))
+                       for _ in range(world - 1)]
+
+
+def test_processes_leave_together_and_rank_0_with_its_store_last():
+    stores = _stores(3)
+    left_when_rank0_returned = []
+
+    def leave(rank: int) -> None:
+        leave_together(stores[rank], rank, 3, timedelta(seconds=30))
+        if rank == 0:
+            left_when_rank0_returned.append(stores[0].add("testbed/left", 0))
+
+    threads = [threading.Thread(target=leave, args=(r,), daemon=True) for r in range(3)]
+    threads[0].start()
+    threads[1].start()
+    time.sleep(0.3)
+    assert threads[0].is_alive() and threads[1].is_alive()  # rank 2 has not finished: nobody leaves
+    threads[2].start()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads)
+    assert left_when_rank0_returned == [2]  # the store went on serving until the others had gone
+
+
+def test_leaving_alone_fails_after_the_timeout():
+    stores = _stores(2)
+    with pytest.raises(RuntimeError):  # torch.distributed.DistStoreError
+        leave_together(stores[0], 0, 2, timedelta(seconds=0.5))
 
 
 def _runtime_procs(under) -> list[psutil.Process]:

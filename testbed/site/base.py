@@ -118,6 +118,9 @@ class Site:
 
     # ------------------------------------------------------------------ processes
 
+    #: processes forked from a zygote rather than started by :meth:`popen` (:class:`testbed.launch.Fork`), or None
+    fork: launch.Fork | None = None
+
     def popen(self, info: dict, cmd: list[str], env: dict, log_file) -> subprocess.Popen:
         """Start process ``info`` (a ``processes.json`` entry) in its host, bound to its
         interface (:func:`testbed.network.bind_to_interface`), output to ``log_file``."""

@@ -57,14 +57,22 @@ class LocalSite(Site):
             log.info("processes fork from this run's zygote (pid %d)", zygote.proc.pid)
         self.zygote = zygote
 
+    @property
+    def fork(self) -> launch.Fork | None:
+        """The run's processes fork from the zygote (when the run forks, :func:`forks`) into
+        their host's namespace and the run's cgroup, except one bound to a host's second
+        interface (run under another uid by :meth:`popen`)."""
+        if self.zygote is None:
+            return None
+        procs = str(self.cgroup.path / "cgroup.procs")
+        return launch.Fork(self.zygote, lambda info: (self.network.hosts[info["host"]].pid, procs)
+                           if info.get("iface_index", 0) == 0 else None)
+
     def popen(self, info, cmd, env, log_file):
         node = self.network.hosts[info["host"]]
-        iface = info.get("iface_index", 0)
-        if self.zygote is not None and iface == 0:
-            return self.zygote.popen(info, self.run_dir, env, log_file, netns_pid=node.pid,
-                                     cgroup=str(self.cgroup.path / "cgroup.procs"))
-        return node.popen(bind_to_interface(cmd, iface), env=env, stdout=log_file, stderr=subprocess.STDOUT,
-                          stdin=subprocess.DEVNULL, cwd=info.get("cwd"), preexec_fn=tied_preexec(self.cgroup.preexec))
+        return node.popen(bind_to_interface(cmd, info.get("iface_index", 0)), env=env, stdout=log_file,
+                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=info.get("cwd"),
+                          preexec_fn=tied_preexec(self.cgroup.preexec))
 
     def listening(self, host: str, port: int) -> bool:
         return listening(self.hosts[host].pid, port)

@@ -1,10 +1,12 @@
 """``python -m traffic.runtime RUN_DIR PROC_NAME``: run one process of a run.
 
 Reads ``RUN_DIR/spec.yaml`` and ``RUN_DIR/processes.json``, joins the gloo process group
-(``tcp://master_addr:master_port``, timeout ``run.timeout_s``), builds the
+through the store rank 0 hosts at ``master_addr:master_port`` (timeout ``run.timeout_s``;
+:func:`rendezvous`), builds the
 :class:`~traffic.runtime.context.Context`, runs the scheme's ``main()`` for this process's
 role, then writes ``results/<proc>.json`` and, if ``workload.save_params``,
-``params/<proc>.pt`` (the scheme's :meth:`~traffic.schemes.base.Scheme.final_state`).
+``params/<proc>.pt`` (the scheme's :meth:`~traffic.schemes.base.Scheme.final_state`), and
+leaves once every process has finished (:func:`leave_together`).
 
 Exit status: 0 on success; 1 if anything failed (the traceback goes to stdout, i.e. the
 process's log); 2 for a bad command line. The process leaves through ``os._exit`` so that a
@@ -61,6 +63,44 @@ def _is_peer_failure(e: BaseException) -> bool:
                            "Timed out", "timed out"))
 
 
+def rendezvous(master_addr: str, master_port: int, rank: int, world: int, timeout: timedelta) -> dist.TCPStore:
+    """Join the run's gloo process group; the rendezvous store it was made with.
+
+    The store is a ``torch.distributed.TCPStore`` that rank 0 hosts at
+    ``master_addr:master_port`` (what ``init_method="tcp://..."`` would make), made here so
+    that the process keeps it (:func:`leave_together`) without torch's private
+    ``_get_default_store``. gloo connects two processes when they first exchange data
+    (``TORCH_GLOO_LAZY_INIT``, :func:`testbed.launch.process_env`), through this store.
+
+    Raises:
+        torch.distributed.DistError / RuntimeError: the store or a peer was not reached
+            within ``timeout``.
+    """
+    store = dist.TCPStore(master_addr, master_port, world, is_master=rank == 0, timeout=timeout)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+    return store
+
+
+def leave_together(store: dist.Store, rank: int, world: int, timeout: timedelta) -> None:
+    """Wait until every process has finished, through the rendezvous ``store`` rather than a
+    gloo barrier (which, with gloo's connections made on first use, would connect processes
+    that never talked, through the store rank 0 may be closing). Rank 0 hosts the store: it
+    returns last, once every other process has said it no longer needs it. No process polls:
+    the last to arrive (then the last to leave) sets a key the others wait for.
+
+    Raises:
+        torch.distributed.DistStoreError: the others did not arrive (or leave) within ``timeout``.
+    """
+    if store.add("testbed/arrived", 1) == world:
+        store.set("testbed/all-arrived", "1")
+    store.wait(["testbed/all-arrived"], timeout)
+    if rank != 0:
+        if store.add("testbed/left", 1) == world - 1:
+            store.set("testbed/all-left", "1")
+    elif world > 1:
+        store.wait(["testbed/all-left"], timeout)
+
+
 def run_process(run_dir: str | Path, name: str) -> int:
     """Run process ``name`` of the run in ``run_dir`` to completion; returns the exit status.
 
@@ -99,9 +139,7 @@ def run_process(run_dir: str | Path, name: str) -> int:
         if host.machine_kinds:  # before the rendezvous: a clock that cannot be made fails fast
             machine = HostMachine.for_host(run_dir, entry.get("host"))
         with events.span("init", world_size=world):
-            dist.init_process_group(
-                "gloo", init_method=f"tcp://{doc['master_addr']}:{doc['master_port']}",
-                rank=rank, world_size=world, timeout=timedelta(seconds=doc["timeout_s"]))
+            store = rendezvous(doc["master_addr"], doc["master_port"], rank, world, timedelta(seconds=doc["timeout_s"]))
         n_workers = sum(1 for p in doc["processes"] if p["role"] == "worker")
         data = batches = profile = None
         scheme_cls = schemes.get(w.scheme)
@@ -147,7 +185,7 @@ def run_process(run_dir: str | Path, name: str) -> int:
             if state is not None:
                 torch.save({k: v.detach().clone() for k, v in state.items()}, run_dir / "params" / f"{name}.pt")
         # nobody leaves before everyone is done: rank 0 hosts the rendezvous store
-        ctx.transport.barrier(log=False)
+        leave_together(store, rank, world, timedelta(seconds=doc["timeout_s"]))
         dist.destroy_process_group()
         return 0
     except BaseException as e:  # noqa: BLE001 - reported, then the process exits 1
