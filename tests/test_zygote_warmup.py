@@ -6,6 +6,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def run_fresh(code: str) -> None:
+    """Run ``code`` in a fresh interpreter at the repository's root; fail with its stderr."""
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+
+
 def test_warm_up_imports_the_builtin_schemes():
     # in a fresh interpreter: the schemes' modules are imported by the warm-up, not by a child's first lookup
     code = ("from traffic import schemes\n"
@@ -14,8 +20,7 @@ def test_warm_up_imports_the_builtin_schemes():
             "warm_up()\n"
             "assert schemes._builtins_loaded\n"
             "assert 'allreduce' in schemes._REGISTRY\n")
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
+    run_fresh(code)
 
 
 def test_prepare_to_fork_freezes_the_objects_and_leaves_a_forkable_process():
@@ -31,5 +36,4 @@ def test_prepare_to_fork_freezes_the_objects_and_leaves_a_forkable_process():
             "    import torch\n"
             "    os._exit(0 if float(torch.ones(3).sum()) == 3.0 else 1)\n"
             "assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0\n")
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
+    run_fresh(code)
