@@ -49,6 +49,12 @@ class Run:
     ``cpu``
         ``time``, ``kind`` (``core``/``proc``), ``id`` (str: core index or process name),
         ``busy_pct``.
+    ``memory``
+        ``time``, ``kind`` (``machine``/``proc``), ``id`` (str: ``used`` or a process name;
+        ``<machine>:`` before it in a cluster run), ``bytes`` (see
+        :mod:`testbed.capture.memory`). Its times are unix seconds as written, never
+        converted under dilation (memory is a wall-clock matter), and do not count in
+        :attr:`t0`: the first sample precedes the network's build.
     ``events``
         every line of ``events/*.jsonl``, sorted by ``ts``: at least the columns
         ``proc, role, rank, thread, kind, ts, dur, iteration, layer, bytes, peer`` plus any
@@ -89,6 +95,7 @@ class Run:
     rates: pd.DataFrame = field(default_factory=pd.DataFrame)
     qdisc: pd.DataFrame = field(default_factory=pd.DataFrame)
     cpu: pd.DataFrame = field(default_factory=pd.DataFrame)
+    memory: pd.DataFrame = field(default_factory=pd.DataFrame)
     events: pd.DataFrame = field(default_factory=pd.DataFrame)
     iterations: pd.DataFrame = field(default_factory=pd.DataFrame)
     schedule: list = field(default_factory=list)
@@ -337,6 +344,10 @@ def load(run_dir: str | Path) -> Run:
     if not cpu.empty:
         cpu["id"] = cpu["id"].astype(str)
         cpu["busy_pct"] = pd.to_numeric(cpu["busy_pct"], errors="coerce")
+    memory = tr.read_table(p / "traces" / "memory.csv", tr.MEMORY_COLUMNS)
+    if not memory.empty:
+        memory["id"] = memory["id"].astype(str)
+        memory["bytes"] = pd.to_numeric(memory["bytes"], errors="coerce")
     events = read_events(p)
     spec = _read_yaml(p / "spec.yaml")
     scale = float(spec.get("scale") or 1.0)
@@ -350,7 +361,7 @@ def load(run_dir: str | Path) -> Run:
         iterations = iteration_table(events)
     run = Run(path=p, spec=spec, topology=_read_json(p / "topology.json"),
               processes=processes, summary=_read_summary(p), results=results,
-              traces=traces, rates=tr.rates(traces), qdisc=qdisc, cpu=cpu, events=events,
+              traces=traces, rates=tr.rates(traces), qdisc=qdisc, cpu=cpu, memory=memory, events=events,
               iterations=iterations)
     run.schedule = read_schedule(p)
     for rec in run.schedule:

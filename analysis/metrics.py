@@ -41,6 +41,12 @@ Definitions (all documented again in ``summary.json``'s ``*method`` fields):
   machines (``cluster.json``) is judged per machine: ``cpu_starved`` when some machine's mean
   idle % < 35 (None when none is and a machine has no samples); the top-level figures are
   the worst machine's.
+* **Memory** (``traces/memory.csv``, :mod:`testbed.capture.memory`): a machine's used memory
+  (``total - available``) at its first sample, taken just before the network is built, its
+  peak over every sample until the teardown, and the growth (peak - start); each training
+  process's peak USS, and over processes their median, max and sum. A run spread over several
+  machines has them per machine (its start read over SSH before the build); the top-level
+  machine figures are those of the machine that grew most, the USS figures over every process.
 * **Shaping check**: the highest rate of each link direction over windows of
   ``max(0.1 s, 5 samples)``, against the configured ``bw_mbps``; more than 10 % above means
   the shaping failed. (A link whose rate a scheduled event raised is checked against its
@@ -78,8 +84,8 @@ from analysis import traces as tr
 from analysis.load import Run, iteration_table, load, port_table  # noqa: F401 (iteration_table: re-exported)
 from common.provenance import Provenance
 from traffic.hostmodel.costs import OVERRUN_THRESHOLD
-from traffic.summary import (Bytes, BytesPerIteration, Cpu, Fidelity, HostCost, IterationTime, RateCheck, RunSummary,
-                             Segment, Throughput)
+from traffic.summary import (Bytes, BytesPerIteration, Cpu, Fidelity, HostCost, IterationTime, Memory, RateCheck,
+                             RunSummary, Segment, Throughput)
 
 CPU_IDLE_RULE = "Mininet-HiFi: keep >= 35% CPU idle"
 #: ``fidelity.rule`` of a run spread over several machines
@@ -481,6 +487,77 @@ def _machine_cpu(cpu: pd.DataFrame, window: tuple[float, float] | None) -> dict:
     return out
 
 
+# ----------------------------------------------------------------------------- memory
+
+
+def memory_stats(memory: pd.DataFrame, machines: list[str] | None = None) -> dict | None:
+    """The ``memory`` section (:class:`traffic.summary.Memory`) of a run's ``memory.csv``.
+
+    Args:
+        memory: :attr:`analysis.load.Run.memory` (``time`` unix s, ``kind`` ``machine`` or
+            ``proc``, ``id`` str, ``bytes``), in the file's order.
+        machines: the machines of a cluster run (``cluster.json``'s ``machines``); each one
+            without rows is reported with None figures.
+
+    Returns:
+        ``{"machine_used_start_bytes", "machine_used_peak_bytes", "machine_growth_bytes":
+        int, "process_uss_peak_bytes": {"median", "max", "sum": int, "processes": int},
+        "period_s", "uss_period_s": float}`` (None where there are no samples); for a cluster
+        run (ids ``"<machine>:..."``, or ``machines`` given) also ``"machines": {machine: the
+        same keys, over its own rows}`` and ``"worst_machine"``, the machine of largest
+        growth, whose machine figures are the top-level ones (the USS figures are over every
+        process). None when ``memory`` is empty (a run without ``memory.csv``).
+    """
+    if memory.empty:
+        return None
+    machine = pd.Series([str(i).rpartition(":")[0] for i in memory["id"]], index=memory.index, dtype=object)
+    if not machines and not (machine != "").any():
+        return _machine_memory(memory)
+    names = dict.fromkeys(list(machines or []) + sorted(set(machine[machine != ""])))
+    per = {m: _machine_memory(memory[machine == m]) for m in names}
+    every = _machine_memory(memory)["process_uss_peak_bytes"]
+    out = {**dict.fromkeys(_MACHINE_FIGURES), "process_uss_peak_bytes": every, "machines": per, "worst_machine": None}
+    grown = {m: r["machine_growth_bytes"] for m, r in per.items() if r["machine_growth_bytes"] is not None}
+    if grown:
+        worst = max(grown, key=grown.get)
+        out.update({k: per[worst][k] for k in _MACHINE_FIGURES}, worst_machine=worst)
+    return out
+
+
+#: the figures of :func:`memory_stats` that describe a machine and its sampling (not its processes)
+_MACHINE_FIGURES = ("machine_used_start_bytes", "machine_used_peak_bytes", "machine_growth_bytes", "period_s",
+                    "uss_period_s")
+
+
+def _median_interval(times: pd.Series) -> float | None:
+    """Median interval between distinct sample times, s (None with fewer than two)."""
+    t = np.unique(pd.to_numeric(times, errors="coerce").dropna().to_numpy())
+    return _f(np.median(np.diff(t))) if len(t) > 1 else None
+
+
+def _median_uss_interval(procs: pd.DataFrame) -> float | None:
+    """The median over processes of the median interval between two USS reads of one, s
+    (None when no process was read twice)."""
+    each = [v for v in (_median_interval(g) for _, g in procs.groupby("id")["time"]) if v is not None]
+    return _f(np.median(each)) if each else None
+
+
+def _machine_memory(memory: pd.DataFrame) -> dict:
+    """:func:`memory_stats` of the rows of one machine (the first ``machine`` row is its start)."""
+    rows = memory[memory["kind"] == "machine"].dropna(subset=["bytes"])
+    used = rows["bytes"]
+    procs = memory[memory["kind"] == "proc"].dropna(subset=["bytes"])
+    peaks = procs.groupby("id")["bytes"].max()
+    some = len(peaks) > 0
+    return {"machine_used_start_bytes": _i(used.iloc[0]) if len(used) else None,
+            "machine_used_peak_bytes": _i(used.max()) if len(used) else None,
+            "machine_growth_bytes": _i(used.max() - used.iloc[0]) if len(used) else None,
+            "process_uss_peak_bytes": {"median": _i(round(float(peaks.median()))) if some else None,
+                                       "max": _i(peaks.max()) if some else None,
+                                       "sum": _i(peaks.sum()) if some else None, "processes": int(len(peaks))},
+            "period_s": _median_interval(rows["time"]), "uss_period_s": _median_uss_interval(procs)}
+
+
 def cluster_machines(run_dir: str | Path) -> list[str] | None:
     """``machines`` of the run's ``cluster.json`` (a run spread over several machines), or
     None without that file (a one-machine run) or when it is unreadable or has no list."""
@@ -576,7 +653,7 @@ def _skeleton(run: Run, wl: dict, n_workers: int | None, status: str, error: str
                    provenance=None, iterations=wl.get("iterations"), iterations_completed=None,
                    warmup_iterations=int(wl.get("warmup_iterations") or 0), measured_iterations=0,
                    throughput=None, iteration_time_s=None, bytes=None, bytes_per_iteration=None,
-                   final_accuracy=None, final_loss=None, accuracy_source=None, cpu=None,
+                   final_accuracy=None, final_loss=None, accuracy_source=None, cpu=None, memory=None,
                    fidelity=Fidelity(cpu_starved=None, min_idle_pct=None, idle_pct_mean=None, rule=CPU_IDLE_RULE,
                                      shaping_failed=None, rates=None, host_cost_overrun=None, effects=[],
                                      unverified=[], effects_rule=effects.EFFECTS_RULE),
@@ -678,6 +755,12 @@ def _cpu_section(s: RunSummary, run: Run, window: tuple[float, float] | None) ->
             f.cpu_starved = None  # a machine without samples may have starved
 
 
+def _memory_section(s: RunSummary, run: Run) -> None:
+    """``memory`` (:func:`memory_stats`, per machine in a run over several)."""
+    stats = memory_stats(run.memory, cluster_machines(run.path))
+    s.memory = None if stats is None else Memory.model_validate(stats)
+
+
 def _rate_section(s: RunSummary, run: Run) -> None:
     """``fidelity.rates`` and ``fidelity.shaping_failed`` (:func:`rate_check`)."""
     rc = RateCheck.model_validate(rate_check(run.rates, run.topology, schedule=run.schedule))
@@ -735,6 +818,7 @@ def compute_summary(run: Run, status: str = "ok", error: str | None = None) -> R
         _guarded(s, "bytes", _bytes_section, run, window)
         _guarded(s, "accuracy", _accuracy_section, run)
         _guarded(s, "cpu", _cpu_section, run, window)
+        _guarded(s, "memory", _memory_section, run)
         _guarded(s, "rates", _rate_section, run)
         _guarded(s, "host_costs", _host_cost_section, run)
         _guarded(s, "effects", _effects_section, run)  # last: it may fail the run, keeping every figure

@@ -43,6 +43,7 @@ RATE_COLUMNS = ["time", "iface", "dt_s", "tx_bytes", "rx_bytes", "tx_bps", "rx_b
 QDISC_COLUMNS = ["time", "iface", "qdisc", "backlog_bytes", "backlog_packets", "drops", "overlimits",
                  "sent_bytes", "sent_packets"]
 CPU_COLUMNS = ["time", "kind", "id", "busy_pct"]
+MEMORY_COLUMNS = ["time", "kind", "id", "bytes"]
 
 
 def _complete_text(path: Path) -> str:
@@ -198,7 +199,7 @@ def smoothed_rates(rate_df: pd.DataFrame, window_s: float) -> pd.DataFrame:
 
 
 def read_table(path: str | Path, columns: list[str]) -> pd.DataFrame:
-    """Read a CSV written by the harness (``qdisc.csv``, ``cpu.csv``), tolerating a missing
+    """Read a CSV written by the harness (``qdisc.csv``, ``cpu.csv``, ``memory.csv``), tolerating a missing
     file, an empty file and a truncated last line. Missing columns are added empty."""
     path = Path(path)
     if not path.is_file():

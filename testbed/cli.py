@@ -67,7 +67,7 @@ from testbed.version import describe
 from common.errors import RunFailed, SpecError, TestbedError
 from traffic.chakra.export import TRACE_NAME, export_run
 from traffic.rundir import NotARunError, find_runs, is_run, is_sweep, read_json
-from traffic.summary import SUMMARY_FILE, Bytes, Fidelity, IterationTime, RunSummary, Throughput
+from traffic.summary import SUMMARY_FILE, Bytes, Fidelity, IterationTime, Memory, RunSummary, Throughput, UssPeaks
 
 # Modules that load torch, Mininet or matplotlib (seconds) are imported lazily in the
 # commands that need them, so that `testbed clean`, `ls`, `show` and `check` start at once.
@@ -403,22 +403,40 @@ def _run_summary(d: Path) -> RunSummary:
 
 def format_summaries(summaries: list[tuple[Path, RunSummary]]) -> str:
     """What ``testbed show`` prints: one row per run (its directory's name, status, scheme,
-    scale, samples/s, mean iteration time in ms, core bytes in MB, fidelity flags), then the
-    first line of each error."""
+    scale, samples/s, mean iteration time in ms, core bytes in MB; when some run has a
+    ``memory`` section, the growth of the machine's used memory in GiB and the median and
+    largest peak USS of a process in MiB; fidelity flags), then the first line of each error."""
     rows, errors = [], []
+    memory = any(s.memory is not None for _, s in summaries)
     for d, s in summaries:
         it, core = (s.iteration_time_s or IterationTime()).mean, (s.bytes or Bytes()).core
-        rows.append({"run": d.name, "status": s.status, "scheme": s.scheme, "scale": s.scale,
-                     "samples/s": (s.throughput or Throughput()).mean,
-                     "iteration ms": None if it is None else it * 1e3,
-                     "core MB": None if core is None else core / 1e6, "flags": ", ".join(_flags(s))})
+        row = {"run": d.name, "status": s.status, "scheme": s.scheme, "scale": s.scale,
+               "samples/s": (s.throughput or Throughput()).mean,
+               "iteration ms": None if it is None else it * 1e3,
+               "core MB": None if core is None else core / 1e6}
+        if memory:
+            row.update(_memory_columns(s.memory))
+        rows.append({**row, "flags": ", ".join(_flags(s))})
         if _error_line(s):
             errors.append(f"{d.name}: {_error_line(s)}")
     if not any(r["flags"] for r in rows):
         for r in rows:
             del r["flags"]
-    table = tabulate(rows, headers="keys", floatfmt=("", "", "", "g", ".1f", ".1f", ".2f"), missingval="-")
+    floats = ("", "", "", "g", ".1f", ".1f", ".2f") + ((".2f", ".0f", ".0f") if memory else ())
+    table = tabulate(rows, headers="keys", floatfmt=floats, missingval="-")
     return table + ("\n\n" + "\n".join(errors) if errors else "")
+
+
+def _memory_columns(m: Memory | None) -> dict:
+    """``testbed show``'s memory columns of a run: the growth of the machine's used memory,
+    GiB (in a cluster run the machine that grew most), and the median and largest peak USS
+    of its processes, MiB (None for what the run did not record)."""
+    m = m or Memory()
+    uss = m.process_uss_peak_bytes or UssPeaks()
+    def scaled(v, unit):
+        return None if v is None else v / unit
+    return {"mem +GiB": scaled(m.machine_growth_bytes, 2 ** 30), "USS med MiB": scaled(uss.median, 2 ** 20),
+            "USS max MiB": scaled(uss.max, 2 ** 20)}
 
 
 def _cmd_timeline(args) -> int:

@@ -10,7 +10,7 @@ One run (docs/architecture.md, "The flow of one run")::
     run dir created (never reused, always inside the runs directory) -> provenance.json (with the
     machine cost model used), spec.yaml
     -> lock + ledger -> site (this machine, or the machines of a cluster: testbed.site)
-    -> site.build() -> scheme.plan() -> processes.json -> site.start_capture()
+    -> site.start_memory() -> site.build() -> scheme.plan() -> processes.json -> site.start_capture()
     -> background iperf3 servers -> background clients (each waits its start) + launch.start() -> watch()
     -> teardown (always: processes, background flows, capture, network, ledger sweep)
     -> summary.json
@@ -222,6 +222,8 @@ def _run(exp: Experiment, run_dir: Path, ledger: Ledger, teardown: ExitStack, t0
     (:func:`run_one`), used and left running."""
     scheme = schemes.get(exp.workload.scheme)
     site = open_site(exp, run_dir, ledger, teardown, zygote)
+    procs: list[launch.Launched] = []
+    site.start_memory(procs)  # the machines' memory from before the build
     log.info("building network")
     progress.phase("building network")
     topo = site.build()
@@ -234,7 +236,6 @@ def _run(exp: Experiment, run_dir: Path, ledger: Ledger, teardown: ExitStack, t0
     entries = launch.process_entries(plan, topo, exp.workload.program)
     doc = launch.write_processes(run_dir, entries, entries[0]["ip"], exp.run.master_port, exp.run.timeout_s)
     site.share(["processes.json"])
-    procs: list[launch.Launched] = []
     site.follow_events(entries)
     site.start_capture(procs)
     log.info("capture started")

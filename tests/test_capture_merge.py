@@ -443,8 +443,8 @@ def test_a_stop_signal_during_the_start_stops_the_capture_before_ready(monkeypat
     calls = []
 
     class FakeCapture:
-        def __init__(self, run_dir, ports, qdisc_ifaces, pids, spec):
-            calls.append(("init", Path(run_dir), ports, qdisc_ifaces, spec.pcap, spec.endpoints, pids.match))
+        def __init__(self, run_dir, ports, qdisc_ifaces, pids, spec, memory):
+            calls.append(("init", Path(run_dir), ports, qdisc_ifaces, spec.pcap, spec.endpoints, pids.match, memory))
             self.bwm = None
 
         def start(self):
@@ -460,5 +460,5 @@ def test_a_stop_signal_during_the_start_stops_the_capture_before_ready(monkeypat
     monkeypatch.setattr(agent, "Capture", FakeCapture)
     status = agent.main([str(tmp_path), "--ports", "a,b", "--qdisc", "b", "--capture", CAPTURE, "--match", "/m"])
     assert status == 0 and capsys.readouterr().out == "stopped\n"
-    assert calls == [("init", tmp_path, ["a", "b"], ["b"], None, False, "/m"), "start", "started", "stop"]
+    assert calls == [("init", tmp_path, ["a", "b"], ["b"], None, False, "/m", True), "start", "started", "stop"]
     assert signal.getsignal(signal.SIGTERM) is before  # the handlers are put back

@@ -26,6 +26,7 @@ the 95 % confidence interval of the mean; a file written before version 0.2.0 ha
     traces/bwm-ng.csv    bwm-ng's CSV of every switch port
     traces/qdisc.csv     root-qdisc counters of the uplink ports
     traces/cpu.csv       per-core and per-process CPU use
+    traces/memory.csv    the machine's used memory and the training processes' USS
     traces/background/   background flows (spec ``background``): flows.json, and per flow
                          <name>.json (iperf3 client) and <name>.server.json (iperf3 server);
                          their logs are logs/background-<name>-{client,server}.log
@@ -153,6 +154,15 @@ before a mismatch fails it)
     (busy % of one core used by the process and its descendants, above 100 for more than a
     core), including ``bwm-ng`` and ``harness`` (the harness process, which runs the samplers).
 
+``traces/memory.csv`` (:mod:`testbed.capture.memory`)
+    Header ``time, kind, id, bytes``; from just before the network is built until the
+    teardown, every ``capture.cpu_interval_ms``: ``kind`` ``machine`` with ``id`` ``used``
+    (the machine's ``MemTotal - MemAvailable``, bytes), and ``kind`` ``proc`` with ``id`` a
+    training process's name (its USS, bytes; each process every 5 s or less often:
+    :mod:`testbed.capture.memory`). In a cluster run every ``id`` is
+    prefixed ``<machine>:``; a machine's first row is read over SSH before the build, the
+    others come from its capture agent.
+
 ``schedule.jsonl`` (:class:`testbed.event_applier.Schedule`, when the spec has ``events``)
     One JSON object per event, in the order applied: ``index`` (in the spec), ``kind``
     (``link_rate``, ``link_down``, ``link_up``, ``compute_slowdown``, ``kill``), ``target``,
@@ -185,8 +195,9 @@ written by :func:`analysis.metrics.summarize`, which defines every figure)
     identity (``run_id``, the spec's name, scheme, model, workers, batch ...), its iteration
     counts, then one section per concern: ``throughput`` (samples/s), ``iteration_time_s``
     (s), ``bytes`` (per link class, host and switch port) and ``bytes_per_iteration``,
-    ``final_accuracy``, ``cpu`` (idle %, per machine in a cluster run), ``fidelity`` (flags
-    and the shaping check of every link), ``host_costs``, the scheduled ``events`` and the
+    ``final_accuracy``, ``cpu`` (idle %, per machine in a cluster run), ``memory`` (used
+    memory at the start and at the peak, the processes' peak USS), ``fidelity`` (flags and
+    the shaping check of every link), ``host_costs``, the scheduled ``events`` and the
     ``segments`` between them, ``capture_s``, ``capture_errors`` and ``analysis_errors``. A
     value that cannot be computed is null; a run whose files cannot be loaded gets only
     ``status, error, run_id, analysis_errors``.

@@ -6,7 +6,7 @@ and :func:`analysis.metrics.summarize` writes it; every reader loads it with
 ``s.fidelity.cpu_starved``). The model mirrors the file key for key: the identity of the run,
 its iteration counts and its accuracy are top-level keys, each other concern is a section
 (``provenance``, ``throughput``, ``iteration_time_s``, ``bytes``, ``bytes_per_iteration``, ``cpu``,
-``fidelity``, ``host_costs``, ``segments`` ...).
+``memory``, ``fidelity``, ``host_costs``, ``segments`` ...).
 
 A key is written exactly when it was set: read from the file, or given by the analysis (a
 value it could not compute is set to None and written as null). So a summary written by an
@@ -169,6 +169,56 @@ class Cpu(MachineCpu):
     worst_machine: Optional[str] = None
     """The machine of lowest mean idle %; only in a run over several machines (None when no
     machine has samples)."""
+
+
+class UssPeaks(_Section):
+    """The training processes' private memory: each process's peak USS (the pages no other
+    process maps, read every 5 s or less often, :mod:`testbed.capture.memory`), then over
+    processes."""
+    median: Optional[int] = None
+    """Median over processes of their peak USS, bytes."""
+    max: Optional[int] = None
+    """Largest peak USS of a process, bytes."""
+    sum: Optional[int] = None
+    """Sum over processes of their peak USS, bytes: at least what they held together at any
+    one time (their peaks need not coincide)."""
+    processes: Optional[int] = None
+    """Processes with at least one USS sample."""
+
+
+class MachineMemory(_Section):
+    """Memory of one machine over the run (``traces/memory.csv``): its used memory, psutil
+    ``virtual_memory()`` ``total - available`` (``MemTotal - MemAvailable``), from just before
+    the network is built to the teardown, and the USS of the training processes on it."""
+    machine_used_start_bytes: Optional[int] = None
+    """Used memory just before the network was built, bytes."""
+    machine_used_peak_bytes: Optional[int] = None
+    """Highest used memory sampled while the run lasted (start included), bytes."""
+    machine_growth_bytes: Optional[int] = None
+    """``machine_used_peak_bytes - machine_used_start_bytes``, bytes: what the run (network,
+    processes, capture) took at its peak, and whatever else the machine did meanwhile."""
+    process_uss_peak_bytes: Optional[UssPeaks] = None
+    """The peak USS of the training processes, over processes, bytes."""
+    period_s: Optional[float] = None
+    """Median interval between two used-memory samples, s of wall clock (the period asked is
+    ``capture.cpu_interval_ms``)."""
+    uss_period_s: Optional[float] = None
+    """Median over processes of the median interval between two USS reads of one, s of wall
+    clock: at least 5 s, longer when the reads' CPU budget (2 % of a core) holds them back, as
+    with many processes (:mod:`testbed.capture.memory`)."""
+
+
+class Memory(MachineMemory):
+    """Memory of the run. A run spread over several machines also has ``machines`` and
+    ``worst_machine``; its top-level machine figures are then those of the machine whose used
+    memory grew most, and ``process_uss_peak_bytes`` is over the processes of every machine."""
+    machines: Optional[dict[str, MachineMemory]] = None
+    """Machine address -> its own figures; only in a run over several machines. A machine's
+    start is read over SSH before the build; its other samples are its capture agent's, from
+    when the agent starts (after the build)."""
+    worst_machine: Optional[str] = None
+    """The machine of largest ``machine_growth_bytes``; only in a run over several machines
+    (None when no machine has samples)."""
 
 
 class LinkRate(_Section):
@@ -396,6 +446,9 @@ class RunSummary(_Section):
     # --- emulation fidelity
     cpu: Optional[Cpu] = None
     """CPU use of the run's machine(s)."""
+    memory: Optional[Memory] = None
+    """Memory of the run's machine(s) and processes; None for a run without
+    ``traces/memory.csv`` (one made before the harness recorded it, or a loopback run)."""
     fidelity: Optional[Fidelity] = None
     """Fidelity flags."""
     host_costs: Optional[dict[str, HostCost]] = None

@@ -29,6 +29,14 @@ module each; :class:`Capture` starts and stops them together:
     used by the process and all its descendants), including ``bwm-ng`` and ``harness`` (this
     Python process, which also runs the samplers).
 
+``memory.csv`` (:mod:`testbed.capture.memory`)
+    The machine's used memory every ``capture.cpu_interval_ms`` and the training processes'
+    USS every 5 s or less often (a CPU budget of 2 % of a core; :class:`MemorySampler`):
+    ``time, kind, id, bytes``. On this machine the
+    site records it from before the network is built (:meth:`testbed.site.Site.start_memory`),
+    outside :class:`Capture`; a cluster machine's capture agent asks :class:`Capture` for it
+    (``memory=True``).
+
 ``endpoints.csv`` (:mod:`testbed.capture.endpoints`)
     A thread that records, every ``capture.endpoints_interval_ms``, the TCP sockets of each
     training process read in its own network namespace: which process owns which
@@ -63,13 +71,14 @@ from common.errors import TestbedError
 from testbed.capture.bwmng import BwmNgRecorder, bwm_ng_command, find_bwm_ng
 from testbed.capture.cpu import CPU_FIELDS, CpuSampler
 from testbed.capture.endpoints import ENDPOINT_FIELDS, EndpointSampler
+from testbed.capture.memory import MEMORY_FIELDS, MemorySampler, memory_recorder
 from testbed.capture.pcap import PcapRecorder
 from testbed.capture.periodic import Periodic, SampledCsv
 from testbed.capture.qdisc import QDISC_FIELDS, QdiscSampler
 from testbed.spec import CaptureSpec
 
-__all__ = ["Capture", "BwmNgRecorder", "CpuSampler", "QdiscSampler", "SampledCsv", "CPU_FIELDS", "QDISC_FIELDS",
-           "bwm_ng_command", "find_bwm_ng"]
+__all__ = ["Capture", "BwmNgRecorder", "CpuSampler", "MemorySampler", "QdiscSampler", "SampledCsv", "CPU_FIELDS",
+           "MEMORY_FIELDS", "QDISC_FIELDS", "bwm_ng_command", "find_bwm_ng", "keep_errors", "memory_recorder"]
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +92,20 @@ def _root_ns_links() -> dict[str, int]:
         except (OSError, ValueError):
             pass
     return out
+
+
+def keep_errors(run_dir: str | Path, errors: list[str]) -> None:
+    """Append a recorder's problems to ``run_dir/logs/capture.log``, one per line (summary.json
+    lists them as ``capture_errors``), and log them; nothing without any (a file that cannot
+    be written is skipped: the run goes on)."""
+    if not errors:
+        return
+    try:
+        with open(Path(run_dir) / "logs" / "capture.log", "a") as f:
+            f.writelines(e.replace("\n", " ") + "\n" for e in errors)
+    except OSError:
+        pass
+    log.warning("capture problems: %s", "; ".join(errors))
 
 
 class Capture:
@@ -102,6 +125,9 @@ class Capture:
             training processes started so far (``traces/endpoints.csv``).
         pcap_ports: resolved ``capture.pcap`` ports (:func:`testbed.capture.pcap.resolve_ports`).
         scale: the run's time dilation (the pcap window is in emulated seconds).
+        memory: also record ``memory.csv`` (:mod:`testbed.capture.memory`) with the CPU
+            sampler's period and ``pids``'s processes (a cluster machine's agent; on this
+            machine the site records it from before the build).
 
     Use ``start()``/``stop()`` or ``with Capture(...) as cap:``. ``stop()`` is idempotent,
     always kills bwm-ng and joins the threads. ``errors`` lists sampler problems (a sampler
@@ -113,7 +139,7 @@ class Capture:
                  pids: Callable[[], dict] | None = None, spec: CaptureSpec | None = None,
                  on_pid: Callable[[int, str], None] | None = None,
                  procs: Callable[[], list[tuple[dict, int]]] | None = None, pcap_ports: list[str] | None = None,
-                 scale: float = 1.0):
+                 scale: float = 1.0, memory: bool = False):
         self.run_dir = Path(run_dir)
         self.ports = list(dict.fromkeys(ports))
         self.qdisc_ifaces = list(dict.fromkeys(qdisc_ifaces or []))
@@ -123,6 +149,7 @@ class Capture:
         self.procs = procs
         self.pcap_ports = list(pcap_ports or [])
         self.scale = scale
+        self.memory = memory
         self.traces_dir = self.run_dir / "traces"
         self.bwm_path = self.traces_dir / "bwm-ng.csv"
         self.qdisc_path = self.traces_dir / "qdisc.csv"
@@ -180,6 +207,9 @@ class Capture:
                 self._start_sampler(SampledCsv(
                     "cpu", CpuSampler(self._named_pids), self.cpu_path, CPU_FIELDS, self.spec.cpu_interval_ms / 1000.0,
                     self.errors, row_format=CpuSampler.csv_row, first_after_period=True))
+            if self.memory:
+                self._start_sampler(memory_recorder(self.traces_dir, self.pids, self.spec.cpu_interval_ms / 1000.0,
+                                                    self.errors))
             if self.spec.endpoints and self.procs is not None:
                 self._start_sampler(SampledCsv(
                     "endpoints", EndpointSampler(self.procs), self.traces_dir / "endpoints.csv", ENDPOINT_FIELDS,
@@ -204,13 +234,7 @@ class Capture:
                 return
             self._stopped = True
         self._recorders.close()
-        if self.errors:  # kept with the run (summary.json lists them as capture_errors)
-            try:
-                with open(self.run_dir / "logs" / "capture.log", "a") as f:
-                    f.writelines(e.replace("\n", " ") + "\n" for e in self.errors)
-            except OSError:
-                pass
-            log.warning("capture problems: %s", "; ".join(self.errors))
+        keep_errors(self.run_dir, self.errors)
 
     def __enter__(self) -> "Capture":
         return self.start()

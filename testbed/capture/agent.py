@@ -16,7 +16,10 @@ the agent turns off ``pcap`` and ``endpoints`` (the controller's own business). 
 sampler reports, besides the cores, ``bwm-ng`` and ``harness`` (the agent), the training
 processes of this machine: those started as ``... -m traffic.runtime RUN_DIR NAME`` whose
 command line contains ``--match`` (default: ``RUN_DIR`` as given), by ``NAME``
-(:func:`runtime_pids`; rescanned once a second).
+(:func:`runtime_pids`; rescanned once a second). It also records ``memory.csv``
+(:mod:`testbed.capture.memory`): this machine's used memory and the USS of those training
+processes, from the agent's start (the network is built by then; the controller reads each
+machine's used memory before the build, :meth:`testbed.site.cluster.ClusterSite.start_memory`).
 
 Protocol, on stdout (one line each, flushed; nothing else is written there, logs go to
 stderr):
@@ -243,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
             spec = _capture_spec(args.capture)
             match = str(args.run_dir) if args.match is None else args.match
             capture = Capture(args.run_dir, _names(args.ports), _names(args.qdisc), pids=RuntimePids(match),
-                              spec=spec)
+                              spec=spec, memory=True)
             capture.start()
         except Exception as e:  # noqa: BLE001 -- every failure to start is reported in the protocol
             if capture is not None:

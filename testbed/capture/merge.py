@@ -2,9 +2,9 @@
 
 A run spread over several machines (:mod:`testbed.cluster`) captures on each
 machine its own switch ports (:mod:`testbed.capture.agent`, one :class:`~testbed.capture.Capture`
-per machine), so each machine ends with its own ``bwm-ng.csv``, ``qdisc.csv`` and
-``cpu.csv`` stamped by its own clock. :func:`merge_traces` writes one file of each, in the
-formats :mod:`analysis.traces` reads, with every timestamp moved to the controller's clock:
+per machine), so each machine ends with its own ``bwm-ng.csv``, ``qdisc.csv``, ``cpu.csv``
+and ``memory.csv`` stamped by its own clock. :func:`merge_traces` writes one file of each, in
+the formats :mod:`analysis.traces` reads, with every timestamp moved to the controller's clock:
 
 * ``t_controller = t_machine - offset_s``, where ``offset_s`` is the machine's clock minus
   the controller's (:func:`testbed.cluster.clock_offset`, measured as NTP does, uncertain by
@@ -27,6 +27,10 @@ formats :mod:`analysis.traces` reads, with every timestamp moved to the controll
   and ``harness`` (each machine has its own). Training processes keep their names (they
   are unique across the run). Interfaces are not prefixed: switch port names are unique
   across the topology.
+* ``memory.csv`` (:data:`~testbed.capture.memory.MEMORY_FIELDS`): values kept as text, time
+  shifted, and every row of a remote part has its ``id`` prefixed ``"<machine>:"``
+  (``used`` becomes ``10.0.0.2:used``, ``worker3`` ``10.0.0.2:worker3``): the machine a
+  process's memory was taken on is kept.
 
 All lines/rows are sorted by corrected time; the sort is stable (equal times keep the order
 of the parts, then of the file). A file missing from a part is skipped; a file missing from
@@ -47,6 +51,7 @@ from pathlib import Path
 import pandas as pd
 
 from testbed.capture.cpu import CPU_FIELDS
+from testbed.capture.memory import MEMORY_FIELDS
 from testbed.capture.qdisc import QDISC_FIELDS
 
 __all__ = ["TracePart", "merge_traces", "MERGED_FILES", "MACHINE_PROCS"]
@@ -54,7 +59,7 @@ __all__ = ["TracePart", "merge_traces", "MERGED_FILES", "MACHINE_PROCS"]
 log = logging.getLogger(__name__)
 
 #: the files merge_traces writes
-MERGED_FILES = ("bwm-ng.csv", "qdisc.csv", "cpu.csv")
+MERGED_FILES = ("bwm-ng.csv", "qdisc.csv", "cpu.csv", "memory.csv")
 
 #: ``cpu.csv`` process rows that each machine's capture writes about itself (prefixed like cores)
 MACHINE_PROCS = frozenset({"bwm-ng", "harness"})
@@ -71,10 +76,10 @@ class TracePart:
     """The traces of one machine.
 
     Attributes:
-        machine: the machine's name (its SSH address), used as the ``cpu.csv`` id prefix;
-            None for the controller's own traces (no prefix).
-        traces_dir: the directory holding its ``bwm-ng.csv``, ``qdisc.csv``, ``cpu.csv``
-            (any of them may be missing).
+        machine: the machine's name (its SSH address), used as the ``cpu.csv`` and
+            ``memory.csv`` id prefix; None for the controller's own traces (no prefix).
+        traces_dir: the directory holding its ``bwm-ng.csv``, ``qdisc.csv``, ``cpu.csv``,
+            ``memory.csv`` (any of them may be missing).
         offset_s: the machine's clock minus the controller's, seconds (normally 0 for the
             controller itself).
 
@@ -94,8 +99,9 @@ class TracePart:
 
 
 def merge_traces(out_traces_dir: str | Path, parts: list[TracePart]) -> dict[str, int]:
-    """Merge the parts' ``bwm-ng.csv``, ``qdisc.csv`` and ``cpu.csv`` into ``out_traces_dir``
-    (created if missing and there is something to write) on the controller's clock (see module doc).
+    """Merge the parts' ``bwm-ng.csv``, ``qdisc.csv``, ``cpu.csv`` and ``memory.csv`` into
+    ``out_traces_dir`` (created if missing and there is something to write) on the controller's
+    clock (see module doc).
 
     Args:
         out_traces_dir: where the merged files go; may be one of the parts' ``traces_dir``.
@@ -116,7 +122,8 @@ def merge_traces(out_traces_dir: str | Path, parts: list[TracePart]) -> dict[str
         raise ValueError(f"merge_traces: machine(s) {sorted(dup, key=str)} given in more than one part")
     bwm = _read_bwm_parts(parts)
     tables = {name: _read_table_parts(parts, name, fields)
-              for name, fields in (("qdisc.csv", QDISC_FIELDS), ("cpu.csv", CPU_FIELDS))}
+              for name, fields in (("qdisc.csv", QDISC_FIELDS), ("cpu.csv", CPU_FIELDS),
+                                   ("memory.csv", MEMORY_FIELDS))}
     written: dict[str, int] = {}
     if bwm is not None or any(df is not None for df in tables.values()):
         out.mkdir(parents=True, exist_ok=True)
@@ -200,12 +207,12 @@ def _read_bwm_parts(parts: list[TracePart]) -> list[str] | None:
     return [f"{_fmt_us(t)}{rest}{pad if short else ''}\n" for t, rest, short in rows]
 
 
-# ----------------------------------------------------------------------------- qdisc.csv, cpu.csv
+# ----------------------------------------------------------------------------- qdisc.csv, cpu.csv, memory.csv
 
 
 def _read_table_parts(parts: list[TracePart], name: str, fields: list[str]) -> pd.DataFrame | None:
     """The rows of file ``name`` of every part as text columns ``fields``, time-corrected,
-    cpu ids prefixed for remote machines, stably sorted by time; None when no part has it."""
+    cpu and memory ids prefixed for remote machines, stably sorted by time; None when no part has it."""
     frames = []
     for part in parts:
         path = part.traces_dir / name
@@ -227,6 +234,8 @@ def _read_table_parts(parts: list[TracePart], name: str, fields: list[str]) -> p
         if name == "cpu.csv" and part.machine is not None:
             own = (df["kind"] == "core") | ((df["kind"] == "proc") & df["id"].isin(MACHINE_PROCS))
             df.loc[own, "id"] = part.machine + ":" + df.loc[own, "id"]
+        if name == "memory.csv" and part.machine is not None:
+            df["id"] = part.machine + ":" + df["id"]
         frames.append(df)
     if not frames:
         return None

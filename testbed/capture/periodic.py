@@ -109,7 +109,8 @@ class SampledCsv:
         first_after_period: take the first sample one period after the start.
 
     ``time`` is the unix time (s, 6 decimals) at which the sample was requested; all rows of
-    a sample share it. The file is flushed after every sample. :meth:`stop` is idempotent
+    a sample share it. The file is flushed after every sample; ``first_sample`` (a
+    ``threading.Event``) is set once the first one is written. :meth:`stop` is idempotent
     and safe without a :meth:`start`.
     """
 
@@ -120,6 +121,7 @@ class SampledCsv:
         self.period_s, self.errors = period_s, errors
         self.row_format, self.first_after_period = row_format, first_after_period
         self.thread: Periodic | None = None  # kept after stop()
+        self.first_sample = threading.Event()
         self._file = None
         self._writer = None
         self._stopped = False
@@ -146,6 +148,7 @@ class SampledCsv:
         for row in self.sampler.read():
             self._writer.writerow([f"{now:.6f}", *self.row_format(row)])
         self._file.flush()
+        self.first_sample.set()
 
     def stop(self) -> None:
         """Stop the thread (waiting up to 5 s; one that does not stop is reported in

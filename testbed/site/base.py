@@ -145,6 +145,12 @@ class Site:
 
     # ------------------------------------------------------------------ capture and events
 
+    def start_memory(self, procs: list[launch.Launched]) -> None:
+        """Start recording ``traces/memory.csv`` (:mod:`testbed.capture.memory`) before the
+        network is built: the machines' used memory, and the USS of ``procs`` (the run's
+        processes, as they start); it stops at teardown."""
+        raise NotImplementedError
+
     def start_capture(self, procs: list[launch.Launched]) -> None:
         """Start the capture of the ``capture`` section (``procs``: the run's processes, as
         they start); it stops at teardown."""

@@ -11,7 +11,8 @@ core on the first, tunnels between machines):
 * processes: each runs in its Mininet host on its machine (``mnexec -a`` over SSH, as
   Mininet's ``RemoteMixin.popen``); its output comes back through SSH into ``logs/``;
 * capture: one :mod:`testbed.capture.agent` per machine (bwm-ng, qdisc and CPU samplers on
-  that machine's switch ports), started and stopped over SSH;
+  that machine's switch ports, its memory), started and stopped over SSH; each machine's used
+  memory is also read once over SSH before the build (:meth:`ClusterSite.start_memory`);
 * gathering: at teardown the ledger copies each staging directory into
   ``machines/<addr>/`` (:func:`testbed.ledger.fetch_staging`); :meth:`ClusterSite.merge` then
   puts the processes' events and results where a one-machine run has them (events' ``ts``
@@ -19,6 +20,7 @@ core on the first, tunnels between machines):
 """
 from __future__ import annotations
 
+import csv
 import json
 import os
 import select
@@ -35,6 +37,8 @@ from contextlib import ExitStack
 from common.errors import TestbedError
 from testbed import launch
 from testbed.background import listening_in_shell
+from testbed.capture import keep_errors
+from testbed.capture.memory import MEMORY_FIELDS, used_from_meminfo
 from testbed.capture.merge import TracePart, merge_traces
 from testbed.cluster import PROJECT_DIR, Machine, clock_offset, end_process
 from testbed.ledger import Ledger, own_pattern
@@ -295,6 +299,25 @@ class ClusterSite(Site):
 
     # ------------------------------------------------------------------ capture
 
+    def start_memory(self, procs: list[launch.Launched]) -> None:
+        """Read each machine's used memory once over SSH (its ``/proc/meminfo``,
+        :func:`testbed.capture.memory.used_from_meminfo`) before the network is built, into
+        ``traces/memory.csv`` as ``<machine>:used`` rows on this machine's clock; the rest of
+        each machine's memory is recorded there by its capture agent, and :meth:`merge` puts
+        them together. A machine that cannot be read is named in ``logs/capture.log``."""
+        rows, errors = [], []
+        for m in self.machines:
+            try:
+                r = m.run("cat /proc/meminfo", timeout_s=20)
+                if r.returncode != 0:
+                    raise ValueError(r.stderr.strip() or f"exit status {r.returncode}")
+                rows.append((f"{time.time():.6f}", "machine", f"{m.addr}:used", used_from_meminfo(r.stdout)))
+            except (ValueError, OSError, subprocess.TimeoutExpired) as e:
+                errors.append(f"memory: the used memory of {m.addr} before the build could not be read: {e}")
+        with open(self.run_dir / "traces" / "memory.csv", "w", newline="") as f:
+            csv.writer(f).writerows([MEMORY_FIELDS, *rows])
+        keep_errors(self.run_dir, errors)
+
     def start_capture(self, procs: list[launch.Launched]) -> None:
         """Start the capture agent of every machine that has switch ports, on those ports
         (qdisc samples on the uplink ends there, or on every switch port of a machine
@@ -381,6 +404,8 @@ class ClusterSite(Site):
                     shutil.copy2(f, self.run_dir / sub / f.name)
             if (src / "traces").is_dir():
                 parts.append(TracePart(m.addr, src / "traces", offset))
+        if parts and (self.run_dir / "traces" / "memory.csv").is_file():  # the machines before the build
+            parts.insert(0, TracePart(None, self.run_dir / "traces", 0.0))
         if parts:
             merge_traces(self.run_dir / "traces", parts)
         write_json(self.run_dir / "cluster.json", {

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from testbed import launch
 from testbed.background import listening
-from testbed.capture import Capture
+from testbed.capture import Capture, keep_errors, memory_recorder
 from testbed.capture.pcap import resolve_ports
 from testbed.ledger import Ledger
 from testbed.lifetime import tied_preexec
@@ -21,6 +21,9 @@ from traffic import schemes
 __all__ = ["LocalSite", "forks"]
 
 log = logging.getLogger("testbed")
+
+#: how long :meth:`LocalSite.start_memory` waits for the memory sampler's first sample, s
+MEMORY_START_WAIT_S = 2.0
 
 
 def forks(exp: Experiment) -> bool:
@@ -76,6 +79,21 @@ class LocalSite(Site):
 
     def listening(self, host: str, port: int) -> bool:
         return listening(self.hosts[host].pid, port)
+
+    def start_memory(self, procs: list[launch.Launched]) -> None:
+        """Record ``traces/memory.csv`` on this machine, every ``capture.cpu_interval_ms``, from
+        a first sample taken before this returns (waiting up to :data:`MEMORY_START_WAIT_S`)
+        until teardown; its problems go to ``logs/capture.log``."""
+        errors: list[str] = []
+        recorder = memory_recorder(self.run_dir / "traces", lambda: {l.info["name"]: l.popen.pid for l in list(procs)},
+                                   self.exp.capture.cpu_interval_ms / 1000.0, errors)
+
+        def stop() -> None:
+            recorder.stop()
+            keep_errors(self.run_dir, errors)
+        self.teardown.callback(stop)
+        recorder.start()
+        recorder.first_sample.wait(MEMORY_START_WAIT_S)  # the first row is the machine before the build
 
     def start_capture(self, procs: list[launch.Launched]) -> None:
         spec, topo = self.exp.capture, self.topology
