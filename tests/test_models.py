@@ -16,6 +16,7 @@ PAPER_PARAMS = {
     "alexnet": 61.1e6,          # Stanza Table 1
     "vgg16": 138e6,             # Stanza Table 1
     "vgg19": 143e6,             # Stanza Table 1, iBatch Table 1
+    "vgg19_22k": 229e6,         # iBatch Table 1 (VGG19-22K on ImageNet22K)
     "vgg16_cifar10": 33.6e6,    # Stanza Table 5
     "resnet18": 11.7e6,         # PHub Table 3 (45 MB)
     "resnet50": 25.6e6,         # standard
@@ -29,7 +30,7 @@ PAPER_PARAMS = {
     "digits_mlp": 301_066,
     "digits_cnn": 71_754,       # the Stanza accuracy check's small CNN (traffic/models/cnn.py)
 }
-CONV_MODELS = ["alexnet", "vgg16", "vgg19", "vgg16_cifar10", "resnet18", "resnet50", "resnet152",
+CONV_MODELS = ["alexnet", "vgg16", "vgg19", "vgg19_22k", "vgg16_cifar10", "resnet18", "resnet50", "resnet152",
                "inception_v3", "googlenet", "cifar100_alexnet", "digits_cnn"]
 SMALL = ["digits_mlp", "digits_cnn", "mnist_mlp", "stanza_mlp", "cifar100_alexnet", "vgg16_cifar10", "sockeye_lstm"]
 POOLS = (nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d)
@@ -67,7 +68,8 @@ def test_exact_counts_of_the_reference_definitions(meta_models):
     # torchvision's counts of the same definitions
     exact = {"alexnet": 61_100_840, "vgg16": 138_357_544, "vgg19": 143_667_240, "resnet18": 11_689_512,
              "resnet50": 25_557_032, "resnet152": 60_192_808, "inception_v3": 27_161_264,
-             "googlenet": 6_624_904, "vgg16_cifar10": 33_638_218, "mnist_mlp": 648_010}
+             "googlenet": 6_624_904, "vgg16_cifar10": 33_638_218, "mnist_mlp": 648_010,
+             "vgg19_22k": 229_052_817}  # vgg19 with fc8 4096 -> 21,841
     assert {n: meta_models[n].num_params() for n in exact} == exact
 
 
@@ -127,6 +129,9 @@ def test_paper_facts(meta_models):
     # P3 §3: VGG-19's fc6 holds 71.5% of the parameters
     v = meta_models["vgg19"]
     assert round(v.layer_numels()[v.split_index] / v.num_params(), 3) == 0.715
+    # iBatch: VGG19-22K is VGG-19 with a classifier over ImageNet22K's 21,841 categories
+    w = meta_models["vgg19_22k"]
+    assert w.layer_numels()[:-1] == v.layer_numels()[:-1] and w.layer_numels()[-1] == 4096 * 21841 + 21841
     # P3 §5: Sockeye's heaviest layer is the first one
     s = meta_models["sockeye_lstm"].layer_numels()
     assert s.index(max(s)) == 0

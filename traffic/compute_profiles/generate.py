@@ -78,19 +78,23 @@ than PHub's GTX 1080 Ti ones; Stanza Table 7 (MLP) gives whole-epoch times inclu
 communication; iBatch, P3 and Pipe-SGD give their compute times only in figures.
 """
 
-SIBLINGS: list[tuple[str, str]] = [("vgg16", "vgg19"), ("resnet152", "resnet50")]
+SIBLINGS: list[tuple[str, str]] = [("vgg16", "vgg19"), ("resnet152", "resnet50"), ("vgg19_22k", "vgg19")]
 """``(model, published sibling)``: the model's GTX 1080 Ti time at batch 32 is the sibling's
 published time times the ratio of their forward+backward FLOPs (Stanza's VGG-16 and
-ResNet-152 are not in PHub Table 3)."""
+ResNet-152 and iBatch's VGG19-22K are not in PHub Table 3)."""
 
 _PEAK_1080TI = 11.3
 DEVICES: dict[str, tuple[float, str]] = {
     "v100": (15.7, "Tesla V100 SXM2 (EC2 p3.2xlarge, Stanza Section 6.1)"),
     "titanxp": (12.1, "TITAN Xp (Pipe-SGD Section 4)"),
     "p4000": (5.3, "Quadro P4000 (P3 Section 5.1)"),
+    "m60": (4.825, "Tesla M60, one of the board's two GPUs (AWS g3.4xlarge, P3 Section 5.1, has one; "
+                   "2,048 CUDA cores x 2 FLOPs per cycle x 1,178 MHz boost clock, half the board's 9.65 TFLOPS)"),
 }
 """Device name -> (peak FP32 TFLOPS from the NVIDIA datasheet, which GPU and where it is used).
-GTX 1080 Ti: 11.3 TFLOPS."""
+GTX 1080 Ti: 11.3 TFLOPS. A board of two GPUs (Tesla M60) counts one GPU: a cloud instance's
+"GPU" is one of them (the Tesla M60's peak is its per-GPU CUDA cores x 2 FLOPs x the boost
+clock, the product of the datasheet's figures)."""
 
 _PIPE_SGD_BATCH = ("Pipe-SGD Sec. 4 trains AlexNet and ResNet-18 \"both with a global batch size of 256\" on \"a "
                    "cluster of four nodes\": 256 / 4 = 64 per worker")

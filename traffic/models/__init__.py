@@ -31,6 +31,7 @@ The zoo (one module per family; every parameter count is checked in ``tests/test
     alexnet         61,100,840    (3, 224, 224)  float32     1000  Stanza Table 1 (61.1M)
     vgg16          138,357,544    (3, 224, 224)  float32     1000  Stanza Table 1 (138M)
     vgg19          143,667,240    (3, 224, 224)  float32     1000  Stanza, iBatch Table 1 (143M)
+    vgg19_22k      229,052,817    (3, 224, 224)  float32    21841  iBatch Table 1 (VGG19-22K, 229M)
     vgg16_cifar10   33,638,218    (3, 32, 32)    float32       10  Stanza Table 5 (33.6M)
     resnet18        11,689,512    (3, 224, 224)  float32     1000  PHub Table 3 (45 MB)
     resnet50        25,557,032    (3, 224, 224)  float32     1000  P3, PHub Table 3

@@ -1,4 +1,5 @@
-"""VGG (Simonyan & Zisserman 2014): ``vgg16``, ``vgg19`` (ImageNet) and ``vgg16_cifar10`` (Stanza Table 5)."""
+"""VGG (Simonyan & Zisserman 2014): ``vgg16``, ``vgg19`` (ImageNet), ``vgg19_22k`` (ImageNet-22K, iBatch
+Table 1) and ``vgg16_cifar10`` (Stanza Table 5)."""
 from __future__ import annotations
 
 from torch import nn
@@ -85,6 +86,23 @@ def vgg19(input_shape: tuple[int, ...], num_classes: int) -> LayeredModel:
     102.8M parameters, 71.5% of the model (P3 §3, Figure 5(c)).
     """
     return vgg(19, input_shape, num_classes, "vgg19", pooled=7)
+
+
+#: the ImageNet-22K (fall 2011) classes: iBatch's "ImageNet22K ... 14.2 million labeled images from 21841 categories"
+IMAGENET_22K_CLASSES = 21_841
+
+
+@register_model("vgg19_22k", input_shape=(3, 224, 224), num_classes=IMAGENET_22K_CLASSES)
+def vgg19_22k(input_shape: tuple[int, ...], num_classes: int) -> LayeredModel:
+    """VGG-19 on ImageNet-22K (iBatch Table 1: VGG19-22K, 229M): 229,052,817 parameters.
+
+    ``vgg19`` with fc8 4096->21,841 (89,482,577 parameters, 39.1% of the model) instead of
+    4096->1000; every other layer as VGG-19. iBatch calls it "an improved version of VGG19
+    network" with 229M parameters, trained on ImageNet22K's 21,841 categories; VGG-19 with
+    a classifier over those categories has that count: 143.7M - 4.1M (fc8 on 1,000 classes)
+    + 89.5M.
+    """
+    return vgg(19, input_shape, num_classes, "vgg19_22k", pooled=7)
 
 
 @register_model("vgg16_cifar10", input_shape=(3, 32, 32), num_classes=10)
