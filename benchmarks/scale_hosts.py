@@ -8,7 +8,9 @@ directories stay in the spec's ``run.runs_dir``), and prints one row per run:
 
 * ``hosts``, ``scale`` (the capacity model's pick), ``status``, ``starved`` (the summary's
   ``fidelity.cpu_starved``) and ``idle%`` (``fidelity.idle_pct_mean``, over the measured
-  iterations);
+  iterations); ``model idle%``: the idle the capacity model expects of the run's spec at its
+  scale (:func:`testbed.capacity.estimate` with this machine's cost model), to compare with
+  the measured one;
 * ``build s``, ``ready s``, ``1st iter s``: the network's build, and from the launch to every
   process ready and to the first iteration, s of wall clock
   (:func:`harness_overhead.phases`);
@@ -58,7 +60,8 @@ from analysis import metrics  # noqa: E402
 from analysis.load import load  # noqa: E402
 from common.errors import SpecError, TestbedError  # noqa: E402
 from harness_overhead import phases  # noqa: E402
-from testbed.runner import run_experiment  # noqa: E402
+from testbed import capacity  # noqa: E402
+from testbed.runner import plan_point, run_experiment  # noqa: E402
 from testbed.spec import Experiment, load_spec  # noqa: E402
 from traffic.rundir import NotARunError, find_runs  # noqa: E402
 from traffic.summary import Fidelity, Memory, RunSummary, UssPeaks  # noqa: E402
@@ -101,6 +104,17 @@ def ring_figures(run, measured, workers: list[str]) -> dict:
     return {"n_bytes": n, "fidelity": float(np.median(bound_s / achieved))}
 
 
+def model_idle_pct(run_dir: Path) -> float:
+    """The idle % of the cores the capacity model expects of the run's ``spec.yaml`` (its
+    scale a number) on this machine; NaN when the spec or the cost model cannot be read."""
+    try:
+        exp = load_spec(run_dir / "spec.yaml")
+        est = capacity.estimate(exp, *plan_point(exp))
+    except (TestbedError, OSError):
+        return math.nan
+    return 100.0 * (1.0 - est.cpu_cores / est.cores)
+
+
 def row(run_dir: Path) -> dict:
     """The figures of one run directory (see the module doc); NaN for what it lacks.
 
@@ -135,14 +149,14 @@ def row(run_dir: Path) -> dict:
     def num(v, unit=1.0):
         return math.nan if v is None else v / unit
     return {"hosts": p, "scale": num(s.scale), "status": s.status, "starved": f.cpu_starved,
-            "idle%": num(f.idle_pct_mean), "build s": times.get("build_s", math.nan),
+            "idle%": num(f.idle_pct_mean), "model idle%": model_idle_pct(run_dir), "build s": times.get("build_s", math.nan),
             "ready s": times.get("ready_s", math.nan), "1st iter s": times.get("first_iteration_s", math.nan),
             "mem +GiB": num(m.machine_growth_bytes, GIB), "USS med MiB": num(uss.median, MIB),
             "USS max MiB": num(uss.max, MIB), "sent MB": sent / MB, "ring MB": volume / MB,
             "sent/ring": sent / volume if volume else math.nan, "ring fid": ring["fidelity"]}
 
 
-FORMATS = {"scale": "g", "idle%": ".0f", "build s": ".1f", "ready s": ".1f", "1st iter s": ".1f", "mem +GiB": ".2f",
+FORMATS = {"scale": "g", "idle%": ".0f", "model idle%": ".0f", "build s": ".1f", "ready s": ".1f", "1st iter s": ".1f", "mem +GiB": ".2f",
            "USS med MiB": ".0f", "USS max MiB": ".0f", "sent MB": ".0f", "ring MB": ".0f", "sent/ring": ".3f",
            "ring fid": ".3f"}
 

@@ -40,7 +40,8 @@ def synthetic_run(root: Path, scheme: str = "allreduce", status: str = "ok") -> 
     (d / "spec.yaml").write_text(yaml.safe_dump({
         "name": "scale_vgg19-4", "scale": 2,
         "topology": {"kind": "rack_core", "racks": 2, "hosts_per_rack": 2, "host_bw_mbps": 1000},
-        "workload": {"scheme": scheme, "model": "vgg19", "iterations": 2, "warmup_iterations": 1}}))
+        "workload": {"scheme": scheme, "model": "vgg19", "iterations": 2, "warmup_iterations": 1,
+                     "compute": {"mode": "emulated", "profile": "gtx1080ti", "memory": "light"}}}))
     (d / "topology.json").write_text(json.dumps(topology(host_bw=1000.0)))
     (d / "processes.json").write_text(json.dumps({"world_size": 4, "processes": [
         {"name": n, "role": "worker", "index": i, "rank": i, "host": h} for i, (n, h) in enumerate(WORKERS.items())]}))
@@ -74,6 +75,10 @@ def test_the_row_of_a_run_directory(tmp_path):
     assert {k: r[k] for k in ("hosts", "scale", "status", "starved")} == {"hosts": 4, "scale": 2.0, "status": "ok",
                                                                          "starved": False}
     assert r["idle%"] == pytest.approx(52.4)
+    # the capacity model's idle for the run's own spec at its scale, as `testbed run --dry-run` gives it
+    exp = scale_hosts.load_spec(tmp_path / "run-allreduce-ok" / "spec.yaml")
+    est = scale_hosts.capacity.estimate(exp, *scale_hosts.plan_point(exp))
+    assert r["model idle%"] == pytest.approx(100 * (1 - est.cpu_cores / est.cores)) and 0 < r["model idle%"] < 100
     assert (r["build s"], r["ready s"], r["1st iter s"]) == pytest.approx((2.5, 3.0, 5.005), abs=2e-3)
     assert (r["mem +GiB"], r["USS med MiB"], r["USS max MiB"]) == pytest.approx((3.0, 100.0, 120.0))
     # 30 samples x 250 kB in the one measured iteration; ring: 2 x 3/4 x 5 MB
