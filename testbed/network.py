@@ -225,7 +225,11 @@ class Network:
         sysctls = {"net.ipv4.tcp_slow_start_after_idle": int(self.spec.tcp_slow_start_after_idle)}
         if self.spec.tcp_notsent_lowat_bytes is not None:
             sysctls["net.ipv4.tcp_notsent_lowat"] = int(self.spec.tcp_notsent_lowat_bytes)
+        if self.spec.tcp_min_tso_segs is not None:
+            sysctls["net.ipv4.tcp_min_tso_segs"] = int(self.spec.tcp_min_tso_segs)
         self._configure_hosts(nameservers(), sysctls)
+        if self.spec.tcp_congestion_control is not None:
+            self._set_congestion_control(self.spec.tcp_congestion_control)
         self.topology = self._describe()
         self._verify_shaping()
         write_json(self.run_dir / "topology.json", self.topology)
@@ -273,6 +277,24 @@ class Network:
                 if have != str(value):
                     raise TestbedError(f"cannot set {key}={value} on {h.name} (kernel has {have!r})")
 
+    def _set_congestion_control(self, cc: str) -> None:
+        """Select congestion control ``cc`` on every IPv4 unicast route of every host, in every
+        routing table (``ip route ... congctl``; a connection takes it from its route, which a
+        namespace may do even for a congestion control its sysctl does not allow), one command
+        line per host, all at once; read back. Each route is deleted and appended again with it,
+        in their order, which leaves them in that order: ``ip route replace`` would overwrite the
+        first of two routes to one prefix (a host with several interfaces has one per interface).
+
+        Raises:
+            TestbedError: a host has a route without it afterwards (the route is named).
+        """
+        routes = (r"ip -4 -o route show table all | grep -Ev '^(unreachable|local|broadcast|multicast|blackhole|"
+                  r"prohibit|throw) '")
+        line = f"{routes} | while read -r r; do ip route del $r && ip route append $r congctl {cc}; done; {routes} | grep -v ' congctl {cc}'"
+        for host, out in run_on_nodes({h: line for h in self.net.hosts}).items():
+            if out.strip():
+                raise TestbedError(f"cannot set congestion control {cc} on the routes of {host.name}: {out.strip()}")
+
     def _set_mtu(self, mtu: int) -> None:
         """Set ``mtu`` on both ends of every link (bridges follow their ports' MTU), one
         command line per node, all at once.
@@ -289,7 +311,8 @@ class Network:
                 raise TestbedError(f"cannot set MTU {mtu} on the interfaces of {node.name}: {out.strip()}")
 
     def _describe(self) -> dict:
-        tcp = [sysctl_path("net.ipv4.tcp_notsent_lowat"), sysctl_path("net.ipv4.tcp_slow_start_after_idle")]
+        tcp = [sysctl_path("net.ipv4.tcp_notsent_lowat"), sysctl_path("net.ipv4.tcp_slow_start_after_idle"),
+               sysctl_path("net.ipv4.tcp_min_tso_segs"), sysctl_path("net.ipv4.tcp_congestion_control")]
         paths: dict = {h: list(tcp) for h in self.net.hosts}
         for link in self.net.links:
             for i in (link.intf1, link.intf2):
@@ -305,6 +328,9 @@ class Network:
                           "ip": h.IP(), "pid": h.pid,
                           "tcp_notsent_lowat": number(h, tcp[0], -1),
                           "tcp_slow_start_after_idle": number(h, tcp[1], -1),
+                          "tcp_min_tso_segs": number(h, tcp[2], -1),
+                          # its routes' (set_congestion_control) or else the namespace's default
+                          "tcp_congestion_control": self.spec.tcp_congestion_control or got[h].get(tcp[3]),
                           "intfs": [{"name": i.name, "ip": i.IP()} for i in h.intfList()]})
         switches = [{"name": s.name, "role": s.params.get("role"), "rack": s.params.get("rack")}
                     for s in self.net.switches]

@@ -74,6 +74,35 @@ def test_jumbo_frames_and_tcp_setting_on_every_host(run_dir):
     assert open("/proc/sys/net/ipv4/tcp_notsent_lowat").read() == root_lowat  # the hosts' namespaces only
 
 
+def test_congestion_control_on_every_route_and_min_tso_segs(run_dir):
+    """cubic on every route of both interfaces' tables, where the namespace's sysctl may not
+    allow it; a connection from either interface takes it; the machine keeps its own."""
+    root = {k: open(f"/proc/sys/net/ipv4/{k}").read() for k in ("tcp_congestion_control", "tcp_min_tso_segs")}
+    spec = TopologySpec(kind="rack", racks=1, hosts_per_rack=2, interfaces_per_host=2,
+                        tcp_congestion_control="cubic", tcp_min_tso_segs=44)
+    with NetworkLock():
+        with Network(spec, [], run_dir, Ledger.create("t", run_dir)) as net:
+            assert [(h["tcp_congestion_control"], h["tcp_min_tso_segs"]) for h in net.topology["hosts"]] == \
+                [("cubic", 44)] * 2
+            routes = net.hosts["h1"].cmd("ip -4 -o route show table all").splitlines()
+            assert [r for r in routes if r.startswith("10.") and "congctl cubic" not in r] == []
+            # a listener that never accepts: the kernel completes the connections in its backlog
+            server = net.hosts["h2"].popen([sys.executable, "-c", "import socket, time; s = socket.socket(); "
+                                            "s.bind(('0.0.0.0', 5201)); s.listen(8); time.sleep(60)"])
+            try:
+                time.sleep(0.5)
+                probe = ("import socket, sys; s = socket.create_connection(('{}', 5201), source_address=('{}', 0)); "
+                         "print(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b'\\0').decode())")
+                h1, h2 = net.hosts["h1"], net.hosts["h2"]
+                for src in (h1.IP(), h1.intfList()[1].IP()):
+                    out = h1.cmd(f"python3 -c \"{probe.format(h2.IP(), src)}\"").strip()
+                    assert out == "cubic", (src, out)
+            finally:
+                server.kill()
+                server.wait()
+    assert {k: open(f"/proc/sys/net/ipv4/{k}").read() for k in root} == root  # the hosts' namespaces only
+
+
 def test_queue_limit_without_netem_uses_pfifo(run_dir):
     spec = TopologySpec(kind="rack", racks=1, hosts_per_rack=2, max_queue_packets=20)
     with NetworkLock():

@@ -45,6 +45,9 @@ MAX_QUEUE_PACKETS = 2 ** 32 - 1
 #: the largest ``net.ipv4.tcp_notsent_lowat``: an unsigned int the kernel reads with
 #: ``proc_douintvec`` (net/ipv4/sysctl_net_ipv4.c), which refuses more with EINVAL
 MAX_NOTSENT_LOWAT_BYTES = 2 ** 32 - 1
+#: the largest ``net.ipv4.tcp_min_tso_segs``: the kernel keeps it in one byte and refuses 0
+#: (measured in a namespace, kernel 6.18: 1 and 255 are taken, 0 and 256 refused, EINVAL)
+MAX_MIN_TSO_SEGS = 255
 #: the most ports of one switch: a Linux bridge numbers its ports in BR_PORT_BITS = 10 bits
 #: (BR_MAX_PORTS = 1 << BR_PORT_BITS in net/bridge/br_private.h) and port 0 is reserved
 #: (find_portno in net/bridge/br_if.c), so the 1,024th port fails with EXFULL
@@ -111,6 +114,22 @@ class TopologySpec(SpecModel):
     value (e.g. 131072) makes a blocking send follow the network's pace, which P3's
     application-level priority queue relies on (P3 Sec. 4.3). At most 4294967295
     (:data:`MAX_NOTSENT_LOWAT_BYTES`: the kernel's sysctl is an unsigned int)."""
+    tcp_congestion_control: Optional[Literal["cubic", "reno", "bbr"]] = None
+    """The hosts' TCP congestion control, set on every route of a host (``ip route ... congctl``),
+    which selects it for each connection whatever the namespace's sysctl allows. null keeps
+    the machine's default (``net.ipv4.tcp_congestion_control`` of the root namespace, which a
+    new namespace inherits; it may be BBR, whose ProbeRTT every 10 s of real time is 10/scale s
+    of emulated time). cubic is Linux's default congestion control."""
+    tcp_min_tso_segs: Optional[int] = Field(None, ge=1, le=MAX_MIN_TSO_SEGS)
+    """The hosts' ``net.ipv4.tcp_min_tso_segs``: the fewest MSS-sized segments Linux puts in
+    one TSO/GSO packet. Linux sizes those packets to about 1 ms of a connection's pacing rate
+    (``tcp_tso_autosize``), which time dilation divides by ``scale``: a host shaped at
+    1 Gbit/s / 79 sends packets of 2 segments where one at 1 Gbit/s sends 64 KiB, and every
+    packet costs this machine about the same CPU whatever its size (measured: a ring of
+    iperf3 flows between 128 hosts at 12.66 Mbit/s took 1.9 cores with cubic and 2 segments,
+    0.6 with 44). The emulated host's own size is ``min(host_bw_mbps x 1e6 / 8 / 1024,
+    65536) / MSS`` segments (44 at 1 Gbit/s with a 1500-byte MTU). It applies to reno and
+    cubic; BBR sizes its packets itself. null keeps the kernel's default (2); 1 to 255."""
     tcp_slow_start_after_idle: bool = False
     """The hosts' ``net.ipv4.tcp_slow_start_after_idle``. TCP restarts its congestion window
     after an idle period longer than its retransmission timeout (RFC 5681 Sec. 4.1), at least
@@ -171,6 +190,10 @@ class TopologySpec(SpecModel):
                                            "background_hosts_per_rack": self.background_hosts_per_rack},
                                   f"at most {MAX_HOSTS} hosts in all (racks x (hosts_per_rack + "
                                   f"background_hosts_per_rack) = {hosts})"))
+        if self.tcp_min_tso_segs is not None and self.tcp_congestion_control == "bbr":
+            out.append(FieldError(f"{prefix}.tcp_min_tso_segs", self.tcp_min_tso_segs,
+                                  "null with tcp_congestion_control 'bbr' (BBR sizes its packets itself; "
+                                  "use cubic or reno)"))
         if self.interfaces_per_host > MAX_INTERFACES:
             out.append(FieldError(f"{prefix}.interfaces_per_host", self.interfaces_per_host,
                                   f"at most {MAX_INTERFACES}"))
