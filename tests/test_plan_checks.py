@@ -188,6 +188,9 @@ def test_the_rendezvous_port_cannot_be_a_background_flows_iperf3_port(tmp_path):
     ("run.timeout_s=1e12", "run.timeout_s"),
     ("topology.max_queue_packets=4294967296", "topology.max_queue_packets"),
     ("topology.tcp_notsent_lowat_bytes=4294967296", "topology.tcp_notsent_lowat_bytes"),
+    ("topology.tcp_min_tso_segs=256", "topology.tcp_min_tso_segs"),  # the kernel keeps one byte
+    ("topology.tcp_min_tso_segs=0", "topology.tcp_min_tso_segs"),
+    ("topology.tcp_congestion_control=dctcp", "topology.tcp_congestion_control"),  # not on this kernel
     ("capture.interval_ms=1000000", "capture.interval_ms"),  # 1000 s > run.timeout_s 240 s
     ("capture.cpu_interval_ms=9223372036854775807", "capture.cpu_interval_ms"),
     ("capture.endpoints_interval_ms=1000000000", "capture.endpoints_interval_ms"),
@@ -205,9 +208,16 @@ def test_numbers_that_would_crash_or_hang_the_run_are_exit_2_naming_the_field(tm
 def test_the_bounds_themselves_are_accepted():
     exp = from_dict({"workload": {"seed": MAX_SEED, "iterations": MAX_ITERATIONS},
                      "run": {"timeout_s": MAX_TIMEOUT_S},
-                     "topology": {"max_queue_packets": 2 ** 32 - 1, "tcp_notsent_lowat_bytes": 2 ** 32 - 1}})
+                     "topology": {"max_queue_packets": 2 ** 32 - 1, "tcp_notsent_lowat_bytes": 2 ** 32 - 1,
+                                  "tcp_min_tso_segs": 255, "tcp_congestion_control": "reno"}})
     assert exp.workload.seed == 2 ** 32 - 1
     assert from_dict({"workload": {"seed": 0}}).workload.seed == 0
+
+
+def test_min_tso_segs_with_bbr_is_refused_naming_the_field(tmp_path):
+    # BBR sizes its packets itself: the sysctl would be set and change nothing
+    rc, _, err = dry_run(tmp_path, QUICKSTART, "topology.tcp_congestion_control=bbr", "topology.tcp_min_tso_segs=44")
+    assert rc == 2 and "'topology.tcp_min_tso_segs'" in err and "cubic or reno" in err, err
 
 
 def test_a_capture_period_or_an_event_is_checked_against_the_runs_own_timeout():
