@@ -128,7 +128,8 @@ class TopologySpec(SpecModel):
     packet costs this machine about the same CPU whatever its size (measured: a ring of
     iperf3 flows between 128 hosts at 12.66 Mbit/s took 1.9 cores with cubic and 2 segments,
     0.6 with 44). The emulated host's own size is ``min(host_bw_mbps x 1e6 / 8 / 1024,
-    65536) / MSS`` segments (44 at 1 Gbit/s with a 1500-byte MTU). It applies to reno and
+    65536) / MSS`` segments, rounded down: at 1 Gbit/s 64 KiB, 45 segments of a 1500-byte MTU's
+    1448-byte MSS (``experiments/scale_vgg19.yaml`` uses 44, as measured). It applies to reno and
     cubic; BBR sizes its packets itself. null keeps the kernel's default (2); 1 to 255."""
     tcp_slow_start_after_idle: bool = False
     """The hosts' ``net.ipv4.tcp_slow_start_after_idle``. TCP restarts its congestion window
