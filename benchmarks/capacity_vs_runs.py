@@ -46,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 import yaml  # noqa: E402
 
 from testbed.capacity import COST_KEYS, Cost, CostModel, Machine, estimate  # noqa: E402
+from testbed.machine_costs import OPTIONAL_KEYS  # noqa: E402
 from testbed.runner import plan_point  # noqa: E402
 from testbed.spec import from_dict  # noqa: E402
 from traffic.summary import RunSummary  # noqa: E402
@@ -114,12 +115,26 @@ def run_dirs(roots: list[Path]) -> list[Path]:
     return out
 
 
+def finished_runs(roots: list[Path]):
+    """Every ``ok`` run under ``roots`` with its busy cores measured: yields ``(run_dir,
+    summary, experiment, (busy cores, samples, window s))`` (:func:`measured_busy_cores`)."""
+    for d in run_dirs(roots):
+        summ = RunSummary.load(d)
+        if summ.status != "ok":
+            continue
+        exp = from_dict(yaml.safe_load((d / "spec.yaml").read_text()))
+        meas = measured_busy_cores(d, exp.workload.warmup_iterations, float(exp.scale))
+        if meas is not None:
+            yield d, summ, exp, meas
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("roots", nargs="*", type=Path, default=[ROOT / "runs"], help="directories holding run dirs")
     a = ap.parse_args(argv)
     new_model = CostModel.load()
-    own = {k: c for k, c in new_model.costs.items() if k not in COST_KEYS}  # the schemes' own per message
+    # the schemes' own per message: every key that is neither required nor optional
+    own = {k: c for k, c in new_model.costs.items() if k not in COST_KEYS and k not in OPTIONAL_KEYS}
     rt_model = CostModel({k: c for k, c in new_model.costs.items() if k not in own}, new_model.machine,
                          "<without the schemes' own per-message terms>")
     old_costs = dict(rt_model.costs)
@@ -135,14 +150,7 @@ def main(argv=None) -> int:
             f"{'rt':>5s} {'new':>5s} {'msgs':>5s} {'m/old':>5s} {'m/rt':>5s} {'m/new':>5s}")
     print(head)
     rows = []
-    for d in run_dirs(a.roots):
-        summ = RunSummary.load(d)
-        if summ.status != "ok":
-            continue
-        exp = from_dict(yaml.safe_load((d / "spec.yaml").read_text()))
-        meas = measured_busy_cores(d, exp.workload.warmup_iterations, float(exp.scale))
-        if meas is None:
-            continue
+    for d, summ, exp, meas in finished_runs(a.roots):
         hosts, procs = plan_point(exp)
         new = estimate(exp, hosts, procs, model=new_model, machine=machine)
         rt = estimate(exp, hosts, procs, model=rt_model, machine=machine)

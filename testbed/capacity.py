@@ -56,7 +56,14 @@ CPU (busy cores), an upper bound:
 * the network: every host interface that carries a process sends at its dilated line rate
   ``host_bw_mbps / scale`` (background hosts: their flows' rates, capped at their links),
   each byte costing ``path_cpu_s_per_byte`` (two namespaces' TCP ends over one bridge with
-  htb on the veths) and ``extra_bridge_cpu_s_per_byte`` for each further bridge; with
+  htb on the veths), plus ``path_cpu_s_per_byte_per_host`` for each host sending at once
+  (optional, 0 when absent: the per-byte cost grows with the hosts, their sockets,
+  qdiscs and processes' buffers sharing the caches; fitted to finished runs by
+  ``benchmarks/fit_host_cost.py``: least squares through the origin of each run's network CPU
+  that the other terms miss, ``(busy - fixed) x scale - network(1)``, against bytes/s sent at
+  scale 1 x hosts sending; the shipped value from ring-allreduce runs of 32, 64 and 128 hosts,
+  which used 1.10-1.36 times the estimate without it and 0.97-1.21 with it), and
+  ``extra_bridge_cpu_s_per_byte`` for each further bridge; with
   ``rack_core``, bytes crossing the core (at most the total rate, and at most ``racks x
   uplink / scale``) traverse two more bridges (ToR, core, ToR); bytes sent by the runtime
   add ``runtime_user_cpu_s_per_byte`` (gloo, aggregation, optimizer: the runtime's own user
@@ -110,7 +117,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from analysis.metrics import CPU_IDLE_RULE, MIN_IDLE_PCT
-from testbed.machine_costs import (COST_KEYS, COSTS_PATH, SCHEME_MESSAGE_UNIT, Cost, CostModel, Machine,
+from testbed.machine_costs import (COST_KEYS, COSTS_PATH, OPTIONAL_KEYS, SCHEME_MESSAGE_UNIT, Cost, CostModel, Machine,
                                    scheme_message_key)
 from testbed.spec import AUTO, Experiment
 from common.errors import CapacityError
@@ -120,7 +127,8 @@ from traffic.runtime.buffers import ELEMENT_BYTES, REPLAY_CHUNK_ELEMENTS, SHARED
 from traffic.schemes import ProcessPlan
 from traffic.schemes import get as get_scheme
 
-__all__ = ["COST_KEYS", "COSTS_PATH", "SCHEME_MESSAGE_UNIT", "Cost", "CostModel", "Machine", "Estimate", "estimate",
+__all__ = ["COST_KEYS", "COSTS_PATH", "OPTIONAL_KEYS", "SCHEME_MESSAGE_UNIT", "Cost", "CostModel", "Machine",
+           "Estimate", "estimate",
            "auto_scale", "check", "describe", "scheme_message_key", "light_scratch_bytes", "CapacityError"]
 
 GIB = 1024 ** 3
@@ -262,8 +270,10 @@ def estimate(exp: Experiment, hosts: Sequence[HostInfo], processes: Sequence[Pro
     sent_bg = sum(min(r, by_name[s].interfaces * line) for s, r in bg_rate.items() if s in by_name)
     sent = sent_proc + sent_bg
     crossing = min(sent, t.racks * _link_bytes_per_s(t.uplink_mbps())) if t.kind == "rack_core" and t.racks > 1 else 0.0
-    bytes_1 = (sent * m["path_cpu_s_per_byte"] + 2.0 * crossing * m["extra_bridge_cpu_s_per_byte"]
-               + sent_proc * m["runtime_user_cpu_s_per_byte"])
+    # each byte also costs more the more hosts send at once (path_cpu_s_per_byte_per_host)
+    senders = len({n for n in busy_hosts if n in by_name} | {s for s in bg_rate if s in by_name})
+    bytes_1 = (sent * (m["path_cpu_s_per_byte"] + senders * m.optional("path_cpu_s_per_byte_per_host"))
+               + 2.0 * crossing * m["extra_bridge_cpu_s_per_byte"] + sent_proc * m["runtime_user_cpu_s_per_byte"])
     # the runtime's messages: the processes' bytes/s over the scheme's mean message, each
     # costing runtime_message_cpu_s (sender and receiver together) plus the scheme's own
     # <scheme>_message_cpu_s (0 when the model has none for it)

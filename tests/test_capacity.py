@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from testbed import capacity, machine_costs
-from testbed.capacity import (COST_KEYS, SCHEME_MESSAGE_UNIT, Cost, CostModel, Machine, check, describe, estimate,
-                              scheme_message_key)
+from testbed.capacity import (COST_KEYS, OPTIONAL_KEYS, SCHEME_MESSAGE_UNIT, Cost, CostModel, Machine, check, describe,
+                              estimate, scheme_message_key)
 from testbed.runner import plan_point
 from testbed.spec import from_dict
 from common.errors import CapacityError, TestbedError
@@ -46,7 +46,8 @@ def synthetic(**changes) -> CostModel:
     """The :data:`VALUES` model with ``changes`` (keys outside COST_KEYS: a scheme's own
     ``<scheme>_message_cpu_s``)."""
     vals = {**VALUES, **changes}
-    return CostModel({k: Cost(float(v), COST_KEYS[k][0] if k in COST_KEYS else SCHEME_MESSAGE_UNIT, "test")
+    unit = {**{k: u for k, (u, _) in COST_KEYS.items()}, **{k: u for k, (u, _) in OPTIONAL_KEYS.items()}}
+    return CostModel({k: Cost(float(v), unit.get(k, SCHEME_MESSAGE_UNIT), "test")
                       for k, v in vals.items()},
                      {"cores": 2, "memory_total_bytes": 24 * GIB, "kernel": "test"})
 
@@ -227,6 +228,38 @@ def test_a_scheme_without_its_own_message_cost_adds_nothing(monkeypatch):
     assert est.cpu_breakdown["messages"] == pytest.approx(4 * 800e6 / 8 / est.message_bytes * 1e-4)
 
 
+def test_per_host_cost_charges_each_byte_once_per_sending_host():
+    exp, hosts, procs = point({"kind": "rack", "hosts_per_rack": 4, "host_bw_mbps": 800},
+                              scheme="allreduce", model="resnet50", compute={"mode": "emulated"})
+    base = estimate(exp, hosts, procs, model=synthetic(), machine=MACHINE)
+    k = 3e-11
+    est = estimate(exp, hosts, procs, model=synthetic(path_cpu_s_per_byte_per_host=k), machine=MACHINE)
+    # 4 hosts each send at 800 Mbit/s: 4 x 1e8 B/s, each byte costing k more per sending host (4)
+    assert est.network_cores_at_scale_1 - base.network_cores_at_scale_1 == pytest.approx(4 * 1e8 * 4 * k)
+    assert est.fixed_cores == pytest.approx(base.fixed_cores)
+    assert est.min_scale > base.min_scale
+    assert synthetic().optional("path_cpu_s_per_byte_per_host") == 0.0  # absent: 0
+    with pytest.raises(KeyError, match="not an optional cost key"):
+        synthetic().optional("path_cpu_s_per_byte")
+
+
+def test_optional_cost_loads_when_present_and_is_checked(tmp_path):
+    doc = yaml.safe_load(capacity.COSTS_PATH.read_text())
+    del doc["values"]["path_cpu_s_per_byte_per_host"]
+    path = tmp_path / "costs.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert CostModel.load(path).optional("path_cpu_s_per_byte_per_host") == 0.0
+    doc["values"]["path_cpu_s_per_byte_per_host"] = {"value": 2e-12, "unit": "cpu-s/byte", "source": "x"}
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(CapacityError, match="path_cpu_s_per_byte_per_host: unit 'cpu-s/byte', expected "
+                                            "'cpu-s/byte/host'"):
+        CostModel.load(path)
+    doc["values"]["path_cpu_s_per_byte_per_host"] = {"value": -2e-12, "unit": "cpu-s/byte/host", "source": "x"}
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(CapacityError, match="path_cpu_s_per_byte_per_host: value -2e-12 is negative"):
+        CostModel.load(path)
+
+
 def test_scheme_message_costs_load_when_present_and_are_checked(tmp_path):
     doc = yaml.safe_load(capacity.COSTS_PATH.read_text())
     for k in [k for k in doc["values"] if k not in COST_KEYS]:
@@ -378,11 +411,13 @@ def test_shipped_cost_model_loads_with_a_source_for_every_value():
     m = CostModel.load()
     schemes_measured = {scheme_message_key(s) for s in ("ps", "allreduce", "p3", "phub", "pipe_sgd", "stanza",
                                                         "ibatch")}
-    assert set(m.costs) == set(COST_KEYS) | schemes_measured
+    assert set(m.costs) == set(COST_KEYS) | schemes_measured | set(OPTIONAL_KEYS)
     for key, c in m.costs.items():
-        assert c.unit == (COST_KEYS[key][0] if key in COST_KEYS else SCHEME_MESSAGE_UNIT)
-        assert "benchmarks/machine_costs.py" in c.source and "cores" in c.source and "GiB RAM" in c.source \
-            and "kernel" in c.source, key
+        unit, bench = ((COST_KEYS[key][0], "benchmarks/machine_costs.py") if key in COST_KEYS else
+                       (OPTIONAL_KEYS[key][0], "benchmarks/fit_host_cost.py") if key in OPTIONAL_KEYS else
+                       (SCHEME_MESSAGE_UNIT, "benchmarks/machine_costs.py"))
+        assert c.unit == unit, key
+        assert bench in c.source and "cores" in c.source and "GiB RAM" in c.source and "kernel" in c.source, key
         assert c.value >= 0, key
     assert m["process_uss_bytes"] > 10 * MIB and m["path_cpu_s_per_byte"] > 0
     assert {"cores", "memory_total_bytes", "kernel", "date"} <= set(m.machine)

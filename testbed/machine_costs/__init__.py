@@ -12,7 +12,7 @@ The file (YAML)::
 
 ``values`` holds every key of :data:`COST_KEYS` (each with its unit and the command, date and
 machine that measured it) and, optionally, each scheme's own CPU per message
-(:func:`scheme_message_key`). ``machine`` is the machine that measured them.
+(:func:`scheme_message_key`) and the keys of :data:`OPTIONAL_KEYS`. ``machine`` is the machine that measured them.
 
 Which file a run uses (:func:`costs_path`), the first that applies:
 
@@ -47,7 +47,8 @@ from common.errors import CapacityError, MissingRequirement, TestbedError
 from common.provenance import CostModelSource, cpu_model
 from common.validation import load_yaml
 
-__all__ = ["COST_KEYS", "COSTS_ENV", "COSTS_PATH", "MEASURE_COMMAND", "MEMORY_TOLERANCE", "SCHEME_MESSAGE_UNIT",
+__all__ = ["COST_KEYS", "COSTS_ENV", "COSTS_PATH", "MEASURE_COMMAND", "MEMORY_TOLERANCE", "OPTIONAL_KEYS",
+           "SCHEME_MESSAGE_UNIT",
            "STEP_NAMES", "Cost", "CostModel", "Machine", "check_target", "costs_path", "in_use", "scheme_message_key",
            "user_costs_path"]
 
@@ -165,6 +166,14 @@ COST_KEYS: dict[str, tuple[str, str]] = {
     "cpu_sampler_cpu_s_per_sample": ("cpu-s/sample", "the harness's CPU sampler CPU per sample"),
 }
 
+#: values a cost model may hold, key -> (unit, what it is); absent, a value counts as 0. They
+#: are not measured by ``testbed profile --machine`` but fitted to finished runs by the
+#: benchmark each one's source names.
+OPTIONAL_KEYS: dict[str, tuple[str, str]] = {
+    "path_cpu_s_per_byte_per_host": ("cpu-s/byte/host", "busy CPU per byte sent, for each host sending at once, "
+                                     "beyond path_cpu_s_per_byte (benchmarks/fit_host_cost.py)"),
+}
+
 #: unit of a scheme's own CPU per message (:func:`scheme_message_key`)
 SCHEME_MESSAGE_UNIT = "cpu-s/message"
 
@@ -178,7 +187,8 @@ def scheme_message_key(scheme: str) -> str:
 
 
 def _is_scheme_message_key(key: str) -> bool:
-    return key.endswith("_message_cpu_s") and key not in COST_KEYS and key != "_message_cpu_s"
+    return (key.endswith("_message_cpu_s") and key not in COST_KEYS and key not in OPTIONAL_KEYS
+            and key != "_message_cpu_s")
 
 
 @dataclass(frozen=True)
@@ -200,7 +210,8 @@ class CostModel:
 
     Besides :data:`COST_KEYS` (all required) it may hold each scheme's own CPU per message,
     ``<scheme>_message_cpu_s`` (:func:`scheme_message_key`; unit ``cpu-s/message``), which
-    is optional: a scheme without it adds nothing beyond ``runtime_message_cpu_s``.
+    is optional: a scheme without it adds nothing beyond ``runtime_message_cpu_s``; and the
+    keys of :data:`OPTIONAL_KEYS` (:meth:`optional`: 0 when absent).
 
     ``model[key]`` is the value of ``key``; ``model.costs[key]`` the :class:`Cost`;
     ``model.machine`` the machine that measured them.
@@ -213,6 +224,17 @@ class CostModel:
 
     def __getitem__(self, key: str) -> float:
         return self.costs[key].value
+
+    def optional(self, key: str) -> float:
+        """The value of ``key``, one of :data:`OPTIONAL_KEYS`; 0.0 when the model has none.
+
+        Raises:
+            KeyError: ``key`` is not one of :data:`OPTIONAL_KEYS`.
+        """
+        if key not in OPTIONAL_KEYS:
+            raise KeyError(f"{key} is not an optional cost key (one of {', '.join(OPTIONAL_KEYS)})")
+        c = self.costs.get(key)
+        return c.value if c is not None else 0.0
 
     def scheme_message_cpu_s(self, scheme: str) -> float:
         """Scheme ``scheme``'s own CPU per message beyond the runtime's (cpu-s/message): the
@@ -228,8 +250,9 @@ class CostModel:
         Raises:
             CapacityError: the file is missing or unreadable, not YAML, or a value of
                 :data:`COST_KEYS` is missing, not a finite number, in another unit or without
-                a source, or a scheme's ``<scheme>_message_cpu_s`` that is present is not a
-                finite number >= 0, in another unit or without a source; the message names
+                a source, or a scheme's ``<scheme>_message_cpu_s`` or a key of
+                :data:`OPTIONAL_KEYS` that is present is not a finite number >= 0, in
+                another unit or without a source; the message names
                 the file, the key and the remedy (measure this machine with ``testbed
                 profile --machine``).
         """
@@ -244,6 +267,7 @@ class CostModel:
             raise CapacityError(f"the machine cost model {path} has no 'values' mapping; {remedy}")
         costs, bad = {}, []
         optional = {k: SCHEME_MESSAGE_UNIT for k in doc["values"] if isinstance(k, str) and _is_scheme_message_key(k)}
+        optional.update({k: u for k, (u, _) in OPTIONAL_KEYS.items() if k in doc["values"]})
         for key, unit in [*((k, u) for k, (u, _) in COST_KEYS.items()), *optional.items()]:
             v = doc["values"].get(key)
             if not isinstance(v, dict):
