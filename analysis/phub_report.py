@@ -82,9 +82,10 @@ def _uplink_mbps(t: dict) -> float | None:
 
 def _sec34(spec: dict, workers) -> bool | None:
     """PHub Sec. 3.4's prediction for a multi-rack run (:func:`hierarchical_pays`), from the
-    run's resolved spec; None for one rack, or when a field it needs is missing."""
+    run's resolved spec; None for one rack, fewer workers than racks (no rack holds a whole
+    share of them: a 1-node run), or when a field it needs is missing."""
     t = spec.get("topology") or {}
-    if not (t.get("kind") == "rack_core" and (t.get("racks") or 0) > 1 and workers):
+    if not (t.get("kind") == "rack_core" and (t.get("racks") or 0) > 1 and workers and workers >= t["racks"]):
         return None
     interfaces = ((spec.get("workload") or {}).get("servers") or {}).get("interfaces")
     b_core = _uplink_mbps(t)

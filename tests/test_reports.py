@@ -704,3 +704,13 @@ def test_every_report_reads_every_archived_run_without_a_traceback(paper, capsys
         assert code in (0, 2), (paper, d.name, err[-2000:])
         assert "Traceback" not in err, (paper, d.name, err[-2000:])
         assert (out.strip() if code == 0 else err.strip()), (paper, d.name)
+
+
+def test_sec34_prediction_needs_a_worker_in_every_rack():
+    """PHub Sec. 3.4's hierarchical-reduction prediction is for N >= 1 workers per rack: a
+    run with fewer workers than racks (a 1-node run on the blades) gets none, not an error."""
+    spec = {"topology": {"kind": "rack_core", "racks": 8, "hosts_per_rack": 4, "host_bw_mbps": 10000,
+                         "oversubscription": 1},
+            "workload": {"servers": {"interfaces": 8}}}
+    assert phub_report._sec34(spec, 1) is None
+    assert phub_report._sec34(spec, 16) in (True, False)
