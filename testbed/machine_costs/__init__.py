@@ -187,8 +187,7 @@ def scheme_message_key(scheme: str) -> str:
 
 
 def _is_scheme_message_key(key: str) -> bool:
-    return (key.endswith("_message_cpu_s") and key not in COST_KEYS and key not in OPTIONAL_KEYS
-            and key != "_message_cpu_s")
+    return key.endswith("_message_cpu_s") and key not in COST_KEYS and key != "_message_cpu_s"
 
 
 @dataclass(frozen=True)
