@@ -91,6 +91,8 @@ class Marked:
     dilation: int = 1
     overrides: tuple[str, ...] | None = None
     """The ``--set`` overrides it was run with (None: the marker records none)."""
+    spec: str | None = None
+    """The spec it ran, relative to the repository root (None: the marker records none)."""
 
     @property
     def date(self) -> str:
@@ -104,6 +106,16 @@ class Marked:
             return False
         over, want = list(self.overrides), entry.overrides(headline=True)
         return over == want or (over[:-1] == want and over[-1].startswith("scale="))
+
+    def measures(self, entry: Entry) -> bool:
+        """Whether this directory holds ``entry``'s values: it was marked for ``entry``, or it
+        is a full run of ``entry``'s own command (the same spec and the same overrides) marked
+        for another entry. One sweep draws every figure of its command: Stanza's speed-up sweep
+        gives Fig. 6a, 6b, 6c and 7 alike."""
+        if self.id == entry.id:
+            return True
+        return (self.mode == "full" and entry.spec is not None and self.spec == entry.spec.path
+                and self.overrides is not None and list(self.overrides) == entry.overrides())
 
 
 def find_marked(root: str | Path) -> list[Marked]:
@@ -133,7 +145,8 @@ def read_marker(d: str | Path) -> Marked | None:
         m = json.loads(f.read_text())
         over = m.get("overrides")
         return Marked(d, m["id"], m["mode"], int(m["repeat"]), int(m["repeats"]), m["started"], m["finished"],
-                      int(m.get("dilation", 1)), None if over is None else tuple(str(o) for o in over))
+                      int(m.get("dilation", 1)), None if over is None else tuple(str(o) for o in over),
+                      None if m.get("spec") is None else str(m["spec"]))
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ScoreboardError(f"{f}: not a readable marker ({type(e).__name__}: {e})") from None
 
@@ -459,6 +472,15 @@ def _short(value: str) -> str:
     return Path(value).stem if value.endswith((".json", ".yaml")) else value
 
 
+def _has_values(m: Marked) -> bool:
+    """Whether a marked directory holds a value: some run of it finished ok with a throughput."""
+    try:
+        rows = _rows(m.path)
+    except ScoreboardError:
+        return False
+    return any(r.get("status") == "ok" and math.isfinite(_float(r, "samples_per_s")) for _, r in rows.iterrows())
+
+
 def _sweep_summary(m: Marked) -> str:
     """samples/s of every row of a marked sweep, ``variant@point: value``."""
     try:
@@ -531,14 +553,16 @@ def scoreboard(root: str | Path, entries: list[Entry] | None = None, command: st
             "Status and reason are the catalogue's; *measured here* lists what the marked directories hold "
             "(the last marked sweep of each mode; a headline sweep run with other overrides than the "
             "catalogue's headline run apart, and left out of the headline ratios).", ""]
-    rows = []
+    rows, carrying = [], 0
     for e in entries:
-        mine = [m for m in marked if m.id == e.id]
+        mine = [m for m in marked if m.measures(e)]
+        carrying += any(_has_values(m) for m in mine)
         if mine:
             last = {}
             for m in mine:
                 other = m.mode == "headline" and not m.is_headline_of(e)
-                last[m.mode + (" with other overrides than the catalogue's headline" if other else "")] = m
+                shared = f" (the run of `{m.id}`, the same command)" if m.id != e.id else ""
+                last[m.mode + (" with other overrides than the catalogue's headline" if other else "") + shared] = m
             meas = "<br>".join(f"{mode} (`{m.path.name}`, {m.date}): {_sweep_summary(m)}"
                                for mode, m in sorted(last.items()))
         else:
@@ -550,7 +574,9 @@ def scoreboard(root: str | Path, entries: list[Entry] | None = None, command: st
     counts = {s: sum(e.status == s for e in entries) for s in STATUSES}
     per_paper = ", ".join(f"{p} {sum(e.paper == p for e in entries)}" for p in PAPERS)
     out += ["", f"{len(entries)} figures and tables ({per_paper}); status: "
-            + ", ".join(f"{k} {v}" for k, v in counts.items() if v) + ".", ""]
+            + ", ".join(f"{k} {v}" for k, v in counts.items() if v) + f". {carrying} of {len(entries)} carry values "
+            "measured here (a marked directory of their own, or of an entry with the same command, with at least one "
+            "run that finished ok).", ""]
     return "\n".join(out)
 
 

@@ -355,3 +355,35 @@ def test_only_the_last_set_of_repeats_is_pooled(tmp_path):
     row = next(line for line in scoreboard(tmp_path, ENTRIES).splitlines()
                if line.startswith(f"| `{PIPE.id}` | "))
     assert "2.20 (2.00-2.40), 3 runs" in row and old[0].name not in row
+
+
+def test_a_full_run_counts_for_every_entry_with_the_same_command(tmp_path):
+    """A full sweep marked for one entry gives its values to every entry whose spec and
+    overrides are the same; a headline sweep, or another command, does not."""
+    alexnet = get_entry(ENTRIES, "pipe_sgd.fig4_alexnet_timing")
+    same = [e for e in ENTRIES if e.spec is not None and e.id != PIPE.id and e.spec.path == PIPE.spec.path
+            and e.overrides() == PIPE.overrides()]
+    assert alexnet.overrides() != PIPE.overrides()
+    _sweep(tmp_path, "pipe_sgd_timing-20261124-050000", {"PS-Sync": 100.0, "D-Sync": 200.0}, mode="full",
+           overrides=PIPE.overrides())
+    (full,) = find_marked(tmp_path)
+    assert full.spec == "experiments/pipe_sgd_timing.yaml" and full.measures(PIPE) and not full.measures(alexnet)
+    assert all(full.measures(e) for e in same)
+    from dataclasses import replace
+    assert not replace(full, id=alexnet.id, mode="headline").measures(PIPE)
+    assert not replace(full, id=alexnet.id, spec="experiments/other.yaml").measures(PIPE)
+    assert replace(full, id=alexnet.id).measures(PIPE)
+    text = scoreboard(tmp_path, ENTRIES)
+    assert f"{1 + len(same)} of {len(ENTRIES)} carry values measured here" in text
+    # the entry whose command it shares lists it, naming whose run it is
+    shared = replace(full, id=alexnet.id)
+    (tmp_path / "pipe_sgd_timing-20261124-050000" / MARKER).write_text(json.dumps(
+        {"id": alexnet.id, "mode": "full", "spec": shared.spec, "overrides": list(shared.overrides), "repeat": 1,
+         "repeats": 1, "started": shared.started, "finished": shared.finished}))
+    text = scoreboard(tmp_path, ENTRIES)
+    row = next(line for line in text.splitlines() if line.startswith(f"| `{PIPE.id}` | {PIPE.title} |"))
+    assert f"full (the run of `{alexnet.id}`, the same command) (`pipe_sgd_timing-20261124-050000`" in row
+    # a sweep in which no run finished ok carries no value
+    failed = tmp_path / "failed"
+    _sweep(failed, "s", {"PS-Sync": 1.0}, mode="full", overrides=PIPE.overrides(), status={"PS-Sync": "failed"})
+    assert f"0 of {len(ENTRIES)} carry values measured here" in scoreboard(failed, ENTRIES)
