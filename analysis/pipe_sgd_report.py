@@ -8,7 +8,7 @@ Usage::
         [--breakdown breakdown.png]
 
 The tables are printed as markdown, floats with 4 significant digits. ``--plots DIR``
-writes ``accuracy.png`` and ``breakdown.png`` there.
+writes ``breakdown.png`` there, and ``accuracy.png`` when a run has an accuracy curve.
 
 Every run directory given (or the runs of a sweep directory) is one variant,
 labelled from its spec: ``ps`` -> ``PS-Sync``; ``pipe_sgd`` with ``K = 1`` -> ``D-Sync``,
@@ -261,31 +261,47 @@ def table(paths, alpha_us: float = 0.0) -> str:
 
 
 def plots(paths, out_dir, alpha_us: float = 0.0) -> list[Path]:
-    """``accuracy.png`` (accuracy against train time) and ``breakdown.png`` (the timing
-    breakdown) in ``out_dir``."""
+    """``accuracy.png`` (accuracy against train time; only when a run has ``eval`` events)
+    and ``breakdown.png`` (the timing breakdown) in ``out_dir``; returns the paths written."""
     runs, rows, _ = _rows(paths, alpha_us * 1e-6)
     if not rows:
         return []
     out = Path(out_dir)
-    plot_accuracy(runs, rows, out / "accuracy.png")
+    written = []
+    if _curves(runs, rows):  # a timing sweep evaluates nothing: no empty accuracy plot
+        plot_accuracy(runs, rows, out / "accuracy.png")
+        written.append(out / "accuracy.png")
     plot_breakdown(pd.DataFrame(rows), out / "breakdown.png", sweeps=paths)
-    return [out / "accuracy.png", out / "breakdown.png"]
+    return written + [out / "breakdown.png"]
 
 
-def plot_accuracy(runs: list[Path], rows: list[dict], path) -> None:
-    """Accuracy against train time of every run with ``eval`` events (Pipe-SGD Fig. 4 left)."""
-    # lazy: analysis.plots loads matplotlib, which the tables do not need
-    from analysis.plots import plt, save_figure
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+def _curves(runs: list[Path], rows: list[dict]) -> list[tuple[str, pd.DataFrame]]:
+    """(label, accuracy curve) of every run of ``rows`` with ``eval`` events, in run order."""
     by_run = {row["run"]: row for row in rows}
+    out = []
     for r in runs:
         row = by_run.get(str(r))
         c = accuracy_curve(load(r)) if row else pd.DataFrame()
         if not c.empty:
-            ax.plot(c["train_s"], c["accuracy"], marker=".", label=f"{row['variant']} ({row['model']})")
+            out.append((f"{row['variant']} ({row['model']})", c))
+    return out
+
+
+def plot_accuracy(runs: list[Path], rows: list[dict], path) -> None:
+    """Accuracy against train time of every run with ``eval`` events (Pipe-SGD Fig. 4 left);
+    with none, the axes say so."""
+    # lazy: analysis.plots loads matplotlib, which the tables do not need
+    from analysis.plots import plt, save_figure
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    curves = _curves(runs, rows)
+    for label, c in curves:
+        ax.plot(c["train_s"], c["accuracy"], marker=".", label=label)
     ax.set_xlabel("train time (s)")
     ax.set_ylabel("top-1 test accuracy")
-    ax.legend(fontsize=8)
+    if curves:
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no run has eval events", ha="center", va="center", transform=ax.transAxes)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     save_figure(fig, path)

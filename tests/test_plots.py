@@ -328,6 +328,18 @@ def test_pipe_sgd_report_figure_has_the_papers_ranges_as_bands(tmp_path, figures
     assert (band.get_y(), band.get_y() + band.get_height()) == pytest.approx((200 / 3.2, 200 / 2.0), rel=0.02)
 
 
+def test_pipe_sgd_report_writes_no_accuracy_plot_for_a_sweep_without_evaluations(tmp_path, figures):
+    """A timing sweep evaluates nothing: only the breakdown is written, with no empty legend."""
+    written = pipe_sgd_report.plots([build_pipe_sgd(tmp_path / "timing", evaluations=False)], tmp_path / "out")
+    assert [p.name for p in written] == ["breakdown.png"]
+    assert not (tmp_path / "out" / "accuracy.png").exists() and (tmp_path / "out" / "breakdown.png").is_file()
+    # with eval events, both
+    written = pipe_sgd_report.plots([build_pipe_sgd(tmp_path / "eval")], tmp_path / "both")
+    assert [p.name for p in written] == ["accuracy.png", "breakdown.png"] and all(p.is_file() for p in written)
+    acc = [f for f in figures if f.axes and f.axes[0].get_ylabel() == "top-1 test accuracy"]
+    assert len(acc) == 1 and acc[0].axes[0].get_legend() is not None
+
+
 def test_stanza_report_draws_each_ratio_at_its_pair_with_one_legend_entry(tmp_path, figures):
     """The archived AlexNet sweep, its compute profiles renamed to the ones the catalogue's
     current headline selects (the two ends of the band): the paper's 13.9x on each pair."""

@@ -335,13 +335,13 @@ PIPE_SGD_POINTS = {"PS-Sync": ("ps", None, "none", 0.4, 0.3), "D-Sync": ("pipe_s
                    "Pipe-SGD": ("pipe_sgd", 2, "none", 0.1, 0.13), "Pipe-SGD+T": ("pipe_sgd", 2, "truncation", 0.08, 0.07)}
 
 
-def build_pipe_sgd(root: Path) -> Path:
+def build_pipe_sgd(root: Path, evaluations: bool = True) -> Path:
     """A Pipe-SGD timing sweep (Fig. 4 right) of resnet50 on 4 workers, and a run with no
-    measured iteration (left out with a note)."""
+    measured iteration (left out with a note); ``evaluations``: worker 0 logs eval events."""
     d = root / "pipe_sgd_timing"
     rows = []
     for i, (variant, (scheme, K, comp, period, ar)) in enumerate(PIPE_SGD_POINTS.items()):
-        run = _pipe_sgd_run(d / f"{i:03d}_{variant}", scheme, K, comp, period, ar, accuracy=0.9 + 0.01 * i)
+        run = _pipe_sgd_run(d / f"{i:03d}_{variant}", scheme, K, comp, period, ar, accuracy=0.9 + 0.01 * i if evaluations else None)
         rows.append(_headline(run, 128 / period, variant=variant, scheme=scheme))
     _pipe_sgd_run(d / "004_short", "pipe_sgd", 2, "none", 0.1, 0.1, None, iterations=1)
     (d / "004_short" / "iterations.csv").write_text("iteration,worker,start,end,duration_s,samples\n")
