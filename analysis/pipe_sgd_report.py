@@ -268,8 +268,9 @@ def plots(paths, out_dir, alpha_us: float = 0.0) -> list[Path]:
         return []
     out = Path(out_dir)
     written = []
-    if _curves(runs, rows):  # a timing sweep evaluates nothing: no empty accuracy plot
-        plot_accuracy(runs, rows, out / "accuracy.png")
+    curves = _curves(runs, rows)
+    if curves:  # a timing sweep evaluates nothing: no empty accuracy plot
+        _plot_curves(curves, out / "accuracy.png")
         written.append(out / "accuracy.png")
     plot_breakdown(pd.DataFrame(rows), out / "breakdown.png", sweeps=paths)
     return written + [out / "breakdown.png"]
@@ -290,10 +291,14 @@ def _curves(runs: list[Path], rows: list[dict]) -> list[tuple[str, pd.DataFrame]
 def plot_accuracy(runs: list[Path], rows: list[dict], path) -> None:
     """Accuracy against train time of every run with ``eval`` events (Pipe-SGD Fig. 4 left);
     with none, the axes say so."""
+    _plot_curves(_curves(runs, rows), path)
+
+
+def _plot_curves(curves: list[tuple[str, pd.DataFrame]], path) -> None:
+    """The accuracy plot of :func:`_curves`' curves."""
     # lazy: analysis.plots loads matplotlib, which the tables do not need
     from analysis.plots import plt, save_figure
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    curves = _curves(runs, rows)
     for label, c in curves:
         ax.plot(c["train_s"], c["accuracy"], marker=".", label=label)
     ax.set_xlabel("train time (s)")
