@@ -121,7 +121,7 @@ class TopologySpec(SpecModel):
     new namespace inherits; it may be BBR, whose ProbeRTT every 10 s of real time is 10/scale s
     of emulated time). cubic is Linux's default congestion control. Measured under BBR on
     dilated links: PHub's PBox (phub_pbox.yaml, AlexNet, dilation 80) took 318-339 ms an
-    iteration against 238 ms under cubic, and a 60-process iBatch run stalled when one flow's
+    iteration against 238-250 ms under cubic, and a 60-process iBatch run stalled when one flow's
     pacing rate fell to 680 bit/s."""
     tcp_min_tso_segs: Optional[int] = Field(None, ge=1, le=MAX_MIN_TSO_SEGS)
     """The hosts' ``net.ipv4.tcp_min_tso_segs``: the fewest MSS-sized segments Linux puts in
