@@ -647,7 +647,10 @@ def _skeleton(run: Run, wl: dict, n_workers: int | None, status: str, error: str
     s = RunSummary(status=status, error=error, run_id=run.name, name=spec.get("name"),
                    scheme=wl.get("scheme") or (run.summary.scheme if run.summary else None), model=wl.get("model"),
                    dataset=wl.get("dataset"), compute=wl.get("compute"),
-                   topology=(spec.get("topology") or {}).get("kind"), scale=float(spec.get("scale") or 1.0),
+                   topology=(spec.get("topology") or {}).get("kind"),
+                   tcp_congestion_control=sorted({h["tcp_congestion_control"] for h in run.topology.get("hosts", [])
+                                                  if h.get("tcp_congestion_control")}) or None,
+                   scale=float(spec.get("scale") or 1.0),
                    workers=n_workers, batch_size=wl.get("batch_size"),
                    global_batch=(wl["batch_size"] * n_workers) if wl.get("batch_size") and n_workers else None,
                    provenance=None, iterations=wl.get("iterations"), iterations_completed=None,

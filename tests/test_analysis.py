@@ -50,7 +50,7 @@ def topology(host_bw=100.0, uplink_bw=200.0) -> dict:
         links.append({"class": "uplink", "node1": ends[0][1], "intf1": ends[0][2], "node2": ends[1][1],
                       "intf2": ends[1][2], "rack": rack, "bw_mbps": uplink_bw, "shaping": {}})
     return {"kind": "rack_core", "spec": {},
-            "hosts": [{"name": h, "rack": r, "kind": "worker", "ip": f"10.0.0.{i + 1}",
+            "hosts": [{"name": h, "rack": r, "kind": "worker", "ip": f"10.0.0.{i + 1}", "tcp_congestion_control": "cubic",
                        "intfs": [{"name": f"{h}-eth0", "ip": f"10.0.0.{i + 1}"}]}
                       for i, (h, r) in enumerate(HOSTS.items())],
             "switches": [{"name": "tor1", "role": "tor", "rack": 0}, {"name": "tor2", "role": "tor", "rack": 1},

@@ -76,6 +76,20 @@ def test_a_computed_summary_sets_every_key_of_the_model(tmp_path):
     assert same_json(RunSummary.load(tmp_path / "synthetic").dump(), doc) is None
 
 
+def test_the_summary_records_the_congestion_control_the_hosts_used(tmp_path):
+    """As each host read it back (``topology.json``), each once; None when no host says."""
+    run = make_run(tmp_path)
+    assert metrics.summarize(run).tcp_congestion_control == ["cubic"]
+    topo = json.loads((run / "topology.json").read_text())
+    topo["hosts"][1]["tcp_congestion_control"] = "bbr"
+    (run / "topology.json").write_text(json.dumps(topo))
+    assert metrics.summarize(run).tcp_congestion_control == ["bbr", "cubic"]
+    for h in topo["hosts"]:
+        del h["tcp_congestion_control"]
+    (run / "topology.json").write_text(json.dumps(topo))
+    assert metrics.summarize(run).tcp_congestion_control is None
+
+
 def test_a_summary_with_ci95_reads_it_as_the_spread_and_writes_it_back(tmp_path):
     """A summary written before ``spread95`` had its name keeps ``ci95``; readers get it as
     :attr:`~traffic.summary.Throughput.spread`."""

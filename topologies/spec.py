@@ -114,15 +114,17 @@ class TopologySpec(SpecModel):
     value (e.g. 131072) makes a blocking send follow the network's pace, which P3's
     application-level priority queue relies on (P3 Sec. 4.3). At most 4294967295
     (:data:`MAX_NOTSENT_LOWAT_BYTES`: the kernel's sysctl is an unsigned int)."""
-    tcp_congestion_control: Optional[Literal["cubic", "reno", "bbr"]] = None
+    tcp_congestion_control: Optional[Literal["cubic", "reno", "bbr"]] = "cubic"
     """The hosts' TCP congestion control, set on every route of a host (``ip route ... congctl``),
-    which selects it for each connection whatever the namespace's sysctl allows. null keeps
-    the machine's default (``net.ipv4.tcp_congestion_control`` of the root namespace, which a
-    new namespace inherits; it may be BBR, whose ProbeRTT every 10 s of real time is 10/scale s
-    of emulated time). cubic is Linux's default congestion control. Measured under BBR on
-    dilated links: PHub's PBox (phub_pbox.yaml, AlexNet, dilation 80) took 318-339 ms an
-    iteration against 238-250 ms under cubic, and a 60-process iBatch run stalled when one flow's
-    pacing rate fell to 680 bit/s."""
+    which selects it for each connection whatever the namespace's sysctl allows. The default,
+    cubic, is Linux's default congestion control, so that a run does not depend on the
+    machine's setting; null keeps the machine's default (``net.ipv4.tcp_congestion_control``
+    of the root namespace, which a new namespace inherits). BBR's ProbeRTT comes every 10 s
+    of real time, 10/scale s of emulated time. Measured under BBR on dilated links: PHub's
+    PBox (phub_pbox.yaml, AlexNet, dilation 80) took 318-339 ms an iteration against
+    238-250 ms under cubic, and a 60-process iBatch run stalled when one flow's pacing rate
+    fell to 680 bit/s. The congestion control each host used is recorded in
+    ``topology.json``."""
     tcp_min_tso_segs: Optional[int] = Field(None, ge=1, le=MAX_MIN_TSO_SEGS)
     """The hosts' ``net.ipv4.tcp_min_tso_segs``: the fewest MSS-sized segments Linux puts in
     one TSO/GSO packet. Linux sizes those packets to about 1 ms of a connection's pacing rate

@@ -403,6 +403,10 @@ class RunSummary(_Section):
     """The workload's ``compute`` section as the spec gives it (``mode``, ``profile`` ...)."""
     topology: Optional[str] = None
     """The topology's ``kind`` (``rack``, ``rack_core``)."""
+    tcp_congestion_control: Optional[list[str]] = None
+    """The TCP congestion controls the hosts used, as read back when the network was built
+    (``topology.json``), sorted, each once (e.g. ``["cubic"]``); None for a run without a
+    network (loopback) or one from before the read-back."""
     scale: Optional[float] = None
     """Time dilation: real seconds per emulated second."""
     workers: Optional[int] = None
