@@ -75,11 +75,11 @@ def test_jumbo_frames_and_tcp_setting_on_every_host(run_dir):
 
 
 def test_congestion_control_on_every_route_and_min_tso_segs(run_dir):
-    """cubic on every route of both interfaces' tables, where the namespace's sysctl may not
-    allow it; a connection from either interface takes it; the machine keeps its own."""
+    """cubic, the default, on every route of both interfaces' tables whatever the machine's own
+    default, where the namespace's sysctl may not allow it; a connection from either interface
+    takes it; the machine keeps its own."""
     root = {k: open(f"/proc/sys/net/ipv4/{k}").read() for k in ("tcp_congestion_control", "tcp_min_tso_segs")}
-    spec = TopologySpec(kind="rack", racks=1, hosts_per_rack=2, interfaces_per_host=2,
-                        tcp_congestion_control="cubic", tcp_min_tso_segs=44)
+    spec = TopologySpec(kind="rack", racks=1, hosts_per_rack=2, interfaces_per_host=2, tcp_min_tso_segs=44)
     with NetworkLock():
         with Network(spec, [], run_dir, Ledger.create("t", run_dir)) as net:
             assert [(h["tcp_congestion_control"], h["tcp_min_tso_segs"]) for h in net.topology["hosts"]] == \
@@ -101,6 +101,15 @@ def test_congestion_control_on_every_route_and_min_tso_segs(run_dir):
                 server.kill()
                 server.wait()
     assert {k: open(f"/proc/sys/net/ipv4/{k}").read() for k in root} == root  # the hosts' namespaces only
+
+
+def test_null_congestion_control_keeps_the_machines_default(run_dir):
+    root = open("/proc/sys/net/ipv4/tcp_congestion_control").read().strip()
+    spec = TopologySpec(kind="rack", racks=1, hosts_per_rack=2, tcp_congestion_control=None)
+    with NetworkLock():
+        with Network(spec, [], run_dir, Ledger.create("t", run_dir)) as net:
+            assert [h["tcp_congestion_control"] for h in net.topology["hosts"]] == [root] * 2
+            assert "congctl" not in net.hosts["h1"].cmd("ip -4 -o route show table all")
 
 
 def test_queue_limit_without_netem_uses_pfifo(run_dir):
