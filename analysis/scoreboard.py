@@ -356,8 +356,9 @@ def _paper(r: Ratio) -> str:
 
 
 def _setting(res: RatioResult) -> str:
-    """The host and compute profiles, scale and host link rate of the runs compared (each
-    distinct value once, in order)."""
+    """The host and compute profiles, scale, host link rate and TCP congestion control of the
+    runs compared (each distinct value once, in order). A spec whose
+    ``topology.tcp_congestion_control`` is null or absent ran under the machine's default."""
     seen: dict[str, None] = {}
     for m in res.measurements:
         for d in m.run_dirs:
@@ -370,10 +371,12 @@ def _setting(res: RatioResult) -> str:
             prof = Path(prof).stem if isinstance(prof, str) and prof.endswith(".json") else prof
             host = (s.get("host") or {}).get("profile")
             bw = (s.get("topology") or {}).get("host_bw_mbps")
+            cc = (s.get("topology") or {}).get("tcp_congestion_control")
             scale = s.get("scale")
             parts = [f"host {host}", f"compute {comp.get('mode')}" + (f" {prof}" if prof else ""),
                      f"scale {scale:g}" if isinstance(scale, (int, float)) else f"scale {scale}",
-                     f"{bw / 1000:g} Gbit/s" if isinstance(bw, (int, float)) else "host link ?"]
+                     f"{bw / 1000:g} Gbit/s" if isinstance(bw, (int, float)) else "host link ?",
+                     f"TCP {cc}" if isinstance(cc, str) and cc else "TCP the machine's default"]
             seen[", ".join(parts)] = None
     return "; ".join(seen) or "?"
 
@@ -415,7 +418,7 @@ def _check_cell(res: RatioResult) -> str:
 
 
 _HEAD = ["paper's ratio", "measured: median (range), runs", "measured / paper", "within +-25 %",
-         "distinguishable", "at twice the dilation: median (range), runs, moved", "protocol (what falls short)", "setting (host, compute, scale, host link)",
+         "distinguishable", "at twice the dilation: median (range), runs, moved", "protocol (what falls short)", "setting (host, compute, scale, host link, TCP)",
          "run directories", "date"]
 
 

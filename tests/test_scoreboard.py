@@ -204,10 +204,23 @@ def test_the_scoreboard_is_deterministic_and_counts_the_headlines(tmp_path):
             f"protocol.** 2 of {len(heads)} are within +-25 % as measured (2 measured); the column") in text
     row = next(line for line in text.splitlines() if line.startswith(f"| `{PIPE.id}` | Pipe-SGD with truncation over D-Sync"))
     assert "| 2.00-3.20 | 2.10 (1.90-2.40), 3 runs | 1.00 | yes | yes |" in row
-    assert "host pipe_sgd_node, compute emulated titanxp, scale 10, 10 Gbit/s" in row
+    assert "host pipe_sgd_node, compute emulated titanxp, scale 10, 10 Gbit/s, TCP the machine's default" in row
     for e in ENTRIES:  # every figure and table has its row, with the catalogue's status
         assert f"| `{e.id}` | {e.title} |" in text
     assert "Pipe-SGD+T@model=resnet18 480.0" in text  # the last headline sweep's rates
+
+
+def test_the_setting_names_the_congestion_control_the_runs_asked_for(tmp_path):
+    sweeps = _three(tmp_path)
+    for run in sweeps[0].glob("00*"):
+        spec = yaml.safe_load((run / "spec.yaml").read_text())
+        spec["topology"]["tcp_congestion_control"] = "cubic"
+        (run / "spec.yaml").write_text(yaml.safe_dump(spec))
+    row = next(line for line in scoreboard(tmp_path, ENTRIES).splitlines()
+               if line.startswith(f"| `{PIPE.id}` | Pipe-SGD with truncation over D-Sync"))
+    # one sweep with cubic, two with the machine's default (null or absent): both listed
+    assert ("scale 10, 10 Gbit/s, TCP cubic; host pipe_sgd_node, compute emulated titanxp, scale 10, 10 Gbit/s, "
+            "TCP the machine's default") in row
 
 
 def test_a_headline_sweep_with_other_overrides_is_left_out_of_the_ratios(tmp_path):
