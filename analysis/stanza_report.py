@@ -47,7 +47,7 @@ and of PS (§7.2: ``n_w`` workers + ``n_s`` servers), their predicted times per 
 system's throughput over that of the previous cluster size (the paper's "40 to 80 nodes"
 scalability). The paper's ``T_ps``, ``T_c`` and ``T_f`` come from its EC2 runs and are not
 printed, so compute profiles stand in: a model name takes :data:`FIG8_PROFILES` (the V100
-profiles that ship, at Stanza Table 5's batch where one ships), a ``.json`` path any profile
+profiles that ship, at Stanza Table 5's batch), a ``.json`` path any profile
 (its model and batch size are the file's). ``--plots DIR`` draws ``stanza_fig8.png``
 (throughput against nodes, one panel per profile and bandwidth, as the paper's figure).
 """
@@ -68,7 +68,7 @@ from analysis.metrics import global_iterations
 from analysis.paper_models import stanza as sm
 from traffic.data import load_dataset
 from traffic.models import model_info
-from traffic.compute_profiles import DATA_DIR, Profile, load_profile, profile_filename
+from traffic.compute_profiles import Profile, load_profile
 from traffic.rundir import find_runs
 
 __all__ = ["IMAGENET_TRAIN", "REPORT", "FIG8_GBPS", "FIG8_NODES", "FIG8_PAPER", "FIG8_PROFILES", "TABLE5_BATCH",
@@ -297,11 +297,10 @@ Stanza Table 5 (§6.1)."""
 
 FIG8_PROFILES = {"alexnet": _REPO / "experiments" / "stanza_profiles" / "alexnet-v100-b128.json",
                  "vgg16": _REPO / "experiments" / "stanza_profiles" / "vgg16-v100-b64.json",
-                 "vgg19": DATA_DIR / profile_filename("vgg19", "v100", 32)}
-"""The compute profile a model name stands for in ``--fig8``: the Tesla V100 profiles that ship
-(PHub's GTX 1080 Ti times scaled by the two GPUs' peak FP32 ratio, and by batch size for
-AlexNet and VGG-16: each file's ``method``), at Table 5's batch where one ships; VGG-19's ships
-at batch 32 only (Table 5: 64)."""
+                 "vgg19": _REPO / "experiments" / "stanza_profiles" / "vgg19-v100-b64.json"}
+"""The compute profile a model name stands for in ``--fig8``: the Tesla V100 profiles at Table 5's
+batch (PHub's GTX 1080 Ti times scaled by the two GPUs' peak FP32 ratio and by batch size,
+written by ``experiments/stanza_profiles/derive_batch.py``: each file's ``method``)."""
 
 FIG8_PAPER = {
     "alexnet": "80 nodes at 40G 1.79x; 40 nodes at 25G 2.29x; at 100G 1.55x; 40 -> 80 nodes: Stanza 2x "

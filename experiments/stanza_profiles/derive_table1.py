@@ -1,6 +1,7 @@
 """Derive the upper end of Stanza's compute band from the paper's own Table 1.
 
-The shipped V100 profiles (``alexnet-v100-b128.json``, ``vgg16-v100-b64.json``) are PHub's
+The shipped V100 profiles (``alexnet-v100-b128.json``, ``vgg16-v100-b64.json``,
+``vgg19-v100-b64.json``, written by ``derive_batch.py``) are PHub's
 GTX 1080 Ti times (PHub Table 3) scaled by the two GPUs' peak FP32 ratio and by batch
 size: the *lower* end of the band. Stanza's Table 1 (Stanza Sec. 2.2) gives, for its
 PyTorch PS with 4 workers and 1 server on p3.2xlarge (Tesla V100, 10 Gbit/s), the measured
@@ -15,6 +16,7 @@ shape (the FLOP split of PHub's figure).
     Table 1 (per-worker batch from Table 5)   measured   estimated comm.   residual
     AlexNet, batch 128                        1.99 s     1.56 s            0.43 s
     VGG-16,  batch 64                         4.93 s     3.53 s            1.40 s
+    VGG-19,  batch 64                         5.15 s     3.66 s            1.49 s
 
 Usage (from the repository root; never overwrites)::
 
@@ -31,6 +33,7 @@ HERE = Path(__file__).resolve().parent
 TABLE1 = {  # model: (lower-end profile file, batch (Table 5), measured s, estimated communication s)
     "alexnet": ("alexnet-v100-b128.json", 128, 1.99, 1.56),
     "vgg16": ("vgg16-v100-b64.json", 64, 4.93, 3.53),
+    "vgg19": ("vgg19-v100-b64.json", 64, 5.15, 3.66),
 }
 
 SOURCE = ("Stanza (Wu et al., \"Stanza: Layer Separation for Distributed Training in Deep Learning\"), "
@@ -40,7 +43,7 @@ SOURCE = ("Stanza (Wu et al., \"Stanza: Layer Separation for Distributed Trainin
 
 
 def derive(model: str) -> Profile:
-    """The Table-1 profile of ``model`` (``alexnet`` or ``vgg16``): the lower-end profile
+    """The Table-1 profile of ``model`` (``alexnet``, ``vgg16`` or ``vgg19``): the lower-end profile
     scaled so that its forward+backward total equals Table 1's measured minus estimated
     communication time (seconds per batch)."""
     name, batch, measured, comm = TABLE1[model]
@@ -56,8 +59,9 @@ def derive(model: str) -> Profile:
 def main() -> None:
     for model in TABLE1:
         p = derive(model)
-        path = p.save(HERE / f"{model}-v100table1-b{p.batch_size}.json")
-        print(f"{path}: total {p.total_s():.4f} s per batch")
+        target = HERE / f"{model}-v100table1-b{p.batch_size}.json"
+        kept = p.save_new(target) is None
+        print(f"{target}: " + ("exists, kept" if kept else f"total {p.total_s():.4f} s per batch"))
 
 
 if __name__ == "__main__":

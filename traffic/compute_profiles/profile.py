@@ -125,6 +125,20 @@ class Profile:
             raise TestbedError(f"cannot write profile {path}: {e}") from None
         return path
 
+    def save_new(self, path: str | os.PathLike) -> Path | None:
+        """Write the profile to ``path`` unless a file is there already (it is kept as it is);
+        returns the path written, or ``None`` when one was kept.
+
+        Raises:
+            TestbedError: ``path`` cannot be written.
+        """
+        try:
+            return self.save(path)
+        except TestbedError:
+            if Path(path).exists():
+                return None
+            raise
+
 
 def profile_filename(model: str, device: str, batch_size: int) -> str:
     """``<model>-<device>-b<batch>.json``, the name of a data file."""
