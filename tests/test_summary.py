@@ -40,7 +40,10 @@ def test_there_are_archived_summaries():
 def test_every_archived_summary_loads_and_round_trips(path):
     s = RunSummary.load(path.parent)
     assert same_json(s.dump(), json.loads(path.read_text())) is None
-    assert s.status == "ok" and s.throughput.mean > 0 and s.fidelity.rates.links  # typed sections, not dicts
+    assert s.status == "ok" and s.throughput.mean > 0  # typed sections, not dicts
+    # every link that carried training traffic was judged; a run with one worker and its server on
+    # the same host (phub.fig15's 1-worker CS point) sends only a few KB of ARP and ND per iteration
+    assert s.fidelity.rates.links or s.bytes_per_iteration.host_links < 10_000
 
 
 def test_unknown_absent_and_null_keys_are_written_back_as_read(tmp_path):
