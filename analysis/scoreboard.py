@@ -370,8 +370,8 @@ def _setting(res: RatioResult) -> str:
             prof = comp.get("profile")
             prof = Path(prof).stem if isinstance(prof, str) and prof.endswith(".json") else prof
             host = (s.get("host") or {}).get("profile")
-            bw = (s.get("topology") or {}).get("host_bw_mbps")
-            cc = (s.get("topology") or {}).get("tcp_congestion_control")
+            topo = s.get("topology") or {}
+            bw, cc = topo.get("host_bw_mbps"), topo.get("tcp_congestion_control")
             scale = s.get("scale")
             parts = [f"host {host}", f"compute {comp.get('mode')}" + (f" {prof}" if prof else ""),
                      f"scale {scale:g}" if isinstance(scale, (int, float)) else f"scale {scale}",

@@ -21,6 +21,7 @@ from testbed.cli import main as cli_main
 from common.errors import TestbedError
 from traffic.compute_profiles import DATA_DIR, load_profile, profile_filename
 from tests.markdown import tables as _tables
+from tests.stanza_scripts import assert_shipped, load_script
 
 ALEXNET = stanza_report.FIG8_PROFILES["alexnet"]  # experiments/stanza_profiles/alexnet-v100-b128.json
 BITS = 32  # a float32 value on the wire
@@ -185,17 +186,7 @@ def test_testbed_report_stanza_fig8_needs_no_run_but_something(tmp_path, capsys)
 
 
 def _derive_fig8():
-    """experiments/stanza_profiles/derive_fig8.py as a module (the experiments folder is no package)."""
-    import importlib.util
-    import sys
-    if "derive_fig8" in sys.modules:
-        return sys.modules["derive_fig8"]
-    path = Path(__file__).resolve().parents[1] / "experiments" / "stanza_profiles" / "derive_fig8.py"
-    spec = importlib.util.spec_from_file_location("derive_fig8", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["derive_fig8"] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("derive_fig8")
 
 
 def test_the_fig8_band_gives_the_papers_ratios_and_ships_as_derived_profiles():
@@ -215,13 +206,8 @@ def test_the_fig8_band_gives_the_papers_ratios_and_ships_as_derived_profiles():
     for which in ("low", "high"):
         want = d.end_profile(b, which)
         path = ALEXNET.parent / f"alexnet-v100fig8{which}-b128.json"
-        shipped = load_profile(str(path), "alexnet", 128)
-        assert (shipped.device, shipped.method, shipped.source, shipped.derived) == \
-            (want.device, want.method, want.source, True)
-        assert "experiments/stanza_profiles/derive_fig8.py" in shipped.method
-        for a, w in zip(shipped.layers, want.layers):
-            assert a.forward_s == pytest.approx(w.forward_s, rel=1e-9)
-            assert a.backward_s == pytest.approx(w.backward_s, rel=1e-9)
+        assert_shipped(path, want, rel=1e-9)
+        assert "experiments/stanza_profiles/derive_fig8.py" in want.method
         c = _constants_from_file(path, split=5)
         B = 10e9  # Fig. 6a: 10 CONV + 1 FC against 10 workers + 1 server at 10 Gbit/s
         speedups.append(_t_ps(c, 10, 1, B) / _t_stanza(c, 10, 1, B))

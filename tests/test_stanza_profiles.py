@@ -6,60 +6,33 @@ what its script derives today, so that a changed zoo, FLOP count or citation sho
 """
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
+from tests.stanza_scripts import HERE, assert_shipped, load_script
 from traffic.compute_profiles import load_profile
-
-HERE = Path(__file__).resolve().parents[1] / "experiments" / "stanza_profiles"
-
-
-def _script(name: str):
-    """experiments/stanza_profiles/<name>.py as a module (the experiments folder is no package)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, HERE / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def _assert_shipped(path: Path, want) -> None:
-    shipped = load_profile(str(path), want.model, want.batch_size)
-    assert (shipped.device, shipped.batch_size, shipped.source, shipped.method, shipped.derived) == \
-        (want.device, want.batch_size, want.source, want.method, True)
-    assert [l.name for l in shipped.layers] == [l.name for l in want.layers]
-    for a, w in zip(shipped.layers, want.layers):
-        assert a.forward_s == pytest.approx(w.forward_s, rel=1e-12)
-        assert a.backward_s == pytest.approx(w.backward_s, rel=1e-12)
-        assert (a.flops_forward, a.flops_backward) == (w.flops_forward, w.flops_backward)
 
 
 @pytest.mark.parametrize("model", ["alexnet", "vgg16", "vgg19"])
 def test_batch_profiles_are_the_batch32_v100_profile_times_the_table5_batch(model):
-    d = _script("derive_batch")
+    d = load_script("derive_batch")
     want = d.derive(model)
     base = load_profile("v100", model, 32)
     factor = d.BATCH[model] // 32
     assert want.total_s() == pytest.approx(base.total_s() * factor, rel=1e-12)
     assert f"x {factor} (batch {d.BATCH[model]}, Stanza Table 5)" in want.method
-    _assert_shipped(HERE / f"{model}-v100-b{d.BATCH[model]}.json", want)
+    assert_shipped(HERE / f"{model}-v100-b{d.BATCH[model]}.json", want)
 
 
 @pytest.mark.parametrize("model, residual_s", [("alexnet", 0.43), ("vgg16", 1.40), ("vgg19", 1.49)])
 def test_table1_profiles_total_the_measured_minus_estimated_communication(model, residual_s):
-    d = _script("derive_table1")
+    d = load_script("derive_table1")
     want = d.derive(model)
     assert want.total_s() == pytest.approx(residual_s, abs=1e-9)
-    _assert_shipped(HERE / f"{model}-v100table1-b{want.batch_size}.json", want)
+    assert_shipped(HERE / f"{model}-v100table1-b{want.batch_size}.json", want)
 
 
 def test_save_new_writes_once_and_keeps_what_is_there(tmp_path):
-    p = _script("derive_batch").derive("alexnet")
+    p = load_script("derive_batch").derive("alexnet")
     target = tmp_path / "alexnet-v100-b128.json"
     assert p.save_new(target) == target
     before = target.read_text()

@@ -4,8 +4,9 @@ Stanza trains each network at its own per-worker batch (Stanza Table 5: AlexNet 
 VGG-19 64). The V100 profiles that ship are at batch 32 (PHub Table 3's GTX 1080 Ti times
 scaled by peak FP32; ``traffic/compute_profiles/data/<model>-v100-b32.json``). The profiles
 written here multiply every layer's forward and backward time, and its FLOPs, by batch / 32,
-assuming per-layer time linear in batch size (a GPU that is already busy at 32 samples). These are the *lower* end of the compute band; ``derive_table1.py``
-derives the upper end from Table 1.
+assuming per-layer time linear in batch size (a GPU that is already busy at 32 samples). These
+are the *lower* end of the compute band; ``derive_table1.py`` derives the upper end from
+Table 1.
 
 Usage (from the repository root; never overwrites)::
 
