@@ -8,7 +8,9 @@ One row per point of each sweep (markdown on stdout):
 * throughput (samples/s, emulated time), its spread (``spread95``: 1.96 sd of the
   iterations) and the 95 % confidence interval of its mean (``mean_ci95_low``/``_high``), and
   the speedup over the ``--baseline`` variant *at the same point* (same model, racks,
-  oversubscription and background; PHub Fig. 12);
+  oversubscription and background; PHub Fig. 12), and with the same number of workers when the
+  sweep runs the baseline at several (PHub Fig. 15's 1-8 workers; a variant with other worker
+  counts than the baseline's, such as Fig. 12's PBox with 7 workers, is then left without one);
 * bytes moved by a worker host's link per measured iteration (``worker_link``, mean over
   worker hosts; Sec. 4.4: a PBox halves it against colocated servers);
 * bytes that crossed the core per measured iteration, training only
@@ -59,6 +61,12 @@ PAPER = [
 
 #: Columns of ``sweep.csv`` that identify a point apart from the variant.
 POINT = ["model", "racks", "oversub", "background"]
+
+
+def _point(table: pd.DataFrame, baseline: str) -> list[str]:
+    """The columns of a point for ratios over ``baseline``: :data:`POINT`, and ``workers`` when
+    the sweep runs the baseline with more than one number of workers."""
+    return POINT + ["workers"] if table.loc[table["variant"] == baseline, "workers"].nunique() > 1 else POINT
 
 
 def _per_job(run_dir: Path) -> dict[int, float]:
@@ -130,11 +138,11 @@ def sweep_table(sweep_dir: str | Path, baseline: str | None = "mxnet-cs", flat: 
         raise skeleton.ReportError(f"{sweep_dir}: no run directory of the sweep has a row in sweep.csv")
     out = pd.DataFrame(rows)
     if baseline is not None and (out["variant"] == baseline).any():
-        out["speedup"] = skeleton.per_point(out, "samples_per_s", baseline, POINT)
+        out["speedup"] = skeleton.per_point(out, "samples_per_s", baseline, _point(out, baseline))
     if flat is not None and (out["variant"] == flat).any() and out["core_MB_per_iter"].notna().any():
-        out["core_vs_flat"] = skeleton.per_point(out, "core_MB_per_iter", flat, POINT)
+        out["core_vs_flat"] = skeleton.per_point(out, "core_MB_per_iter", flat, _point(out, flat))
         out["one_over_N"] = [(r.racks / r.workers) if r.workers else None for r in out.itertuples()]
-        out["throughput_vs_flat"] = skeleton.per_point(out, "samples_per_s", flat, POINT)
+        out["throughput_vs_flat"] = skeleton.per_point(out, "samples_per_s", flat, _point(out, flat))
     if (out["jobs"].fillna(1) > 1).any():
         single = {m: v for m, j, v in zip(out["model"], out["jobs"], out["per_job_mean"]) if j == 1}
         out["per_job_drop_pct"] = [100 * (1 - v / single[m]) if v is not None and m in single else None

@@ -378,6 +378,21 @@ def test_phub_report_matches_points_and_takes_background_out(tmp_path):
     assert png.stat().st_size > 10_000
 
 
+def test_phub_report_matches_worker_counts_when_the_baseline_sweeps_them(tmp_path):
+    from analysis.phub_report import sweep_table
+    rows = [_fake_run(tmp_path, f"{v}{w}", v, 1, False, s, 0, workers=w)
+            for v, w, s in [("mxnet-cs", 1, 100), ("mxnet-cs", 8, 400), ("pbox", 1, 50), ("pbox", 8, 1200)]]
+    pd.DataFrame(rows).to_csv(tmp_path / "sweep.csv", index=False)
+    t = sweep_table(tmp_path, baseline="mxnet-cs", flat=None).set_index(["variant", "workers"])
+    assert t.loc[("pbox", 1), "speedup"] == pytest.approx(0.5)
+    assert t.loc[("pbox", 8), "speedup"] == pytest.approx(3.0)
+    # a baseline at one worker count is every point's: Fig. 12's PBox with 7 workers against CS with 8
+    pd.DataFrame(rows[1:2] + [_fake_run(tmp_path, "pbox7", "pbox-7w", 1, False, 1000, 0, workers=7)]).to_csv(
+        tmp_path / "sweep.csv", index=False)
+    t = sweep_table(tmp_path, baseline="mxnet-cs", flat=None).set_index("variant")
+    assert t.loc["pbox-7w", "speedup"] == pytest.approx(2.5)
+
+
 def test_phub_report_gives_per_job_drop(tmp_path):
     from analysis.phub_report import sweep_table
     rows = [_fake_run(tmp_path, "a", "1job", 1, False, 100, 0, workers=2, jobs=[100.0]),
