@@ -9,8 +9,9 @@ One row per point of each sweep (markdown on stdout):
   iterations) and the 95 % confidence interval of its mean (``mean_ci95_low``/``_high``), and
   the speedup over the ``--baseline`` variant *at the same point* (same model, racks,
   oversubscription and background; PHub Fig. 12), and with the same number of workers when the
-  sweep runs the baseline at several (PHub Fig. 15's 1-8 workers; a variant with other worker
-  counts than the baseline's, such as Fig. 12's PBox with 7 workers, is then left without one);
+  sweep runs the baseline at several (PHub Fig. 15's 1-8 workers; a row whose worker count the
+  baseline lacks then has none). With one baseline worker count every row of a point is over
+  it (Fig. 12's PBox with 7 workers over CS with 8);
 * bytes moved by a worker host's link per measured iteration (``worker_link``, mean over
   worker hosts; Sec. 4.4: a PBox halves it against colocated servers);
 * bytes that crossed the core per measured iteration, training only
