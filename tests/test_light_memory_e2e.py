@@ -1,5 +1,5 @@
 """Light memory end to end through the harness (a real Mininet network; marked ``slow``, root):
-a light run moves the same bytes over every link as a full run, and a 64-host light run of
+a light run moves the same payload bytes over every link as a full run, and a 64-host light run of
 ResNet-50 ring allreduce stays within a memory bound."""
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import threading
 import psutil
 import pytest
 
+from analysis.load import load
 from testbed.runner import run_experiment
 from testbed.spec import from_dict
 from tests.leftovers import leftovers, needs_root
@@ -29,9 +30,21 @@ def _spec(tmp_path, name: str, memory: str, scheme: str, racks: int, per_rack: i
     })
 
 
-def _link_bytes(summary) -> dict[str, int]:
-    """Bytes per switch port (both directions) from a summary's bwm-ng counts."""
-    return {port: (t.tx or 0) + (t.rx or 0) for port, t in summary.bytes.per_port.items() if t is not None}
+#: bytes of headers bwm-ng counts per packet of a TCP stream: Ethernet 14 + IPv4 20 + TCP 20 +
+#: the timestamps option 12. A GSO super-segment crosses a veth as one packet with one set of
+#: headers, and how many segments the kernel batches into one, and how many ACKs a receiver
+#: sends, follow the timing of the run: measured on a PS run of this test, a port's packet
+#: count moved by up to 29,602 (51 %) between two runs of the same spec, its bytes by 0.44 %
+#: (1.18 % in another run), while its bytes less 66 per packet moved by 0.21 % at most
+HEADER_BYTES_PER_PACKET = 66
+
+
+def _link_payload(run_dir) -> dict[str, int]:
+    """Payload bytes per switch port (both directions): bwm-ng's bytes less
+    :data:`HEADER_BYTES_PER_PACKET` per packet, over the whole capture."""
+    t = load(run_dir).traces.groupby("iface")[["bytes_in", "bytes_out", "packets_in", "packets_out"]].sum()
+    return {str(port): int(r.bytes_in + r.bytes_out - HEADER_BYTES_PER_PACKET * (r.packets_in + r.packets_out))
+            for port, r in t.iterrows()}
 
 
 @pytest.mark.slow
@@ -40,19 +53,18 @@ def _link_bytes(summary) -> dict[str, int]:
                                              ("pipe_sgd", {}), ("p3", {"servers": {"count": 2}}),
                                              ("ibatch", {"servers": {"count": 2},
                                                          "options": {"profile_iterations": 1}})])
-def test_a_light_run_moves_the_same_bytes_over_every_link_as_a_full_run(tmp_path, scheme, workload):
+def test_a_light_run_moves_the_same_payload_bytes_over_every_link_as_a_full_run(tmp_path, scheme, workload):
     assert leftovers() == []
     runs = {}
     for memory in ("full", "light"):
         (res,) = run_experiment(_spec(tmp_path, f"light-bytes-{scheme}", memory, scheme, 2, 2, **workload),
                                 progress=False)
         assert res.ok, res.summary.error
-        runs[memory] = res.summary
-    full, light = _link_bytes(runs["full"]), _link_bytes(runs["light"])
+        runs[memory] = res.run_dir
+    full, light = _link_payload(runs["full"]), _link_payload(runs["light"])
     assert set(full) == set(light) and full
     for port, b in full.items():
-        assert abs(light[port] - b) <= 0.01 * b, (port, b, light[port])
-    assert abs(runs["light"].bytes.host_links - runs["full"].bytes.host_links) <= 0.01 * runs["full"].bytes.host_links
+        assert b > 0 and abs(light[port] - b) <= 0.01 * b, (port, b, light[port])
     assert leftovers() == []
 
 
