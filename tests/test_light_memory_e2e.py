@@ -33,9 +33,9 @@ def _spec(tmp_path, name: str, memory: str, scheme: str, racks: int, per_rack: i
 #: bytes of headers bwm-ng counts per packet of a TCP stream: Ethernet 14 + IPv4 20 + TCP 20 +
 #: the timestamps option 12. A GSO super-segment crosses a veth as one packet with one set of
 #: headers, and how many segments the kernel batches into one, and how many ACKs a receiver
-#: sends, follow the timing of the run: measured on a PS run of this test, a port's packet
-#: count moved by up to 29,602 (51 %) between two runs of the same spec, its bytes by 0.44 %
-#: (1.18 % in another run), while its bytes less 66 per packet moved by 0.21 % at most
+#: sends, follow the timing of the run: measured on the PS case of this test, a port's packet
+#: count moved by up to 29,602 (51 %) between the full and the light run, its bytes by 0.44 %
+#: (1.18 % in another pair of runs), while its bytes less 66 per packet moved by 0.21 % at most
 HEADER_BYTES_PER_PACKET = 66
 
 
