@@ -21,7 +21,7 @@ from testbed.cli import main as cli_main
 from common.errors import TestbedError
 from traffic.compute_profiles import DATA_DIR, load_profile, profile_filename
 from tests.markdown import tables as _tables
-from tests.stanza_scripts import assert_shipped, load_script
+from tests.profile_scripts import assert_shipped, load_script
 
 ALEXNET = stanza_report.FIG8_PROFILES["alexnet"]  # experiments/stanza_profiles/alexnet-v100-b128.json
 BITS = 32  # a float32 value on the wire

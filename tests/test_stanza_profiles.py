@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.stanza_scripts import HERE, assert_shipped, load_script
+from tests.profile_scripts import EXPERIMENTS, assert_shipped, load_script
 from traffic.compute_profiles import load_profile
 
 
@@ -20,7 +20,7 @@ def test_batch_profiles_are_the_batch32_v100_profile_times_the_table5_batch(mode
     factor = d.BATCH[model] // 32
     assert want.total_s() == pytest.approx(base.total_s() * factor, rel=1e-12)
     assert f"x {factor} (batch {d.BATCH[model]}, Stanza Table 5)" in want.method
-    assert_shipped(HERE / f"{model}-v100-b{d.BATCH[model]}.json", want)
+    assert_shipped(EXPERIMENTS / "stanza_profiles" / f"{model}-v100-b{d.BATCH[model]}.json", want)
 
 
 @pytest.mark.parametrize("model, residual_s", [("alexnet", 0.43), ("vgg16", 1.40), ("vgg19", 1.49)])
@@ -28,7 +28,7 @@ def test_table1_profiles_total_the_measured_minus_estimated_communication(model,
     d = load_script("derive_table1")
     want = d.derive(model)
     assert want.total_s() == pytest.approx(residual_s, abs=1e-9)
-    assert_shipped(HERE / f"{model}-v100table1-b{want.batch_size}.json", want)
+    assert_shipped(EXPERIMENTS / "stanza_profiles" / f"{model}-v100table1-b{want.batch_size}.json", want)
 
 
 def test_save_new_writes_once_and_keeps_what_is_there(tmp_path):

@@ -1,4 +1,4 @@
-"""The derivation scripts of experiments/stanza_profiles, and the profiles they ship, for the tests."""
+"""The derivation scripts of experiments/*_profiles, and the profiles they ship, for the tests."""
 from __future__ import annotations
 
 import importlib.util
@@ -9,14 +9,14 @@ import pytest
 
 from traffic.compute_profiles import Profile, load_profile
 
-HERE = Path(__file__).resolve().parents[1] / "experiments" / "stanza_profiles"
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 
 
-def load_script(name: str):
-    """experiments/stanza_profiles/<name>.py as a module (the experiments folder is no package)."""
+def load_script(name: str, folder: str = "stanza_profiles"):
+    """experiments/<folder>/<name>.py as a module (the experiments folder is no package)."""
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, HERE / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / folder / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod  # dataclasses look their module up there
     spec.loader.exec_module(mod)
