@@ -8,10 +8,10 @@ import threading
 import psutil
 import pytest
 
-from analysis.load import load
 from testbed.runner import run_experiment
 from testbed.spec import from_dict
 from tests.leftovers import leftovers, needs_root
+from tests.link_payload import port_payload
 
 root_only = pytest.mark.skipif(needs_root, reason="needs root")
 
@@ -30,23 +30,6 @@ def _spec(tmp_path, name: str, memory: str, scheme: str, racks: int, per_rack: i
     })
 
 
-#: bytes of headers bwm-ng counts per packet of a TCP stream: Ethernet 14 + IPv4 20 + TCP 20 +
-#: the timestamps option 12. A GSO super-segment crosses a veth as one packet with one set of
-#: headers, and how many segments the kernel batches into one, and how many ACKs a receiver
-#: sends, follow the timing of the run: measured on the PS case of this test, a port's packet
-#: count moved by up to 29,602 (51 %) between the full and the light run, its bytes by 0.44 %
-#: (1.18 % in another pair of runs), while its bytes less 66 per packet moved by 0.21 % at most
-HEADER_BYTES_PER_PACKET = 66
-
-
-def _link_payload(run_dir) -> dict[str, int]:
-    """Payload bytes per switch port (both directions): bwm-ng's bytes less
-    :data:`HEADER_BYTES_PER_PACKET` per packet, over the whole capture."""
-    t = load(run_dir).traces.groupby("iface")[["bytes_in", "bytes_out", "packets_in", "packets_out"]].sum()
-    return {str(port): int(r.bytes_in + r.bytes_out - HEADER_BYTES_PER_PACKET * (r.packets_in + r.packets_out))
-            for port, r in t.iterrows()}
-
-
 @pytest.mark.slow
 @root_only
 @pytest.mark.parametrize("scheme,workload", [("allreduce", {}), ("ps", {"servers": {"count": 2}}),
@@ -61,7 +44,7 @@ def test_a_light_run_moves_the_same_payload_bytes_over_every_link_as_a_full_run(
                                 progress=False)
         assert res.ok, res.summary.error
         runs[memory] = res.run_dir
-    full, light = _link_payload(runs["full"]), _link_payload(runs["light"])
+    full, light = port_payload(runs["full"]), port_payload(runs["light"])
     assert set(full) == set(light) and full
     for port, b in full.items():
         assert b > 0 and abs(light[port] - b) <= 0.01 * b, (port, b, light[port])
