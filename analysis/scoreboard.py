@@ -38,7 +38,10 @@ of a repeat at one dilation, and a dilation check: the median ratio over the rep
 twice the dilation (``testbed reproduce ID --headline --dilation-check``) within
 :data:`DILATION_TOLERANCE` of the median at the headline's dilation. A ratio the emulated
 network and host model carry does not move with the dilation; one that moves shows this
-machine's own speed in the result.
+machine's own speed in the result. A campaign too long for one sitting goes on with
+``testbed reproduce ID --headline --repeat 3 --from-repeat K``; the repeats pool from the last
+first repeat on, and hold only when every run executed the same code (the marker's ``code``)
+and each repeat ran once.
 """
 from __future__ import annotations
 
@@ -66,7 +69,8 @@ __all__ = ["ARCHIVED_FILES", "Marked", "RatioResult", "ScoreboardError", "archiv
 MIN_REPEATS, MIN_WARMUP, MIN_MEASURED, DILATION_TOLERANCE = 3, 2, 5, 0.05
 PROTOCOL = (f"at least {MIN_REPEATS} repeats; every compared run with at least {MIN_WARMUP} warm-up and "
             f"{MIN_MEASURED} measured iterations; the variants of a repeat at one dilation; the ratio at twice the "
-            f"dilation within {DILATION_TOLERANCE:.0%} (the dilation check)")
+            f"dilation within {DILATION_TOLERANCE:.0%} (the dilation check); a campaign run over several sittings "
+            f"executing the same code, each repeat once")
 
 #: what :func:`archive` keeps of a marked sweep (its own files, then each run's)
 ARCHIVED_FILES = (MARKER, "sweep.csv", "sweep.yaml")
@@ -93,6 +97,9 @@ class Marked:
     """The ``--set`` overrides it was run with (None: the marker records none)."""
     spec: str | None = None
     """The spec it ran, relative to the repository root (None: the marker records none)."""
+    code: str | None = None
+    """The digest of the code and inputs its runs executed (``testbed.reproduce.run_code_digest``;
+    None: the marker records none)."""
 
     @property
     def date(self) -> str:
@@ -146,7 +153,8 @@ def read_marker(d: str | Path) -> Marked | None:
         over = m.get("overrides")
         return Marked(d, m["id"], m["mode"], int(m["repeat"]), int(m["repeats"]), m["started"], m["finished"],
                       int(m.get("dilation", 1)), None if over is None else tuple(str(o) for o in over),
-                      None if m.get("spec") is None else str(m["spec"]))
+                      None if m.get("spec") is None else str(m["spec"]),
+                      None if m.get("code") is None else str(m["code"]))
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ScoreboardError(f"{f}: not a readable marker ({type(e).__name__}: {e})") from None
 
@@ -307,6 +315,22 @@ def _dilation_problems(ms, what: str) -> tuple[list[str], list[int], list[int]]:
     return out, warm, measured
 
 
+def _campaign_problems(res: RatioResult) -> list[str]:
+    """A campaign pooled from several sittings (``testbed reproduce --from-repeat``) holds only
+    when every run executed the same code and each repeat ran once: phrases for what does not."""
+    out = []
+    runs = list(res.marked) + list(res.check_marked)
+    codes = {m.code for m in runs}
+    if len(codes) > 1:
+        out.append(f"its runs executed {len(codes)} versions of the code" if None not in codes
+                   else "the code of some runs is not recorded")
+    for what, ms in (("", res.marked), (" in the dilation check", res.check_marked)):
+        twice = sorted({m.repeat for m in ms if sum(o.repeat == m.repeat for o in ms) > 1})
+        if twice:
+            out.append(f"repeat {', '.join(map(str, twice))} run more than once{what}")
+    return out
+
+
 def protocol_problems(res: RatioResult) -> list[str]:
     """Where the measurement of ``res`` falls short of :data:`PROTOCOL`, one phrase each
     (empty: it holds), from each compared run's ``spec.yaml`` and ``summary.json`` (those of
@@ -322,7 +346,7 @@ def protocol_problems(res: RatioResult) -> list[str]:
         out.append(f"{min(warm)} warm-up iteration{'s' if min(warm) != 1 else ''} (at least {MIN_WARMUP})")
     if measured and min(measured) < MIN_MEASURED:
         out.append(f"{min(measured)} measured iterations (at least {MIN_MEASURED})")
-    out += problems + checked
+    out += problems + checked + _campaign_problems(res)
     if not res.checks:
         out.append("no dilation check")
     elif not res.check_values:

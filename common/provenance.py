@@ -26,7 +26,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict
 
 __all__ = ["PROVENANCE_FILE", "PROJECT_DIR", "DISTRIBUTION", "CostModelSource", "Machine", "Provenance",
-           "changes_digest", "collect", "cpu_model", "distribution_version", "source_revision"]
+           "RUNTIME_PACKAGES", "changes_digest", "code_digest", "collect", "cpu_model", "distribution_version",
+           "source_revision"]
 
 #: the file a run directory records its provenance in
 PROVENANCE_FILE = "provenance.json"
@@ -36,6 +37,9 @@ PROJECT_DIR = Path(__file__).resolve().parents[1]
 DISTRIBUTION = "dl-netbed"
 #: how long one ``git`` command may take, s
 GIT_TIMEOUT_S = 10.0
+#: the packages whose files decide what a run does (:func:`code_digest`); ``analysis`` only
+#: reads finished runs
+RUNTIME_PACKAGES = ("common", "topologies", "traffic", "testbed")
 
 
 class _Record(BaseModel):
@@ -174,6 +178,29 @@ def changes_digest(project_dir: str | Path = PROJECT_DIR) -> str | None:
         return None
     diff = _git("diff", "HEAD", "--binary", "--no-ext-diff", "--no-color", cwd=project_dir)
     return None if diff is None else hashlib.sha256(diff).hexdigest()
+
+
+def code_digest(extra: list[str | Path] = (), project_dir: str | Path = PROJECT_DIR) -> str:
+    """The SHA-256 (hex) of the code a run executes: every file of :data:`RUNTIME_PACKAGES`
+    under ``project_dir`` (``__pycache__`` left out), and the files ``extra`` (e.g. the spec and
+    a compute profile it names), each with its path. Two runs with the same digest ran the same
+    code on the same inputs, whatever the commit (a commit that changes only the analysis, the
+    catalogue or the docs keeps it); no git needed.
+
+    Raises:
+        OSError: a file of ``extra`` cannot be read.
+    """
+    root = Path(project_dir).resolve()
+    h = hashlib.sha256()
+    files = sorted(f for pkg in RUNTIME_PACKAGES for f in (root / pkg).rglob("*")
+                   if f.is_file() and "__pycache__" not in f.parts)
+    for f in files:
+        h.update(f"{f.relative_to(root).as_posix()}\0".encode())
+        h.update(hashlib.sha256(f.read_bytes()).digest())
+    for f in map(Path, extra):
+        h.update(f"extra:{f.name}\0".encode())
+        h.update(hashlib.sha256(f.read_bytes()).digest())
+    return h.hexdigest()
 
 
 def _machine() -> Machine:

@@ -22,6 +22,7 @@
     testbed reproduce ID [--quick]        run one of them, then its report beside the paper's values
     testbed reproduce ID --headline --repeat 3   its headline ratios, median and range over 3 runs
     testbed reproduce ID --headline --repeat 3 --dilation-check   and each repeat again at twice its dilation
+    testbed reproduce ID --headline --repeat 3 --from-repeat 2 ...   go on with repeats 2-3 another day
     testbed reproduce --archive DEST      keep the marked runs' small files (reproduction/runs)
     testbed reproduce --scoreboard DIR    REPRODUCTION.md from the marked runs under DIR
     testbed clean                         remove what a killed run left on the machine
@@ -535,10 +536,14 @@ def _cmd_reproduce(args) -> int:
         raise TestbedError("testbed reproduce needs an ID, --list, --scoreboard DIR or --archive DEST")
     if args.repeat < 1:
         raise TestbedError(f"--repeat must be at least 1 (got {args.repeat})")
+    if not 1 <= args.from_repeat <= args.repeat:
+        raise TestbedError(f"--from-repeat must be within 1 to --repeat ({args.repeat}) (got {args.from_repeat})")
+    if args.from_repeat > 1 and not args.headline:
+        raise TestbedError("--from-repeat continues a headline campaign: give --headline too")
     entry = get_entry(entries, args.id)
     from testbed.reproduce import reproduce  # lazy: Mininet, torch (through the runner)
     return reproduce(entry, quick=args.quick, headline=args.headline, repeat=args.repeat, runs_dir=args.runs_dir,
-                     dilation_check=args.dilation_check)
+                     dilation_check=args.dilation_check, first_repeat=args.from_repeat)
 
 
 def _cmd_schema(args) -> int:
@@ -743,6 +748,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="run the entry's headline run and print its ratios against the paper's")
     s.add_argument("--repeat", type=int, default=1, metavar="N",
                    help="run it N times (each sweep marked as one repeat; 3 for a headline)")
+    s.add_argument("--from-repeat", type=int, default=1, metavar="K",
+                   help="with --headline: run repeats K to N of --repeat N, continuing a campaign whose earlier "
+                        "repeats are in the same runs directory (the scoreboard pools them when the same code ran)")
     s.add_argument("--dilation-check", action="store_true",
                    help="with --headline: run each repeat again at twice its dilation; the scoreboard flags a ratio "
                         "that moves by more than 5 %% between the two")

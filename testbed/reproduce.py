@@ -25,9 +25,11 @@ from typing import Callable, TextIO
 from analysis.report import get_report
 from analysis.reproduction import MARKER, REPO_ROOT, Entry
 from common.errors import TestbedError
+from common.provenance import PROJECT_DIR, code_digest
+from traffic.rundir import read_spec
 
 __all__ = ["CHECK_FACTOR", "MEASURED_HEADING", "NotRunnable", "PAPER_HEADING", "describe", "paper_block", "report_argv",
-           "reproduce", "reproduce_once"]
+           "reproduce", "reproduce_once", "run_code_digest"]
 
 #: the heading of the report's output
 MEASURED_HEADING = "measured (this run) and the paper model's prediction"
@@ -112,21 +114,50 @@ def _target(results) -> Path:
 
 
 def _write_marker(target: Path, entry: Entry, mode: str, overrides: list[str], repeat: int, repeats: int,
-                  started: str, dilation: int = 1) -> None:
+                  started: str, dilation: int = 1, code: str | None = None) -> None:
     """Record in ``target`` (the sweep or run directory) which catalogue entry it reproduces
     (:data:`analysis.reproduction.MARKER`, read by :mod:`analysis.scoreboard`); ``dilation``:
-    1 for a run at the headline's dilation, :data:`CHECK_FACTOR` for its dilation check."""
+    1 for a run at the headline's dilation, :data:`CHECK_FACTOR` for its dilation check;
+    ``code``: :func:`run_code_digest` of its runs."""
     marker = {"id": entry.id, "mode": mode, "spec": entry.spec.path, "overrides": overrides,
               "repeat": repeat, "repeats": repeats, "dilation": dilation, "started": started,
-              "finished": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+              "finished": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "code": code}
     (target / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
+
+
+def run_code_digest(entry: Entry, run_dirs: list[Path]) -> str:
+    """:func:`common.provenance.code_digest` of what ``run_dirs`` (the runs of one sweep of
+    ``entry``) executed: the runtime packages, ``entry``'s spec file, and each compute profile
+    file a run's resolved spec names by path.
+
+    Raises:
+        OSError: a file cannot be read.
+    """
+    spec = _spec_path(entry)
+    extra = {spec}
+    for d in run_dirs:
+        try:
+            ref = str(((read_spec(d).get("workload") or {}).get("compute") or {}).get("profile") or "")
+        except TestbedError:
+            continue
+        for base in (REPO_ROOT, Path.cwd()):
+            if ref.endswith(".json") and (base / ref).is_file():
+                extra.add((base / ref).resolve())
+                break
+    return code_digest(sorted(extra), PROJECT_DIR)
 
 
 def reproduce(entry: Entry, quick: bool = False, runs_dir: str | Path | None = None, progress: bool = True,
               out: TextIO | None = None, say: Callable[[str], None] | None = None, headline: bool = False,
-              repeat: int = 1, dilation_check: bool = False) -> int:
+              repeat: int = 1, dilation_check: bool = False, first_repeat: int = 1) -> int:
     """Run ``entry``'s spec ``repeat`` times and print its report beside the paper after each;
     with ``headline``, then its headline ratios over the repeats (median and range).
+
+    A campaign too long for one sitting goes on another day with ``first_repeat``: repeats
+    ``first_repeat`` to ``repeat`` run (each with its dilation check), marked as repeats of
+    ``repeat``, and the ratios printed pool them with the earlier repeats in the same runs
+    directory. The scoreboard pools a campaign from its last first repeat on, and flags one
+    whose repeats ran different code (:func:`run_code_digest`) or ran a repeat twice.
 
     A headline run compares its variants at one dilation: under ``scale: auto`` every point
     runs at the largest dilation the capacity model picks for any of them
@@ -143,6 +174,8 @@ def reproduce(entry: Entry, quick: bool = False, runs_dir: str | Path | None = N
             repeat of the entry (``reproduce.json``) for ``testbed reproduce --scoreboard``.
         dilation_check: with ``headline``, run each repeat again at :data:`CHECK_FACTOR`
             times its dilation (the run takes about three times as long).
+        first_repeat: the first repeat to run (1 to ``repeat``; above 1 only with
+            ``headline``): the earlier ones ran before, into the same runs directory.
         runs_dir, progress, out, say: as :func:`reproduce_once`.
 
     Returns:
@@ -151,11 +184,15 @@ def reproduce(entry: Entry, quick: bool = False, runs_dir: str | Path | None = N
     Raises:
         NotRunnable: no spec, no such version, both ``quick`` and ``headline``, no report
             command, or ``dilation_check`` without ``headline``.
-        ValueError: ``repeat`` < 1.
+        ValueError: ``repeat`` < 1, or ``first_repeat`` not within 1 to ``repeat``.
         TestbedError: as :func:`reproduce_once`.
     """
     if repeat < 1:
         raise ValueError(f"repeat must be at least 1 (got {repeat})")
+    if not 1 <= first_repeat <= repeat:
+        raise ValueError(f"the first repeat must be within 1 to {repeat}, the number of repeats (got {first_repeat})")
+    if first_repeat > 1 and not headline:
+        raise NotRunnable("--from-repeat continues a headline campaign: give --headline too")
     if quick and headline:
         raise NotRunnable("--quick or --headline, not both")
     if dilation_check and not headline:
@@ -164,9 +201,7 @@ def reproduce(entry: Entry, quick: bool = False, runs_dir: str | Path | None = N
         raise NotRunnable(f"{entry.id} has no headline run (no 'headline' section in its catalogue entry)")
     _check_runnable(entry, quick)
     scale = headline_scale(entry) if headline else None
-    runs = [(i, 1) for i in range(1, repeat + 1)]
-    if dilation_check:
-        runs = [(i, f) for i in range(1, repeat + 1) for f in (1, CHECK_FACTOR)]
+    runs = [(i, f) for i in range(first_repeat, repeat + 1) for f in ((1, CHECK_FACTOR) if dilation_check else (1,))]
     status, targets = 0, []
     for i, factor in runs:
         if repeat > 1 or dilation_check:
@@ -177,9 +212,11 @@ def reproduce(entry: Entry, quick: bool = False, runs_dir: str | Path | None = N
                                     scale=None if scale is None else scale * factor, dilation=factor)
         status, targets = max(status, rc), targets + [target]
     if headline:
-        from analysis.scoreboard import headline_table  # lazy: pandas, only after a headline run
+        from analysis.scoreboard import find_marked, headline_table, last_campaign  # lazy: pandas
+        pooled = targets if first_repeat == 1 else [  # with the earlier sittings' repeats
+            m.path for m in last_campaign([m for m in find_marked(targets[0].parent) if m.is_headline_of(entry)])]
         print("\n## headline ratios over the repeats\n", file=out or sys.stdout)
-        print(headline_table(entry, targets), file=out or sys.stdout, flush=True)
+        print(headline_table(entry, pooled), file=out or sys.stdout, flush=True)
     return status
 
 
@@ -257,7 +294,7 @@ def reproduce_once(entry: Entry, quick: bool = False, runs_dir: str | Path | Non
     results = run_experiment(exp, progress=progress, say=say)
     target = _target(results)
     _write_marker(target, entry, "quick" if quick else "headline" if headline else "full", overrides, *repeat,
-                  started=started, dilation=dilation)
+                  started=started, dilation=dilation, code=run_code_digest(entry, [r.run_dir for r in results]))
     if not progress or target == results[0].run_dir:  # else the runner wrote them as the sweep went
         print("\n".join(one_line(r) for r in results), file=out)
     ok = all(r.ok for r in results)

@@ -19,7 +19,8 @@ import pytest
 import yaml
 
 from common import provenance
-from common.provenance import PROVENANCE_FILE, Provenance, changes_digest, collect, source_revision
+from common.provenance import (PROVENANCE_FILE, RUNTIME_PACKAGES, Provenance, changes_digest, code_digest, collect,
+                               source_revision)
 from testbed import cluster
 from testbed.cluster import Machine, Source, check_machine, compare_source
 from testbed.spec import dump_spec, from_dict, load_spec, write_spec
@@ -97,6 +98,26 @@ def test_dirty_and_the_changes_digest_follow_tracked_files_only(tmp_path):
 
 
 @pytest.mark.skipif(not HAS_GIT, reason="needs git")
+def test_the_code_digest_follows_the_runtime_packages_and_the_inputs_only(tmp_path):
+    for pkg in RUNTIME_PACKAGES + ("analysis",):
+        (tmp_path / pkg / "__pycache__").mkdir(parents=True)
+        (tmp_path / pkg / "mod.py").write_text(f"# {pkg}\n")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("name: a\n")
+    first = code_digest([spec], tmp_path)
+    assert re.fullmatch(r"[0-9a-f]{64}", first) and code_digest([spec], tmp_path) == first
+    (tmp_path / "analysis" / "mod.py").write_text("# the analysis reads finished runs\n")
+    (tmp_path / "traffic" / "__pycache__" / "mod.cpython-311.pyc").write_bytes(b"compiled")
+    assert code_digest([spec], tmp_path) == first
+    (tmp_path / "traffic" / "mod.py").write_text("# changed\n")
+    changed = code_digest([spec], tmp_path)
+    assert changed != first
+    spec.write_text("name: b\n")
+    assert code_digest([spec], tmp_path) not in (first, changed) and code_digest([], tmp_path) != changed
+    with pytest.raises(OSError):
+        code_digest([tmp_path / "missing.json"], tmp_path)
+
+
 def test_no_checkout_or_no_git_gives_none_not_an_error(tmp_path, monkeypatch):
     assert source_revision(tmp_path) == (None, None)  # not a checkout
     repo = _repo(tmp_path / "repo")

@@ -357,6 +357,56 @@ def test_a_dilation_check_runs_each_repeat_again_at_twice_the_dilation(tmp_path,
     assert "give --headline too" in capsys.readouterr().err
 
 
+def test_a_campaign_goes_on_in_another_sitting_and_pools_only_runs_of_the_same_code(tmp_path, monkeypatch, capsys):
+    import testbed.runner  # lazy: Mininet
+    from analysis.scoreboard import last_campaign, protocol_problems
+    from testbed.reproduce import reproduce  # lazy: the runner
+    calls = []
+
+    def fake_run(exp, progress=True, say=None):
+        if len(calls) == 2:
+            raise RuntimeError("the sitting ended")
+        calls.append(exp)
+        d = _sweep(Path(exp.run.runs_dir), f"pipe_sgd_timing-x{len(calls)}",
+                   {"PS-Sync": 50.0, "D-Sync": 100.0, "Pipe-SGD+T": 100.0 + 100 * len(calls)})
+        (d / MARKER).unlink()
+        return [testbed.runner.RunResult(p.parent, json.loads(p.read_text())) for p in sorted(d.glob("*/summary.json"))]
+
+    monkeypatch.setattr(testbed.runner, "run_experiment", fake_run)
+    monkeypatch.setattr("testbed.reproduce.get_report", lambda name: type("R", (), {"main": lambda *a, **k: 0})())
+    with pytest.raises(RuntimeError, match="sitting ended"):
+        reproduce(PIPE, headline=True, repeat=3, runs_dir=tmp_path, progress=False)
+    assert [m.repeat for m in find_marked(tmp_path)] == [1, 2]
+    calls.append(None)  # the next sitting: one more sweep
+    with pytest.raises(ValueError, match="within 1 to 3"):
+        reproduce(PIPE, headline=True, repeat=3, first_repeat=4, runs_dir=tmp_path, progress=False)
+    assert reproduce(PIPE, headline=True, repeat=3, first_repeat=3, runs_dir=tmp_path, progress=False) == 0
+    out = capsys.readouterr().out
+    assert "# pipe_sgd.fig4_resnet18_timing: repeat 3 of 3" in out and "| 3.00 (2.00-5.00), 3 runs |" in out
+    marks = last_campaign([m for m in find_marked(tmp_path) if m.is_headline_of(PIPE)])
+    assert [(m.repeat, m.repeats) for m in marks] == [(1, 3), (2, 3), (3, 3)]
+    assert len({m.code for m in marks}) == 1 and len(marks[0].code) == 64
+    res = ratio_result(PIPE, PIPE.headline.ratios[0], marks)
+    assert res.values == pytest.approx([2.0, 3.0, 5.0])  # Pipe-SGD+T 200, 300, 500 over D-Sync 100
+    assert not any("code" in p or "more than once" in p for p in protocol_problems(res))
+    # a repeat that ran other code, or a repeat run twice, does not make a campaign
+    other = json.loads((marks[2].path / MARKER).read_text()) | {"code": "0" * 64}
+    (marks[2].path / MARKER).write_text(json.dumps(other))
+    again = _sweep(tmp_path, "pipe_sgd_timing-x9", {"PS-Sync": 50.0, "D-Sync": 100.0, "Pipe-SGD+T": 300.0}, repeat=2)
+    marks = last_campaign([m for m in find_marked(tmp_path) if m.is_headline_of(PIPE)])
+    assert again in [m.path for m in marks]
+    problems = protocol_problems(ratio_result(PIPE, PIPE.headline.ratios[0], marks))
+    assert "the code of some runs is not recorded" in problems and "repeat 2 run more than once" in problems
+    (again / MARKER).unlink()
+    marks = last_campaign([m for m in find_marked(tmp_path) if m.is_headline_of(PIPE)])
+    assert "its runs executed 2 versions of the code" in protocol_problems(ratio_result(PIPE, PIPE.headline.ratios[0],
+                                                                                         marks))
+    assert cli_main(["reproduce", PIPE.id, "--headline", "--repeat", "3", "--from-repeat", "4"]) == 2
+    assert "--from-repeat must be within 1 to --repeat (3) (got 4)" in capsys.readouterr().err
+    assert cli_main(["reproduce", PIPE.id, "--repeat", "3", "--from-repeat", "2"]) == 2
+    assert "give --headline too" in capsys.readouterr().err
+
+
 def test_only_the_last_set_of_repeats_is_pooled(tmp_path):
     from analysis.scoreboard import last_campaign
     old = _three(tmp_path, ratios=(1.0, 1.0, 1.0))
