@@ -152,6 +152,9 @@ def measured_iterations(glob: pd.DataFrame, warmup: int) -> pd.DataFrame:
 
 #: the confidence level of ``throughput.mean_ci95_low``/``mean_ci95_high``
 CONFIDENCE = 0.95
+#: how far the iteration time may move within a run's measured iterations, beyond its own
+#: noise, for the run to be steady (:func:`steady`)
+STEADY_TOLERANCE = 0.05
 
 
 def mean_interval(values: np.ndarray, confidence: float = CONFIDENCE) -> tuple[float | None, float | None]:
@@ -175,6 +178,33 @@ def mean_interval(values: np.ndarray, confidence: float = CONFIDENCE) -> tuple[f
         return None, None
     half = stats.t.ppf((1 + confidence) / 2, n - 1) * x.std(ddof=1) / math.sqrt(n)
     return _f(x.mean() - half), _f(x.mean() + half)
+
+
+def iteration_drift(measured: pd.DataFrame) -> tuple[float, float] | None:
+    """How far the iteration time moved within a run's measured iterations, and the run's
+    noise.
+
+    Args:
+        measured: :func:`measured_iterations` (``iteration``, ``time_s``).
+
+    Returns:
+        ``(drift, noise)``: the median ``time_s`` of the later half of the iterations (in
+        iteration order; the middle one of an odd count left out) over that of the earlier
+        half, less 1; and the half-width of the 95 % confidence interval of the mean ``time_s``
+        (:func:`mean_interval`) over the mean. None with fewer than 4 iterations.
+    """
+    t = measured.sort_values("iteration")["time_s"].to_numpy(dtype=float)
+    if len(t) < 4:
+        return None
+    half = len(t) // 2
+    low, high = mean_interval(t)
+    return float(np.median(t[-half:]) / np.median(t[:half]) - 1), float((high - low) / 2 / t.mean())
+
+
+def steady(drift: float, noise: float, tolerance: float = STEADY_TOLERANCE) -> bool:
+    """Whether a run whose measured iterations moved by ``drift`` (:func:`iteration_drift`)
+    had settled: the move is within ``tolerance`` or within the run's own ``noise``."""
+    return abs(drift) <= max(tolerance, noise)
 
 
 def throughput_stats(measured: pd.DataFrame) -> tuple[Throughput, IterationTime]:

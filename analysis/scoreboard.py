@@ -33,7 +33,9 @@ samples/s, mean +- 1.96 sd of the iterations (``samples_per_s_spread95``), do no
 A ratio *counts* toward the headline verdict only when it is within, on the paper's own
 setting (no ``setting_differs`` in the catalogue), and measured by the protocol
 (:func:`protocol_problems`): at least :data:`MIN_REPEATS` repeats, every compared run with at
-least :data:`MIN_WARMUP` warm-up and :data:`MIN_MEASURED` measured iterations, the two variants
+least :data:`MIN_WARMUP` warm-up and :data:`MIN_MEASURED` measured iterations and steady (its
+iteration time settled: :func:`analysis.metrics.iteration_drift` and
+:func:`analysis.metrics.steady` on its ``iterations.csv``), the two variants
 of a repeat at one dilation, and a dilation check: the median ratio over the repeats at
 twice the dilation (``testbed reproduce ID --headline --dilation-check``) within
 :data:`DILATION_TOLERANCE` of the median at the headline's dilation. A ratio the emulated
@@ -56,6 +58,7 @@ from statistics import median
 import pandas as pd
 
 from analysis.load import read_sweep_csv
+from analysis.metrics import STEADY_TOLERANCE, global_iterations, iteration_drift, measured_iterations, steady
 from analysis.reproduction import MARKER, PAPERS, STATUSES, TOLERANCE, Entry, Ratio, load_catalogue
 from common.errors import TestbedError
 from traffic.rundir import SWEEP_FIGURES, SWEEP_RENAMED, read_spec
@@ -68,13 +71,15 @@ __all__ = ["ARCHIVED_FILES", "Marked", "RatioResult", "ScoreboardError", "archiv
 #: measured iterations of every compared run, and how far the ratio may move at twice the dilation
 MIN_REPEATS, MIN_WARMUP, MIN_MEASURED, DILATION_TOLERANCE = 3, 2, 5, 0.05
 PROTOCOL = (f"at least {MIN_REPEATS} repeats; every compared run with at least {MIN_WARMUP} warm-up and "
-            f"{MIN_MEASURED} measured iterations; the variants of a repeat at one dilation; the ratio at twice the "
+            f"{MIN_MEASURED} measured iterations, and steady (the median iteration time of the later half of its "
+            f"measured iterations within {STEADY_TOLERANCE:.0%} of the earlier half's, or within the 95 % confidence "
+            f"half-width of its mean); the variants of a repeat at one dilation; the ratio at twice the "
             f"dilation within {DILATION_TOLERANCE:.0%} (the dilation check); a campaign run over several sittings "
             f"executing the same code, each repeat once")
 
 #: what :func:`archive` keeps of a marked sweep (its own files, then each run's)
 ARCHIVED_FILES = (MARKER, "sweep.csv", "sweep.yaml")
-ARCHIVED_RUN_FILES = ("spec.yaml", "summary.json")
+ARCHIVED_RUN_FILES = ("spec.yaml", "summary.json", "iterations.csv")
 
 
 class ScoreboardError(TestbedError):
@@ -292,26 +297,53 @@ class RatioResult:
                 or m.numerator + m.numerator_spread95 < m.denominator - m.denominator_spread95)
 
 
-def _dilation_problems(ms, what: str) -> tuple[list[str], list[int], list[int]]:
-    """The compared runs of ``ms`` (ok measurements): unreadable ones, and variants of one
-    repeat at different dilations (phrases naming ``what``), with every run's warm-up and
-    measured iterations."""
-    out, warm, measured, mixed = [], [], [], set()
+def _drift(run_dir: Path, warmup: int, summary: RunSummary) -> float | None:
+    """How far the iteration time of the run in ``run_dir`` moved within its measured
+    iterations beyond its noise (0.0: steady, :func:`analysis.metrics.steady`), from its
+    ``iterations.csv``; without one (or with under 4 measured iterations in it), 0.0 when every
+    measured iteration's samples/s is within :data:`analysis.metrics.STEADY_TOLERANCE` of every
+    other's (then no drift can exceed it), else None (not known)."""
+    f = run_dir / "iterations.csv"
+    moved = iteration_drift(measured_iterations(global_iterations(pd.read_csv(f)), warmup)) if f.is_file() else None
+    if moved is not None:
+        return 0.0 if steady(*moved) else moved[0]
+    t = summary.throughput
+    spread = None if t is None or not t.min or t.max is None else (t.max - t.min) / t.min
+    return 0.0 if spread is not None and spread <= STEADY_TOLERANCE else None
+
+
+def _run_problems(ms, what: str) -> tuple[list[str], list[int], list[int]]:
+    """The compared runs of ``ms`` (ok measurements): unreadable ones, variants of one
+    repeat at different dilations, runs that had not settled and runs whose steadiness is not
+    known (phrases naming ``what``), with every run's warm-up and measured iterations."""
+    out, warm, measured, mixed, moved, unknown = [], [], [], set(), [], 0
     for m in ms:
         scales = []
         for d in m.run_dirs:
             try:
                 spec, summary = read_spec(d), RunSummary.load(d / "summary.json")
+                drift = _drift(d, int((spec.get("workload") or {}).get("warmup_iterations") or 0), summary)
             except (TestbedError, OSError, ValueError):
                 out.append(f"{d.name} unreadable")
                 continue
             warm.append(int((spec.get("workload") or {}).get("warmup_iterations") or 0))
             measured.append(int(summary.measured_iterations or 0))
             scales.append(spec.get("scale"))
+            if drift is None:
+                unknown += 1
+            elif drift:
+                moved.append(drift)
         if len(set(map(str, scales))) > 1:
             mixed.add(" and ".join(f"{s:g}" if isinstance(s, (int, float)) else str(s) for s in scales))
     if mixed:
         out.append(f"variants at different dilations{what} ({'; '.join(sorted(mixed))})")
+    if moved:
+        worst = max(moved, key=abs)
+        out.append(f"{len(moved)} run{'s' if len(moved) != 1 else ''}{what} not steady (the iteration time moved "
+                   f"{worst:+.1%} within the measured iterations)")
+    if unknown:
+        out.append(f"steadiness of {unknown} run{'s' if unknown != 1 else ''}{what} not known (no iteration times to "
+                   f"test, samples/s spread over {STEADY_TOLERANCE:.0%})")
     return out, warm, measured
 
 
@@ -339,8 +371,8 @@ def protocol_problems(res: RatioResult) -> list[str]:
     out = []
     if len(ok) < MIN_REPEATS:
         out.append(f"{len(ok)} repeat{'s' if len(ok) != 1 else ''} (at least {MIN_REPEATS})")
-    problems, warm, measured = _dilation_problems(ok, "")
-    checked, cwarm, cmeasured = _dilation_problems([m for m in res.checks if m.ok], " in the dilation check")
+    problems, warm, measured = _run_problems(ok, "")
+    checked, cwarm, cmeasured = _run_problems([m for m in res.checks if m.ok], " in the dilation check")
     warm, measured = warm + cwarm, measured + cmeasured
     if warm and min(warm) < MIN_WARMUP:
         out.append(f"{min(warm)} warm-up iteration{'s' if min(warm) != 1 else ''} (at least {MIN_WARMUP})")
@@ -609,7 +641,8 @@ def scoreboard(root: str | Path, entries: list[Entry] | None = None, command: st
 
 def archive(runs_dir: str | Path, dest: str | Path) -> list[Path]:
     """Copy the small files of every marked directory under ``runs_dir`` into ``dest`` (the
-    marker, ``sweep.csv``, ``sweep.yaml``, and each run's ``spec.yaml`` and ``summary.json``),
+    marker, ``sweep.csv``, ``sweep.yaml``, and each run's ``spec.yaml``, ``summary.json`` and
+    ``iterations.csv``),
     keeping the directory names, so that :func:`scoreboard` gives the same result from
     ``dest``. Never overwrites: a file already in ``dest`` with the same content is left, one
     with other content is an error (nothing is copied then).

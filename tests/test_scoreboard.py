@@ -135,9 +135,10 @@ def test_the_protocol_names_what_a_measurement_lacks(tmp_path):
     from analysis.scoreboard import counted, protocol_problems
     dirs = _three(tmp_path / "a")
     res = ratio_result(PIPE, PIPE.headline.ratios[0], find_marked(tmp_path / "a"))
-    # the synthetic runs state no warm-up and measured no iteration
+    # the synthetic runs state no warm-up, measured no iteration and recorded no iteration times
+    unknown = "steadiness of 6 runs not known (no iteration times to test, samples/s spread over 5%)"
     assert protocol_problems(res) == ["0 warm-up iterations (at least 2)", "0 measured iterations (at least 5)",
-                                      "no dilation check"]
+                                      unknown, "no dilation check"]
     for d in dirs:
         for run in d.glob("0*"):
             spec = yaml.safe_load((run / "spec.yaml").read_text())
@@ -147,14 +148,24 @@ def test_the_protocol_names_what_a_measurement_lacks(tmp_path):
             s = json.loads((run / "summary.json").read_text())
             (run / "summary.json").write_text(json.dumps({**s, "measured_iterations": 6}))
     res = ratio_result(PIPE, PIPE.headline.ratios[0], find_marked(tmp_path / "a"))
-    assert protocol_problems(res) == ["variants at different dilations (20 and 10)", "no dilation check"]
+    assert protocol_problems(res) == ["variants at different dilations (20 and 10)", unknown, "no dilation check"]
     assert res.within and not counted(res)
     res = ratio_result(PIPE, PIPE.headline.ratios[0], find_marked(tmp_path / "a")[:2])
     assert protocol_problems(res)[0] == "2 repeats (at least 3)"
 
 
+def _iterations(run: Path, times: list[float], workers: int = 2) -> None:
+    """Write ``run``'s iterations.csv: iteration i takes ``times[i]`` s on every worker."""
+    rows, t = ["iteration,worker,start,end,duration_s,samples"], 1000.0
+    for i, dt in enumerate(times):
+        rows += [f"{i},worker{w},{t},{t + dt},{dt},32" for w in range(workers)]
+        t += dt
+    (run / "iterations.csv").write_text("\n".join(rows) + "\n")
+
+
 def _protocol_runs(dirs: list[Path]) -> None:
-    """Give the synthetic runs of ``dirs`` the protocol's warm-up and measured iterations."""
+    """Give the synthetic runs of ``dirs`` the protocol's warm-up and measured iterations,
+    steady (8 iterations of 1 s, 2 of them warm-up)."""
     for d in dirs:
         for run in d.glob("0*"):
             spec = yaml.safe_load((run / "spec.yaml").read_text())
@@ -162,6 +173,35 @@ def _protocol_runs(dirs: list[Path]) -> None:
             (run / "spec.yaml").write_text(yaml.safe_dump(spec))
             s = json.loads((run / "summary.json").read_text())
             (run / "summary.json").write_text(json.dumps({**s, "measured_iterations": 6}))
+            _iterations(run, [1.0] * 8)
+
+
+def test_a_run_whose_iteration_time_still_moves_is_not_steady(tmp_path):
+    from analysis.scoreboard import counted, protocol_problems
+    base = _three(tmp_path)
+    checks = [_sweep(tmp_path, f"pipe_sgd_timing-2026112{i}-060000",
+                     {"PS-Sync": 100.0, "D-Sync": 200.0, "Pipe-SGD+T": 200.0 * r}, repeat=i + 1, dilation=2)
+              for i, r in enumerate((1.9, 2.1, 2.4))]
+    _protocol_runs(base + checks)
+    res = ratio_result(PIPE, PIPE.headline.ratios[0], find_marked(tmp_path))
+    assert protocol_problems(res) == [] and counted(res)
+    run = next(base[1].glob("002*"))
+    # warm-up (1.5 s) is left out; the measured iterations settle from 1.0 to 0.9 s, beyond their noise
+    _iterations(run, [1.5, 1.5, 1.0, 1.0, 1.0, 0.9, 0.9, 0.9])
+    res = ratio_result(PIPE, PIPE.headline.ratios[0], find_marked(tmp_path))
+    assert protocol_problems(res) == ["1 run not steady (the iteration time moved -10.0% within the measured "
+                                      "iterations)"] and not counted(res)
+    # the same move inside the run's own noise is steady
+    _iterations(run, [1.5, 1.5, 1.3, 0.8, 1.0, 0.9, 1.2, 0.7])
+    assert protocol_problems(ratio_result(PIPE, PIPE.headline.ratios[0], find_marked(tmp_path))) == []
+    # without iteration times: steady when no two iterations' samples/s differ by more than 5 %
+    (run / "iterations.csv").unlink()
+    s = json.loads((run / "summary.json").read_text())
+    for spread, problems in ((1.04, []), (1.2, ["steadiness of 1 run not known (no iteration times to test, "
+                                                 "samples/s spread over 5%)"])):
+        (run / "summary.json").write_text(json.dumps({**s, "throughput": {"mean": 420.0, "min": 400.0,
+                                                                           "max": 400.0 * spread}}))
+        assert protocol_problems(ratio_result(PIPE, PIPE.headline.ratios[0], find_marked(tmp_path))) == problems
 
 
 @pytest.mark.parametrize("check_ratios, moved", [((1.95, 2.15, 2.3), None), ((2.4, 2.5, 2.6), "+19.0%")])
@@ -302,21 +342,31 @@ def test_cli_scoreboard_archive_and_bad_arguments(tmp_path, capsys):
     assert "not a directory" in capsys.readouterr().err
 
 
-def test_headline_repeats_mark_each_sweep_and_print_the_ratios(tmp_path, monkeypatch, capsys):
+def _fake_runs(monkeypatch, truncated=lambda n: 100.0 + 100 * n, stop_at: int | None = None) -> list:
+    """Make ``testbed reproduce`` run no network: each run_experiment call writes a sweep of
+    PS-Sync 50, D-Sync 100 and Pipe-SGD+T ``truncated(n)`` samples/s (``n``: the calls so far,
+    this one included) and returns its results; the call after ``stop_at`` calls raises, as a
+    sitting that ends. Returns the list of the experiments run."""
     import testbed.runner  # lazy: Mininet
-    from testbed.reproduce import reproduce  # lazy: the runner
     calls = []
 
     def fake_run(exp, progress=True, say=None):
+        if stop_at is not None and len(calls) == stop_at:
+            raise RuntimeError("the sitting ended")
         calls.append(exp)
         d = _sweep(Path(exp.run.runs_dir), f"pipe_sgd_timing-x{len(calls)}",
-                   {"PS-Sync": 50.0, "D-Sync": 100.0, "Pipe-SGD+T": 100.0 + 100 * len(calls)})
+                   {"PS-Sync": 50.0, "D-Sync": 100.0, "Pipe-SGD+T": truncated(len(calls))})
         (d / MARKER).unlink()
         return [testbed.runner.RunResult(p.parent, json.loads(p.read_text())) for p in sorted(d.glob("*/summary.json"))]
 
     monkeypatch.setattr(testbed.runner, "run_experiment", fake_run)
-    monkeypatch.setattr("analysis.report.get_report", lambda name: type("R", (), {"main": lambda *a, **k: 0})())
     monkeypatch.setattr("testbed.reproduce.get_report", lambda name: type("R", (), {"main": lambda *a, **k: 0})())
+    return calls
+
+
+def test_headline_repeats_mark_each_sweep_and_print_the_ratios(tmp_path, monkeypatch, capsys):
+    from testbed.reproduce import reproduce  # lazy: the runner
+    calls = _fake_runs(monkeypatch)
     assert reproduce(PIPE, headline=True, repeat=3, runs_dir=tmp_path, progress=False) == 0
     assert [len(c.variants) for c in calls] == [3, 3, 3] and calls[0].workload.iterations == 8
     marks = find_marked(tmp_path)
@@ -329,19 +379,8 @@ def test_headline_repeats_mark_each_sweep_and_print_the_ratios(tmp_path, monkeyp
 
 
 def test_a_dilation_check_runs_each_repeat_again_at_twice_the_dilation(tmp_path, monkeypatch, capsys):
-    import testbed.runner  # lazy: Mininet
     from testbed.reproduce import CHECK_FACTOR, NotRunnable, headline_scale, reproduce  # lazy: the runner
-    calls = []
-
-    def fake_run(exp, progress=True, say=None):
-        calls.append(exp)
-        d = _sweep(Path(exp.run.runs_dir), f"pipe_sgd_timing-x{len(calls)}",
-                   {"PS-Sync": 50.0, "D-Sync": 100.0, "Pipe-SGD+T": 250.0})
-        (d / MARKER).unlink()
-        return [testbed.runner.RunResult(p.parent, json.loads(p.read_text())) for p in sorted(d.glob("*/summary.json"))]
-
-    monkeypatch.setattr(testbed.runner, "run_experiment", fake_run)
-    monkeypatch.setattr("testbed.reproduce.get_report", lambda name: type("R", (), {"main": lambda *a, **k: 0})())
+    calls = _fake_runs(monkeypatch, truncated=lambda n: 250.0)
     with pytest.raises(NotRunnable, match="--headline"):
         reproduce(PIPE, dilation_check=True, runs_dir=tmp_path, progress=False)
     assert calls == []
@@ -358,22 +397,9 @@ def test_a_dilation_check_runs_each_repeat_again_at_twice_the_dilation(tmp_path,
 
 
 def test_a_campaign_goes_on_in_another_sitting_and_pools_only_runs_of_the_same_code(tmp_path, monkeypatch, capsys):
-    import testbed.runner  # lazy: Mininet
     from analysis.scoreboard import last_campaign, protocol_problems
     from testbed.reproduce import reproduce  # lazy: the runner
-    calls = []
-
-    def fake_run(exp, progress=True, say=None):
-        if len(calls) == 2:
-            raise RuntimeError("the sitting ended")
-        calls.append(exp)
-        d = _sweep(Path(exp.run.runs_dir), f"pipe_sgd_timing-x{len(calls)}",
-                   {"PS-Sync": 50.0, "D-Sync": 100.0, "Pipe-SGD+T": 100.0 + 100 * len(calls)})
-        (d / MARKER).unlink()
-        return [testbed.runner.RunResult(p.parent, json.loads(p.read_text())) for p in sorted(d.glob("*/summary.json"))]
-
-    monkeypatch.setattr(testbed.runner, "run_experiment", fake_run)
-    monkeypatch.setattr("testbed.reproduce.get_report", lambda name: type("R", (), {"main": lambda *a, **k: 0})())
+    calls = _fake_runs(monkeypatch, stop_at=2)
     with pytest.raises(RuntimeError, match="sitting ended"):
         reproduce(PIPE, headline=True, repeat=3, runs_dir=tmp_path, progress=False)
     assert [m.repeat for m in find_marked(tmp_path)] == [1, 2]
