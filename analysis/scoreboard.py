@@ -322,11 +322,12 @@ def _run_problems(ms, what: str) -> tuple[list[str], list[int], list[int]]:
         for d in m.run_dirs:
             try:
                 spec, summary = read_spec(d), RunSummary.load(d / "summary.json")
-                drift = _drift(d, int((spec.get("workload") or {}).get("warmup_iterations") or 0), summary)
+                warmup = int((spec.get("workload") or {}).get("warmup_iterations") or 0)
+                drift = _drift(d, warmup, summary)
             except (TestbedError, OSError, ValueError):
                 out.append(f"{d.name} unreadable")
                 continue
-            warm.append(int((spec.get("workload") or {}).get("warmup_iterations") or 0))
+            warm.append(warmup)
             measured.append(int(summary.measured_iterations or 0))
             scales.append(spec.get("scale"))
             if drift is None:

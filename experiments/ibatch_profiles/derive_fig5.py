@@ -28,9 +28,9 @@ Usage (from the repository root; never overwrites)::
 from __future__ import annotations
 
 import argparse
-import csv
 from pathlib import Path
 
+from analysis.load import read_sweep_csv
 from traffic.compute_profiles.profile import Profile, load_profile
 
 HERE = Path(__file__).resolve().parent
@@ -52,11 +52,11 @@ def iteration_s(run: Path, variant: str, workers: int) -> float:
 
     Raises:
         SystemExit: the row is missing or not ok."""
-    with open(run / "sweep.csv", newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r["variant"] == variant]
-    if len(rows) != 1 or rows[0]["status"] != "ok":
+    rows = read_sweep_csv(run / "sweep.csv")
+    rows = rows[rows["variant"] == variant]
+    if len(rows) != 1 or rows["status"].iloc[0] != "ok":
         raise SystemExit(f"{run}/sweep.csv: expected one ok row of variant {variant!r}")
-    return BATCH * workers / float(rows[0]["samples_per_s"])
+    return BATCH * workers / float(rows["samples_per_s"].iloc[0])
 
 
 def derive(reference: Path = REFERENCE) -> tuple[Profile, str]:
