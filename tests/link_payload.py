@@ -8,6 +8,7 @@ bytes less the headers of each packet agree.
 from __future__ import annotations
 
 from analysis.load import load
+from analysis.metrics import link_bytes
 
 #: bytes of headers bwm-ng counts per packet of a TCP stream: Ethernet 14 + IPv4 20 + TCP 20 +
 #: the timestamps option 12. A GSO super-segment crosses a veth as one packet with one set of
@@ -19,19 +20,25 @@ from analysis.load import load
 HEADER_BYTES_PER_PACKET = 66
 
 
+def payload(traces):
+    """bwm-ng's switch-port samples with each direction's bytes less
+    :data:`HEADER_BYTES_PER_PACKET` per packet (the same columns, for
+    :func:`analysis.metrics.link_bytes`)."""
+    out = traces.copy()
+    out["bytes_in"] = out["bytes_in"] - HEADER_BYTES_PER_PACKET * out["packets_in"]
+    out["bytes_out"] = out["bytes_out"] - HEADER_BYTES_PER_PACKET * out["packets_out"]
+    return out
+
+
 def port_payload(run_dir) -> dict[str, int]:
-    """Payload bytes per switch port (both directions): bwm-ng's bytes less
-    :data:`HEADER_BYTES_PER_PACKET` per packet, over the whole capture."""
-    t = load(run_dir).traces.groupby("iface")[["bytes_in", "bytes_out", "packets_in", "packets_out"]].sum()
-    return {str(port): int(r.bytes_in + r.bytes_out - HEADER_BYTES_PER_PACKET * (r.packets_in + r.packets_out))
-            for port, r in t.iterrows()}
+    """Payload bytes per sampled switch port (both directions), over the whole capture."""
+    data = load(run_dir)
+    per_port = link_bytes(payload(data.traces), data.topology)["per_port"]
+    return {port: b["tx"] + b["rx"] for port, b in per_port.items() if b is not None}
 
 
 def core_payload(run_dir) -> int:
-    """Payload bytes the ToRs sent up to the core (the ports the summary's ``bytes.core`` sums,
-    their transmit side), less :data:`HEADER_BYTES_PER_PACKET` per packet."""
+    """Payload bytes the ToRs sent up to the core: the summary's ``bytes.core``
+    (:func:`analysis.metrics.link_bytes`) less :data:`HEADER_BYTES_PER_PACKET` per packet."""
     data = load(run_dir)
-    ports = data.ports()
-    up = set(ports[(ports["link_class"] == "uplink") & ports["tor_side"]]["iface"])
-    t = data.traces[data.traces["iface"].isin(up)]
-    return int(t["bytes_out"].sum() - HEADER_BYTES_PER_PACKET * t["packets_out"].sum())
+    return link_bytes(payload(data.traces), data.topology)["core"]

@@ -40,17 +40,28 @@ def port_of(run, link_class: str, node: str) -> str:
 
 
 def uplink_halving_spec(tmp_path: Path, tor: str = "tor1", src: str = "bg1", dst: str = "bg2") -> dict:
-    """Allreduce across two racks and a TCP flow ``src`` -> ``dst`` offering more than the
-    80 Mbit/s uplinks take; at at_s = 6 ``tor``'s uplink drops to 40 Mbit/s."""
+    """Allreduce across two racks and a 60 s TCP flow ``src`` -> ``dst`` offering more than the
+    80 Mbit/s uplinks take; at at_s = 6 (counted from the first measured iteration: 22-30 s
+    into training in the two runs measured, the warm-up sharing the uplink with the flow)
+    ``tor``'s uplink drops to 40 Mbit/s. The uplink is saturated while the flow sends, until
+    :func:`flow_end` or the end of training, whichever comes first (a flow still sending when
+    training ends is stopped)."""
     return {
         "name": "sched-rate", "scale": 1,
         "topology": {"kind": "rack_core", "racks": 2, "hosts_per_rack": 2, "host_bw_mbps": 100, "uplink_bw_mbps": 80,
                      "background_hosts_per_rack": 1},
-        "workload": {"scheme": "allreduce", "iterations": 60, "warmup_iterations": 3, "batch_size": 16,
+        "workload": {"scheme": "allreduce", "iterations": 40, "warmup_iterations": 3, "batch_size": 16,
                      "compute": {"mode": "emulated", "profile": profile(tmp_path, [0.005] * 3, [0.005] * 3)}},
-        "background": [{"src": src, "dst": dst, "rate_mbps": 300, "duration_s": 120, "protocol": "tcp"}],
+        "background": [{"src": src, "dst": dst, "rate_mbps": 300, "duration_s": 60, "protocol": "tcp"}],
         "events": [{"at_s": 6, "link": f"uplink:{tor}", "bw_mbps": 40}],
         "run": {"runs_dir": str(tmp_path / "runs"), "timeout_s": 300}}
+
+
+def flow_end(run) -> float:
+    """When the run's one background flow stopped sending, on the frames' clock: its client's
+    start plus the seconds iperf3 reports it sent for (``traces/background/flows.json``)."""
+    (flow,) = json.loads((run.path / "traces" / "background" / "flows.json").read_text())["flows"]
+    return run.on_clock(flow["client_start"] + flow["result"]["seconds"])
 
 
 def kill_spec(tmp_path: Path, victim: str) -> dict:
@@ -89,7 +100,7 @@ def test_an_uplink_halved_at_a_scheduled_time_runs_at_the_new_rate(tmp_path):
     port = port_of(run, "uplink", "tor1")
     w = tr.windowed_rates(run.rates[run.rates["iface"] == port], 0.5)
     t_start = run.iterations["start"].min()
-    t_event, t_end = rec["time"], run.iterations["end"].max()
+    t_event, t_end = rec["time"], min(run.iterations["end"].max(), flow_end(run))  # while saturated
     before = w[(w["time"] > t_start + 1.5) & (w["time"] < t_event - 0.1)]["tx_bps"] / 1e6
     after = w[(w["time"] > t_event + 1.0) & (w["time"] < t_end - 0.5)]["tx_bps"] / 1e6
     assert len(before) >= 4 and len(after) >= 6, (len(before), len(after))
