@@ -65,7 +65,7 @@ from traffic.rundir import SWEEP_FIGURES, SWEEP_RENAMED, read_spec
 from traffic.summary import RunSummary
 
 __all__ = ["ARCHIVED_FILES", "Marked", "RatioResult", "ScoreboardError", "archive", "find_marked", "headline_table", "read_marker",
-           "last_campaign", "measure_ratio", "ratio_result", "scoreboard"]
+           "last_campaign", "measure_ratio", "ratio_result", "scoreboard", "steadiness"]
 
 #: the measurement protocol of a headline ratio (see the module doc): repeats, warm-up and
 #: measured iterations of every compared run, and how far the ratio may move at twice the dilation
@@ -297,14 +297,38 @@ class RatioResult:
                 or m.numerator + m.numerator_spread95 < m.denominator - m.denominator_spread95)
 
 
+def steadiness(run_dir: str | Path, warmup: int | None = None) -> tuple[float, float] | None:
+    """How far the iteration time of the run in ``run_dir`` moved within its measured
+    iterations, and its noise: :func:`analysis.metrics.iteration_drift` over the iterations of
+    its ``iterations.csv`` after the first ``warmup`` (default: its ``spec.yaml``'s
+    ``workload.warmup_iterations``); the run is steady when :func:`analysis.metrics.steady`
+    holds for the pair.
+
+    Returns:
+        ``(drift, noise)``, fractions; None without ``iterations.csv`` or with under 4
+        measured iterations in it.
+
+    Raises:
+        TestbedError: ``spec.yaml`` unreadable (only when ``warmup`` is not given).
+        OSError, ValueError: ``iterations.csv`` unreadable.
+    """
+    run_dir = Path(run_dir)
+    f = run_dir / "iterations.csv"
+    if not f.is_file():
+        return None
+    if warmup is None:
+        warmup = int((read_spec(run_dir).get("workload") or {}).get("warmup_iterations") or 0)
+    return iteration_drift(measured_iterations(global_iterations(pd.read_csv(f)), warmup))
+
+
 def _drift(run_dir: Path, warmup: int, summary: RunSummary) -> float | None:
     """How far the iteration time of the run in ``run_dir`` moved within its measured
     iterations beyond its noise (0.0: steady, :func:`analysis.metrics.steady`), from its
-    ``iterations.csv``; without one (or with under 4 measured iterations in it), 0.0 when every
-    measured iteration's samples/s is within :data:`analysis.metrics.STEADY_TOLERANCE` of every
-    other's (then no drift can exceed it), else None (not known)."""
-    f = run_dir / "iterations.csv"
-    moved = iteration_drift(measured_iterations(global_iterations(pd.read_csv(f)), warmup)) if f.is_file() else None
+    ``iterations.csv`` (:func:`steadiness`); without one (or with under 4 measured iterations
+    in it), 0.0 when every measured iteration's samples/s is within
+    :data:`analysis.metrics.STEADY_TOLERANCE` of every other's (then no drift can exceed it),
+    else None (not known)."""
+    moved = steadiness(run_dir, warmup)
     if moved is not None:
         return 0.0 if steady(*moved) else moved[0]
     t = summary.throughput

@@ -23,6 +23,7 @@
     testbed reproduce ID --headline --repeat 3   its headline ratios, median and range over 3 runs
     testbed reproduce ID --headline --repeat 3 --dilation-check   and each repeat again at twice its dilation
     testbed reproduce ID --headline --repeat 3 --from-repeat 2 ...   go on with repeats 2-3 another day
+    testbed reproduce ID --headline --repeat 3 --stop-when-unsteady   stop once a run had not settled
     testbed reproduce --archive DEST      keep the marked runs' small files (reproduction/runs)
     testbed reproduce --scoreboard DIR    REPRODUCTION.md from the marked runs under DIR
     testbed clean                         remove what a killed run left on the machine
@@ -543,7 +544,8 @@ def _cmd_reproduce(args) -> int:
     entry = get_entry(entries, args.id)
     from testbed.reproduce import reproduce  # lazy: Mininet, torch (through the runner)
     return reproduce(entry, quick=args.quick, headline=args.headline, repeat=args.repeat, runs_dir=args.runs_dir,
-                     dilation_check=args.dilation_check, first_repeat=args.from_repeat)
+                     dilation_check=args.dilation_check, first_repeat=args.from_repeat,
+                     stop_when_unsteady=args.stop_when_unsteady)
 
 
 def _cmd_schema(args) -> int:
@@ -754,6 +756,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--dilation-check", action="store_true",
                    help="with --headline: run each repeat again at twice its dilation; the scoreboard flags a ratio "
                         "that moves by more than 5 %% between the two")
+    s.add_argument("--stop-when-unsteady", action="store_true",
+                   help="with --headline: run no further repeat once a run had not settled (the iteration time "
+                        "moved within its measured iterations; every run's steadiness is printed after its sweep)")
     s.add_argument("--runs-dir", help="where run directories go (default: the spec's run.runs_dir); "
                                       "with --archive, where the marked runs are (default: runs)")
     s.add_argument("--scoreboard", metavar="DIR",

@@ -29,7 +29,7 @@ from common.provenance import PROJECT_DIR, code_digest
 from traffic.rundir import read_spec
 
 __all__ = ["CHECK_FACTOR", "MEASURED_HEADING", "NotRunnable", "PAPER_HEADING", "describe", "paper_block", "report_argv",
-           "reproduce", "reproduce_once", "run_code_digest"]
+           "reproduce", "reproduce_once", "run_code_digest", "steadiness_lines"]
 
 #: the heading of the report's output
 MEASURED_HEADING = "measured (this run) and the paper model's prediction"
@@ -149,7 +149,8 @@ def run_code_digest(entry: Entry, run_dirs: list[Path]) -> str:
 
 def reproduce(entry: Entry, quick: bool = False, runs_dir: str | Path | None = None, progress: bool = True,
               out: TextIO | None = None, say: Callable[[str], None] | None = None, headline: bool = False,
-              repeat: int = 1, dilation_check: bool = False, first_repeat: int = 1) -> int:
+              repeat: int = 1, dilation_check: bool = False, first_repeat: int = 1,
+              stop_when_unsteady: bool = False) -> int:
     """Run ``entry``'s spec ``repeat`` times and print its report beside the paper after each;
     with ``headline``, then its headline ratios over the repeats (median and range).
 
@@ -166,6 +167,11 @@ def reproduce(entry: Entry, quick: bool = False, runs_dir: str | Path | None = N
     flags a ratio that moves by more than
     :data:`analysis.scoreboard.DILATION_TOLERANCE` between the two).
 
+    After each headline sweep, every run's steadiness is printed (:func:`steadiness_lines`): a
+    ratio counts only when every run it compares had settled, so a campaign with a run that
+    had not cannot count, and ``stop_when_unsteady`` ends it there rather than spend the
+    remaining repeats.
+
     Args:
         entry: a catalogue entry with a spec and a report command.
         quick: run the reduced version (the entry's ``quick`` overrides after the spec's).
@@ -176,14 +182,17 @@ def reproduce(entry: Entry, quick: bool = False, runs_dir: str | Path | None = N
             times its dilation (the run takes about three times as long).
         first_repeat: the first repeat to run (1 to ``repeat``; above 1 only with
             ``headline``): the earlier ones ran before, into the same runs directory.
+        stop_when_unsteady: with ``headline``, run no further sweep once a run of one had not
+            settled (the ratios are still printed, over the sweeps that ran).
         runs_dir, progress, out, say: as :func:`reproduce_once`.
 
     Returns:
-        0 if every run of every repeat was ``ok``, else 1.
+        0 if every run of every repeat was ``ok`` (and, with ``stop_when_unsteady``, the
+        campaign ran to its end), else 1.
 
     Raises:
         NotRunnable: no spec, no such version, both ``quick`` and ``headline``, no report
-            command, or ``dilation_check`` without ``headline``.
+            command, or ``dilation_check`` or ``stop_when_unsteady`` without ``headline``.
         ValueError: ``repeat`` < 1, or ``first_repeat`` not within 1 to ``repeat``.
         TestbedError: as :func:`reproduce_once`.
     """
@@ -197,6 +206,8 @@ def reproduce(entry: Entry, quick: bool = False, runs_dir: str | Path | None = N
         raise NotRunnable("--quick or --headline, not both")
     if dilation_check and not headline:
         raise NotRunnable("--dilation-check checks a headline ratio: give --headline too")
+    if stop_when_unsteady and not headline:
+        raise NotRunnable("--stop-when-unsteady ends a headline campaign: give --headline too")
     if headline and entry.headline is None:
         raise NotRunnable(f"{entry.id} has no headline run (no 'headline' section in its catalogue entry)")
     _check_runnable(entry, quick)
@@ -211,6 +222,14 @@ def reproduce(entry: Entry, quick: bool = False, runs_dir: str | Path | None = N
                                     out=out, say=say, repeat=(i, repeat),
                                     scale=None if scale is None else scale * factor, dilation=factor)
         status, targets = max(status, rc), targets + [target]
+        if headline:
+            lines, settled = steadiness_lines(target)
+            print("\n" + "\n".join(lines), file=out or sys.stdout, flush=True)
+            if stop_when_unsteady and not settled and (i, factor) != runs[-1]:
+                print(f"\nstopping the campaign after repeat {i}{' (its dilation check)' if factor > 1 else ''}: "
+                      f"a ratio counts only when every run it compares had settled", file=out or sys.stdout)
+                status = 1
+                break
     if headline:
         from analysis.scoreboard import find_marked, headline_table, last_campaign  # lazy: pandas
         pooled = targets if first_repeat == 1 else [  # with the earlier sittings' repeats
@@ -218,6 +237,38 @@ def reproduce(entry: Entry, quick: bool = False, runs_dir: str | Path | None = N
         print("\n## headline ratios over the repeats\n", file=out or sys.stdout)
         print(headline_table(entry, pooled), file=out or sys.stdout, flush=True)
     return status
+
+
+def steadiness_lines(target: Path) -> tuple[list[str], bool]:
+    """Whether each run of the sweep (or run) directory ``target`` had settled by the
+    protocol's rule (:func:`analysis.scoreboard.steadiness`, :func:`analysis.metrics.steady`).
+
+    Returns:
+        (a heading and one line per run: its name, how far its iteration time moved within
+        its measured iterations, its noise, and the verdict; whether every run is known to
+        have settled).
+    """
+    from analysis.metrics import STEADY_TOLERANCE, steady  # lazy: pandas
+    from analysis.scoreboard import steadiness
+    runs = [target] if (target / "summary.json").is_file() else sorted(p.parent for p in target.glob("*/summary.json"))
+    lines = [f"steadiness (the later half of the measured iterations against the earlier: within "
+             f"{STEADY_TOLERANCE:.0%} or the run's noise):"]
+    settled = bool(runs)
+    for run in runs:
+        try:
+            moved = steadiness(run)
+        except (TestbedError, OSError, ValueError) as e:
+            moved, why = None, f"its files are unreadable ({type(e).__name__})"
+        else:
+            why = "not known (no iteration times, or under 4 measured iterations)"
+        if moved is None:
+            settled = False
+            lines.append(f"  {run.name}: {why}")
+            continue
+        ok = steady(*moved)
+        settled = settled and ok
+        lines.append(f"  {run.name}: moved {moved[0]:+.1%} (noise {moved[1]:.1%}): {'steady' if ok else 'NOT steady'}")
+    return lines, settled
 
 
 def _spec_path(entry: Entry) -> Path:

@@ -342,11 +342,13 @@ def test_cli_scoreboard_archive_and_bad_arguments(tmp_path, capsys):
     assert "not a directory" in capsys.readouterr().err
 
 
-def _fake_runs(monkeypatch, truncated=lambda n: 100.0 + 100 * n, stop_at: int | None = None) -> list:
+def _fake_runs(monkeypatch, truncated=lambda n: 100.0 + 100 * n, stop_at: int | None = None, times=None) -> list:
     """Make ``testbed reproduce`` run no network: each run_experiment call writes a sweep of
     PS-Sync 50, D-Sync 100 and Pipe-SGD+T ``truncated(n)`` samples/s (``n``: the calls so far,
     this one included) and returns its results; the call after ``stop_at`` calls raises, as a
-    sitting that ends. Returns the list of the experiments run."""
+    sitting that ends. With ``times``, every run of sweep ``n`` warms up 2 iterations and
+    takes ``times(n)`` s per iteration (its iterations.csv). Returns the list of the
+    experiments run."""
     import testbed.runner  # lazy: Mininet
     calls = []
 
@@ -357,6 +359,10 @@ def _fake_runs(monkeypatch, truncated=lambda n: 100.0 + 100 * n, stop_at: int | 
         d = _sweep(Path(exp.run.runs_dir), f"pipe_sgd_timing-x{len(calls)}",
                    {"PS-Sync": 50.0, "D-Sync": 100.0, "Pipe-SGD+T": truncated(len(calls))})
         (d / MARKER).unlink()
+        if times is not None:
+            _protocol_runs([d])
+            for run in d.glob("0*"):
+                _iterations(run, times(len(calls)))
         return [testbed.runner.RunResult(p.parent, json.loads(p.read_text())) for p in sorted(d.glob("*/summary.json"))]
 
     monkeypatch.setattr(testbed.runner, "run_experiment", fake_run)
@@ -393,6 +399,37 @@ def test_a_dilation_check_runs_each_repeat_again_at_twice_the_dilation(tmp_path,
     assert f"# {PIPE.id}: repeat 2 of 2 at 2x the dilation (scale {CHECK_FACTOR * base:g}): the dilation check" in out
     assert "| 2.50 (2.50-2.50), 2 runs, +0.0% |" in out
     assert cli_main(["reproduce", PIPE.id, "--dilation-check"]) == 2
+    assert "give --headline too" in capsys.readouterr().err
+
+
+def test_a_headline_campaign_says_which_runs_had_not_settled_and_can_stop_at_the_first(tmp_path, monkeypatch,
+                                                                                          capsys):
+    from testbed.reproduce import reproduce  # lazy: the runner
+    # sweep 2's runs settle from 1.0 to 0.9 s within their measured iterations, beyond their noise
+    settling = [1.5, 1.5, 1.0, 1.0, 1.0, 0.9, 0.9, 0.9]
+    calls = _fake_runs(monkeypatch, times=lambda n: settling if n == 2 else [1.0] * 8)
+    assert reproduce(PIPE, headline=True, repeat=3, runs_dir=tmp_path / "all", progress=False) == 0
+    out = capsys.readouterr().out
+    assert len(calls) == 3 and out.count("steadiness (the later half of the measured iterations") == 3
+    assert out.count(": moved +0.0% (noise 0.0%): steady") == 6  # 3 runs in each of sweeps 1 and 3
+    assert out.count(": moved -10.0% (noise 6.1%): NOT steady") == 3
+    assert "stopping the campaign" not in out and "3 runs |" in out
+    calls.clear()
+    assert reproduce(PIPE, headline=True, repeat=3, runs_dir=tmp_path / "stop", progress=False,
+                     stop_when_unsteady=True) == 1
+    out = capsys.readouterr().out
+    assert len(calls) == 2 and [m.repeat for m in find_marked(tmp_path / "stop")] == [1, 2]
+    assert "stopping the campaign after repeat 2: a ratio counts only when every run it compares had settled" in out
+    assert "2 runs |" in out  # the ratios over the sweeps that ran
+    # runs without iteration times are not known to have settled
+    calls.clear()
+    monkeypatch.undo()
+    calls = _fake_runs(monkeypatch)
+    assert reproduce(PIPE, headline=True, repeat=2, runs_dir=tmp_path / "unknown", progress=False,
+                     stop_when_unsteady=True) == 1
+    out = capsys.readouterr().out
+    assert len(calls) == 1 and "000_PS-Sync_model=resnet18: not known (no iteration times" in out
+    assert cli_main(["reproduce", PIPE.id, "--stop-when-unsteady"]) == 2
     assert "give --headline too" in capsys.readouterr().err
 
 
