@@ -163,9 +163,9 @@ def _iterations(run: Path, times: list[float], workers: int = 2) -> None:
     (run / "iterations.csv").write_text("\n".join(rows) + "\n")
 
 
-def _protocol_runs(dirs: list[Path]) -> None:
-    """Give the synthetic runs of ``dirs`` the protocol's warm-up and measured iterations,
-    steady (8 iterations of 1 s, 2 of them warm-up)."""
+def _protocol_runs(dirs: list[Path], times: list[float] = (1.0,) * 8) -> None:
+    """Give the synthetic runs of ``dirs`` the protocol's warm-up and measured iterations:
+    2 of warm-up, then 6 measured, taking ``times`` s each (default steady: 1 s)."""
     for d in dirs:
         for run in d.glob("0*"):
             spec = yaml.safe_load((run / "spec.yaml").read_text())
@@ -173,7 +173,7 @@ def _protocol_runs(dirs: list[Path]) -> None:
             (run / "spec.yaml").write_text(yaml.safe_dump(spec))
             s = json.loads((run / "summary.json").read_text())
             (run / "summary.json").write_text(json.dumps({**s, "measured_iterations": 6}))
-            _iterations(run, [1.0] * 8)
+            _iterations(run, list(times))
 
 
 def test_a_run_whose_iteration_time_still_moves_is_not_steady(tmp_path):
@@ -360,9 +360,7 @@ def _fake_runs(monkeypatch, truncated=lambda n: 100.0 + 100 * n, stop_at: int | 
                    {"PS-Sync": 50.0, "D-Sync": 100.0, "Pipe-SGD+T": truncated(len(calls))})
         (d / MARKER).unlink()
         if times is not None:
-            _protocol_runs([d])
-            for run in d.glob("0*"):
-                _iterations(run, times(len(calls)))
+            _protocol_runs([d], times(len(calls)))
         return [testbed.runner.RunResult(p.parent, json.loads(p.read_text())) for p in sorted(d.glob("*/summary.json"))]
 
     monkeypatch.setattr(testbed.runner, "run_experiment", fake_run)
