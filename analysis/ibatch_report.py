@@ -88,9 +88,9 @@ def _throughput(run) -> float | None:
     tp = run.summary.throughput if run.summary else None
     if tp is not None and tp.mean is not None:
         return float(tp.mean)
-    w = run.spec.get("workload", {})
     glob = global_iterations(iteration_table(run.events))
-    return throughput_stats(measured_iterations(glob, int(w.get("warmup_iterations", 0))))[0].mean
+    first, stop = run.measured_span
+    return throughput_stats(measured_iterations(glob, first, None if stop is None else stop - first))[0].mean
 
 
 def run_row(run_dir) -> dict:
@@ -268,8 +268,9 @@ _NOT_SETTING = {"workload.options.pull", "workload.model"}
 
 
 def breakdown_row(run_dir) -> dict:
-    """One run's mean :func:`iteration_breakdown` (the iterations after the profiling
-    iterations and after ``workload.warmup_iterations``, i.e. from ``max(P + 1, warmup)``).
+    """One run's mean :func:`iteration_breakdown` (the measured iterations,
+    :attr:`analysis.load.Run.measured_span`, after the profiling iterations: from
+    ``max(P + 1, warm-up)``).
 
     Returns:
         dict: ``run`` (directory), ``model``, ``pull``, ``nodes`` (workers), ``spec`` (the
@@ -280,8 +281,10 @@ def breakdown_row(run_dir) -> dict:
     run = load(run_dir)
     doc = json.loads((Path(run_dir) / PROFILE_FILE).read_text())
     w = run.spec.get("workload", {})
-    first = max(int(doc["profile_iterations"]) + 1, int(w.get("warmup_iterations") or 0))
-    b = iteration_breakdown(run.events, first)
+    warm, stop = run.measured_span
+    b = iteration_breakdown(run.events, max(int(doc["profile_iterations"]) + 1, warm))
+    if stop is not None:
+        b = b[b["iteration"] < stop]
     workers = len([p for p in (run.processes or {}).get("processes", []) if p["role"] == "worker"]) or doc["workers"]
     row = {"run": str(run_dir), "model": w.get("model"), "pull": doc["strategy"], "nodes": workers,
            "spec": _flat(run.spec), "worker_iterations": len(b)}

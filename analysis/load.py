@@ -132,6 +132,11 @@ class Run:
         """Time dilation of the run: ``spec.scale`` (1 without one)."""
         return float(self.spec.get("scale") or 1.0)
 
+    @property
+    def measured_span(self) -> tuple[int, int | None]:
+        """The iteration numbers measured: :func:`measured_span` of its spec and summary."""
+        return measured_span(self.spec, self.summary)
+
     def on_clock(self, ts) -> float | None:
         """A unix timestamp the harness wrote (``time.time()``) on the frames' clock:
         :func:`to_emulated_time`'s ``t0 + (ts - t0) / scale``, t0 being :attr:`t0` (which the
@@ -194,6 +199,34 @@ def _read_object(path: Path) -> dict:
     """:func:`_read_json` of a file holding a JSON object ({} for anything else)."""
     doc = _read_json(path)
     return doc if isinstance(doc, dict) else {}
+
+
+def measured_span(spec: dict, summary: RunSummary | None = None) -> tuple[int, int | None]:
+    """Which iteration numbers of a run were measured: ``(first, stop)``, iterations
+    ``first <= i < stop`` (``stop`` None: all from ``first`` on), iterations numbered from 0.
+
+    ``first`` is the warm-up: ``summary.warmup_iterations`` when the spec asks for a warm-up
+    until steady (``workload.max_warmup_iterations``; the summary records the one chosen, else
+    the most), else ``workload.warmup_iterations``; ``stop`` is ``first + iterations -
+    max_warmup_iterations`` then.
+
+    Args:
+        spec: the run's resolved ``spec.yaml`` (a dict).
+        summary: its :class:`traffic.summary.RunSummary`, or None.
+    """
+    wl = (spec or {}).get("workload") or {}
+    most = wl.get("max_warmup_iterations")
+    if most is None:
+        return int(wl.get("warmup_iterations") or 0), None
+    first = summary.warmup_iterations if summary is not None and summary.warmup_iterations is not None else most
+    return int(first), int(first) + int(wl.get("iterations") or 0) - int(most)
+
+
+def in_span(iteration: pd.Series, span: tuple[int, int | None]) -> pd.Series:
+    """Which of the iteration numbers ``iteration`` lie in ``span`` (:func:`measured_span`)."""
+    first, stop = span
+    inside = iteration >= first
+    return inside if stop is None else inside & (iteration < stop)
 
 
 def _read_summary(run_dir: Path) -> RunSummary | None:

@@ -20,6 +20,9 @@ Definitions (all documented again in ``summary.json``'s ``*method`` fields):
 * **Provenance**: ``provenance`` is the run's ``provenance.json`` (the code, software and
   machine, written when the run started: :mod:`common.provenance`), None without one.
 * **Warm-up**: the ``workload.warmup_iterations`` smallest iteration numbers are skipped.
+  With ``workload.max_warmup_iterations`` (warm up until steady), the fewest from
+  ``warmup_iterations`` to that many after which the next ``iterations -
+  max_warmup_iterations`` had settled (:func:`settled_warmup`), and only those are measured.
 * **Bytes** come from the bwm-ng samples of the switch ports (see :mod:`traffic.rundir`): a host's tx is
   the rx of the switch port of its host link, its rx that port's tx; host links total = both
   directions of all host links; uplinks total = both directions of all ToR-core uplinks
@@ -142,12 +145,37 @@ def global_iterations(iters: pd.DataFrame, workers: int | None = None) -> pd.Dat
     return g[cols]
 
 
-def measured_iterations(glob: pd.DataFrame, warmup: int) -> pd.DataFrame:
-    """Complete iterations after skipping the ``warmup`` smallest iteration numbers."""
+def measured_iterations(glob: pd.DataFrame, warmup: int, count: int | None = None) -> pd.DataFrame:
+    """Complete iterations after skipping the ``warmup`` smallest iteration numbers, of the
+    next ``count`` iteration numbers (None: of all the rest)."""
     if glob.empty:
         return glob
-    skip = set(sorted(glob["iteration"])[:max(0, int(warmup))])
-    return glob[~glob["iteration"].isin(skip) & glob["complete"]]
+    order = sorted(glob["iteration"])
+    w = max(0, int(warmup))
+    keep = set(order[w:] if count is None else order[w:w + max(0, int(count))])
+    return glob[glob["iteration"].isin(keep) & glob["complete"]]
+
+
+def settled_warmup(glob: pd.DataFrame, least: int, most: int, count: int) -> int:
+    """Warm up until steady (``workload.max_warmup_iterations``): the fewest warm-up
+    iterations ``w``, from ``least`` to ``most``, after which the next ``count`` iterations
+    had settled: :func:`iteration_drift` of ``measured_iterations(glob, w, count)`` passes
+    :func:`steady`. It is the window a run would measure had it stopped as soon as its last
+    ``count`` iterations were steady (at least ``least`` warm-up first).
+
+    Args:
+        glob: :func:`global_iterations`.
+        least, most: the fewest and the most warm-up iterations, ``0 <= least <= most``.
+        count: measured iterations, at least 4 for the rule to be tested.
+
+    Returns:
+        ``w``; ``most`` when no window settled (the scoreboard then finds the run not steady).
+    """
+    for w in range(int(least), int(most) + 1):
+        moved = iteration_drift(measured_iterations(glob, w, count))
+        if moved is not None and steady(*moved):
+            return w
+    return int(most)
 
 
 #: the confidence level of ``throughput.mean_ci95_low``/``mean_ci95_high``
@@ -684,7 +712,9 @@ def _skeleton(run: Run, wl: dict, n_workers: int | None, status: str, error: str
                    workers=n_workers, batch_size=wl.get("batch_size"),
                    global_batch=(wl["batch_size"] * n_workers) if wl.get("batch_size") and n_workers else None,
                    provenance=None, iterations=wl.get("iterations"), iterations_completed=None,
-                   warmup_iterations=int(wl.get("warmup_iterations") or 0), measured_iterations=0,
+                   warmup_iterations=int(wl.get("warmup_iterations") or 0),
+                   max_warmup_iterations=None if wl.get("max_warmup_iterations") is None
+                   else int(wl["max_warmup_iterations"]), measured_iterations=0,
                    throughput=None, iteration_time_s=None, bytes=None, bytes_per_iteration=None,
                    final_accuracy=None, final_loss=None, accuracy_source=None, cpu=None, memory=None,
                    fidelity=Fidelity(cpu_starved=None, min_idle_pct=None, idle_pct_mean=None, rule=CPU_IDLE_RULE,
@@ -730,7 +760,11 @@ def _iteration_section(s: RunSummary, run: Run, iters: pd.DataFrame, n_workers: 
     """
     glob = global_iterations(iters, n_workers)
     s.iterations_completed = int(glob["complete"].sum()) if not glob.empty else 0
-    measured = measured_iterations(glob, s.warmup_iterations)
+    count = None
+    if s.max_warmup_iterations is not None:  # warm up until steady
+        count = int(s.iterations or 0) - s.max_warmup_iterations
+        s.warmup_iterations = settled_warmup(glob, s.warmup_iterations, s.max_warmup_iterations, count)
+    measured = measured_iterations(glob, s.warmup_iterations, count)
     s.measured_iterations = int(len(measured))
     s.throughput, s.iteration_time_s = throughput_stats(measured)
     if s.global_batch is None and not measured.empty:

@@ -52,7 +52,7 @@ import numpy as np
 import pandas as pd
 
 from analysis import report as skeleton
-from analysis.load import Run, load
+from analysis.load import Run, in_span, load
 from analysis.paper_models.pipe_sgd import Network, beta_from_mbps, iteration_model
 from traffic import rundir
 from traffic.data import load_dataset
@@ -131,8 +131,7 @@ def analyze_run(run_dir: str | Path, alpha_s: float = 0.0) -> dict:
     ev = run.events
     ev = ev[ev["role"] == "worker"] if not ev.empty else ev
     its = run.iterations
-    warm = int(w.get("warmup_iterations", 0))
-    measured = its[its["iteration"] >= warm]
+    measured = its[in_span(its["iteration"], run.measured_span)]
     iters = sorted(measured["iteration"].unique())
     if not iters:
         raise ValueError(f"{run_dir}: no measured iteration")

@@ -462,7 +462,8 @@ def _throughput(run: Run) -> Throughput:
 
 
 def plot_iteration_times(run, path=None) -> Path:
-    """Iteration time per iteration (global span and each worker's own), warm-up shaded,
+    """Iteration time per iteration (global span and each worker's own), the warm-up (and
+    the iterations after the measured ones, :attr:`analysis.load.Run.measured_span`) shaded,
     scheduled events marked where they fell (:func:`mark_events`).
 
     Returns:
@@ -481,11 +482,11 @@ def plot_iteration_times(run, path=None) -> Path:
         ax.plot(g["iteration"], g["duration_s"], lw=0.6, alpha=0.5, label=str(w))
     glob = global_iterations(it)
     ax.plot(glob["iteration"], glob["time_s"], color="black", lw=1.4, label="all workers (span)")
-    warm = int(((run.spec.get("workload") or {}).get("warmup_iterations")) or 0)
-    if warm:
-        first = sorted(glob["iteration"])[: warm]
-        if first:
-            ax.axvspan(min(first) - 0.5, max(first) + 0.5, color="gray", alpha=0.15, label="warm-up")
+    warm, stop = run.measured_span
+    order = sorted(glob["iteration"])
+    for left, label in ((order[:warm], "warm-up"), (order[stop:] if stop is not None else [], "after the measured iterations")):
+        if left:
+            ax.axvspan(min(left) - 0.5, max(left) + 0.5, color="gray", alpha=0.15, label=label)
     ax.set_xlabel("iteration")
     ax.set_ylabel("seconds")
     ax.set_ylim(bottom=0)

@@ -57,7 +57,7 @@ from statistics import median
 
 import pandas as pd
 
-from analysis.load import read_sweep_csv
+from analysis.load import measured_span, read_sweep_csv
 from analysis.metrics import STEADY_TOLERANCE, global_iterations, iteration_drift, measured_iterations, steady
 from analysis.reproduction import MARKER, PAPERS, STATUSES, TOLERANCE, Entry, Ratio, load_catalogue
 from common.errors import TestbedError
@@ -73,7 +73,8 @@ MIN_REPEATS, MIN_WARMUP, MIN_MEASURED, DILATION_TOLERANCE = 3, 2, 5, 0.05
 PROTOCOL = (f"at least {MIN_REPEATS} repeats; every compared run with at least {MIN_WARMUP} warm-up and "
             f"{MIN_MEASURED} measured iterations, and steady (the median iteration time of the later half of its "
             f"measured iterations within {STEADY_TOLERANCE:.0%} of the earlier half's, or within the 95 % confidence "
-            f"half-width of its mean); the variants of a repeat at one dilation; the ratio at twice the "
+            f"half-width of its mean; a run that warms up until steady, workload.max_warmup_iterations, is measured "
+            f"over the first window that had); the variants of a repeat at one dilation; the ratio at twice the "
             f"dilation within {DILATION_TOLERANCE:.0%} (the dilation check); a campaign run over several sittings "
             f"executing the same code, each repeat once")
 
@@ -297,43 +298,56 @@ class RatioResult:
                 or m.numerator + m.numerator_spread95 < m.denominator - m.denominator_spread95)
 
 
-def steadiness(run_dir: str | Path, warmup: int | None = None) -> tuple[float, float] | None:
+def steadiness(run_dir: str | Path, span: tuple[int, int | None] | None = None) -> tuple[float, float] | None:
     """How far the iteration time of the run in ``run_dir`` moved within its measured
     iterations, and its noise: :func:`analysis.metrics.iteration_drift` over the iterations of
-    its ``iterations.csv`` after the first ``warmup`` (default: its ``spec.yaml``'s
-    ``workload.warmup_iterations``); the run is steady when :func:`analysis.metrics.steady`
-    holds for the pair.
+    its ``iterations.csv`` in ``span`` (default: the run's, :func:`analysis.load.measured_span`
+    of its ``spec.yaml`` and ``summary.json``); the run is steady when
+    :func:`analysis.metrics.steady` holds for the pair.
 
     Returns:
         ``(drift, noise)``, fractions; None without ``iterations.csv`` or with under 4
         measured iterations in it.
 
     Raises:
-        TestbedError: ``spec.yaml`` unreadable (only when ``warmup`` is not given).
-        OSError, ValueError: ``iterations.csv`` unreadable.
+        TestbedError: ``spec.yaml`` unreadable (only when ``span`` is not given).
+        OSError, ValueError: ``iterations.csv`` or ``summary.json`` unreadable.
     """
     run_dir = Path(run_dir)
     f = run_dir / "iterations.csv"
     if not f.is_file():
         return None
-    if warmup is None:
-        warmup = int((read_spec(run_dir).get("workload") or {}).get("warmup_iterations") or 0)
-    return iteration_drift(measured_iterations(global_iterations(pd.read_csv(f)), warmup))
+    if span is None:
+        s = run_dir / "summary.json"
+        span = measured_span(read_spec(run_dir), RunSummary.load(s) if s.is_file() else None)
+    first, stop = span
+    return iteration_drift(measured_iterations(global_iterations(pd.read_csv(f)), first,
+                                               None if stop is None else stop - first))
 
 
-def _drift(run_dir: Path, warmup: int, summary: RunSummary) -> float | None:
+def settled_by_spread(summary: RunSummary) -> bool | None:
+    """Whether a run with no iteration times to test (no ``iterations.csv``, or under 4
+    measured iterations in it) had settled, from its ``summary.json`` alone.
+
+    Returns:
+        True when the samples/s of every measured iteration is within
+        :data:`analysis.metrics.STEADY_TOLERANCE` of every other's (then no drift can exceed
+        it); None (not known) otherwise: a wider spread may be noise or drift.
+    """
+    t = summary.throughput
+    spread = None if t is None or not t.min or t.max is None else (t.max - t.min) / t.min
+    return True if spread is not None and spread <= STEADY_TOLERANCE else None
+
+
+def _drift(run_dir: Path, span: tuple[int, int | None], summary: RunSummary) -> float | None:
     """How far the iteration time of the run in ``run_dir`` moved within its measured
     iterations beyond its noise (0.0: steady, :func:`analysis.metrics.steady`), from its
     ``iterations.csv`` (:func:`steadiness`); without one (or with under 4 measured iterations
-    in it), 0.0 when every measured iteration's samples/s is within
-    :data:`analysis.metrics.STEADY_TOLERANCE` of every other's (then no drift can exceed it),
-    else None (not known)."""
-    moved = steadiness(run_dir, warmup)
+    in it), 0.0 when :func:`settled_by_spread` holds, else None (not known)."""
+    moved = steadiness(run_dir, span)
     if moved is not None:
         return 0.0 if steady(*moved) else moved[0]
-    t = summary.throughput
-    spread = None if t is None or not t.min or t.max is None else (t.max - t.min) / t.min
-    return 0.0 if spread is not None and spread <= STEADY_TOLERANCE else None
+    return 0.0 if settled_by_spread(summary) else None
 
 
 def _run_problems(ms, what: str) -> tuple[list[str], list[int], list[int]]:
@@ -346,12 +360,12 @@ def _run_problems(ms, what: str) -> tuple[list[str], list[int], list[int]]:
         for d in m.run_dirs:
             try:
                 spec, summary = read_spec(d), RunSummary.load(d / "summary.json")
-                warmup = int((spec.get("workload") or {}).get("warmup_iterations") or 0)
-                drift = _drift(d, warmup, summary)
+                span = measured_span(spec, summary)
+                drift = _drift(d, span, summary)
             except (TestbedError, OSError, ValueError):
                 out.append(f"{d.name} unreadable")
                 continue
-            warm.append(warmup)
+            warm.append(span[0])
             measured.append(int(summary.measured_iterations or 0))
             scales.append(spec.get("scale"))
             if drift is None:

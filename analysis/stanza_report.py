@@ -81,10 +81,11 @@ IMAGENET_TRAIN = 1_281_167
 _STANZA_FC_KINDS = {"activation", "activation_grad", "label"}
 
 
-def _measured_iterations(run: Run, warmup: int) -> list[int]:
+def _measured_iterations(run: Run) -> list[int]:
     it = run.events[(run.events["kind"] == "iteration") & (run.events["role"] == "worker")]["iteration"]
+    first, stop = run.measured_span
     its = sorted(set(int(i) for i in it.dropna()))
-    return its[warmup:]
+    return its[first:] if stop is None else its[first:stop]
 
 
 def _iteration_time(run: Run, measured: list[int]) -> float | None:
@@ -120,9 +121,8 @@ def run_figures(run_dir: str | Path) -> dict:
         other = int((w.get("options") or {}).get("fc_workers") or 0) if scheme == "stanza" else \
             int((w.get("servers") or {}).get("count") or 0)
     K = int(w.get("batch_size") or 0)
-    warmup = int(w.get("warmup_iterations") or 0)
     ev = run.events
-    measured = _measured_iterations(run, warmup) if not ev.empty else []
+    measured = _measured_iterations(run) if not ev.empty else []
     compute = w.get("compute") or {}
     out = {"run": run.path.name, "scheme": scheme, "model": model, "workers": n,
            "profile": _profile_name(compute),

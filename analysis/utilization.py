@@ -12,7 +12,7 @@ gives both as numbers, from a run directory's bwm-ng trace:
 * :func:`idle_fraction`: the share of those windows whose rate is below ``threshold``
   (default 10 %) of capacity.
 
-Both are restricted to the measured iterations (after ``workload.warmup_iterations``) so that
+Both are restricted to the measured iterations (:attr:`analysis.load.Run.measured_span`) so that
 start-up and the last iteration's drain do not count. A host with several links to its ToR
 counts them together (rates summed, capacities summed).
 """
@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from analysis.load import Run, load
+from analysis.load import Run, in_span, load
 
 __all__ = ["measured_window", "host_utilization", "idle_fraction", "utilization_summary"]
 
@@ -31,14 +31,14 @@ def _as_run(run) -> Run:
 
 
 def measured_window(run: Run) -> tuple[float, float] | None:
-    """``(start, end)`` (the run's time base, s) of the measured iterations: from the earliest
-    worker start of the first post-warm-up iteration to the latest worker end of the last.
+    """``(start, end)`` (the run's time base, s) of the measured iterations
+    (:attr:`analysis.load.Run.measured_span`): from the earliest worker start of the first to
+    the latest worker end of the last.
     ``None`` if the run has no iterations."""
     it = run.iterations
     if it.empty:
         return None
-    warm = int((run.spec.get("workload") or {}).get("warmup_iterations") or 0)
-    m = it[it["iteration"] >= warm]
+    m = it[in_span(it["iteration"], run.measured_span)]
     if m.empty:
         m = it
     return float(m["start"].min()), float(m["end"].max())

@@ -405,6 +405,11 @@ class Experiment(SpecModel):
         low = 1.0 if s == AUTO else s
         out += event_errors(self.events, iterations=self.workload.iterations, topology_kind=t.kind,
                             scale=s, timeout_s=self.run.timeout_s)
+        if self.workload.max_warmup_iterations is not None and self.events:
+            out.append(FieldError("events", f"{len(self.events)} event(s)", "none with "
+                                  "workload.max_warmup_iterations (the measured iterations are chosen once the run "
+                                  "is analysed, so an event's time and the iterations around it would not be known "
+                                  "when it is applied), or leave max_warmup_iterations out"))
         try:
             out += self.host.cross_errors()
         except (OSError, ValueError) as e:  # a profile path the OS refuses (too long, ...)

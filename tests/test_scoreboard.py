@@ -431,6 +431,20 @@ def test_a_headline_campaign_says_which_runs_had_not_settled_and_can_stop_at_the
     assert "give --headline too" in capsys.readouterr().err
 
 
+def test_a_campaign_judges_a_run_without_iteration_times_as_the_scoreboard_does(tmp_path):
+    """By the spread of its measured iterations' samples/s (as the scoreboard's protocol
+    column, tested above): within 5 % it is steady, wider it is not known."""
+    from testbed.reproduce import steadiness_lines  # lazy: the runner
+    for top, verdict, settled in ((104.0, ": steady (no iteration times to test", True),
+                                  (110.0, ": not known (no iteration times", False)):
+        d = _sweep(tmp_path / str(top), "pipe_sgd_timing-x", {"PS-Sync": 100.0})
+        run = next(d.glob("*/summary.json")).parent
+        (run / "summary.json").write_text(json.dumps({"status": "ok", "throughput": {"mean": 102.0, "min": 100.0,
+                                                                                     "max": top}}))
+        lines, ok = steadiness_lines(d)
+        assert ok is settled and any(verdict in line for line in lines), lines
+
+
 def test_a_campaign_goes_on_in_another_sitting_and_pools_only_runs_of_the_same_code(tmp_path, monkeypatch, capsys):
     from analysis.scoreboard import last_campaign, protocol_problems
     from testbed.reproduce import reproduce  # lazy: the runner

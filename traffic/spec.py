@@ -118,6 +118,9 @@ class ServersSpec(SpecModel):
 
 #: warm-up iterations when ``workload.warmup_iterations`` is left out (fewer in a shorter run)
 DEFAULT_WARMUP = 5
+#: the fewest measured iterations whose steadiness can be tested: the rule compares the
+#: median of the later half with that of the earlier (``analysis.metrics.iteration_drift``)
+MIN_SETTLE_ITERATIONS = 4
 #: the most iterations a run may have: every process writes its events of each iteration to
 #: ``events/<process>.jsonl`` (4 to 28 kB per iteration in this project's test runs of ps and
 #: phub), which the analysis reads back whole, so a million iterations is already gigabytes
@@ -274,7 +277,15 @@ class WorkloadSpec(SpecModel):
     """Training iterations (warm-up included), at most :data:`MAX_ITERATIONS` (1,000,000)."""
     warmup_iterations: int = Field(DEFAULT_WARMUP, ge=0)
     """First iterations left out of the measured figures; left out: 5, or ``iterations - 1``
-    when the run is shorter (a default never contradicts the ``iterations`` written)."""
+    when the run is shorter (a default never contradicts the ``iterations`` written). With
+    ``max_warmup_iterations``, the fewest."""
+    max_warmup_iterations: Optional[int] = Field(None, ge=0)
+    """Warm up until steady: the warm-up is the fewest iterations, from ``warmup_iterations``
+    to this many, after which the next ``iterations - max_warmup_iterations`` iterations had
+    settled (the steadiness rule of :func:`analysis.metrics.settled_warmup`, chosen when the
+    run is analysed; ``summary.json``'s ``warmup_iterations`` says which). The run executes
+    ``iterations`` in all; those after the measured ones are left out, as if it had stopped
+    there. Not with scheduled events. Left out: the warm-up is ``warmup_iterations``."""
     eval_every: int = Field(0, ge=0)
     """Evaluate on the test set every this many iterations (0: only at the end)."""
     seed: int = Field(0, ge=0, le=MAX_SEED)
@@ -367,6 +378,12 @@ class WorkloadSpec(SpecModel):
         if self.warmup_iterations >= self.iterations:
             out.append(FieldError(f"{prefix}.warmup_iterations", self.warmup_iterations,
                                   f"fewer than workload.iterations ({self.iterations})"))
+        most = self.max_warmup_iterations
+        if most is not None and not self.warmup_iterations <= most <= self.iterations - MIN_SETTLE_ITERATIONS:
+            out.append(FieldError(f"{prefix}.max_warmup_iterations", most,
+                                  f"from workload.warmup_iterations ({self.warmup_iterations}) to workload.iterations "
+                                  f"({self.iterations}) - {MIN_SETTLE_ITERATIONS} (the steadiness rule compares two "
+                                  f"halves of at least {MIN_SETTLE_ITERATIONS} measured iterations), or left out"))
         out += self.servers.cross_errors(f"{prefix}.servers")
         out += self._memory_errors(prefix)
         if self.compute.mode == "emulated":

@@ -425,9 +425,14 @@ class RunSummary(_Section):
     iterations_completed: Optional[int] = None
     """Iterations every worker reported."""
     warmup_iterations: Optional[int] = None
-    """Smallest iteration numbers left out of the figures."""
+    """Smallest iteration numbers left out of the figures: ``workload.warmup_iterations``,
+    or with ``max_warmup_iterations`` the warm-up the run settled after."""
+    max_warmup_iterations: Optional[int] = None
+    """``workload.max_warmup_iterations``: the warm-up was until steady, at most this many
+    (:func:`analysis.metrics.settled_warmup`); None: it was ``warmup_iterations``."""
     measured_iterations: Optional[int] = None
-    """Complete iterations after the warm-up: the ones the figures are over."""
+    """Complete iterations after the warm-up (with ``max_warmup_iterations``, the next
+    ``iterations - max_warmup_iterations`` of them): the ones the figures are over."""
 
     # --- figures
     throughput: Optional[Throughput] = None
