@@ -325,29 +325,40 @@ def steadiness(run_dir: str | Path, span: tuple[int, int | None] | None = None) 
                                                None if stop is None else stop - first))
 
 
-def settled_by_spread(summary: RunSummary) -> bool | None:
-    """Whether a run with no iteration times to test (no ``iterations.csv``, or under 4
-    measured iterations in it) had settled, from its ``summary.json`` alone.
-
-    Returns:
-        True when the samples/s of every measured iteration is within
-        :data:`analysis.metrics.STEADY_TOLERANCE` of every other's (then no drift can exceed
-        it); None (not known) otherwise: a wider spread may be noise or drift.
-    """
+def _settled_by_spread(summary: RunSummary) -> bool | None:
+    """Whether a run with no iteration times to test had settled, from its summary alone:
+    True when the samples/s of every measured iteration is within
+    :data:`analysis.metrics.STEADY_TOLERANCE` of every other's (then no drift can exceed it);
+    None (not known) otherwise: a wider spread may be noise or drift."""
     t = summary.throughput
     spread = None if t is None or not t.min or t.max is None else (t.max - t.min) / t.min
     return True if spread is not None and spread <= STEADY_TOLERANCE else None
 
 
-def _drift(run_dir: Path, span: tuple[int, int | None], summary: RunSummary) -> float | None:
-    """How far the iteration time of the run in ``run_dir`` moved within its measured
-    iterations beyond its noise (0.0: steady, :func:`analysis.metrics.steady`), from its
-    ``iterations.csv`` (:func:`steadiness`); without one (or with under 4 measured iterations
-    in it), 0.0 when :func:`settled_by_spread` holds, else None (not known)."""
-    moved = steadiness(run_dir, span)
+def settled(run_dir: str | Path, spec: dict | None = None,
+            summary: RunSummary | None = None) -> tuple[tuple[float, float] | None, bool | None]:
+    """Whether the run in ``run_dir`` had settled by the protocol's rule.
+
+    From its ``iterations.csv`` (:func:`steadiness` over :func:`analysis.load.measured_span`
+    of ``spec`` and ``summary``, read from the run when not given); without one, or with under
+    4 measured iterations in it, from the spread of its measured iterations' samples/s (steady
+    within :data:`analysis.metrics.STEADY_TOLERANCE`, else not known).
+
+    Returns:
+        ``(moved, verdict)``: :func:`steadiness`'s ``(drift, noise)`` or None when there were
+        no iteration times to test; True (steady), False (not) or None (not known).
+
+    Raises:
+        TestbedError: ``spec.yaml`` unreadable; OSError, ValueError: ``summary.json`` or
+        ``iterations.csv`` unreadable.
+    """
+    run_dir = Path(run_dir)
+    spec = read_spec(run_dir) if spec is None else spec
+    summary = RunSummary.load(run_dir / "summary.json") if summary is None else summary
+    moved = steadiness(run_dir, measured_span(spec, summary))
     if moved is not None:
-        return 0.0 if steady(*moved) else moved[0]
-    return 0.0 if settled_by_spread(summary) else None
+        return moved, steady(*moved)
+    return None, _settled_by_spread(summary)
 
 
 def _run_problems(ms, what: str) -> tuple[list[str], list[int], list[int]]:
@@ -361,17 +372,17 @@ def _run_problems(ms, what: str) -> tuple[list[str], list[int], list[int]]:
             try:
                 spec, summary = read_spec(d), RunSummary.load(d / "summary.json")
                 span = measured_span(spec, summary)
-                drift = _drift(d, span, summary)
+                found, verdict = settled(d, spec, summary)
             except (TestbedError, OSError, ValueError):
                 out.append(f"{d.name} unreadable")
                 continue
             warm.append(span[0])
             measured.append(int(summary.measured_iterations or 0))
             scales.append(spec.get("scale"))
-            if drift is None:
+            if verdict is None:
                 unknown += 1
-            elif drift:
-                moved.append(drift)
+            elif not verdict:
+                moved.append(found[0])
         if len(set(map(str, scales))) > 1:
             mixed.add(" and ".join(f"{s:g}" if isinstance(s, (int, float)) else str(s) for s in scales))
     if mixed:

@@ -27,7 +27,6 @@ from analysis.reproduction import MARKER, REPO_ROOT, Entry
 from common.errors import TestbedError
 from common.provenance import PROJECT_DIR, code_digest
 from traffic.rundir import read_spec
-from traffic.summary import RunSummary
 
 __all__ = ["CHECK_FACTOR", "MEASURED_HEADING", "NotRunnable", "PAPER_HEADING", "describe", "paper_block", "report_argv",
            "reproduce", "reproduce_once", "run_code_digest", "steadiness_lines"]
@@ -242,40 +241,36 @@ def reproduce(entry: Entry, quick: bool = False, runs_dir: str | Path | None = N
 
 def steadiness_lines(target: Path) -> tuple[list[str], bool]:
     """Whether each run of the sweep (or run) directory ``target`` had settled by the
-    protocol's rule (:func:`analysis.scoreboard.steadiness`, :func:`analysis.metrics.steady`;
-    a run with no iteration times to test by :func:`analysis.scoreboard.settled_by_spread`, as
-    the scoreboard judges it).
+    protocol's rule, as the scoreboard judges it (:func:`analysis.scoreboard.settled`).
 
     Returns:
         (a heading and one line per run: its name, how far its iteration time moved within
         its measured iterations, its noise, and the verdict; whether every run is known to
         have settled).
     """
-    from analysis.metrics import STEADY_TOLERANCE, steady  # lazy: pandas
-    from analysis.scoreboard import settled_by_spread, steadiness
+    from analysis.metrics import STEADY_TOLERANCE  # lazy: pandas
+    from analysis.scoreboard import settled as run_settled
     runs = [target] if (target / "summary.json").is_file() else sorted(p.parent for p in target.glob("*/summary.json"))
     lines = [f"steadiness (the later half of the measured iterations against the earlier: within "
              f"{STEADY_TOLERANCE:.0%} or the run's noise):"]
     settled = bool(runs)
     for run in runs:
         try:
-            moved = steadiness(run)
-            by_spread = moved is None and settled_by_spread(RunSummary.load(run / "summary.json"))
+            moved, verdict = run_settled(run)
         except (TestbedError, OSError, ValueError) as e:
             settled = False
             lines.append(f"  {run.name}: its files are unreadable ({type(e).__name__})")
             continue
-        if moved is None:
-            settled = settled and bool(by_spread)
-            lines.append(f"  {run.name}: " + (f"steady (no iteration times to test; every measured iteration's "
-                                                f"samples/s within {STEADY_TOLERANCE:.0%} of every other's)"
-                                                if by_spread else "not known (no iteration times, or under 4 "
-                                                "measured iterations, and samples/s spread over "
-                                                f"{STEADY_TOLERANCE:.0%})"))
-            continue
-        ok = steady(*moved)
-        settled = settled and ok
-        lines.append(f"  {run.name}: moved {moved[0]:+.1%} (noise {moved[1]:.1%}): {'steady' if ok else 'NOT steady'}")
+        settled = settled and bool(verdict)
+        if moved is not None:
+            lines.append(f"  {run.name}: moved {moved[0]:+.1%} (noise {moved[1]:.1%}): "
+                         f"{'steady' if verdict else 'NOT steady'}")
+        elif verdict:
+            lines.append(f"  {run.name}: steady (no iteration times to test; every measured iteration's samples/s "
+                         f"within {STEADY_TOLERANCE:.0%} of every other's)")
+        else:
+            lines.append(f"  {run.name}: not known (no iteration times, or under 4 measured iterations, and "
+                         f"samples/s spread over {STEADY_TOLERANCE:.0%})")
     return lines, settled
 
 
