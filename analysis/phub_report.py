@@ -23,8 +23,8 @@ One row per point of each sweep (markdown on stdout):
   the spec's bandwidths (``sec34_hier_pays``: B_PBox = interfaces x host link, B_Core = the
   rack's uplink, B_Wkr = host link, R racks, N workers per rack; from the run's resolved
   ``spec.yaml``, left out when a field it needs is not there);
-* for a multi-tenant run (scheme option ``jobs``), every job's throughput
-  (``results/worker*.json`` ``job_samples_per_s``, mean over the job's workers) and the drop
+* for a multi-tenant run (scheme option ``jobs``), every job's throughput over the run's
+  measured iterations, by the run's own throughput method (``iterations.csv``) and the drop
   of the mean per-job throughput against the single-job variant of the same model
   (PHub Fig. 18);
 * the run's fidelity flags (``flags``: CPU-starved, host-cost overrun, from ``sweep.csv``;
@@ -38,15 +38,19 @@ last for comparison.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import pandas as pd
 
 from analysis import report as skeleton
+from analysis.load import ITERATION_COLUMNS, in_span, measured_span
+from analysis.metrics import global_iterations, throughput_stats
 from analysis.paper_models.phub import hierarchical_pays, table2
+from analysis.traces import read_table
+from common.errors import TestbedError
 from traffic.rundir import read_spec
+from traffic.schemes.phub.tenancy import job_groups
 from traffic.summary import SUMMARY_FILE, BytesPerIteration, RunSummary
 
 __all__ = ["PAPER", "REPORT", "plot_table", "sweep_table", "table", "plots", "main"]
@@ -70,13 +74,39 @@ def _point(table: pd.DataFrame, baseline: str) -> list[str]:
     return POINT + ["workers"] if table.loc[table["variant"] == baseline, "workers"].nunique() > 1 else POINT
 
 
-def _per_job(run_dir: Path) -> dict[int, float]:
-    jobs: dict[int, list[float]] = {}
-    for f in sorted((run_dir / "results").glob("worker*.json")):
-        d = json.loads(f.read_text())
-        if d.get("job_samples_per_s") is not None:
-            jobs.setdefault(int(d["job"]), []).append(float(d["job_samples_per_s"]))
-    return {j: sum(v) / len(v) for j, v in sorted(jobs.items())}
+def _per_job(run_dir: Path, spec: dict, summary: RunSummary) -> dict[int, float]:
+    """Each job's samples/s (PHub Sec. 3.1's multi-tenancy, Fig. 18) by the run's own
+    throughput method (:func:`analysis.metrics.throughput_stats`: per measured iteration, the
+    job's samples over its latest worker end minus its earliest worker start; the mean over the
+    run's measured iterations, :func:`analysis.load.measured_span`), from ``iterations.csv``
+    restricted to each job's workers (:func:`traffic.schemes.phub.tenancy.job_groups` of the
+    spec's ``workers``, ``options.jobs`` and ``options.bad_token_worker``; the intruder is in
+    no job). {} for a run of another scheme or without ``iterations.csv``.
+
+    Raises:
+        TestbedError: ``workers``, ``jobs`` or ``bad_token_worker`` do not split into jobs.
+    """
+    wl = spec.get("workload") or {}
+    f = run_dir / "iterations.csv"
+    if wl.get("scheme") != "phub" or not f.is_file():
+        return {}
+    opts = wl.get("options") or {}
+    workers = wl.get("workers") or summary.workers
+    if not workers:
+        return {}
+    try:
+        groups = job_groups(int(workers), int(opts.get("jobs") or 1), opts.get("bad_token_worker"))
+    except ValueError as e:
+        raise TestbedError(f"{run_dir}: {e}") from None
+    iters = read_table(f, ITERATION_COLUMNS)
+    iters = iters[in_span(iters["iteration"], measured_span(spec, summary))]
+    out = {}
+    for g, members in enumerate(groups):
+        mine = iters[iters["worker"].isin([f"worker{w}" for w in members])]
+        rate = throughput_stats(global_iterations(mine, workers=len(members)).query("complete"))[0].mean
+        if rate is not None:
+            out[g] = rate
+    return out
 
 
 def _uplink_mbps(t: dict) -> float | None:
@@ -123,7 +153,7 @@ def sweep_table(sweep_dir: str | Path, baseline: str | None = "mxnet-cs", flat: 
         bpi = s.bytes_per_iteration or BytesPerIteration()
         # a summary written before background flows were told apart has no core_training: all of core is training's
         core = bpi.core_training if "core_training" in bpi.model_fields_set else bpi.core
-        per_job = _per_job(rd)
+        per_job = _per_job(rd, spec, s)
         rows.append({"variant": r.get("variant", r.get("scheme")), "model": (spec.get("workload") or {}).get("model"),
                      "racks": t.get("racks"), "oversub": t.get("oversubscription"), "background": bool(spec.get("background")),
                      "workers": s.workers, "status": r["status"],

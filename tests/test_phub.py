@@ -337,22 +337,34 @@ def test_jobs_and_wrong_token_rejected(tmp_path):
             torch.testing.assert_close(v, ref2[name].view(-1)[lo:hi], rtol=1e-4, atol=1e-5)
     for w in range(4):
         r = json.loads((run_dir / "results" / f"worker{w}.json").read_text())
-        assert r["job"] == w // 2 and r["job_workers"] == 2 and r["job_samples_per_s"] > 0
+        assert r["job"] == w // 2 and r["job_workers"] == 2
+    # each job's throughput, over its own two workers (the intruder in neither)
+    from analysis.metrics import summarize
+    from analysis.phub_report import _per_job
+    summary = summarize(run_dir)
+    assert sorted(_per_job(run_dir, yaml.safe_load((run_dir / "spec.yaml").read_text()), summary)) == [0, 1]
 
 
 def _fake_run(root, name, variant, racks, background, samples_per_s, core, workers=8, jobs=None):
-    """A run directory with what analysis.phub_report reads: spec, summary, worker results."""
+    """A run directory with what analysis.phub_report reads: spec, summary, and with ``jobs``
+    (each job's samples/s) the iterations of that many equal jobs of the workers at those rates."""
     d = root / name
-    (d / "results").mkdir(parents=True)
+    d.mkdir(parents=True)
     spec = {"topology": {"kind": "rack_core" if racks > 1 else "rack", "racks": racks, "oversubscription": 3,
                          "background_hosts_per_rack": 1 if background else 0},
-            "workload": {"model": "resnet50"},
+            "workload": {"scheme": "phub", "model": "resnet50", "workers": workers, "warmup_iterations": 1,
+                         "options": {"jobs": len(jobs or [0])}},
             "background": [{"src": "bg1", "dst": "bg2", "rate_mbps": 1000, "duration_s": 1}] if background else []}
     (d / "spec.yaml").write_text(yaml.safe_dump(spec))
     (d / "summary.json").write_text(json.dumps({"workers": workers, "bytes_per_iteration": {
         "core": core + 1e9, "core_training": core, "worker_link": 2e8}}))
-    for j, v in enumerate(jobs or []):
-        (d / "results" / f"worker{j}.json").write_text(json.dumps({"job": j, "job_samples_per_s": v}))
+    if jobs:
+        per, batch = workers // len(jobs), 32
+        # iteration 0 (the warm-up) at a tenth of the rate: left out of the job's throughput
+        pd.DataFrame([{"iteration": it, "worker": f"worker{w}", "start": 10.0 * it,
+                       "end": 10.0 * it + per * batch / v * (10 if it == 0 else 1), "samples": batch}
+                      for g, v in enumerate(jobs) for it in range(3) for w in range(g * per, (g + 1) * per)]
+                     ).to_csv(d / "iterations.csv", index=False)
     return {"variant": variant, "status": "ok", "samples_per_s": samples_per_s, "samples_per_s_ci95": 1.0,
             "iter_mean_s": 0.1, "cpu_starved": False, "run_dir": str(d)}
 

@@ -167,9 +167,13 @@ def build_phub_jobs(root: Path) -> Path:
     rows = []
     for i, (variant, jobs) in enumerate((("1job", [100.0]), ("2jobs", [96.0, 94.0]))):
         run = d / f"{i:03d}_{variant}"
-        _write_run(run, _phub_spec(1, False), processes=_worker_procs(2 * len(jobs)),
+        spec = _phub_spec(1, False)
+        spec["workload"].update(workers=2 * len(jobs), options={"jobs": len(jobs)})
+        _write_run(run, spec, processes=_worker_procs(2 * len(jobs)),
                    summary={"status": "ok", "workers": 2 * len(jobs), "bytes_per_iteration": {"worker_link": 1e8}},
-                   results={f"worker{j}": {"job": j, "job_samples_per_s": v} for j, v in enumerate(jobs)})
+                   iterations=[{"iteration": it, "worker": f"worker{w}", "start": T0 + it, "end": T0 + it + 64 / v,
+                                "duration_s": 64 / v, "samples": 32}
+                               for j, v in enumerate(jobs) for w in (2 * j, 2 * j + 1) for it in range(3)])
         rows.append(_headline(run, sum(jobs), variant=variant, scheme="phub"))
     return _sweep(root, d.name, {"name": "phub_multitenant", "variants": [{"name": "1job"}, {"name": "2jobs"}]}, rows)
 

@@ -119,12 +119,11 @@ optimizer steps), ``reject`` (instant: ``op`` push (with the ``chunk``) or conne
 ring's ``reduce_scatter``/``all_gather`` transfers. Set-up messages: ``token``,
 ``create_service``, ``connect``, ``init``.
 
-Results (``results/<proc>.json``): workers ``job``, ``job_workers``, ``job_samples_per_s``
-(the job's global batch over the mean iteration period after warm-up, in the emulated
-network's time), ``rejected_pulls`` (chunks); servers ``rejected_pushes`` (chunk copies),
-``rejected_connects``, ``chunks``, ``frames``, ``chunk_bytes``, ``frame_bytes``,
-``hierarchical``, ``serve_cpu_s`` (CPU seconds of the server process, all threads, while
-serving).
+Results (``results/<proc>.json``): workers ``job``, ``job_workers``, ``rejected_pulls``
+(chunks; a job's throughput is the analysis's, from ``iterations.csv``); servers
+``rejected_pushes`` (chunk copies), ``rejected_connects``, ``chunks``, ``frames``,
+``chunk_bytes``, ``frame_bytes``, ``hierarchical``, ``serve_cpu_s`` (CPU seconds of the
+server process, all threads, while serving).
 
 Modules: :mod:`~traffic.schemes.phub.chunks` (chunks and their placement),
 :mod:`~traffic.schemes.phub.frames` (chunks packed into messages),
@@ -430,7 +429,6 @@ class PHub(ParameterServer):
             self.layer_frames[f.layer].append(f)
         self._pulls: dict[int, list[tuple[Frame, torch.Tensor, Pending, dict]]] = {}
         self.rejected_pulls = 0
-        self._starts: list[float] = []
         # CreateService: the job's first worker draws the token, gives it to the job and the servers
         tok = torch.zeros(2, dtype=torch.int64)
         if self.is_intruder:
@@ -465,9 +463,6 @@ class PHub(ParameterServer):
             m = len(members)
             local = members.index(me) if me in members else 0
             ctx.batches = JobShards(GlobalBatches(ctx.data, ctx.workload.batch_size, m, ctx.workload.seed), local)
-
-    def on_iteration_start(self, it: int) -> None:
-        self._starts.append(time.perf_counter())
 
     def _push_pull(self, it: int, frames: list[Frame]) -> list[tuple[Frame, torch.Tensor, Pending, dict]]:
         """Fused push_pull of ``frames``: post the receives of their new values, then queue one
@@ -525,19 +520,11 @@ class PHub(ParameterServer):
         self.ctx.comm.drain()
 
     def finish(self) -> None:
-        """Wait for the last pulls; report the job's throughput and rejected pulls."""
+        """Wait for the last pulls; report the worker's job and rejected pulls (a job's
+        throughput is the analysis's, from ``iterations.csv``: ``analysis.phub_report``)."""
         self._wait_pulls()
         self.ctx.comm.drain()
-        end = time.perf_counter()
-        w = self.ctx.workload
-        warm = min(w.warmup_iterations, len(self._starts) - 1)
-        members = self.jobs[self.job]
-        rate = None
-        if self._starts and end > self._starts[warm]:
-            period = (end - self._starts[warm]) / (len(self._starts) - warm) / self.ctx.scale
-            rate = len(members) * w.batch_size / period
-        self.ctx.results.update(job=None if self.is_intruder else self.job, job_workers=len(members),
-                                job_samples_per_s=None if self.is_intruder else rate,
+        self.ctx.results.update(job=None if self.is_intruder else self.job, job_workers=len(self.jobs[self.job]),
                                 rejected_pulls=self.rejected_pulls, intruder=self.is_intruder)
 
     # ---------------------------------------------------------------- server
