@@ -194,6 +194,13 @@ class Ratio(SpecModel):
     """Set for a ratio that is not the headline itself but the headline at another value of
     a setting the paper does not fix: what differs (e.g. ``tcp_notsent_lowat at the kernel
     default``)."""
+    band: Literal["low", "high"] | None = None
+    """Set on the two ratios of a headline whose setting the paper does not print but bounds
+    through its own statements (e.g. Stanza's compute time, from its Fig. 8 ratios; the
+    headline's note gives the derivation): the end of that band this ratio is measured at.
+    The two ends, adjacent in ``ratios`` (``low`` first) with the same ``paper`` and
+    ``where``, are one headline: the paper's ratio is reproduced when the band they measure
+    reaches within the tolerance of it, each end measured by the protocol."""
 
     @field_validator("paper")
     @classmethod
@@ -221,12 +228,32 @@ class Headline(SpecModel):
     """What the headline run keeps and drops of the full spec, and how its setting differs
     from the paper's, if it does."""
     ratios: list[Ratio] = Field(min_length=1)
-    """What it measures; the first is the headline."""
+    """What it measures; the first is the headline (with :attr:`Ratio.band`, the first two)."""
 
     @field_validator("set")
     @classmethod
     def _overrides(cls, v: list[str]) -> list[str]:
         return _check_overrides(v)
+
+    @field_validator("ratios")
+    @classmethod
+    def _bands(cls, v: list[Ratio]) -> list[Ratio]:
+        i = 0
+        while i < len(v):
+            r = v[i]
+            if r.band is None:
+                i += 1
+                continue
+            nxt = v[i + 1] if i + 1 < len(v) else None
+            if r.band != "low" or nxt is None or nxt.band != "high":
+                raise ValueError(f"ratio {i + 1}: a band's ends are two adjacent ratios, band: low then band: high")
+            if (r.paper, r.where) != (nxt.paper, nxt.where):
+                raise ValueError(f"ratios {i + 1} and {i + 2}: the ends of a band have the same paper and where")
+            if r.sensitivity or nxt.sensitivity or r.setting_differs != nxt.setting_differs:
+                raise ValueError(f"ratios {i + 1} and {i + 2}: the ends of a band are one headline: no sensitivity, "
+                                 "the same setting_differs")
+            i += 2
+        return v
 
 
 class Entry(SpecModel):

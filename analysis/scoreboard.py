@@ -30,8 +30,12 @@ range the paper gives (1.0 inside it); *within* is ``|measured / paper - 1| <= 0
 ratio's range over the repeats excludes 1.0 (with one run: when the two rows' bands of
 samples/s, mean +- 1.96 sd of the iterations (``samples_per_s_spread95``), do not overlap).
 
-A ratio *counts* toward the headline verdict only when it is within, on the paper's own
-setting (no ``setting_differs`` in the catalogue), and measured by the protocol
+A *headline* is one ratio, or the two ends of a band (:attr:`analysis.reproduction.Ratio.band`:
+a setting the paper does not print but bounds through its own statements, such as Stanza's
+compute time): a band is within when the medians of its two ends span a range that reaches
+within the tolerance of the paper's ratio (:func:`headline_within`).
+A headline *counts* toward the verdict only when it is within, on the paper's own
+setting (no ``setting_differs`` in the catalogue), and each of its ratios measured by the protocol
 (:func:`protocol_problems`): at least :data:`MIN_REPEATS` repeats, every compared run with at
 least :data:`MIN_WARMUP` warm-up and :data:`MIN_MEASURED` measured iterations and steady (its
 iteration time settled: :func:`analysis.metrics.iteration_drift` and
@@ -64,8 +68,9 @@ from common.errors import TestbedError
 from traffic.rundir import SWEEP_FIGURES, SWEEP_RENAMED, read_spec
 from traffic.summary import RunSummary
 
-__all__ = ["ARCHIVED_FILES", "Marked", "RatioResult", "ScoreboardError", "archive", "find_marked", "headline_table", "read_marker",
-           "last_campaign", "measure_ratio", "ratio_result", "scoreboard", "steadiness"]
+__all__ = ["ARCHIVED_FILES", "Marked", "RatioResult", "ScoreboardError", "archive", "band_range", "counted", "find_marked",
+           "headline_counted", "headline_table", "headline_within", "headlines", "read_marker", "last_campaign",
+           "measure_ratio", "ratio_result", "scoreboard", "steadiness"]
 
 #: the measurement protocol of a headline ratio (see the module doc): repeats, warm-up and
 #: measured iterations of every compared run, and how far the ratio may move at twice the dilation
@@ -443,9 +448,55 @@ def protocol_problems(res: RatioResult) -> list[str]:
 
 
 def counted(res: RatioResult) -> bool:
-    """Whether ``res`` counts toward the headline verdict: within, on the paper's own setting,
-    by the protocol."""
-    return res.within and not res.ratio.setting_differs and not protocol_problems(res)
+    """Whether ``res``, a headline of its own, counts toward the verdict (:func:`headline_counted`)."""
+    return headline_counted((res,))
+
+
+def headlines(results: list[RatioResult]) -> list[tuple[RatioResult, ...]]:
+    """``results`` grouped into headlines, in order: the two ends of a band
+    (:attr:`analysis.reproduction.Ratio.band`, ``low`` then ``high`` of one entry) one
+    headline, every other ratio one of its own."""
+    out, i = [], 0
+    while i < len(results):
+        r = results[i]
+        nxt = results[i + 1] if i + 1 < len(results) else None
+        if r.ratio.band == "low" and nxt is not None and nxt.entry is r.entry and nxt.ratio.band == "high":
+            out.append((r, nxt))
+            i += 2
+        else:
+            out.append((r,))
+            i += 1
+    return out
+
+
+def band_range(group: tuple[RatioResult, ...]) -> tuple[float, float] | None:
+    """The lowest and the highest median of a headline's ratios; None unless every one was measured."""
+    if not all(r.values for r in group):
+        return None
+    meds = [r.median for r in group]
+    return min(meds), max(meds)
+
+
+def headline_within(group: tuple[RatioResult, ...]) -> bool:
+    """Whether a headline (:func:`headlines`) is within tolerance: one ratio as
+    :attr:`RatioResult.within`; a band when both ends were measured and the range of their
+    medians reaches within :data:`analysis.reproduction.TOLERANCE` of the paper's ratio (of
+    its range): ``high >= paper_low * (1 - TOLERANCE)`` and ``low <= paper_high * (1 +
+    TOLERANCE)``, the rule of one ratio applied to a range."""
+    if len(group) == 1:
+        return group[0].within
+    span = band_range(group)
+    if span is None:
+        return False
+    paper = group[0].ratio.paper
+    return span[1] >= paper[0] * (1 - TOLERANCE) and span[0] <= paper[-1] * (1 + TOLERANCE)
+
+
+def headline_counted(group: tuple[RatioResult, ...]) -> bool:
+    """Whether a headline counts toward the verdict: within (:func:`headline_within`), on the
+    paper's own setting, and every ratio of it measured by the protocol."""
+    return (headline_within(group) and not group[0].ratio.setting_differs
+            and not any(protocol_problems(r) for r in group))
 
 
 def ratio_result(entry: Entry, ratio: Ratio, marked: list[Marked]) -> RatioResult:
@@ -487,8 +538,21 @@ def _setting(res: RatioResult) -> str:
     return "; ".join(seen) or "?"
 
 
-def _cells(res: RatioResult) -> list[str]:
+def _band_within(group: tuple[RatioResult, ...]) -> str:
+    """The *within* cell of a band's ends: the band's verdict, with the range it is judged by."""
+    span = band_range(group)
+    if span is None:
+        return "no (one headline with the other end of the band, which has no ok run)"
+    return (f"{'yes' if headline_within(group) else 'no'} (one headline with the other end of the band: "
+            f"{span[0]:.2f}-{span[1]:.2f} {'reaches' if headline_within(group) else 'does not reach'} "
+            f"within +-{TOLERANCE * 100:.0f} % of the paper's)")
+
+
+def _cells(res: RatioResult, group: tuple[RatioResult, ...] | None = None) -> list[str]:
+    """The cells of ``res``'s row after the paper's ratio; ``group``: the headline it belongs
+    to (:func:`headlines`; default: itself alone)."""
     v = res.values
+    group = group or (res,)
     if not res.marked:
         measured, to_paper, within, dist = "not run with the catalogue's headline overrides", "-", "-", "-"
     elif not v:
@@ -497,7 +561,7 @@ def _cells(res: RatioResult) -> list[str]:
         spread = f" ({min(v):.2f}-{max(v):.2f})" if len(v) > 1 else ""
         measured = f"{res.median:.2f}{spread}, {len(v)} run{'s' if len(v) > 1 else ''}"
         to_paper = f"{res.to_paper:.2f}"
-        within = "yes" if res.within else "no"
+        within = ("yes" if res.within else "no") if len(group) == 1 else _band_within(group)
         if res.ratio.setting_differs:
             within += f" (a comparison, not counted: the setting differs: {res.ratio.setting_differs})"
         d = res.distinguishable
@@ -565,8 +629,9 @@ def headline_table(entry: Entry, sweep_dirs: list[str | Path]) -> str:
     dirs = [Path(d) for d in sweep_dirs]
     marked = [m for d in dirs for m in find_marked(d) if m.path == d] or [Marked(d, entry.id, "headline", 1, 1, "", "")
                                                                            for d in dirs]
-    rows = [[r.claim + (f" (sensitivity: {r.sensitivity})" if r.sensitivity else ""), _paper(r)]
-            + _cells(ratio_result(entry, r, marked)) for r in entry.headline.ratios]
+    results = [ratio_result(entry, r, marked) for r in entry.headline.ratios]
+    rows = [[res.ratio.claim + (f" (sensitivity: {res.ratio.sensitivity})" if res.ratio.sensitivity else ""),
+             _paper(res.ratio)] + _cells(res, g) for g in headlines(results) for res in g]
     return _table(["ratio"] + _HEAD, rows)
 
 
@@ -625,12 +690,13 @@ def scoreboard(root: str | Path, entries: list[Entry] | None = None, command: st
     marked = find_marked(root)
     command = command or f"testbed reproduce --scoreboard {root} > REPRODUCTION.md"
     results = _results(entries, marked)
-    heads = [r for r in results if not r.ratio.sensitivity]
+    groups = headlines([r for r in results if not r.ratio.sensitivity])
     sens = [r for r in results if r.ratio.sensitivity]
-    within = sum(r.within for r in heads)
-    differs = sum(r.within and bool(r.ratio.setting_differs) for r in heads)
-    measured = sum(bool(r.values) for r in heads)
-    n_counted = sum(counted(r) for r in heads)
+    within = sum(headline_within(g) for g in groups)
+    differs = sum(headline_within(g) and bool(g[0].ratio.setting_differs) for g in groups)
+    measured = sum(all(r.values for r in g) for g in groups)
+    n_counted = sum(headline_counted(g) for g in groups)
+    bands = sum(len(g) > 1 for g in groups)
     out = ["# Reproduction scoreboard", "",
            f"Generated by `{command}` from the run directories that `testbed reproduce` marked "
            f"(`{MARKER}`) under `{root}`, and from the catalogue (`analysis/data/reproduction.yaml`). "
@@ -640,17 +706,21 @@ def scoreboard(root: str | Path, entries: list[Entry] | None = None, command: st
            "(`testbed reproduce ID --headline --repeat 3`), with the range over the repeats. Two variants are "
            "distinguishable when the range excludes 1.0. A flagged run was CPU-starved or overran its host-cost "
            "model: its figure is not trustworthy.", "",
-           f"The measurement protocol: {PROTOCOL}. A ratio counts only when it is within, on the paper's own "
-           "setting, and measured by the protocol.", "",
-           f"**{n_counted} of {len(heads)} headline ratios count: within +-{TOLERANCE * 100:.0f} % of the paper's, on "
-           f"its setting, by the protocol.** {within} of {len(heads)} are within +-{TOLERANCE * 100:.0f} % as "
+           "A headline is one ratio, or the two ends of a band: a setting the paper does not print but bounds "
+           "through its own statements, measured at both ends; a band is within when the range of its two "
+           "medians reaches within the tolerance of the paper's ratio.", "",
+           f"The measurement protocol: {PROTOCOL}. A headline counts only when it is within, on the paper's own "
+           "setting, and each of its ratios measured by the protocol.", "",
+           f"**{n_counted} of {len(groups)} headlines count: within +-{TOLERANCE * 100:.0f} % of the paper's, on "
+           f"its setting, by the protocol.** {within} of {len(groups)} are within +-{TOLERANCE * 100:.0f} % as "
            f"measured ({measured} measured" + (f"; {differs} of the {within} on a setting that differs from the "
                                                "paper's, see the row" if differs else "")
+           + (f"; {bands} of the {len(groups)} a band, two rows" if bands else "")
            + "); the column *protocol* says what each measurement lacks.", "",
            "## Headlines", "",
            _table(["entry", "headline"] + _HEAD,
-                  [[f"`{r.entry.id}`", r.ratio.claim + f" ({r.ratio.where})", _paper(r.ratio)] + _cells(r)
-                   for r in heads]), ""]
+                  [[f"`{r.entry.id}`", r.ratio.claim + f" ({r.ratio.where})", _paper(r.ratio)] + _cells(r, g)
+                   for g in groups for r in g]), ""]
     if sens:
         out += ["## Sensitivity to settings the paper does not fix", "",
                 _table(["entry", "ratio", "setting changed"] + _HEAD,
