@@ -4,19 +4,25 @@ section (:func:`compute_summary`). :func:`summarize` is what the harness calls a
 
 Definitions (all documented again in ``summary.json``'s ``*method`` fields):
 
-* **Iteration time** of iteration *i*: from the earliest ``start`` of any worker's
-  "iteration" event of *i* to the latest ``end`` (``ts + dur``) of any worker's. This is the
-  time the whole job needs to advance one global step: a straggler counts.
+* **Iteration time** of iteration *i*: from the completion of iteration *i - 1* to that of
+  *i*, an iteration's completion being the latest ``end`` (``ts + dur``) of any worker's
+  "iteration" event of it (the first iteration: from its earliest worker start). This is how
+  often the whole job advances one global step: a straggler counts, and so do the gaps
+  between iterations. It is not the span of an iteration (earliest worker start to latest
+  end, ``span_s``): when workers run out of step, or a scheme overlaps one iteration with the
+  next (Pipe-SGD, P3, a parameter server with overlap), consecutive spans overlap and a span
+  is longer than the job's period (measured: MXNet CS on 8 PHub workers, spans 0.78-0.87 s
+  where each worker's iterations took 0.52-0.79 s, its workers starting up to 0.28 s apart).
 * **Throughput** of iteration *i*: the samples of all workers in *i* (the global batch)
   divided by its iteration time. The summary gives the mean over post-warm-up iterations,
   ``spread95`` = 1.96 x the standard deviation (numpy's ``std``, ddof=0), as Horovod's
   synthetic benchmark prints ``img/sec per X: mean +- 1.96 * std`` (a spread of the
   iterations, not an uncertainty of the mean), and the 95 % confidence interval of the mean
   ``[mean_ci95_low, mean_ci95_high]`` (:func:`mean_interval`: Student's t over the
-  per-iteration throughputs). Only iterations reported by every worker count. For pipelined
-  schemes whose iterations overlap, the per-iteration span overstates the period;
-  ``throughput.overall`` (all measured samples / wall time from the first measured start to
-  the last measured end) is the steady-state rate in that case.
+  per-iteration throughputs). Only iterations reported by every worker count.
+  ``throughput.overall`` is all measured samples over the sum of their iteration times (the
+  completion of the iteration before the first measured to that of the last measured, when
+  no iteration is missing).
 * **Provenance**: ``provenance`` is the run's ``provenance.json`` (the code, software and
   machine, written when the run started: :mod:`common.provenance`), None without one.
 * **Warm-up**: the ``workload.warmup_iterations`` smallest iteration numbers are skipped.
@@ -60,8 +66,8 @@ Definitions (all documented again in ``summary.json``'s ``*method`` fields):
   applied when the global iteration count was N (every worker had finished N - 1) opens a
   segment of the iterations from N on; per segment, its measured iterations' throughput
   (mean per iteration and overall, as above) and iteration time (mean, p95), and when its
-  events were applied (``start_s``/``end_s``, emulated seconds since the first measured
-  iteration started; null: open-ended).
+  events were applied (``start_s``/``end_s``, emulated seconds since the measured window
+  began, at the completion of the last warm-up iteration; null: open-ended).
 * **No iterations**: a run whose workers recorded no ``iteration`` event (a program that
   marks none) says so in ``iterations_note``; its iteration figures are null.
 * **Effects asked for** (:mod:`analysis.effects`, which states the rule and each check):
@@ -84,9 +90,11 @@ from scipy import stats
 
 from analysis import effects
 from analysis import traces as tr
-from analysis.load import Run, iteration_table, load, port_table  # noqa: F401 (iteration_table: re-exported)
+from analysis.load import (ITERATION_COLUMNS, Run, iteration_table, load,  # noqa: F401 (iteration_table: re-exported)
+                           port_table)
 from common.provenance import Provenance
 from traffic.hostmodel.costs import OVERRUN_THRESHOLD
+from traffic.rundir import read_spec
 from traffic.summary import (Bytes, BytesPerIteration, Cpu, Fidelity, HostCost, IterationTime, Memory, RateCheck,
                              RunSummary, Segment, Throughput)
 
@@ -120,7 +128,7 @@ def _i(x):
 
 
 def global_iterations(iters: pd.DataFrame, workers: int | None = None) -> pd.DataFrame:
-    """One row per iteration across workers.
+    """One row per iteration across workers (see the module doc: *Iteration time*).
 
     Args:
         iters: :func:`iteration_table`.
@@ -128,17 +136,22 @@ def global_iterations(iters: pd.DataFrame, workers: int | None = None) -> pd.Dat
             (default: the most workers seen in any iteration).
 
     Returns:
-        DataFrame: ``iteration``, ``start`` (earliest worker start), ``end`` (latest worker
-        end), ``time_s`` (end - start, s), ``samples`` (sum over workers), ``workers``
-        (count), ``complete`` (bool), ``samples_per_s``.
+        DataFrame, in iteration order: ``iteration``, ``start`` (earliest worker start),
+        ``end`` (latest worker end: the iteration's completion), ``span_s`` (end - start, s),
+        ``period_start`` (the previous iteration's completion; the first iteration's own
+        start), ``time_s`` (the iteration time: end - period_start, s), ``samples`` (sum over
+        workers), ``workers`` (count), ``complete`` (bool), ``samples_per_s`` (samples / time_s).
     """
-    cols = ["iteration", "start", "end", "time_s", "samples", "workers", "complete", "samples_per_s"]
+    cols = ["iteration", "start", "end", "span_s", "period_start", "time_s", "samples", "workers", "complete",
+            "samples_per_s"]
     if iters.empty:
         return pd.DataFrame(columns=cols)
     g = iters.groupby("iteration").agg(start=("start", "min"), end=("end", "max"),
                                        samples=("samples", "sum"), workers=("worker", "nunique"))
-    g = g.reset_index()
-    g["time_s"] = g["end"] - g["start"]
+    g = g.reset_index().sort_values("iteration", ignore_index=True)
+    g["span_s"] = g["end"] - g["start"]
+    g["period_start"] = g["end"].shift().fillna(g["start"])
+    g["time_s"] = g["end"] - g["period_start"]
     want = workers or int(g["workers"].max())
     g["complete"] = g["workers"] >= want
     g["samples_per_s"] = np.where(g["time_s"] > 0, g["samples"] / g["time_s"].where(g["time_s"] > 0), np.nan)
@@ -244,10 +257,10 @@ def throughput_stats(measured: pd.DataFrame) -> tuple[Throughput, IterationTime]
     m = measured[measured["time_s"] > 0] if not measured.empty else measured
     tp = {"mean": None, "spread95": None, "mean_ci95_low": None, "mean_ci95_high": None, "std": None, "min": None,
           "max": None, "overall": None, "n": int(len(m)), "unit": "samples/s",
-          "method": "per iteration: global batch / (latest worker end - earliest worker start); "
-                    "over post-warm-up iterations: mean, spread95 = 1.96*std (ddof=0) as Horovod's benchmark, "
-                    "mean_ci95 = Student's t 95% interval of the mean (sd ddof=1, n-1 degrees of freedom); "
-                    "overall = measured samples / (last end - first start)"}
+          "method": "per iteration: global batch / iteration time (latest worker end of the iteration - "
+                    "latest worker end of the one before); over post-warm-up iterations: mean, spread95 = "
+                    "1.96*std (ddof=0) as Horovod's benchmark, mean_ci95 = Student's t 95% interval of the mean "
+                    "(sd ddof=1, n-1 degrees of freedom); overall = measured samples / sum of their iteration times"}
     it = {"mean": None, "p50": None, "p95": None, "std": None, "min": None, "max": None, "n": int(len(m))}
     if len(m):
         s = m["samples_per_s"].to_numpy(dtype=float)
@@ -255,8 +268,7 @@ def throughput_stats(measured: pd.DataFrame) -> tuple[Throughput, IterationTime]
         low, high = mean_interval(s)
         tp.update(mean=_f(s.mean()), std=_f(s.std()), spread95=_f(1.96 * s.std()), mean_ci95_low=low,
                   mean_ci95_high=high, min=_f(s.min()), max=_f(s.max()))
-        span = m["end"].max() - m["start"].min()
-        tp["overall"] = _f(m["samples"].sum() / span) if span > 0 else None
+        tp["overall"] = _f(m["samples"].sum() / t.sum())
         it.update(mean=_f(t.mean()), p50=_f(np.percentile(t, 50)), p95=_f(np.percentile(t, 95)),
                   std=_f(t.std()), min=_f(t.min()), max=_f(t.max()))
     return Throughput.model_validate(tp), IterationTime.model_validate(it)
@@ -282,8 +294,8 @@ def segments(measured: pd.DataFrame, schedule: list[dict], t_measured: float | N
     Args:
         measured: :func:`measured_iterations` (times on the run's clock, emulated).
         schedule: :attr:`analysis.load.Run.schedule` (records with ``time`` on the same clock).
-        t_measured: start of the first measured iteration (``start_s``/``end_s`` count from
-            it); None: the earliest start in ``measured``.
+        t_measured: start of the measured window (``start_s``/``end_s`` count from it); None:
+            the earliest ``period_start`` in ``measured``.
 
     Returns:
         One :class:`~traffic.summary.Segment` per segment, in the order the events were
@@ -295,7 +307,7 @@ def segments(measured: pd.DataFrame, schedule: list[dict], t_measured: float | N
     if not cuts:
         return []
     if t_measured is None and not measured.empty:
-        t_measured = float(measured["start"].min())
+        t_measured = float(measured["period_start"].min())
 
     def rel(t):
         return None if t is None or t_measured is None else _f(t - t_measured)
@@ -749,14 +761,18 @@ def _event_section(s: RunSummary, schedule: list[dict]) -> None:
     s.events_not_reached = [{k: v for k, v in r.items() if k != "time"} for r in schedule if not r.get("applied")]
 
 
-def _iteration_section(s: RunSummary, run: Run, iters: pd.DataFrame, n_workers: int | None,
-                       program: bool) -> tuple[float, float] | None:
-    """Iteration counts, ``throughput``, ``iteration_time_s``, ``iterations_note`` and
-    ``segments``; ``global_batch`` from the samples when the spec does not give it.
+def iteration_figures(s: RunSummary, iters: pd.DataFrame, n_workers: int | None = None) -> pd.DataFrame:
+    """Set ``s``'s ``iterations_completed``, ``warmup_iterations`` (the one chosen, when ``s``
+    warms up until steady: ``max_warmup_iterations`` set, ``warmup_iterations`` the least),
+    ``measured_iterations``, ``throughput`` and ``iteration_time_s`` from ``iters``
+    (:func:`iteration_table`; see the module doc), and return the measured iterations
+    (:func:`measured_iterations` of :func:`global_iterations`).
 
-    Returns:
-        The measured window ``(first measured start, last measured end)`` on the run's clock,
-        or None without measured iterations.
+    Args:
+        s: a summary with ``iterations``, ``warmup_iterations`` and ``max_warmup_iterations``
+            as the spec gives them.
+        iters: one row per (iteration, worker), times in emulated seconds.
+        n_workers: as :func:`global_iterations`'s ``workers``.
     """
     glob = global_iterations(iters, n_workers)
     s.iterations_completed = int(glob["complete"].sum()) if not glob.empty else 0
@@ -767,9 +783,50 @@ def _iteration_section(s: RunSummary, run: Run, iters: pd.DataFrame, n_workers: 
     measured = measured_iterations(glob, s.warmup_iterations, count)
     s.measured_iterations = int(len(measured))
     s.throughput, s.iteration_time_s = throughput_stats(measured)
+    return measured
+
+
+def refigured_summary(run_dir: str | Path) -> RunSummary | None:
+    """A finished run's ``summary.json`` with its iteration figures computed again
+    (:func:`iteration_figures`) from the files the reproduction archive keeps
+    (``spec.yaml``, ``summary.json``, ``iterations.csv``), so that a run summarized under an
+    earlier definition is read by the current one; the summary as written when the run has
+    no ``iterations.csv``, None without a ``summary.json``.
+
+    Raises:
+        TestbedError: ``spec.yaml`` unreadable.
+        OSError, ValueError: another file unreadable or malformed.
+    """
+    p = Path(run_dir)
+    if not (p / "summary.json").is_file():
+        return None
+    s = RunSummary.load(p / "summary.json")
+    f = p / "iterations.csv"
+    if not f.is_file():
+        return s
+    wl = read_spec(p).get("workload") or {}
+    s.warmup_iterations = int(wl.get("warmup_iterations") or 0)
+    s.max_warmup_iterations = wl.get("max_warmup_iterations")
+    s.iterations = wl.get("iterations", s.iterations)
+    iters = tr.read_table(f, ITERATION_COLUMNS)
+    iteration_figures(s, iters, s.workers)
+    return s
+
+
+def _iteration_section(s: RunSummary, run: Run, iters: pd.DataFrame, n_workers: int | None,
+                       program: bool) -> tuple[float, float] | None:
+    """Iteration counts, ``throughput``, ``iteration_time_s``, ``iterations_note`` and
+    ``segments``; ``global_batch`` from the samples when the spec does not give it.
+
+    Returns:
+        The measured window on the run's clock, the sum of the measured iterations' times when
+        none is missing: ``(period_start of the first measured iteration, completion of the
+        last)`` (:func:`global_iterations`), or None without measured iterations.
+    """
+    measured = iteration_figures(s, iters, n_workers)
     if s.global_batch is None and not measured.empty:
         s.global_batch = _i(measured["samples"].median())
-    window = None if measured.empty else (float(measured["start"].min()), float(measured["end"].max()))
+    window = None if measured.empty else (float(measured["period_start"].min()), float(measured["end"].max()))
     if iters.empty:
         s.iterations_note = NO_MARKS_NOTE if program else NO_ITERATIONS_NOTE
     s.segments = segments(measured, run.schedule, window[0] if window else None)

@@ -53,6 +53,7 @@ import pandas as pd
 
 from analysis import report as skeleton
 from analysis.load import Run, in_span, load
+from analysis.metrics import global_iterations
 from analysis.paper_models.pipe_sgd import Network, beta_from_mbps, iteration_model
 from traffic import rundir
 from traffic.data import load_dataset
@@ -136,7 +137,8 @@ def analyze_run(run_dir: str | Path, alpha_s: float = 0.0) -> dict:
     if not iters:
         raise ValueError(f"{run_dir}: no measured iteration")
     p = int(its["worker"].nunique())
-    period = float(measured["end"].max() - measured["start"].min()) / len(iters)
+    g = global_iterations(its)
+    period = float(g[in_span(g["iteration"], run.measured_span)]["time_s"].mean())  # the summary's iteration time
     compute = _per_iteration(ev, ("forward", "backward"), iters)
     update = _per_iteration(ev, ("pack", "update"), iters)
     compress = _per_iteration(ev, ("compress", "decompress"), iters)

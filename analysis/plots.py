@@ -462,7 +462,8 @@ def _throughput(run: Run) -> Throughput:
 
 
 def plot_iteration_times(run, path=None) -> Path:
-    """Iteration time per iteration (global span and each worker's own), the warm-up (and
+    """Iteration time per iteration (the job's, :func:`analysis.metrics.global_iterations`:
+    completion to completion; each worker's own iteration event), the warm-up (and
     the iterations after the measured ones, :attr:`analysis.load.Run.measured_span`) shaded,
     scheduled events marked where they fell (:func:`mark_events`).
 
@@ -481,7 +482,7 @@ def plot_iteration_times(run, path=None) -> Path:
     for w, g in it.groupby("worker"):
         ax.plot(g["iteration"], g["duration_s"], lw=0.6, alpha=0.5, label=str(w))
     glob = global_iterations(it)
-    ax.plot(glob["iteration"], glob["time_s"], color="black", lw=1.4, label="all workers (span)")
+    ax.plot(glob["iteration"], glob["time_s"], color="black", lw=1.4, label="the job (completion to completion)")
     warm, stop = run.measured_span
     order = sorted(glob["iteration"])
     for left, label in ((order[:warm], "warm-up"), (order[stop:] if stop is not None else [], "after the measured iterations")):

@@ -23,7 +23,9 @@ sweep out of the ratios and lists it, labelled, among what the entry's directori
 
 A headline ratio (:class:`analysis.reproduction.Ratio`) is, in each marked headline sweep of
 its entry, ``samples_per_s`` of the one ``sweep.csv`` row matching its numerator over that of
-the row matching its denominator. Over the repeats the scoreboard gives the median and the
+the row matching its denominator: the throughput of the row's run, computed again from its
+``iterations.csv`` by the current definition (:func:`analysis.metrics.refigured_summary`),
+or ``sweep.csv``'s figure for a run archived without one. Over the repeats the scoreboard gives the median and the
 range; *measured / paper* is the median over the paper's ratio, or over the nearer end of a
 range the paper gives (1.0 inside it); *within* is ``|measured / paper - 1| <= 0.25``
 (:data:`analysis.reproduction.TOLERANCE`). The two variants are *distinguishable* when the
@@ -62,7 +64,8 @@ from statistics import median
 import pandas as pd
 
 from analysis.load import measured_span, read_sweep_csv
-from analysis.metrics import STEADY_TOLERANCE, global_iterations, iteration_drift, measured_iterations, steady
+from analysis.metrics import (STEADY_TOLERANCE, global_iterations, iteration_drift, measured_iterations,
+                              refigured_summary, steady)
 from analysis.reproduction import MARKER, PAPERS, STATUSES, TOLERANCE, Entry, Ratio, load_catalogue
 from common.errors import TestbedError
 from traffic.rundir import SWEEP_FIGURES, SWEEP_RENAMED, read_spec
@@ -229,8 +232,36 @@ class Measurement:
     run_dirs: tuple[Path, Path]
 
 
+def _summary(run_dir: Path) -> RunSummary:
+    """The run's summary as the current definitions give it (:func:`analysis.metrics.refigured_summary`).
+
+    Raises:
+        FileNotFoundError: no ``summary.json``; TestbedError, OSError, ValueError: as
+        :func:`~analysis.metrics.refigured_summary`.
+    """
+    s = refigured_summary(run_dir)
+    if s is None:
+        raise FileNotFoundError(f"{run_dir / 'summary.json'}: no such file")
+    return s
+
+
+def _samples_per_s(row: pd.Series, run_dir: Path) -> tuple[float, float]:
+    """A sweep row's samples/s and its spread95: recomputed from the run's ``iterations.csv``
+    by the current definition (:func:`_summary`) when the run has one, else ``sweep.csv``'s."""
+    if (run_dir / "iterations.csv").is_file():
+        try:
+            tp = _summary(run_dir).throughput
+        except (TestbedError, OSError, ValueError):
+            return math.nan, math.nan
+        if tp is None or tp.mean is None:
+            return math.nan, math.nan
+        return float(tp.mean), math.nan if tp.spread95 is None else float(tp.spread95)
+    return _float(row, "samples_per_s"), _float(row, "samples_per_s_spread95")
+
+
 def measure_ratio(ratio: Ratio, sweep_dir: str | Path) -> Measurement:
-    """``ratio`` in one marked sweep: its metric of the numerator's row over the denominator's.
+    """``ratio`` in one marked sweep: its metric of the numerator's row over the denominator's
+    (each from the run's ``iterations.csv`` when it has one, :func:`_samples_per_s`).
 
     Raises:
         ScoreboardError: no ``sweep.csv``, a selector that does not match exactly one row.
@@ -239,12 +270,11 @@ def measure_ratio(ratio: Ratio, sweep_dir: str | Path) -> Measurement:
     rows = _rows(sweep_dir)
     num = _pick(rows, ratio.numerator, sweep_dir, "numerator")
     den = _pick(rows, ratio.denominator, sweep_dir, "denominator")
-    a, b = _float(num, ratio.metric), _float(den, ratio.metric)
+    dirs = tuple(sweep_dir / Path(str(r.get("run_dir", ""))).name for r in (num, den))
+    (a, a95), (b, b95) = (_samples_per_s(r, d) for r, d in zip((num, den), dirs))
     flagged = any(str(r.get(c, "")).lower() == "true" for r in (num, den) for c in ("cpu_starved", "host_cost_overrun"))
     ok = all(r.get("status", "ok") == "ok" for r in (num, den)) and b > 0 and math.isfinite(a)
-    dirs = tuple(sweep_dir / Path(str(r.get("run_dir", ""))).name for r in (num, den))
-    return Measurement(a / b if ok else math.nan, a, b, _float(num, f"{ratio.metric}_spread95"),
-                       _float(den, f"{ratio.metric}_spread95"), flagged, ok, dirs)
+    return Measurement(a / b if ok else math.nan, a, b, a95, b95, flagged, ok, dirs)
 
 
 @dataclass(frozen=True)
@@ -324,7 +354,7 @@ def steadiness(run_dir: str | Path, span: tuple[int, int | None] | None = None) 
         return None
     if span is None:
         s = run_dir / "summary.json"
-        span = measured_span(read_spec(run_dir), RunSummary.load(s) if s.is_file() else None)
+        span = measured_span(read_spec(run_dir), refigured_summary(run_dir) if s.is_file() else None)
     first, stop = span
     return iteration_drift(measured_iterations(global_iterations(pd.read_csv(f)), first,
                                                None if stop is None else stop - first))
@@ -359,7 +389,7 @@ def settled(run_dir: str | Path, spec: dict | None = None,
     """
     run_dir = Path(run_dir)
     spec = read_spec(run_dir) if spec is None else spec
-    summary = RunSummary.load(run_dir / "summary.json") if summary is None else summary
+    summary = _summary(run_dir) if summary is None else summary
     moved = steadiness(run_dir, measured_span(spec, summary))
     if moved is not None:
         return moved, steady(*moved)
@@ -375,7 +405,7 @@ def _run_problems(ms, what: str) -> tuple[list[str], list[int], list[int]]:
         scales = []
         for d in m.run_dirs:
             try:
-                spec, summary = read_spec(d), RunSummary.load(d / "summary.json")
+                spec, summary = read_spec(d), _summary(d)
                 span = measured_span(spec, summary)
                 found, verdict = settled(d, spec, summary)
             except (TestbedError, OSError, ValueError):
@@ -656,7 +686,7 @@ def _has_values(m: Marked) -> bool:
 
 
 def _sweep_summary(m: Marked) -> str:
-    """samples/s of every row of a marked sweep, ``variant@point: value``."""
+    """samples/s of every row of a marked sweep (:func:`_samples_per_s`), ``variant@point: value``."""
     try:
         rows = _rows(m.path)
     except ScoreboardError:
@@ -669,7 +699,7 @@ def _sweep_summary(m: Marked) -> str:
     for _, r in rows.iterrows():
         point = ",".join(f"{c.split('.')[-1]}={_short(r[c])}" for c in swept if r[c] != "")
         name = r.get("variant", "") or "run"
-        val = _float(r, "samples_per_s")
+        val = _samples_per_s(r, m.path / Path(str(r.get("run_dir", ""))).name)[0]
         parts.append(f"{name}{'@' + point if point else ''} {val:.1f}" if r.get("status") == "ok" and math.isfinite(val)
                      else f"{name}{'@' + point if point else ''} {r.get('status')}")
     return "samples/s: " + "; ".join(parts)

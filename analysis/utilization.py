@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.load import Run, in_span, load
+from analysis.metrics import global_iterations
 
 __all__ = ["measured_window", "host_utilization", "idle_fraction", "utilization_summary"]
 
@@ -32,16 +33,18 @@ def _as_run(run) -> Run:
 
 def measured_window(run: Run) -> tuple[float, float] | None:
     """``(start, end)`` (the run's time base, s) of the measured iterations
-    (:attr:`analysis.load.Run.measured_span`): from the earliest worker start of the first to
-    the latest worker end of the last.
-    ``None`` if the run has no iterations."""
+    (:attr:`analysis.load.Run.measured_span`), the window of the summary's bytes per
+    iteration: from the completion of the iteration before the first (its ``period_start``,
+    :func:`analysis.metrics.global_iterations`) to the completion of the last (every
+    iteration when none is measured). ``None`` if the run has no iterations."""
     it = run.iterations
     if it.empty:
         return None
-    m = it[in_span(it["iteration"], run.measured_span)]
+    g = global_iterations(it)
+    m = g[in_span(g["iteration"], run.measured_span)]
     if m.empty:
-        m = it
-    return float(m["start"].min()), float(m["end"].max())
+        m = g
+    return float(m["period_start"].min()), float(m["end"].max())
 
 
 def host_utilization(run, host: str | None = None, window_s: float = 0.01,

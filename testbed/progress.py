@@ -185,9 +185,11 @@ class RunProgress:
         parts = []
         if done >= 2:
             # the summary's throughput (analysis.metrics.global_iterations) over the last (up to)
-            # 10 global iterations after the first, their mean, in emulated time
-            recent = pd.DataFrame([r for v in self._done.values() for r in v[done - min(10, done - 1):done]])
-            rate = global_iterations(recent)["samples_per_s"].mean() * self.scale
+            # 10 global iterations after the first, their mean, in emulated time (each one's time
+            # from the completion of the one before: read one more and drop it)
+            k = min(10, done - 1)
+            recent = pd.DataFrame([r for v in self._done.values() for r in v[done - k - 1:done]])
+            rate = global_iterations(recent)["samples_per_s"].iloc[1:].mean() * self.scale
             if rate == rate:  # not NaN: some iteration took time
                 parts.append(f"{rate:.1f} samples/s")
         busiest = self._busiest_port()

@@ -84,7 +84,9 @@ def make_run(root: Path, name="synthetic", h1_in=None, busy_inside=(50.0, 70.0),
     for w in range(WORKERS):
         lines = []
         for it, span in enumerate(SPANS):
-            base = 100.0 + 6.0 * it if it < 2 else 100.0 + 6.0 * 2 + sum(SPANS[2:it]) + 0.0
+            # warm-up 100-105 and 109-112; from 112 back to back: each measured iteration's time
+            # (completion to completion) is its span
+            base = 100.0 + 9.0 * it if it < 2 else 100.0 + 6.0 * 2 + sum(SPANS[2:it]) + 0.0
             start = base + (0.0 if w == 0 else 0.1 * span * w / WORKERS)
             end = base + (span if w == WORKERS - 1 else 0.8 * span)
             ev = {"proc": f"worker{w}", "role": "worker", "rank": w, "thread": "main", "kind": "iteration",
@@ -219,6 +221,52 @@ def test_summarize_known_answers(run_dir):
     assert list(it.columns) == ["iteration", "worker", "start", "end", "duration_s", "samples"]
     assert len(it) == WORKERS * len(SPANS) and set(it["worker"]) == {f"worker{i}" for i in range(WORKERS)}
     assert (it["duration_s"] - (it["end"] - it["start"])).abs().max() < 1e-9
+
+
+def _out_of_step(periods: list[float], skew: float = 0.3, busy: float = 0.7) -> pd.DataFrame:
+    """Two workers whose iteration ``i`` both finish ``periods[i]`` s after their iteration
+    ``i - 1``, worker1 ``skew`` s behind worker0, each busy ``busy`` of the period."""
+    rows, end = [], 0.0
+    for i, period in enumerate(periods):
+        end += period
+        rows += [{"iteration": i, "worker": f"worker{w}", "start": end + w * skew - busy * period,
+                  "end": end + w * skew, "duration_s": busy * period, "samples": 32} for w in (0, 1)]
+    return pd.DataFrame(rows)
+
+
+def test_an_iteration_takes_from_the_completion_of_the_one_before():
+    """Workers out of step: each iteration spans 0.79 s (worker0's start to worker1's end) but
+    the job completes one every 0.7 s; the throughput is 64 samples per 0.7 s."""
+    g = metrics.global_iterations(_out_of_step([0.7] * 6))
+    assert g["span_s"].to_numpy() == pytest.approx([0.79] * 6)
+    assert g["time_s"].to_numpy() == pytest.approx([0.79] + [0.7] * 5)  # the first: its span
+    assert list(g["period_start"].iloc[1:]) == pytest.approx(list(g["end"].iloc[:-1]))
+    tp, it = metrics.throughput_stats(metrics.measured_iterations(g, 2))
+    assert tp.mean == pytest.approx(64 / 0.7) and tp.overall == pytest.approx(64 / 0.7) and it.mean == pytest.approx(0.7)
+    # a run that slows: the overall rate is the samples over the time they took
+    g = metrics.global_iterations(_out_of_step([0.5, 0.5, 0.5, 1.0, 1.0]))
+    tp, it = metrics.throughput_stats(metrics.measured_iterations(g, 1))
+    assert tp.overall == pytest.approx(4 * 64 / 3.0) and tp.mean == pytest.approx((64 / 0.5 + 64 / 0.5 + 64 + 64) / 4)
+    assert it.mean == pytest.approx(0.75)
+
+
+def test_a_summary_is_refigured_from_the_archived_files_by_the_current_definitions(tmp_path):
+    """A summary written under another definition: its iteration figures are computed again
+    from iterations.csv (the warm-up until steady chosen again); the summary as written
+    without iterations.csv, None without a summary."""
+    d = tmp_path / "run"
+    d.mkdir()
+    assert metrics.refigured_summary(d) is None
+    (d / "spec.yaml").write_text(yaml.safe_dump({"workload": {"scheme": "ps", "iterations": 9, "warmup_iterations": 2,
+                                                              "max_warmup_iterations": 4}}))
+    (d / "summary.json").write_text(json.dumps({"status": "ok", "workers": 2, "iterations": 9, "warmup_iterations": 4,
+                                                "max_warmup_iterations": 4, "throughput": {"mean": 50.0}}))
+    assert metrics.refigured_summary(d).throughput.mean == 50.0
+    _out_of_step([2.0, 1.4, 0.7, 0.7, 0.7, 0.7, 0.7, 0.7, 0.7]).to_csv(d / "iterations.csv", index=False)
+    s = metrics.refigured_summary(d)
+    assert s.warmup_iterations == 2 and s.measured_iterations == 5  # steady from iteration 2 on
+    assert s.throughput.mean == pytest.approx(64 / 0.7) and s.iteration_time_s.mean == pytest.approx(0.7)
+    assert s.status == "ok" and s.workers == 2  # the rest as written
 
 
 def test_mean_interval_is_student_s_t():

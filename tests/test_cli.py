@@ -343,7 +343,7 @@ def test_without_a_terminal_progress_is_plain_lines(tmp_path, capsys, monkeypatc
     p.close()
     assert capsys.readouterr().err.splitlines() == [
         "testbed: run1: building network", "testbed: run1: training (20 iterations)",
-        "testbed: run1: iteration 3/20, 64.0 samples/s"]  # 32 samples per iteration of 0.5 s
+        "testbed: run1: iteration 3/20, 32.0 samples/s"]  # 32 samples an iteration, one a second
     assert p.bar is None
     quiet = progress.RunProgress(False, "run1", iterations=20)
     quiet.terminal = False

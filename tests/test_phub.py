@@ -360,9 +360,10 @@ def _fake_run(root, name, variant, racks, background, samples_per_s, core, worke
         "core": core + 1e9, "core_training": core, "worker_link": 2e8}}))
     if jobs:
         per, batch = workers // len(jobs), 32
-        # iteration 0 (the warm-up) at a tenth of the rate: left out of the job's throughput
-        pd.DataFrame([{"iteration": it, "worker": f"worker{w}", "start": 10.0 * it,
-                       "end": 10.0 * it + per * batch / v * (10 if it == 0 else 1), "samples": batch}
+        # back to back; iteration 0 (the warm-up) at a tenth of the rate: left out of the job's throughput
+        ends = {v: [per * batch / v * k for k in (10, 11, 12)] for v in jobs}
+        pd.DataFrame([{"iteration": it, "worker": f"worker{w}", "start": ([0.0] + ends[v])[it], "end": ends[v][it],
+                       "samples": batch}
                       for g, v in enumerate(jobs) for it in range(3) for w in range(g * per, (g + 1) * per)]
                      ).to_csv(d / "iterations.csv", index=False)
     return {"variant": variant, "status": "ok", "samples_per_s": samples_per_s, "samples_per_s_ci95": 1.0,

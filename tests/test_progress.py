@@ -23,9 +23,9 @@ def test_global_iterations_and_samples_per_s_in_emulated_time(tmp_path):
         f.write('{"proc": "worker1", "kind": "itera')  # a line being written: not read yet
     p.poll()
     assert p.bar.n == 3  # the fewest any worker finished
-    # as the summary counts throughput: iteration 1 spans 11.5 s (worker0's start) to 12.5 s
-    # (worker1's end), 1 real s = 0.5 emulated s for 2 x 32 samples; iteration 2 the same
-    assert "128.0 samples/s" in p.bar.postfix
+    # as the summary counts throughput: iteration 1 completes at 12.5 s (worker1's end), 2 s
+    # after iteration 0 (10.5 s): 2 real s = 1 emulated s for 2 x 32 samples; iteration 2 the same
+    assert "64.0 samples/s" in p.bar.postfix
     p.close()
 
 

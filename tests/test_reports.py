@@ -171,8 +171,8 @@ def build_phub_jobs(root: Path) -> Path:
         spec["workload"].update(workers=2 * len(jobs), options={"jobs": len(jobs)})
         _write_run(run, spec, processes=_worker_procs(2 * len(jobs)),
                    summary={"status": "ok", "workers": 2 * len(jobs), "bytes_per_iteration": {"worker_link": 1e8}},
-                   iterations=[{"iteration": it, "worker": f"worker{w}", "start": T0 + it, "end": T0 + it + 64 / v,
-                                "duration_s": 64 / v, "samples": 32}
+                   iterations=[{"iteration": it, "worker": f"worker{w}", "start": T0 + it * 64 / v,
+                                "end": T0 + (it + 1) * 64 / v, "duration_s": 64 / v, "samples": 32}
                                for j, v in enumerate(jobs) for w in (2 * j, 2 * j + 1) for it in range(3)])
         rows.append(_headline(run, sum(jobs), variant=variant, scheme="phub"))
     return _sweep(root, d.name, {"name": "phub_multitenant", "variants": [{"name": "1job"}, {"name": "2jobs"}]}, rows)

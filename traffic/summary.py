@@ -63,8 +63,7 @@ class Throughput(_Section):
     max: Optional[float] = None
     """Highest per-iteration throughput, samples/s."""
     overall: Optional[float] = None
-    """All measured samples over the time from the first measured start to the last measured
-    end, samples/s: the steady-state rate of a pipelined scheme whose iterations overlap."""
+    """All measured samples over the sum of their iteration times, samples/s."""
     n: Optional[int] = None
     """Measured iterations of positive duration (the ones averaged)."""
     unit: Optional[str] = None
@@ -82,8 +81,9 @@ class Throughput(_Section):
 
 
 class IterationTime(_Section):
-    """Iteration time of the measured iterations: from the earliest worker start to the latest
-    worker end, seconds (emulated under time dilation). A segment's has only ``mean`` and ``p95``."""
+    """Iteration time of the measured iterations: from the completion of the iteration before
+    (its latest worker end) to the iteration's own, seconds (emulated under time dilation;
+    ``analysis.metrics``). A segment's has only ``mean`` and ``p95``."""
     mean: Optional[float] = None
     """Mean, s."""
     p50: Optional[float] = None
