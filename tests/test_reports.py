@@ -112,6 +112,7 @@ def build_p3(root: Path) -> Path:
     for i, ((bw, variant), sps) in enumerate(P3_POINTS.items()):
         run = d / f"{i:03d}_host_bw_mbps={bw}_{variant}"
         busy = {"baseline": 3, "slicing": 5, "p3": 8}[variant]
+        dt = 32 / sps if sps else 0.2  # iterations at the row's samples/s
         _write_run(run, {"scale": 1, "topology": {"kind": "rack", "racks": 1, "host_bw_mbps": bw},
                          "workload": {"scheme": "p3", "model": "resnet50", "warmup_iterations": 1}},
                    summary={"status": "ok" if sps else "failed"}, processes=_worker_procs(1),
@@ -119,8 +120,8 @@ def build_p3(root: Path) -> Path:
                              "links": [{"class": "host", "node1": "h1", "intf1": "h1-eth0", "node2": "s1",
                                         "intf2": "s1-eth1", "bw_mbps": bw}]},
                    trace=_p3_trace(bw, busy),
-                   iterations=[{"iteration": it, "worker": "worker0", "start": T0 + 0.2 * it, "end": T0 + 0.2 * (it + 1),
-                                "duration_s": 0.2, "samples": 32} for it in range(5)])
+                   iterations=[{"iteration": it, "worker": "worker0", "start": T0 + dt * it, "end": T0 + dt * (it + 1),
+                                "duration_s": dt, "samples": 32} for it in range(5)])
         rows.append(_headline(run, sps, status="ok" if sps else "failed", **{P3_X: bw, "variant": variant, "scheme": "p3"}))
     return _sweep(root, d.name, {"name": "p3_resnet50", "scale": 1, "workload": {"model": "resnet50"},
                                  "sweep": {P3_X: [2000, 4000, 8000]}}, rows)
