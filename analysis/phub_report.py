@@ -77,8 +77,9 @@ def _point(table: pd.DataFrame, baseline: str) -> list[str]:
 def _per_job(run_dir: Path, spec: dict, summary: RunSummary) -> dict[int, float]:
     """Each job's samples/s (PHub Sec. 3.1's multi-tenancy, Fig. 18) by the run's own
     throughput method (:func:`analysis.metrics.throughput_stats`: per measured iteration, the
-    job's samples over its latest worker end minus its earliest worker start; the mean over the
-    run's measured iterations, :func:`analysis.load.measured_span`), from ``iterations.csv``
+    job's samples over its iteration time, from the job's completion of the iteration before to
+    its completion of this one; the mean over the run's measured iterations,
+    :func:`analysis.load.measured_span`), from ``iterations.csv``
     restricted to each job's workers (:func:`traffic.schemes.phub.tenancy.job_groups` of the
     spec's ``workers``, ``options.jobs`` and ``options.bad_token_worker``; the intruder is in
     no job). {} for a run of another scheme or without ``iterations.csv``.
@@ -99,11 +100,12 @@ def _per_job(run_dir: Path, spec: dict, summary: RunSummary) -> dict[int, float]
     except ValueError as e:
         raise TestbedError(f"{run_dir}: {e}") from None
     iters = read_table(f, ITERATION_COLUMNS)
-    iters = iters[in_span(iters["iteration"], measured_span(spec, summary))]
+    span = measured_span(spec, summary)
     out = {}
     for g, members in enumerate(groups):
-        mine = iters[iters["worker"].isin([f"worker{w}" for w in members])]
-        rate = throughput_stats(global_iterations(mine, workers=len(members)).query("complete"))[0].mean
+        # every iteration first: a measured iteration's time runs from the one before it
+        job = global_iterations(iters[iters["worker"].isin([f"worker{w}" for w in members])], workers=len(members))
+        rate = throughput_stats(job[in_span(job["iteration"], span) & job["complete"]])[0].mean
         if rate is not None:
             out[g] = rate
     return out
