@@ -171,16 +171,15 @@ class Quick(SpecModel):
 
 
 class Ratio(SpecModel):
-    """One ratio a headline run measures: ``metric`` of the sweep row matching
-    ``numerator`` over that of the row matching ``denominator``, set against the paper's."""
+    """One ratio a headline run measures: the samples/s of the sweep row matching
+    ``numerator`` over that of the row matching ``denominator`` (higher is better, so a
+    ratio > 1 favours the numerator), set against the paper's."""
     claim: Text
     """What the ratio is, one line, e.g. ``P3 over the baseline at 4 Gbit/s, samples/s``."""
     paper: list[float] = Field(min_length=1, max_length=2)
     """The paper's ratio: one number, or ``[low, high]`` when the paper gives a range."""
     where: Text
     """Section and figure or table of the paper's number."""
-    metric: Literal["samples_per_s"] = "samples_per_s"
-    """The ``sweep.csv`` column compared (higher is better, so a ratio > 1 favours the numerator)."""
     numerator: dict[str, str | int | float | bool]
     """``sweep.csv`` column -> value picking exactly one row of each headline sweep (e.g.
     ``{variant: p3}``); values are compared as text."""
