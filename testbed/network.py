@@ -228,8 +228,8 @@ class Network:
         if self.spec.tcp_min_tso_segs is not None:
             sysctls["net.ipv4.tcp_min_tso_segs"] = int(self.spec.tcp_min_tso_segs)
         self._configure_hosts(nameservers(), sysctls)
-        if self.spec.tcp_congestion_control is not None:
-            self._set_congestion_control(self.spec.tcp_congestion_control)
+        if self.spec.tcp_congestion_control is not None or self.spec.tcp_rto_min_ms is not None:
+            self._set_route_options(self.spec.tcp_congestion_control, self.spec.tcp_rto_min_ms)
         self.topology = self._describe()
         self._verify_shaping()
         write_json(self.run_dir / "topology.json", self.topology)
@@ -277,23 +277,31 @@ class Network:
                 if have != str(value):
                     raise TestbedError(f"cannot set {key}={value} on {h.name} (kernel has {have!r})")
 
-    def _set_congestion_control(self, cc: str) -> None:
-        """Select congestion control ``cc`` on every IPv4 unicast route of every host, in every
-        routing table (``ip route ... congctl``; a connection takes it from its route, which a
-        namespace may do even for a congestion control its sysctl does not allow), one command
-        line per host, all at once; read back. Each route is deleted and appended again with it,
-        in their order, which leaves them in that order: ``ip route replace`` would overwrite the
-        first of two routes to one prefix (a host with several interfaces has one per interface).
+    def _set_route_options(self, cc: str | None, rto_min_ms: float | None) -> None:
+        """Select congestion control ``cc`` and the least retransmission timeout ``rto_min_ms``
+        (real ms, whole; iproute2 locks it, so that it overrides the kernel's) on every IPv4
+        unicast route of every host, in every routing table (``ip route ... congctl ... rto_min``; a
+        connection takes both from its route, which a namespace may do even for a congestion
+        control its sysctl does not allow), one command line per host, all at once; read back.
+        Each route is deleted and appended again with them, in their order, which leaves them
+        in that order: ``ip route replace`` would overwrite the first of two routes to one
+        prefix (a host with several interfaces has one per interface). None leaves an option
+        out.
 
         Raises:
-            TestbedError: a host has a route without it afterwards (the route is named).
+            TestbedError: a host has a route without them afterwards (the route is named).
         """
         routes = (r"ip -4 -o route show table all | grep -Ev '^(unreachable|local|broadcast|multicast|blackhole|"
                   r"prohibit|throw) '")
-        line = f"{routes} | while read -r r; do ip route del $r && ip route append $r congctl {cc}; done; {routes} | grep -v ' congctl {cc}'"
+        options = ([f"congctl {cc}"] if cc is not None else []) + \
+            ([f"rto_min {round(rto_min_ms)}ms"] if rto_min_ms is not None else [])
+        kept = {"congctl": f" congctl {cc}", "rto_min": " rto_min lock "}
+        lacking = " || ".join(f"index($0, \"{kept[o.split()[0]]}\") == 0" for o in options)
+        line = (f"{routes} | while read -r r; do ip route del $r && ip route append $r {' '.join(options)}; done; "
+                f"{routes} | awk '{lacking}'")
         for host, out in run_on_nodes({h: line for h in self.net.hosts}).items():
             if out.strip():
-                raise TestbedError(f"cannot set congestion control {cc} on the routes of {host.name}: {out.strip()}")
+                raise TestbedError(f"cannot set {' '.join(options)} on the routes of {host.name}: {out.strip()}")
 
     def _set_mtu(self, mtu: int) -> None:
         """Set ``mtu`` on both ends of every link (bridges follow their ports' MTU), one

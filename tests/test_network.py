@@ -1,6 +1,7 @@
 """Real Mininet networks: shaping read back, connectivity, refusal, and teardown leaving nothing."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -101,6 +102,36 @@ def test_congestion_control_on_every_route_and_min_tso_segs(run_dir):
                 server.kill()
                 server.wait()
     assert {k: open(f"/proc/sys/net/ipv4/{k}").read() for k in root} == root  # the hosts' namespaces only
+
+
+def test_a_dilated_least_retransmission_timeout_on_every_route_reaches_a_connection(run_dir):
+    """rto_min on every route of both interfaces' tables, dilated; with a null congestion
+    control the routes take it alone; a connection's timeout starts from it (``ss -ti``)."""
+    spec = TopologySpec(kind="rack", racks=1, hosts_per_rack=2, interfaces_per_host=2,
+                        tcp_congestion_control=None, tcp_rto_min_ms=50)
+    with NetworkLock():
+        with Network(spec, [], run_dir, Ledger.create("t", run_dir), scale=40) as net:
+            routes = net.hosts["h1"].cmd("ip -4 -o route show table all").splitlines()
+            ours = [r for r in routes if r.startswith("10.")]
+            assert ours and all(" rto_min lock 2s" in r and "congctl" not in r for r in ours), ours
+            server = net.hosts["h2"].popen([sys.executable, "-c", "import socket, time; s = socket.socket(); "
+                                            "s.bind(('0.0.0.0', 5201)); s.listen(8); time.sleep(60)"])
+            try:
+                time.sleep(0.5)
+                h1, h2 = net.hosts["h1"], net.hosts["h2"]
+                client = h1.popen([sys.executable, "-c", f"import socket, time; s = socket.create_connection("
+                                   f"('{h2.IP()}', 5201)); time.sleep(60)"])
+                try:
+                    time.sleep(0.5)
+                    out = h1.cmd("ss -tin dst", h2.IP())
+                    # 50 ms emulated x 40, above the kernel's 1 s before any RTT sample
+                    assert 2000 <= float(re.search(r"\brto:([0-9.]+)", out).group(1)) < 2100, out
+                finally:
+                    client.kill()
+                    client.wait()
+            finally:
+                server.kill()
+                server.wait()
 
 
 def test_null_congestion_control_keeps_the_machines_default(run_dir):

@@ -54,6 +54,16 @@ def test_delay_and_queue_options_reach_every_link():
         assert info["delay"] == "2ms" and info["max_queue_size"] == 50
 
 
+def test_the_least_retransmission_timeout_is_dilated_like_a_delay():
+    spec = TopologySpec(tcp_rto_min_ms=200, delay_ms=0.5)
+    shaped = spec.dilated(80)
+    assert (shaped.tcp_rto_min_ms, shaped.delay_ms) == (16_000, 40)
+    assert TopologySpec().dilated(80).tcp_rto_min_ms is None  # the kernel's, undilated
+    for bad in (0, -1, 60_001):
+        with pytest.raises(ValueError, match="tcp_rto_min_ms"):
+            TopologySpec(tcp_rto_min_ms=bad)
+
+
 def test_hosts_of_reads_names_racks_kinds_and_interfaces_from_the_graph():
     topo = build_topo(TopologySpec(racks=2, hosts_per_rack=2, background_hosts_per_rack=1),
                       [HostRequest("server", 1, interfaces=3)])
