@@ -293,10 +293,12 @@ class Network:
         """
         routes = (r"ip -4 -o route show table all | grep -Ev '^(unreachable|local|broadcast|multicast|blackhole|"
                   r"prohibit|throw) '")
-        options = ([f"congctl {cc}"] if cc is not None else []) + \
-            ([f"rto_min {round(rto_min_ms)}ms"] if rto_min_ms is not None else [])
-        kept = {"congctl": f" congctl {cc}", "rto_min": " rto_min lock "}
-        lacking = " || ".join(f"index($0, \"{kept[o.split()[0]]}\") == 0" for o in options)
+        options = {}  # what ip route is given -> what it shows of it afterwards
+        if cc is not None:
+            options[f"congctl {cc}"] = f" congctl {cc}"
+        if rto_min_ms is not None:
+            options[f"rto_min {round(rto_min_ms)}ms"] = " rto_min lock "
+        lacking = " || ".join(f'index($0, "{shown}") == 0' for shown in options.values())
         line = (f"{routes} | while read -r r; do ip route del $r && ip route append $r {' '.join(options)}; done; "
                 f"{routes} | awk '{lacking}'")
         for host, out in run_on_nodes({h: line for h in self.net.hosts}).items():

@@ -75,6 +75,13 @@ def test_jumbo_frames_and_tcp_setting_on_every_host(run_dir):
     assert open("/proc/sys/net/ipv4/tcp_notsent_lowat").read() == root_lowat  # the hosts' namespaces only
 
 
+def _listener(host):
+    """A process on ``host`` listening on port 5201 that never accepts: the kernel completes
+    the connections in its backlog."""
+    return host.popen([sys.executable, "-c", "import socket, time; s = socket.socket(); "
+                       "s.bind(('0.0.0.0', 5201)); s.listen(8); time.sleep(60)"])
+
+
 def test_congestion_control_on_every_route_and_min_tso_segs(run_dir):
     """cubic, the default, on every route of both interfaces' tables whatever the machine's own
     default, where the namespace's sysctl may not allow it; a connection from either interface
@@ -87,9 +94,7 @@ def test_congestion_control_on_every_route_and_min_tso_segs(run_dir):
                 [("cubic", 44)] * 2
             routes = net.hosts["h1"].cmd("ip -4 -o route show table all").splitlines()
             assert [r for r in routes if r.startswith("10.") and "congctl cubic" not in r] == []
-            # a listener that never accepts: the kernel completes the connections in its backlog
-            server = net.hosts["h2"].popen([sys.executable, "-c", "import socket, time; s = socket.socket(); "
-                                            "s.bind(('0.0.0.0', 5201)); s.listen(8); time.sleep(60)"])
+            server = _listener(net.hosts["h2"])
             try:
                 time.sleep(0.5)
                 probe = ("import socket, sys; s = socket.create_connection(('{}', 5201), source_address=('{}', 0)); "
@@ -114,8 +119,7 @@ def test_a_dilated_least_retransmission_timeout_on_every_route_reaches_a_connect
             routes = net.hosts["h1"].cmd("ip -4 -o route show table all").splitlines()
             ours = [r for r in routes if r.startswith("10.")]
             assert ours and all(" rto_min lock 2s" in r and "congctl" not in r for r in ours), ours
-            server = net.hosts["h2"].popen([sys.executable, "-c", "import socket, time; s = socket.socket(); "
-                                            "s.bind(('0.0.0.0', 5201)); s.listen(8); time.sleep(60)"])
+            server = _listener(net.hosts["h2"])
             try:
                 time.sleep(0.5)
                 h1, h2 = net.hosts["h1"], net.hosts["h2"]
