@@ -23,7 +23,7 @@ def _spec(tmp_path, name: str, memory: str, scheme: str, racks: int, per_rack: i
         "name": name,
         "scale": scale,
         "topology": {"kind": "rack_core", "racks": racks, "hosts_per_rack": per_rack, "host_bw_mbps": 1000},
-        "workload": {"scheme": scheme, "model": "resnet18", "batch_size": 32, "iterations": 3,
+        "workload": {"scheme": scheme, "model": "resnet18", "batch_size": 32, "iterations": 2,
                      "warmup_iterations": 1, "compute": {"mode": "emulated", "profile": "gtx1080ti",
                                                          "memory": memory}, **workload},
         "run": {"runs_dir": str(tmp_path / memory), "timeout_s": 900},
