@@ -345,8 +345,32 @@ def _kill_tree(pid: int, start: float | None = None, check_start: bool = True) -
             p.send_signal(signal.SIGKILL)
         except psutil.NoSuchProcess:
             pass
-    psutil.wait_procs(procs, timeout=3)
+    _wait_dead(procs, timeout_s=3.0)
     return True
+
+
+def _dead(p: psutil.Process) -> bool:
+    """Whether ``p`` has exited: gone, or a zombie (reaped here when it is this process's child)."""
+    try:
+        if p.ppid() == os.getpid():
+            try:
+                return os.waitpid(p.pid, os.WNOHANG)[0] != 0
+            except ChildProcessError:
+                return True
+        return p.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _wait_dead(procs: list[psutil.Process], timeout_s: float) -> None:
+    """Wait until every process of ``procs`` has exited, for at most ``timeout_s`` seconds. A
+    zombie has exited: it holds no memory, file or namespace, only its pid until its parent
+    reaps it, and the parent of an orphan is the machine's init, which may reap it only seconds
+    later (``psutil.wait_procs`` waits for that: about 2 s an orphan on a machine whose init
+    reaps every 2 s)."""
+    deadline = time.monotonic() + timeout_s
+    while not all(_dead(p) for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def all_ledgers() -> list[Ledger]:

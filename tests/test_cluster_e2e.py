@@ -32,8 +32,8 @@ from tests.test_faults import ROOT, cli, harness_says, start_run, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(needs_root, reason="needs root")]
 
-#: the quickstart's parameter-server point, shortened: 10 iterations (5 measured after its 5 of warm-up)
-ITERATIONS = 10
+#: the quickstart's parameter-server point, shortened: 6 iterations (4 measured after 2 of warm-up)
+ITERATIONS, WARMUP_ITERATIONS = 6, 2
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ def machines(tmp_path_factory):
 def quickstart(tmp_path: Path, runs: Path, cluster: dict | None, extra: dict | None = None, **run) -> Path:
     data = yaml.safe_load((ROOT / "experiments" / "quickstart.yaml").read_text())
     del data["sweep"]
-    data["workload"].update(scheme="ps", iterations=ITERATIONS)
+    data["workload"].update(scheme="ps", iterations=ITERATIONS, warmup_iterations=WARMUP_ITERATIONS)
     for section, values in (extra or {}).items():
         data.setdefault(section, {})
         if isinstance(values, dict):

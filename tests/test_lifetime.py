@@ -145,6 +145,29 @@ def test_a_ledger_pid_is_signalled_only_with_its_recorded_start_time(tmp_path, m
             p.wait()
 
 
+def test_a_swept_orphan_is_dead_on_return_and_a_swept_child_is_reaped(tmp_path, monkeypatch):
+    """An orphan (its parent gone, so init's child) is dead when the sweep returns, a zombie at
+    most until init reaps it; a child of this process is reaped by the sweep itself."""
+    monkeypatch.setattr(ledger_mod, "LEDGER_DIR", tmp_path)
+    pid_file = tmp_path / "orphan.pid"
+    subprocess.run([sys.executable, "-c", DAEMON, str(pid_file)], check=True)
+    orphan = int(_wait_file(pid_file))
+    child = _sleeper()
+    try:
+        led = ledger_mod.Ledger(path=tmp_path / "x.json", owner_pid=child.pid + 10**6, owner_start=0.0)
+        led.pids = {"orphan": orphan, "child": child.pid}
+        led.starts = {"orphan": psutil.Process(orphan).create_time(), "child": psutil.Process(child.pid).create_time()}
+        assert sorted(led.sweep()) == [f"process child (pid {child.pid})", f"process orphan (pid {orphan})"]
+        assert not _alive(orphan)
+        with pytest.raises(ChildProcessError):  # already reaped: no zombie of this process is left
+            os.waitpid(child.pid, os.WNOHANG)
+    finally:
+        if _alive(orphan):
+            os.kill(orphan, signal.SIGKILL)
+        child.kill()
+        child.wait()
+
+
 def test_add_pid_records_the_start_time(tmp_path, monkeypatch):
     monkeypatch.setattr(ledger_mod, "LEDGER_DIR", tmp_path)
     led = ledger_mod.Ledger.create("r", str(tmp_path))
