@@ -78,7 +78,7 @@ def test_an_incast_drops_in_the_queue_and_retransmits_in_the_same_intervals(tmp_
     exp = from_dict({
         "name": "incast",
         "topology": {"kind": "rack", "hosts_per_rack": 6, "host_bw_mbps": 50, "max_queue_packets": 8},
-        "workload": {"scheme": "ps", "workers": 6, "iterations": 15, "warmup_iterations": 2, "batch_size": 16,
+        "workload": {"scheme": "ps", "workers": 6, "iterations": 7, "warmup_iterations": 2, "batch_size": 16,
                      "servers": {"count": 1, "placement": "dedicated", "scope": "global"}},
         "capture": {"pcap": {"ports": ["host:ps1"]}, "qdisc_interval_ms": 20},
         "run": {"runs_dir": str(tmp_path), "timeout_s": 240},
@@ -99,8 +99,8 @@ def test_an_incast_drops_in_the_queue_and_retransmits_in_the_same_intervals(tmp_
     # a retransmission follows a drop: by a round trip (fast retransmit) or a timeout (>= 200 ms);
     # the qdisc is sampled every 20 ms. Not every one follows a drop on this port: each worker's
     # own shaped link has an 8-packet queue too (in its namespace, not sampled), so a sender
-    # also loses packets before they reach the switch (measured near this port's drops: 44 of 52 in
-    # one run, at least 90% in two others)
+    # also loses packets before they reach the switch (measured near this port's drops with 5
+    # iterations after 2: 28 of 32 and 46 of 50 in two runs)
     near = [((drop_times >= t - 1.5) & (drop_times <= t + 0.05)).any() for t in retx["time"]]
     assert sum(near) >= 0.75 * len(near), (len(near), sum(near))
     # the senders are the workers (pushes into the server's port)
