@@ -35,8 +35,9 @@ def effects(res, kind: str) -> list:
 
 def test_a_udp_flow_that_ran_at_its_rate_is_verified(tmp_path):
     assert leftovers() == []
-    exp = from_dict(spec(tmp_path, background=[{"name": "udp", "src": "bg1", "dst": "bg2", "rate_mbps": 20,
-                                                "start_s": 0.5, "duration_s": 2, "protocol": "udp"}]))
+    # 30 iterations: about 6 s of training (0.22 s an iteration); the flow sends from 0.5 to 2.5 s after the launch
+    exp = from_dict(spec(tmp_path, iterations=30, background=[{"name": "udp", "src": "bg1", "dst": "bg2", "rate_mbps": 20,
+                                                               "start_s": 0.5, "duration_s": 2, "protocol": "udp"}]))
     (res,) = run_experiment(exp, progress=False)
     assert res.ok, res.summary.error
     (flow,) = effects(res, "background")
@@ -87,13 +88,13 @@ def test_a_filter_beginning_with_a_dash_is_given_after_a_double_dash_and_capture
 def test_a_rate_change_read_back_is_verified_in_emulated_units(tmp_path):
     """scale 2: the uplink's 50 emulated Mbit/s are shaped at 25 here and read back at both ends."""
     assert leftovers() == []
-    s = spec(tmp_path, iterations=40, events=[{"at_iteration": 10, "link": "uplink:tor1", "bw_mbps": 50}])
+    s = spec(tmp_path, iterations=14, events=[{"at_iteration": 6, "link": "uplink:tor1", "bw_mbps": 50}])
     exp = from_dict({**s, "scale": 2})
     (res,) = run_experiment(exp, progress=False)
     assert res.ok, res.summary.error
     (ev,) = effects(res, "event")
     assert ev.name == "#0 link_rate uplink:tor1" and ev.verified is True, ev
-    assert ev.asked == {"at_iteration": 10, "link": "uplink:tor1", "bw_mbps": 50.0}
+    assert ev.asked == {"at_iteration": 6, "link": "uplink:tor1", "bw_mbps": 50.0}
     assert len(ev.achieved["readback_mbps"]) == 2
     assert all(v == pytest.approx(50, rel=0.01) for v in ev.achieved["readback_mbps"].values()), ev.achieved
     (shaping,) = effects(res, "shaping")
