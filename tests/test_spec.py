@@ -184,7 +184,7 @@ SHIPPED_YAML = [*sorted((ROOT / "experiments").glob("*.yaml")), ROOT / "analysis
 
 @pytest.mark.skipif(validation._CLoader is None, reason="PyYAML was built without libyaml")
 def test_libyaml_and_the_pure_python_parser_read_the_same_documents():
-    """The loader reads with libyaml's parser, about ten times faster, and falls back to
+    """The loader reads with libyaml's parser, 5-8x faster, and falls back to
     PyYAML's own on any error (whose wording it keeps): both give the same data for every
     shipped experiment, the catalogue and every archived run's spec."""
     assert len(SHIPPED_YAML) > 100
