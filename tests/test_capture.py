@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -258,7 +259,7 @@ def test_cpu_sampler_reads_many_processes_every_few_periods_and_cores_every_peri
         with CpuSampler(lambda: {f"p{i}": p.pid for i, p in enumerate(sleepers)}) as sampler:
             samples = []
             for _ in range(6):
-                time.sleep(0.02)
+                time.sleep(0.1)  # the default period: 10 ticks, so every core's /proc times move forward
                 samples.append(sampler.read())
     finally:
         for p in sleepers:
@@ -268,6 +269,28 @@ def test_cpu_sampler_reads_many_processes_every_few_periods_and_cores_every_peri
     assert procs == [0, 32, 0, 32, 0, 32]  # the first read takes the baselines
     assert all({r[1] for r in rows if r[0] == "core"} >= set(range(os.cpu_count())) for rows in samples)
     assert all(("proc", "harness") in {r[:2] for r in rows} for rows in samples[1:])
+
+
+def test_a_core_whose_times_have_not_moved_gets_no_row_and_its_next_row_covers_both_periods(monkeypatch):
+    """/proc/stat counts in 10 ms ticks per field, so over a short period a core can show no
+    progress: that core gets no row (not a made-up 0 or 100 %), and its next row covers both periods."""
+    cputimes = type(psutil.cpu_times())  # psutil's named tuple of this platform's fields
+
+    def times(busy, idle):
+        return cputimes(**{f: 0.0 for f in cputimes._fields} | {"user": busy, "idle": idle})
+
+    readings = iter([
+        [times(1.0, 1.0), times(1.0, 1.0)],  # baselines
+        [times(1.5, 1.5), times(1.0, 1.0)],  # core 1 has not moved
+        [times(2.0, 2.0), times(1.9, 1.1)],  # core 1: 0.9 s busy, 0.1 s idle since its baseline
+    ])
+    monkeypatch.setattr("testbed.capture.cpu.psutil.cpu_times", lambda percpu: next(readings))
+    with CpuSampler(dict) as sampler:
+        first = [r for r in sampler.read() if r[0] == "core"]
+        second = [r for r in sampler.read() if r[0] == "core"]
+    assert first == [("core", 0, 50.0)]
+    assert [r[:2] for r in second] == [("core", 0), ("core", 1)]
+    assert second[0][2] == pytest.approx(50.0) and second[1][2] == pytest.approx(90.0)
 
 
 def test_failing_recorder_start_stops_the_recorders_started_before_it(tmp_path, monkeypatch):

@@ -10,7 +10,9 @@ its second sample on). Two extra process rows, ``bwm-ng`` and ``harness`` (this 
 process, which also runs the samplers), show what the measurement costs.
 
 The first sample is taken one period after the baselines: /proc times have 10 ms ticks, so a
-few-ms interval would give meaningless percentages.
+few-ms interval would give meaningless percentages. A core whose /proc times have not moved
+since the previous sample (at a 10-20 ms period, each field rounded down to its tick) gets no
+row that sample; its next row covers both periods.
 
 Process rows are sampled every ``ceil(processes / PROCESSES_PER_SAMPLE)`` periods (every
 period up to 16 processes), so the sampler's work per second stays that of 16 processes at
