@@ -11,8 +11,9 @@ and the run's fidelity flags (``flags``, explained under a table that has any);
 plots (in ``<sweep>/plots/`` with ``python -m analysis.p3_report``, in ``DIR/<sweep>/`` with
 ``--plots DIR``): throughput against the swept value (P3 Fig. 7, or Fig. 12 for a slice-size
 sweep) and, for every swept value that has both, the baseline's and P3's link utilization
-over time (Figs. 8 and 9). The paper's numbers (P3 Sec. 5.2) are printed next to the table
-for comparison.
+over time (Figs. 8 and 9). The paper's numbers are printed next to the table for comparison:
+those of Fig. 7 for a bandwidth sweep (Sec. 5.2), of Fig. 10 for a sweep over the cluster's
+size (Sec. 5.4), of Fig. 12 for a slice-size sweep (Sec. 5.6).
 """
 from __future__ import annotations
 
@@ -28,13 +29,20 @@ from traffic.rundir import read_sweep_spec
 
 __all__ = ["PAPER", "REPORT", "sweep_table", "sweep_plots", "sweep_report", "table", "plots", "main"]
 
+#: the paper's values a sweep is read against: by model for a bandwidth sweep (Fig. 7), by
+#: ``<model>/hosts`` for a sweep over the cluster's size (Fig. 10), ``slices`` for the slice size (Fig. 12)
 PAPER = {
     "resnet50": "P3 Fig. 7a: +26% over the baseline at 4 Gbit/s; similar throughput when bandwidth suffices "
                 "(baseline drops below 6 Gbit/s, P3 below 4 Gbit/s); no gain from slicing alone",
     "vgg19": "P3 Fig. 7c: slicing alone +49% at 30 Gbit/s; P3 up to +66% at 15 Gbit/s",
     "sockeye_lstm": "P3 Fig. 7d: up to +38%",
+    "resnet50/hosts": "P3 Fig. 10a: no gain on 2 to 16 hosts at 10 Gbit/s (baseline and P3 alike)",
+    "vgg19/hosts": "P3 Fig. 10b: +61% on 8 hosts at 10 Gbit/s",
+    "sockeye_lstm/hosts": "P3 Fig. 10c: +18% on 8 hosts at 10 Gbit/s",
     "slices": "P3 Fig. 12: throughput peaks at 50,000 parameters per slice",
 }
+#: swept fields that change the cluster's size
+_SIZE_FIELDS = ("topology.hosts_per_rack", "topology.racks", "workload.workers")
 
 
 def _swept(columns, sweep_spec: dict) -> str | None:
@@ -118,7 +126,8 @@ def _section(sweep_dir: Path, t: pd.DataFrame, written=()) -> str:
     """One sweep's part of the report: title, table, the paper's number, the plots."""
     spec = read_sweep_spec(sweep_dir)
     model = (spec.get("workload") or {}).get("model")
-    key = "slices" if "slice" in " ".join((spec.get("sweep") or {}).keys()) else model
+    swept = list((spec.get("sweep") or {}).keys())
+    key = "slices" if "slice" in " ".join(swept) else f"{model}/hosts" if set(swept) & set(_SIZE_FIELDS) else model
     return (f"## {sweep_dir.name} ({model}, scale {spec.get('scale')})\n\n"
             f"{skeleton.flagged_markdown(t, floatfmt='.3g')}\n\npaper: {PAPER.get(key, '-')}\n"
             + "".join(f"plot: {p}\n" for p in written))

@@ -409,6 +409,21 @@ def test_p3_speedups_per_bandwidth_and_idle_fractions(tmp_path):
     assert t.loc[("baseline", 8000), "status"] == "failed" and pd.isna(t.loc[("baseline", 8000), "tx_idle"])
 
 
+@pytest.mark.parametrize("model, sweep, paper", [("resnet50", {P3_X: [2000]}, "Fig. 7a"),
+                                                  ("vgg19", {P3_X: [2000]}, "Fig. 7c"),
+                                                  ("vgg19", {"topology.hosts_per_rack": [2, 8]}, "Fig. 10b"),
+                                                  ("resnet50", {"topology.racks": [2, 4]}, "Fig. 10a"),
+                                                  ("vgg19", {"workload.options.slice_params": [5000]}, "Fig. 12")])
+def test_p3_report_names_the_figure_of_what_the_sweep_varies(tmp_path, model, sweep, paper):
+    """A sweep over bandwidth is read against Fig. 7 (by model), over the cluster's size
+    against Fig. 10, over the slice size against Fig. 12."""
+    d = build_p3(tmp_path)
+    (d / "sweep.yaml").write_text(yaml.safe_dump({"name": d.name, "scale": 1, "workload": {"model": model},
+                                                  "sweep": sweep}))
+    (line,) = [x for x in p3_report.table([d]).splitlines() if x.startswith("paper: ")]
+    assert line.startswith(f"paper: P3 {paper}:"), line
+
+
 def test_sweep_tables_and_plots_read_the_spread_under_either_name(tmp_path):
     """A sweep.csv of today names the spread ``samples_per_s_spread95`` and has the mean's
     confidence interval; an older one names the spread ``samples_per_s_ci95`` and has none:
