@@ -122,14 +122,21 @@ def sweep_report(sweep_dir: str | Path, baseline: str = "baseline") -> tuple[pd.
     return sweep_table(sweep_dir, baseline), sweep_plots(sweep_dir, Path(sweep_dir) / "plots", baseline)
 
 
+def _paper_key(sweep_spec: dict) -> str | None:
+    """The key of :data:`PAPER` a sweep is read against, from what it varies."""
+    swept = set((sweep_spec.get("sweep") or {}).keys())
+    model = (sweep_spec.get("workload") or {}).get("model")
+    if any("slice" in field for field in swept):
+        return "slices"
+    return f"{model}/hosts" if swept & set(_SIZE_FIELDS) else model
+
+
 def _section(sweep_dir: Path, t: pd.DataFrame, written=()) -> str:
     """One sweep's part of the report: title, table, the paper's number, the plots."""
     spec = read_sweep_spec(sweep_dir)
     model = (spec.get("workload") or {}).get("model")
-    swept = list((spec.get("sweep") or {}).keys())
-    key = "slices" if "slice" in " ".join(swept) else f"{model}/hosts" if set(swept) & set(_SIZE_FIELDS) else model
     return (f"## {sweep_dir.name} ({model}, scale {spec.get('scale')})\n\n"
-            f"{skeleton.flagged_markdown(t, floatfmt='.3g')}\n\npaper: {PAPER.get(key, '-')}\n"
+            f"{skeleton.flagged_markdown(t, floatfmt='.3g')}\n\npaper: {PAPER.get(_paper_key(spec), '-')}\n"
             + "".join(f"plot: {p}\n" for p in written))
 
 
