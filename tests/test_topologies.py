@@ -58,7 +58,8 @@ def test_the_least_retransmission_timeout_is_dilated_like_a_delay():
     spec = TopologySpec(tcp_rto_min_ms=200, delay_ms=0.5)
     shaped = spec.dilated(80)
     assert (shaped.tcp_rto_min_ms, shaped.delay_ms) == (16_000, 40)
-    assert TopologySpec().dilated(80).tcp_rto_min_ms is None  # the kernel's, undilated
+    assert TopologySpec().dilated(80).tcp_rto_min_ms == 16_000  # Linux's 200 ms by default, emulated
+    assert TopologySpec(tcp_rto_min_ms=None).dilated(80).tcp_rto_min_ms is None  # the kernel's, undilated
     for bad in (0, -1, 60_001):
         with pytest.raises(ValueError, match="tcp_rto_min_ms"):
             TopologySpec(tcp_rto_min_ms=bad)
