@@ -76,6 +76,41 @@ def test_codec_error_bounds_and_wire_size(codec):
         make_codec("zip")
 
 
+def test_truncation_keeps_exactly_the_upper_16_bits():
+    """Decoded bit patterns are the float32's upper half and 16 zero bits, for normal,
+    subnormal, zero, infinite and NaN values alike."""
+    special = torch.tensor([0.0, -0.0, 1e-40, -3e-42, float("inf"), -float("inf"), float("nan"), 3.4e38])
+    for x in [*_vectors(), special]:
+        y = Truncation().decode(Truncation().encode(x), x.numel())
+        want = x.view(torch.int32) & ~0xFFFF  # the low 16 bits cleared
+        assert torch.equal(y.view(torch.int32), want)
+
+
+@pytest.mark.parametrize("codec", [Identity(), Truncation(), Quantization()], ids=lambda c: c.name)
+def test_decoding_into_a_block_gives_the_values_of_a_new_tensor(codec):
+    for x in _vectors():
+        n = x.numel()
+        payload = codec.encode(x)
+        buf = torch.full((n + 3,), 7.0)
+        got = codec.decode(payload, n, out=buf[1:n + 1])
+        assert got.data_ptr() == buf[1:].data_ptr()  # written in place, nothing beside it
+        assert torch.equal(got.view(torch.int32), codec.decode(payload, n).view(torch.int32))
+        assert buf[0] == 7.0 and bool((buf[n + 1:] == 7.0).all())
+
+
+@pytest.mark.parametrize("codec", [Identity(), Truncation(), Quantization()], ids=lambda c: c.name)
+@pytest.mark.parametrize("n", [1, 2, 5])
+def test_a_payload_never_shares_memory_with_its_vector(codec, n):
+    """A ring decodes a block's own payload back into the block: the payload is a copy,
+    for a vector of one element too (a strided view of one element counts as contiguous)."""
+    x = torch.randn(n)
+    payload = codec.encode(x)
+    lo, hi = x.data_ptr(), x.data_ptr() + 4 * n
+    assert not lo <= payload.data_ptr() < hi
+    got = codec.decode(payload, n, out=x)
+    assert got.data_ptr() == lo
+
+
 # ----------------------------------------------------------------------------- ring over p2p
 
 P = 4

@@ -59,8 +59,10 @@ class Codec:
         ``payload_numel(n)`` elements of ``payload_dtype``."""
         raise NotImplementedError
 
-    def decode(self, payload: torch.Tensor, n: int) -> torch.Tensor:
-        """The float32 vector (``n`` elements, a new tensor) a payload stands for."""
+    def decode(self, payload: torch.Tensor, n: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The float32 vector (``n`` elements) a payload stands for: written into ``out`` (a
+        float32 tensor of ``n`` elements, returned) or, with ``out`` None, a new tensor. A ring
+        decodes a block straight into its place, without a temporary as large."""
         raise NotImplementedError
 
     def error_bound(self, x: torch.Tensor) -> torch.Tensor:
@@ -82,8 +84,8 @@ class Identity(Codec):
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         return x.clone()
 
-    def decode(self, payload: torch.Tensor, n: int) -> torch.Tensor:
-        return payload[:n]
+    def decode(self, payload: torch.Tensor, n: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        return payload[:n] if out is None else out.copy_(payload[:n])
 
     def error_bound(self, x: torch.Tensor) -> torch.Tensor:
         return torch.zeros_like(x)
@@ -93,7 +95,9 @@ class Truncation(Codec):
     """16-bit truncation (Pipe-SGD §3.2, "T"): keep the upper 16 bits of each float32.
 
     ``encode``: the float32 bit pattern shifted right by 16 (arithmetic), as ``int16``
-    (2 bytes per element). ``decode``: shifted back, the low 16 bits zero. The result keeps
+    (2 bytes per element): the bit pattern of a ``bfloat16``. ``decode``: shifted back, the
+    low 16 bits zero, which is exactly how torch widens a ``bfloat16`` to float32 (one
+    vectorized pass, no zeroed temporary). The result keeps
     sign and exponent and is rounded toward zero: ``|T(x)| <= |x|``, ``sign(T(x)) = sign(x)``.
 
     Error bound, element-wise: for normal ``x`` the 7 kept mantissa bits leave an error below
@@ -110,16 +114,14 @@ class Truncation(Codec):
         return n
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(x.numel(), dtype=torch.int16)  # a new tensor, even for one element
         if _LITTLE_ENDIAN:  # the upper half of each float32 is its second int16: one strided copy
-            return x.contiguous().view(torch.int16)[1::2].contiguous()
-        return (x.contiguous().view(torch.int32) >> 16).to(torch.int16)
+            return out.copy_(x.contiguous().view(torch.int16)[1::2])
+        return out.copy_(x.contiguous().view(torch.int32) >> 16)
 
-    def decode(self, payload: torch.Tensor, n: int) -> torch.Tensor:
-        if _LITTLE_ENDIAN:
-            out = torch.zeros(2 * n, dtype=torch.int16)
-            out[1::2] = payload[:n]
-            return out.view(torch.float32)
-        return (payload[:n].to(torch.int32) << 16).view(torch.float32)
+    def decode(self, payload: torch.Tensor, n: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        upper = payload[:n].view(torch.bfloat16)
+        return upper.to(torch.float32) if out is None else out.copy_(upper)
 
     def error_bound(self, x: torch.Tensor) -> torch.Tensor:
         return x.abs() * self.REL_ERROR + self.ABS_ERROR
@@ -160,9 +162,10 @@ class Quantization(Codec):
         out[n:] = scale.view(torch.uint8)
         return out
 
-    def decode(self, payload: torch.Tensor, n: int) -> torch.Tensor:
+    def decode(self, payload: torch.Tensor, n: int, out: torch.Tensor | None = None) -> torch.Tensor:
         scale = payload[n:n + 4].clone().view(torch.float32)
-        return payload[:n].view(torch.int8).to(torch.float32).mul_(scale)
+        codes = payload[:n].view(torch.int8)
+        return codes.to(torch.float32).mul_(scale) if out is None else torch.mul(codes, scale, out=out)
 
     def error_bound(self, x: torch.Tensor) -> torch.Tensor:
         return torch.full_like(x, _amax(x) * (1 / (2 * self.LEVELS) + self.ROUNDING))

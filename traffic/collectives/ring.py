@@ -156,22 +156,25 @@ def ring_allreduce(transport: "Transport", tensor: torch.Tensor, ranks: Sequence
         span("compress", t0, ts, step=step, bytes=x.numel() * 4)
         return out
 
-    def decode(payload: torch.Tensor, n: int, step: int) -> torch.Tensor:
+    def decode(payload: torch.Tensor, out: torch.Tensor, step: int) -> torch.Tensor:
+        n = out.numel()
         ts, t0 = time.time(), time.perf_counter()
         with charged("codec", n * 4):
-            out = codec.decode(payload, n)
+            codec.decode(payload, n, out=out)
         stats.decompress_s += time.perf_counter() - t0
         span("decompress", t0, ts, step=step, bytes=n * 4)
         return out
 
-    # ---- reduce-scatter: p-1 transmit-and-reduce steps
+    # ---- reduce-scatter: p-1 transmit-and-reduce steps; a received block is decoded into one
+    # buffer the size of the largest block, reused at every step
+    decoded = None if exact else torch.empty(blk[0].numel())
     for s in range(p - 1):
         sb, rb = (i - s) % p, (i - s - 1) % p
         n_r = blk[rb].numel()
         send = blk[sb] if exact else encode(blk[sb], s)
         recv = torch.empty(n_r) if exact else codec.empty_payload(n_r)
         exchange("reduce_scatter", s, send, recv, sb, rb)
-        part = recv if exact else decode(recv, n_r, s)
+        part = recv if exact else decode(recv, decoded[:n_r], s)
         ts, t0 = time.time(), time.perf_counter()
         with charged("aggregate", n_r * 4):
             blk[rb].add_(part)
@@ -186,10 +189,10 @@ def ring_allreduce(transport: "Transport", tensor: torch.Tensor, ranks: Sequence
             exchange("all_gather", p - 1 + s, blk[sb], blk[rb], sb, rb)
         return stats
     payload = {own: encode(blk[own], p - 1)}
-    blk[own].copy_(decode(payload[own], blk[own].numel(), p - 1))
+    decode(payload[own], blk[own], p - 1)  # into the block itself: its payload is a copy
     for s in range(p - 1):
         sb, rb = (own - s) % p, (i - s) % p
         payload[rb] = codec.empty_payload(blk[rb].numel())
         exchange("all_gather", p - 1 + s, payload.pop(sb), payload[rb], sb, rb)  # sent: no longer held
-        blk[rb].copy_(decode(payload[rb], blk[rb].numel(), p - 1 + s))
+        decode(payload[rb], blk[rb], p - 1 + s)
     return stats
