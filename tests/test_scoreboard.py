@@ -458,10 +458,10 @@ def test_headline_repeats_mark_each_sweep_and_print_the_ratios(tmp_path, monkeyp
     from testbed.reproduce import reproduce  # lazy: the runner
     calls = _fake_runs(monkeypatch)
     assert reproduce(PIPE, headline=True, repeat=3, runs_dir=tmp_path, progress=False) == 0
-    assert [len(c.variants) for c in calls] == [3, 3, 3] and calls[0].workload.iterations == 8
+    assert [len(c.variants) for c in calls] == [3, 3, 3] and calls[0].workload.iterations == 11  # the headline's
     marks = find_marked(tmp_path)
     assert [(m.id, m.mode, m.repeat, m.repeats) for m in marks] == [(PIPE.id, "headline", i, 3) for i in (1, 2, 3)]
-    assert json.loads((marks[0].path / MARKER).read_text())["overrides"] == PIPE.overrides(headline=True) + ["scale=10"]
+    assert json.loads((marks[0].path / MARKER).read_text())["overrides"] == PIPE.overrides(headline=True) + ["scale=40"]
     out = capsys.readouterr().out
     assert "# pipe_sgd.fig4_resnet18_timing: repeat 3 of 3" in out
     assert len({c.scale for c in calls}) == 1 and isinstance(calls[0].scale, float)  # one dilation for every variant
