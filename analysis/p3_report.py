@@ -13,7 +13,10 @@ plots (in ``<sweep>/plots/`` with ``python -m analysis.p3_report``, in ``DIR/<sw
 sweep) and, for every swept value that has both, the baseline's and P3's link utilization
 over time (Figs. 8 and 9). The paper's numbers are printed next to the table for comparison:
 those of Fig. 7 for a bandwidth sweep (Sec. 5.2), of Fig. 10 for a sweep over the cluster's
-size (Sec. 5.4), of Fig. 12 for a slice-size sweep (Sec. 5.6).
+size (Sec. 5.4), of Fig. 12 for a slice-size sweep (Sec. 5.6). Under a bandwidth sweep with a
+server on every worker host and emulated compute, a line gives at each bandwidth what the bytes
+and the compute alone allow (:mod:`analysis.paper_models.p3`): the period of a baseline that keeps
+its link busy, P3's least period, and so the most P3 can gain over such a baseline.
 """
 from __future__ import annotations
 
@@ -24,10 +27,12 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import report as skeleton
+from analysis.paper_models import p3 as p3_model
 from analysis.utilization import utilization_summary
+from common.errors import TestbedError
 from traffic.rundir import read_sweep_spec
 
-__all__ = ["PAPER", "REPORT", "sweep_table", "sweep_plots", "sweep_report", "table", "plots", "main"]
+__all__ = ["PAPER", "REPORT", "bounds_line", "sweep_table", "sweep_plots", "sweep_report", "table", "plots", "main"]
 
 #: the paper's values a sweep is read against: by model for a bandwidth sweep (Fig. 7), by
 #: ``<model>/hosts`` for a sweep over the cluster's size (Fig. 10), ``slices`` for the slice size (Fig. 12)
@@ -131,13 +136,42 @@ def _paper_key(sweep_spec: dict) -> str | None:
     return f"{model}/hosts" if swept & set(_SIZE_FIELDS) else model
 
 
+BW_FIELD = "topology.host_bw_mbps"
+
+
+def bounds_line(sweep_spec: dict, bws_mbps) -> str | None:
+    """What the bytes and the compute allow at each bandwidth of ``bws_mbps`` (Mbit/s, emulated)
+    for the sweep's model, compute profile, batch and cluster (:func:`analysis.paper_models.p3.zoo_bounds`),
+    or None where those bounds do not describe the sweep: not emulated compute, not a server
+    colocated on every worker host, or a model or profile the zoo does not have."""
+    w, topo = sweep_spec.get("workload") or {}, sweep_spec.get("topology") or {}
+    compute, servers = w.get("compute") or {}, w.get("servers") or {}
+    hosts = int(topo.get("racks") or 1) * int(topo.get("hosts_per_rack") or 0)
+    workers = int(w.get("workers") or 0) or hosts
+    if compute.get("mode") != "emulated" or servers.get("placement") != "colocated" or workers != hosts:
+        return None
+    parts = []
+    for bw in sorted(set(float(b) for b in bws_mbps)):
+        try:
+            b = p3_model.zoo_bounds(w.get("model"), str(compute.get("profile")), int(w.get("batch_size")),
+                                    bw * 1e6, workers)
+        except (KeyError, TestbedError, TypeError, ValueError):
+            return None
+        parts.append(f"{bw / 1000:g} Gbit/s: link-busy baseline {b.baseline_s * 1000:.0f} ms, "
+                     f"P3 at least {b.p3_s * 1000:.0f} ms an iteration: P3 over that baseline at most {b.gain:.2f}x")
+    return (f"bytes and compute alone (analysis.paper_models.p3; at any bandwidth at most "
+            f"{b.max_gain:.2f}x over a baseline at its lower end): " + "; ".join(parts)) if parts else None
+
+
 def _section(sweep_dir: Path, t: pd.DataFrame, written=()) -> str:
-    """One sweep's part of the report: title, table, the paper's number, the plots."""
+    """One sweep's part of the report: title, table, the paper's number, the bounds of a
+    bandwidth sweep (:func:`bounds_line`), the plots."""
     spec = read_sweep_spec(sweep_dir)
     model = (spec.get("workload") or {}).get("model")
+    line = bounds_line(spec, t[BW_FIELD]) if BW_FIELD in t.columns else None
     return (f"## {sweep_dir.name} ({model}, scale {spec.get('scale')})\n\n"
             f"{skeleton.flagged_markdown(t, floatfmt='.3g')}\n\npaper: {PAPER.get(_paper_key(spec), '-')}\n"
-            + "".join(f"plot: {p}\n" for p in written))
+            + (f"{line}\n" if line else "") + "".join(f"plot: {p}\n" for p in written))
 
 
 def table(paths, baseline: str = "baseline") -> str:
