@@ -13,7 +13,13 @@ One row per point of each sweep (markdown on stdout):
   baseline lacks then has none). With one baseline worker count every row of a point is over
   it (Fig. 12's PBox with 7 workers over CS with 8);
 * bytes moved by a worker host's link per measured iteration (``worker_link``, mean over
-  worker hosts; Sec. 4.4: a PBox halves it against colocated servers);
+  worker hosts; Sec. 4.4: a PBox halves it against colocated servers), and what they and the
+  compute allow: ``wire_ms``, half of them (one direction) at the host link's emulated rate,
+  ``compute_ms``, the compute profile's forward and backward (emulated compute only), the least
+  iteration ``link_bound_ms = max(compute_ms, wire_ms)``, and on every row but the baseline's
+  ``speedup_bound``, the most the row can gain over a baseline that keeps its link busy but
+  overlaps nothing with its compute: the baseline's ``compute_ms + wire_ms`` over the row's
+  ``link_bound_ms`` (a measured speedup above it comes from more than the bytes);
 * bytes that crossed the core per measured iteration, training only
   (``bytes_per_iteration.core_training``: the background flows' bytes taken out, see
   :mod:`analysis.metrics`), and for every variant other than ``--flat`` its ratio to the
@@ -49,6 +55,7 @@ from analysis.metrics import global_iterations, throughput_stats
 from analysis.paper_models.phub import hierarchical_pays, table2
 from analysis.traces import read_table
 from common.errors import TestbedError
+from traffic.compute_profiles import load_profile
 from traffic.rundir import read_spec
 from traffic.schemes.phub.tenancy import job_groups
 from traffic.summary import SUMMARY_FILE, BytesPerIteration, RunSummary
@@ -136,6 +143,20 @@ def _sec34(spec: dict, workers) -> bool | None:
                              racks=t["racks"], n=workers // t["racks"])
 
 
+def _compute_ms(spec: dict) -> float | None:
+    """Forward and backward of one batch on the run's emulated compute profile (ms), or None
+    (real compute, or a profile this machine does not have)."""
+    w = spec.get("workload") or {}
+    c = w.get("compute") or {}
+    if c.get("mode") != "emulated":
+        return None
+    try:
+        p = load_profile(str(c.get("profile")), w.get("model"), int(w.get("batch_size")))
+    except (KeyError, TestbedError, TypeError, ValueError):
+        return None
+    return 1e3 * (sum(p.forward_s()) + sum(p.backward_s()))
+
+
 def sweep_table(sweep_dir: str | Path, baseline: str | None = "mxnet-cs", flat: str | None = "phub_flat") -> pd.DataFrame:
     """The table of the module docstring for one sweep directory.
 
@@ -156,6 +177,9 @@ def sweep_table(sweep_dir: str | Path, baseline: str | None = "mxnet-cs", flat: 
         # a summary written before background flows were told apart has no core_training: all of core is training's
         core = bpi.core_training if "core_training" in bpi.model_fields_set else bpi.core
         per_job = _per_job(rd, spec, s)
+        compute = _compute_ms(spec)
+        wire = (None if bpi.worker_link is None or not t.get("host_bw_mbps")
+                else 1e3 * 8 * bpi.worker_link / 2 / (float(t["host_bw_mbps"]) * 1e6))
         rows.append({"variant": r.get("variant", r.get("scheme")), "model": (spec.get("workload") or {}).get("model"),
                      "racks": t.get("racks"), "oversub": t.get("oversubscription"), "background": bool(spec.get("background")),
                      "workers": s.workers, "status": r["status"],
@@ -163,6 +187,9 @@ def sweep_table(sweep_dir: str | Path, baseline: str | None = "mxnet-cs", flat: 
                      "iter_ms": None if pd.isna(r["iter_mean_s"]) else 1e3 * r["iter_mean_s"],
                      "core_MB_per_iter": None if core is None else core / 1e6,
                      "worker_link_MB_per_iter": None if bpi.worker_link is None else bpi.worker_link / 1e6,
+                     "compute_ms": compute, "wire_ms": wire,
+                     "link_bound_ms": None if compute is None or wire is None else max(compute, wire),
+                     "link_busy_ms": None if compute is None or wire is None else compute + wire,
                      "flags": skeleton.row_flags(r), "sec34_hier_pays": _sec34(spec, s.workers),
                      "jobs": len(per_job) or None,
                      "per_job_samples_per_s": ", ".join(f"{v:.1f}" for v in per_job.values()) or None,
@@ -172,6 +199,13 @@ def sweep_table(sweep_dir: str | Path, baseline: str | None = "mxnet-cs", flat: 
     out = pd.DataFrame(rows)
     if baseline is not None and (out["variant"] == baseline).any():
         out["speedup"] = skeleton.per_point(out, "samples_per_s", baseline, _point(out, baseline))
+        # the baseline's link-busy time over the row's: times the row's link-busy over its least
+        busy = dict(zip(out.index, skeleton.per_point(out, "link_busy_ms", baseline, _point(out, baseline),
+                                                      inverse=True)))
+        out["speedup_bound"] = [None if r.variant == baseline or r.link_bound_ms is None or pd.isna(busy[i])
+                                or pd.isna(r.link_bound_ms) else busy[i] * r.link_busy_ms / r.link_bound_ms
+                                for i, r in zip(out.index, out.itertuples())]
+    out = out.drop(columns=["link_busy_ms"])
     if flat is not None and (out["variant"] == flat).any() and out["core_MB_per_iter"].notna().any():
         out["core_vs_flat"] = skeleton.per_point(out, "core_MB_per_iter", flat, _point(out, flat))
         out["one_over_N"] = [(r.racks / r.workers) if r.workers else None for r in out.itertuples()]

@@ -413,3 +413,27 @@ def test_phub_report_gives_per_job_drop(tmp_path):
     pd.DataFrame(rows).to_csv(tmp_path / "sweep.csv", index=False)
     t = sweep_table(tmp_path, baseline=None, flat=None).set_index("variant")
     assert t.loc["2jobs", "per_job_drop_pct"] == pytest.approx(5.0) and t.loc["1job", "per_job_drop_pct"] == 0
+
+
+def test_phub_report_gives_the_least_iteration_the_bytes_allow(tmp_path):
+    from analysis.phub_report import sweep_table
+    from traffic.compute_profiles import load_profile
+    rows = []
+    for name, variant, link_bytes, samples_per_s in (("cs", "mxnet-cs", 8e8, 500), ("box", "pbox", 4e8, 1000)):
+        rows.append(_fake_run(tmp_path, name, variant, 1, False, samples_per_s, 0))
+        spec = yaml.safe_load((tmp_path / name / "spec.yaml").read_text())
+        spec["topology"]["host_bw_mbps"] = 10000
+        spec["workload"].update(model="alexnet", batch_size=32, compute={"mode": "emulated", "profile": "gtx1080ti"})
+        (tmp_path / name / "spec.yaml").write_text(yaml.safe_dump(spec))
+        (tmp_path / name / "summary.json").write_text(json.dumps({"workers": 8, "bytes_per_iteration": {
+            "worker_link": link_bytes}}))
+    pd.DataFrame(rows).to_csv(tmp_path / "sweep.csv", index=False)
+    t = sweep_table(tmp_path, baseline="mxnet-cs", flat=None).set_index("variant")
+    p = load_profile("gtx1080ti", "alexnet", 32)
+    compute = 1e3 * (sum(p.forward_s()) + sum(p.backward_s()))
+    # one direction of the link's bytes at 10 Gbit/s: 4e8 B -> 320 ms, 2e8 B -> 160 ms
+    assert t.loc["mxnet-cs", "wire_ms"] == pytest.approx(320) and t.loc["pbox", "wire_ms"] == pytest.approx(160)
+    assert t.loc["pbox", "compute_ms"] == pytest.approx(compute)
+    assert t.loc["pbox", "link_bound_ms"] == pytest.approx(max(compute, 160))
+    assert t.loc["pbox", "speedup_bound"] == pytest.approx((compute + 320) / max(compute, 160))
+    assert pd.isna(t.loc["mxnet-cs", "speedup_bound"])
