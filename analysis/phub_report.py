@@ -199,12 +199,11 @@ def sweep_table(sweep_dir: str | Path, baseline: str | None = "mxnet-cs", flat: 
     out = pd.DataFrame(rows)
     if baseline is not None and (out["variant"] == baseline).any():
         out["speedup"] = skeleton.per_point(out, "samples_per_s", baseline, _point(out, baseline))
-        # the baseline's link-busy time over the row's: times the row's link-busy over its least
-        busy = dict(zip(out.index, skeleton.per_point(out, "link_busy_ms", baseline, _point(out, baseline),
-                                                      inverse=True)))
-        out["speedup_bound"] = [None if r.variant == baseline or r.link_bound_ms is None or pd.isna(busy[i])
-                                or pd.isna(r.link_bound_ms) else busy[i] * r.link_busy_ms / r.link_bound_ms
-                                for i, r in zip(out.index, out.itertuples())]
+        # per_point: the baseline's link-busy time over the row's; times the row's, over the row's least
+        over = pd.Series(skeleton.per_point(out, "link_busy_ms", baseline, _point(out, baseline), inverse=True),
+                         index=out.index)
+        bound = over * pd.to_numeric(out["link_busy_ms"]) / pd.to_numeric(out["link_bound_ms"])
+        out["speedup_bound"] = bound.where(out["variant"] != baseline)
     out = out.drop(columns=["link_busy_ms"])
     if flat is not None and (out["variant"] == flat).any() and out["core_MB_per_iter"].notna().any():
         out["core_vs_flat"] = skeleton.per_point(out, "core_MB_per_iter", flat, _point(out, flat))
