@@ -33,6 +33,7 @@ neither on the wire nor in compute: :meth:`Bounds.implied_excess_s`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 import heapq
 
 from traffic.compute_profiles import load_profile
@@ -162,7 +163,14 @@ def zoo_bounds(model: str, device: str, batch_size: int, bw_bps: float, workers:
         TestbedError: no such profile, or one for another model, batch or layer count (as
             :func:`traffic.compute_profiles.load_profile`).
     """
+    forward_s, backward_s, sizes = _zoo_layers(model, device, int(batch_size))
+    return bounds(list(forward_s), list(backward_s), list(sizes), bw_bps, workers)
+
+
+@lru_cache(maxsize=32)
+def _zoo_layers(model: str, device: str, batch_size: int) -> tuple[tuple[float, ...], ...]:
+    """(forward s, backward s, gradient bytes) per layer, read once for every bandwidth asked."""
     m = build_model(model, 0, device="meta")
-    sizes = [BYTES_PER_VALUE * k for k in m.layer_numels()]
+    sizes = tuple(float(BYTES_PER_VALUE * k) for k in m.layer_numels())
     p = load_profile(device, model, batch_size, n_layers=len(sizes))
-    return bounds(list(p.forward_s()), list(p.backward_s()), sizes, bw_bps, workers)
+    return tuple(p.forward_s()), tuple(p.backward_s()), sizes
