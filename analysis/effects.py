@@ -54,24 +54,40 @@ The effects, and what each is judged from (formats in :mod:`traffic.rundir`):
     machine's kernel has netem at all (a spec that asks for delay or loss on a kernel without
     netem is refused before anything is built).
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from analysis.load import Run
 from traffic.summary import Effect, RunSummary
 
-__all__ = ["EFFECTS_RULE", "UNDONE", "FLOW_START_SLACK_S", "IPERF3_BLOCK_BYTES", "HARNESS_STOPS", "check",
-           "background_effects", "capture_effects", "event_effects", "process_effects", "shaping_effects",
-           "unverified_lines", "apply_rule"]
+__all__ = [
+    "EFFECTS_RULE",
+    "UNDONE",
+    "FLOW_START_SLACK_S",
+    "IPERF3_BLOCK_BYTES",
+    "HARNESS_STOPS",
+    "check",
+    "background_effects",
+    "capture_effects",
+    "event_effects",
+    "process_effects",
+    "shaping_effects",
+    "unverified_lines",
+    "apply_rule",
+]
 
 #: The rule, in words (``fidelity.effects_rule``).
-EFFECTS_RULE = ("a run is ok only when every effect its spec asked for (background flows, packet captures, "
-                "scheduled events, processes, shaping, delay and loss) was verified to have happened: a run the "
-                "harness ended ok with an effect not done (verified false) is failed, its error 'asked for but "
-                "not done: ' and one line per such effect; an effect that could not be judged (verified null) "
-                "does not fail it")
+EFFECTS_RULE = (
+    "a run is ok only when every effect its spec asked for (background flows, packet captures, "
+    "scheduled events, processes, shaping, delay and loss) was verified to have happened: a run the "
+    "harness ended ok with an effect not done (verified false) is failed, its error 'asked for but "
+    "not done: ' and one line per such effect; an effect that could not be judged (verified null) "
+    "does not fail it"
+)
 #: The start of the error of a run failed by the rule.
 UNDONE = "asked for but not done: "
 #: Real seconds a background flow may lose at its start: the shell's exec of iperf3 and
@@ -97,8 +113,9 @@ def _line(text: Any) -> str:
     return " ".join(str(text).split())
 
 
-def _verdict(kind: str, name: str, asked: dict, achieved: dict, problems: list[str],
-             unknown: Iterable[str] = ()) -> Effect:
+def _verdict(
+    kind: str, name: str, asked: dict, achieved: dict, problems: list[str], unknown: Iterable[str] = ()
+) -> Effect:
     """The effect: not done when there is a problem (the reasons joined), else not judged when
     something could not be (the first such reason), else done."""
     unknown = list(unknown)
@@ -139,14 +156,22 @@ def _last_event_end(run: Run) -> float | None:
     return None if end != end else float(end)  # NaN: no timestamp
 
 
-def _flow(run: Run, f: dict, scale: float, stopped: float | None, ended: float | None, link_tx: dict,
-          tolerance: float) -> Effect:
+def _flow(
+    run: Run, f: dict, scale: float, stopped: float | None, ended: float | None, link_tx: dict, tolerance: float
+) -> Effect:
     """The effect of one ``flows.json`` flow (see the module doc); ``stopped``: unix s when the
     harness stopped the flows; ``ended``: when training ended, on the frames' clock."""
     name = str(f.get("name"))
     asked = {k: f.get(k) for k in ("src", "dst", "protocol", "rate_mbps", "start_s", "duration_s")}
-    achieved: dict[str, Any] = {"rate_mbps": None, "duration_s": None, "bytes_sent": None, "bytes_received": None,
-                                "error": None, "stopped_by_harness": None, "src_link_tx_bytes": link_tx.get(f.get("src"))}
+    achieved: dict[str, Any] = {
+        "rate_mbps": None,
+        "duration_s": None,
+        "bytes_sent": None,
+        "bytes_received": None,
+        "error": None,
+        "stopped_by_harness": None,
+        "src_link_tx_bytes": link_tx.get(f.get("src")),
+    }
     problems: list[str] = []
     unknown: list[str] = []
     start = _num(f.get("client_start"))
@@ -155,16 +180,27 @@ def _flow(run: Run, f: dict, scale: float, stopped: float | None, ended: float |
         return _verdict("background", name, asked, achieved, ["never launched: flows.json has no client start"])
     if ended is not None and run.on_clock(start) >= ended:
         launch = run.on_clock(start - (_num(f.get("delay_s")) or 0.0))
-        return _verdict("background", name, asked, achieved, [
-            f"never started during training: it ended {ended - launch:.3g} emulated s after the launch, before "
-            f"the flow's start at {f.get('start_s')} s"])
+        return _verdict(
+            "background",
+            name,
+            asked,
+            achieved,
+            [
+                f"never started during training: it ended {ended - launch:.3g} emulated s after the launch, before "
+                f"the flow's start at {f.get('start_s')} s"
+            ],
+        )
     if not isinstance(res, dict):
         return _verdict("background", name, asked, achieved, ["no iperf3 result was recorded in flows.json"])
     sent, received = _num(res.get("bytes_sent")), _num(res.get("bytes_received"))
     secs, err = _num(res.get("seconds")), res.get("error")
     by_harness = bool(err) and str(err).rstrip().endswith(HARNESS_STOPS)
-    achieved.update(bytes_sent=res.get("bytes_sent"), bytes_received=res.get("bytes_received"), error=err,
-                    stopped_by_harness=by_harness)
+    achieved.update(
+        bytes_sent=res.get("bytes_sent"),
+        bytes_received=res.get("bytes_received"),
+        error=err,
+        stopped_by_harness=by_harness,
+    )
     if err and not by_harness:
         if sent is None and str(err).startswith("no iperf3 result"):
             last = _log_line(run, f"background-{name}-client.log")
@@ -181,13 +217,17 @@ def _flow(run: Run, f: dict, scale: float, stopped: float | None, ended: float |
     want = (_num(f.get("duration_s")) or 0.0) * scale  # real seconds asked
     if by_harness:
         if stopped is None:
-            unknown.append("stopped by the harness, but flows.json records no stop time (an older version): "
-                           "its duration cannot be judged")
+            unknown.append(
+                "stopped by the harness, but flows.json records no stop time (an older version): "
+                "its duration cannot be judged"
+            )
         else:
             want = min(want, stopped - start)
     if not unknown and secs < want - max(FLOW_START_SLACK_S, tolerance * want):
-        problems.append(f"ran {secs / scale:.3g} of {want / scale:.3g} emulated s"
-                        + (" (until the harness stopped it)" if by_harness else ""))
+        problems.append(
+            f"ran {secs / scale:.3g} of {want / scale:.3g} emulated s"
+            + (" (until the harness stopped it)" if by_harness else "")
+        )
     rate = _num(f.get("rate_mbps"))
     if sent:
         achieved["rate_mbps"] = sent * 8 / secs / 1e6 * scale
@@ -203,8 +243,10 @@ def _flow(run: Run, f: dict, scale: float, stopped: float | None, ended: float |
     if tx is not None and received and span is not None:
         a, b = run.on_clock(start), run.on_clock(start + secs)
         if span[0] <= a and b <= span[1] and received > tx * (1 + tolerance):
-            problems.append(f"its server received {received:.0f} payload bytes but {f.get('src')}'s link carried "
-                            f"{tx} bytes during the capture")
+            problems.append(
+                f"its server received {received:.0f} payload bytes but {f.get('src')}'s link carried "
+                f"{tx} bytes during the capture"
+            )
     return _verdict("background", name, asked, achieved, problems, unknown)
 
 
@@ -224,9 +266,16 @@ def background_effects(run: Run, link_tx: dict[str, int | None] | None = None, t
     link_tx = link_tx or {}
     doc = run.background
     if not doc.get("flows"):
-        return [_verdict("background", str(f.get("name") or f"bg{i}"),
-                         {k: f.get(k) for k in ("src", "dst", "protocol", "rate_mbps", "start_s", "duration_s")}, {},
-                         ["no traces/background/flows.json: the flow was never started"]) for i, f in enumerate(flows)]
+        return [
+            _verdict(
+                "background",
+                str(f.get("name") or f"bg{i}"),
+                {k: f.get(k) for k in ("src", "dst", "protocol", "rate_mbps", "start_s", "duration_s")},
+                {},
+                ["no traces/background/flows.json: the flow was never started"],
+            )
+            for i, f in enumerate(flows)
+        ]
     scale = _num(doc.get("scale")) or run.scale
     stopped = _num(doc.get("stopped"))
     ended = _last_event_end(run)
@@ -245,29 +294,45 @@ def capture_effects(run: Run) -> list[Effect]:
         return []
     base = {k: pc.get(k) for k in ("filter", "snaplen_bytes", "start_s", "duration_s")}
     if not run.pcap:
-        return [_verdict("capture", ", ".join(map(str, pc.get("ports") or [])), base, {},
-                         ["no traces/pcap/ports.json: tcpdump was never started"])]
+        return [
+            _verdict(
+                "capture",
+                ", ".join(map(str, pc.get("ports") or [])),
+                base,
+                {},
+                ["no traces/pcap/ports.json: tcpdump was never started"],
+            )
+        ]
     out = []
     for e in run.pcap:
         port = str(e.get("port"))
         started, stopped, code = _num(e.get("started")), _num(e.get("stopped")), e.get("exit_code")
-        achieved = {"seconds": None if started is None or stopped is None else (stopped - started) / run.scale,
-                    "packets_captured": e.get("packets_captured"), "packets_dropped": e.get("packets_dropped"),
-                    "exit_code": code}
+        achieved = {
+            "seconds": None if started is None or stopped is None else (stopped - started) / run.scale,
+            "packets_captured": e.get("packets_captured"),
+            "packets_dropped": e.get("packets_dropped"),
+            "exit_code": code,
+        }
         asked = {"port": port, **base}
         problems, unknown = [], []
         if started is None:
-            problems.append(e.get("error") or f"never started: the run ended before its start at {pc.get('start_s')} "
-                                              f"emulated s")
+            problems.append(
+                e.get("error") or f"never started: the run ended before its start at {pc.get('start_s')} emulated s"
+            )
         else:
             if "exit_code" not in e:
                 unknown.append("ports.json records no exit status (an older version)")
             elif e.get("terminated") is False:
-                problems.append(f"tcpdump exited on its own (code {code}) before the harness stopped it; see "
-                                f"logs/tcpdump-{port}.log")
+                problems.append(
+                    f"tcpdump exited on its own (code {code}) before the harness stopped it; see "
+                    f"logs/tcpdump-{port}.log"
+                )
             elif code is None or code < 0:
-                problems.append(f"tcpdump did not exit on SIGTERM (killed by signal {-code})" if code is not None
-                                else "tcpdump's exit status is unknown")
+                problems.append(
+                    f"tcpdump did not exit on SIGTERM (killed by signal {-code})"
+                    if code is not None
+                    else "tcpdump's exit status is unknown"
+                )
             elif code != 0:
                 problems.append(f"tcpdump exited with code {code}; see logs/tcpdump-{port}.log")
             if e.get("packets_captured") is None:
@@ -286,6 +351,7 @@ def _event_name(i: int, ev: dict, rec: dict | None) -> str:
     if rec is not None:
         return f"#{i} {rec.get('kind')} {rec.get('target')}"
     from traffic.event_spec import ScheduledEvent  # lazy: only for an event without a record
+
     try:
         e = ScheduledEvent.model_validate({k: v for k, v in ev.items() if v is not None})
         return f"#{i} {e.kind} {e.target}"
@@ -327,21 +393,30 @@ def event_effects(run: Run) -> list[Effect]:
             out.append(_verdict("event", name, asked, {}, ["no record in schedule.jsonl"]))
             continue
         back = rec.get("readback_mbps")
-        achieved = {"applied": rec.get("applied"), "iteration": rec.get("iteration"),
-                    "emulated_s": rec.get("emulated_s"), "error": rec.get("error")}
+        achieved = {
+            "applied": rec.get("applied"),
+            "iteration": rec.get("iteration"),
+            "emulated_s": rec.get("emulated_s"),
+            "error": rec.get("error"),
+        }
         if isinstance(back, dict):
             achieved["readback_mbps"] = {k: None if _num(v) is None else v * run.scale for k, v in back.items()}
         problems = []
         if not rec.get("applied"):
             end_s = _run_end_s(run) if end_s is None else end_s
-            problems.append(f"never reached: the run ended at iteration {rec.get('iteration')}"
-                            + (f", emulated second {end_s:.3g}" if end_s is not None else ""))
+            problems.append(
+                f"never reached: the run ended at iteration {rec.get('iteration')}"
+                + (f", emulated second {end_s:.3g}" if end_s is not None else "")
+            )
         elif rec.get("error"):
             problems.append(str(rec["error"]))
         elif rec.get("kind") == "link_rate" and isinstance(back, dict):
             want, tol = _num(rec.get("shaped_mbps")), _num(rec.get("rate_tolerance"))
-            off = [f"{k} {v * run.scale:g}" if _num(v) is not None else f"{k} none" for k, v in back.items()
-                   if want and tol is not None and (_num(v) is None or abs(v - want) > tol * want)]
+            off = [
+                f"{k} {v * run.scale:g}" if _num(v) is not None else f"{k} none"
+                for k, v in back.items()
+                if want and tol is not None and (_num(v) is None or abs(v - want) > tol * want)
+            ]
             if off or not back:
                 problems.append(f"asked {rec.get('bw_mbps')} Mbit/s, read back " + (", ".join(off) or "nothing"))
         out.append(_verdict("event", name, asked, achieved, problems))
@@ -363,8 +438,16 @@ def process_effects(run: Run) -> list[Effect]:
         name = str(p.get("name"))
         asked = {"role": p.get("role"), "host": p.get("host")}
         if not run.exits:
-            out.append(_verdict("process", name, asked, {}, [], ["no logs/exits.json (an older version): its exit "
-                                                                 "status was not recorded"]))
+            out.append(
+                _verdict(
+                    "process",
+                    name,
+                    asked,
+                    {},
+                    [],
+                    ["no logs/exits.json (an older version): its exit status was not recorded"],
+                )
+            )
             continue
         e = run.exits.get(name)
         if not isinstance(e, dict):
@@ -397,33 +480,51 @@ def shaping_effects(run: Run) -> list[Effect]:
         return []
     doc = run.shaping
     missing = ["no shaping.json (an older version): the build's read-back verdict was not recorded"]
-    asked = {"links": len(links), "bw_mbps": sorted({v for v in (_num(l.get("bw_mbps")) for l in links)
-                                                     if v is not None})}
+    asked = {
+        "links": len(links),
+        "bw_mbps": sorted({v for v in (_num(l.get("bw_mbps")) for l in links) if v is not None}),
+    }
     if doc:
         errors = list(doc.get("errors") or [])
-        shaping = _verdict("shaping", "links", asked, {"ends": doc.get("ends"), "errors": errors},
-                           [f"{len(errors)} link end(s) not shaped as asked, first {errors[0]}"] if errors else [])
+        shaping = _verdict(
+            "shaping",
+            "links",
+            asked,
+            {"ends": doc.get("ends"), "errors": errors},
+            [f"{len(errors)} link end(s) not shaped as asked, first {errors[0]}"] if errors else [],
+        )
     else:
         shaping = _verdict("shaping", "links", asked, {}, [], missing)
     topo = (run.spec or {}).get("topology") or (run.topology or {}).get("spec") or {}
     delay, loss = _num(topo.get("delay_ms")) or 0.0, _num(topo.get("loss_pct")) or 0.0
     netem = doc.get("netem") or {}
     ends = [v for l in links for v in (l.get("shaping") or {}).values() if isinstance(v, dict)]
-    achieved = {"available": netem.get("available"), "ends": netem.get("ends"),
-                "delay_ms": (lambda s: None if s is None else [v / run.scale for v in s])(
-                    _span([e.get("delay_ms") for e in ends])),
-                "loss_pct": _span([e.get("loss_pct") for e in ends]), "errors": list(netem.get("errors") or [])}
+    achieved = {
+        "available": netem.get("available"),
+        "ends": netem.get("ends"),
+        "delay_ms": (lambda s: None if s is None else [v / run.scale for v in s])(
+            _span([e.get("delay_ms") for e in ends])
+        ),
+        "loss_pct": _span([e.get("loss_pct") for e in ends]),
+        "errors": list(netem.get("errors") or []),
+    }
     asked = {"delay_ms": delay, "loss_pct": loss}
     if not delay and not loss:
-        why = "the spec asks for no delay or loss" + ("; this machine's kernel has no netem"
-                                                        if netem.get("available") is False else "")
+        why = "the spec asks for no delay or loss" + (
+            "; this machine's kernel has no netem" if netem.get("available") is False else ""
+        )
         effect = _verdict("netem", "delay/loss", asked, achieved, [], [why])
     elif not doc:
         effect = _verdict("netem", "delay/loss", asked, achieved, [], missing)
     else:
         errs = achieved["errors"]
-        effect = _verdict("netem", "delay/loss", asked, achieved,
-                          [f"{len(errs)} link end(s) without the delay or loss asked, first {errs[0]}"] if errs else [])
+        effect = _verdict(
+            "netem",
+            "delay/loss",
+            asked,
+            achieved,
+            [f"{len(errs)} link end(s) without the delay or loss asked, first {errs[0]}"] if errs else [],
+        )
     return [shaping, effect]
 
 
@@ -442,8 +543,13 @@ def check(run: Run, link_tx: dict[str, int | None] | None = None, tolerance: flo
             :func:`background_effects`); :func:`analysis.metrics.compute_summary` gives
             :data:`analysis.metrics.RATE_TOLERANCE`, the links' own.
     """
-    return (background_effects(run, link_tx, tolerance) + capture_effects(run) + event_effects(run)
-            + process_effects(run) + shaping_effects(run))
+    return (
+        background_effects(run, link_tx, tolerance)
+        + capture_effects(run)
+        + event_effects(run)
+        + process_effects(run)
+        + shaping_effects(run)
+    )
 
 
 def unverified_lines(effects: list[Effect]) -> list[str]:

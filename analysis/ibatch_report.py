@@ -36,6 +36,7 @@ profile of the largest cluster's run, its ``ibatch`` run if any), with ``--fig7`
 ``breakdown.png``, into ``--plots``. The first table's figures are rounded to 6 decimals, the
 second's and the breakdown in ms to 2, the normalized breakdown to 3.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,9 +52,27 @@ from analysis.load import load
 from analysis.metrics import global_iterations, iteration_table, measured_iterations, throughput_stats
 from traffic import rundir
 
-__all__ = ["REPORT", "PARTS", "EXE_PARTS", "BREAKDOWN_NOTE", "find_runs", "measured_phase", "run_row", "report",
-           "speedup_table", "plot_speedup", "plot_layer_profile", "iteration_breakdown", "breakdown_row",
-           "breakdown_table", "breakdown_text", "plot_breakdown", "table", "plots", "main"]
+__all__ = [
+    "REPORT",
+    "PARTS",
+    "EXE_PARTS",
+    "BREAKDOWN_NOTE",
+    "find_runs",
+    "measured_phase",
+    "run_row",
+    "report",
+    "speedup_table",
+    "plot_speedup",
+    "plot_layer_profile",
+    "iteration_breakdown",
+    "breakdown_row",
+    "breakdown_table",
+    "breakdown_text",
+    "plot_breakdown",
+    "table",
+    "plots",
+    "main",
+]
 
 PROFILE_FILE = "ibatch.json"
 
@@ -78,10 +97,12 @@ def measured_phase(events: pd.DataFrame, profile_iterations: int, layers: int) -
     ev = events[(events["role"] == "worker") & (events["iteration"] > profile_iterations)]
     sync = ev[ev["kind"] == "sync"].assign(end=lambda d: d["ts"] + d["dur"])
     last = ev[(ev["kind"] == "forward") & (ev["layer"] == layers - 1)].assign(end=lambda d: d["ts"] + d["dur"])
-    m = sync[["proc", "iteration", "end"]].merge(last[["proc", "iteration", "end"]], on=["proc", "iteration"],
-                                                 suffixes=("_sync", "_fwd"))
-    return pd.DataFrame({"worker": m["proc"], "iteration": m["iteration"].astype(int),
-                         "phase_s": m["end_fwd"] - m["end_sync"]})
+    m = sync[["proc", "iteration", "end"]].merge(
+        last[["proc", "iteration", "end"]], on=["proc", "iteration"], suffixes=("_sync", "_fwd")
+    )
+    return pd.DataFrame(
+        {"worker": m["proc"], "iteration": m["iteration"].astype(int), "phase_s": m["end_fwd"] - m["end_sync"]}
+    )
 
 
 def _throughput(run) -> float | None:
@@ -102,14 +123,24 @@ def run_row(run_dir) -> dict:
     used = doc["used"]
     phase = measured_phase(run.events, int(doc["profile_iterations"]), int(doc["layers"]))
     workers = len([p for p in (run.processes or {}).get("processes", []) if p["role"] == "worker"]) or doc["workers"]
-    return {"run": str(run_dir), "model": w["model"], "pull": doc["strategy"], "nodes": workers,
-            "overlap": bool(w.get("options", {}).get("overlap", False)),
-            "samples_per_s": _throughput(run), "batches": len(used["ends"]), "ends": used["ends"],
-            "chosen": doc["chosen"], "T_s_ms": 1e3 * doc["profile"]["startup_s"] / scale,
-            "model_exe_s": used["exe_s"] / scale, "model_pipeline_s": used["pipeline_s"] / scale,
-            "meets_5": used["meets_constraint"],
-            "measured_phase_s": float(phase["phase_s"].median()) if len(phase) else np.nan,
-            "optimal_exe_s": doc["optimal"]["exe_s"] / scale, "flags": skeleton.fidelity_flags(run_dir)}
+    return {
+        "run": str(run_dir),
+        "model": w["model"],
+        "pull": doc["strategy"],
+        "nodes": workers,
+        "overlap": bool(w.get("options", {}).get("overlap", False)),
+        "samples_per_s": _throughput(run),
+        "batches": len(used["ends"]),
+        "ends": used["ends"],
+        "chosen": doc["chosen"],
+        "T_s_ms": 1e3 * doc["profile"]["startup_s"] / scale,
+        "model_exe_s": used["exe_s"] / scale,
+        "model_pipeline_s": used["pipeline_s"] / scale,
+        "meets_5": used["meets_constraint"],
+        "measured_phase_s": float(phase["phase_s"].median()) if len(phase) else np.nan,
+        "optimal_exe_s": doc["optimal"]["exe_s"] / scale,
+        "flags": skeleton.fidelity_flags(run_dir),
+    }
 
 
 def speedup_table(rows: pd.DataFrame) -> pd.DataFrame:
@@ -164,7 +195,8 @@ BREAKDOWN_NOTE = (
     "and the rest of the iteration. Means over workers and the iterations after profiling and warm-up, emulated "
     "time. None of Fig. 7's three parts is missing from the events; what they cannot give is the paper's "
     "normalization base (not stated; here the default pull's ExeTime at the same model, nodes and setting) and "
-    "its 72 nodes (Fig. 7's cluster).")
+    "its 72 nodes (Fig. 7's cluster)."
+)
 
 
 def _merged(spans) -> list[tuple[float, float]]:
@@ -228,8 +260,11 @@ def iteration_breakdown(events: pd.DataFrame, first_iteration: int) -> pd.DataFr
     cols = ["worker", "iteration", "iteration_s", "exe_s", *PARTS]
     if events.empty:
         return pd.DataFrame(columns=cols)
-    ev = events[(events["role"] == "worker") & (events["iteration"] >= first_iteration)
-                & events["kind"].isin(["iteration", "sync", "forward", "pull_batch"])]
+    ev = events[
+        (events["role"] == "worker")
+        & (events["iteration"] >= first_iteration)
+        & events["kind"].isin(["iteration", "sync", "forward", "pull_batch"])
+    ]
     rows = []
     for (proc, it), g in ev.groupby(["proc", "iteration"], sort=True):
         itr, sync, fwd = _spans(g, "iteration"), _spans(g, "sync"), _spans(g, "forward")
@@ -242,10 +277,20 @@ def iteration_breakdown(events: pd.DataFrame, first_iteration: int) -> pd.DataFr
         both = _common(comm, comp)
         c, f = _length(comm), _length(comp)
         # max(0, .): a difference of equal sums may come out a rounding error below zero
-        rows.append({"worker": proc, "iteration": int(it), "iteration_s": t1 - t0, "exe_s": end - start,
-                     "sync_s": start - t0, "comm_only_s": max(0.0, c - both), "overlap_s": both,
-                     "comp_only_s": max(0.0, f - both), "idle_s": max(0.0, (end - start) - (c + f - both)),
-                     "after_s": t1 - end})
+        rows.append(
+            {
+                "worker": proc,
+                "iteration": int(it),
+                "iteration_s": t1 - t0,
+                "exe_s": end - start,
+                "sync_s": start - t0,
+                "comm_only_s": max(0.0, c - both),
+                "overlap_s": both,
+                "comp_only_s": max(0.0, f - both),
+                "idle_s": max(0.0, (end - start) - (c + f - both)),
+                "after_s": t1 - end,
+            }
+        )
     out = pd.DataFrame(rows, columns=cols)
     return out.sort_values(["iteration", "worker"], kind="stable").reset_index(drop=True)
 
@@ -286,8 +331,14 @@ def breakdown_row(run_dir) -> dict:
     if stop is not None:
         b = b[b["iteration"] < stop]
     workers = len([p for p in (run.processes or {}).get("processes", []) if p["role"] == "worker"]) or doc["workers"]
-    row = {"run": str(run_dir), "model": w.get("model"), "pull": doc["strategy"], "nodes": workers,
-           "spec": _flat(run.spec), "worker_iterations": len(b)}
+    row = {
+        "run": str(run_dir),
+        "model": w.get("model"),
+        "pull": doc["strategy"],
+        "nodes": workers,
+        "spec": _flat(run.spec),
+        "worker_iterations": len(b),
+    }
     for c in ("iteration_s", "exe_s", *PARTS):
         row[c] = float(b[c].mean()) if len(b) else np.nan
     row["flags"] = skeleton.fidelity_flags(run_dir)
@@ -314,8 +365,9 @@ def breakdown_table(paths) -> pd.DataFrame:
     df = pd.DataFrame(rows)
     keys = sorted({k for s in df["spec"] for k in s} - _NOT_SETTING)
     varying = [k for k in keys if len({s.get(k) for s in df["spec"]}) > 1]
-    df["setting"] = [" ".join(f"{k.rsplit('.', 1)[-1]}={json.loads(s[k]) if k in s else None}" for k in varying)
-                     for s in df["spec"]]
+    df["setting"] = [
+        " ".join(f"{k.rsplit('.', 1)[-1]}={json.loads(s[k]) if k in s else None}" for k in varying) for s in df["spec"]
+    ]
     point = ["model", "nodes", "setting"]
     base = df[df["pull"] == "default"].groupby(point)["exe_s"].mean()
     ref = [base.get(tuple(k), np.nan) for k in df[point].itertuples(index=False)]
@@ -330,19 +382,44 @@ def breakdown_table(paths) -> pd.DataFrame:
 def breakdown_text(df: pd.DataFrame) -> str:
     """The two tables of :func:`breakdown_table` (ms per iteration; normalized ExeTime), and
     :data:`BREAKDOWN_NOTE`."""
-    ms = pd.DataFrame({"model": df["model"], "pull": df["pull"], "nodes": df["nodes"], "setting": df["setting"],
-                       "n": df["worker_iterations"], "iteration": 1e3 * df["iteration_s"], "sync": 1e3 * df["sync_s"],
-                       "ExeTime": 1e3 * df["exe_s"], "comm only": 1e3 * df["comm_only_s"],
-                       "overlap": 1e3 * df["overlap_s"], "comp only": 1e3 * df["comp_only_s"],
-                       "idle": 1e3 * df["idle_s"], "after forward": 1e3 * df["after_s"], "flags": df["flags"]}).round(2)
-    norm = pd.DataFrame({"model": df["model"], "pull": df["pull"], "nodes": df["nodes"], "setting": df["setting"],
-                         "comm only": df["norm_comm_only"], "overlap": df["norm_overlap"],
-                         "comp only": df["norm_comp_only"], "idle": df["norm_idle"], "ExeTime": df["norm_exe"],
-                         "flags": df["flags"]}).round(3)
-    return ("Execution time per iteration, ms (iBatch Fig. 7; n = worker iterations averaged):\n"
-            f"{skeleton.flagged_markdown(ms, floatfmt='')}\n"
-            "\nExeTime normalized to the default pull's ExeTime at the same model, nodes and setting (Fig. 7):\n"
-            f"{skeleton.flagged_markdown(norm, floatfmt='')}\n\n" + textwrap.fill(BREAKDOWN_NOTE, width=110))
+    ms = pd.DataFrame(
+        {
+            "model": df["model"],
+            "pull": df["pull"],
+            "nodes": df["nodes"],
+            "setting": df["setting"],
+            "n": df["worker_iterations"],
+            "iteration": 1e3 * df["iteration_s"],
+            "sync": 1e3 * df["sync_s"],
+            "ExeTime": 1e3 * df["exe_s"],
+            "comm only": 1e3 * df["comm_only_s"],
+            "overlap": 1e3 * df["overlap_s"],
+            "comp only": 1e3 * df["comp_only_s"],
+            "idle": 1e3 * df["idle_s"],
+            "after forward": 1e3 * df["after_s"],
+            "flags": df["flags"],
+        }
+    ).round(2)
+    norm = pd.DataFrame(
+        {
+            "model": df["model"],
+            "pull": df["pull"],
+            "nodes": df["nodes"],
+            "setting": df["setting"],
+            "comm only": df["norm_comm_only"],
+            "overlap": df["norm_overlap"],
+            "comp only": df["norm_comp_only"],
+            "idle": df["norm_idle"],
+            "ExeTime": df["norm_exe"],
+            "flags": df["flags"],
+        }
+    ).round(3)
+    return (
+        "Execution time per iteration, ms (iBatch Fig. 7; n = worker iterations averaged):\n"
+        f"{skeleton.flagged_markdown(ms, floatfmt='')}\n"
+        "\nExeTime normalized to the default pull's ExeTime at the same model, nodes and setting (Fig. 7):\n"
+        f"{skeleton.flagged_markdown(norm, floatfmt='')}\n\n" + textwrap.fill(BREAKDOWN_NOTE, width=110)
+    )
 
 
 def plot_breakdown(df: pd.DataFrame, path) -> Path:
@@ -351,9 +428,11 @@ def plot_breakdown(df: pd.DataFrame, path) -> Path:
     has a default run, else in ms."""
     # lazy: analysis.plots loads matplotlib, which the tables do not need
     from analysis.plots import plt, save_figure
+
     points = list(dict.fromkeys(df[["model", "nodes", "setting"]].itertuples(index=False, name=None)))
-    fig, axes = plt.subplots(1, len(points), figsize=(max(3.2, 0.9 * len(df) / len(points) + 1.6) * len(points), 3.6),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(points), figsize=(max(3.2, 0.9 * len(df) / len(points) + 1.6) * len(points), 3.6), squeeze=False
+    )
     labels = {"comm_only": "comm only", "overlap": "overlap", "comp_only": "comp only", "idle": "idle"}
     for ax, (model, nodes, setting) in zip(axes[0], points):
         g = df[(df["model"] == model) & (df["nodes"] == nodes) & (df["setting"] == setting)]
@@ -376,17 +455,35 @@ def table(paths, fig7: bool = False) -> str:
     """Both tables of the module docstring for the runs under ``paths``, as text; with ``fig7``
     also :func:`breakdown_text` of :func:`breakdown_table`."""
     rows = report(paths)
-    t = rows.assign(eq4_ms=1e3 * rows["model_exe_s"], timeline_ms=1e3 * rows["model_pipeline_s"],
-                    measured_ms=1e3 * rows["measured_phase_s"], optimum_eq4_ms=1e3 * rows["optimal_exe_s"])
+    t = rows.assign(
+        eq4_ms=1e3 * rows["model_exe_s"],
+        timeline_ms=1e3 * rows["model_pipeline_s"],
+        measured_ms=1e3 * rows["measured_phase_s"],
+        optimum_eq4_ms=1e3 * rows["optimal_exe_s"],
+    )
     # pandas' display precision (6 decimals) and the 2 decimals of before, printed as rounded
     first = rows[["model", "pull", "nodes", "samples_per_s", "speedup", "batches", "ends", "flags"]].round(6)
-    second = t[["model", "pull", "nodes", "T_s_ms", "meets_5", "eq4_ms", "timeline_ms", "measured_ms",
-                "optimum_eq4_ms", "flags"]].round(2)
-    return ("Throughput and speedup over one node (iBatch Fig. 5):\n"
-            f"{skeleton.flagged_markdown(first, floatfmt='')}\n"
-            "\nPull-plus-forward phase, model (eq. (4) / two-thread timeline) against measured (median), ms:\n"
-            f"{skeleton.flagged_markdown(second, floatfmt='')}"
-            + (f"\n\n{breakdown_text(breakdown_table(paths))}" if fig7 else ""))
+    second = t[
+        [
+            "model",
+            "pull",
+            "nodes",
+            "T_s_ms",
+            "meets_5",
+            "eq4_ms",
+            "timeline_ms",
+            "measured_ms",
+            "optimum_eq4_ms",
+            "flags",
+        ]
+    ].round(2)
+    return (
+        "Throughput and speedup over one node (iBatch Fig. 5):\n"
+        f"{skeleton.flagged_markdown(first, floatfmt='')}\n"
+        "\nPull-plus-forward phase, model (eq. (4) / two-thread timeline) against measured (median), ms:\n"
+        f"{skeleton.flagged_markdown(second, floatfmt='')}"
+        + (f"\n\n{breakdown_text(breakdown_table(paths))}" if fig7 else "")
+    )
 
 
 def plots(paths, out_dir, fig7: bool = False) -> list[Path]:
@@ -410,6 +507,7 @@ def plot_speedup(rows: pd.DataFrame, path, sweeps=()) -> Path:
     (:func:`analysis.plots.mark_paper`)."""
     # lazy: analysis.plots loads matplotlib, which the tables do not need
     from analysis.plots import mark_paper, plt, save_figure, x_spans
+
     models = sorted(rows["model"].unique())
     fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.4), squeeze=False)
     for ax, model in zip(axes[0], models):
@@ -432,6 +530,7 @@ def plot_layer_profile(run_dir, path) -> Path:
     in the run (ms, emulated time), with the batches iBatch chose marked."""
     # lazy: analysis.plots loads matplotlib, which the tables do not need
     from analysis.plots import plt, save_figure
+
     doc = json.loads((Path(run_dir) / PROFILE_FILE).read_text())
     scale = float(doc.get("scale") or 1.0)
     p = doc["profile"]
@@ -454,8 +553,11 @@ def plot_layer_profile(run_dir, path) -> Path:
 
 
 def _options(ap) -> None:
-    ap.add_argument("--fig7", action="store_true",
-                    help="also the execution-time breakdown of Fig. 7 (and breakdown.png with --plots)")
+    ap.add_argument(
+        "--fig7",
+        action="store_true",
+        help="also the execution-time breakdown of Fig. 7 (and breakdown.png with --plots)",
+    )
 
 
 REPORT = skeleton.Report("ibatch", __doc__.split("\n")[0], table, plots, _options)

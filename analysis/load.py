@@ -3,6 +3,7 @@
 Every file is optional: a run that failed early still loads, with empty frames (with their
 columns) and empty dicts for what it did not write.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,18 @@ log = logging.getLogger(__name__)
 
 EVENT_COLUMNS = ["proc", "role", "rank", "thread", "kind", "ts", "dur", "iteration", "layer", "bytes", "peer"]
 ITERATION_COLUMNS = ["iteration", "worker", "start", "end", "duration_s", "samples"]
-PORT_COLUMNS = ["iface", "switch", "switch_role", "peer", "peer_is_host", "link_class", "rack", "bw_mbps",
-                "host", "tor_side"]
+PORT_COLUMNS = [
+    "iface",
+    "switch",
+    "switch_role",
+    "peer",
+    "peer_is_host",
+    "link_class",
+    "rack",
+    "bw_mbps",
+    "host",
+    "tor_side",
+]
 
 
 @dataclass
@@ -85,6 +96,7 @@ class Run:
         ``provenance.json`` as written when the run started (the mapping of
         :class:`common.provenance.Provenance`); {} for a run without one.
     """
+
     path: Path
     spec: dict = field(default_factory=dict)
     topology: dict = field(default_factory=dict)
@@ -313,19 +325,30 @@ def port_table(topology: dict) -> pd.DataFrame:
     hosts = {h.get("name") for h in topology.get("hosts", [])}
     rows = []
     for link in topology.get("links", []):
-        ends = [(link.get("node1"), link.get("intf1"), link.get("node2")),
-                (link.get("node2"), link.get("intf2"), link.get("node1"))]
+        ends = [
+            (link.get("node1"), link.get("intf1"), link.get("node2")),
+            (link.get("node2"), link.get("intf2"), link.get("node1")),
+        ]
         sw_ends = [e for e in ends if e[0] in switches]
         tor_end = None
         if link.get("class") == "uplink" and sw_ends:
             tors = [e for e in sw_ends if (switches[e[0]].get("role") or "") == "tor"]
             tor_end = (tors or sw_ends)[0]
         for node, intf, peer in sw_ends:
-            rows.append({"iface": intf, "switch": node, "switch_role": switches[node].get("role"),
-                         "peer": peer, "peer_is_host": peer in hosts, "link_class": link.get("class"),
-                         "rack": link.get("rack"), "bw_mbps": link.get("bw_mbps"),
-                         "host": peer if peer in hosts else None,
-                         "tor_side": tor_end is not None and tor_end[1] == intf})
+            rows.append(
+                {
+                    "iface": intf,
+                    "switch": node,
+                    "switch_role": switches[node].get("role"),
+                    "peer": peer,
+                    "peer_is_host": peer in hosts,
+                    "link_class": link.get("class"),
+                    "rack": link.get("rack"),
+                    "bw_mbps": link.get("bw_mbps"),
+                    "host": peer if peer in hosts else None,
+                    "tor_side": tor_end is not None and tor_end[1] == intf,
+                }
+            )
     return pd.DataFrame(rows, columns=PORT_COLUMNS)
 
 
@@ -337,8 +360,11 @@ def to_emulated_time(scale: float, traces, qdisc, cpu, events):
     the run) and every duration d becomes ``d / s``. Rates computed afterwards from byte
     counts are then in the emulated network's units (s times the rates shaped here).
     """
-    starts = [pd.to_numeric(df[c], errors="coerce").min() for df, c in
-              ((traces, "time"), (qdisc, "time"), (cpu, "time"), (events, "ts")) if not df.empty and c in df]
+    starts = [
+        pd.to_numeric(df[c], errors="coerce").min()
+        for df, c in ((traces, "time"), (qdisc, "time"), (cpu, "time"), (events, "ts"))
+        if not df.empty and c in df
+    ]
     starts = [v for v in starts if pd.notna(v)]
     if not starts:
         return traces, qdisc, cpu, events
@@ -392,16 +418,33 @@ def load(run_dir: str | Path) -> Run:
         iterations = tr.read_table(p / "iterations.csv", ITERATION_COLUMNS)
     else:
         iterations = iteration_table(events)
-    run = Run(path=p, spec=spec, topology=_read_json(p / "topology.json"),
-              processes=processes, summary=_read_summary(p), results=results,
-              traces=traces, rates=tr.rates(traces), qdisc=qdisc, cpu=cpu, memory=memory, events=events,
-              iterations=iterations)
+    run = Run(
+        path=p,
+        spec=spec,
+        topology=_read_json(p / "topology.json"),
+        processes=processes,
+        summary=_read_summary(p),
+        results=results,
+        traces=traces,
+        rates=tr.rates(traces),
+        qdisc=qdisc,
+        cpu=cpu,
+        memory=memory,
+        events=events,
+        iterations=iterations,
+    )
     run.schedule = read_schedule(p)
     for rec in run.schedule:
         rec["time"] = run.on_clock(rec.get("ts"))
-    run.background, run.exits, run.shaping, run.provenance = (_read_object(p / f) for f in (
-        Path("traces", "background", "flows.json"), Path("logs", "exits.json"), Path("shaping.json"),
-        Path(PROVENANCE_FILE)))
+    run.background, run.exits, run.shaping, run.provenance = (
+        _read_object(p / f)
+        for f in (
+            Path("traces", "background", "flows.json"),
+            Path("logs", "exits.json"),
+            Path("shaping.json"),
+            Path(PROVENANCE_FILE),
+        )
+    )
     pcap = _read_json(p / "traces" / "pcap" / "ports.json")
     run.pcap = [e for e in pcap if isinstance(e, dict)] if isinstance(pcap, list) else []
     return run
@@ -416,8 +459,9 @@ def read_sweep_csv(path: str | Path, **read_csv) -> pd.DataFrame:
         OSError: the file cannot be read; pandas' errors: it is not CSV.
     """
     df = pd.read_csv(path, **read_csv)
-    return df.rename(columns={old: new for old, new in SWEEP_RENAMED.items()
-                              if old in df.columns and new not in df.columns})
+    return df.rename(
+        columns={old: new for old, new in SWEEP_RENAMED.items() if old in df.columns and new not in df.columns}
+    )
 
 
 def iteration_table(events: pd.DataFrame) -> pd.DataFrame:
@@ -431,7 +475,14 @@ def iteration_table(events: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame({c: pd.Series(dtype=object if c == "worker" else "float64") for c in ITERATION_COLUMNS})
     ev = events[(events["kind"] == "iteration") & (events["role"] == "worker") & events["iteration"].notna()]
     samples = ev["samples"] if "samples" in ev else pd.Series(np.nan, index=ev.index)
-    df = pd.DataFrame({"iteration": ev["iteration"].astype(int), "worker": ev["proc"].astype(str),
-                       "start": ev["ts"], "end": ev["ts"] + ev["dur"], "duration_s": ev["dur"],
-                       "samples": pd.to_numeric(samples, errors="coerce")})
+    df = pd.DataFrame(
+        {
+            "iteration": ev["iteration"].astype(int),
+            "worker": ev["proc"].astype(str),
+            "start": ev["ts"],
+            "end": ev["ts"] + ev["dur"],
+            "duration_s": ev["dur"],
+            "samples": pd.to_numeric(samples, errors="coerce"),
+        }
+    )
     return df.sort_values(["iteration", "worker"], kind="stable").reset_index(drop=True)

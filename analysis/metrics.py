@@ -76,6 +76,7 @@ Definitions (all documented again in ``summary.json``'s ``*method`` fields):
   ``fidelity.unverified`` lists those not done, and a run the harness ended ``ok`` with one
   is ``failed`` (``error``: ``asked for but not done:`` and those lines), every figure kept.
 """
+
 from __future__ import annotations
 
 import json
@@ -90,13 +91,23 @@ from scipy import stats
 
 from analysis import effects
 from analysis import traces as tr
-from analysis.load import (ITERATION_COLUMNS, Run, iteration_table, load,  # noqa: F401 (iteration_table: re-exported)
-                           port_table)
+from analysis.load import ITERATION_COLUMNS, Run, iteration_table, load, port_table  # noqa: F401 (iteration_table: re-exported)
 from common.provenance import Provenance
 from traffic.hostmodel.costs import OVERRUN_THRESHOLD
 from traffic.rundir import read_spec
-from traffic.summary import (Bytes, BytesPerIteration, Cpu, Fidelity, HostCost, IterationTime, Memory, RateCheck,
-                             RunSummary, Segment, Throughput)
+from traffic.summary import (
+    Bytes,
+    BytesPerIteration,
+    Cpu,
+    Fidelity,
+    HostCost,
+    IterationTime,
+    Memory,
+    RateCheck,
+    RunSummary,
+    Segment,
+    Throughput,
+)
 
 CPU_IDLE_RULE = "Mininet-HiFi: keep >= 35% CPU idle"
 #: ``fidelity.rule`` of a run spread over several machines
@@ -142,12 +153,23 @@ def global_iterations(iters: pd.DataFrame, workers: int | None = None) -> pd.Dat
         start), ``time_s`` (the iteration time: end - period_start, s), ``samples`` (sum over
         workers), ``workers`` (count), ``complete`` (bool), ``samples_per_s`` (samples / time_s).
     """
-    cols = ["iteration", "start", "end", "span_s", "period_start", "time_s", "samples", "workers", "complete",
-            "samples_per_s"]
+    cols = [
+        "iteration",
+        "start",
+        "end",
+        "span_s",
+        "period_start",
+        "time_s",
+        "samples",
+        "workers",
+        "complete",
+        "samples_per_s",
+    ]
     if iters.empty:
         return pd.DataFrame(columns=cols)
-    g = iters.groupby("iteration").agg(start=("start", "min"), end=("end", "max"),
-                                       samples=("samples", "sum"), workers=("worker", "nunique"))
+    g = iters.groupby("iteration").agg(
+        start=("start", "min"), end=("end", "max"), samples=("samples", "sum"), workers=("worker", "nunique")
+    )
     g = g.reset_index().sort_values("iteration", ignore_index=True)
     g["span_s"] = g["end"] - g["start"]
     g["period_start"] = g["end"].shift().fillna(g["start"])
@@ -165,7 +187,7 @@ def measured_iterations(glob: pd.DataFrame, warmup: int, count: int | None = Non
         return glob
     order = sorted(glob["iteration"])
     w = max(0, int(warmup))
-    keep = set(order[w:] if count is None else order[w:w + max(0, int(count))])
+    keep = set(order[w:] if count is None else order[w : w + max(0, int(count))])
     return glob[glob["iteration"].isin(keep) & glob["complete"]]
 
 
@@ -255,22 +277,45 @@ def throughput_stats(measured: pd.DataFrame) -> tuple[Throughput, IterationTime]
         The ``throughput`` and ``iteration_time_s`` sections, every key set (None values if no data).
     """
     m = measured[measured["time_s"] > 0] if not measured.empty else measured
-    tp = {"mean": None, "spread95": None, "mean_ci95_low": None, "mean_ci95_high": None, "std": None, "min": None,
-          "max": None, "overall": None, "n": int(len(m)), "unit": "samples/s",
-          "method": "per iteration: global batch / iteration time (latest worker end of the iteration - "
-                    "latest worker end of the one before); over post-warm-up iterations: mean, spread95 = "
-                    "1.96*std (ddof=0) as Horovod's benchmark, mean_ci95 = Student's t 95% interval of the mean "
-                    "(sd ddof=1, n-1 degrees of freedom); overall = measured samples / sum of their iteration times"}
+    tp = {
+        "mean": None,
+        "spread95": None,
+        "mean_ci95_low": None,
+        "mean_ci95_high": None,
+        "std": None,
+        "min": None,
+        "max": None,
+        "overall": None,
+        "n": int(len(m)),
+        "unit": "samples/s",
+        "method": "per iteration: global batch / iteration time (latest worker end of the iteration - "
+        "latest worker end of the one before); over post-warm-up iterations: mean, spread95 = "
+        "1.96*std (ddof=0) as Horovod's benchmark, mean_ci95 = Student's t 95% interval of the mean "
+        "(sd ddof=1, n-1 degrees of freedom); overall = measured samples / sum of their iteration times",
+    }
     it = {"mean": None, "p50": None, "p95": None, "std": None, "min": None, "max": None, "n": int(len(m))}
     if len(m):
         s = m["samples_per_s"].to_numpy(dtype=float)
         t = m["time_s"].to_numpy(dtype=float)
         low, high = mean_interval(s)
-        tp.update(mean=_f(s.mean()), std=_f(s.std()), spread95=_f(1.96 * s.std()), mean_ci95_low=low,
-                  mean_ci95_high=high, min=_f(s.min()), max=_f(s.max()))
+        tp.update(
+            mean=_f(s.mean()),
+            std=_f(s.std()),
+            spread95=_f(1.96 * s.std()),
+            mean_ci95_low=low,
+            mean_ci95_high=high,
+            min=_f(s.min()),
+            max=_f(s.max()),
+        )
         tp["overall"] = _f(m["samples"].sum() / t.sum())
-        it.update(mean=_f(t.mean()), p50=_f(np.percentile(t, 50)), p95=_f(np.percentile(t, 95)),
-                  std=_f(t.std()), min=_f(t.min()), max=_f(t.max()))
+        it.update(
+            mean=_f(t.mean()),
+            p50=_f(np.percentile(t, 50)),
+            p95=_f(np.percentile(t, 95)),
+            std=_f(t.std()),
+            min=_f(t.min()),
+            max=_f(t.max()),
+        )
     return Throughput.model_validate(tp), IterationTime.model_validate(it)
 
 
@@ -302,8 +347,14 @@ def segments(measured: pd.DataFrame, schedule: list[dict], t_measured: float | N
         applied (``start_s``/``end_s`` in emulated seconds since ``t_measured``); empty when
         no event was applied.
     """
-    cuts = sorted((r for r in schedule if r.get("applied") and not r.get("error") and r.get("time") is not None
-                   and r.get("iteration") is not None), key=lambda r: (r["time"], r.get("index", 0)))
+    cuts = sorted(
+        (
+            r
+            for r in schedule
+            if r.get("applied") and not r.get("error") and r.get("time") is not None and r.get("iteration") is not None
+        ),
+        key=lambda r: (r["time"], r.get("index", 0)),
+    )
     if not cuts:
         return []
     if t_measured is None and not measured.empty:
@@ -332,14 +383,20 @@ def segments(measured: pd.DataFrame, schedule: list[dict], t_measured: float | N
                 keep &= m["iteration"] <= last
             m = m[keep]
         tp, it = throughput_stats(m)
-        out.append(Segment(from_event=None if opener is None else opener.get("index"), events=together[k],
-                           kind=None if opener is None else opener.get("kind"),
-                           target=None if opener is None else opener.get("target"),
-                           iterations=[first, last],
-                           start_s=None if opener is None else rel(float(opener["time"])),
-                           end_s=None if nxt is None else rel(float(nxt["time"])), n=tp.n,
-                           throughput=Throughput(mean=tp.mean, overall=tp.overall, unit="samples/s"),
-                           iteration_time_s=IterationTime(mean=it.mean, p95=it.p95)))
+        out.append(
+            Segment(
+                from_event=None if opener is None else opener.get("index"),
+                events=together[k],
+                kind=None if opener is None else opener.get("kind"),
+                target=None if opener is None else opener.get("target"),
+                iterations=[first, last],
+                start_s=None if opener is None else rel(float(opener["time"])),
+                end_s=None if nxt is None else rel(float(nxt["time"])),
+                n=tp.n,
+                throughput=Throughput(mean=tp.mean, overall=tp.overall, unit="samples/s"),
+                iteration_time_s=IterationTime(mean=it.mean, p95=it.p95),
+            )
+        )
     return out
 
 
@@ -389,9 +446,13 @@ def link_bytes(traces: pd.DataFrame, topology: dict, window: tuple[float, float]
             per_host[h] = {"tx": None, "rx": None}
         else:  # host tx = switch port rx; host rx = switch port tx
             per_host[h] = {"tx": int(sum(v[1] for v in vals)), "rx": int(sum(v[0] for v in vals))}
-    return {"host_links": total(host_links), "uplinks": total(uplinks) if len(tor_up) else 0 if sampled else None,
-            "core": total(core) if len(tor_up) else 0 if sampled else None,
-            "per_host": per_host, "per_port": per_port}
+    return {
+        "host_links": total(host_links),
+        "uplinks": total(uplinks) if len(tor_up) else 0 if sampled else None,
+        "core": total(core) if len(tor_up) else 0 if sampled else None,
+        "per_host": per_host,
+        "per_port": per_port,
+    }
 
 
 def background_core_bytes(per_host: dict, topology: dict, flows: list[dict] | None) -> int | None:
@@ -417,8 +478,9 @@ def background_core_bytes(per_host: dict, topology: dict, flows: list[dict] | No
     return None if any(v is None for v in tx) else int(sum(tx))
 
 
-def rate_check(rates: pd.DataFrame, topology: dict, tolerance: float = RATE_TOLERANCE,
-               schedule: list[dict] | None = None) -> dict:
+def rate_check(
+    rates: pd.DataFrame, topology: dict, tolerance: float = RATE_TOLERANCE, schedule: list[dict] | None = None
+) -> dict:
     """Highest achieved rate of each link direction against its configured rate: the highest
     it had during the run (its build rate, or a scheduled ``link_rate`` event's ``bw_mbps``
     applied to it, from ``schedule``: the run's ``schedule.jsonl`` records).
@@ -430,9 +492,12 @@ def rate_check(rates: pd.DataFrame, topology: dict, tolerance: float = RATE_TOLE
         ``{"shaping_failed": bool or None, "window_s": float, "rule": str, "links":
         [{"iface", "class", "bw_mbps", "max_tx_mbps", "max_rx_mbps", "max_ratio"}]}``.
     """
-    out = {"shaping_failed": None, "window_s": None,
-           "rule": f"max rate over the window > (1 + {tolerance:g}) x configured bw_mbps means shaping failed",
-           "links": []}
+    out = {
+        "shaping_failed": None,
+        "window_s": None,
+        "rule": f"max rate over the window > (1 + {tolerance:g}) x configured bw_mbps means shaping failed",
+        "links": [],
+    }
     ports = port_table(topology)
     if rates.empty or ports.empty:
         return out
@@ -443,15 +508,31 @@ def rate_check(rates: pd.DataFrame, topology: dict, tolerance: float = RATE_TOLE
     failed = False
     for _, p in checked.iterrows():
         g = w[w["iface"] == p["iface"]]
-        bw = _f(max([p["bw_mbps"]] + [r["bw_mbps"] for r in schedule or [] if r.get("kind") == "link_rate"
-                                      and r.get("applied") and p["iface"] in (r.get("ifaces") or [])]))
+        bw = _f(
+            max(
+                [p["bw_mbps"]]
+                + [
+                    r["bw_mbps"]
+                    for r in schedule or []
+                    if r.get("kind") == "link_rate" and r.get("applied") and p["iface"] in (r.get("ifaces") or [])
+                ]
+            )
+        )
         if g.empty:
             continue
         tx, rx = g["tx_bps"].max() / 1e6, g["rx_bps"].max() / 1e6
         ratio = max(tx, rx) / bw if bw else None
         failed |= bool(ratio is not None and ratio > 1 + tolerance)
-        out["links"].append({"iface": p["iface"], "class": p["link_class"], "bw_mbps": bw,
-                             "max_tx_mbps": _f(tx), "max_rx_mbps": _f(rx), "max_ratio": _f(ratio)})
+        out["links"].append(
+            {
+                "iface": p["iface"],
+                "class": p["link_class"],
+                "bw_mbps": bw,
+                "max_tx_mbps": _f(tx),
+                "max_rx_mbps": _f(rx),
+                "max_ratio": _f(ratio),
+            }
+        )
     out.update(shaping_failed=failed if out["links"] else None, window_s=window)
     return out
 
@@ -459,8 +540,7 @@ def rate_check(rates: pd.DataFrame, topology: dict, tolerance: float = RATE_TOLE
 # ----------------------------------------------------------------------------- cpu
 
 
-def cpu_stats(cpu: pd.DataFrame, window: tuple[float, float] | None = None,
-              machines: list[str] | None = None) -> dict:
+def cpu_stats(cpu: pd.DataFrame, window: tuple[float, float] | None = None, machines: list[str] | None = None) -> dict:
     """Idle % of the run's cores (see module doc), per machine for a run spread over several.
 
     A cluster run's ``cpu.csv`` (:mod:`testbed.capture.merge`) has its remote machines'
@@ -509,18 +589,28 @@ def cpu_stats(cpu: pd.DataFrame, window: tuple[float, float] | None = None,
         per[m] = _machine_cpu(cpu[own].assign(id=bare[own]), window)
     c, label = _window_rows(cpu, window)
     procs = c[c["kind"] == "proc"]
-    out = {"idle_pct_mean": None, "idle_pct_per_core": {}, "min_idle_pct": None, "window": label,
-           "procs_busy_pct_mean": {str(k): _f(v) for k, v in procs.groupby("id")["busy_pct"].mean().items()},
-           "machines": per, "worst_machine": None}
+    out = {
+        "idle_pct_mean": None,
+        "idle_pct_per_core": {},
+        "min_idle_pct": None,
+        "window": label,
+        "procs_busy_pct_mean": {str(k): _f(v) for k, v in procs.groupby("id")["busy_pct"].mean().items()},
+        "machines": per,
+        "worst_machine": None,
+    }
     known = {m: r for m, r in per.items() if r["idle_pct_mean"] is not None}
     if known:
         worst = min(known, key=lambda m: known[m]["idle_pct_mean"])
         prefix = "" if worst == CONTROLLER else f"{worst}:"
-        out.update(idle_pct_mean=known[worst]["idle_pct_mean"], worst_machine=worst,
-                   idle_pct_per_core={prefix + k: v for k, v in known[worst]["idle_pct_per_core"].items()},
-                   min_idle_pct=min((r["min_idle_pct"] for r in known.values() if r["min_idle_pct"] is not None),
-                                    default=None),
-                   window="capture" if any(r["window"] == "capture" for r in known.values()) else label)
+        out.update(
+            idle_pct_mean=known[worst]["idle_pct_mean"],
+            worst_machine=worst,
+            idle_pct_per_core={prefix + k: v for k, v in known[worst]["idle_pct_per_core"].items()},
+            min_idle_pct=min(
+                (r["min_idle_pct"] for r in known.values() if r["min_idle_pct"] is not None), default=None
+            ),
+            window="capture" if any(r["window"] == "capture" for r in known.values()) else label,
+        )
     return out
 
 
@@ -536,8 +626,13 @@ def _window_rows(cpu: pd.DataFrame, window: tuple[float, float] | None) -> tuple
 
 def _machine_cpu(cpu: pd.DataFrame, window: tuple[float, float] | None) -> dict:
     """:func:`cpu_stats` of the rows of one machine (core ids not prefixed)."""
-    out = {"idle_pct_mean": None, "idle_pct_per_core": {}, "min_idle_pct": None,
-           "window": "measured iterations" if window else "capture", "procs_busy_pct_mean": {}}
+    out = {
+        "idle_pct_mean": None,
+        "idle_pct_per_core": {},
+        "min_idle_pct": None,
+        "window": "measured iterations" if window else "capture",
+        "procs_busy_pct_mean": {},
+    }
     if cpu.empty:
         return out
     c, out["window"] = _window_rows(cpu, window)
@@ -595,8 +690,13 @@ def memory_stats(memory: pd.DataFrame, machines: list[str] | None = None) -> dic
 
 
 #: the figures of :func:`memory_stats` that describe a machine and its sampling (not its processes)
-_MACHINE_FIGURES = ("machine_used_start_bytes", "machine_used_peak_bytes", "machine_growth_bytes", "period_s",
-                    "uss_period_s")
+_MACHINE_FIGURES = (
+    "machine_used_start_bytes",
+    "machine_used_peak_bytes",
+    "machine_growth_bytes",
+    "period_s",
+    "uss_period_s",
+)
 
 
 def _median_interval(times: pd.Series) -> float | None:
@@ -619,13 +719,19 @@ def _machine_memory(memory: pd.DataFrame) -> dict:
     procs = memory[memory["kind"] == "proc"].dropna(subset=["bytes"])
     peaks = procs.groupby("id")["bytes"].max()
     some = len(peaks) > 0
-    return {"machine_used_start_bytes": _i(used.iloc[0]) if len(used) else None,
-            "machine_used_peak_bytes": _i(used.max()) if len(used) else None,
-            "machine_growth_bytes": _i(used.max() - used.iloc[0]) if len(used) else None,
-            "process_uss_peak_bytes": {"median": _i(round(float(peaks.median()))) if some else None,
-                                       "max": _i(peaks.max()) if some else None,
-                                       "sum": _i(peaks.sum()) if some else None, "processes": int(len(peaks))},
-            "period_s": _median_interval(rows["time"]), "uss_period_s": _median_uss_interval(procs)}
+    return {
+        "machine_used_start_bytes": _i(used.iloc[0]) if len(used) else None,
+        "machine_used_peak_bytes": _i(used.max()) if len(used) else None,
+        "machine_growth_bytes": _i(used.max() - used.iloc[0]) if len(used) else None,
+        "process_uss_peak_bytes": {
+            "median": _i(round(float(peaks.median()))) if some else None,
+            "max": _i(peaks.max()) if some else None,
+            "sum": _i(peaks.sum()) if some else None,
+            "processes": int(len(peaks)),
+        },
+        "period_s": _median_interval(rows["time"]),
+        "uss_period_s": _median_uss_interval(procs),
+    }
 
 
 def cluster_machines(run_dir: str | Path) -> list[str] | None:
@@ -650,14 +756,20 @@ def final_accuracy(run: Run) -> dict:
         e = ev[(ev["kind"] == "eval") & ev["accuracy"].notna()]
         if not e.empty:
             last = e.iloc[-1]
-            return {"final_accuracy": _f(last["accuracy"]), "final_loss": _f(last.get("loss")),
-                    "accuracy_source": f"eval event of {last['proc']} (iteration {_i(last.get('iteration'))})"}
+            return {
+                "final_accuracy": _f(last["accuracy"]),
+                "final_loss": _f(last.get("loss")),
+                "accuracy_source": f"eval event of {last['proc']} (iteration {_i(last.get('iteration'))})",
+            }
     names = sorted(run.results, key=lambda n: (n != "worker0", n))
     for n in names:
         r = run.results[n]
         if r.get("final_accuracy") is not None:
-            return {"final_accuracy": _f(r["final_accuracy"]), "final_loss": _f(r.get("final_loss")),
-                    "accuracy_source": f"results/{n}.json"}
+            return {
+                "final_accuracy": _f(r["final_accuracy"]),
+                "final_loss": _f(r.get("final_loss")),
+                "accuracy_source": f"results/{n}.json",
+            }
     return {"final_accuracy": None, "final_loss": None, "accuracy_source": None}
 
 
@@ -671,8 +783,18 @@ def host_cost_totals(results: dict[str, dict]) -> dict[str, HostCost] | None:
     out: dict[str, dict] = {}
     for r in results.values():
         for kind, v in (r.get("host_costs") or {}).items():
-            t = out.setdefault(kind, {"count": 0, "modelled": True, "emulated_s": 0.0, "budget_s": 0.0,
-                                      "real_s": 0.0, "overruns": 0, "overrun_s": 0.0})
+            t = out.setdefault(
+                kind,
+                {
+                    "count": 0,
+                    "modelled": True,
+                    "emulated_s": 0.0,
+                    "budget_s": 0.0,
+                    "real_s": 0.0,
+                    "overruns": 0,
+                    "overrun_s": 0.0,
+                },
+            )
             for k in ("count", "emulated_s", "budget_s", "real_s", "overruns", "overrun_s"):
                 t[k] += v.get(k, 0)
             t["modelled"] = t["modelled"] and bool(v.get("modelled"))
@@ -714,26 +836,60 @@ def _skeleton(run: Run, wl: dict, n_workers: int | None, status: str, error: str
     """The run's identity and every figure at its value before analysis (None, 0, empty):
     every key is set, so it is written even when no section fills it in."""
     spec = run.spec or {}
-    s = RunSummary(status=status, error=error, run_id=run.name, name=spec.get("name"),
-                   scheme=wl.get("scheme") or (run.summary.scheme if run.summary else None), model=wl.get("model"),
-                   dataset=wl.get("dataset"), compute=wl.get("compute"),
-                   topology=(spec.get("topology") or {}).get("kind"),
-                   tcp_congestion_control=sorted({h["tcp_congestion_control"] for h in run.topology.get("hosts", [])
-                                                  if h.get("tcp_congestion_control")}) or None,
-                   scale=float(spec.get("scale") or 1.0),
-                   workers=n_workers, batch_size=wl.get("batch_size"),
-                   global_batch=(wl["batch_size"] * n_workers) if wl.get("batch_size") and n_workers else None,
-                   provenance=None, iterations=wl.get("iterations"), iterations_completed=None,
-                   warmup_iterations=int(wl.get("warmup_iterations") or 0),
-                   max_warmup_iterations=None if wl.get("max_warmup_iterations") is None
-                   else int(wl["max_warmup_iterations"]), measured_iterations=0,
-                   throughput=None, iteration_time_s=None, bytes=None, bytes_per_iteration=None,
-                   final_accuracy=None, final_loss=None, accuracy_source=None, cpu=None, memory=None,
-                   fidelity=Fidelity(cpu_starved=None, min_idle_pct=None, idle_pct_mean=None, rule=CPU_IDLE_RULE,
-                                     shaping_failed=None, rates=None, host_cost_overrun=None, effects=[],
-                                     unverified=[], effects_rule=effects.EFFECTS_RULE),
-                   host_costs=None, iterations_note=None, events=[], events_not_reached=[], segments=[],
-                   capture_s=None, analysis_errors=[], capture_errors=[])
+    s = RunSummary(
+        status=status,
+        error=error,
+        run_id=run.name,
+        name=spec.get("name"),
+        scheme=wl.get("scheme") or (run.summary.scheme if run.summary else None),
+        model=wl.get("model"),
+        dataset=wl.get("dataset"),
+        compute=wl.get("compute"),
+        topology=(spec.get("topology") or {}).get("kind"),
+        tcp_congestion_control=sorted(
+            {h["tcp_congestion_control"] for h in run.topology.get("hosts", []) if h.get("tcp_congestion_control")}
+        )
+        or None,
+        scale=float(spec.get("scale") or 1.0),
+        workers=n_workers,
+        batch_size=wl.get("batch_size"),
+        global_batch=(wl["batch_size"] * n_workers) if wl.get("batch_size") and n_workers else None,
+        provenance=None,
+        iterations=wl.get("iterations"),
+        iterations_completed=None,
+        warmup_iterations=int(wl.get("warmup_iterations") or 0),
+        max_warmup_iterations=None if wl.get("max_warmup_iterations") is None else int(wl["max_warmup_iterations"]),
+        measured_iterations=0,
+        throughput=None,
+        iteration_time_s=None,
+        bytes=None,
+        bytes_per_iteration=None,
+        final_accuracy=None,
+        final_loss=None,
+        accuracy_source=None,
+        cpu=None,
+        memory=None,
+        fidelity=Fidelity(
+            cpu_starved=None,
+            min_idle_pct=None,
+            idle_pct_mean=None,
+            rule=CPU_IDLE_RULE,
+            shaping_failed=None,
+            rates=None,
+            host_cost_overrun=None,
+            effects=[],
+            unverified=[],
+            effects_rule=effects.EFFECTS_RULE,
+        ),
+        host_costs=None,
+        iterations_note=None,
+        events=[],
+        events_not_reached=[],
+        segments=[],
+        capture_s=None,
+        analysis_errors=[],
+        capture_errors=[],
+    )
     if wl.get("program"):  # a researcher's program: the workload's model, data and batch are not its
         s.program = (wl["program"] or {}).get("command")
         s.model = s.dataset = s.batch_size = s.global_batch = None
@@ -813,8 +969,9 @@ def refigured_summary(run_dir: str | Path) -> RunSummary | None:
     return s
 
 
-def _iteration_section(s: RunSummary, run: Run, iters: pd.DataFrame, n_workers: int | None,
-                       program: bool) -> tuple[float, float] | None:
+def _iteration_section(
+    s: RunSummary, run: Run, iters: pd.DataFrame, n_workers: int | None, program: bool
+) -> tuple[float, float] | None:
     """Iteration counts, ``throughput``, ``iteration_time_s``, ``iterations_note`` and
     ``segments``; ``global_batch`` from the samples when the spec does not give it.
 
@@ -852,8 +1009,10 @@ def _bytes_section(s: RunSummary, run: Run, window: tuple[float, float] | None) 
         return
     b = _with_background(link_bytes(run.traces, run.topology, window), run.topology, flows)
     n = s.measured_iterations
-    per = {k: (None if b[k] is None else b[k] / n)
-           for k in ("host_links", "uplinks", "core", "core_background", "core_training")}
+    per = {
+        k: (None if b[k] is None else b[k] / n)
+        for k in ("host_links", "uplinks", "core", "core_background", "core_training")
+    }
     hosts = {p.get("host") for p in run.processes.get("processes", []) if p.get("role") == "worker"}
     moved = [v["tx"] + v["rx"] for h, v in b["per_host"].items() if h in hosts and v["tx"] is not None]
     per["worker_link"] = sum(moved) / len(moved) / n if moved else None
@@ -863,8 +1022,11 @@ def _bytes_section(s: RunSummary, run: Run, window: tuple[float, float] | None) 
 def _accuracy_section(s: RunSummary, run: Run) -> None:
     """``final_accuracy``, ``final_loss``, ``accuracy_source`` (:func:`final_accuracy`)."""
     acc = final_accuracy(run)
-    s.final_accuracy, s.final_loss, s.accuracy_source = (acc["final_accuracy"], acc["final_loss"],
-                                                         acc["accuracy_source"])
+    s.final_accuracy, s.final_loss, s.accuracy_source = (
+        acc["final_accuracy"],
+        acc["final_loss"],
+        acc["accuracy_source"],
+    )
 
 
 def _cpu_section(s: RunSummary, run: Run, window: tuple[float, float] | None) -> None:
@@ -965,9 +1127,11 @@ class AnalysisInterrupted(Exception):
 def _interrupted(s: RunSummary, status: str, error: str | None) -> RunSummary:
     """``s`` marked ``interrupted``: the error says so and keeps the run's own outcome."""
     s.status = "interrupted"
-    s.error = (f"the analysis was interrupted (Ctrl-C or SIGTERM) before it ended: sections not reached are empty, "
-               f"the run's files are complete (analysis.metrics.summarize(RUN) recomputes this summary); the run "
-               f"itself ended {status}{': ' + error if error else ''}")
+    s.error = (
+        f"the analysis was interrupted (Ctrl-C or SIGTERM) before it ended: sections not reached are empty, "
+        f"the run's files are complete (analysis.metrics.summarize(RUN) recomputes this summary); the run "
+        f"itself ended {status}{': ' + error if error else ''}"
+    )
     return s
 
 
@@ -1000,8 +1164,9 @@ def summarize(run_dir: str | Path, status: str = "ok", error: str | None = None)
         try:
             run = load(p)
         except Exception as e:  # noqa: BLE001
-            summary = RunSummary(status=status, error=error, run_id=p.name,
-                                 analysis_errors=[f"load: {type(e).__name__}: {e}"])
+            summary = RunSummary(
+                status=status, error=error, run_id=p.name, analysis_errors=[f"load: {type(e).__name__}: {e}"]
+            )
             if p.is_dir():
                 summary.write(p)
             return summary

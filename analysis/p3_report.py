@@ -18,6 +18,7 @@ server on every worker host and emulated compute, a line gives at each bandwidth
 and the compute alone allow (:mod:`analysis.paper_models.p3`): the period of a baseline that keeps
 its link busy, P3's least period, and so the most P3 can gain over such a baseline.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,7 +39,7 @@ __all__ = ["PAPER", "REPORT", "bounds_line", "sweep_table", "sweep_plots", "swee
 #: ``<model>/hosts`` for a sweep over the cluster's size (Fig. 10), ``slices`` for the slice size (Fig. 12)
 PAPER = {
     "resnet50": "P3 Fig. 7a: +26% over the baseline at 4 Gbit/s; similar throughput when bandwidth suffices "
-                "(baseline drops below 6 Gbit/s, P3 below 4 Gbit/s); no gain from slicing alone",
+    "(baseline drops below 6 Gbit/s, P3 below 4 Gbit/s); no gain from slicing alone",
     "vgg19": "P3 Fig. 7c: slicing alone +49% at 30 Gbit/s; P3 up to +66% at 15 Gbit/s",
     "sockeye_lstm": "P3 Fig. 7d: up to +38%",
     "resnet50/hosts": "P3 Fig. 10a: no gain on 2 to 16 hosts at 10 Gbit/s (baseline and P3 alike)",
@@ -86,10 +87,19 @@ def sweep_table(sweep_dir: str | Path, baseline: str = "baseline") -> pd.DataFra
     rows = []
     for _, r in df.iterrows():
         u = utilization_summary(r["run"]) if r["status"] == "ok" else {}
-        rows.append({"variant": r["variant"], **({x: r[x]} if x else {}), **skeleton.throughput_cells(r),
-                     "tx_idle": u.get("tx_idle"), "rx_idle": u.get("rx_idle"),
-                     "tx_mean": u.get("tx_mean"), "rx_mean": u.get("rx_mean"), "flags": skeleton.row_flags(r),
-                     "status": r["status"]})
+        rows.append(
+            {
+                "variant": r["variant"],
+                **({x: r[x]} if x else {}),
+                **skeleton.throughput_cells(r),
+                "tx_idle": u.get("tx_idle"),
+                "rx_idle": u.get("rx_idle"),
+                "tx_mean": u.get("tx_mean"),
+                "rx_mean": u.get("rx_mean"),
+                "flags": skeleton.row_flags(r),
+                "status": r["status"],
+            }
+        )
     table = pd.DataFrame(rows)
     table["speedup"] = skeleton.per_point(table, "samples_per_s", baseline, [x]) if x else float("nan")
     return table
@@ -105,20 +115,33 @@ def sweep_plots(sweep_dir: str | Path, out_dir: str | Path, baseline: str = "bas
     """
     # lazy: analysis.plots loads matplotlib, which the tables do not need
     from analysis import plots as figures
+
     sweep_dir, out_dir = Path(sweep_dir), Path(out_dir)
     df, x = _points(sweep_dir)
     if not x:
         return []
     has_base = (df["variant"] == baseline).any()
-    out = [figures.plot_sweep(sweep_dir, x, out_dir / f"sweep-{x.split('.')[-1]}.png",
-                              speedup_over=baseline if has_base else None, xscale="log" if "slice" in x else "linear")]
+    out = [
+        figures.plot_sweep(
+            sweep_dir,
+            x,
+            out_dir / f"sweep-{x.split('.')[-1]}.png",
+            speedup_over=baseline if has_base else None,
+            xscale="log" if "slice" in x else "linear",
+        )
+    ]
     if has_base and (df["variant"] == "p3").any():
         for v in sorted(df[x].unique()):
             runs = [df[(df["variant"] == n) & (df[x] == v) & (df["status"] == "ok")]["run"] for n in (baseline, "p3")]
             # (an archived run keeps no topology or traces: nothing to draw)
             if all(len(r) and (Path(r.iloc[0]) / "topology.json").is_file() for r in runs):
-                out.append(figures.plot_utilization([runs[0].iloc[0], runs[1].iloc[0]], out_dir / f"utilization-{v}.png",
-                                                    labels=[f"{baseline} at {v}", f"p3 at {v}"]))
+                out.append(
+                    figures.plot_utilization(
+                        [runs[0].iloc[0], runs[1].iloc[0]],
+                        out_dir / f"utilization-{v}.png",
+                        labels=[f"{baseline} at {v}", f"p3 at {v}"],
+                    )
+                )
     return out
 
 
@@ -153,14 +176,23 @@ def bounds_line(sweep_spec: dict, bws_mbps) -> str | None:
     parts = []
     for bw in sorted(set(float(b) for b in bws_mbps)):
         try:
-            b = p3_model.zoo_bounds(w.get("model"), str(compute.get("profile")), int(w.get("batch_size")),
-                                    bw * 1e6, workers)
+            b = p3_model.zoo_bounds(
+                w.get("model"), str(compute.get("profile")), int(w.get("batch_size")), bw * 1e6, workers
+            )
         except (KeyError, TestbedError, TypeError, ValueError):
             return None
-        parts.append(f"{bw / 1000:g} Gbit/s: link-busy baseline {b.baseline_s * 1000:.0f} ms, "
-                     f"P3 at least {b.p3_s * 1000:.0f} ms an iteration: P3 over that baseline at most {b.gain:.2f}x")
-    return (f"bytes and compute alone (analysis.paper_models.p3; at any bandwidth at most "
-            f"{b.max_gain:.2f}x over a baseline at its lower end): " + "; ".join(parts)) if parts else None
+        parts.append(
+            f"{bw / 1000:g} Gbit/s: link-busy baseline {b.baseline_s * 1000:.0f} ms, "
+            f"P3 at least {b.p3_s * 1000:.0f} ms an iteration: P3 over that baseline at most {b.gain:.2f}x"
+        )
+    return (
+        (
+            f"bytes and compute alone (analysis.paper_models.p3; at any bandwidth at most "
+            f"{b.max_gain:.2f}x over a baseline at its lower end): " + "; ".join(parts)
+        )
+        if parts
+        else None
+    )
 
 
 def _section(sweep_dir: Path, t: pd.DataFrame, written=()) -> str:
@@ -169,9 +201,12 @@ def _section(sweep_dir: Path, t: pd.DataFrame, written=()) -> str:
     spec = read_sweep_spec(sweep_dir)
     model = (spec.get("workload") or {}).get("model")
     line = bounds_line(spec, t[BW_FIELD]) if BW_FIELD in t.columns else None
-    return (f"## {sweep_dir.name} ({model}, scale {spec.get('scale')})\n\n"
-            f"{skeleton.flagged_markdown(t, floatfmt='.3g')}\n\npaper: {PAPER.get(_paper_key(spec), '-')}\n"
-            + (f"{line}\n" if line else "") + "".join(f"plot: {p}\n" for p in written))
+    return (
+        f"## {sweep_dir.name} ({model}, scale {spec.get('scale')})\n\n"
+        f"{skeleton.flagged_markdown(t, floatfmt='.3g')}\n\npaper: {PAPER.get(_paper_key(spec), '-')}\n"
+        + (f"{line}\n" if line else "")
+        + "".join(f"plot: {p}\n" for p in written)
+    )
 
 
 def table(paths, baseline: str = "baseline") -> str:

@@ -19,13 +19,14 @@ setting the paper does not fix) are left out: they restate the same paper value.
 A figure draws the paper's value where the numerator's value would be if its ratio to the
 denominator were the paper's (:meth:`PaperRatio.reference`), in the figure's own units.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable
 
 import yaml
 
@@ -39,6 +40,7 @@ __all__ = ["PaperRatio", "paper_ratios", "sweep_entries"]
 @dataclass(frozen=True)
 class PaperRatio:
     """One headline ratio of the catalogue as it applies to one sweep."""
+
     entry: str
     """The catalogue entry's id, e.g. ``p3.fig7a``."""
     claim: str
@@ -64,8 +66,9 @@ class PaperRatio:
         setting)`` when :attr:`setting_differs`."""
         lo, hi = self.paper
         value = f"{lo:g}x" if lo == hi else f"{lo:g}-{hi:g}x"
-        return (f"paper: {self.numerator} {value} {self.denominator}"
-                + (" (other setting)" if self.setting_differs else ""))
+        return f"paper: {self.numerator} {value} {self.denominator}" + (
+            " (other setting)" if self.setting_differs else ""
+        )
 
     def reference(self, numerator_value: float, inverse: bool = False) -> tuple[float, float]:
         """Where the numerator would be, in a figure's units, if its ratio were the paper's.
@@ -165,16 +168,28 @@ def paper_ratios(paths: Iterable[str | Path], entries: Iterable[Entry] | None = 
                     continue
                 m, num_run, den_run = got
                 lo, hi = ratio.paper[0], ratio.paper[-1]
-                out.append(PaperRatio(entry.id, ratio.claim, (lo, hi), _name(ratio.numerator),
-                                      _name(ratio.denominator), num_run, den_run, m, bool(ratio.setting_differs)))
+                out.append(
+                    PaperRatio(
+                        entry.id,
+                        ratio.claim,
+                        (lo, hi),
+                        _name(ratio.numerator),
+                        _name(ratio.denominator),
+                        num_run,
+                        den_run,
+                        m,
+                        bool(ratio.setting_differs),
+                    )
+                )
     return out
 
 
 def _measure(ratio: Ratio, point: dict, sweep_dir: Path) -> tuple[float, Path, Path] | None:
     """The measured ratio and the two run directories, or None when a selector does not pick
     one row or a row is not ``ok``."""
-    restricted = ratio.model_copy(update={"numerator": {**point, **ratio.numerator},
-                                          "denominator": {**point, **ratio.denominator}})
+    restricted = ratio.model_copy(
+        update={"numerator": {**point, **ratio.numerator}, "denominator": {**point, **ratio.denominator}}
+    )
     try:
         m = measure_ratio(restricted, sweep_dir)
     except ScoreboardError:

@@ -41,6 +41,7 @@ One row per point of each sweep (markdown on stdout):
 Table 3's and from the zoo's model sizes and compute times. The paper's figures are printed
 last for comparison.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -139,8 +140,13 @@ def _sec34(spec: dict, workers) -> bool | None:
     b_core = _uplink_mbps(t)
     if interfaces is None or t.get("host_bw_mbps") is None or b_core is None:
         return None
-    return hierarchical_pays(b_pbox=interfaces * t["host_bw_mbps"], b_core=b_core, b_wkr=t["host_bw_mbps"],
-                             racks=t["racks"], n=workers // t["racks"])
+    return hierarchical_pays(
+        b_pbox=interfaces * t["host_bw_mbps"],
+        b_core=b_core,
+        b_wkr=t["host_bw_mbps"],
+        racks=t["racks"],
+        n=workers // t["racks"],
+    )
 
 
 def _compute_ms(spec: dict) -> float | None:
@@ -157,7 +163,9 @@ def _compute_ms(spec: dict) -> float | None:
     return 1e3 * (sum(p.forward_s()) + sum(p.backward_s()))
 
 
-def sweep_table(sweep_dir: str | Path, baseline: str | None = "mxnet-cs", flat: str | None = "phub_flat") -> pd.DataFrame:
+def sweep_table(
+    sweep_dir: str | Path, baseline: str | None = "mxnet-cs", flat: str | None = "phub_flat"
+) -> pd.DataFrame:
     """The table of the module docstring for one sweep directory.
 
     Args:
@@ -178,30 +186,44 @@ def sweep_table(sweep_dir: str | Path, baseline: str | None = "mxnet-cs", flat: 
         core = bpi.core_training if "core_training" in bpi.model_fields_set else bpi.core
         per_job = _per_job(rd, spec, s)
         compute = _compute_ms(spec)
-        wire = (None if bpi.worker_link is None or not t.get("host_bw_mbps")
-                else 1e3 * 8 * bpi.worker_link / 2 / (float(t["host_bw_mbps"]) * 1e6))
-        rows.append({"variant": r.get("variant", r.get("scheme")), "model": (spec.get("workload") or {}).get("model"),
-                     "racks": t.get("racks"), "oversub": t.get("oversubscription"), "background": bool(spec.get("background")),
-                     "workers": s.workers, "status": r["status"],
-                     **skeleton.throughput_cells(r),
-                     "iter_ms": None if pd.isna(r["iter_mean_s"]) else 1e3 * r["iter_mean_s"],
-                     "core_MB_per_iter": None if core is None else core / 1e6,
-                     "worker_link_MB_per_iter": None if bpi.worker_link is None else bpi.worker_link / 1e6,
-                     "compute_ms": compute, "wire_ms": wire,
-                     "link_bound_ms": None if compute is None or wire is None else max(compute, wire),
-                     "link_busy_ms": None if compute is None or wire is None else compute + wire,
-                     "flags": skeleton.row_flags(r), "sec34_hier_pays": _sec34(spec, s.workers),
-                     "jobs": len(per_job) or None,
-                     "per_job_samples_per_s": ", ".join(f"{v:.1f}" for v in per_job.values()) or None,
-                     "per_job_mean": sum(per_job.values()) / len(per_job) if per_job else None})
+        wire = (
+            None
+            if bpi.worker_link is None or not t.get("host_bw_mbps")
+            else 1e3 * 8 * bpi.worker_link / 2 / (float(t["host_bw_mbps"]) * 1e6)
+        )
+        rows.append(
+            {
+                "variant": r.get("variant", r.get("scheme")),
+                "model": (spec.get("workload") or {}).get("model"),
+                "racks": t.get("racks"),
+                "oversub": t.get("oversubscription"),
+                "background": bool(spec.get("background")),
+                "workers": s.workers,
+                "status": r["status"],
+                **skeleton.throughput_cells(r),
+                "iter_ms": None if pd.isna(r["iter_mean_s"]) else 1e3 * r["iter_mean_s"],
+                "core_MB_per_iter": None if core is None else core / 1e6,
+                "worker_link_MB_per_iter": None if bpi.worker_link is None else bpi.worker_link / 1e6,
+                "compute_ms": compute,
+                "wire_ms": wire,
+                "link_bound_ms": None if compute is None or wire is None else max(compute, wire),
+                "link_busy_ms": None if compute is None or wire is None else compute + wire,
+                "flags": skeleton.row_flags(r),
+                "sec34_hier_pays": _sec34(spec, s.workers),
+                "jobs": len(per_job) or None,
+                "per_job_samples_per_s": ", ".join(f"{v:.1f}" for v in per_job.values()) or None,
+                "per_job_mean": sum(per_job.values()) / len(per_job) if per_job else None,
+            }
+        )
     if not rows:
         raise skeleton.ReportError(f"{sweep_dir}: no run directory of the sweep has a row in sweep.csv")
     out = pd.DataFrame(rows)
     if baseline is not None and (out["variant"] == baseline).any():
         out["speedup"] = skeleton.per_point(out, "samples_per_s", baseline, _point(out, baseline))
         # per_point: the baseline's link-busy time over the row's; times the row's, over the row's least
-        over = pd.Series(skeleton.per_point(out, "link_busy_ms", baseline, _point(out, baseline), inverse=True),
-                         index=out.index)
+        over = pd.Series(
+            skeleton.per_point(out, "link_busy_ms", baseline, _point(out, baseline), inverse=True), index=out.index
+        )
         bound = over * pd.to_numeric(out["link_busy_ms"]) / pd.to_numeric(out["link_bound_ms"])
         out["speedup_bound"] = bound.where(out["variant"] != baseline)
     out = out.drop(columns=["link_busy_ms"])
@@ -211,8 +233,10 @@ def sweep_table(sweep_dir: str | Path, baseline: str | None = "mxnet-cs", flat: 
         out["throughput_vs_flat"] = skeleton.per_point(out, "samples_per_s", flat, _point(out, flat))
     if (out["jobs"].fillna(1) > 1).any():
         single = {m: v for m, j, v in zip(out["model"], out["jobs"], out["per_job_mean"]) if j == 1}
-        out["per_job_drop_pct"] = [100 * (1 - v / single[m]) if v is not None and m in single else None
-                                   for m, v in zip(out["model"], out["per_job_mean"])]
+        out["per_job_drop_pct"] = [
+            100 * (1 - v / single[m]) if v is not None and m in single else None
+            for m, v in zip(out["model"], out["per_job_mean"])
+        ]
     else:
         out = out.drop(columns=["jobs", "per_job_samples_per_s", "per_job_mean"])
     return out.dropna(axis=1, how="all")
@@ -232,17 +256,29 @@ def plot_table(table: pd.DataFrame, path: str | Path, title: str = "", runs=None
     """
     # lazy: analysis.plots loads matplotlib, which the tables do not need
     from analysis.plots import mark_paper, plt, save_figure
+
     t = table.copy()
     multi_rack = (t["racks"] > 1).any()
-    t["point"] = [f"{r.racks} racks {r.oversub:g}:1" + (" +bg" if r.background else "") if multi_rack else r.model
-                  for r in t.itertuples()]
+    t["point"] = [
+        f"{r.racks} racks {r.oversub:g}:1" + (" +bg" if r.background else "") if multi_rack else r.model
+        for r in t.itertuples()
+    ]
     # several rows of one variant at one point (a sweep of another field): numbered, never merged
     t["point"] += t.groupby(["variant", "point"]).cumcount().map(lambda k: f" ({k + 1})" if k else "")
-    y = ("per_job_mean" if "per_job_mean" in t.columns else
-         "speedup" if "speedup" in t.columns and t["speedup"].notna().any() else "samples_per_s")
+    y = (
+        "per_job_mean"
+        if "per_job_mean" in t.columns
+        else "speedup"
+        if "speedup" in t.columns and t["speedup"].notna().any()
+        else "samples_per_s"
+    )
     panels = [y] + (["core_MB_per_iter"] if multi_rack else [])
-    fig, axes = plt.subplots(len(panels), 1, figsize=(max(6.0, 0.9 * t["point"].nunique() * t["variant"].nunique() / 2), 3.2 * len(panels)),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        len(panels),
+        1,
+        figsize=(max(6.0, 0.9 * t["point"].nunique() * t["variant"].nunique() / 2), 3.2 * len(panels)),
+        squeeze=False,
+    )
     points, variants = list(dict.fromkeys(t["point"])), list(dict.fromkeys(t["variant"]))
     width = 0.8 / len(variants)
     for ax, col in zip(axes[:, 0], panels):
@@ -250,14 +286,21 @@ def plot_table(table: pd.DataFrame, path: str | Path, title: str = "", runs=None
             sub = t[t["variant"] == v].set_index("point")[col].reindex(points)
             ax.bar([j + i * width for j in range(len(points))], sub.to_numpy(dtype=float), width, label=v)
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(points))], points, rotation=30, ha="right", fontsize=8)
-        ax.set_ylabel({"speedup": "speedup over baseline", "samples_per_s": "samples/s (emulated)",
-                       "per_job_mean": "samples/s per job (emulated)",
-                       "core_MB_per_iter": "core MB / iteration"}[col])
+        ax.set_ylabel(
+            {
+                "speedup": "speedup over baseline",
+                "samples_per_s": "samples/s (emulated)",
+                "per_job_mean": "samples/s per job (emulated)",
+                "core_MB_per_iter": "core MB / iteration",
+            }[col]
+        )
         if col == "speedup":
             ax.axhline(1.0, color="grey", lw=0.8)
         if runs is not None and col in ("speedup", "samples_per_s"):
             at = [points.index(p) + variants.index(v) * width for p, v in zip(t["point"], t["variant"])]
-            mark_paper(ax, sweeps, dict(zip(runs, t[col])), {r: (c - width / 2, c + width / 2) for r, c in zip(runs, at)})
+            mark_paper(
+                ax, sweeps, dict(zip(runs, t[col])), {r: (c - width / 2, c + width / 2) for r, c in zip(runs, at)}
+            )
         ax.legend(fontsize=8)
     axes[0, 0].set_title(title)
     fig.tight_layout()
@@ -273,8 +316,10 @@ def _closing(with_table2: bool) -> str:
     out = ""
     if with_table2:
         for source in ("paper", "zoo"):
-            out += (f"## Table 2 recomputed (Gbit/s, 8 workers; M and T from {source})\n\n"
-                    f"{skeleton.markdown(pd.DataFrame(table2(8, source)), floatfmt='.4g')}\n\n")
+            out += (
+                f"## Table 2 recomputed (Gbit/s, 8 workers; M and T from {source})\n\n"
+                f"{skeleton.markdown(pd.DataFrame(table2(8, source)), floatfmt='.4g')}\n\n"
+            )
     return out + "## The paper\n\n" + "".join(f"- {line}\n" for line in PAPER)
 
 
@@ -286,9 +331,16 @@ def table(paths, baseline: str | None = "mxnet-cs", flat: str | None = "phub_fla
 
 def plots(paths, out_dir, baseline: str | None = "mxnet-cs", flat: str | None = "phub_flat") -> list[Path]:
     """:func:`plot_table` of every sweep, as ``out_dir/<sweep>.png``."""
-    return [plot_table(sweep_table(d, baseline, flat), Path(out_dir) / f"{d.name}.png", d.name,
-                       runs=[rd for rd, _ in skeleton.sweep_rows(d)], sweeps=[d])
-            for d in skeleton.sweep_dirs(paths)]
+    return [
+        plot_table(
+            sweep_table(d, baseline, flat),
+            Path(out_dir) / f"{d.name}.png",
+            d.name,
+            runs=[rd for rd, _ in skeleton.sweep_rows(d)],
+            sweeps=[d],
+        )
+        for d in skeleton.sweep_dirs(paths)
+    ]
 
 
 def _options(ap: argparse.ArgumentParser) -> None:
@@ -311,8 +363,9 @@ def main(argv: list[str] | None = None) -> int:
         t = sweep_table(d, args.baseline, args.flat)
         print(_sweep_section(d, t), end="")
         if args.plots:
-            png = plot_table(t, Path(args.plots) / f"{d.name}.png", d.name, runs=[rd for rd, _ in skeleton.sweep_rows(d)],
-                             sweeps=[d])
+            png = plot_table(
+                t, Path(args.plots) / f"{d.name}.png", d.name, runs=[rd for rd, _ in skeleton.sweep_rows(d)], sweeps=[d]
+            )
             print(f"\nplot: {png}")
         print()
     print(_closing(args.table2), end="")

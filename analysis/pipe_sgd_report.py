@@ -41,6 +41,7 @@ Definitions (means over the post-warm-up iterations and over workers):
   speed-up table, those of the variant's run and of the baselines it is divided by. A table
   with a flagged row says what the flags mean under it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,11 +60,22 @@ from traffic import rundir
 from traffic.data import load_dataset
 from traffic.models import build_model, model_info
 
-__all__ = ["REPORT", "variant_label", "find_runs", "analyze_run", "accuracy_curve", "report", "speedups",
-           "table", "plots", "main"]
+__all__ = [
+    "REPORT",
+    "variant_label",
+    "find_runs",
+    "analyze_run",
+    "accuracy_curve",
+    "report",
+    "speedups",
+    "table",
+    "plots",
+    "main",
+]
 
 PAPER = {  # Pipe-SGD Section 4 ("Results and Analysis") and Fig. 4 labels
-    "speedup_vs_dsync": "2.0-3.2x", "speedup_vs_ps": "4.0-5.4x",
+    "speedup_vs_dsync": "2.0-3.2x",
+    "speedup_vs_ps": "4.0-5.4x",
 }
 
 
@@ -91,8 +103,9 @@ def _per_iteration(ev: pd.DataFrame, kinds: tuple[str, ...], iters) -> float:
     e = ev[ev["kind"].isin(kinds) & ev["iteration"].isin(iters)]
     if e.empty:
         return 0.0
-    return float(e.groupby(["proc", "iteration"])["dur"].sum().groupby("proc").sum().sum()
-                 / (e["proc"].nunique() * len(iters)))
+    return float(
+        e.groupby(["proc", "iteration"])["dur"].sum().groupby("proc").sum().sum() / (e["proc"].nunique() * len(iters))
+    )
 
 
 def _rate(ev: pd.DataFrame, kind: str) -> float:
@@ -113,8 +126,9 @@ def accuracy_curve(run: Run) -> pd.DataFrame:
         return pd.DataFrame(columns=["train_s", "accuracy"])
     t0 = float(it["ts"].min())
     spent = evals["dur"].cumsum() - evals["dur"]
-    return pd.DataFrame({"train_s": (evals["ts"] - t0 - spent).to_numpy(),
-                         "accuracy": pd.to_numeric(evals["accuracy"]).to_numpy()})
+    return pd.DataFrame(
+        {"train_s": (evals["ts"] - t0 - spent).to_numpy(), "accuracy": pd.to_numeric(evals["accuracy"]).to_numpy()}
+    )
 
 
 def analyze_run(run_dir: str | Path, alpha_s: float = 0.0) -> dict:
@@ -154,21 +168,46 @@ def analyze_run(run_dir: str | Path, alpha_s: float = 0.0) -> dict:
         d = load_dataset(w.get("dataset", "digits"), int(w.get("seed", 0)))
         n_bytes = 4 * build_model(w["model"], 0, d.input_shape, d.num_classes, device="meta").num_params()
     topo = spec.get("topology") or {}
-    net = Network(alpha_s=alpha_s, beta_s_per_byte=beta_from_mbps(float(topo.get("host_bw_mbps", 100))),
-                  gamma_s_per_byte=_rate(ev, "reduce"))
+    net = Network(
+        alpha_s=alpha_s,
+        beta_s_per_byte=beta_from_mbps(float(topo.get("host_bw_mbps", 100))),
+        gamma_s_per_byte=_rate(ev, "reduce"),
+    )
     codec = opts.get("compression", "none") if scheme == "pipe_sgd" else "none"
     ratio = {"none": 1.0, "truncation": 0.5, "quantization": 0.25 + 4 / max(n_bytes / p, 1)}[codec]
-    m = iteration_model(label, K=int(opts.get("K", 2)) if scheme == "pipe_sgd" else 1, n_bytes=n_bytes, p=p,
-                        net=net, l_comp=compute, l_up=update, wire_ratio=ratio,
-                        encode_s_per_byte=_rate(ev, "compress"), decode_s_per_byte=_rate(ev, "decompress"),
-                        ps=scheme == "ps")
+    m = iteration_model(
+        label,
+        K=int(opts.get("K", 2)) if scheme == "pipe_sgd" else 1,
+        n_bytes=n_bytes,
+        p=p,
+        net=net,
+        l_comp=compute,
+        l_up=update,
+        wire_ratio=ratio,
+        encode_s_per_byte=_rate(ev, "compress"),
+        decode_s_per_byte=_rate(ev, "decompress"),
+        ps=scheme == "ps",
+    )
     acc = (run.results.get("worker0") or {}).get("final_accuracy")
-    return {"variant": label, "model": w.get("model"), "workers": p, "period_s": period,
-            "samples_per_s": int(w.get("batch_size", 0)) * p / period, "compute_s": compute, "update_s": update,
-            "compress_s": compress, "comm_s": comm, "exposed_s": period - compute - update,
-            "wire_bytes": float(wire), "model_s": m.iteration_s, "model_comm_s": m.l_comm,
-            "model_codec_s": m.l_codec, "final_accuracy": acc, "run": str(run_dir),
-            "flags": skeleton.fidelity_flags(run_dir)}
+    return {
+        "variant": label,
+        "model": w.get("model"),
+        "workers": p,
+        "period_s": period,
+        "samples_per_s": int(w.get("batch_size", 0)) * p / period,
+        "compute_s": compute,
+        "update_s": update,
+        "compress_s": compress,
+        "comm_s": comm,
+        "exposed_s": period - compute - update,
+        "wire_bytes": float(wire),
+        "model_s": m.iteration_s,
+        "model_comm_s": m.l_comm,
+        "model_codec_s": m.l_codec,
+        "final_accuracy": acc,
+        "run": str(run_dir),
+        "flags": skeleton.fidelity_flags(run_dir),
+    }
 
 
 def speedups(df: pd.DataFrame) -> pd.DataFrame:
@@ -189,23 +228,41 @@ def speedups(df: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=["model", "variant", "vs_dsync", "vs_ps", "flags"])
     runs = pd.concat(parts).reset_index(drop=True)
     bases = [skeleton.baseline_rows(runs, b, ["model"]) for b in ("D-Sync", "PS-Sync")]
-    flags = [skeleton.union_flags(runs.at[i, "flags"], *(runs.at[b[i], "flags"] for b in bases if b[i] is not None))
-             for i in runs.index]
-    return pd.DataFrame({"model": runs["model"], "variant": runs["variant"],
-                         "vs_dsync": skeleton.per_point(runs, "period_s", "D-Sync", ["model"], inverse=True),
-                         "vs_ps": skeleton.per_point(runs, "period_s", "PS-Sync", ["model"], inverse=True),
-                         "flags": flags}).reset_index(drop=True)
+    flags = [
+        skeleton.union_flags(runs.at[i, "flags"], *(runs.at[b[i], "flags"] for b in bases if b[i] is not None))
+        for i in runs.index
+    ]
+    return pd.DataFrame(
+        {
+            "model": runs["model"],
+            "variant": runs["variant"],
+            "vs_dsync": skeleton.per_point(runs, "period_s", "D-Sync", ["model"], inverse=True),
+            "vs_ps": skeleton.per_point(runs, "period_s", "PS-Sync", ["model"], inverse=True),
+            "flags": flags,
+        }
+    ).reset_index(drop=True)
 
 
-_MS = ["period_s", "compute_s", "update_s", "compress_s", "comm_s", "exposed_s", "model_s", "model_comm_s",
-       "model_codec_s"]
+_MS = [
+    "period_s",
+    "compute_s",
+    "update_s",
+    "compress_s",
+    "comm_s",
+    "exposed_s",
+    "model_s",
+    "model_comm_s",
+    "model_codec_s",
+]
 
 
 def _rows(paths, alpha_s: float) -> tuple[list[Path], list[dict], list[str]]:
     """The runs under ``paths``, the :func:`analyze_run` row of those that could be analysed,
     and a note for each that could not."""
     runs = find_runs(paths)
-    rows, notes = skeleton.load_rows(runs, lambda r: analyze_run(r, alpha_s), skip=(ValueError, KeyError, FileNotFoundError))
+    rows, notes = skeleton.load_rows(
+        runs, lambda r: analyze_run(r, alpha_s), skip=(ValueError, KeyError, FileNotFoundError)
+    )
     return runs, rows, notes
 
 
@@ -217,23 +274,32 @@ def _text(df: pd.DataFrame, alpha_s: float, notes: list[str]) -> str:
     for c in _MS:
         show[c] = show[c] * 1e3
     show.columns = [c.replace("_s", "_ms") if c in _MS else c for c in show.columns]
-    lines = notes + ["per variant (times in ms per iteration, emulated time):",
-                     skeleton.flagged_markdown(show, floatfmt=".4g"),
-                     "", "speed-up (period of baseline / period of variant); paper: Pipe-SGD "
-                     f"{PAPER['speedup_vs_dsync']} vs D-Sync, {PAPER['speedup_vs_ps']} vs PS-Sync:",
-                     skeleton.flagged_markdown(speedups(df), floatfmt=".4g")]
+    lines = notes + [
+        "per variant (times in ms per iteration, emulated time):",
+        skeleton.flagged_markdown(show, floatfmt=".4g"),
+        "",
+        "speed-up (period of baseline / period of variant); paper: Pipe-SGD "
+        f"{PAPER['speedup_vs_dsync']} vs D-Sync, {PAPER['speedup_vs_ps']} vs PS-Sync:",
+        skeleton.flagged_markdown(speedups(df), floatfmt=".4g"),
+    ]
     for _, r in df[df["variant"] == "D-Sync"].iterrows():  # the alpha that would make eq. (5)'s ring term match D-Sync
         fit = (r["comm_s"] - r["model_comm_s"]) / (2 * (r["workers"] - 1)) + alpha_s
-        lines.append(f"{r['model']}: measured D-Sync allreduce {r['comm_s'] * 1e3:.4g} ms vs eq. (5) term "
-                     f"{r['model_comm_s'] * 1e3:.4g} ms -> alpha fitted per step {fit * 1e6:.4g} us")
+        lines.append(
+            f"{r['model']}: measured D-Sync allreduce {r['comm_s'] * 1e3:.4g} ms vs eq. (5) term "
+            f"{r['model_comm_s'] * 1e3:.4g} ms -> alpha fitted per step {fit * 1e6:.4g} us"
+        )
     err = (df["model_s"] - df["period_s"]) / df["period_s"]
-    lines += ["", f"timing model vs measured period: relative error mean {np.nanmean(err):+.1%}, "
-                  f"max |{np.nanmax(np.abs(err)):.1%}|"]
+    lines += [
+        "",
+        f"timing model vs measured period: relative error mean {np.nanmean(err):+.1%}, "
+        f"max |{np.nanmax(np.abs(err)):.1%}|",
+    ]
     return "\n".join(lines)
 
 
-def report(paths: list[str | Path], alpha_s: float = 0.0, plot: str | None = None, out=sys.stdout,
-           breakdown: str | None = None) -> pd.DataFrame:
+def report(
+    paths: list[str | Path], alpha_s: float = 0.0, plot: str | None = None, out=sys.stdout, breakdown: str | None = None
+) -> pd.DataFrame:
     """Print the tables for the runs under ``paths``; optionally plot accuracy vs train time
     (``plot``) and the timing breakdown (``breakdown``), each a PNG path.
 
@@ -299,6 +365,7 @@ def _plot_curves(curves: list[tuple[str, pd.DataFrame]], path) -> None:
     """The accuracy plot of :func:`_curves`' curves."""
     # lazy: analysis.plots loads matplotlib, which the tables do not need
     from analysis.plots import plt, save_figure
+
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for label, c in curves:
         ax.plot(c["train_s"], c["accuracy"], marker=".", label=label)
@@ -322,6 +389,7 @@ def plot_breakdown(df: pd.DataFrame, path: str, sweeps=()) -> None:
     (:func:`analysis.plots.mark_paper`, a time: lower is faster)."""
     # lazy: analysis.plots loads matplotlib, which the tables do not need
     from analysis.plots import mark_paper, plt, save_figure
+
     models = list(dict.fromkeys(df["model"]))
     fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4), squeeze=False)
     for ax, model in zip(axes[0], models):
@@ -335,8 +403,13 @@ def plot_breakdown(df: pd.DataFrame, path: str, sweeps=()) -> None:
         ax.bar(x, exposed, bottom=comp + codec, label="allreduce/communication (exposed)")
         ax.plot(x, g["period_s"] * 1e3, "k_", markersize=18, label="measured period")
         ax.plot(x, g["model_s"] * 1e3, "rx", label="timing model")
-        mark_paper(ax, sweeps, dict(zip(g["run"], g["period_s"] * 1e3)),
-                   {r: (i - 0.4, i + 0.4) for r, i in zip(g["run"], x)}, inverse=True)
+        mark_paper(
+            ax,
+            sweeps,
+            dict(zip(g["run"], g["period_s"] * 1e3)),
+            {r: (i - 0.4, i + 0.4) for r, i in zip(g["run"], x)},
+            inverse=True,
+        )
         ax.set_xticks(x, g["variant"], rotation=30, ha="right", fontsize=8)
         ax.set_ylabel("ms per iteration")
         ax.set_title(model)

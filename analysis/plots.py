@@ -13,6 +13,7 @@ against a swept parameter is :func:`plot_sweep`, its error bars the ``sweep.csv`
 catalogued paper states draws the paper's value with :func:`mark_paper`, the one helper the
 reports share.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -90,8 +91,18 @@ def mark_events(ax, run: Run, axis: str = "time") -> int:
             x = float(rec["iteration"]) - 0.5
         color = "tab:red" if rec.get("error") else "tab:purple"
         ax.axvline(x, color=color, ls=":", lw=1.0)
-        ax.text(x, 0.98, " " + event_name(rec), transform=ax.get_xaxis_transform(), rotation=90, va="top",
-                ha="right", fontsize=6, color=color, clip_on=True)  # clipped: off a zoomed axis, not drawn
+        ax.text(
+            x,
+            0.98,
+            " " + event_name(rec),
+            transform=ax.get_xaxis_transform(),
+            rotation=90,
+            va="top",
+            ha="right",
+            fontsize=6,
+            color=color,
+            clip_on=True,
+        )  # clipped: off a zoomed axis, not drawn
         n += 1
     return n
 
@@ -117,8 +128,15 @@ def _shaped_line(ax, run: Run, iface: str, bw, t0: float, t_end: float) -> float
         times = [t - t0 for t in shaped.index] + [t_end]
         values = list(shaped.to_numpy()) + [float(shaped.iloc[-1])]
         steady = shaped.nunique() == 1
-        ax.step(times, values, where="post", color="black", ls="--", lw=0.9,
-                label=f"shaped {values[0]:g} Mbit/s (read back)" if steady else "shaped rate (read back)")
+        ax.step(
+            times,
+            values,
+            where="post",
+            color="black",
+            ls="--",
+            lw=0.9,
+            label=f"shaped {values[0]:g} Mbit/s (read back)" if steady else "shaped rate (read back)",
+        )
         return float(max(values))
     if bw is not None and pd.notna(bw):
         ax.axhline(float(bw), color="black", ls="--", lw=0.9, label=f"configured {float(bw):g} Mbit/s")
@@ -126,8 +144,13 @@ def _shaped_line(ax, run: Run, iface: str, bw, t0: float, t_end: float) -> float
     return 0.0
 
 
-def plot_interface_rates(run, host: str | None = None, path=None, smooth_s: float | None = SMOOTH_S,
-                         span: tuple[float | None, float | None] | None = None) -> Path:
+def plot_interface_rates(
+    run,
+    host: str | None = None,
+    path=None,
+    smooth_s: float | None = SMOOTH_S,
+    span: tuple[float | None, float | None] | None = None,
+) -> Path:
     """Tx/rx rate over time of one host's link and of every ToR-core uplink (P3 Figure 8 style).
 
     One subplot per interface: for the host link, the host's tx (to the network) and rx; for an
@@ -163,12 +186,23 @@ def plot_interface_rates(run, host: str | None = None, path=None, smooth_s: floa
     panels = []  # (iface, title, [(column, label)], bw_mbps)
     if not ports.empty:
         for _, p in ports[(ports["host"] == host) & (ports["link_class"] == "host")].iterrows():
-            panels.append((p["iface"], f"{host} link (switch port {p['iface']})",
-                           [("rx_bps", f"{host} tx"), ("tx_bps", f"{host} rx")], p["bw_mbps"]))
+            panels.append(
+                (
+                    p["iface"],
+                    f"{host} link (switch port {p['iface']})",
+                    [("rx_bps", f"{host} tx"), ("tx_bps", f"{host} rx")],
+                    p["bw_mbps"],
+                )
+            )
         for _, p in ports[ports["tor_side"]].iterrows():
-            panels.append((p["iface"], f"uplink {p['switch']} - {p['peer']} ({p['iface']})",
-                           [("tx_bps", f"{p['switch']} -> {p['peer']}"), ("rx_bps", f"{p['peer']} -> {p['switch']}")],
-                           p["bw_mbps"]))
+            panels.append(
+                (
+                    p["iface"],
+                    f"uplink {p['switch']} - {p['peer']} ({p['iface']})",
+                    [("tx_bps", f"{p['switch']} -> {p['peer']}"), ("rx_bps", f"{p['peer']} -> {p['switch']}")],
+                    p["bw_mbps"],
+                )
+            )
     elif not rates.empty:  # no topology: every sampled interface, from its own point of view
         for iface in sorted(rates["iface"].unique()):
             panels.append((iface, iface, [("tx_bps", "tx"), ("rx_bps", "rx")], None))
@@ -222,9 +256,13 @@ def plot_interface_rates(run, host: str | None = None, path=None, smooth_s: floa
 #: ``sweep.csv`` columns that are neither a swept parameter nor a metric
 SWEEP_BOOKKEEPING = ("variant", "scheme", "status", "run_dir", "cpu_starved", "host_cost_overrun")
 #: axis labels of the metrics of ``sweep.csv`` (others are labelled by their column name)
-METRIC_LABELS = {"samples_per_s": "throughput (samples/s)", "iter_mean_s": "mean iteration time (s)",
-                 "iter_p95_s": "95th percentile iteration time (s)", "core_bytes": "bytes through the core",
-                 "accuracy": "final test accuracy"}
+METRIC_LABELS = {
+    "samples_per_s": "throughput (samples/s)",
+    "iter_mean_s": "mean iteration time (s)",
+    "iter_p95_s": "95th percentile iteration time (s)",
+    "core_bytes": "bytes through the core",
+    "accuracy": "final test accuracy",
+}
 
 
 class PlotError(TestbedError):
@@ -235,8 +273,10 @@ class PlotError(TestbedError):
 def _sweep_frame(sweep_dir: Path) -> pd.DataFrame:
     csv = Path(sweep_dir) / "sweep.csv"
     if not csv.is_file():
-        raise PlotError(f"{sweep_dir} has no sweep.csv: give a sweep directory (testbed run writes sweep.csv "
-                        f"there after each point)")
+        raise PlotError(
+            f"{sweep_dir} has no sweep.csv: give a sweep directory (testbed run writes sweep.csv "
+            f"there after each point)"
+        )
     return read_sweep_csv(csv)
 
 
@@ -249,8 +289,14 @@ def sweep_metrics(df: pd.DataFrame) -> list[str]:
     """The metrics of a ``sweep.csv`` frame: its numeric columns that are not a swept
     parameter, bookkeeping (:data:`SWEEP_BOOKKEEPING`) or another metric's error column
     (``<metric>_<suffix>``)."""
-    cands = [c for c in df.columns if c not in SWEEP_BOOKKEEPING and "." not in c
-             and pd.api.types.is_numeric_dtype(df[c]) and not pd.api.types.is_bool_dtype(df[c])]
+    cands = [
+        c
+        for c in df.columns
+        if c not in SWEEP_BOOKKEEPING
+        and "." not in c
+        and pd.api.types.is_numeric_dtype(df[c])
+        and not pd.api.types.is_bool_dtype(df[c])
+    ]
     return [c for c in cands if not any(c != m and c.startswith(m + "_") for m in cands)]
 
 
@@ -289,8 +335,9 @@ def error_bars(df: pd.DataFrame, metric: str) -> tuple[np.ndarray, str] | None:
     if low in df.columns and high in df.columns and (df[low].notna() & df[high].notna()).any():
         below = (mean - pd.to_numeric(df[low], errors="coerce")).clip(lower=0.0).fillna(0.0)
         above = (pd.to_numeric(df[high], errors="coerce") - mean).clip(lower=0.0).fillna(0.0)
-        return np.vstack([below.to_numpy(float), above.to_numpy(float)]), \
-            f"95 % confidence interval of the mean ({low}, {high})"
+        return np.vstack(
+            [below.to_numpy(float), above.to_numpy(float)]
+        ), f"95 % confidence interval of the mean ({low}, {high})"
     spread = f"{metric}_spread95"
     if spread in df.columns and df[spread].notna().any():
         half = pd.to_numeric(df[spread], errors="coerce").fillna(0.0).to_numpy(float)
@@ -340,8 +387,11 @@ def _sweep_rows(runs: list[Run]) -> list[dict | None]:
         parent = r.path.parent
         if parent not in tables:
             df = read_sweep_csv(parent / "sweep.csv") if (parent / "sweep.csv").is_file() else pd.DataFrame()
-            tables[parent] = ({Path(str(p)).name: row for p, row in zip(df["run_dir"], df.to_dict("records"))}
-                              if "run_dir" in df.columns else {})
+            tables[parent] = (
+                {Path(str(p)).name: row for p, row in zip(df["run_dir"], df.to_dict("records"))}
+                if "run_dir" in df.columns
+                else {}
+            )
         out.append(tables[parent].get(r.name))
     return out
 
@@ -379,12 +429,15 @@ def run_labels(runs) -> tuple[list[str], list[str], str]:
     if has_variants:
         keys = [c for c in keys if (df.groupby("variant", dropna=False)[c].nunique(dropna=False) > 1).any()]
     short = _short_keys(keys)
-    groups = [str(df.at[i, "variant"]) if has_variants and pd.notna(df.at[i, "variant"]) else (r.scheme or "?")
-              for i, r in enumerate(runs)]
+    groups = [
+        str(df.at[i, "variant"]) if has_variants and pd.notna(df.at[i, "variant"]) else (r.scheme or "?")
+        for i, r in enumerate(runs)
+    ]
     labels = []
     for i, r in enumerate(runs):
         parts = ([groups[i]] if has_variants else []) + [
-            f"{short[k]}={df.at[i, k]}" for k in keys if pd.notna(df.at[i, k])]
+            f"{short[k]}={df.at[i, k]}" for k in keys if pd.notna(df.at[i, k])
+        ]
         labels.append(", ".join(parts) or r.name)
     return labels, groups, "variant" if has_variants else "scheme"
 
@@ -414,9 +467,13 @@ def plot_throughput(runs, path, labels: list[str] | None = None) -> Path:
     for r, row in zip(runs, _sweep_rows(runs)):
         if row is None:  # a run outside a sweep: its summary's figures, as the runner writes sweep.csv
             tp = _throughput(r)
-            row = {"samples_per_s": tp.mean, "samples_per_s_spread95": tp.spread,
-                   "samples_per_s_mean_ci95_low": tp.mean_ci95_low, "samples_per_s_mean_ci95_high": tp.mean_ci95_high,
-                   "status": r.summary.status if r.summary else "ok"}
+            row = {
+                "samples_per_s": tp.mean,
+                "samples_per_s_spread95": tp.spread,
+                "samples_per_s_mean_ci95_low": tp.mean_ci95_low,
+                "samples_per_s_mean_ci95_high": tp.mean_ci95_high,
+                "status": r.summary.status if r.summary else "ok",
+            }
         rows.append(row)
     df = pd.DataFrame(rows)
     err = error_bars(df, "samples_per_s")
@@ -431,20 +488,28 @@ def plot_throughput(runs, path, labels: list[str] | None = None) -> Path:
     rotate = len(runs) * slot + 3.0 > 16  # too wide even at the widest figure: labels slanted
     fig, ax = plt.subplots(figsize=(min(max(5.0, len(runs) * slot + 3.0), 16), 4.4))
     x = np.arange(len(runs))
-    ax.bar(x, means, yerr=errs, capsize=4, color=[colors[g] for g in groups], alpha=0.85,
-           error_kw={"elinewidth": 1.0})
+    ax.bar(x, means, yerr=errs, capsize=4, color=[colors[g] for g in groups], alpha=0.85, error_kw={"elinewidth": 1.0})
     status = df["status"] if "status" in df.columns else pd.Series("ok", index=df.index)
     tops = means + (errs[1] if errs is not None else 0.0)
     for xi, m, top, st in zip(x, means, tops, status.fillna("ok")):
         ax.text(xi, top, f"{m:.0f}" if st == "ok" else str(st), ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(x, names, fontsize=7, rotation=35 if rotate else 0, ha="right" if rotate else "center",
-                  rotation_mode="anchor" if rotate else "default")
+    ax.set_xticks(
+        x,
+        names,
+        fontsize=7,
+        rotation=35 if rotate else 0,
+        ha="right" if rotate else "center",
+        rotation_mode="anchor" if rotate else "default",
+    )
     ax.set_ylabel("throughput (samples/s)")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c, alpha=0.85) for c in colors.values()]
-    ax.legend(handles, list(colors), fontsize=7, title=kind, title_fontsize=7,
-              loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    ax.set_title("training throughput: mean over the measured iterations"
-                 + (f"\nerror bars: {err[1]}" if err else ""), fontsize=8)
+    ax.legend(
+        handles, list(colors), fontsize=7, title=kind, title_fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0)
+    )
+    ax.set_title(
+        "training throughput: mean over the measured iterations" + (f"\nerror bars: {err[1]}" if err else ""),
+        fontsize=8,
+    )
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     return save_figure(fig, path)
@@ -485,7 +550,10 @@ def plot_iteration_times(run, path=None) -> Path:
     ax.plot(glob["iteration"], glob["time_s"], color="black", lw=1.4, label="the job (completion to completion)")
     warm, stop = run.measured_span
     order = sorted(glob["iteration"])
-    for left, label in ((order[:warm], "warm-up"), (order[stop:] if stop is not None else [], "after the measured iterations")):
+    for left, label in (
+        (order[:warm], "warm-up"),
+        (order[stop:] if stop is not None else [], "after the measured iterations"),
+    ):
         if left:
             ax.axvspan(min(left) - 0.5, max(left) + 0.5, color="gray", alpha=0.15, label=label)
     ax.set_xlabel("iteration")
@@ -499,8 +567,14 @@ def plot_iteration_times(run, path=None) -> Path:
     return save_figure(fig, path)
 
 
-def plot_utilization(runs, path, labels: list[str] | None = None, host: str | None = None,
-                     window_s: float = 0.01, span_s: float | None = 2.0) -> Path:
+def plot_utilization(
+    runs,
+    path,
+    labels: list[str] | None = None,
+    host: str | None = None,
+    window_s: float = 0.01,
+    span_s: float | None = 2.0,
+) -> Path:
     """Send and receive rate of one host's link over time, one panel per run (P3 Figs. 8, 9).
 
     Args:
@@ -523,8 +597,9 @@ def plot_utilization(runs, path, labels: list[str] | None = None, host: str | No
         u = host_utilization(r, host, window_s)
         name = labels[i] if labels else r.name
         if u.empty:
-            ax.text(0.5, 0.5, f"no trace of the host's link in {r.name}", ha="center", va="center",
-                    transform=ax.transAxes)
+            ax.text(
+                0.5, 0.5, f"no trace of the host's link in {r.name}", ha="center", va="center", transform=ax.transAxes
+            )
             continue
         t = u["t_s"] - u["t_s"].iloc[0]
         keep = t <= span_s if span_s else slice(None)
@@ -534,9 +609,12 @@ def plot_utilization(runs, path, labels: list[str] | None = None, host: str | No
         ax.axhline(cap, color="gray", ls="--", lw=0.8, label=f"capacity {cap:g} Gbit/s")
         ax.set_ylim(0, 1.3 * cap)
         ax.set_ylabel("Gbit/s")
-        ax.set_title(f"{name}: idle (<10% of capacity) sent {idle_fraction(u, 0.1, 'tx'):.0%}, "
-                     f"received {idle_fraction(u, 0.1, 'rx'):.0%} of {window_s * 1e3:g} ms windows; "
-                     f"mean {u['tx_frac'].mean():.0%} / {u['rx_frac'].mean():.0%} of capacity", fontsize=9)
+        ax.set_title(
+            f"{name}: idle (<10% of capacity) sent {idle_fraction(u, 0.1, 'tx'):.0%}, "
+            f"received {idle_fraction(u, 0.1, 'rx'):.0%} of {window_s * 1e3:g} ms windows; "
+            f"mean {u['tx_frac'].mean():.0%} / {u['rx_frac'].mean():.0%} of capacity",
+            fontsize=9,
+        )
         ax.legend(loc="upper right", fontsize=7, ncol=3)
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("time since the first measured iteration (s, emulated)")
@@ -544,8 +622,16 @@ def plot_utilization(runs, path, labels: list[str] | None = None, host: str | No
     return save_figure(fig, path)
 
 
-def plot_sweep(sweep_dir, x: str, path=None, y: str = "samples_per_s", speedup_over: str | None = None,
-               xscale: str = "linear", xlabel: str | None = None, paper: bool = True) -> Path:
+def plot_sweep(
+    sweep_dir,
+    x: str,
+    path=None,
+    y: str = "samples_per_s",
+    speedup_over: str | None = None,
+    xscale: str = "linear",
+    xlabel: str | None = None,
+    paper: bool = True,
+) -> Path:
     """A metric against a swept parameter, one line per variant, with error bars (P3 Fig. 7 /
     Fig. 12 style).
 
@@ -593,17 +679,32 @@ def plot_sweep(sweep_dir, x: str, path=None, y: str = "samples_per_s", speedup_o
     for i, (variant, g) in enumerate(df.groupby("variant", sort=False)):
         g = g.sort_values(x)
         xs = shift(g[x], i)
-        line = ax.errorbar(xs, g[y], yerr=g[["_below", "_above"]].to_numpy().T if err else None, marker="o",
-                           capsize=3, label=str(variant))
+        line = ax.errorbar(
+            xs,
+            g[y],
+            yerr=g[["_below", "_above"]].to_numpy().T if err else None,
+            marker="o",
+            capsize=3,
+            label=str(variant),
+        )
         starved = g["_starved"].to_numpy()
-        ax.scatter(np.asarray(xs)[starved], g[y][starved], s=90, facecolors="white", edgecolors=line[0].get_color(),
-                   zorder=3)
+        ax.scatter(
+            np.asarray(xs)[starved], g[y][starved], s=90, facecolors="white", edgecolors=line[0].get_color(), zorder=3
+        )
         if base is not None and variant != speedup_over:
             for xv, xd, yv in zip(g[x], xs, g[y]):
                 if xv in base.index and base[xv]:
-                    ax.annotate(f"{yv / base[xv]:.2f}x", (xd, yv), textcoords="offset points", xytext=(5, 0),
-                                ha="left", va="center", fontsize=7, zorder=5,
-                                bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8})
+                    ax.annotate(
+                        f"{yv / base[xv]:.2f}x",
+                        (xd, yv),
+                        textcoords="offset points",
+                        xytext=(5, 0),
+                        ha="left",
+                        va="center",
+                        fontsize=7,
+                        zorder=5,
+                        bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8},
+                    )
     if paper and y == "samples_per_s":
         runs = [sweep_dir / Path(str(p)).name for p in df["run_dir"]]
         mark_paper(ax, [sweep_dir], dict(zip(runs, df[y])), x_spans(runs, list(df[x]), xscale))
@@ -619,8 +720,7 @@ def plot_sweep(sweep_dir, x: str, path=None, y: str = "samples_per_s", speedup_o
     ax.set_xlabel(xlabel or x)
     ax.set_ylabel(METRIC_LABELS.get(y, y))
     ax.set_ylim(bottom=0)
-    notes = ([f"error bars: {err[1]}"] if err else []) + (
-        ["hollow: a CPU-starved run"] if df["_starved"].any() else [])
+    notes = ([f"error bars: {err[1]}"] if err else []) + (["hollow: a CPU-starved run"] if df["_starved"].any() else [])
     ax.set_title("\n".join([sweep_dir.name] + notes), fontsize=8)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
@@ -636,7 +736,10 @@ def _dodge(xs: pd.Series, n: int, xscale: str):
     distinct = sorted(set(values.dropna()))
     if n < 2 or values.isna().any() or not distinct:
         return lambda v, i: v
-    k = lambda i: i - (n - 1) / 2
+
+    def k(i):
+        return i - (n - 1) / 2
+
     if xscale == "log" and distinct[0] > 0:
         ratio = min([b / a for a, b in zip(distinct, distinct[1:])] or [2.0])
         return lambda v, i: pd.to_numeric(v) * ratio ** (0.25 * k(i) / n)
@@ -702,8 +805,20 @@ def mark_paper(ax, sweeps, y, x=None, inverse: bool = False) -> int:
         elif span is None:
             ax.axhspan(lo, hi, facecolor=color, alpha=0.25, edgecolor="black", ls=ls, lw=0.8, label=label)
         else:
-            ax.add_patch(plt.Rectangle((span[0], lo), span[1] - span[0], hi - lo, facecolor=color, alpha=0.35,
-                                       edgecolor="black", ls=ls, lw=0.8, label=label, zorder=4))
+            ax.add_patch(
+                plt.Rectangle(
+                    (span[0], lo),
+                    span[1] - span[0],
+                    hi - lo,
+                    facecolor=color,
+                    alpha=0.35,
+                    edgecolor="black",
+                    ls=ls,
+                    lw=0.8,
+                    label=label,
+                    zorder=4,
+                )
+            )
         bottom, top = ax.get_ylim()
         if hi > bottom + 0.85 * (top - bottom):  # room above it for a legend
             ax.set_ylim(bottom, bottom + (hi - bottom) / 0.75)
@@ -745,12 +860,21 @@ def plot_flow_rates(run, port: str, path=None, top: int = 8, bin_s: float | None
     peer = str(row["peer"].iloc[0]) if not row.empty else "peer"
     switch = str(row["switch"].iloc[0]) if not row.empty else "switch"
     directed = not fl.empty and fl["fwd_on_port"].notna().any()
-    panels = ([("out", f"{switch} -> {peer} (out of {port})"), ("in", f"{peer} -> {switch} (into {port})")]
-              if directed else [("both", f"{port}, both directions")])
+    panels = (
+        [("out", f"{switch} -> {peer} (out of {port})"), ("in", f"{peer} -> {switch} (into {port})")]
+        if directed
+        else [("both", f"{port}, both directions")]
+    )
     if rates["both"].empty:
         fig, ax = plt.subplots(figsize=(8, 2.5))
-        ax.text(0.5, 0.5, f"no TCP packets captured on {port} in {run.name}", ha="center", va="center",
-                transform=ax.transAxes)
+        ax.text(
+            0.5,
+            0.5,
+            f"no TCP packets captured on {port} in {run.name}",
+            ha="center",
+            va="center",
+            transform=ax.transAxes,
+        )
         ax.set_axis_off()
         return save_figure(fig, path)
     fig, axes = plt.subplots(len(panels), 1, figsize=(10, 2.8 * len(panels) + 0.6), sharex=True, squeeze=False)

@@ -28,6 +28,7 @@ builds on the pieces here:
   out_dir, **opts) -> [PNG]``, the paper's own command-line options) and :data:`REPORTS`,
   :func:`get_report`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,9 +36,9 @@ import importlib
 import inspect
 import math
 import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
 
 import pandas as pd
 from tabulate import tabulate
@@ -46,17 +47,39 @@ from analysis.load import read_sweep_csv
 from analysis.metrics import MIN_IDLE_PCT
 from common.errors import TestbedError
 from common.validation import did_you_mean
-from traffic.rundir import find_runs, is_run
 from traffic.hostmodel.costs import OVERRUN_THRESHOLD
+from traffic.rundir import find_runs, is_run
 from traffic.summary import SUMMARY_FILE, RunSummary
 
-__all__ = ["FLAGS", "FLAGS_NOTE", "REPORTS", "Report", "ReportError", "UnknownReport", "alias", "fidelity_flags",
-           "flagged_markdown", "get_report", "load_rows", "markdown", "per_point", "baseline_rows", "row_flags",
-           "sweep_dirs", "sweep_rows", "union_flags"]
+__all__ = [
+    "FLAGS",
+    "FLAGS_NOTE",
+    "REPORTS",
+    "Report",
+    "ReportError",
+    "UnknownReport",
+    "alias",
+    "fidelity_flags",
+    "flagged_markdown",
+    "get_report",
+    "load_rows",
+    "markdown",
+    "per_point",
+    "baseline_rows",
+    "row_flags",
+    "sweep_dirs",
+    "sweep_rows",
+    "union_flags",
+]
 
 #: Every paper's report: name -> the module that defines its ``REPORT`` (a :class:`Report`).
-REPORTS = {"p3": "analysis.p3_report", "phub": "analysis.phub_report", "ibatch": "analysis.ibatch_report",
-           "stanza": "analysis.stanza_report", "pipe_sgd": "analysis.pipe_sgd_report"}
+REPORTS = {
+    "p3": "analysis.p3_report",
+    "phub": "analysis.phub_report",
+    "ibatch": "analysis.ibatch_report",
+    "stanza": "analysis.stanza_report",
+    "pipe_sgd": "analysis.pipe_sgd_report",
+}
 
 
 class UnknownReport(TestbedError):
@@ -87,6 +110,7 @@ class Report:
             paths may be left out (``table`` and ``plots`` then get ``[]``); without any
             (the default) a report needs at least one path.
     """
+
     name: str
     description: str
     table: Callable[..., str]
@@ -182,8 +206,10 @@ def sweep_dirs(paths: Iterable) -> list[Path]:
     out = []
     for p in map(Path, paths):
         if is_run(p):
-            raise ReportError(f"{p} is a run directory; this report compares the points of a sweep: "
-                              f"give the sweep directory (the one with sweep.yaml and sweep.csv)")
+            raise ReportError(
+                f"{p} is a run directory; this report compares the points of a sweep: "
+                f"give the sweep directory (the one with sweep.yaml and sweep.csv)"
+            )
         find_runs([p])  # NotARunError, saying why, unless p is a run or a sweep
         out.append(p)
     return out
@@ -217,13 +243,17 @@ def throughput_cells(row: Mapping) -> dict:
     (:func:`sweep_rows`): ``samples_per_s`` (the mean), ``spread95`` (1.96 sd of the
     iterations) and ``mean_ci95_low``/``mean_ci95_high`` (the 95 % confidence interval of the
     mean; None in a file without them), samples/s."""
-    return {"samples_per_s": row.get("samples_per_s"), "spread95": row.get("samples_per_s_spread95"),
-            "mean_ci95_low": row.get("samples_per_s_mean_ci95_low"),
-            "mean_ci95_high": row.get("samples_per_s_mean_ci95_high")}
+    return {
+        "samples_per_s": row.get("samples_per_s"),
+        "spread95": row.get("samples_per_s_spread95"),
+        "mean_ci95_low": row.get("samples_per_s_mean_ci95_low"),
+        "mean_ci95_high": row.get("samples_per_s_mean_ci95_high"),
+    }
 
 
-def load_rows(runs: Iterable[Path], row: Callable[[Path], dict],
-              skip: tuple[type[BaseException], ...] = ()) -> tuple[list[dict], list[str]]:
+def load_rows(
+    runs: Iterable[Path], row: Callable[[Path], dict], skip: tuple[type[BaseException], ...] = ()
+) -> tuple[list[dict], list[str]]:
     """``row(run)`` for every run.
 
     Args:
@@ -271,8 +301,15 @@ def baseline_rows(table: pd.DataFrame, baseline, point: Sequence[str], variant: 
     return [ref.get(k) for k in key]
 
 
-def per_point(table: pd.DataFrame, value: str, baseline, point: Sequence[str], variant: str = "variant",
-              inverse: bool = False, reduce: str = "last") -> list[float]:
+def per_point(
+    table: pd.DataFrame,
+    value: str,
+    baseline,
+    point: Sequence[str],
+    variant: str = "variant",
+    inverse: bool = False,
+    reduce: str = "last",
+) -> list[float]:
     """``value`` of every row over ``value`` of the baseline at the same point.
 
     A point is the set of runs that share every swept value except the variant (the
@@ -306,8 +343,11 @@ def per_point(table: pd.DataFrame, value: str, baseline, point: Sequence[str], v
     for k, v in zip(key, vals):
         b = ref.get(k)
         num, den = (b, v) if inverse else (v, b)
-        out.append(float(num) / float(den) if num is not None and den is not None and den != 0
-                   and not (math.isnan(num) or math.isnan(den)) else math.nan)
+        out.append(
+            float(num) / float(den)
+            if num is not None and den is not None and den != 0 and not (math.isnan(num) or math.isnan(den))
+            else math.nan
+        )
     return out
 
 
@@ -318,13 +358,15 @@ def per_point(table: pd.DataFrame, value: str, baseline, point: Sequence[str], v
 FLAGS = {"cpu_starved": "cpu-starved", "host_cost_overrun": "host-overrun"}
 
 #: The line printed under a table with a flagged row.
-FLAGS_NOTE = (f"flags: cpu-starved = the emulation's mean CPU idle was below {MIN_IDLE_PCT:g} % "
-              f"(summary.json fidelity.idle_pct_mean), so link rates and times may be off; "
-              f"host-overrun = the real work of a process's modelled host costs exceeded their dilated budgets "
-              f"by more than {100 * OVERRUN_THRESHOLD:g} % of the process's time (see summary.json host_costs), so "
-              f"the run is slower than the host model says. A row's flags are its run's; a row of a table comparing runs "
-              f"(a pairing, speed-ups) has those of every run compared; a ratio to a baseline in a table of runs "
-              f"rests on the baseline's row too, flagged there.")
+FLAGS_NOTE = (
+    f"flags: cpu-starved = the emulation's mean CPU idle was below {MIN_IDLE_PCT:g} % "
+    f"(summary.json fidelity.idle_pct_mean), so link rates and times may be off; "
+    f"host-overrun = the real work of a process's modelled host costs exceeded their dilated budgets "
+    f"by more than {100 * OVERRUN_THRESHOLD:g} % of the process's time (see summary.json host_costs), so "
+    f"the run is slower than the host model says. A row's flags are its run's; a row of a table comparing runs "
+    f"(a pairing, speed-ups) has those of every run compared; a ratio to a baseline in a table of runs "
+    f"rests on the baseline's row too, flagged there."
+)
 
 
 def _is_set(v) -> bool:
@@ -389,8 +431,12 @@ def flagged_markdown(table: pd.DataFrame, column: str = "flags", **kw) -> str:
 # ----------------------------------------------------------------------------- rendering
 
 
-def markdown(table: pd.DataFrame, floatfmt: str | Sequence[str] = "g", preformatted: bool = False,
-             colalign: Sequence[str] | None = None) -> str:
+def markdown(
+    table: pd.DataFrame,
+    floatfmt: str | Sequence[str] = "g",
+    preformatted: bool = False,
+    colalign: Sequence[str] | None = None,
+) -> str:
     """``table`` as a markdown (pipe) table, without its index: ``tabulate``, as
     ``DataFrame.to_markdown(index=False, floatfmt=...)`` gives it.
 

@@ -28,6 +28,7 @@ figures and were recomputed here, with no measurement (a check of the paper's ar
 a reproduction); ``partly`` when some of it was measured or matches; ``not`` when nothing was
 measured yet (e.g. no spec); ``not possible here`` when this testbed cannot produce it at all.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -45,9 +46,29 @@ from analysis.report import REPORTS
 from common.errors import TestbedError, show_value
 from common.validation import SpecModel, field_errors, load_yaml
 
-__all__ = ["MARKER", "CATALOGUE", "PAPERS", "QUICK_MAX_MINUTES", "REPO_ROOT", "STATUSES", "TOLERANCE", "CatalogueError",
-           "Entry", "Headline", "Measured", "PaperValue", "Quick", "Ratio", "SpecRef", "UnknownEntry", "find_quote", "format_list", "get_entry", "load_catalogue",
-           "missing_quotes"]
+__all__ = [
+    "MARKER",
+    "CATALOGUE",
+    "PAPERS",
+    "QUICK_MAX_MINUTES",
+    "REPO_ROOT",
+    "STATUSES",
+    "TOLERANCE",
+    "CatalogueError",
+    "Entry",
+    "Headline",
+    "Measured",
+    "PaperValue",
+    "Quick",
+    "Ratio",
+    "SpecRef",
+    "UnknownEntry",
+    "find_quote",
+    "format_list",
+    "get_entry",
+    "load_catalogue",
+    "missing_quotes",
+]
 
 #: the shipped catalogue
 CATALOGUE = Path(__file__).resolve().parent / "data" / "reproduction.yaml"
@@ -55,8 +76,13 @@ CATALOGUE = Path(__file__).resolve().parent / "data" / "reproduction.yaml"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 #: id prefix -> the name of the paper's text file in the directory given to :func:`missing_quotes`
 #: (the papers' texts are not part of the repository)
-PAPERS = {"p3": "p3.txt", "phub": "phub.txt", "ibatch": "ibatch.txt", "stanza": "stanza.txt",
-          "pipe_sgd": "pipe-sgd.txt"}
+PAPERS = {
+    "p3": "p3.txt",
+    "phub": "phub.txt",
+    "ibatch": "ibatch.txt",
+    "stanza": "stanza.txt",
+    "pipe_sgd": "pipe-sgd.txt",
+}
 #: the file ``testbed reproduce`` writes into each sweep (or run) directory it makes: which
 #: entry, run mode (full / quick / headline), overrides and repeat it is (JSON)
 MARKER = "reproduce.json"
@@ -67,9 +93,11 @@ TOLERANCE = 0.25
 #: the longest a ``quick`` version may take here, wall minutes (a few minutes)
 QUICK_MAX_MINUTES = 5
 
-_ID = re.compile(r"(%s)\.(fig|table)[0-9]+[a-z0-9_]*" % "|".join(PAPERS))
-_ID_ALLOWED = ("a lowercase id '<paper>.<fig|table><number>[suffix]' (e.g. p3.fig7c, phub.table2, "
-               f"pipe_sgd.fig4_mnist_timing), paper one of {', '.join(PAPERS)}")
+_ID = re.compile(r"({})\.(fig|table)[0-9]+[a-z0-9_]*".format("|".join(PAPERS)))
+_ID_ALLOWED = (
+    "a lowercase id '<paper>.<fig|table><number>[suffix]' (e.g. p3.fig7c, phub.table2, "
+    f"pipe_sgd.fig4_mnist_timing), paper one of {', '.join(PAPERS)}"
+)
 _REPORT = re.compile(r"testbed report (\S+)(?: .*)?")
 
 
@@ -79,8 +107,9 @@ class CatalogueError(TestbedError):
 
     def __init__(self, path: Path, errors: list[str]):
         self.path, self.errors = path, list(errors)
-        head = f"{path}: " + (f"{len(self.errors)} problems in the reproduction catalogue:"
-                              if len(self.errors) > 1 else "")
+        head = f"{path}: " + (
+            f"{len(self.errors)} problems in the reproduction catalogue:" if len(self.errors) > 1 else ""
+        )
         body = "\n".join(f"  - {e}" for e in self.errors) if len(self.errors) > 1 else self.errors[0]
         super().__init__(head + ("\n" if len(self.errors) > 1 else "") + body)
 
@@ -100,6 +129,7 @@ Text = Annotated[str, AfterValidator(_nonblank)]
 
 class PaperValue(SpecModel):
     """One number (or statement) as the paper gives it."""
+
     value: Text
     """The value as the paper states it, e.g. ``+26 % (P3 over the baseline at 4 Gbit/s)``."""
     where: Text
@@ -111,6 +141,7 @@ class PaperValue(SpecModel):
 
 class Measured(SpecModel):
     """One thing measured for the entry on this testbed."""
+
     value: Text
     """What was measured, with units."""
     source: Text
@@ -128,6 +159,7 @@ def _check_overrides(v: list[str]) -> list[str]:
 
 class SpecRef(SpecModel):
     """The experiment spec that reproduces an entry: ``testbed run PATH --set S ...``."""
+
     path: str
     """The spec file, relative to the repository root, under ``experiments/``."""
     set: list[str] = []
@@ -154,6 +186,7 @@ class SpecRef(SpecModel):
 class Quick(SpecModel):
     """A reduced version of an entry's run (``testbed reproduce ID --quick``): fewer
     iterations, sweep points or variants, keeping what the figure compares."""
+
     set: list[str]
     """``--set`` overrides applied after the spec's own (:attr:`SpecRef.set`), in order, each
     ``FIELD=VALUE``; at least one."""
@@ -174,6 +207,7 @@ class Ratio(SpecModel):
     """One ratio a headline run measures: the samples/s of the sweep row matching
     ``numerator`` over that of the row matching ``denominator`` (higher is better, so a
     ratio > 1 favours the numerator), set against the paper's."""
+
     claim: Text
     """What the ratio is, one line, e.g. ``P3 over the baseline at 4 Gbit/s, samples/s``."""
     paper: list[float] = Field(min_length=1, max_length=2)
@@ -219,6 +253,7 @@ class Ratio(SpecModel):
 class Headline(SpecModel):
     """The headline run of an entry (``testbed reproduce ID --headline [--repeat N]``): the
     points its ratios need, run with enough iterations to count, and the ratios themselves."""
+
     set: list[str]
     """``--set`` overrides applied after the spec's own, in order, each ``FIELD=VALUE``."""
     minutes: float = Field(gt=0)
@@ -249,8 +284,10 @@ class Headline(SpecModel):
             if (r.paper, r.where) != (nxt.paper, nxt.where):
                 raise ValueError(f"ratios {i + 1} and {i + 2}: the ends of a band have the same paper and where")
             if r.sensitivity or nxt.sensitivity or r.setting_differs != nxt.setting_differs:
-                raise ValueError(f"ratios {i + 1} and {i + 2}: the ends of a band are one headline: no sensitivity, "
-                                 "the same setting_differs")
+                raise ValueError(
+                    f"ratios {i + 1} and {i + 2}: the ends of a band are one headline: no sensitivity, "
+                    "the same setting_differs"
+                )
             i += 2
         return v
 
@@ -259,6 +296,7 @@ class Entry(SpecModel):
     """One figure or table of a paper's evaluation and how far it is reproduced here.
     Fields are checked in order; a check that depends on an earlier field is skipped when
     that field is itself malformed (its own error is reported)."""
+
     id: str
     """``<paper>.<fig|table><n>[suffix]``, lowercase; the paper is one of :data:`PAPERS`."""
     title: Text
@@ -422,24 +460,31 @@ def load_catalogue(path: str | Path | None = None, root: str | Path | None = Non
     for n, item in enumerate(data, start=1):
         where = _where(n, item)
         if not isinstance(item, dict):
-            errors.append(f"{where}: got {show_value(item)}; allowed: a mapping with fields "
-                          f"{', '.join(Entry.model_fields)}")
+            errors.append(
+                f"{where}: got {show_value(item)}; allowed: a mapping with fields {', '.join(Entry.model_fields)}"
+            )
             continue
         try:
             entry = Entry.model_validate(item)
         except ValidationError as e:
-            errors.extend(f"{where}: field '{fe.field}': got {show_value(fe.value)}; allowed: {fe.allowed}"
-                          for fe in field_errors(e, Entry, what="a field of an entry"))
+            errors.extend(
+                f"{where}: field '{fe.field}': got {show_value(fe.value)}; allowed: {fe.allowed}"
+                for fe in field_errors(e, Entry, what="a field of an entry")
+            )
             continue
         if entry.id in first_at:
-            errors.append(f"{where}: field 'id': got {entry.id!r}; allowed: an id no other entry has "
-                          f"(entry {first_at[entry.id]} has it)")
+            errors.append(
+                f"{where}: field 'id': got {entry.id!r}; allowed: an id no other entry has "
+                f"(entry {first_at[entry.id]} has it)"
+            )
             continue
         first_at[entry.id] = n
         if entry.spec is not None and not (root / entry.spec.path).is_file():
-            errors.append(f"{where}: field 'spec.path': got {entry.spec.path!r}; allowed: a spec file that exists "
-                          f"under {root} (spec paths are relative to the repository root: run from the checkout "
-                          f"when the package is installed outside it)")
+            errors.append(
+                f"{where}: field 'spec.path': got {entry.spec.path!r}; allowed: a spec file that exists "
+                f"under {root} (spec paths are relative to the repository root: run from the checkout "
+                f"when the package is installed outside it)"
+            )
             continue
         entries.append(entry)
     if errors:
@@ -458,8 +503,9 @@ def get_entry(entries: list[Entry], ident: str) -> Entry:
             return e
     close = difflib.get_close_matches(ident, [e.id for e in entries], n=5, cutoff=0.5)
     hint = f"; the closest: {', '.join(close)}" if close else ""
-    raise UnknownEntry(f"no figure or table {ident!r} in the reproduction catalogue{hint} "
-                       "(testbed reproduce --list shows every id)")
+    raise UnknownEntry(
+        f"no figure or table {ident!r} in the reproduction catalogue{hint} (testbed reproduce --list shows every id)"
+    )
 
 
 def _minutes(m: float | None) -> str:
@@ -480,13 +526,21 @@ def format_list(entries: list[Entry], spec_width: int = 70, title_width: int = 4
         if e.status != "reproduced" and e.reason:
             cell += "\nwhy: " + " ".join(e.reason.split())
         rows.append([e.id, e.status, _minutes(e.run_minutes), cell, e.title])
-    table = tabulate(rows, headers=["id", "status", "min", "spec / reason", "title"], tablefmt="grid",
-                     maxcolwidths=[None, None, None, spec_width, title_width], disable_numparse=True)
+    table = tabulate(
+        rows,
+        headers=["id", "status", "min", "spec / reason", "title"],
+        tablefmt="grid",
+        maxcolwidths=[None, None, None, spec_width, title_width],
+        disable_numparse=True,
+    )
     by_paper = Counter(e.paper for e in entries)
     by_status = Counter(e.status for e in entries)
-    lines = [table, "",
-             f"{len(entries)} figures and tables: " + ", ".join(f"{p} {by_paper[p]}" for p in PAPERS if by_paper[p]),
-             "status: " + ", ".join(f"{s} {by_status[s]}" for s in STATUSES if by_status[s])]
+    lines = [
+        table,
+        "",
+        f"{len(entries)} figures and tables: " + ", ".join(f"{p} {by_paper[p]}" for p in PAPERS if by_paper[p]),
+        "status: " + ", ".join(f"{s} {by_status[s]}" for s in STATUSES if by_status[s]),
+    ]
     return "\n".join(lines)
 
 

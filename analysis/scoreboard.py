@@ -51,6 +51,7 @@ machine's own speed in the result. A campaign too long for one sitting goes on w
 first repeat on, and hold only when every run executed the same code (the marker's ``code``)
 and each repeat ran once.
 """
+
 from __future__ import annotations
 
 import filecmp
@@ -64,27 +65,52 @@ from statistics import median
 import pandas as pd
 
 from analysis.load import measured_span, read_sweep_csv
-from analysis.metrics import (STEADY_TOLERANCE, global_iterations, iteration_drift, measured_iterations,
-                              refigured_summary, steady)
+from analysis.metrics import (
+    STEADY_TOLERANCE,
+    global_iterations,
+    iteration_drift,
+    measured_iterations,
+    refigured_summary,
+    steady,
+)
 from analysis.reproduction import MARKER, PAPERS, STATUSES, TOLERANCE, Entry, Ratio, load_catalogue
 from common.errors import TestbedError
 from traffic.rundir import SWEEP_FIGURES, SWEEP_RENAMED, read_spec
 from traffic.summary import RunSummary
 
-__all__ = ["ARCHIVED_FILES", "Marked", "RatioResult", "ScoreboardError", "archive", "band_range", "counted", "find_marked",
-           "headline_counted", "headline_table", "headline_within", "headlines", "read_marker", "last_campaign",
-           "measure_ratio", "ratio_result", "scoreboard", "steadiness"]
+__all__ = [
+    "ARCHIVED_FILES",
+    "Marked",
+    "RatioResult",
+    "ScoreboardError",
+    "archive",
+    "band_range",
+    "counted",
+    "find_marked",
+    "headline_counted",
+    "headline_table",
+    "headline_within",
+    "headlines",
+    "read_marker",
+    "last_campaign",
+    "measure_ratio",
+    "ratio_result",
+    "scoreboard",
+    "steadiness",
+]
 
 #: the measurement protocol of a headline ratio (see the module doc): repeats, warm-up and
 #: measured iterations of every compared run, and how far the ratio may move at twice the dilation
 MIN_REPEATS, MIN_WARMUP, MIN_MEASURED, DILATION_TOLERANCE = 3, 2, 5, 0.05
-PROTOCOL = (f"at least {MIN_REPEATS} repeats; every compared run with at least {MIN_WARMUP} warm-up and "
-            f"{MIN_MEASURED} measured iterations, and steady (the median iteration time of the later half of its "
-            f"measured iterations within {STEADY_TOLERANCE:.0%} of the earlier half's, or within the 95 % confidence "
-            f"half-width of its mean; a run that warms up until steady, workload.max_warmup_iterations, is measured "
-            f"over the first window that had); the variants of a repeat at one dilation; the ratio at twice the "
-            f"dilation within {DILATION_TOLERANCE:.0%} (the dilation check); a campaign run over several sittings "
-            f"executing the same code, each repeat once")
+PROTOCOL = (
+    f"at least {MIN_REPEATS} repeats; every compared run with at least {MIN_WARMUP} warm-up and "
+    f"{MIN_MEASURED} measured iterations, and steady (the median iteration time of the later half of its "
+    f"measured iterations within {STEADY_TOLERANCE:.0%} of the earlier half's, or within the 95 % confidence "
+    f"half-width of its mean; a run that warms up until steady, workload.max_warmup_iterations, is measured "
+    f"over the first window that had); the variants of a repeat at one dilation; the ratio at twice the "
+    f"dilation within {DILATION_TOLERANCE:.0%} (the dilation check); a campaign run over several sittings "
+    f"executing the same code, each repeat once"
+)
 
 #: what :func:`archive` keeps of a marked sweep (its own files, then each run's)
 ARCHIVED_FILES = (MARKER, "sweep.csv", "sweep.yaml")
@@ -99,6 +125,7 @@ class ScoreboardError(TestbedError):
 @dataclass(frozen=True)
 class Marked:
     """One directory ``testbed reproduce`` made: ``path`` and its marker's fields."""
+
     path: Path
     id: str
     mode: str
@@ -135,8 +162,13 @@ class Marked:
         gives Fig. 6a, 6b, 6c and 7 alike."""
         if self.id == entry.id:
             return True
-        return (self.mode == "full" and entry.spec is not None and self.spec == entry.spec.path
-                and self.overrides is not None and list(self.overrides) == entry.overrides())
+        return (
+            self.mode == "full"
+            and entry.spec is not None
+            and self.spec == entry.spec.path
+            and self.overrides is not None
+            and list(self.overrides) == entry.overrides()
+        )
 
 
 def find_marked(root: str | Path) -> list[Marked]:
@@ -165,10 +197,19 @@ def read_marker(d: str | Path) -> Marked | None:
     try:
         m = json.loads(f.read_text())
         over = m.get("overrides")
-        return Marked(d, m["id"], m["mode"], int(m["repeat"]), int(m["repeats"]), m["started"], m["finished"],
-                      int(m.get("dilation", 1)), None if over is None else tuple(str(o) for o in over),
-                      None if m.get("spec") is None else str(m["spec"]),
-                      None if m.get("code") is None else str(m["code"]))
+        return Marked(
+            d,
+            m["id"],
+            m["mode"],
+            int(m["repeat"]),
+            int(m["repeats"]),
+            m["started"],
+            m["finished"],
+            int(m.get("dilation", 1)),
+            None if over is None else tuple(str(o) for o in over),
+            None if m.get("spec") is None else str(m["spec"]),
+            None if m.get("code") is None else str(m["code"]),
+        )
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ScoreboardError(f"{f}: not a readable marker ({type(e).__name__}: {e})") from None
 
@@ -192,8 +233,10 @@ def _pick(rows: pd.DataFrame, selector: dict, sweep_dir: Path, what: str) -> pd.
     mask = pd.Series(True, index=rows.index)
     for col, want in selector.items():
         if col not in rows.columns:
-            raise ScoreboardError(f"{sweep_dir}: the {what} selects on column {col!r}, which sweep.csv lacks "
-                                  f"(columns: {', '.join(rows.columns)})")
+            raise ScoreboardError(
+                f"{sweep_dir}: the {what} selects on column {col!r}, which sweep.csv lacks "
+                f"(columns: {', '.join(rows.columns)})"
+            )
         mask &= rows[col].map(lambda c: _same(c, want))
     hit = rows[mask]
     if len(hit) != 1:
@@ -220,6 +263,7 @@ def _float(row: pd.Series, col: str) -> float:
 @dataclass(frozen=True)
 class Measurement:
     """One headline ratio in one marked sweep."""
+
     ratio: float
     numerator: float
     denominator: float
@@ -281,6 +325,7 @@ def measure_ratio(ratio: Ratio, sweep_dir: str | Path) -> Measurement:
 class RatioResult:
     """A headline ratio over the marked sweeps of its entry: ``measurements`` at the
     headline's dilation, ``checks`` at twice it (its dilation check; empty when not run)."""
+
     entry: Entry
     ratio: Ratio
     marked: list[Marked]
@@ -329,8 +374,10 @@ class RatioResult:
         m = next(m for m in self.measurements if m.ok)
         if math.isnan(m.numerator_spread95) or math.isnan(m.denominator_spread95):
             return None
-        return (m.numerator - m.numerator_spread95 > m.denominator + m.denominator_spread95
-                or m.numerator + m.numerator_spread95 < m.denominator - m.denominator_spread95)
+        return (
+            m.numerator - m.numerator_spread95 > m.denominator + m.denominator_spread95
+            or m.numerator + m.numerator_spread95 < m.denominator - m.denominator_spread95
+        )
 
 
 def steadiness(run_dir: str | Path, span: tuple[int, int | None] | None = None) -> tuple[float, float] | None:
@@ -356,8 +403,9 @@ def steadiness(run_dir: str | Path, span: tuple[int, int | None] | None = None) 
         s = run_dir / "summary.json"
         span = measured_span(read_spec(run_dir), refigured_summary(run_dir) if s.is_file() else None)
     first, stop = span
-    return iteration_drift(measured_iterations(global_iterations(pd.read_csv(f)), first,
-                                               None if stop is None else stop - first))
+    return iteration_drift(
+        measured_iterations(global_iterations(pd.read_csv(f)), first, None if stop is None else stop - first)
+    )
 
 
 def _settled_by_spread(summary: RunSummary) -> bool | None:
@@ -370,8 +418,9 @@ def _settled_by_spread(summary: RunSummary) -> bool | None:
     return True if spread is not None and spread <= STEADY_TOLERANCE else None
 
 
-def settled(run_dir: str | Path, spec: dict | None = None,
-            summary: RunSummary | None = None) -> tuple[tuple[float, float] | None, bool | None]:
+def settled(
+    run_dir: str | Path, spec: dict | None = None, summary: RunSummary | None = None
+) -> tuple[tuple[float, float] | None, bool | None]:
     """Whether the run in ``run_dir`` had settled by the protocol's rule.
 
     From its ``iterations.csv`` (:func:`steadiness` over :func:`analysis.load.measured_span`
@@ -424,11 +473,15 @@ def _run_problems(ms, what: str) -> tuple[list[str], list[int], list[int]]:
         out.append(f"variants at different dilations{what} ({'; '.join(sorted(mixed))})")
     if moved:
         worst = max(moved, key=abs)
-        out.append(f"{len(moved)} run{'s' if len(moved) != 1 else ''}{what} not steady (the iteration time moved "
-                   f"{worst:+.1%} within the measured iterations)")
+        out.append(
+            f"{len(moved)} run{'s' if len(moved) != 1 else ''}{what} not steady (the iteration time moved "
+            f"{worst:+.1%} within the measured iterations)"
+        )
     if unknown:
-        out.append(f"steadiness of {unknown} run{'s' if unknown != 1 else ''}{what} not known (no iteration times to "
-                   f"test, samples/s spread over {STEADY_TOLERANCE:.0%})")
+        out.append(
+            f"steadiness of {unknown} run{'s' if unknown != 1 else ''}{what} not known (no iteration times to "
+            f"test, samples/s spread over {STEADY_TOLERANCE:.0%})"
+        )
     return out, warm, measured
 
 
@@ -439,8 +492,11 @@ def _campaign_problems(res: RatioResult) -> list[str]:
     runs = list(res.marked) + list(res.check_marked)
     codes = {m.code for m in runs}
     if len(codes) > 1:
-        out.append(f"its runs executed {len(codes)} versions of the code" if None not in codes
-                   else "the code of some runs is not recorded")
+        out.append(
+            f"its runs executed {len(codes)} versions of the code"
+            if None not in codes
+            else "the code of some runs is not recorded"
+        )
     for what, ms in (("", res.marked), (" in the dilation check", res.check_marked)):
         twice = sorted({m.repeat for m in ms if sum(o.repeat == m.repeat for o in ms) > 1})
         if twice:
@@ -525,8 +581,9 @@ def headline_within(group: tuple[RatioResult, ...]) -> bool:
 def headline_counted(group: tuple[RatioResult, ...]) -> bool:
     """Whether a headline counts toward the verdict: within (:func:`headline_within`), on the
     paper's own setting, and every ratio of it measured by the protocol."""
-    return (headline_within(group) and not group[0].ratio.setting_differs
-            and not any(protocol_problems(r) for r in group))
+    return (
+        headline_within(group) and not group[0].ratio.setting_differs and not any(protocol_problems(r) for r in group)
+    )
 
 
 def ratio_result(entry: Entry, ratio: Ratio, marked: list[Marked]) -> RatioResult:
@@ -534,8 +591,14 @@ def ratio_result(entry: Entry, ratio: Ratio, marked: list[Marked]) -> RatioResul
     dilation 1 are its measurements, the others its dilation check)."""
     base = [m for m in marked if m.dilation == 1]
     check = [m for m in marked if m.dilation != 1]
-    return RatioResult(entry, ratio, base, [measure_ratio(ratio, m.path) for m in base],
-                       tuple(measure_ratio(ratio, m.path) for m in check), tuple(check))
+    return RatioResult(
+        entry,
+        ratio,
+        base,
+        [measure_ratio(ratio, m.path) for m in base],
+        tuple(measure_ratio(ratio, m.path) for m in check),
+        tuple(check),
+    )
 
 
 def _paper(r: Ratio) -> str:
@@ -560,10 +623,13 @@ def _setting(res: RatioResult) -> str:
             topo = s.get("topology") or {}
             bw, cc = topo.get("host_bw_mbps"), topo.get("tcp_congestion_control")
             scale = s.get("scale")
-            parts = [f"host {host}", f"compute {comp.get('mode')}" + (f" {prof}" if prof else ""),
-                     f"scale {scale:g}" if isinstance(scale, (int, float)) else f"scale {scale}",
-                     f"{bw / 1000:g} Gbit/s" if isinstance(bw, (int, float)) else "host link ?",
-                     f"TCP {cc}" if isinstance(cc, str) and cc else "TCP the machine's default"]
+            parts = [
+                f"host {host}",
+                f"compute {comp.get('mode')}" + (f" {prof}" if prof else ""),
+                f"scale {scale:g}" if isinstance(scale, (int, float)) else f"scale {scale}",
+                f"{bw / 1000:g} Gbit/s" if isinstance(bw, (int, float)) else "host link ?",
+                f"TCP {cc}" if isinstance(cc, str) and cc else "TCP the machine's default",
+            ]
             seen[", ".join(parts)] = None
     return "; ".join(seen) or "?"
 
@@ -573,9 +639,11 @@ def _band_within(group: tuple[RatioResult, ...]) -> str:
     span = band_range(group)
     if span is None:
         return "no (one headline with the other end of the band, which has no ok run)"
-    return (f"{'yes' if headline_within(group) else 'no'} (one headline with the other end of the band: "
-            f"{span[0]:.2f}-{span[1]:.2f} {'reaches' if headline_within(group) else 'does not reach'} "
-            f"within +-{TOLERANCE * 100:.0f} % of the paper's)")
+    return (
+        f"{'yes' if headline_within(group) else 'no'} (one headline with the other end of the band: "
+        f"{span[0]:.2f}-{span[1]:.2f} {'reaches' if headline_within(group) else 'does not reach'} "
+        f"within +-{TOLERANCE * 100:.0f} % of the paper's)"
+    )
 
 
 def _cells(res: RatioResult, group: tuple[RatioResult, ...] | None = None) -> list[str]:
@@ -602,9 +670,20 @@ def _cells(res: RatioResult, group: tuple[RatioResult, ...] | None = None) -> li
     dates = sorted({m.date for m in res.marked + list(res.check_marked)})
     date = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}" if dates else "-"
     runs = "<br>".join(f"`{m.path.name}`" for m in res.marked) + "".join(
-        f"<br>`{m.path.name}` ({m.dilation}x the dilation)" for m in res.check_marked)
+        f"<br>`{m.path.name}` ({m.dilation}x the dilation)" for m in res.check_marked
+    )
     protocol = "holds" if not protocol_problems(res) else "; ".join(protocol_problems(res))
-    return [measured, to_paper, within, dist, _check_cell(res), protocol, _setting(res) if res.marked else "-", runs, date]
+    return [
+        measured,
+        to_paper,
+        within,
+        dist,
+        _check_cell(res),
+        protocol,
+        _setting(res) if res.marked else "-",
+        runs,
+        date,
+    ]
 
 
 def _check_cell(res: RatioResult) -> str:
@@ -617,9 +696,18 @@ def _check_cell(res: RatioResult) -> str:
     return f"{median(v):.2f}{spread}, {len(v)} run{'s' if len(v) > 1 else ''}{moved}"
 
 
-_HEAD = ["paper's ratio", "measured: median (range), runs", "measured / paper", "within +-25 %",
-         "distinguishable", "at twice the dilation: median (range), runs, moved", "protocol (what falls short)", "setting (host, compute, scale, host link, TCP)",
-         "run directories", "date"]
+_HEAD = [
+    "paper's ratio",
+    "measured: median (range), runs",
+    "measured / paper",
+    "within +-25 %",
+    "distinguishable",
+    "at twice the dilation: median (range), runs, moved",
+    "protocol (what falls short)",
+    "setting (host, compute, scale, host link, TCP)",
+    "run directories",
+    "date",
+]
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
@@ -644,7 +732,7 @@ def last_campaign(marked: list[Marked]) -> list[Marked]:
     from its last first repeat at the headline's dilation on. An earlier set was run by other
     code or another host model, so its runs are not pooled with the new ones."""
     firsts = [i for i, m in enumerate(marked) if m.repeat == 1 and m.dilation == 1]
-    return marked[firsts[-1]:] if firsts else list(marked)
+    return marked[firsts[-1] :] if firsts else list(marked)
 
 
 def headline_table(entry: Entry, sweep_dirs: list[str | Path]) -> str:
@@ -657,11 +745,19 @@ def headline_table(entry: Entry, sweep_dirs: list[str | Path]) -> str:
     if entry.headline is None:
         raise ScoreboardError(f"{entry.id} has no headline ratios")
     dirs = [Path(d) for d in sweep_dirs]
-    marked = [m for d in dirs for m in find_marked(d) if m.path == d] or [Marked(d, entry.id, "headline", 1, 1, "", "")
-                                                                           for d in dirs]
+    marked = [m for d in dirs for m in find_marked(d) if m.path == d] or [
+        Marked(d, entry.id, "headline", 1, 1, "", "") for d in dirs
+    ]
     results = [ratio_result(entry, r, marked) for r in entry.headline.ratios]
-    rows = [[res.ratio.claim + (f" (sensitivity: {res.ratio.sensitivity})" if res.ratio.sensitivity else ""),
-             _paper(res.ratio)] + _cells(res, g) for g in headlines(results) for res in g]
+    rows = [
+        [
+            res.ratio.claim + (f" (sensitivity: {res.ratio.sensitivity})" if res.ratio.sensitivity else ""),
+            _paper(res.ratio),
+        ]
+        + _cells(res, g)
+        for g in headlines(results)
+        for res in g
+    ]
     return _table(["ratio"] + _HEAD, rows)
 
 
@@ -692,16 +788,25 @@ def _sweep_summary(m: Marked) -> str:
     except ScoreboardError:
         return "(no sweep.csv)"
     fixed = {"variant", *SWEEP_FIGURES, *SWEEP_RENAMED}
-    swept = [c for c in rows.columns if c not in fixed and not c.startswith("workload.scheme")
-             and not c.startswith("workload.options") and not c.startswith("workload.servers")
-             and not c.startswith("host.")]
+    swept = [
+        c
+        for c in rows.columns
+        if c not in fixed
+        and not c.startswith("workload.scheme")
+        and not c.startswith("workload.options")
+        and not c.startswith("workload.servers")
+        and not c.startswith("host.")
+    ]
     parts = []
     for _, r in rows.iterrows():
         point = ",".join(f"{c.split('.')[-1]}={_short(r[c])}" for c in swept if r[c] != "")
         name = r.get("variant", "") or "run"
         val = _samples_per_s(r, m.path / Path(str(r.get("run_dir", ""))).name)[0]
-        parts.append(f"{name}{'@' + point if point else ''} {val:.1f}" if r.get("status") == "ok" and math.isfinite(val)
-                     else f"{name}{'@' + point if point else ''} {r.get('status')}")
+        parts.append(
+            f"{name}{'@' + point if point else ''} {val:.1f}"
+            if r.get("status") == "ok" and math.isfinite(val)
+            else f"{name}{'@' + point if point else ''} {r.get('status')}"
+        )
     return "samples/s: " + "; ".join(parts)
 
 
@@ -727,41 +832,66 @@ def scoreboard(root: str | Path, entries: list[Entry] | None = None, command: st
     measured = sum(all(r.values for r in g) for g in groups)
     n_counted = sum(headline_counted(g) for g in groups)
     bands = sum(len(g) > 1 for g in groups)
-    out = ["# Reproduction scoreboard", "",
-           f"Generated by `{command}` from the run directories that `testbed reproduce` marked "
-           f"(`{MARKER}`) under `{root}`, and from the catalogue (`analysis/data/reproduction.yaml`). "
-           "Do not edit it by hand: re-run the command.", "",
-           f"A measured ratio is within tolerance when it lies within +-{TOLERANCE * 100:.0f} % of the paper's (of the nearer "
-           "end when the paper gives a range). Each ratio is the median over the repeats of its headline run "
-           "(`testbed reproduce ID --headline --repeat 3`), with the range over the repeats. Two variants are "
-           "distinguishable when the range excludes 1.0. A flagged run was CPU-starved or overran its host-cost "
-           "model: its figure is not trustworthy.", "",
-           "A headline is one ratio, or the two ends of a band: a setting the paper does not print but bounds "
-           "through its own statements, measured at both ends; a band is within when the range of its two "
-           "medians reaches within the tolerance of the paper's ratio.", "",
-           f"The measurement protocol: {PROTOCOL}. A headline counts only when it is within, on the paper's own "
-           "setting, and each of its ratios measured by the protocol.", "",
-           f"**{n_counted} of {len(groups)} headlines count: within +-{TOLERANCE * 100:.0f} % of the paper's, on "
-           f"its setting, by the protocol.** {within} of {len(groups)} are within +-{TOLERANCE * 100:.0f} % as "
-           f"measured ({measured} measured" + (f"; {differs} of the {within} on a setting that differs from the "
-                                               "paper's, see the row" if differs else "")
-           + (f"; {bands} of the {len(groups)} a band, two rows" if bands else "")
-           + "); the column *protocol* says what each measurement lacks.", "",
-           "## Headlines", "",
-           _table(["entry", "headline"] + _HEAD,
-                  [[f"`{r.entry.id}`", r.ratio.claim + f" ({r.ratio.where})", _paper(r.ratio)] + _cells(r, g)
-                   for g in groups for r in g]), ""]
+    out = [
+        "# Reproduction scoreboard",
+        "",
+        f"Generated by `{command}` from the run directories that `testbed reproduce` marked "
+        f"(`{MARKER}`) under `{root}`, and from the catalogue (`analysis/data/reproduction.yaml`). "
+        "Do not edit it by hand: re-run the command.",
+        "",
+        f"A measured ratio is within tolerance when it lies within +-{TOLERANCE * 100:.0f} % of the paper's "
+        "(of the nearer end when the paper gives a range). Each ratio is the median over the repeats of its "
+        "headline run (`testbed reproduce ID --headline --repeat 3`), with the range over the repeats. "
+        "Two variants are distinguishable when the range excludes 1.0. A flagged run was CPU-starved or overran "
+        "its host-cost model: its figure is not trustworthy.",
+        "",
+        "A headline is one ratio, or the two ends of a band: a setting the paper does not print but bounds "
+        "through its own statements, measured at both ends; a band is within when the range of its two "
+        "medians reaches within the tolerance of the paper's ratio.",
+        "",
+        f"The measurement protocol: {PROTOCOL}. A headline counts only when it is within, on the paper's own "
+        "setting, and each of its ratios measured by the protocol.",
+        "",
+        f"**{n_counted} of {len(groups)} headlines count: within +-{TOLERANCE * 100:.0f} % of the paper's, on "
+        f"its setting, by the protocol.** {within} of {len(groups)} are within +-{TOLERANCE * 100:.0f} % as "
+        f"measured ({measured} measured"
+        + (f"; {differs} of the {within} on a setting that differs from the paper's, see the row" if differs else "")
+        + (f"; {bands} of the {len(groups)} a band, two rows" if bands else "")
+        + "); the column *protocol* says what each measurement lacks.",
+        "",
+        "## Headlines",
+        "",
+        _table(
+            ["entry", "headline"] + _HEAD,
+            [
+                [f"`{r.entry.id}`", r.ratio.claim + f" ({r.ratio.where})", _paper(r.ratio)] + _cells(r, g)
+                for g in groups
+                for r in g
+            ],
+        ),
+        "",
+    ]
     if sens:
-        out += ["## Sensitivity to settings the paper does not fix", "",
-                _table(["entry", "ratio", "setting changed"] + _HEAD,
-                       [[f"`{r.entry.id}`", r.ratio.claim, r.ratio.sensitivity, _paper(r.ratio)] + _cells(r)
-                        for r in sens]), ""]
+        out += [
+            "## Sensitivity to settings the paper does not fix",
+            "",
+            _table(
+                ["entry", "ratio", "setting changed"] + _HEAD,
+                [[f"`{r.entry.id}`", r.ratio.claim, r.ratio.sensitivity, _paper(r.ratio)] + _cells(r) for r in sens],
+            ),
+            "",
+        ]
     out += ["## Headline runs: what they keep of the paper's setting", ""]
     out += [f"- `{e.id}`: " + " ".join(e.headline.note.split()) for e in entries if e.headline is not None]
-    out += ["", "## Every figure and table", "",
-            "Status and reason are the catalogue's; *measured here* lists what the marked directories hold "
-            "(the last marked sweep of each mode; a headline sweep run with other overrides than the "
-            "catalogue's headline run apart, and left out of the headline ratios).", ""]
+    out += [
+        "",
+        "## Every figure and table",
+        "",
+        "Status and reason are the catalogue's; *measured here* lists what the marked directories hold "
+        "(the last marked sweep of each mode; a headline sweep run with other overrides than the "
+        "catalogue's headline run apart, and left out of the headline ratios).",
+        "",
+    ]
     rows, carrying = [], 0
     for e in entries:
         mine = [m for m in marked if m.measures(e)]
@@ -772,20 +902,27 @@ def scoreboard(root: str | Path, entries: list[Entry] | None = None, command: st
                 other = m.mode == "headline" and not m.is_headline_of(e)
                 shared = f" (the run of `{m.id}`, the same command)" if m.id != e.id else ""
                 last[m.mode + (" with other overrides than the catalogue's headline" if other else "") + shared] = m
-            meas = "<br>".join(f"{mode} (`{m.path.name}`, {m.date}): {_sweep_summary(m)}"
-                               for mode, m in sorted(last.items()))
+            meas = "<br>".join(
+                f"{mode} (`{m.path.name}`, {m.date}): {_sweep_summary(m)}" for mode, m in sorted(last.items())
+            )
         else:
             meas = "not run under " + f"`{root}`"
         why = "" if e.status == "reproduced" else " ".join((e.reason or "").split())
         rows.append([f"`{e.id}`", e.title, _paper_text(e), meas, e.status, why])
-    out.append(_table(["id", "what it shows", "the paper states", "measured here", "status", "why not (further)"],
-                      rows))
+    out.append(
+        _table(["id", "what it shows", "the paper states", "measured here", "status", "why not (further)"], rows)
+    )
     counts = {s: sum(e.status == s for e in entries) for s in STATUSES}
     per_paper = ", ".join(f"{p} {sum(e.paper == p for e in entries)}" for p in PAPERS)
-    out += ["", f"{len(entries)} figures and tables ({per_paper}); status: "
-            + ", ".join(f"{k} {v}" for k, v in counts.items() if v) + f". {carrying} of {len(entries)} carry values "
-            "measured here (a marked directory of their own, or of an entry with the same command, with at least one "
-            "run that finished ok).", ""]
+    out += [
+        "",
+        f"{len(entries)} figures and tables ({per_paper}); status: "
+        + ", ".join(f"{k} {v}" for k, v in counts.items() if v)
+        + f". {carrying} of {len(entries)} carry values "
+        "measured here (a marked directory of their own, or of an entry with the same command, with at least one "
+        "run that finished ok).",
+        "",
+    ]
     return "\n".join(out)
 
 
@@ -814,8 +951,10 @@ def archive(runs_dir: str | Path, dest: str | Path) -> list[Path]:
         plan += [(f, dest / f.relative_to(runs_dir)) for f in files]
     clash = [str(d) for s, d in plan if d.exists() and not filecmp.cmp(s, d, shallow=False)]
     if clash:
-        raise ScoreboardError(f"{len(clash)} files in {dest} differ from the runs' and would be overwritten "
-                              f"(nothing copied): {', '.join(clash[:5])}")
+        raise ScoreboardError(
+            f"{len(clash)} files in {dest} differ from the runs' and would be overwritten "
+            f"(nothing copied): {', '.join(clash[:5])}"
+        )
     made = []
     for s, d in plan:
         if d.exists():

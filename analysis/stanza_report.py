@@ -51,6 +51,7 @@ profiles that ship, at Stanza Table 5's batch), a ``.json`` path any profile
 (its model and batch size are the file's). ``--plots DIR`` draws ``stanza_fig8.png``
 (throughput against nodes, one panel per profile and bandwidth, as the paper's figure).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,14 +67,31 @@ from analysis import report as skeleton
 from analysis.load import Run, load
 from analysis.metrics import global_iterations
 from analysis.paper_models import stanza as sm
+from traffic.compute_profiles import Profile, load_profile
 from traffic.data import load_dataset
 from traffic.models import model_info
-from traffic.compute_profiles import Profile, load_profile
 from traffic.rundir import find_runs
 
-__all__ = ["IMAGENET_TRAIN", "REPORT", "FIG8_GBPS", "FIG8_NODES", "FIG8_PAPER", "FIG8_PROFILES", "TABLE5_BATCH",
-           "run_figures", "pair", "report", "table", "plots", "plot_speedup", "fig8_constants", "fig8_rows", "fig8_text",
-           "plot_fig8", "main"]
+__all__ = [
+    "IMAGENET_TRAIN",
+    "REPORT",
+    "FIG8_GBPS",
+    "FIG8_NODES",
+    "FIG8_PAPER",
+    "FIG8_PROFILES",
+    "TABLE5_BATCH",
+    "run_figures",
+    "pair",
+    "report",
+    "table",
+    "plots",
+    "plot_speedup",
+    "fig8_constants",
+    "fig8_rows",
+    "fig8_text",
+    "plot_fig8",
+    "main",
+]
 
 IMAGENET_TRAIN = 1_281_167
 """Training images of ImageNet-12 (ILSVRC 2012), the data set of Stanza §6.3."""
@@ -118,17 +136,28 @@ def run_figures(run_dir: str | Path) -> dict:
     other = sum(p["role"] in ("fc", "server") for p in procs)
     if not procs:  # an archived run keeps no processes.json: the counts its spec asked for
         n = int(w.get("workers") or 0)
-        other = int((w.get("options") or {}).get("fc_workers") or 0) if scheme == "stanza" else \
-            int((w.get("servers") or {}).get("count") or 0)
+        other = (
+            int((w.get("options") or {}).get("fc_workers") or 0)
+            if scheme == "stanza"
+            else int((w.get("servers") or {}).get("count") or 0)
+        )
     K = int(w.get("batch_size") or 0)
     ev = run.events
     measured = _measured_iterations(run) if not ev.empty else []
     compute = w.get("compute") or {}
-    out = {"run": run.path.name, "scheme": scheme, "model": model, "workers": n,
-           "profile": _profile_name(compute),
-           "fc_workers" if scheme == "stanza" else "servers": other, "batch_size": K,
-           "measured_s": _iteration_time(run, measured), "predicted_s": None, "model_error": None,
-           "flags": skeleton.fidelity_flags(run_dir)}
+    out = {
+        "run": run.path.name,
+        "scheme": scheme,
+        "model": model,
+        "workers": n,
+        "profile": _profile_name(compute),
+        "fc_workers" if scheme == "stanza" else "servers": other,
+        "batch_size": K,
+        "measured_s": _iteration_time(run, measured),
+        "predicted_s": None,
+        "model_error": None,
+        "flags": skeleton.fidelity_flags(run_dir),
+    }
     split = model_info(model)["split_index"]
     tx = ev[(ev.get("dir") == "tx") & ev["iteration"].isin(measured)] if not ev.empty and "dir" in ev else ev.iloc[0:0]
     m = max(len(measured), 1)
@@ -186,8 +215,12 @@ def _predict(run: Run, scheme: str, model: str, K: int, n: int, other: int, prof
 POINT = ["model", "workers", "profile"]
 
 #: ``pair``'s ratios, PS over Stanza: name -> the per-run figure compared.
-RATIOS = {"speedup": "measured_s", "speedup_predicted": "predicted_s", "fc_data_ratio": "fc_bytes_per_iter",
-          "epoch_data_ratio": "bytes_per_epoch"}
+RATIOS = {
+    "speedup": "measured_s",
+    "speedup_predicted": "predicted_s",
+    "fc_data_ratio": "fc_bytes_per_iter",
+    "epoch_data_ratio": "bytes_per_epoch",
+}
 
 
 def pair(rows) -> pd.DataFrame:
@@ -208,9 +241,14 @@ def pair(rows) -> pd.DataFrame:
     ratios = {k: skeleton.per_point(df, v, "ps", POINT, variant="scheme", inverse=True) for k, v in RATIOS.items()}
     keep = [i for i in df.index if df.at[i, "scheme"] == "stanza" and partner[i] is not None]
     rest = [c for c in df.columns if c not in POINT]
-    j = pd.concat([df.loc[keep, POINT].reset_index(drop=True),
-                   df.loc[keep, rest].add_suffix("_stanza").reset_index(drop=True),
-                   df.loc[[partner[i] for i in keep], rest].add_suffix("_ps").reset_index(drop=True)], axis=1)
+    j = pd.concat(
+        [
+            df.loc[keep, POINT].reset_index(drop=True),
+            df.loc[keep, rest].add_suffix("_stanza").reset_index(drop=True),
+            df.loc[[partner[i] for i in keep], rest].add_suffix("_ps").reset_index(drop=True),
+        ],
+        axis=1,
+    )
     for k, v in ratios.items():
         j[k] = [v[i] for i in keep]
     j["flags"] = [skeleton.union_flags(a, b) for a, b in zip(j["flags_stanza"], j["flags_ps"])]
@@ -227,34 +265,77 @@ def _s(x) -> str:
 
 def _run_table(rows: list[dict]) -> pd.DataFrame:
     """The run figures as the report prints them (strings)."""
-    return pd.DataFrame([{
-        "scheme": r["scheme"], "model": r["model"], "n": r["workers"], "K": r["batch_size"], "profile": r["profile"],
-        "measured": _s(r["measured_s"]), "predicted": _s(r["predicted_s"]),
-        "err": "-" if r["model_error"] is None else f"{100 * r['model_error']:+.0f}%",
-        "FC MB/it": _mb(r["fc_bytes_per_iter"]), "MB/it": _mb(r["bytes_per_iter"]),
-        "wire MB/it": _mb(r["wire_bytes_per_iter"]), "MB/epoch": _mb(r["bytes_per_epoch"]),
-        "acc": "-" if r["final_accuracy"] is None else f"{100 * r['final_accuracy']:.1f}", "flags": r["flags"]}
-        for r in rows],
-        columns=["scheme", "model", "n", "K", "profile", "measured", "predicted", "err", "FC MB/it", "MB/it", "wire MB/it",
-                 "MB/epoch", "acc", "flags"])
+    return pd.DataFrame(
+        [
+            {
+                "scheme": r["scheme"],
+                "model": r["model"],
+                "n": r["workers"],
+                "K": r["batch_size"],
+                "profile": r["profile"],
+                "measured": _s(r["measured_s"]),
+                "predicted": _s(r["predicted_s"]),
+                "err": "-" if r["model_error"] is None else f"{100 * r['model_error']:+.0f}%",
+                "FC MB/it": _mb(r["fc_bytes_per_iter"]),
+                "MB/it": _mb(r["bytes_per_iter"]),
+                "wire MB/it": _mb(r["wire_bytes_per_iter"]),
+                "MB/epoch": _mb(r["bytes_per_epoch"]),
+                "acc": "-" if r["final_accuracy"] is None else f"{100 * r['final_accuracy']:.1f}",
+                "flags": r["flags"],
+            }
+            for r in rows
+        ],
+        columns=[
+            "scheme",
+            "model",
+            "n",
+            "K",
+            "profile",
+            "measured",
+            "predicted",
+            "err",
+            "FC MB/it",
+            "MB/it",
+            "wire MB/it",
+            "MB/epoch",
+            "acc",
+            "flags",
+        ],
+    )
 
 
 def _pair_table(j: pd.DataFrame) -> pd.DataFrame:
-    return pd.DataFrame([{"model": r.model, "n": r.workers, "profile": r.profile, "speedup": f"{r.speedup:.2f}",
-                          "predicted": f"{r.speedup_predicted:.2f}", "FC-data ps/stanza": f"{r.fc_data_ratio:.1f}",
-                          "epoch-data ps/stanza": f"{r.epoch_data_ratio:.1f}", "flags": r.flags}
-                         for r in j.itertuples()])
+    return pd.DataFrame(
+        [
+            {
+                "model": r.model,
+                "n": r.workers,
+                "profile": r.profile,
+                "speedup": f"{r.speedup:.2f}",
+                "predicted": f"{r.speedup_predicted:.2f}",
+                "FC-data ps/stanza": f"{r.fc_data_ratio:.1f}",
+                "epoch-data ps/stanza": f"{r.epoch_data_ratio:.1f}",
+                "flags": r.flags,
+            }
+            for r in j.itertuples()
+        ]
+    )
 
 
 def _text(rows: list[dict]) -> str:
     """The text report of :func:`run_figures` rows."""
     right = ["left", "left"] + ["right"] * 10
-    lines = ["run figures (times in s of the emulated network; bytes in MB of payload):",
-             skeleton.flagged_markdown(_run_table(rows), preformatted=True, colalign=right + ["left"])]
+    lines = [
+        "run figures (times in s of the emulated network; bytes in MB of payload):",
+        skeleton.flagged_markdown(_run_table(rows), preformatted=True, colalign=right + ["left"]),
+    ]
     j = pair(rows)
     if not j.empty:
-        lines += ["", "stanza vs ps (same model, workers, global batch):",
-                  skeleton.flagged_markdown(_pair_table(j), preformatted=True, colalign=right[1:7] + ["left"])]
+        lines += [
+            "",
+            "stanza vs ps (same model, workers, global batch):",
+            skeleton.flagged_markdown(_pair_table(j), preformatted=True, colalign=right[1:7] + ["left"]),
+        ]
     curves = [r for r in rows if r["accuracy_curve"]]
     if curves:
         lines += ["", "accuracy against wall time (worker 0's eval events; s since the first iteration):"]
@@ -295,20 +376,23 @@ TABLE5_BATCH = {"alexnet": 128, "vgg16": 64, "vgg19": 64}
 """Per-worker batch of Fig. 8's CNNs ("AlexNet, VGG-16, and VGG-19 on ImageNet-12", §7.2) in
 Stanza Table 5 (§6.1)."""
 
-FIG8_PROFILES = {"alexnet": _REPO / "experiments" / "stanza_profiles" / "alexnet-v100-b128.json",
-                 "vgg16": _REPO / "experiments" / "stanza_profiles" / "vgg16-v100-b64.json",
-                 "vgg19": _REPO / "experiments" / "stanza_profiles" / "vgg19-v100-b64.json"}
+FIG8_PROFILES = {
+    "alexnet": _REPO / "experiments" / "stanza_profiles" / "alexnet-v100-b128.json",
+    "vgg16": _REPO / "experiments" / "stanza_profiles" / "vgg16-v100-b64.json",
+    "vgg19": _REPO / "experiments" / "stanza_profiles" / "vgg19-v100-b64.json",
+}
 """The compute profile a model name stands for in ``--fig8``: the Tesla V100 profiles at Table 5's
 batch (PHub's GTX 1080 Ti times scaled by the two GPUs' peak FP32 ratio and by batch size,
 written by ``experiments/stanza_profiles/derive_batch.py``: each file's ``method``)."""
 
 FIG8_PAPER = {
     "alexnet": "80 nodes at 40G 1.79x; 40 nodes at 25G 2.29x; at 100G 1.55x; 40 -> 80 nodes: Stanza 2x "
-               "(25G, 100G), PS 1.73x (25G), 1.85x (100G)",
+    "(25G, 100G), PS 1.73x (25G), 1.85x (100G)",
     "vgg16": "80 nodes at 40G 1.97x; 40 nodes at 25G 2.35x; at 100G 1.72x; 40 -> 80 nodes: Stanza 2x (25G), "
-             "PS 1.81x (25G), 1.91x (100G)",
+    "PS 1.81x (25G), 1.91x (100G)",
     "vgg19": "80 nodes at 40G 1.87x; 40 nodes at 25G 2.33x; at 100G 1.84x; 40 -> 80 nodes: Stanza 2x "
-             "(25G, 100G), PS 1.70x (25G), 1.73x (100G)"}
+    "(25G, 100G), PS 1.70x (25G), 1.73x (100G)",
+}
 """What Stanza §7.2's text states of Fig. 8 per model (speedups are throughput ratios; the
 figure itself prints no value)."""
 
@@ -320,7 +404,8 @@ FIG8_NOTE = (
     "previous N at the same bandwidth. The paper's T_ps, T_c and T_f come from its EC2 runs (Tesla V100, §7.1) "
     "and are not printed in the paper, so the compute profiles below stand in for them: T_c = forward + backward "
     "of the layers before the model's CONV/FC split, T_f = of the others, T_ps = T_c + T_f. Not modelled: the "
-    "GPU memory the paper also considers in node assignment (footnote 6).")
+    "GPU memory the paper also considers in node assignment (footnote 6)."
+)
 
 
 def fig8_constants(ref: str) -> tuple[str, Profile, sm.Constants]:
@@ -346,21 +431,29 @@ def fig8_constants(ref: str) -> tuple[str, Profile, sm.Constants]:
     elif ref.endswith(".json") or "/" in ref:
         path = Path(ref)
     else:
-        raise skeleton.ReportError(f"--fig8: {ref!r} is neither a model of Fig. 8 ({', '.join(FIG8_PROFILES)}) "
-                                   "nor a compute profile file (.json)")
+        raise skeleton.ReportError(
+            f"--fig8: {ref!r} is neither a model of Fig. 8 ({', '.join(FIG8_PROFILES)}) "
+            "nor a compute profile file (.json)"
+        )
     if path.is_dir():
-        raise skeleton.ReportError(f"--fig8: {ref} is a directory, not a compute profile; give run or sweep "
-                                   "directories before --fig8")
+        raise skeleton.ReportError(
+            f"--fig8: {ref} is a directory, not a compute profile; give run or sweep directories before --fig8"
+        )
     try:
         doc = json.loads(path.read_text())
     except OSError as e:
         raise skeleton.ReportError(f"--fig8: cannot read compute profile {path}: {e.strerror or e}") from None
     except ValueError as e:
         raise skeleton.ReportError(f"--fig8: {path} is not JSON ({e})") from None
-    if not (isinstance(doc, dict) and isinstance(doc.get("model"), str) and isinstance(doc.get("batch_size"), int)
-            and not isinstance(doc.get("batch_size"), bool)):
-        raise skeleton.ReportError(f"--fig8: {path} is not a compute profile (no string 'model' and integer "
-                                   "'batch_size')")
+    if not (
+        isinstance(doc, dict)
+        and isinstance(doc.get("model"), str)
+        and isinstance(doc.get("batch_size"), int)
+        and not isinstance(doc.get("batch_size"), bool)
+    ):
+        raise skeleton.ReportError(
+            f"--fig8: {path} is not a compute profile (no string 'model' and integer 'batch_size')"
+        )
     prof = load_profile(str(path), doc["model"], doc["batch_size"])
     try:
         c = sm.Constants.from_profile(prof.model, prof)
@@ -375,11 +468,15 @@ def _fig8_sections(refs, gbps, nodes) -> list[tuple[str, Profile, sm.Constants, 
     nodes = sorted({int(n) for n in nodes})
     gbps = sorted({float(g) for g in gbps})
     if not nodes or nodes[0] < 2:
-        raise skeleton.ReportError(f"--fig8-nodes: every node count must be at least 2 (one CONV and one FC worker, "
-                                   f"one PS worker and one server), got {nodes[0] if nodes else 'none'}")
+        raise skeleton.ReportError(
+            f"--fig8-nodes: every node count must be at least 2 (one CONV and one FC worker, "
+            f"one PS worker and one server), got {nodes[0] if nodes else 'none'}"
+        )
     if not gbps or not all(math.isfinite(g) and g > 0 for g in gbps):
-        raise skeleton.ReportError(f"--fig8-gbps: every bandwidth must be a finite number of Gbit/s > 0, got "
-                                   f"{', '.join(f'{g:g}' for g in gbps) or 'none'}")
+        raise skeleton.ReportError(
+            f"--fig8-gbps: every bandwidth must be a finite number of Gbit/s > 0, got "
+            f"{', '.join(f'{g:g}' for g in gbps) or 'none'}"
+        )
     out = []
     for ref in refs:
         path, prof, c = fig8_constants(ref)
@@ -389,12 +486,26 @@ def _fig8_sections(refs, gbps, nodes) -> list[tuple[str, Profile, sm.Constants, 
             for N in nodes:
                 pt = sm.stanza_vs_ps(c, N, g * 1e9)
                 s, p = pt.stanza, pt.ps
-                rows.append({"model": prof.model, "profile": path, "K": c.K, "gbps": g, "N": N,
-                             "n_c": s.n_c, "n_f": s.n_f, "stanza_s": s.time_s, "stanza_sps": s.throughput,
-                             "n_w": p.n_c, "n_s": p.n_f, "ps_s": p.time_s, "ps_sps": p.throughput,
-                             "speedup": pt.speedup,
-                             "stanza_scale": s.throughput / prev.stanza.throughput if prev else math.nan,
-                             "ps_scale": p.throughput / prev.ps.throughput if prev else math.nan})
+                rows.append(
+                    {
+                        "model": prof.model,
+                        "profile": path,
+                        "K": c.K,
+                        "gbps": g,
+                        "N": N,
+                        "n_c": s.n_c,
+                        "n_f": s.n_f,
+                        "stanza_s": s.time_s,
+                        "stanza_sps": s.throughput,
+                        "n_w": p.n_c,
+                        "n_s": p.n_f,
+                        "ps_s": p.time_s,
+                        "ps_sps": p.throughput,
+                        "speedup": pt.speedup,
+                        "stanza_scale": s.throughput / prev.stanza.throughput if prev else math.nan,
+                        "ps_scale": p.throughput / prev.ps.throughput if prev else math.nan,
+                    }
+                )
                 prev = pt
         out.append((path, prof, c, pd.DataFrame(rows)))
     return out
@@ -449,21 +560,33 @@ def fig8_text(refs, gbps=FIG8_GBPS, nodes=FIG8_NODES) -> str:
     for path, prof, c, df in _fig8_sections(refs, gbps, nodes):
         t5 = TABLE5_BATCH.get(prof.model)
         batch = "" if t5 in (None, c.K) else f" (Stanza Table 5 trains {prof.model} with {t5} per worker)"
-        lines += ["", f"## Fig. 8: {prof.model}, K = {c.K} per node{batch}: {_shown(path)}",
-                  f"device {prof.device}; T_c {1e3 * c.T_c:.2f} ms, T_f {1e3 * c.T_f:.2f} ms, "
-                  f"T_ps {1e3 * c.T_ps:.2f} ms "
-                  f"per batch of K; P {c.P / 1e6:.3f} M, P_c {c.P_c / 1e6:.3f} M parameters; A {c.A:,} activations "
-                  "per sample",
-                  f"profile: {prof.method}", ""]
-        t = pd.DataFrame({
-            "Gbit/s": [f"{g:g}" for g in df["gbps"]], "N": df["N"].astype(str),
-            "n_c": df["n_c"].astype(str), "n_f": df["n_f"].astype(str),
-            "Stanza ms": [f"{1e3 * v:.2f}" for v in df["stanza_s"]],
-            "Stanza 10^3/s": [f"{v / 1e3:.3f}" for v in df["stanza_sps"]],
-            "n_w": df["n_w"].astype(str), "n_s": df["n_s"].astype(str),
-            "PS ms": [f"{1e3 * v:.2f}" for v in df["ps_s"]], "PS 10^3/s": [f"{v / 1e3:.3f}" for v in df["ps_sps"]],
-            "speedup": [_x(v) for v in df["speedup"]], "Stanza scale": [_x(v) for v in df["stanza_scale"]],
-            "PS scale": [_x(v) for v in df["ps_scale"]]})
+        lines += [
+            "",
+            f"## Fig. 8: {prof.model}, K = {c.K} per node{batch}: {_shown(path)}",
+            f"device {prof.device}; T_c {1e3 * c.T_c:.2f} ms, T_f {1e3 * c.T_f:.2f} ms, "
+            f"T_ps {1e3 * c.T_ps:.2f} ms "
+            f"per batch of K; P {c.P / 1e6:.3f} M, P_c {c.P_c / 1e6:.3f} M parameters; A {c.A:,} activations "
+            "per sample",
+            f"profile: {prof.method}",
+            "",
+        ]
+        t = pd.DataFrame(
+            {
+                "Gbit/s": [f"{g:g}" for g in df["gbps"]],
+                "N": df["N"].astype(str),
+                "n_c": df["n_c"].astype(str),
+                "n_f": df["n_f"].astype(str),
+                "Stanza ms": [f"{1e3 * v:.2f}" for v in df["stanza_s"]],
+                "Stanza 10^3/s": [f"{v / 1e3:.3f}" for v in df["stanza_sps"]],
+                "n_w": df["n_w"].astype(str),
+                "n_s": df["n_s"].astype(str),
+                "PS ms": [f"{1e3 * v:.2f}" for v in df["ps_s"]],
+                "PS 10^3/s": [f"{v / 1e3:.3f}" for v in df["ps_sps"]],
+                "speedup": [_x(v) for v in df["speedup"]],
+                "Stanza scale": [_x(v) for v in df["stanza_scale"]],
+                "PS scale": [_x(v) for v in df["ps_scale"]],
+            }
+        )
         lines.append(skeleton.markdown(t, preformatted=True, colalign=["right"] * len(t.columns)))
         if prof.model in FIG8_PAPER:
             lines += ["", f"paper (§7.2, {prof.model}, its own T_ps, T_c, T_f): {FIG8_PAPER[prof.model]}"]
@@ -475,6 +598,7 @@ def plot_fig8(rows: pd.DataFrame, path) -> Path:
     axis), one panel per profile (row) and bandwidth (column), from :func:`fig8_rows`."""
     # lazy: analysis.plots loads matplotlib, which the tables do not need
     from analysis.plots import plt, save_figure
+
     profiles = list(dict.fromkeys(rows["profile"]))
     gbps = sorted(rows["gbps"].unique())
     fig, axes = plt.subplots(len(profiles), len(gbps), figsize=(3.6 * len(gbps), 2.9 * len(profiles)), squeeze=False)
@@ -535,14 +659,22 @@ def plot_speedup(paired: pd.DataFrame, path, sweeps=()) -> Path:
     (:func:`analysis.plots.mark_paper`)."""
     # lazy: analysis.plots loads matplotlib, which the tables do not need
     from analysis.plots import mark_paper, plt, save_figure
+
     fig, ax = plt.subplots(figsize=(max(5.0, 1.6 * len(paired) + 2.5), 4.0))
     x = list(range(len(paired)))
     ax.bar(x, paired["speedup"], color="tab:blue", alpha=0.85, label="measured (PS time / Stanza time)")
     ax.plot(x, paired["speedup_predicted"], "rx", label="eqs. (3), (6)")
-    mark_paper(ax, sweeps, dict(zip(paired["path_stanza"], paired["speedup"])),
-               {p: (i - 0.4, i + 0.4) for p, i in zip(paired["path_stanza"], x)})
-    ax.set_xticks(x, [f"{m}, {n} workers\n{p}" for m, n, p in zip(paired["model"], paired["workers"], paired["profile"])],
-                  fontsize=7)
+    mark_paper(
+        ax,
+        sweeps,
+        dict(zip(paired["path_stanza"], paired["speedup"])),
+        {p: (i - 0.4, i + 0.4) for p, i in zip(paired["path_stanza"], x)},
+    )
+    ax.set_xticks(
+        x,
+        [f"{m}, {n} workers\n{p}" for m, n, p in zip(paired["model"], paired["workers"], paired["profile"])],
+        fontsize=7,
+    )
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_ylabel("speedup of Stanza over PS")
     ax.set_ylim(bottom=0)
@@ -555,6 +687,7 @@ def plot_speedup(paired: pd.DataFrame, path, sweeps=()) -> Path:
 def _plot(curves: list[dict], out_dir: Path) -> Path:
     # lazy: analysis.plots loads matplotlib, which the tables do not need
     from analysis.plots import plt, save_figure
+
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in curves:
         t, a = zip(*r["accuracy_curve"])
@@ -569,13 +702,29 @@ def _plot(curves: list[dict], out_dir: Path) -> Path:
 
 
 def _options(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--fig8", nargs="+", metavar="MODEL_OR_PROFILE",
-                    help=f"print Fig. 8 from the performance models, no run needed: a model "
-                         f"({', '.join(FIG8_PROFILES)}: the V100 profiles that ship) or a compute profile .json each")
-    ap.add_argument("--fig8-gbps", nargs="+", type=float, default=list(FIG8_GBPS), metavar="GBPS",
-                    help="bandwidths at each node for --fig8, Gbit/s (default the paper's 25 40 100)")
-    ap.add_argument("--fig8-nodes", nargs="+", type=int, default=list(FIG8_NODES), metavar="N",
-                    help="nodes in total for --fig8 (default the paper's 5 10 20 40 80)")
+    ap.add_argument(
+        "--fig8",
+        nargs="+",
+        metavar="MODEL_OR_PROFILE",
+        help=f"print Fig. 8 from the performance models, no run needed: a model "
+        f"({', '.join(FIG8_PROFILES)}: the V100 profiles that ship) or a compute profile .json each",
+    )
+    ap.add_argument(
+        "--fig8-gbps",
+        nargs="+",
+        type=float,
+        default=list(FIG8_GBPS),
+        metavar="GBPS",
+        help="bandwidths at each node for --fig8, Gbit/s (default the paper's 25 40 100)",
+    )
+    ap.add_argument(
+        "--fig8-nodes",
+        nargs="+",
+        type=int,
+        default=list(FIG8_NODES),
+        metavar="N",
+        help="nodes in total for --fig8 (default the paper's 5 10 20 40 80)",
+    )
 
 
 REPORT = skeleton.Report("stanza", __doc__.split("\n")[0], table, plots, _options, standalone=("fig8",))

@@ -26,6 +26,7 @@ dilated budget (``overrun`` true) is named ``host_<kind> OVERRUN`` and coloured
 :data:`OVERRUN_CNAME`. ``args`` keep the event's fields (``emulated_s``, ``real_s``,
 ``overrun``, ``bytes``, ``iteration`` ...).
 """
+
 from __future__ import annotations
 
 import json
@@ -36,6 +37,7 @@ from analysis import traces as tr
 from analysis.load import load
 from common.errors import TestbedError
 from traffic.hostmodel.costs import KINDS as HOST_COST_KINDS
+
 
 class NoEvents(TestbedError):
     """A run without any recorded event: it has no timeline."""
@@ -63,9 +65,13 @@ def _clean(v):
 def event_name(rec: dict) -> str:
     """``#<index> <what>`` of a scheduled event's record (e.g. ``#0 uplink:tor1 50 Mbit/s``)."""
     kind, target = rec.get("kind"), rec.get("target")
-    what = {"link_rate": f"{target} {rec.get('bw_mbps', 0):g} Mbit/s", "link_down": f"{target} down",
-            "link_up": f"{target} up", "compute_slowdown": f"{target} x{rec.get('slowdown', 0):g} compute",
-            "kill": f"kill {target}"}.get(kind, f"{kind} {target}")
+    what = {
+        "link_rate": f"{target} {rec.get('bw_mbps', 0):g} Mbit/s",
+        "link_down": f"{target} down",
+        "link_up": f"{target} up",
+        "compute_slowdown": f"{target} x{rec.get('slowdown', 0):g} compute",
+        "kill": f"kill {target}",
+    }.get(kind, f"{kind} {target}")
     return f"#{rec.get('index')} {what}" + (" FAILED" if rec.get("error") else "")
 
 
@@ -104,8 +110,9 @@ def trace_events(run, include_rates: bool = True, rate_window_s: float = 0.1) ->
     ev = run.events
     order = {p["name"]: i for i, p in enumerate(run.processes.get("processes", []))}
     info = {p["name"]: p for p in run.processes.get("processes", [])}
-    procs = sorted(set(ev["proc"].dropna().astype(str)) if not ev.empty else set(),
-                   key=lambda n: (order.get(n, len(order)), n))
+    procs = sorted(
+        set(ev["proc"].dropna().astype(str)) if not ev.empty else set(), key=lambda n: (order.get(n, len(order)), n)
+    )
     pid_of = {}
     next_free = len(order) + 1
     for n in procs:
@@ -120,8 +127,9 @@ def trace_events(run, include_rates: bool = True, rate_window_s: float = 0.1) ->
         p = info.get(n, {})
         label = n + (f" ({p.get('role')} on {p.get('host')})" if p else "")
         out.append({"ph": "M", "name": "process_name", "pid": pid_of[n], "tid": 0, "args": {"name": label}})
-        out.append({"ph": "M", "name": "process_sort_index", "pid": pid_of[n], "tid": 0,
-                    "args": {"sort_index": pid_of[n]}})
+        out.append(
+            {"ph": "M", "name": "process_sort_index", "pid": pid_of[n], "tid": 0, "args": {"sort_index": pid_of[n]}}
+        )
         threads = ev.loc[ev["proc"] == n, "thread"].fillna("main").astype(str).unique()
         for i, t in enumerate(sorted(threads, key=lambda t: (t != "main", t))):
             tid_of[(n, t)] = i + 1
@@ -136,13 +144,23 @@ def trace_events(run, include_rates: bool = True, rate_window_s: float = 0.1) ->
         name = kind if layer is None else f"{kind} L{int(layer)}"
         args = {k: _clean(r[k]) for k in extra}
         args = {k: v for k, v in args.items() if v is not None}
-        x = {"ph": "X", "name": name, "cat": kind, "pid": pid_of[n], "tid": tid_of[(n, th)],
-             "ts": round((r["ts"] - t0) * 1e6, 3), "dur": round(max(0.0, _clean(r["dur"]) or 0.0) * 1e6, 3),
-             "args": args}
-        if kind.startswith("host_") and kind[len("host_"):] in HOST_COST_KINDS:
+        x = {
+            "ph": "X",
+            "name": name,
+            "cat": kind,
+            "pid": pid_of[n],
+            "tid": tid_of[(n, th)],
+            "ts": round((r["ts"] - t0) * 1e6, 3),
+            "dur": round(max(0.0, _clean(r["dur"]) or 0.0) * 1e6, 3),
+            "args": args,
+        }
+        if kind.startswith("host_") and kind[len("host_") :] in HOST_COST_KINDS:
             over = bool(args.get("overrun"))
-            x.update(cat=HOST_COST_CATEGORY, cname=OVERRUN_CNAME if over else HOST_COST_CNAME,
-                     name=f"{name} OVERRUN" if over else name)
+            x.update(
+                cat=HOST_COST_CATEGORY,
+                cname=OVERRUN_CNAME if over else HOST_COST_CNAME,
+                name=f"{name} OVERRUN" if over else name,
+            )
         out.append(x)
     applied = [r for r in getattr(run, "schedule", []) if r.get("applied") and r.get("time") is not None]
     if applied:
@@ -151,9 +169,18 @@ def trace_events(run, include_rates: bool = True, rate_window_s: float = 0.1) ->
         out.append({"ph": "M", "name": "process_name", "pid": spid, "tid": 0, "args": {"name": "scheduled events"}})
         out.append({"ph": "M", "name": "thread_name", "pid": spid, "tid": 1, "args": {"name": "events"}})
         for r in applied:
-            out.append({"ph": "i", "s": "t", "name": event_name(r), "cat": "scheduled_event", "pid": spid, "tid": 1,
-                        "ts": round((float(r["time"]) - t0) * 1e6, 3),
-                        "args": {k: _clean(v) for k, v in r.items() if k != "time"}})
+            out.append(
+                {
+                    "ph": "i",
+                    "s": "t",
+                    "name": event_name(r),
+                    "cat": "scheduled_event",
+                    "pid": spid,
+                    "tid": 1,
+                    "ts": round((float(r["time"]) - t0) * 1e6, 3),
+                    "args": {k: _clean(v) for k, v in r.items() if k != "time"},
+                }
+            )
     if include_rates and not run.rates.empty:
         cpid = next_free
         w = tr.windowed_rates(run.rates, rate_window_s)
@@ -167,8 +194,16 @@ def trace_events(run, include_rates: bool = True, rate_window_s: float = 0.1) ->
             if g is None:
                 continue
             for row in g.to_dict("records"):
-                out.append({"ph": "C", "name": name, "pid": cpid, "tid": 0, "ts": round((row["time"] - t0) * 1e6, 3),
-                            "args": {c: round(row[col] / 1e6, 3) for c, col in counters}})
+                out.append(
+                    {
+                        "ph": "C",
+                        "name": name,
+                        "pid": cpid,
+                        "tid": 0,
+                        "ts": round((row["time"] - t0) * 1e6, 3),
+                        "args": {c: round(row[col] / 1e6, 3) for c, col in counters},
+                    }
+                )
     return out
 
 
@@ -189,11 +224,16 @@ def write_timeline(run_dir, path=None, include_rates: bool = True) -> Path:
     """
     run = load(run_dir)
     if run.events.empty:
-        raise NoEvents(f"{run.path} has no events (events/*.jsonl is empty or absent: its processes never started "
-                       f"or recorded nothing), so there is no timeline to draw; see 'testbed show {run.path}'")
+        raise NoEvents(
+            f"{run.path} has no events (events/*.jsonl is empty or absent: its processes never started "
+            f"or recorded nothing), so there is no timeline to draw; see 'testbed show {run.path}'"
+        )
     path = Path(path) if path is not None else run.path / "timeline.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"traceEvents": trace_events(run, include_rates), "displayTimeUnit": "ms",
-           "otherData": {"run": run.name, "scheme": run.scheme, "t0_unix_s": run.t0}}
+    doc = {
+        "traceEvents": trace_events(run, include_rates),
+        "displayTimeUnit": "ms",
+        "otherData": {"run": run.name, "scheme": run.scheme, "t0_unix_s": run.t0},
+    }
     path.write_text(json.dumps(doc, separators=(",", ":")))
     return path

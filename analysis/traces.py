@@ -18,6 +18,7 @@ deltas and the microsecond timestamps instead. ``in`` and ``out`` are from the i
 point of view: on a switch port, ``out`` is what the switch sends on that link.
 Older bwm-ng (0.6.1/0.6.2) lacks the five ``bits`` fields; such files parse too.
 """
+
 from __future__ import annotations
 
 import io
@@ -27,11 +28,27 @@ import numpy as np
 import pandas as pd
 
 BWM_NG_COLUMNS = [
-    "time", "iface",
-    "bytes_out_s", "bytes_in_s", "bytes_total_s", "bytes_in", "bytes_out",
-    "packets_out_s", "packets_in_s", "packets_total_s", "packets_in", "packets_out",
-    "errors_out_s", "errors_in_s", "errors_in", "errors_out",
-    "bits_out_s", "bits_in_s", "bits_total_s", "bits_in", "bits_out",
+    "time",
+    "iface",
+    "bytes_out_s",
+    "bytes_in_s",
+    "bytes_total_s",
+    "bytes_in",
+    "bytes_out",
+    "packets_out_s",
+    "packets_in_s",
+    "packets_total_s",
+    "packets_in",
+    "packets_out",
+    "errors_out_s",
+    "errors_in_s",
+    "errors_in",
+    "errors_out",
+    "bits_out_s",
+    "bits_in_s",
+    "bits_total_s",
+    "bits_in",
+    "bits_out",
 ]
 """Column names given to bwm-ng 0.6.3's 21 CSV fields (``/s`` written ``_s``)."""
 
@@ -40,8 +57,17 @@ COUNTER_COLUMNS = ["bytes_in", "bytes_out", "packets_in", "packets_out", "errors
 
 TRACE_COLUMNS = ["time", "iface", *COUNTER_COLUMNS]
 RATE_COLUMNS = ["time", "iface", "dt_s", "tx_bytes", "rx_bytes", "tx_bps", "rx_bps"]
-QDISC_COLUMNS = ["time", "iface", "qdisc", "backlog_bytes", "backlog_packets", "drops", "overlimits",
-                 "sent_bytes", "sent_packets"]
+QDISC_COLUMNS = [
+    "time",
+    "iface",
+    "qdisc",
+    "backlog_bytes",
+    "backlog_packets",
+    "drops",
+    "overlimits",
+    "sent_bytes",
+    "sent_packets",
+]
 CPU_COLUMNS = ["time", "kind", "id", "busy_pct"]
 MEMORY_COLUMNS = ["time", "kind", "id", "bytes"]
 
@@ -78,17 +104,25 @@ def parse_bwm_ng(path: str | Path, keep_rates: bool = False) -> pd.DataFrame:
         return pd.DataFrame({c: pd.Series(dtype=_dtype(c)) for c in cols})
     idx = [BWM_NG_COLUMNS.index(c) for c in cols]  # all within the first 16 fields
     try:  # fast path: well-formed numbers everywhere
-        df = pd.read_csv(io.StringIO(text), sep=";", header=None, usecols=idx, on_bad_lines="skip",
-                         engine="c", dtype={i: (str if i == 1 else "float64") for i in idx})
+        df = pd.read_csv(
+            io.StringIO(text),
+            sep=";",
+            header=None,
+            usecols=idx,
+            on_bad_lines="skip",
+            engine="c",
+            dtype={i: (str if i == 1 else "float64") for i in idx},
+        )
         df.columns = [BWM_NG_COLUMNS[i] for i in sorted(idx)]
     except (ValueError, pd.errors.ParserError):
         # garbage somewhere: everything as text, then coerce. The field count comes from the
         # first line (21 in 0.6.3, 16 before); longer lines are skipped, shorter get NaN.
-        df = pd.read_csv(io.StringIO(text), sep=";", header=None, dtype=str, on_bad_lines="skip",
-                         engine="c", skip_blank_lines=True)
-        df = df.iloc[:, :len(BWM_NG_COLUMNS)]
-        df.columns = BWM_NG_COLUMNS[:df.shape[1]]
-        for c in BWM_NG_COLUMNS[df.shape[1]:]:
+        df = pd.read_csv(
+            io.StringIO(text), sep=";", header=None, dtype=str, on_bad_lines="skip", engine="c", skip_blank_lines=True
+        )
+        df = df.iloc[:, : len(BWM_NG_COLUMNS)]
+        df.columns = BWM_NG_COLUMNS[: df.shape[1]]
+        for c in BWM_NG_COLUMNS[df.shape[1] :]:
             df[c] = np.nan
         for c in cols:
             if c != "iface":
@@ -131,8 +165,9 @@ def rates(traces: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame({c: pd.Series(dtype=object if c == "iface" else "float64") for c in RATE_COLUMNS})
     df = traces.sort_values(["iface", "time"], kind="stable")
     dt = df.groupby("iface", sort=False)["time"].diff()
-    out = pd.DataFrame({"time": df["time"], "iface": df["iface"], "dt_s": dt,
-                        "tx_bytes": df["bytes_out"], "rx_bytes": df["bytes_in"]})
+    out = pd.DataFrame(
+        {"time": df["time"], "iface": df["iface"], "dt_s": dt, "tx_bytes": df["bytes_out"], "rx_bytes": df["bytes_in"]}
+    )
     out = out[out["dt_s"] > 0].copy()
     out["tx_bps"] = 8.0 * out["tx_bytes"] / out["dt_s"]
     out["rx_bps"] = 8.0 * out["rx_bytes"] / out["dt_s"]
@@ -155,8 +190,9 @@ def windowed_rates(rate_df: pd.DataFrame, window_s: float) -> pd.DataFrame:
         g = g.sort_values("time")
         t_start = g["time"].iloc[0] - g["dt_s"].iloc[0]
         b = np.floor((g["time"].to_numpy() - t_start) / window_s).astype(np.int64)
-        agg = g.groupby(b).agg(time=("time", "max"), dt_s=("dt_s", "sum"),
-                               tx_bytes=("tx_bytes", "sum"), rx_bytes=("rx_bytes", "sum"))
+        agg = g.groupby(b).agg(
+            time=("time", "max"), dt_s=("dt_s", "sum"), tx_bytes=("tx_bytes", "sum"), rx_bytes=("rx_bytes", "sum")
+        )
         agg["iface"] = iface
         parts.append(agg)
     out = pd.concat(parts, ignore_index=True)

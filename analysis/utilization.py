@@ -16,6 +16,7 @@ Both are restricted to the measured iterations (:attr:`analysis.load.Run.measure
 start-up and the last iteration's drain do not count. A host with several links to its ToR
 counts them together (rates summed, capacities summed).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -47,8 +48,7 @@ def measured_window(run: Run) -> tuple[float, float] | None:
     return float(m["period_start"].min()), float(m["end"].max())
 
 
-def host_utilization(run, host: str | None = None, window_s: float = 0.01,
-                     measured_only: bool = True) -> pd.DataFrame:
+def host_utilization(run, host: str | None = None, window_s: float = 0.01, measured_only: bool = True) -> pd.DataFrame:
     """Per-window send and receive rate of ``host``'s link(s), as fractions of capacity.
 
     Args:
@@ -87,8 +87,15 @@ def host_utilization(run, host: str | None = None, window_s: float = 0.01,
     # idle), and so are the partial first and last windows
     start = float((rates["time"] - rates["dt_s"]).min())
     b = np.floor((rates["time"].to_numpy() - start) / window_s).astype(np.int64)
-    per = rates.assign(w=b).groupby(["w", "iface"]).agg(tx_bytes=("rx_bytes", "sum"),  # switch rx = host tx
-                                                        rx_bytes=("tx_bytes", "sum"), dt_s=("dt_s", "sum"))
+    per = (
+        rates.assign(w=b)
+        .groupby(["w", "iface"])
+        .agg(
+            tx_bytes=("rx_bytes", "sum"),  # switch rx = host tx
+            rx_bytes=("tx_bytes", "sum"),
+            dt_s=("dt_s", "sum"),
+        )
+    )
     per["tx_bps"] = 8.0 * per["tx_bytes"] / per["dt_s"]
     per["rx_bps"] = 8.0 * per["rx_bytes"] / per["dt_s"]
     g = per.groupby(level="w")[["tx_bps", "rx_bps"]].sum()
@@ -145,12 +152,27 @@ def utilization_summary(run, host: str | None = None, window_s: float = 0.01, th
         hosts = run.worker_hosts()
         host = hosts[0] if hosts else None
     if host is None or run.ports().empty:  # no plan or no topology kept (an archived run's small files)
-        return {"host": host, "window_s": window_s, "threshold": threshold, "windows": 0, "tx_mean": None,
-                "rx_mean": None, "tx_idle": None, "rx_idle": None, "both_idle": None}
+        return {
+            "host": host,
+            "window_s": window_s,
+            "threshold": threshold,
+            "windows": 0,
+            "tx_mean": None,
+            "rx_mean": None,
+            "tx_idle": None,
+            "rx_idle": None,
+            "both_idle": None,
+        }
     u = host_utilization(run, host, window_s)
     empty = u.empty
-    return {"host": host, "window_s": window_s, "threshold": threshold, "windows": int(len(u)),
-            "tx_mean": None if empty else float(u["tx_frac"].mean()),
-            "rx_mean": None if empty else float(u["rx_frac"].mean()),
-            "tx_idle": idle_fraction(u, threshold, "tx"), "rx_idle": idle_fraction(u, threshold, "rx"),
-            "both_idle": idle_fraction(u, threshold, "both")}
+    return {
+        "host": host,
+        "window_s": window_s,
+        "threshold": threshold,
+        "windows": int(len(u)),
+        "tx_mean": None if empty else float(u["tx_frac"].mean()),
+        "rx_mean": None if empty else float(u["rx_frac"].mean()),
+        "tx_idle": idle_fraction(u, threshold, "tx"),
+        "rx_idle": idle_fraction(u, threshold, "rx"),
+        "both_idle": idle_fraction(u, threshold, "both"),
+    }

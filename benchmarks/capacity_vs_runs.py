@@ -32,6 +32,7 @@ not assert.
 
     .venv/bin/python benchmarks/capacity_vs_runs.py [RUNS_DIR ...]     # default: runs/
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,9 +71,11 @@ def run_t0(run_dir: Path) -> float:
     """The real time the run's clocks are dilated around: the earliest timestamp of its
     traces and events (:func:`analysis.load.to_emulated_time`'s ``t0``; the traces' and each
     event log's first lines: each is written in time order from its start)."""
-    starts = [_first_time(run_dir / "traces" / "bwm-ng.csv", ";", False),
-              _first_time(run_dir / "traces" / "qdisc.csv", ",", True),
-              _first_time(run_dir / "traces" / "cpu.csv", ",", True)]
+    starts = [
+        _first_time(run_dir / "traces" / "bwm-ng.csv", ";", False),
+        _first_time(run_dir / "traces" / "qdisc.csv", ",", True),
+        _first_time(run_dir / "traces" / "cpu.csv", ",", True),
+    ]
     for ev in sorted((run_dir / "events").glob("*.jsonl")):
         with open(ev) as f:
             line = f.readline()
@@ -135,19 +138,26 @@ def main(argv=None) -> int:
     new_model = CostModel.load()
     # the schemes' own per message: every key that is neither required nor optional
     own = {k: c for k, c in new_model.costs.items() if k not in COST_KEYS and k not in OPTIONAL_KEYS}
-    rt_model = CostModel({k: c for k, c in new_model.costs.items() if k not in own}, new_model.machine,
-                         "<without the schemes' own per-message terms>")
+    rt_model = CostModel(
+        {k: c for k, c in new_model.costs.items() if k not in own},
+        new_model.machine,
+        "<without the schemes' own per-message terms>",
+    )
     old_costs = dict(rt_model.costs)
     c = old_costs["runtime_message_cpu_s"]
     old_costs["runtime_message_cpu_s"] = Cost(0.0, c.unit, "the estimate without the per-message term")
     old_model = CostModel(old_costs, new_model.machine, "<without runtime_message_cpu_s>")
     machine = Machine.current()
-    print(f"cost model {new_model.path}: runtime_message_cpu_s = {new_model['runtime_message_cpu_s'] * 1e6:.1f} us "
-          f"per message; the schemes' own: "
-          + (", ".join(f"{k} = {c.value * 1e6:.1f} us" for k, c in own.items()) or "none")
-          + f"; machine {machine.cores} cores")
-    head = (f"{'run':64s} {'scheme':9s} {'scale':>5s} {'msg B':>9s} {'meas':>5s} {'summ':>5s} {'old':>5s} "
-            f"{'rt':>5s} {'new':>5s} {'msgs':>5s} {'m/old':>5s} {'m/rt':>5s} {'m/new':>5s}")
+    print(
+        f"cost model {new_model.path}: runtime_message_cpu_s = {new_model['runtime_message_cpu_s'] * 1e6:.1f} us "
+        f"per message; the schemes' own: "
+        + (", ".join(f"{k} = {c.value * 1e6:.1f} us" for k, c in own.items()) or "none")
+        + f"; machine {machine.cores} cores"
+    )
+    head = (
+        f"{'run':64s} {'scheme':9s} {'scale':>5s} {'msg B':>9s} {'meas':>5s} {'summ':>5s} {'old':>5s} "
+        f"{'rt':>5s} {'new':>5s} {'msgs':>5s} {'m/old':>5s} {'m/rt':>5s} {'m/new':>5s}"
+    )
     print(head)
     rows = []
     for d, summ, exp, meas in finished_runs(a.roots):
@@ -158,19 +168,25 @@ def main(argv=None) -> int:
         busy = meas[0]
         label = str(d.relative_to(d.parents[1]))[:64]
         real = " real" if exp.workload.compute.mode == "real" else ""
-        rows.append((label, exp.workload.scheme + real, busy / old.cpu_cores, busy / rt.cpu_cores,
-                     busy / new.cpu_cores))
+        rows.append(
+            (label, exp.workload.scheme + real, busy / old.cpu_cores, busy / rt.cpu_cores, busy / new.cpu_cores)
+        )
         idle = summ.cpu.idle_pct_mean if summ.cpu else None
         by_summary = f"{machine.cores * (1 - idle / 100):5.2f}" if idle is not None else f"{'-':>5s}"
-        print(f"{label:64s} {exp.workload.scheme:9s} {new.scale:5g} {new.message_bytes:9.3g} {busy:5.2f} "
-              f"{by_summary} {old.cpu_cores:5.2f} {rt.cpu_cores:5.2f} {new.cpu_cores:5.2f} "
-              f"{new.cpu_breakdown['messages']:5.2f} {busy / old.cpu_cores:5.2f} {busy / rt.cpu_cores:5.2f} "
-              f"{busy / new.cpu_cores:5.2f}{real}", flush=True)
+        print(
+            f"{label:64s} {exp.workload.scheme:9s} {new.scale:5g} {new.message_bytes:9.3g} {busy:5.2f} "
+            f"{by_summary} {old.cpu_cores:5.2f} {rt.cpu_cores:5.2f} {new.cpu_cores:5.2f} "
+            f"{new.cpu_breakdown['messages']:5.2f} {busy / old.cpu_cores:5.2f} {busy / rt.cpu_cores:5.2f} "
+            f"{busy / new.cpu_cores:5.2f}{real}",
+            flush=True,
+        )
     if rows:
         for i, name in ((2, "measured/old"), (3, "measured/rt"), (4, "measured/new")):
             v = sorted(r[i] for r in rows)
-            print(f"{name}: {len(v)} runs, min {v[0]:.2f}, median {v[len(v) // 2]:.2f}, max {v[-1]:.2f}; "
-                  f"above 1: {sum(x > 1 for x in v)}")
+            print(
+                f"{name}: {len(v)} runs, min {v[0]:.2f}, median {v[len(v) // 2]:.2f}, max {v[-1]:.2f}; "
+                f"above 1: {sum(x > 1 for x in v)}"
+            )
         print(f"{'scheme':16s} {'runs':>4s} {'m/old':>11s} {'m/rt':>11s} {'m/new':>11s}")
         for scheme in sorted({r[1] for r in rows}):
             mine = [r for r in rows if r[1] == scheme]

@@ -6,6 +6,7 @@ quickstart's ps point, 20 iterations, run one after the other:
 
 The namespaces share one kernel and two cores, so the figures bound the SSH and tunnel costs
 of the control path; they are not a real cluster's."""
+
 from __future__ import annotations
 
 import json
@@ -46,15 +47,17 @@ def main() -> None:
             spec = tmp / f"{label.replace(' ', '_')}.yaml"
             spec.write_text(yaml.safe_dump(data))
             t0 = time.time()
-            res, = run_experiment(load_spec(spec), progress=False)
+            (res,) = run_experiment(load_spec(spec), progress=False)
             total = time.time() - t0
             d = res.run_dir
             build = logged_at(d, "network up") - logged_at(d, "building network")
             timings = json.loads((d / "cluster.json").read_text())["timings_s"] if cluster else {}
             extra = "".join(f", {k} {v:.2f} s" for k, v in timings.items() if k != "build")
-            print(f"{label}: {res.summary.status}, run {total:.1f} s, build {build:.1f} s{extra}, "
-                  f"core {res.summary.bytes.core / 1e6:.2f} MB, "
-                  f"{res.summary.throughput.mean:.1f} samples/s")
+            print(
+                f"{label}: {res.summary.status}, run {total:.1f} s, build {build:.1f} s{extra}, "
+                f"core {res.summary.bytes.core / 1e6:.2f} MB, "
+                f"{res.summary.throughput.mean:.1f} samples/s"
+            )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ Prints:
 
     sudo .venv/bin/python benchmarks/emulation_fidelity.py [--hosts 4,8] [--scales 1,2,4] [--reps 2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,12 +29,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from link_fidelity import allreduce  # noqa: E402
-from traffic import rundir  # noqa: E402
+
 from testbed.ledger import Ledger, NetworkLock  # noqa: E402
 from testbed.network import Network  # noqa: E402
 from topologies import TopologySpec  # noqa: E402
-from traffic.models import build_model  # noqa: E402
+from traffic import rundir  # noqa: E402
 from traffic.compute_profiles import load_profile  # noqa: E402
+from traffic.models import build_model  # noqa: E402
 from traffic.runtime.emulation import EmulatedCompute  # noqa: E402
 
 
@@ -49,6 +51,7 @@ def sleep_accuracy(model_name, device, batch, scale, iterations):
         @staticmethod
         def parameters():
             return []
+
     em = EmulatedCompute(_M, fwd, bwd, seed=0)
     errs, totals = [], []
     proc = psutil.Process()
@@ -56,19 +59,25 @@ def sleep_accuracy(model_name, device, batch, scale, iterations):
     for _ in range(iterations):
         t_it = time.perf_counter()
         for l in range(len(fwd)):
-            t = time.perf_counter(); em.forward(l); errs.append(time.perf_counter() - t - fwd[l])
+            t = time.perf_counter()
+            em.forward(l)
+            errs.append(time.perf_counter() - t - fwd[l])
         for l in reversed(range(len(bwd))):
-            t = time.perf_counter(); em.backward(l, []); errs.append(time.perf_counter() - t - bwd[l])
+            t = time.perf_counter()
+            em.backward(l, [])
+            errs.append(time.perf_counter() - t - bwd[l])
         totals.append(time.perf_counter() - t_it)
     c1, wall = proc.cpu_times(), time.perf_counter() - w0
     cpu_pct = 100 * ((c1.user + c1.system) - (c0.user + c0.system)) / wall
     errs_us = sorted(e * 1e6 for e in errs)
     p99 = errs_us[min(len(errs_us) - 1, int(0.99 * len(errs_us)))]
     want = sum(fwd) + sum(bwd)
-    print(f"sleep accuracy  {model_name} {device} b{batch} x scale {scale}: {len(fwd)} layers, "
-          f"{iterations} iterations; per-layer achieved-requested median {statistics.median(errs_us):.0f} us, "
-          f"p99 {p99:.0f} us; iteration {statistics.median(totals) * 1e3:.1f} ms vs requested {want * 1e3:.1f} ms "
-          f"(ratio {statistics.median(totals) / want:.4f})")
+    print(
+        f"sleep accuracy  {model_name} {device} b{batch} x scale {scale}: {len(fwd)} layers, "
+        f"{iterations} iterations; per-layer achieved-requested median {statistics.median(errs_us):.0f} us, "
+        f"p99 {p99:.0f} us; iteration {statistics.median(totals) * 1e3:.1f} ms vs requested {want * 1e3:.1f} ms "
+        f"(ratio {statistics.median(totals) / want:.4f})"
+    )
     print(f"emulated worker CPU while sleeping: {cpu_pct:.2f}% of one core")
     return sum(p.numel() for p in model.parameters())
 
@@ -78,8 +87,9 @@ def hosts_at_1g(n_params, hosts_list, scales, reps):
     for scale in scales:
         for n in hosts_list:
             per_rack = n // 2
-            spec = TopologySpec(kind="rack_core", racks=2, hosts_per_rack=per_rack, host_bw_mbps=1000,
-                                oversubscription=2)
+            spec = TopologySpec(
+                kind="rack_core", racks=2, hosts_per_rack=per_rack, host_bw_mbps=1000, oversubscription=2
+            )
             work = Path(tempfile.mkdtemp(prefix="bench-", dir="."))
             try:
                 d = rundir.create(work, "x")
@@ -87,12 +97,16 @@ def hosts_at_1g(n_params, hosts_list, scales, reps):
                     times = allreduce(net, [f"h{i}" for i in range(1, n + 1)], nbytes, reps)
             finally:
                 import shutil
+
                 shutil.rmtree(work, ignore_errors=True)
             bound = 2 * (n - 1) / n * nbytes * 8 / (1000e6 / scale)
             best = min(times)
-            print(f"allreduce {nbytes / 1e6:.0f} MB  {n:2d} hosts at emulated 1 Gbit/s, scale {scale:g} "
-                  f"(shaped {1000 / scale:.0f} Mbit/s): best {best:.2f} s (real), bound {bound:.2f} s: "
-                  f"bound/achieved {bound / best:.3f}{'  >= 0.9' if bound / best >= 0.9 else ''}", flush=True)
+            print(
+                f"allreduce {nbytes / 1e6:.0f} MB  {n:2d} hosts at emulated 1 Gbit/s, scale {scale:g} "
+                f"(shaped {1000 / scale:.0f} Mbit/s): best {best:.2f} s (real), bound {bound:.2f} s: "
+                f"bound/achieved {bound / best:.3f}{'  >= 0.9' if bound / best >= 0.9 else ''}",
+                flush=True,
+            )
 
 
 def main():
@@ -109,8 +123,9 @@ def main():
     n_params = sleep_accuracy(args.model, args.device, args.batch, args.sleep_scale, args.iterations)
     if not args.hosts:
         return
-    hosts_at_1g(n_params, [int(h) for h in args.hosts.split(",")], [float(s) for s in args.scales.split(",")],
-                args.reps)
+    hosts_at_1g(
+        n_params, [int(h) for h in args.hosts.split(",")], [float(s) for s in args.scales.split(",")], args.reps
+    )
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ only as good as its runs: give runs whose network part is large (a run at the di
 
     .venv/bin/python benchmarks/fit_host_cost.py RUNS_DIR [RUNS_DIR ...]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,8 +41,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import yaml  # noqa: E402
-
 from capacity_vs_runs import finished_runs  # noqa: E402
+
 from testbed.capacity import Cost, CostModel, Machine, estimate  # noqa: E402
 from testbed.machine_costs import OPTIONAL_KEYS  # noqa: E402
 from testbed.runner import plan_point  # noqa: E402
@@ -92,21 +93,31 @@ def main(argv=None) -> int:
         return 1
     k = fit_through_origin([(dk, r) for *_, dk, r, _ in rows])
     print(f"cost model {model.path}; machine {machine.cores} cores")
-    print(f"{'run':58s} {'hosts':>5s} {'scale':>5s} {'meas':>5s} {'F':>5s} {'N':>7s} {'R':>7s} {'R/D':>9s} "
-          f"{'m/est':>5s} {'m/fit':>5s}")
-    for d, exp, e0, dk, r, busy in rows:
+    print(
+        f"{'run':58s} {'hosts':>5s} {'scale':>5s} {'meas':>5s} {'F':>5s} {'N':>7s} {'R':>7s} {'R/D':>9s} "
+        f"{'m/est':>5s} {'m/fit':>5s}"
+    )
+    for d, _exp, e0, dk, r, busy in rows:
         fitted = e0.fixed_cores + (e0.network_cores_at_scale_1 + k * dk) / e0.scale
-        print(f"{d.name[:58]:58s} {e0.hosts:5d} {e0.scale:5g} {busy:5.2f} {e0.fixed_cores:5.2f} "
-              f"{e0.network_cores_at_scale_1:7.2f} {r:7.2f} {r / dk if dk else float('nan'):9.3g} "
-              f"{busy / e0.cpu_cores:5.2f} {busy / fitted:5.2f}")
+        print(
+            f"{d.name[:58]:58s} {e0.hosts:5d} {e0.scale:5g} {busy:5.2f} {e0.fixed_cores:5.2f} "
+            f"{e0.network_cores_at_scale_1:7.2f} {r:7.2f} {r / dk if dk else float('nan'):9.3g} "
+            f"{busy / e0.cpu_cores:5.2f} {busy / fitted:5.2f}"
+        )
     names = ", ".join(f"{d.name} ({e0.hosts} hosts, scale {e0.scale:g})" for d, _, e0, *_ in rows)
-    source = (f"python benchmarks/fit_host_cost.py [least squares through the origin of (busy cores - fixed part) x "
-              f"scale - network part at scale 1 against bytes/s sent at scale 1 x hosts sending, over {len(rows)} "
-              f"runs: {names}; busy cores over the measured iterations from traces/cpu.csv] on "
-              f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; machine: {machine.cores} cores")
+    source = (
+        f"python benchmarks/fit_host_cost.py [least squares through the origin of (busy cores - fixed part) x "
+        f"scale - network part at scale 1 against bytes/s sent at scale 1 x hosts sending, over {len(rows)} "
+        f"runs: {names}; busy cores over the measured iterations from traces/cpu.csv] on "
+        f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; machine: {machine.cores} cores"
+    )
     print(f"\nfit: {KEY} = {k:.4g} cpu-s/byte/host ({len(rows)} runs)\n")
-    print(yaml.safe_dump({KEY: {"value": float(k), "unit": OPTIONAL_KEYS[KEY][0], "source": source}},
-                         sort_keys=False, width=120), end="")
+    print(
+        yaml.safe_dump(
+            {KEY: {"value": float(k), "unit": OPTIONAL_KEYS[KEY][0], "source": source}}, sort_keys=False, width=120
+        ),
+        end="",
+    )
     return 0
 
 

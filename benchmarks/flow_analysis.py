@@ -18,6 +18,7 @@ attribution: a run directory with an empty topology is made around it).
     .venv/bin/python benchmarks/flow_analysis.py [--packets 1000000] [--flows 64] [--retx 0.001]
     .venv/bin/python benchmarks/flow_analysis.py --pcap runs/<run>/traces/pcap/tor1-eth3.pcap
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,17 +49,25 @@ def _run_dir(root: Path, hosts: int) -> Path:
     d = root / "run"
     (d / "traces" / "pcap").mkdir(parents=True)
     (d / "spec.yaml").write_text("scale: 1\n")
-    topo = {"hosts": [{"name": f"h{i}", "rack": 0, "ip": f"10.0.0.{i}", "intfs": [{"name": f"h{i}-eth0",
-                                                                                    "ip": f"10.0.0.{i}"}]}
-                      for i in range(1, hosts + 1)], "switches": [], "links": []}
+    topo = {
+        "hosts": [
+            {"name": f"h{i}", "rack": 0, "ip": f"10.0.0.{i}", "intfs": [{"name": f"h{i}-eth0", "ip": f"10.0.0.{i}"}]}
+            for i in range(1, hosts + 1)
+        ],
+        "switches": [],
+        "links": [],
+    }
     (d / "topology.json").write_text(json.dumps(topo))
     (d / "processes.json").write_text(json.dumps({"processes": []}))
     return d
 
 
 def _ports_json(d: Path, file: str, snaplen: int) -> None:
-    (d / "traces" / "pcap" / "ports.json").write_text(json.dumps(
-        [{"port": PORT, "file": file, "snaplen_bytes": snaplen, "filter": "tcp", "started": None, "stopped": None}]))
+    (d / "traces" / "pcap" / "ports.json").write_text(
+        json.dumps(
+            [{"port": PORT, "file": file, "snaplen_bytes": snaplen, "filter": "tcp", "started": None, "stopped": None}]
+        )
+    )
 
 
 def synthetic(path: Path, n_packets: int, n_flows: int, retx: float, snaplen: int, seed: int = 1) -> dict:
@@ -68,14 +77,29 @@ def synthetic(path: Path, n_packets: int, n_flows: int, retx: float, snaplen: in
     for f in range(n_flows):
         a, b = f"10.0.0.{1 + f % 8}", f"10.0.0.{1 + (f + 3) % 8}"
         sport, dport = 40000 + f, 29500 + f % 4
-        data = bytes(Ether(src=MAC_A, dst=MAC_B) / IP(src=a, dst=b) / TCP(sport=sport, dport=dport, flags="PA")
-                     / Raw(b"\0" * MSS))
+        data = bytes(
+            Ether(src=MAC_A, dst=MAC_B)
+            / IP(src=a, dst=b)
+            / TCP(sport=sport, dport=dport, flags="PA")
+            / Raw(b"\0" * MSS)
+        )
         ackp = bytes(Ether(src=MAC_A, dst=MAC_B) / IP(src=b, dst=a) / TCP(sport=dport, dport=sport, flags="A"))
         syn = bytes(Ether(src=MAC_A, dst=MAC_B) / IP(src=a, dst=b) / TCP(sport=sport, dport=dport, flags="S"))
         synack = bytes(Ether(src=MAC_A, dst=MAC_B) / IP(src=b, dst=a) / TCP(sport=dport, dport=sport, flags="SA"))
         isn, isn2 = rng.getrandbits(32), rng.getrandbits(32)
-        fl.append({"data": data, "ack": ackp, "syn": syn, "synack": synack, "isn": isn, "isn2": isn2,
-                   "next": 0, "sent": 0, "hand": 0})
+        fl.append(
+            {
+                "data": data,
+                "ack": ackp,
+                "syn": syn,
+                "synack": synack,
+                "isn": isn,
+                "isn2": isn2,
+                "next": 0,
+                "sent": 0,
+                "hand": 0,
+            }
+        )
     w = RawPcapWriter(str(path), linktype=1, snaplen=snaplen)
     w.write_header(None)
     t_us, written, retransmitted, nbytes = 1_800_000_000 * 1_000_000, 0, 0, 0
@@ -85,8 +109,7 @@ def synthetic(path: Path, n_packets: int, n_flows: int, retx: float, snaplen: in
         nonlocal t_us, written, nbytes
         buf = bytearray(tmpl[:snaplen])
         pack(buf, 38, seq & 0xFFFFFFFF, ack & 0xFFFFFFFF)
-        w.write_packet(bytes(buf), sec=t_us // 1_000_000, usec=t_us % 1_000_000, caplen=len(buf),
-                       wirelen=len(tmpl))
+        w.write_packet(bytes(buf), sec=t_us // 1_000_000, usec=t_us % 1_000_000, caplen=len(buf), wirelen=len(tmpl))
         t_us += 7
         written += 1
         nbytes += len(tmpl) - 14
@@ -152,22 +175,29 @@ def main(argv=None) -> int:
             _ports_json(d, pcap.name, args.snaplen)
             t = time.perf_counter()
             info = synthetic(pcap, args.packets, args.flows, args.retx, args.snaplen)
-            print(f"wrote {info['packets']} packets ({args.flows} flows, snaplen {args.snaplen}, "
-                  f"{info['retransmitted']} retransmitted segments) in {time.perf_counter() - t:.1f} s")
+            print(
+                f"wrote {info['packets']} packets ({args.flows} flows, snaplen {args.snaplen}, "
+                f"{info['retransmitted']} retransmitted segments) in {time.perf_counter() - t:.1f} s"
+            )
         size = pcap.stat().st_size
         secs, df = time_flows(d)
         n = int(df["packets_fwd"].sum() + df["packets_rev"].sum())
         rate = n / secs if secs > 0 else float("nan")
         per_packet = size / n if n else float("nan")
-        print(f"capture: {n} TCP packets, {size / 1e6:.1f} MB ({per_packet:.0f} bytes of file a packet), "
-              f"{len(df)} flows")
+        print(
+            f"capture: {n} TCP packets, {size / 1e6:.1f} MB ({per_packet:.0f} bytes of file a packet), {len(df)} flows"
+        )
         print(f"flows(): {secs:.2f} s, {rate:,.0f} packets/s")
-        print(f"within one minute: {rate * 60:,.0f} packets, {rate * 60 * per_packet / 1e6:,.0f} MB of pcap "
-              f"at this snaplen")
+        print(
+            f"within one minute: {rate * 60:,.0f} packets, {rate * 60 * per_packet / 1e6:,.0f} MB of pcap "
+            f"at this snaplen"
+        )
         if info is not None:
-            print(f"retransmissions found: {int(df['retransmits_fwd'].sum() + df['retransmits_rev'].sum())} "
-                  f"(written: {info['retransmitted']}); RTT samples: "
-                  f"{int(df['rtt_samples_fwd'].sum() + df['rtt_samples_rev'].sum())}")
+            print(
+                f"retransmissions found: {int(df['retransmits_fwd'].sum() + df['retransmits_rev'].sum())} "
+                f"(written: {info['retransmitted']}); RTT samples: "
+                f"{int(df['rtt_samples_fwd'].sum() + df['rtt_samples_rev'].sum())}"
+            )
         print(f"for comparison, scapy layer classes (PcapReader): {scapy_layers_rate(pcap):,.0f} packets/s")
     return 0
 

@@ -23,6 +23,7 @@ Run it alone on an idle machine (it builds networks one after the other)::
 leaves ``run.launcher`` out of the specs (the spec's default; also for a checkout that
 predates the field: run this file with ``PYTHONPATH`` at that checkout to compare).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,13 +48,29 @@ from testbed.spec import from_dict  # noqa: E402
 
 
 def spec(runs_dir: Path, hosts: int, launcher: str, iterations: int = 10, **extra) -> dict:
-    d = {"name": "overhead",
-         "topology": {"kind": "rack_core", "racks": max(1, hosts // 4), "hosts_per_rack": min(4, hosts),
-                      "host_bw_mbps": 100, "oversubscription": 2},
-         "workload": {"scheme": "allreduce", "model": "digits_mlp", "dataset": "digits", "batch_size": 32,
-                      "iterations": iterations, "warmup_iterations": 2},
-         "run": {"runs_dir": str(runs_dir), "timeout_s": 600,
-                 **({} if launcher == "default" else {"launcher": launcher})}}
+    d = {
+        "name": "overhead",
+        "topology": {
+            "kind": "rack_core",
+            "racks": max(1, hosts // 4),
+            "hosts_per_rack": min(4, hosts),
+            "host_bw_mbps": 100,
+            "oversubscription": 2,
+        },
+        "workload": {
+            "scheme": "allreduce",
+            "model": "digits_mlp",
+            "dataset": "digits",
+            "batch_size": 32,
+            "iterations": iterations,
+            "warmup_iterations": 2,
+        },
+        "run": {
+            "runs_dir": str(runs_dir),
+            "timeout_s": 600,
+            **({} if launcher == "default" else {"launcher": launcher}),
+        },
+    }
     for k, v in extra.items():
         d.setdefault(k, {}).update(v) if isinstance(v, dict) else d.__setitem__(k, v)
     return d
@@ -61,8 +78,13 @@ def spec(runs_dir: Path, hosts: int, launcher: str, iterations: int = 10, **extr
 
 def _log_times(run_dir: Path) -> dict[str, float]:
     out = {}
-    marks = {"building network": "build", "network up": "up", "launching": "launch",
-             "all processes done": "done", "torn down": "down"}
+    marks = {
+        "building network": "build",
+        "network up": "up",
+        "launching": "launch",
+        "all processes done": "done",
+        "torn down": "down",
+    }
     for line in (run_dir / "logs" / "harness.log").read_text().splitlines():
         for text, key in marks.items():
             if text in line and key not in out:
@@ -71,8 +93,12 @@ def _log_times(run_dir: Path) -> dict[str, float]:
 
 
 def _events(run_dir: Path) -> list[dict]:
-    return [json.loads(l) for f in glob.glob(str(run_dir / "events" / "*.jsonl")) for l in open(f)
-            if l.strip().endswith("}")]
+    return [
+        json.loads(l)
+        for f in glob.glob(str(run_dir / "events" / "*.jsonl"))
+        for l in open(f)
+        if l.strip().endswith("}")
+    ]
 
 
 def phases(run_dir: Path) -> dict[str, float]:
@@ -80,8 +106,12 @@ def phases(run_dir: Path) -> dict[str, float]:
     ev = _events(run_dir)
     ready = max(e["ts"] + e["dur"] for e in ev if e["kind"] == "init" and "world_size" in e)
     first = min(e["ts"] for e in ev if e["kind"] == "iteration")
-    return {"build_s": t["up"] - t["build"], "ready_s": ready - t["launch"], "first_iteration_s": first - t["launch"],
-            "teardown_s": t["down"] - t["done"] if "down" in t else math.nan}  # not logged before 2026-11-22
+    return {
+        "build_s": t["up"] - t["build"],
+        "ready_s": ready - t["launch"],
+        "first_iteration_s": first - t["launch"],
+        "teardown_s": t["down"] - t["done"] if "down" in t else math.nan,
+    }  # not logged before 2026-11-22
 
 
 def training_s(run_dir: Path) -> float:
@@ -99,17 +129,25 @@ def startup(work: Path, sizes: list[int], launchers: list[str]) -> None:
                 continue
             p = phases(res.run_dir)
             idle = res.summary.fidelity.idle_pct_mean if res.summary.fidelity else None
-            print(f"{n:9d}  {launcher:8s}  {p['build_s']:7.1f}  {p['ready_s']:7.1f}  {p['first_iteration_s']:17.1f}  "
-                  f"{p['teardown_s']:10.1f}  {idle if idle is None else round(idle)}", flush=True)
+            print(
+                f"{n:9d}  {launcher:8s}  {p['build_s']:7.1f}  {p['ready_s']:7.1f}  {p['first_iteration_s']:17.1f}  "
+                f"{p['teardown_s']:10.1f}  {idle if idle is None else round(idle)}",
+                flush=True,
+            )
 
 
 def sweep_share(work: Path, points: int, launcher: str, iterations: int | None) -> None:
     if iterations is None:  # quickstart-sized: the quickstart's own spec, its schemes x bandwidths
         d = yaml.safe_load((ROOT / "experiments" / "quickstart.yaml").read_text())
-        d["run"] = {**d.get("run", {}), "runs_dir": str(work / f"sweep-{launcher}"),
-                    **({} if launcher == "default" else {"launcher": launcher})}
-        d["sweep"] = {"workload.scheme": ["ps", "allreduce"],
-                      "topology.host_bw_mbps": [100 + 10 * i for i in range(max(1, points // 2))]}
+        d["run"] = {
+            **d.get("run", {}),
+            "runs_dir": str(work / f"sweep-{launcher}"),
+            **({} if launcher == "default" else {"launcher": launcher}),
+        }
+        d["sweep"] = {
+            "workload.scheme": ["ps", "allreduce"],
+            "topology.host_bw_mbps": [100 + 10 * i for i in range(max(1, points // 2))],
+        }
         what = "quickstart-sized"
     else:
         d = spec(work / f"sweep-{launcher}", 8, launcher, iterations=iterations)
@@ -119,21 +157,39 @@ def sweep_share(work: Path, points: int, launcher: str, iterations: int | None) 
     results = run_experiment(from_dict(d), progress=False)
     wall = time.time() - t0
     train = sum(training_s(r.run_dir) for r in results if r.ok)
-    print(f"sweep of {len(results)} points ({what}; launcher {launcher}): wall {wall:.0f} s, training {train:.0f} s: "
-          f"{100 * train / wall:.0f}% of the wall time spent training, {(wall - train) / len(results):.1f} s per "
-          f"point outside training ({sum(r.ok for r in results)} ok)", flush=True)
+    print(
+        f"sweep of {len(results)} points ({what}; launcher {launcher}): wall {wall:.0f} s, training {train:.0f} s: "
+        f"{100 * train / wall:.0f}% of the wall time spent training, {(wall - train) / len(results):.1f} s per "
+        f"point outside training ({sum(r.ok for r in results)} ok)",
+        flush=True,
+    )
 
 
 def fidelity(hosts_list: list[int], reps: int) -> None:
     from emulation_fidelity import hosts_at_1g  # the allreduce measurement, shared with that benchmark
+
     from testbed import capacity
     from traffic.models import model_info
+
     n_params = model_info("vgg19")["param_bytes"] // 4
     for n in hosts_list:
-        exp = from_dict({"topology": {"kind": "rack_core", "racks": 2, "hosts_per_rack": n // 2, "host_bw_mbps": 1000,
-                                      "oversubscription": 2},
-                         "workload": {"scheme": "allreduce", "model": "vgg19", "workers": n,
-                                      "compute": {"mode": "emulated", "profile": "gtx1080ti"}}})
+        exp = from_dict(
+            {
+                "topology": {
+                    "kind": "rack_core",
+                    "racks": 2,
+                    "hosts_per_rack": n // 2,
+                    "host_bw_mbps": 1000,
+                    "oversubscription": 2,
+                },
+                "workload": {
+                    "scheme": "allreduce",
+                    "model": "vgg19",
+                    "workers": n,
+                    "compute": {"mode": "emulated", "profile": "gtx1080ti"},
+                },
+            }
+        )
         hosts, procs = plan_point(exp)
         est = capacity.estimate(exp, hosts, procs)
         scale = max(1.0, float(math.ceil(est.min_scale)))
@@ -147,13 +203,19 @@ def main() -> None:
     ap.add_argument("--sizes", default=None, help="process counts, default 4,8,16,32 (--quick: 4,8); '' for none")
     ap.add_argument("--launchers", default="zygote,exec")
     ap.add_argument("--sweep-points", type=int, default=None)
-    ap.add_argument("--sweep-iterations", type=int, default=None,
-                    help="ring allreduce at this many iterations per point (default: the quickstart-sized sweep)")
+    ap.add_argument(
+        "--sweep-iterations",
+        type=int,
+        default=None,
+        help="ring allreduce at this many iterations per point (default: the quickstart-sized sweep)",
+    )
     ap.add_argument("--fidelity-hosts", default=None, help="default 8,16,24,32 (--quick: 8); '' for none")
     ap.add_argument("--reps", type=int, default=2)
     a = ap.parse_args()
+
     def ints(text: str | None, default: str) -> list[int]:  # '' selects nothing
         return [int(x) for x in (default if text is None else text).split(",") if x]
+
     sizes = ints(a.sizes, "4,8" if a.quick else "4,8,16,32")
     launchers = [x for x in a.launchers.split(",") if x]
     points = a.sweep_points if a.sweep_points is not None else (4 if a.quick else 10)

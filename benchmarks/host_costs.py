@@ -58,6 +58,7 @@ printed. Benchmarks print, they do not assert.
 
     .venv/bin/python benchmarks/host_costs.py [--quick] [--profile FILE ...] [--repeats N]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -76,15 +77,15 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from testbed.spec import expand_sweep, from_dict  # noqa: E402
 from common.validation import load_yaml  # noqa: E402
+from testbed.spec import expand_sweep, from_dict  # noqa: E402
 from traffic.compression import make_codec  # noqa: E402
+from traffic.compute_profiles import load_profile  # noqa: E402
 from traffic.hostmodel import HostSpec, available_host_profiles  # noqa: E402
+from traffic.hostmodel.costs import OVERRUN_THRESHOLD, PreciseSleeper  # noqa: E402
 from traffic.hostmodel.measure import machine, run_pair, time_calls  # noqa: E402
 from traffic.models import build_model  # noqa: E402
-from traffic.compute_profiles import load_profile  # noqa: E402
 from traffic.runtime.events import EventLog  # noqa: E402
-from traffic.hostmodel.costs import OVERRUN_THRESHOLD, PreciseSleeper  # noqa: E402
 from traffic.runtime.trainer import make_optimizer  # noqa: E402
 from traffic.runtime.transport import Transport  # noqa: E402
 from traffic.schemes.p3 import SLICE_PARAMS, assign_slices  # noqa: E402
@@ -94,16 +95,23 @@ from traffic.schemes.ps import BIGARRAY_BOUND, assign_keys  # noqa: E402
 from traffic.spec import OptimizerSpec  # noqa: E402
 
 EXPERIMENTS = ROOT / "experiments"
-FIELD = {"message": "message_overhead_us", "request_startup": "request_startup_ms",
-         "aggregate": "aggregate_gb_per_s", "optimizer": "optimizer_gb_per_s", "codec": "codec_gb_per_s"}
+FIELD = {
+    "message": "message_overhead_us",
+    "request_startup": "request_startup_ms",
+    "aggregate": "aggregate_gb_per_s",
+    "optimizer": "optimizer_gb_per_s",
+    "codec": "codec_gb_per_s",
+}
 RATE_KINDS = ("aggregate", "optimizer", "codec")
 
 
 # ---------------------------------------------------------------------------- settings
 
+
 @dataclass(frozen=True)
 class Paper:
     """A paper's setting: a variant of an experiment spec and the host profile of its system."""
+
     profile: str
     spec: str
     variant: str
@@ -113,27 +121,65 @@ class Paper:
 
 
 PAPERS = (
-    Paper("phub_pbox", "phub_pbox.yaml", "pbox", "phub PBox, 32 KiB chunks (PHub Sec. 3.2.3) in the spec's frames",
-          ("message", "aggregate", "optimizer"), (("chunk_bytes", CHUNK_BYTES),)),
-    Paper("phub_pbox", "phub_pbox.yaml", "pbox", "phub PBox, 32 KiB chunks, one real op per chunk (frame_bytes 0)",
-          ("aggregate", "optimizer"), (("chunk_bytes", CHUNK_BYTES), ("frame_bytes", 0))),
-    Paper("mxnet_kvstore_phub", "phub_pbox.yaml", "mxnet-cs", "ps CS (MXNet KVStore), keys per layer",
-          ("message", "aggregate", "optimizer")),
+    Paper(
+        "phub_pbox",
+        "phub_pbox.yaml",
+        "pbox",
+        "phub PBox, 32 KiB chunks (PHub Sec. 3.2.3) in the spec's frames",
+        ("message", "aggregate", "optimizer"),
+        (("chunk_bytes", CHUNK_BYTES),),
+    ),
+    Paper(
+        "phub_pbox",
+        "phub_pbox.yaml",
+        "pbox",
+        "phub PBox, 32 KiB chunks, one real op per chunk (frame_bytes 0)",
+        ("aggregate", "optimizer"),
+        (("chunk_bytes", CHUNK_BYTES), ("frame_bytes", 0)),
+    ),
+    Paper(
+        "mxnet_kvstore_phub",
+        "phub_pbox.yaml",
+        "mxnet-cs",
+        "ps CS (MXNet KVStore), keys per layer",
+        ("message", "aggregate", "optimizer"),
+    ),
     Paper("mxnet_p3", "p3_vgg19.yaml", "p3", "p3, slices of 50,000 parameters", ("message", "aggregate", "optimizer")),
-    Paper("bigdl_ibatch", "ibatch_googlenet.yaml", "ibatch", "ibatch, keys per layer",
-          ("message", "request_startup", "aggregate", "optimizer")),
-    Paper("pipe_sgd_node", "pipe_sgd_timing.yaml", "Pipe-SGD+T", "pipe_sgd ring, block = model/p, truncation",
-          ("message", "aggregate", "codec")),
-    Paper("pipe_sgd_node", "pipe_sgd_timing.yaml", "Pipe-SGD+Q", "pipe_sgd ring, block = model/p, quantization",
-          ("codec",)),
-    Paper("stanza_v100", "stanza_speedup_alexnet.yaml", "stanza", "stanza, CONV allreduce and FC update",
-          ("message", "aggregate", "optimizer")),
+    Paper(
+        "bigdl_ibatch",
+        "ibatch_googlenet.yaml",
+        "ibatch",
+        "ibatch, keys per layer",
+        ("message", "request_startup", "aggregate", "optimizer"),
+    ),
+    Paper(
+        "pipe_sgd_node",
+        "pipe_sgd_timing.yaml",
+        "Pipe-SGD+T",
+        "pipe_sgd ring, block = model/p, truncation",
+        ("message", "aggregate", "codec"),
+    ),
+    Paper(
+        "pipe_sgd_node",
+        "pipe_sgd_timing.yaml",
+        "Pipe-SGD+Q",
+        "pipe_sgd ring, block = model/p, quantization",
+        ("codec",),
+    ),
+    Paper(
+        "stanza_v100",
+        "stanza_speedup_alexnet.yaml",
+        "stanza",
+        "stanza, CONV allreduce and FC update",
+        ("message", "aggregate", "optimizer"),
+    ),
 )
 
 
 @dataclass
 class Point:
     """What a setting's ops depend on, read from its spec point."""
+
     paper: Paper
     spec_name: str
     scheme: str
@@ -158,22 +204,33 @@ def load_point(paper: Paper) -> Point:
     workers = w.workers or hosts - fc
     srv = w.servers
     servers = (srv.count or workers) * srv.interfaces
-    return Point(paper, point.name, w.scheme, w.model, workers, servers, float(point.scale),
-                 {**dict(w.options or {}), **dict(paper.options)}, (w.compute.profile, w.batch_size))
+    return Point(
+        paper,
+        point.name,
+        w.scheme,
+        w.model,
+        workers,
+        servers,
+        float(point.scale),
+        {**dict(w.options or {}), **dict(paper.options)},
+        (w.compute.profile, w.batch_size),
+    )
 
 
 # ---------------------------------------------------------------------------- ops of a setting
+
 
 @dataclass(frozen=True)
 class Op:
     """One kind of operation: ``count`` per iteration, charged ``nbytes``; ``shape`` keys its
     real-time measurement (``(work, numel, copies)``)."""
+
     shape: tuple
     nbytes: int
     count: int
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _numels(model_name: str):
     """(elements of each key, the model's ``split_index``, the model on the meta device)."""
     model = build_model(model_name, 0, device="meta")
@@ -193,16 +250,21 @@ def setting_ops(pt: Point, kind: str) -> list[Op]:
             sizes = [s.numel for s in assign_keys(numels, S, o.get("bigarray_bound", BIGARRAY_BOUND))]
         if sch == "phub" and kind == "aggregate":  # tall: each copy added as it arrives, charged the chunk's bytes
             return _count([("add", n, 1) for n in sizes for _ in range(W)], lambda sh: sh[1] * 4)
-        return _count([("sum_average", n, W) if kind == "aggregate" else ("sgd_step", n, 1) for n in sizes],
-                      lambda sh: sh[1] * 4 * sh[2])
+        return _count(
+            [("sum_average", n, W) if kind == "aggregate" else ("sgd_step", n, 1) for n in sizes],
+            lambda sh: sh[1] * 4 * sh[2],
+        )
     if sch == "pipe_sgd" and kind in ("aggregate", "codec"):
         n, p = sum(numels), W
         blocks = [b.numel() for b in torch.tensor_split(torch.empty(n, device="meta"), p)]
         if kind == "aggregate":  # p-1 reduce-scatter sums per worker
             return _count([("add", b, 1) for b in blocks for _ in range(p - 1)], lambda sh: sh[1] * 4)
         codec = o.get("compression", "none")  # per worker: p encodes, 2p-1 decodes (traffic.collectives.ring)
-        return _count([(f"{codec}_encode", b, 1) for b in blocks for _ in range(p)]
-                      + [(f"{codec}_decode", b, 1) for b in blocks for _ in range(2 * p - 1)], lambda sh: sh[1] * 4)
+        return _count(
+            [(f"{codec}_encode", b, 1) for b in blocks for _ in range(p)]
+            + [(f"{codec}_decode", b, 1) for b in blocks for _ in range(2 * p - 1)],
+            lambda sh: sh[1] * 4,
+        )
     if sch == "stanza" and kind in ("aggregate", "optimizer"):
         conv = sum(p.numel() for layer in model.layers[:split] for p in layer.parameters())
         fc = sum(numels) - conv
@@ -217,8 +279,12 @@ def _phub_frames(model_name: str, interfaces: int, o: dict):
     :func:`assign_chunks` and :func:`pack_frames` on the model's keys)."""
     numels, _, model = _numels(model_name)
     layer_of_key = [li for li, layer in enumerate(model.layers) for _ in layer.parameters()]
-    chunks = assign_chunks(numels, o.get("chunk_bytes", CHUNK_BYTES) // 4, interfaces,
-                           o.get("server_threads", PHubOptions().server_threads))
+    chunks = assign_chunks(
+        numels,
+        o.get("chunk_bytes", CHUNK_BYTES) // 4,
+        interfaces,
+        o.get("server_threads", PHubOptions().server_threads),
+    )
     return pack_frames(chunks, o.get("frame_bytes", FRAME_BYTES) // 4, lambda c: layer_of_key[c.key])
 
 
@@ -230,6 +296,7 @@ def _count(shapes: list[tuple], nbytes) -> list[Op]:
 
 
 # ---------------------------------------------------------------------------- real costs
+
 
 def _work(shape: tuple):
     """A callable doing one op of ``shape`` (buffers allocated once)."""
@@ -243,6 +310,7 @@ def _work(shape: tuple):
             for b in bufs[1:]:
                 acc += b
             acc /= copies
+
         return op
     if work == "add":
         acc, part = torch.randn(n, generator=g), torch.randn(n, generator=g)
@@ -342,6 +410,7 @@ def sleep_errors(n: int) -> list[float]:
 
 # ---------------------------------------------------------------------------- scales
 
+
 def scale_no_overrun(ops: list[Op], real: dict, emul: dict) -> float:
     """max over ops of real / emulated."""
     return max(real[o.shape] / emul[o] for o in ops)
@@ -354,9 +423,11 @@ def worst_op(ops: list[Op], real: dict, emul: dict) -> Op:
 
 def scale_threshold(ops: list[Op], real: dict, emul: dict, frac: float = OVERRUN_THRESHOLD) -> float:
     """Smallest s with sum c*max(0, r - s e) <= frac * sum c*s*e (bisection)."""
+
     def excess(s):
         over = sum(o.count * max(0.0, real[o.shape] - s * emul[o]) for o in ops)
         return over - frac * s * sum(o.count * emul[o] for o in ops)
+
     lo, hi = 0.0, scale_no_overrun(ops, real, emul)
     for _ in range(60):
         mid = (lo + hi) / 2
@@ -403,13 +474,19 @@ def table(rows: list[list[str]], header: list[str]) -> str:
 
 # ---------------------------------------------------------------------------- main
 
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smoke test: few repetitions, two settings")
     ap.add_argument("--repeats", type=int, default=30, help="timed repetitions of each op shape (median)")
     ap.add_argument("--round-trips", type=int, default=1000, help="timed message and request round trips")
-    ap.add_argument("--profile", action="append", default=[], metavar="FILE",
-                    help="a host profile file to evaluate against every setting (repeatable)")
+    ap.add_argument(
+        "--profile",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a host profile file to evaluate against every setting (repeatable)",
+    )
     ap.add_argument("--threads", type=int, default=1, help="torch threads (default 1, as the runtime's)")
     a = ap.parse_args(argv)
     if a.quick:
@@ -438,22 +515,39 @@ def main(argv=None) -> int:
         ib = next((p for p in papers if "request_startup" in p.kinds), None)
         req_s = None
         if ib is not None:
-            req = run_pair(_request_round_trips, (a.round_trips, _ibatch_shard_layers(points[ib]), tmp),
-                           threads=a.threads)
+            req = run_pair(
+                _request_round_trips, (a.round_trips, _ibatch_shard_layers(points[ib]), tmp), threads=a.threads
+            )
             req_s = statistics.median(req)
-    print(f"message: 4-byte message through Transport (gloo, 127.0.0.1), half round trip: median {fmt_s(msg_s)} "
-          f"({len(rtt)} round trips)")
+    print(
+        f"message: 4-byte message through Transport (gloo, 127.0.0.1), half round trip: median {fmt_s(msg_s)} "
+        f"({len(rtt)} round trips)"
+    )
     if req_s is not None:
-        print(f"request_startup: iBatch pull request round trip (request, lookup, one-element answer): median "
-              f"{fmt_s(req_s)} ({a.round_trips} requests)")
+        print(
+            f"request_startup: iBatch pull request round trip (request, lookup, one-element answer): median "
+            f"{fmt_s(req_s)} ({a.round_trips} requests)"
+        )
     errs = sleep_errors(40 if a.quick else 400)
     err_s = statistics.median(errs)
     p99 = sorted(errs)[min(len(errs) - 1, int(0.99 * len(errs)))]
-    print(f"compute: PreciseSleeper |achieved - requested| over sleeps of 0.1-5 ms: median {fmt_s(err_s)}, "
-          f"p99 {fmt_s(p99)}")
+    print(
+        f"compute: PreciseSleeper |achieved - requested| over sleeps of 0.1-5 ms: median {fmt_s(err_s)}, "
+        f"p99 {fmt_s(p99)}"
+    )
 
-    header = ["kind", "setting (spec, variant, model)", "ops/iter", "bytes/op", "real/op", "profile",
-              "emulated/op", "scale: no overrun", f"scale: <={OVERRUN_THRESHOLD:.0%} overrun", "at the spec's scale"]
+    header = [
+        "kind",
+        "setting (spec, variant, model)",
+        "ops/iter",
+        "bytes/op",
+        "real/op",
+        "profile",
+        "emulated/op",
+        "scale: no overrun",
+        f"scale: <={OVERRUN_THRESHOLD:.0%} overrun",
+        "at the spec's scale",
+    ]
     for kind in ("message", "request_startup", "aggregate", "optimizer", "codec"):
         rows = []
         for ref, shown, paper in evals:
@@ -469,8 +563,20 @@ def main(argv=None) -> int:
                     rows.append([kind, where, "", "", fmt_s(r), shown, "not modelled", "", "", bound])
                     continue
                 e = models[ref].cost_s(kind)
-                rows.append([kind, where, "", "", fmt_s(r), shown, fmt_s(e), fmt_scale(r / e) if e else "inf",
-                             fmt_scale(r / e / (1 + OVERRUN_THRESHOLD)) if e else "inf", bound])
+                rows.append(
+                    [
+                        kind,
+                        where,
+                        "",
+                        "",
+                        fmt_s(r),
+                        shown,
+                        fmt_s(e),
+                        fmt_scale(r / e) if e else "inf",
+                        fmt_scale(r / e / (1 + OVERRUN_THRESHOLD)) if e else "inf",
+                        bound,
+                    ]
+                )
                 continue
             ops = setting_ops(pt, kind)
             r = {o.shape: real.of(o.shape) for o in ops}
@@ -480,21 +586,33 @@ def main(argv=None) -> int:
             fastest = min(o.nbytes * pt.scale / r[o.shape] for o in ops) / 1e9
             bound = f"rate <= {fastest:.3g} GB/s at scale {pt.scale:g}"
             if value is None:
-                rows.append([kind, where, n_ops, fmt_b(med_bytes), fmt_s(med_real), shown, "not modelled", "", "",
-                             bound])
+                rows.append(
+                    [kind, where, n_ops, fmt_b(med_bytes), fmt_s(med_real), shown, "not modelled", "", "", bound]
+                )
                 continue
             emul = {o: models[ref].cost_s(kind, o.nbytes) for o in ops}
             med_emul = _median_w([emul[o] for o in ops], [o.count for o in ops])
-            rows.append([kind, where, n_ops, fmt_b(med_bytes), fmt_s(med_real), shown, fmt_s(med_emul),
-                         f"{fmt_scale(scale_no_overrun(ops, r, emul))} (op of {fmt_b(worst_op(ops, r, emul).nbytes)})",
-                         fmt_scale(scale_threshold(ops, r, emul)), bound])
+            rows.append(
+                [
+                    kind,
+                    where,
+                    n_ops,
+                    fmt_b(med_bytes),
+                    fmt_s(med_real),
+                    shown,
+                    fmt_s(med_emul),
+                    f"{fmt_scale(scale_no_overrun(ops, r, emul))} (op of {fmt_b(worst_op(ops, r, emul).nbytes)})",
+                    fmt_scale(scale_threshold(ops, r, emul)),
+                    bound,
+                ]
+            )
         if rows:
             print(f"\n## {kind}\n")
             print(table(rows, header))
 
     # compute: the specs' layer times against the sleep error
     rows, seen = [], set()
-    for paper, pt in points.items():
+    for pt in points.values():
         ref, batch = pt.compute
         if pt.spec_name in seen:
             continue
@@ -504,14 +622,36 @@ def main(argv=None) -> int:
         t = [x for x in prof.forward_s() + prof.backward_s() if x > 0]
         if not t:
             continue
-        rows.append(["compute", f"{pt.spec_name} ({pt.model}, {ref}, b{batch})", len(t), fmt_s(err_s),
-                     fmt_s(min(t)), fmt_s(statistics.median(t)),
-                     fmt_scale(err_s / (OVERRUN_THRESHOLD * min(t))),
-                     fmt_scale(err_s / (OVERRUN_THRESHOLD * statistics.median(t))), f"{pt.scale:g}"])
+        rows.append(
+            [
+                "compute",
+                f"{pt.spec_name} ({pt.model}, {ref}, b{batch})",
+                len(t),
+                fmt_s(err_s),
+                fmt_s(min(t)),
+                fmt_s(statistics.median(t)),
+                fmt_scale(err_s / (OVERRUN_THRESHOLD * min(t))),
+                fmt_scale(err_s / (OVERRUN_THRESHOLD * statistics.median(t))),
+                f"{pt.scale:g}",
+            ]
+        )
     print("\n## compute (sleep precision)\n")
-    print(table(rows, ["kind", "spec (model, profile, batch)", "layer ops", "real/op: sleep error",
-                       "shortest op", "median op", f"scale: shortest within {OVERRUN_THRESHOLD:.0%}",
-                       f"scale: median within {OVERRUN_THRESHOLD:.0%}", "spec's scale"]))
+    print(
+        table(
+            rows,
+            [
+                "kind",
+                "spec (model, profile, batch)",
+                "layer ops",
+                "real/op: sleep error",
+                "shortest op",
+                "median op",
+                f"scale: shortest within {OVERRUN_THRESHOLD:.0%}",
+                f"scale: median within {OVERRUN_THRESHOLD:.0%}",
+                "spec's scale",
+            ],
+        )
+    )
     print(f"\n{time.perf_counter() - t_start:.0f} s; load average {os.getloadavg()[0]:.2f} (1 min) at the end")
     return 0
 

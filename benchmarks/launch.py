@@ -30,6 +30,7 @@ Measured on this 2-core machine (other work running, two runs): spawned 1.7-1.8 
 namespace of its own: spawned 4.1-5.3 s, init 16.8-18.3 s, first iteration 17.2-18.5 s (of
 which the rendezvous's DNS lookups took 10-12 s).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,12 +55,20 @@ from testbed.spec import from_dict  # noqa: E402
 
 
 def spec(processes: int, iterations: int) -> dict:
-    return {"name": "launch",
-            "topology": {"kind": "rack_core", "racks": max(1, processes // 16), "hosts_per_rack": min(16, processes)},
-            "workload": {"scheme": "allreduce", "model": "digits_mlp", "batch_size": 32, "workers": processes,
-                         "iterations": iterations, "warmup_iterations": 1,
-                         "compute": {"mode": "emulated", "profile": "zero", "memory": "light"}},
-            "run": {"timeout_s": 600}}
+    return {
+        "name": "launch",
+        "topology": {"kind": "rack_core", "racks": max(1, processes // 16), "hosts_per_rack": min(16, processes)},
+        "workload": {
+            "scheme": "allreduce",
+            "model": "digits_mlp",
+            "batch_size": 32,
+            "workers": processes,
+            "iterations": iterations,
+            "warmup_iterations": 1,
+            "compute": {"mode": "emulated", "profile": "zero", "memory": "light"},
+        },
+        "run": {"timeout_s": 600},
+    }
 
 
 _MARKS: dict[str, float] = {}
@@ -98,8 +107,12 @@ def _time_the_launch() -> None:
 def measure(processes: int, iterations: int, work: Path) -> dict[str, float]:
     """One loopback run of ``processes`` processes: seconds from the launch to each mark (module doc)."""
     run_dir = run_local(from_dict(spec(processes, iterations)), work / f"launch-{processes}-{time.time_ns()}")
-    ev = [json.loads(line) for f in glob.glob(str(run_dir / "events" / "*.jsonl")) for line in open(f)
-          if line.strip().endswith("}")]
+    ev = [
+        json.loads(line)
+        for f in glob.glob(str(run_dir / "events" / "*.jsonl"))
+        for line in open(f)
+        if line.strip().endswith("}")
+    ]
     procs = {e["proc"] for e in ev}
     init = max(e["ts"] + e["dur"] for e in ev if e["kind"] == "init")
     first = max(min(e["ts"] for e in ev if e["kind"] == "iteration" and e["proc"] == p) for p in procs)

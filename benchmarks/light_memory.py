@@ -7,6 +7,7 @@ the machine's shared memory (``Shmem``: light memory's shared scratch) at the en
 
     python benchmarks/light_memory.py [--model vgg19] [--scheme allreduce] [--workers 2] [--iterations 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,11 +26,18 @@ def main() -> None:
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="light-memory-") as tmp:
         for memory in ("full", "light"):
-            spec = {"name": f"light-{memory}",
-                    "topology": {"kind": "rack", "hosts_per_rack": a.workers},
-                    "workload": {"scheme": a.scheme, "model": a.model, "iterations": a.iterations,
-                                 "warmup_iterations": 1, "servers": {"count": 1},
-                                 "compute": {"mode": "emulated", "profile": "zero", "memory": memory}}}
+            spec = {
+                "name": f"light-{memory}",
+                "topology": {"kind": "rack", "hosts_per_rack": a.workers},
+                "workload": {
+                    "scheme": a.scheme,
+                    "model": a.model,
+                    "iterations": a.iterations,
+                    "warmup_iterations": 1,
+                    "servers": {"count": 1},
+                    "compute": {"mode": "emulated", "profile": "zero", "memory": memory},
+                },
+            }
             out = _loopback(spec, memory, Path(tmp))
             for name, pk in sorted(out["peaks"].items()):
                 print(f"{memory}: {name} peak USS {mib(pk['uss'])}, PSS {mib(pk['pss'])}, RSS {mib(pk['rss'])}")

@@ -20,6 +20,7 @@ Targets: rate ratios >= 0.95; allreduce ratio <= 1.10.
 
     sudo .venv/bin/python benchmarks/link_fidelity.py [--seconds 5] [--reps 4] [--mbytes 25] [--mtus 1500,9000]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,10 +35,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from testbed import launch
-from traffic import rundir  # noqa: E402
 from testbed.ledger import Ledger, NetworkLock  # noqa: E402
 from testbed.network import Network  # noqa: E402
 from topologies import TopologySpec  # noqa: E402
+from traffic import rundir  # noqa: E402
 
 ALLREDUCE = r"""
 import os, sys, time, json, torch, torch.distributed as dist
@@ -59,12 +60,20 @@ def iperf(net, pairs, seconds):
     """Run iperf3 flows client->server at once; return receiver bits/s of each flow."""
     servers = []
     for i, (_, dst) in enumerate(pairs):
-        servers.append(net.hosts[dst].popen(["iperf3", "-s", "-1", "-p", str(5201 + i)],
-                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        servers.append(
+            net.hosts[dst].popen(
+                ["iperf3", "-s", "-1", "-p", str(5201 + i)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+        )
     time.sleep(0.5)
-    clients = [net.hosts[src].popen(["iperf3", "-c", net.hosts[dst].IP(), "-p", str(5201 + i), "-t", str(seconds), "-J"],
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-               for i, (src, dst) in enumerate(pairs)]
+    clients = [
+        net.hosts[src].popen(
+            ["iperf3", "-c", net.hosts[dst].IP(), "-p", str(5201 + i), "-t", str(seconds), "-J"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        for i, (src, dst) in enumerate(pairs)
+    ]
     rates = []
     for c in clients:
         out, err = c.communicate(timeout=seconds + 30)
@@ -81,13 +90,18 @@ def allreduce(net, hosts, nbytes, reps):
     procs = []
     for r, h in enumerate(hosts):
         env = launch.process_env({"iface": f"{h}-eth0"})
-        procs.append(net.hosts[h].popen([sys.executable, str(script), str(r), str(len(hosts)), master,
-                                         str(nbytes), str(reps)], env=env, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE))
+        procs.append(
+            net.hosts[h].popen(
+                [sys.executable, str(script), str(r), str(len(hosts)), master, str(nbytes), str(reps)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+        )
     outs = [p.communicate(timeout=600) for p in procs]
     script.unlink()
     script.parent.rmdir()
-    for p, (o, e) in zip(procs, outs):
+    for p, (_o, e) in zip(procs, outs):
         if p.returncode != 0:
             raise SystemExit(f"allreduce probe failed: {e.decode()[-2000:]}")
     return json.loads(outs[0][0])
@@ -110,8 +124,9 @@ def main():
 
 
 def measure(args, mtu, run_dir):
-    spec = TopologySpec(kind="rack_core", racks=2, hosts_per_rack=4, host_bw_mbps=100, oversubscription=2,
-                        mtu_bytes=mtu)
+    spec = TopologySpec(
+        kind="rack_core", racks=2, hosts_per_rack=4, host_bw_mbps=100, oversubscription=2, mtu_bytes=mtu
+    )
     with NetworkLock():
         ledger = Ledger.create("bench", run_dir)
         with Network(spec, [], run_dir, ledger) as net:
@@ -119,16 +134,21 @@ def measure(args, mtu, run_dir):
             (r,) = iperf(net, [("h1", "h2")], args.seconds)
             print(f"host link  h1->h2            {r / 1e6:7.2f} Mbit/s of {host_bw / 1e6:.0f}: ratio {r / host_bw:.3f}")
             rs = iperf(net, [("h1", "h5"), ("h2", "h6"), ("h3", "h7"), ("h4", "h8")], args.seconds)
-            print(f"uplink     4 flows rack1->2  {sum(rs) / 1e6:7.2f} Mbit/s of {up_bw / 1e6:.0f}: ratio {sum(rs) / up_bw:.3f}"
-                  f"  (flows {', '.join(f'{x / 1e6:.1f}' for x in rs)})")
+            print(
+                f"uplink     4 flows rack1->2  {sum(rs) / 1e6:7.2f} Mbit/s of {up_bw / 1e6:.0f}: "
+                f"ratio {sum(rs) / up_bw:.3f}"
+                f"  (flows {', '.join(f'{x / 1e6:.1f}' for x in rs)})"
+            )
             hosts = [f"h{i}" for i in range(1, 9)]
             n = int(args.mbytes * 1e6)
             times = allreduce(net, hosts, n, args.reps)
             p = len(hosts)
             bound = 2 * (p - 1) / p * n * 8 / host_bw
             best, med = min(times), statistics.median(times)
-            print(f"allreduce  {args.mbytes:.0f} MB, {p} hosts      best {best:.3f} s, median {med:.3f} s; "
-                  f"ring bound {bound:.3f} s: ratio best {best / bound:.3f}, median {med / bound:.3f}")
+            print(
+                f"allreduce  {args.mbytes:.0f} MB, {p} hosts      best {best:.3f} s, median {med:.3f} s; "
+                f"ring bound {bound:.3f} s: ratio best {best / bound:.3f}, median {med / bound:.3f}"
+            )
             print(f"           all repetitions: {', '.join(f'{t:.3f}' for t in times)}")
 
 

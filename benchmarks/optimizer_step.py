@@ -9,6 +9,7 @@ momentum 0.9 and weight decay 1e-4, and the ratio. Benchmarks print, they do not
 
     .venv/bin/python benchmarks/optimizer_step.py [--sizes 1000,50000,1000000] [--steps 2000]
 """
+
 from __future__ import annotations
 
 import argparse

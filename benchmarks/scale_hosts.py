@@ -42,6 +42,7 @@ run ok, 1 some run not ok, 2 a bad argument, a refusal before a run starts (a si
 not a whole number of racks, the capacity check, not root, a missing tool: the runs made until
 then are still shown), or a directory that is not a run of ring allreduce.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,10 +57,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from harness_overhead import phases  # noqa: E402
+
 from analysis import metrics  # noqa: E402
 from analysis.load import load  # noqa: E402
 from common.errors import SpecError, TestbedError  # noqa: E402
-from harness_overhead import phases  # noqa: E402
 from testbed import capacity  # noqa: E402
 from testbed.runner import plan_point, run_experiment  # noqa: E402
 from testbed.spec import Experiment, load_spec  # noqa: E402
@@ -67,7 +69,7 @@ from traffic.rundir import NotARunError, find_runs  # noqa: E402
 from traffic.summary import Fidelity, Memory, RunSummary, UssPeaks  # noqa: E402
 
 SPEC = ROOT / "experiments" / "scale_vgg19.yaml"
-GIB, MIB, MB = 2 ** 30, 2 ** 20, 1e6
+GIB, MIB, MB = 2**30, 2**20, 1e6
 
 
 def experiment(hosts: int, iterations: int, warmup: int) -> Experiment:
@@ -81,8 +83,15 @@ def experiment(hosts: int, iterations: int, warmup: int) -> Experiment:
     per_rack = load_spec(SPEC).topology.hosts_per_rack
     if hosts <= 0 or hosts % per_rack:
         raise SpecError("--sizes", hosts, f"a positive multiple of {per_rack} (the spec's racks of {per_rack} hosts)")
-    return load_spec(SPEC, [f"topology.racks={hosts // per_rack}", f"name=scale_vgg19-{hosts}",
-                            f"workload.iterations={iterations}", f"workload.warmup_iterations={warmup}"])
+    return load_spec(
+        SPEC,
+        [
+            f"topology.racks={hosts // per_rack}",
+            f"name=scale_vgg19-{hosts}",
+            f"workload.iterations={iterations}",
+            f"workload.warmup_iterations={warmup}",
+        ],
+    )
 
 
 def ring_figures(run, measured, workers: list[str]) -> dict:
@@ -135,8 +144,11 @@ def row(run_dir: Path) -> dict:
     sent = math.nan
     if not measured.empty and not run.traces.empty and run.topology:
         window = (float(measured["start"].min()), float(measured["end"].max()))
-        tx = [v["tx"] for h, v in metrics.link_bytes(run.traces, run.topology, window)["per_host"].items()
-              if h in hosts and v["tx"] is not None]
+        tx = [
+            v["tx"]
+            for h, v in metrics.link_bytes(run.traces, run.topology, window)["per_host"].items()
+            if h in hosts and v["tx"] is not None
+        ]
         sent = float(np.median(tx)) / len(measured) if tx else math.nan
     ring = ring_figures(run, measured, workers) if not measured.empty else {"n_bytes": math.nan, "fidelity": math.nan}
     p = len(workers)
@@ -148,27 +160,55 @@ def row(run_dir: Path) -> dict:
 
     def num(v, unit=1.0):
         return math.nan if v is None else v / unit
-    return {"hosts": p, "scale": num(s.scale), "status": s.status, "starved": f.cpu_starved,
-            "idle%": num(f.idle_pct_mean), "model idle%": model_idle_pct(run_dir), "build s": times.get("build_s", math.nan),
-            "ready s": times.get("ready_s", math.nan), "1st iter s": times.get("first_iteration_s", math.nan),
-            "mem +GiB": num(m.machine_growth_bytes, GIB), "USS med MiB": num(uss.median, MIB),
-            "USS max MiB": num(uss.max, MIB), "sent MB": sent / MB, "ring MB": volume / MB,
-            "sent/ring": sent / volume if volume else math.nan, "ring fid": ring["fidelity"]}
+
+    return {
+        "hosts": p,
+        "scale": num(s.scale),
+        "status": s.status,
+        "starved": f.cpu_starved,
+        "idle%": num(f.idle_pct_mean),
+        "model idle%": model_idle_pct(run_dir),
+        "build s": times.get("build_s", math.nan),
+        "ready s": times.get("ready_s", math.nan),
+        "1st iter s": times.get("first_iteration_s", math.nan),
+        "mem +GiB": num(m.machine_growth_bytes, GIB),
+        "USS med MiB": num(uss.median, MIB),
+        "USS max MiB": num(uss.max, MIB),
+        "sent MB": sent / MB,
+        "ring MB": volume / MB,
+        "sent/ring": sent / volume if volume else math.nan,
+        "ring fid": ring["fidelity"],
+    }
 
 
-FORMATS = {"scale": "g", "idle%": ".0f", "model idle%": ".0f", "build s": ".1f", "ready s": ".1f", "1st iter s": ".1f", "mem +GiB": ".2f",
-           "USS med MiB": ".0f", "USS max MiB": ".0f", "sent MB": ".0f", "ring MB": ".0f", "sent/ring": ".3f",
-           "ring fid": ".3f"}
+FORMATS = {
+    "scale": "g",
+    "idle%": ".0f",
+    "model idle%": ".0f",
+    "build s": ".1f",
+    "ready s": ".1f",
+    "1st iter s": ".1f",
+    "mem +GiB": ".2f",
+    "USS med MiB": ".0f",
+    "USS max MiB": ".0f",
+    "sent MB": ".0f",
+    "ring MB": ".0f",
+    "sent/ring": ".3f",
+    "ring fid": ".3f",
+}
 
 
 def table(rows: list[dict]) -> str:
     """``rows`` as the benchmark prints them (NaN and None as ``-``)."""
+
     def cell(k, v):
         if v is None or (isinstance(v, float) and math.isnan(v)):
             return "-"
         return format(v, FORMATS[k]) if k in FORMATS else str(v)
-    return tabulate([{k: cell(k, v) for k, v in r.items()} for r in rows], headers="keys", disable_numparse=True,
-                    stralign="right")
+
+    return tabulate(
+        [{k: cell(k, v) for k, v in r.items()} for r in rows], headers="keys", disable_numparse=True, stralign="right"
+    )
 
 
 def _sizes(text: str) -> list[int]:
@@ -181,8 +221,9 @@ def _sizes(text: str) -> list[int]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", type=_sizes, default=[32, 64, 128],
-                    help="hosts per run, multiples of 16 (default 32,64,128)")
+    ap.add_argument(
+        "--sizes", type=_sizes, default=[32, 64, 128], help="hosts per run, multiples of 16 (default 32,64,128)"
+    )
     ap.add_argument("--iterations", type=int, default=2, help="workload.iterations, warm-up included (default 2)")
     ap.add_argument("--warmup-iterations", type=int, default=1, help="workload.warmup_iterations (default 1)")
     ap.add_argument("--runs", nargs="+", metavar="DIR", help="report these run or sweep directories instead of running")
@@ -206,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(table(rows))
     return 0 if all(r["status"] == "ok" for r in rows) else 1
+
 
 if __name__ == "__main__":
     sys.exit(main())

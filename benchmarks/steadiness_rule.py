@@ -19,6 +19,7 @@ do not assert.
 
     .venv/bin/python benchmarks/steadiness_rule.py [--runs 1000] [--count 5] [--least 2] [--most 5]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,7 +31,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from analysis.metrics import global_iterations, measured_iterations, settled_warmup, iteration_drift, steady  # noqa: E402
+from analysis.metrics import global_iterations, iteration_drift, measured_iterations, settled_warmup, steady  # noqa: E402
 
 NOISE = (0.02, 0.04, 0.06, 0.10)
 SLOPES = (0.0, 0.01, 0.02, 0.03, 0.05)
@@ -39,8 +40,18 @@ SLOPES = (0.0, 0.01, 0.02, 0.03, 0.05)
 def _glob(times: np.ndarray) -> pd.DataFrame:
     """A one-worker run whose iteration ``i`` takes ``times[i]`` s, as :func:`global_iterations`."""
     end = np.cumsum(times)
-    return global_iterations(pd.DataFrame({"iteration": np.arange(len(times)), "worker": 0, "start": end - times,
-                                           "end": end, "duration_s": times, "samples": 1}))
+    return global_iterations(
+        pd.DataFrame(
+            {
+                "iteration": np.arange(len(times)),
+                "worker": 0,
+                "start": end - times,
+                "end": end,
+                "duration_s": times,
+                "samples": 1,
+            }
+        )
+    )
 
 
 def not_steady(glob: pd.DataFrame, warmup: int, count: int) -> bool:
@@ -59,8 +70,10 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     rng = np.random.default_rng(a.seed)
     n = a.most + a.count
-    print(f"share of runs found not steady, {a.runs} runs a cell, {a.count} measured iterations; fixed: after "
-          f"{a.least} warm-up; until steady: after {a.least} to {a.most}")
+    print(
+        f"share of runs found not steady, {a.runs} runs a cell, {a.count} measured iterations; fixed: after "
+        f"{a.least} warm-up; until steady: after {a.least} to {a.most}"
+    )
     print(f"{'slope / iteration':>17} {'noise cv':>8} {'fixed':>7} {'until steady':>12}")
     for slope in SLOPES:
         for cv in NOISE:

@@ -7,11 +7,13 @@ without a traceback. The message always says what to do.
 This module sits in :mod:`common`, beneath the four layers, so that every package may raise
 these errors without importing a package to its right.
 """
+
 from __future__ import annotations
 
 import reprlib
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 
 class TestbedError(Exception):
@@ -37,6 +39,7 @@ def show_value(value: Any) -> str:
 @dataclass(frozen=True)
 class FieldError:
     """One malformed spec field: its dotted path, the value given and what is allowed."""
+
     field: str
     value: Any
     allowed: str
@@ -68,7 +71,7 @@ class SpecError(TestbedError):
         super().__init__(msg)
 
     @classmethod
-    def of(cls, errors: Iterable[FieldError]) -> "SpecError":
+    def of(cls, errors: Iterable[FieldError]) -> SpecError:
         """One error carrying every ``FieldError`` of ``errors`` (which must not be empty)."""
         errors = list(errors)
         if not errors:

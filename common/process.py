@@ -4,6 +4,7 @@ Linux sends the signal when the *thread* that forked the child ends (prctl(2)), 
 belongs in a child forked by a process's main thread (or by a single-threaded process such
 as the runtime's zygote). It survives ``execve`` of a program that is not set-user-ID.
 """
+
 from __future__ import annotations
 
 import ctypes

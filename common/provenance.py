@@ -9,6 +9,7 @@ testbed run from inside another repository records the testbed's own commit. It 
 copy in ``site-packages``). ``dirty`` follows ``git describe --dirty``: a tracked file differs
 from the commit (staged or not); untracked files do not count.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -17,17 +18,29 @@ import platform
 import socket
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import psutil
 import yaml
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["PROVENANCE_FILE", "PROJECT_DIR", "DISTRIBUTION", "CostModelSource", "Machine", "Provenance",
-           "RUNTIME_PACKAGES", "changes_digest", "code_digest", "collect", "cpu_model", "distribution_version",
-           "source_revision"]
+__all__ = [
+    "PROVENANCE_FILE",
+    "PROJECT_DIR",
+    "DISTRIBUTION",
+    "CostModelSource",
+    "Machine",
+    "Provenance",
+    "RUNTIME_PACKAGES",
+    "changes_digest",
+    "code_digest",
+    "collect",
+    "cpu_model",
+    "distribution_version",
+    "source_revision",
+]
 
 #: the file a run directory records its provenance in
 PROVENANCE_FILE = "provenance.json"
@@ -44,31 +57,34 @@ RUNTIME_PACKAGES = ("common", "topologies", "traffic", "testbed")
 
 class _Record(BaseModel):
     """Base of the provenance models: keys this version does not know are kept and written back."""
+
     model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
 
 
 class Machine(_Record):
     """The machine a run's harness ran on."""
-    hostname: Optional[str] = None
+
+    hostname: str | None = None
     """``socket.gethostname()``."""
-    cpu_model: Optional[str] = None
+    cpu_model: str | None = None
     """The CPU's model name (:func:`cpu_model`)."""
-    cores_logical: Optional[int] = None
+    cores_logical: int | None = None
     """Logical CPUs (``psutil.cpu_count()``)."""
-    cores_physical: Optional[int] = None
+    cores_physical: int | None = None
     """Physical cores (``psutil.cpu_count(logical=False)``; None when unknown)."""
-    memory_bytes: Optional[int] = None
+    memory_bytes: int | None = None
     """Total physical memory (``psutil.virtual_memory().total``), bytes."""
-    arch: Optional[str] = None
+    arch: str | None = None
     """``platform.machine()`` (``x86_64``, ``aarch64``)."""
 
 
 class CostModelSource(_Record):
     """The machine cost model a run's capacity check and ``scale: auto`` read
     (:mod:`testbed.machine_costs`)."""
-    path: Optional[str] = None
+
+    path: str | None = None
     """The file: ``$TESTBED_MACHINE_COSTS``, the user's, or the one shipped with the package."""
-    measured_on: Optional[dict[str, Any]] = None
+    measured_on: dict[str, Any] | None = None
     """The machine the file says measured it, as the file records it (its ``machine`` section:
     ``cores``, ``cpu``, ``memory_total_bytes``, ``kernel``, ``date``); None when the file
     cannot be read."""
@@ -77,27 +93,28 @@ class CostModelSource(_Record):
 class Provenance(_Record):
     """The code, software and machine of one run, and when and how it was started. A value
     that cannot be found is None, never an error."""
-    project_version: Optional[str] = None
+
+    project_version: str | None = None
     """The installed ``dl-netbed`` distribution's version (``importlib.metadata``)."""
-    commit: Optional[str] = None
+    commit: str | None = None
     """``git rev-parse HEAD`` of the project's source tree (40 hex digits)."""
-    dirty: Optional[bool] = None
+    dirty: bool | None = None
     """A tracked file of the source tree differs from ``commit``."""
-    python: Optional[str] = None
+    python: str | None = None
     """``platform.python_version()``."""
-    torch: Optional[str] = None
+    torch: str | None = None
     """The installed torch's version."""
-    mininet: Optional[str] = None
+    mininet: str | None = None
     """The installed Mininet's version."""
-    kernel: Optional[str] = None
+    kernel: str | None = None
     """The kernel's release (``platform.release()``)."""
-    machine: Optional[Machine] = None
+    machine: Machine | None = None
     """The machine the harness ran on."""
-    started_at: Optional[str] = None
+    started_at: str | None = None
     """When the run started, UTC, ISO 8601 (``2026-11-23T04:25:36.123456+00:00``)."""
-    argv: Optional[list[str]] = None
+    argv: list[str] | None = None
     """The harness's full command line (``sys.argv``)."""
-    cost_model: Optional[CostModelSource] = None
+    cost_model: CostModelSource | None = None
     """The machine cost model the run's capacity check and ``scale: auto`` used; None for a
     run that reads none (a loopback run)."""
 
@@ -137,8 +154,13 @@ def _git(*args: str, cwd: Path) -> bytes | None:
     """The output of ``git args`` in ``cwd`` (trusted as a safe directory: it holds the code
     running now); None when git is absent, fails or times out."""
     try:
-        r = subprocess.run(["git", "-c", f"safe.directory={cwd}", "--no-optional-locks", *args], cwd=cwd,
-                           capture_output=True, timeout=GIT_TIMEOUT_S, stdin=subprocess.DEVNULL)
+        r = subprocess.run(
+            ["git", "-c", f"safe.directory={cwd}", "--no-optional-locks", *args],
+            cwd=cwd,
+            capture_output=True,
+            timeout=GIT_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return r.stdout if r.returncode == 0 else None
@@ -192,8 +214,9 @@ def code_digest(extra: list[str | Path] = (), project_dir: str | Path = PROJECT_
     """
     root = Path(project_dir).resolve()
     h = hashlib.sha256()
-    files = sorted(f for pkg in RUNTIME_PACKAGES for f in (root / pkg).rglob("*")
-                   if f.is_file() and "__pycache__" not in f.parts)
+    files = sorted(
+        f for pkg in RUNTIME_PACKAGES for f in (root / pkg).rglob("*") if f.is_file() and "__pycache__" not in f.parts
+    )
     for f in files:
         h.update(f"{f.relative_to(root).as_posix()}\0".encode())
         h.update(hashlib.sha256(f.read_bytes()).digest())
@@ -208,13 +231,19 @@ def _machine() -> Machine:
         memory = int(psutil.virtual_memory().total)
     except (OSError, RuntimeError):
         memory = None
-    return Machine(hostname=socket.gethostname(), cpu_model=cpu_model(), cores_logical=psutil.cpu_count(),
-                   cores_physical=psutil.cpu_count(logical=False), memory_bytes=memory,
-                   arch=platform.machine())
+    return Machine(
+        hostname=socket.gethostname(),
+        cpu_model=cpu_model(),
+        cores_logical=psutil.cpu_count(),
+        cores_physical=psutil.cpu_count(logical=False),
+        memory_bytes=memory,
+        arch=platform.machine(),
+    )
 
 
-def collect(argv: list[str] | None = None, started_at: datetime | None = None,
-            cost_model: CostModelSource | None = None) -> Provenance:
+def collect(
+    argv: list[str] | None = None, started_at: datetime | None = None, cost_model: CostModelSource | None = None
+) -> Provenance:
     """The provenance of a run starting now, on this machine.
 
     Args:
@@ -227,12 +256,20 @@ def collect(argv: list[str] | None = None, started_at: datetime | None = None,
         times in :data:`PROJECT_DIR` (each at most :data:`GIT_TIMEOUT_S`); imports neither
         torch nor Mininet.
     """
-    when = started_at or datetime.now(timezone.utc)
+    when = started_at or datetime.now(UTC)
     if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
+        when = when.replace(tzinfo=UTC)
     commit, dirty = source_revision()
-    return Provenance(project_version=distribution_version(DISTRIBUTION), commit=commit, dirty=dirty,
-                      python=platform.python_version(), torch=distribution_version("torch"),
-                      mininet=distribution_version("mininet"), kernel=platform.release(), machine=_machine(),
-                      started_at=when.astimezone(timezone.utc).isoformat(),
-                      argv=list(sys.argv if argv is None else argv), cost_model=cost_model)
+    return Provenance(
+        project_version=distribution_version(DISTRIBUTION),
+        commit=commit,
+        dirty=dirty,
+        python=platform.python_version(),
+        torch=distribution_version("torch"),
+        mininet=distribution_version("mininet"),
+        kernel=platform.release(),
+        machine=_machine(),
+        started_at=when.astimezone(UTC).isoformat(),
+        argv=list(sys.argv if argv is None else argv),
+        cost_model=cost_model,
+    )

@@ -13,12 +13,14 @@ name that becomes a path component (a spec's ``name``, a run id, a background fl
 :func:`is_safe_label` the looser one of a variant's name (``D-Sync+T``), which reaches a path
 only through a mapping to those characters.
 """
+
 from __future__ import annotations
 
 import difflib
 import re
 import typing
-from typing import Any, Iterable, TypeVar
+from collections.abc import Iterable
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -32,8 +34,10 @@ class SpecModel(BaseModel):
     """Base of every spec section: unknown fields are errors, types are strict (``"5"`` is
     not an integer, ``1`` is not ``true``; an integer is a valid number; ``.inf`` and
     ``.nan`` are not), and each field's docstring is its description."""
-    model_config = ConfigDict(extra="forbid", strict=True, use_attribute_docstrings=True,
-                              validate_default=False, allow_inf_nan=False)
+
+    model_config = ConfigDict(
+        extra="forbid", strict=True, use_attribute_docstrings=True, validate_default=False, allow_inf_nan=False
+    )
 
 
 #: the longest name that becomes part of a path (a run id adds ``-YYYYmmdd-HHMMSS`` and a
@@ -41,31 +45,43 @@ class SpecModel(BaseModel):
 NAME_MAX = 100
 _SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 #: what :func:`safe_name` allows, in words (the ``allowed`` of its spec errors)
-SAFE_NAME_ALLOWED = (f"a name of 1 to {NAME_MAX} characters: ASCII letters, digits, '_', '-' and '.', "
-                     "starting with a letter, a digit or '_' (it becomes part of a path: no '/', "
-                     "no '..', no leading '.' or '-', no spaces)")
+SAFE_NAME_ALLOWED = (
+    f"a name of 1 to {NAME_MAX} characters: ASCII letters, digits, '_', '-' and '.', "
+    "starting with a letter, a digit or '_' (it becomes part of a path: no '/', "
+    "no '..', no leading '.' or '-', no spaces)"
+)
 # e.g. "exp-1", "p3_vgg19", "run.2"; never "..", ".hidden", "a/b", "/abs", "-rf", "a b", "x\n"
 
 
 def is_safe_name(value: Any, max_len: int = NAME_MAX) -> bool:
     """True if ``value`` is a string that :func:`safe_name` accepts."""
-    return (isinstance(value, str) and len(value) <= max_len and _SAFE_NAME.fullmatch(value) is not None
-            and ".." not in value)
+    return (
+        isinstance(value, str)
+        and len(value) <= max_len
+        and _SAFE_NAME.fullmatch(value) is not None
+        and ".." not in value
+    )
 
 
 _SAFE_LABEL = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+=@%,-]*")
 #: what :func:`is_safe_label` allows, in words
-SAFE_LABEL_ALLOWED = (f"a label of 1 to {NAME_MAX} characters: ASCII letters, digits and _ - . + = @ % , "
-                      "starting with a letter, a digit or '_' (no '/', no '..', no spaces or control characters; "
-                      "in a directory name every character but letters, digits and _ - . = becomes '-')")
+SAFE_LABEL_ALLOWED = (
+    f"a label of 1 to {NAME_MAX} characters: ASCII letters, digits and _ - . + = @ % , "
+    "starting with a letter, a digit or '_' (no '/', no '..', no spaces or control characters; "
+    "in a directory name every character but letters, digits and _ - . = becomes '-')"
+)
 
 
 def is_safe_label(value: Any, max_len: int = NAME_MAX) -> bool:
     """True if ``value`` may name a variant: a :func:`safe_name` that may also hold ``+ = @ %
     ,`` (e.g. the paper's ``D-Sync+T``). A label is shown in tables and becomes part of a
     directory name only through a mapping that turns those characters into ``-``."""
-    return (isinstance(value, str) and len(value) <= max_len and _SAFE_LABEL.fullmatch(value) is not None
-            and ".." not in value)
+    return (
+        isinstance(value, str)
+        and len(value) <= max_len
+        and _SAFE_LABEL.fullmatch(value) is not None
+        and ".." not in value
+    )
 
 
 def safe_name(value: str) -> str:
@@ -112,8 +128,9 @@ def check_depth(data: Any, limit: int = MAX_DEPTH) -> None:
         else:
             continue
         if depth > limit:
-            raise SpecError("<spec>", node, f"mappings and lists nested at most {limit} levels deep "
-                                            "(and no recursive YAML anchors)")
+            raise SpecError(
+                "<spec>", node, f"mappings and lists nested at most {limit} levels deep (and no recursive YAML anchors)"
+            )
         if seen.get(id(node), 0) >= depth:  # walked at least this deep already
             continue
         seen[id(node)] = depth
@@ -140,11 +157,20 @@ def one_of(value: Any, choices: Iterable[Any]) -> str:
 
 
 _TYPE_WORDS = {
-    "int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer",
-    "float_type": "a number", "float_parsing": "a number", "finite_number": "a finite number",
-    "bool_type": "true or false", "bool_parsing": "true or false",
-    "string_type": "a string", "dict_type": "a mapping", "list_type": "a list",
-    "model_type": "a mapping", "model_attributes_type": "a mapping", "none_required": "null",
+    "int_type": "an integer",
+    "int_parsing": "an integer",
+    "int_from_float": "an integer",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "finite_number": "a finite number",
+    "bool_type": "true or false",
+    "bool_parsing": "true or false",
+    "string_type": "a string",
+    "dict_type": "a mapping",
+    "list_type": "a list",
+    "model_type": "a mapping",
+    "model_attributes_type": "a mapping",
+    "none_required": "null",
 }
 
 
@@ -204,8 +230,11 @@ def _allowed(err: dict, model: type[BaseModel], prefix: str = "", what: str | No
         return "a value (required)"
     if t == "list_type":
         holder = _model_at(model, loc)
-        inner = _inner_model(holder.model_fields[loc[-1]].annotation) if holder and loc and loc[-1] in \
-            holder.model_fields else None
+        inner = (
+            _inner_model(holder.model_fields[loc[-1]].annotation)
+            if holder and loc and loc[-1] in holder.model_fields
+            else None
+        )
         if inner is not None:
             return f"a list of mappings with fields {_field_names(inner)}"
     if t == "literal_error":
@@ -215,8 +244,12 @@ def _allowed(err: dict, model: type[BaseModel], prefix: str = "", what: str | No
         quoted = re.findall(r"'([^']*)'", expected)
         return "one of " + ", ".join(f"'{q}'" for q in quoted) + did_you_mean(err.get("input"), quoted)
     if t in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
-        bound = {"greater_than": f"> {ctx.get('gt')}", "greater_than_equal": f">= {ctx.get('ge')}",
-                 "less_than": f"< {ctx.get('lt')}", "less_than_equal": f"<= {ctx.get('le')}"}[t]
+        bound = {
+            "greater_than": f"> {ctx.get('gt')}",
+            "greater_than_equal": f">= {ctx.get('ge')}",
+            "less_than": f"< {ctx.get('lt')}",
+            "less_than_equal": f"<= {ctx.get('le')}",
+        }[t]
         return f"a number {_num(bound)}"
     if t == "too_short":
         return f"at least {ctx.get('min_length')} item(s)"
@@ -239,8 +272,9 @@ def _num(bound: str) -> str:
         return bound
 
 
-def field_errors(exc: ValidationError, model: type[BaseModel], prefix: str = "",
-                 what: str | None = None) -> list[FieldError]:
+def field_errors(
+    exc: ValidationError, model: type[BaseModel], prefix: str = "", what: str | None = None
+) -> list[FieldError]:
     """Pydantic's errors as :class:`FieldError` s with dotted paths under ``prefix``.
 
     A union of types reports one error per member; they are merged into one per field.
@@ -362,6 +396,7 @@ class _Loader(_Rules, yaml.SafeLoader):
 
 
 if getattr(yaml, "__with_libyaml__", False):
+
     class _CLoader(_Rules, yaml.CSafeLoader):
         """:class:`_Rules` over libyaml's parser: a spec is read 5-8x faster (a run's
         ``spec.yaml`` in 0.4 ms instead of 2.3, the catalogue in 16 instead of 83)."""
@@ -374,11 +409,14 @@ else:  # PyYAML built without libyaml: every text is read by _Loader
 _CLOADER_MAX_OPENERS, _CLOADER_MAX_CHARS = 10_000, 10_000_000
 
 #: YAML 1.2's floats, which YAML 1.1's resolver misses (``1e12``, ``1E-3``)
-_FLOAT = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+_FLOAT = re.compile(
+    r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
                    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
                    |\.[0-9_]+(?:[eE][-+][0-9]+)?
                    |[-+]?\.(?:inf|Inf|INF)
-                   |\.(?:nan|NaN|NAN))$""", re.X)
+                   |\.(?:nan|NaN|NAN))$""",
+    re.X,
+)
 for _cls in filter(None, (_Loader, _CLoader)):
     _cls.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))
 
@@ -391,7 +429,7 @@ def _located(source: str | None, mark, text: str) -> str:
     return f"{', '.join(where)}: {text}" if where else text
 
 
-def _marked(e: "yaml.MarkedYAMLError", source: str | None) -> str:
+def _marked(e: yaml.MarkedYAMLError, source: str | None) -> str:
     """A YAML syntax error as ``SOURCE, line L, column C: <problem> (<context>)``: PyYAML's
     own message quotes the line, which may be a secret of a file the tool (root) was pointed
     at, and names a text it was given as ``<unicode string>``."""
@@ -434,8 +472,7 @@ def _read_with_libyaml(text: str, source: str | None, prefix: str) -> Any:
     """The document, read by libyaml's parser; :data:`_UNREAD` when libyaml is missing, the
     text is not safe for it (:data:`_CLOADER_MAX_OPENERS`) or reading it failed: the
     pure-Python parser then reads it again, so that every error is worded as always."""
-    if (_CLoader is None or len(text) > _CLOADER_MAX_CHARS
-            or text.count("[") + text.count("{") > _CLOADER_MAX_OPENERS):
+    if _CLoader is None or len(text) > _CLOADER_MAX_CHARS or text.count("[") + text.count("{") > _CLOADER_MAX_OPENERS:
         return _UNREAD
     loader = _CLoader(text, source, prefix)
     try:

@@ -5,6 +5,7 @@
 Outside the testbed it runs the same way under torchrun (``torchrun --nproc-per-node 4
 examples/ddp_digits.py``). The only testbed-specific lines are the optional iteration marks.
 """
+
 import argparse
 import contextlib
 
@@ -16,8 +17,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 try:  # optional: iteration-level figures in the testbed's summary
     from traffic.marks import iteration
 except ImportError:
+
     def iteration(step, samples=None):
         return contextlib.nullcontext()
+
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--epochs", type=int, default=1)
@@ -36,7 +39,7 @@ step = 0
 for epoch in range(args.epochs):
     order = mine[torch.randperm(len(mine), generator=torch.Generator().manual_seed(epoch))]
     for i in range(0, len(order) - args.batch + 1, args.batch):
-        idx = order[i:i + args.batch]
+        idx = order[i : i + args.batch]
         with iteration(step, samples=len(idx)):
             loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
             opt.zero_grad()

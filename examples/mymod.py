@@ -1,7 +1,8 @@
 """A scheme of your own, outside the testbed's repository (docs/schemes.md: "Writing a scheme").
 
-    PYTHONPATH=examples testbed run experiments/quickstart.yaml --set workload.scheme=mymod:MyAllreduce
+PYTHONPATH=examples testbed run experiments/quickstart.yaml --set workload.scheme=mymod:MyAllreduce
 """
+
 import torch
 from pydantic import Field
 

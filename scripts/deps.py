@@ -16,6 +16,7 @@ Walks every ``import`` statement of every module of the five packages (``common`
 
 Exit status 1 if there is any violation, cycle or unexplained in-function import.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -76,7 +77,7 @@ def imports(mod: str, path: Path, known: dict[str, Path]):
             if r is None or r == mod:
                 continue
             ln = node.lineno
-            near = " ".join(lines[max(0, ln - 2):ln]).lower()
+            near = " ".join(lines[max(0, ln - 2) : ln]).lower()
             yield r, ln, id(node) in in_fn, "lazy" in near
 
 

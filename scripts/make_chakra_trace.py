@@ -22,6 +22,7 @@ Writes ``DIR/ddp.<rank>.et``; the intermediate files stay in ``DIR/work`` unless
 ``tests/data/chakra/ddp.*.et`` were made with ``--out tests/data/chakra --clean --strip-io``. Exit status 0,
 or 1 when a step fails (its command and output are printed).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,11 +43,21 @@ from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile, sc
 
 NAME = "ddp"
 #: ``c10d::<name>_`` of a collective -> Chakra's CollectiveCommType name
-COLLECTIVES = {"allreduce": "ALL_REDUCE", "allgather": "ALL_GATHER", "_allgather_base": "ALL_GATHER",
-               "allgather_into_tensor_coalesced": "ALL_GATHER", "reduce_scatter": "REDUCE_SCATTER",
-               "_reduce_scatter_base": "REDUCE_SCATTER", "broadcast": "BROADCAST", "alltoall_base": "ALL_TO_ALL",
-               "alltoall": "ALL_TO_ALL", "reduce": "REDUCE", "gather": "GATHER", "scatter": "SCATTER",
-               "barrier": "BARRIER"}
+COLLECTIVES = {
+    "allreduce": "ALL_REDUCE",
+    "allgather": "ALL_GATHER",
+    "_allgather_base": "ALL_GATHER",
+    "allgather_into_tensor_coalesced": "ALL_GATHER",
+    "reduce_scatter": "REDUCE_SCATTER",
+    "_reduce_scatter_base": "REDUCE_SCATTER",
+    "broadcast": "BROADCAST",
+    "alltoall_base": "ALL_TO_ALL",
+    "alltoall": "ALL_TO_ALL",
+    "reduce": "REDUCE",
+    "gather": "GATHER",
+    "scatter": "SCATTER",
+    "barrier": "BARRIER",
+}
 C10D = re.compile(r"c10d::(\w+?)_?$")
 
 
@@ -65,8 +76,12 @@ def train(rank: int, world: int, port: int, work: str, steps: int) -> None:
     def ready(prof):
         prof.export_chrome_trace(f"{work}/kineto.{rank}.json")
 
-    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=steps),
-                 on_trace_ready=ready, execution_trace_observer=et) as prof:
+    with profile(
+        activities=[ProfilerActivity.CPU],
+        schedule=schedule(wait=0, warmup=1, active=steps),
+        on_trace_ready=ready,
+        execution_trace_observer=et,
+    ) as prof:
         for _ in range(steps + 1):
             opt.zero_grad()
             torch.nn.functional.cross_entropy(model(x), y).backward()
@@ -119,13 +134,15 @@ def collectives(host: Path) -> tuple[dict[int, tuple[str, int]], set[int], str |
     return colls, gloo, pg
 
 
-def mark(et_file: Path, colls: dict[int, tuple[str, int]], gloo: set[int], pg: str | None,
-         strip_io: bool = False) -> int:
+def mark(
+    et_file: Path, colls: dict[int, tuple[str, int]], gloo: set[int], pg: str | None, strip_io: bool = False
+) -> int:
     """Rewrite ``et_file`` with its collectives marked (module docstring, step 4), and without its
     nodes' inputs and outputs (tensor values, shapes, types) when ``strip_io``; returns how many
     collectives were marked."""
     from chakra.schema.protobuf import et_def_pb2 as pb
     from chakra.src.third_party.utils.protolib import decodeMessage, encodeMessage
+
     with open(et_file, "rb") as f:
         meta = pb.GlobalMetadata()
         decodeMessage(f, meta)
@@ -146,8 +163,12 @@ def mark(et_file: Path, colls: dict[int, tuple[str, int]], gloo: set[int], pg: s
             coll, nbytes = colls[n.id]
             n.type = pb.COMM_COLL_NODE
             n.duration_micros = 0
-            n.attr.extend([pb.AttributeProto(name="comm_type", int64_val=pb.CollectiveCommType.Value(coll)),
-                           pb.AttributeProto(name="comm_size", int64_val=nbytes)])
+            n.attr.extend(
+                [
+                    pb.AttributeProto(name="comm_type", int64_val=pb.CollectiveCommType.Value(coll)),
+                    pb.AttributeProto(name="comm_size", int64_val=nbytes),
+                ]
+            )
             if pg is not None:
                 n.attr.append(pb.AttributeProto(name="pg_name", string_val=pg))
             marked += 1
@@ -169,8 +190,10 @@ def tool(name: str) -> str:
 def run(cmd: list[str], cwd: Path) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
     if proc.returncode != 0:
-        print(f"make_chakra_trace: failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout}{proc.stderr}",
-              file=sys.stderr)
+        print(
+            f"make_chakra_trace: failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout}{proc.stderr}",
+            file=sys.stderr,
+        )
         raise SystemExit(1)
 
 
@@ -180,9 +203,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=2, help="profiled training steps (default 2)")
     ap.add_argument("--ranks", type=int, default=2, help="DDP processes (default 2)")
     ap.add_argument("--clean", action="store_true", help="remove the intermediate files (DIR/work) at the end")
-    ap.add_argument("--strip-io", action="store_true",
-                    help="leave out the nodes' inputs and outputs (tensor values, shapes, types; the replay reads none): "
-                         "smaller files")
+    ap.add_argument(
+        "--strip-io",
+        action="store_true",
+        help="leave out the nodes' inputs and outputs (tensor values, shapes, types; the replay reads none): "
+        "smaller files",
+    )
     args = ap.parse_args(argv)
     out = Path(args.out)
     work = out / "work"
@@ -197,8 +223,19 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.ranks):
         host, linked, et = work / f"host.{r}.json", work / f"linked.{r}.json", out / f"{NAME}.{r}.et"
         link(host, work / f"kineto.{r}.json", linked)
-        run([tool("chakra_converter"), "--log-filename", str((work / f"converter.{r}.log").resolve()), "PyTorch",
-             "--input", str(linked.resolve()), "--output", str(et.resolve())], cwd=work)
+        run(
+            [
+                tool("chakra_converter"),
+                "--log-filename",
+                str((work / f"converter.{r}.log").resolve()),
+                "PyTorch",
+                "--input",
+                str(linked.resolve()),
+                "--output",
+                str(et.resolve()),
+            ],
+            cwd=work,
+        )
         n = mark(et, *collectives(host), strip_io=args.strip_io)
         print(f"wrote {et} ({et.stat().st_size} bytes, {n} collectives)")
     if args.clean:

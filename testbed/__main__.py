@@ -1,5 +1,6 @@
 # PYTHON_ARGCOMPLETE_OK
 """``python -m testbed``: the ``testbed`` command (:func:`testbed.cli.main`)."""
+
 import sys
 
 from testbed.cli import main

@@ -27,22 +27,35 @@ records each flow as planned and, after the run, when the harness stopped the fl
 running and what iperf3 reports each moved (format in :mod:`traffic.rundir`);
 :mod:`analysis.effects` judges from it whether each flow ran as asked.
 """
+
 from __future__ import annotations
 
 import json
 import shlex
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 from common.errors import SpecError, TestbedError
 from testbed.interrupts import deferred_signals
 from testbed.launch import Launched, kill_all
 from traffic.rundir import open_private, write_json
 
-__all__ = ["BASE_PORT", "MAX_FLOWS", "IPERF3_MAX_TIME_S", "IPERF3_MIN_RATE_BPS", "FlowPlan", "plan_flows", "server_command", "client_command", "read_result",
-           "listening", "listening_in_shell", "Background"]
+__all__ = [
+    "BASE_PORT",
+    "MAX_FLOWS",
+    "IPERF3_MAX_TIME_S",
+    "IPERF3_MIN_RATE_BPS",
+    "FlowPlan",
+    "plan_flows",
+    "server_command",
+    "client_command",
+    "read_result",
+    "listening",
+    "listening_in_shell",
+    "Background",
+]
 
 #: TCP port of flow i's iperf3 server: BASE_PORT + i (iperf3's default port for flow 0).
 BASE_PORT = 5201
@@ -68,6 +81,7 @@ class FlowPlan:
     the launch of training and the client's start (start x scale); ``seconds``: iperf3's
     ``-t`` (duration x scale, whole seconds).
     """
+
     index: int
     name: str
     src: str
@@ -100,12 +114,26 @@ def plan_flows(flows: list, topology: dict, scale: float = 1.0) -> list[FlowPlan
     for i, f in enumerate(flows):
         for end in ("src", "dst"):
             if getattr(f, end) not in hosts:
-                raise SpecError(f"background[{i}].{end}", getattr(f, end),
-                                "a host of the topology: " + ", ".join(hosts))
-        out.append(FlowPlan(index=i, name=f.name or f"bg{i}", src=f.src, dst=f.dst, dst_ip=hosts[f.dst]["ip"],
-                            port=BASE_PORT + i, protocol=f.protocol, rate_mbps=f.rate_mbps, start_s=f.start_s,
-                            duration_s=f.duration_s, shaped_bps=int(round(f.rate_mbps * 1e6 / scale)),
-                            delay_s=f.start_s * scale, seconds=int(round(f.duration_s * scale))))
+                raise SpecError(
+                    f"background[{i}].{end}", getattr(f, end), "a host of the topology: " + ", ".join(hosts)
+                )
+        out.append(
+            FlowPlan(
+                index=i,
+                name=f.name or f"bg{i}",
+                src=f.src,
+                dst=f.dst,
+                dst_ip=hosts[f.dst]["ip"],
+                port=BASE_PORT + i,
+                protocol=f.protocol,
+                rate_mbps=f.rate_mbps,
+                start_s=f.start_s,
+                duration_s=f.duration_s,
+                shaped_bps=int(round(f.rate_mbps * 1e6 / scale)),
+                delay_s=f.start_s * scale,
+                seconds=int(round(f.duration_s * scale)),
+            )
+        )
     return out
 
 
@@ -116,8 +144,21 @@ def server_command(fp: FlowPlan, out_dir: Path) -> list[str]:
 
 def client_command(fp: FlowPlan, out_dir: Path) -> list[str]:
     """The iperf3 client of a flow, behind a ``sleep`` of its start delay if there is one."""
-    cmd = ["iperf3", "-c", fp.dst_ip, "-p", str(fp.port), "-b", str(fp.shaped_bps), "-t", str(fp.seconds),
-           *(["-u"] if fp.protocol == "udp" else []), "--json", "--logfile", str(out_dir / f"{fp.name}.json")]
+    cmd = [
+        "iperf3",
+        "-c",
+        fp.dst_ip,
+        "-p",
+        str(fp.port),
+        "-b",
+        str(fp.shaped_bps),
+        "-t",
+        str(fp.seconds),
+        *(["-u"] if fp.protocol == "udp" else []),
+        "--json",
+        "--logfile",
+        str(out_dir / f"{fp.name}.json"),
+    ]
     if fp.delay_s <= 0:
         return cmd
     return ["sh", "-c", f"sleep {fp.delay_s:.3f}; exec {shlex.join(cmd)}"]
@@ -134,14 +175,22 @@ def read_result(path: Path) -> dict:
     try:
         doc = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
-        return {"bytes_sent": None, "bytes_received": None, "seconds": None,
-                "error": f"no iperf3 result in {Path(path).name} ({type(e).__name__}): the flow did not run "
-                         f"to its end (training ended first?)"}
+        return {
+            "bytes_sent": None,
+            "bytes_received": None,
+            "seconds": None,
+            "error": f"no iperf3 result in {Path(path).name} ({type(e).__name__}): the flow did not run "
+            f"to its end (training ended first?)",
+        }
     end = doc.get("end") or {}
     sent = end.get("sum_sent") or end.get("sum") or {}
     received = end.get("sum_received") or {}
-    return {"bytes_sent": sent.get("bytes"), "bytes_received": received.get("bytes"),
-            "seconds": sent.get("seconds"), "error": doc.get("error")}
+    return {
+        "bytes_sent": sent.get("bytes"),
+        "bytes_received": received.get("bytes"),
+        "seconds": sent.get("seconds"),
+        "error": doc.get("error"),
+    }
 
 
 def listening(pid: int, port: int) -> bool:
@@ -191,8 +240,15 @@ class Background:
         SpecError: a flow names a host the topology does not have.
     """
 
-    def __init__(self, flows: list, topology: dict, site, run_dir: Path, scale: float = 1.0,
-                 on_pid: Callable[[str, int], None] | None = None):
+    def __init__(
+        self,
+        flows: list,
+        topology: dict,
+        site,
+        run_dir: Path,
+        scale: float = 1.0,
+        on_pid: Callable[[str, int], None] | None = None,
+    ):
         self.site = site
         self.plans = plan_flows(flows, topology, scale)
         self.run_dir = Path(run_dir)
@@ -223,14 +279,18 @@ class Background:
         if not self.plans:
             return
         self.dir.mkdir(parents=True, exist_ok=True)
-        servers = [(fp, self._popen(fp, "server", server_command(fp, self.site.host_dir(fp.dst) / SUBDIR)))
-                   for fp in self.plans]
+        servers = [
+            (fp, self._popen(fp, "server", server_command(fp, self.site.host_dir(fp.dst) / SUBDIR)))
+            for fp in self.plans
+        ]
         deadline = time.monotonic() + timeout_s
         for fp, l in servers:
             while not self.site.listening(fp.dst, fp.port):
                 if l.popen.poll() is not None or time.monotonic() > deadline:
-                    raise TestbedError(f"background flow {fp.name}: the iperf3 server on {fp.dst} (port {fp.port}) "
-                                       f"did not start listening; see {l.log} and {self.dir / (fp.name + '.server.json')}")
+                    raise TestbedError(
+                        f"background flow {fp.name}: the iperf3 server on {fp.dst} (port {fp.port}) "
+                        f"did not start listening; see {l.log} and {self.dir / (fp.name + '.server.json')}"
+                    )
                 time.sleep(0.02)
 
     def start_clients(self) -> None:

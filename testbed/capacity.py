@@ -19,7 +19,8 @@ Memory (bytes), a sum over what the run starts:
   when forked by the zygote (``run.launcher: zygote``, the default), or
   ``<kind>_exec_base_uss_bytes`` when started with exec (``run.launcher: exec``, and always
   a process on a host's second interface and a ``workload.program``'s processes: for those,
-  an exec'd worker of the runtime stands in for a program whose memory is not known), plus ``<kind>_bytes_per_param_byte`` x the model
+  an exec'd worker of the runtime stands in for a program whose memory is not known), plus
+  ``<kind>_bytes_per_param_byte`` x the model
   parameter bytes it holds, plus ``real_compute_worker_bytes`` for a non-server process in
   ``compute.mode: real`` (data set, activations, autograd). ``<kind>`` is ``server`` for
   parameter servers, which hold their shards (the model's parameter bytes divided over the
@@ -110,28 +111,51 @@ sleeping and waking, partial writes) is not measured. Example::
     print(describe(estimate(exp, hosts, procs)))
     warnings = check([("", exp, hosts, procs)], force=exp.run.force)   # may raise CapacityError
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
 
 from analysis.metrics import CPU_IDLE_RULE, MIN_IDLE_PCT
-from testbed.machine_costs import (COST_KEYS, COSTS_PATH, OPTIONAL_KEYS, SCHEME_MESSAGE_UNIT, Cost, CostModel, Machine,
-                                   scheme_message_key)
-from testbed.spec import AUTO, Experiment
 from common.errors import CapacityError
+from testbed.machine_costs import (
+    COST_KEYS,
+    COSTS_PATH,
+    OPTIONAL_KEYS,
+    SCHEME_MESSAGE_UNIT,
+    Cost,
+    CostModel,
+    Machine,
+    scheme_message_key,
+)
+from testbed.spec import AUTO, Experiment
 from topologies.hosts import HostInfo
 from traffic.models import model_info
 from traffic.runtime.buffers import ELEMENT_BYTES, REPLAY_CHUNK_ELEMENTS, SHARED_SCRATCH_BYTES
 from traffic.schemes import ProcessPlan
 from traffic.schemes import get as get_scheme
 
-__all__ = ["COST_KEYS", "COSTS_PATH", "OPTIONAL_KEYS", "SCHEME_MESSAGE_UNIT", "Cost", "CostModel", "Machine",
-           "Estimate", "estimate",
-           "auto_scale", "check", "describe", "scheme_message_key", "light_scratch_bytes", "CapacityError"]
+__all__ = [
+    "COST_KEYS",
+    "COSTS_PATH",
+    "OPTIONAL_KEYS",
+    "SCHEME_MESSAGE_UNIT",
+    "Cost",
+    "CostModel",
+    "Machine",
+    "Estimate",
+    "estimate",
+    "auto_scale",
+    "check",
+    "describe",
+    "scheme_message_key",
+    "light_scratch_bytes",
+    "CapacityError",
+]
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 #: fraction of the cores that may be busy (Mininet-HiFi keeps >= 35 % idle)
 BUSY_FRACTION = 1.0 - MIN_IDLE_PCT / 100.0
@@ -161,6 +185,7 @@ class Estimate:
         message_bytes: the scheme's mean bytes per message
             (:meth:`traffic.schemes.Scheme.message_bytes`; ``math.inf``: it sends none).
     """
+
     memory_bytes: int
     memory_breakdown: dict[str, int]
     cpu_cores: float
@@ -190,8 +215,13 @@ def _link_bytes_per_s(mbps: float) -> float:
     return mbps * 1e6 / 8.0
 
 
-def estimate(exp: Experiment, hosts: Sequence[HostInfo], processes: Sequence[ProcessPlan],
-             model: CostModel | None = None, machine: Machine | None = None) -> Estimate:
+def estimate(
+    exp: Experiment,
+    hosts: Sequence[HostInfo],
+    processes: Sequence[ProcessPlan],
+    model: CostModel | None = None,
+    machine: Machine | None = None,
+) -> Estimate:
     """Memory and CPU that one point of a spec demands of this machine (module docstring).
 
     Args:
@@ -254,8 +284,9 @@ def estimate(exp: Experiment, hosts: Sequence[HostInfo], processes: Sequence[Pro
     c = exp.capture
     capture = (m["bwm_ng_cpu_s_per_sample"] + m["bwm_ng_cpu_s_per_sample_port"] * ports) * 1000.0 / c.interval_ms
     if c.qdisc:
-        capture += ((m["qdisc_cpu_s_per_sample"] + m["qdisc_cpu_s_per_sample_port"] * ports)
-                    * 1000.0 / c.qdisc_interval_ms)
+        capture += (
+            (m["qdisc_cpu_s_per_sample"] + m["qdisc_cpu_s_per_sample_port"] * ports) * 1000.0 / c.qdisc_interval_ms
+        )
     if c.cpu:
         capture += m["cpu_sampler_cpu_s_per_sample"] * 1000.0 / c.cpu_interval_ms
 
@@ -272,8 +303,11 @@ def estimate(exp: Experiment, hosts: Sequence[HostInfo], processes: Sequence[Pro
     crossing = min(sent, t.racks * _link_bytes_per_s(t.uplink_mbps())) if t.kind == "rack_core" and t.racks > 1 else 0.0
     # each byte also costs more the more hosts send at once (path_cpu_s_per_byte_per_host)
     senders = len({n for n in busy_hosts if n in by_name} | {s for s in bg_rate if s in by_name})
-    bytes_1 = (sent * (m["path_cpu_s_per_byte"] + senders * m.optional("path_cpu_s_per_byte_per_host"))
-               + 2.0 * crossing * m["extra_bridge_cpu_s_per_byte"] + sent_proc * m["runtime_user_cpu_s_per_byte"])
+    bytes_1 = (
+        sent * (m["path_cpu_s_per_byte"] + senders * m.optional("path_cpu_s_per_byte_per_host"))
+        + 2.0 * crossing * m["extra_bridge_cpu_s_per_byte"]
+        + sent_proc * m["runtime_user_cpu_s_per_byte"]
+    )
     # the runtime's messages: the processes' bytes/s over the scheme's mean message, each
     # costing runtime_message_cpu_s (sender and receiver together) plus the scheme's own
     # <scheme>_message_cpu_s (0 when the model has none for it)
@@ -290,11 +324,22 @@ def estimate(exp: Experiment, hosts: Sequence[HostInfo], processes: Sequence[Pro
         min_scale = network_1 / room
     scale = _auto_value(exp, min_scale) if exp.scale == AUTO else exp.scale
     cpu = {"processes": idle, "capture": capture, "network": bytes_1 / scale, "messages": messages_1 / scale}
-    return Estimate(memory_bytes=sum(memory.values()), memory_breakdown=memory, cpu_cores=sum(cpu.values()),
-                    cpu_breakdown=cpu, scale=scale, min_scale=min_scale, cores=mach.cores,
-                    available_bytes=mach.available_bytes, total_bytes=mach.total_bytes, processes=len(processes),
-                    hosts=len(hosts), param_bytes=param_bytes, message_bytes=msg_bytes,
-                    network_cores_at_scale_1=network_1)
+    return Estimate(
+        memory_bytes=sum(memory.values()),
+        memory_breakdown=memory,
+        cpu_cores=sum(cpu.values()),
+        cpu_breakdown=cpu,
+        scale=scale,
+        min_scale=min_scale,
+        cores=mach.cores,
+        available_bytes=mach.available_bytes,
+        total_bytes=mach.total_bytes,
+        processes=len(processes),
+        hosts=len(hosts),
+        param_bytes=param_bytes,
+        message_bytes=msg_bytes,
+        network_cores_at_scale_1=network_1,
+    )
 
 
 def light_scratch_bytes(workload, processes: Sequence[ProcessPlan]) -> float:
@@ -321,10 +366,15 @@ def _scale_text(s: float) -> str:
 def describe(est: Estimate) -> str:
     """One line: ``estimated memory X GiB of Y available; CPU Z cores busy of N at scale S
     (keeps 35% idle from scale M)``."""
-    keeps = ("no scale keeps 35% idle: the processes and capture alone are too busy" if math.isinf(est.min_scale)
-             else f"keeps 35% idle from scale {_scale_text(est.min_scale)}")
-    return (f"estimated memory {_gib(est.memory_bytes)} of {_gib(est.available_bytes)} available; "
-            f"CPU {est.cpu_cores:.2f} cores busy of {est.cores} at scale {est.scale:g} ({keeps})")
+    keeps = (
+        "no scale keeps 35% idle: the processes and capture alone are too busy"
+        if math.isinf(est.min_scale)
+        else f"keeps 35% idle from scale {_scale_text(est.min_scale)}"
+    )
+    return (
+        f"estimated memory {_gib(est.memory_bytes)} of {_gib(est.available_bytes)} available; "
+        f"CPU {est.cpu_cores:.2f} cores busy of {est.cores} at scale {est.scale:g} ({keeps})"
+    )
 
 
 def _who(label: str, exp: Experiment) -> str:
@@ -334,31 +384,44 @@ def _who(label: str, exp: Experiment) -> str:
 def _memory_refusal(who: str, exp: Experiment, est: Estimate) -> str:
     parts = ", ".join(f"{k} {_gib(v)}" for k, v in est.memory_breakdown.items())
     c = exp.workload.compute
-    light = (", workload.compute.memory: light (no model per process: traffic.runtime.buffers)"
-             if c.mode == "emulated" and c.memory == "full" else "")
-    return (f"{who}: estimated memory {_gib(est.memory_bytes)} ({parts}; {est.processes} processes, {est.hosts} hosts, "
-            f"model {est.param_bytes / 1e6:.1f} MB of parameters) exceeds the {_gib(est.available_bytes)} this machine "
-            f"has available (of {_gib(est.total_bytes)}): use fewer hosts or workers (topology.racks, "
-            f"topology.hosts_per_rack, workload.workers, workload.servers), a smaller model (workload.model){light}, "
-            f"or set run.force: true to run anyway")
+    light = (
+        ", workload.compute.memory: light (no model per process: traffic.runtime.buffers)"
+        if c.mode == "emulated" and c.memory == "full"
+        else ""
+    )
+    return (
+        f"{who}: estimated memory {_gib(est.memory_bytes)} ({parts}; {est.processes} processes, {est.hosts} hosts, "
+        f"model {est.param_bytes / 1e6:.1f} MB of parameters) exceeds the {_gib(est.available_bytes)} this machine "
+        f"has available (of {_gib(est.total_bytes)}): use fewer hosts or workers (topology.racks, "
+        f"topology.hosts_per_rack, workload.workers, workload.servers), a smaller model (workload.model){light}, "
+        f"or set run.force: true to run anyway"
+    )
 
 
 def _cpu_warning(who: str, exp: Experiment, est: Estimate) -> str:
-    head = (f"{who}: CPU estimate {est.cpu_cores:.2f} cores busy of {est.cores} at scale {est.scale:g} (upper bound: "
-            f"every host link at its dilated line rate) leaves less than {MIN_IDLE_PCT:g}% idle ({CPU_IDLE_RULE}); "
-            f"link rates and timings may be off")
+    head = (
+        f"{who}: CPU estimate {est.cpu_cores:.2f} cores busy of {est.cores} at scale {est.scale:g} (upper bound: "
+        f"every host link at its dilated line rate) leaves less than {MIN_IDLE_PCT:g}% idle ({CPU_IDLE_RULE}); "
+        f"link rates and timings may be off"
+    )
     if math.isinf(est.min_scale):
-        return (head + f"; no dilation suffices: {est.processes} waiting processes and the capture alone keep "
-                f"{est.fixed_cores:.2f} cores busy: use fewer processes (workload.workers, workload.servers) or "
-                f"longer capture periods (capture.*interval_ms, capture.qdisc: false)")
+        return (
+            head + f"; no dilation suffices: {est.processes} waiting processes and the capture alone keep "
+            f"{est.fixed_cores:.2f} cores busy: use fewer processes (workload.workers, workload.servers) or "
+            f"longer capture periods (capture.*interval_ms, capture.qdisc: false)"
+        )
     fix = f"; use scale >= {math.ceil(est.min_scale * 100) / 100:g}"
     if exp.workload.compute.mode != "emulated":
         fix += " (with workload.compute.mode: emulated: real compute cannot be dilated)"
     return head + fix + " or fewer hosts"
 
 
-def check(points: Iterable[tuple[str, Experiment, Sequence[HostInfo], Sequence[ProcessPlan]]], force: bool = False,
-          model: CostModel | None = None, machine: Machine | None = None) -> list[str]:
+def check(
+    points: Iterable[tuple[str, Experiment, Sequence[HostInfo], Sequence[ProcessPlan]]],
+    force: bool = False,
+    model: CostModel | None = None,
+    machine: Machine | None = None,
+) -> list[str]:
     """Check every point of a spec against this machine before anything is built.
 
     Args:
@@ -391,8 +454,11 @@ def check(points: Iterable[tuple[str, Experiment, Sequence[HostInfo], Sequence[P
         if est.scale < est.min_scale:
             warnings.append(_cpu_warning(who, exp, est))
     if refusals and not force:
-        raise CapacityError("this machine cannot hold the run:\n  " + "\n  ".join(refusals) if len(refusals) > 1
-                            else "this machine cannot hold the run: " + refusals[0])
+        raise CapacityError(
+            "this machine cannot hold the run:\n  " + "\n  ".join(refusals)
+            if len(refusals) > 1
+            else "this machine cannot hold the run: " + refusals[0]
+        )
     return [f"{r} (run.force: true: running anyway)" for r in refusals] + warnings
 
 
@@ -406,8 +472,13 @@ def _auto_value(exp: Experiment, min_scale: float) -> float:
     return float(base)  # no whole dilation near it does: with_scale names the flows
 
 
-def auto_scale(exp: Experiment, hosts: Sequence[HostInfo], processes: Sequence[ProcessPlan],
-               model: CostModel | None = None, machine: Machine | None = None) -> float:
+def auto_scale(
+    exp: Experiment,
+    hosts: Sequence[HostInfo],
+    processes: Sequence[ProcessPlan],
+    model: CostModel | None = None,
+    machine: Machine | None = None,
+) -> float:
     """The dilation ``scale: auto`` stands for on this machine (:class:`testbed.spec.Experiment`).
 
     1 when ``workload.compute.mode`` is ``real`` (real compute cannot be slowed down). With

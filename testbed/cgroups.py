@@ -13,6 +13,7 @@ Removing a cgroup moves its processes back where they were (each one's previous 
 that hierarchy, or the root) and deletes it; :func:`remove_cgroup` does the same for a
 cgroup named in a dead run's ledger (:mod:`testbed.ledger`).
 """
+
 from __future__ import annotations
 
 import errno
@@ -20,14 +21,23 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CpuController", "CpuThrottle", "cpu_controller", "quota_us", "netns_pids", "remove_cgroup",
-           "testbed_cgroups", "CGROUP_PREFIX", "MISSING"]
+__all__ = [
+    "CpuController",
+    "CpuThrottle",
+    "cpu_controller",
+    "quota_us",
+    "netns_pids",
+    "remove_cgroup",
+    "testbed_cgroups",
+    "CGROUP_PREFIX",
+    "MISSING",
+]
 
 #: every cgroup the testbed creates is named with this prefix (``testbed clean`` and the
 #: tests' leftover check look for it)
@@ -36,8 +46,10 @@ CGROUP_PREFIX = "testbed-"
 #: ``cpu``; a run's, :mod:`testbed.lifetime`, in the first of them mounted)
 V1_CONTROLLERS = ("freezer", "pids", "memory", "cpuset", "cpuacct", "cpu")
 #: what is missing when no cpu controller is found, in words
-MISSING = ("the cpu cgroup controller: a cgroup v2 hierarchy with 'cpu' in its cgroup.controllers, or a cgroup v1 "
-           "hierarchy with the cpu controller (e.g. 'mount -t cgroup -o cpu cgroup /sys/fs/cgroup/cpu' as root)")
+MISSING = (
+    "the cpu cgroup controller: a cgroup v2 hierarchy with 'cpu' in its cgroup.controllers, or a cgroup v1 "
+    "hierarchy with the cpu controller (e.g. 'mount -t cgroup -o cpu cgroup /sys/fs/cgroup/cpu' as root)"
+)
 #: the CFS period, microseconds (the kernel's default)
 PERIOD_US = 100_000
 #: the smallest quota the kernel takes, microseconds
@@ -50,6 +62,7 @@ MAX_PERIOD_US = 1_000_000
 class CpuController:
     """A mounted cgroup hierarchy that has the cpu controller: ``version`` 2 or 1, ``root``
     its mount point."""
+
     version: int
     root: Path
 
@@ -249,8 +262,13 @@ class CpuThrottle:
             except OSError as e:
                 if e.errno != errno.ESRCH:
                     raise
-        return {"cgroup": str(self.path), "cgroup_version": self.ctl.version, "quota_us": quota,
-                "period_us": period, "pids": moved}
+        return {
+            "cgroup": str(self.path),
+            "cgroup_version": self.ctl.version,
+            "quota_us": quota,
+            "period_us": period,
+            "pids": moved,
+        }
 
     def remove(self) -> bool:
         """Move every process back to the cgroup it came from (the root if that is gone) and

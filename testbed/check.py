@@ -1,5 +1,6 @@
 """``testbed check``: what this machine can emulate, with a remedy for each missing piece,
 and whether the machine cost model in use was measured on it."""
+
 from __future__ import annotations
 
 import functools
@@ -23,6 +24,7 @@ QDISC_PROBES = {
 @dataclass
 class Item:
     """One line of the check: ``ok`` says whether the piece is there; ``remedy`` what to do."""
+
     name: str
     ok: bool
     detail: str
@@ -39,6 +41,7 @@ def kernel_qdiscs() -> dict[str, bool]:
     if os.geteuid() != 0:
         return {k: False for k in QDISC_PROBES}
     from pyroute2 import NetNS, netns
+
     name = f"tbcheck-{uuid.uuid4().hex[:8]}"
     out = {}
     ns = NetNS(name)
@@ -74,28 +77,50 @@ def run_checks() -> list[Item]:
     """Every requirement of the testbed, checked on this machine."""
     items = []
     root = os.geteuid() == 0
-    items.append(Item("root", root, "running as root" if root else f"running as uid {os.geteuid()}",
-                      "run as root (sudo): Mininet needs network namespaces"))
-    for tool, pkg, why in (("mnexec", "mininet", "runs processes inside Mininet hosts"),
-                           ("brctl", "bridge-utils", "Linux-bridge switches"),
-                           ("bwm-ng", "bwm-ng", "per-interface traces"),
-                           ("iperf3", "iperf3", "background traffic and link benchmarks"),
-                           ("tcpdump", "tcpdump", "header capture (capture.pcap), read by testbed flows"),
-                           ("tc", "iproute2", "traffic shaping"),
-                           ("setpriv", "util-linux", "binds a process to a PBox's extra interface"),
-                           ("ethtool", "ethtool", "interface offload settings")):
+    items.append(
+        Item(
+            "root",
+            root,
+            "running as root" if root else f"running as uid {os.geteuid()}",
+            "run as root (sudo): Mininet needs network namespaces",
+        )
+    )
+    for tool, pkg, why in (
+        ("mnexec", "mininet", "runs processes inside Mininet hosts"),
+        ("brctl", "bridge-utils", "Linux-bridge switches"),
+        ("bwm-ng", "bwm-ng", "per-interface traces"),
+        ("iperf3", "iperf3", "background traffic and link benchmarks"),
+        ("tcpdump", "tcpdump", "header capture (capture.pcap), read by testbed flows"),
+        ("tc", "iproute2", "traffic shaping"),
+        ("setpriv", "util-linux", "binds a process to a PBox's extra interface"),
+        ("ethtool", "ethtool", "interface offload settings"),
+    ):
         path = shutil.which(tool)
-        items.append(Item(tool, path is not None, path or f"not found ({why})",
-                          f"apt-get install {pkg}   (or: sudo bash scripts/setup.sh)"))
+        items.append(
+            Item(
+                tool,
+                path is not None,
+                path or f"not found ({why})",
+                f"apt-get install {pkg}   (or: sudo bash scripts/setup.sh)",
+            )
+        )
     try:
         import mininet.net  # noqa: F401
+
         items.append(Item("mininet (python)", True, mininet.net.__file__))
     except ImportError as e:
-        items.append(Item("mininet (python)", False, str(e),
-                          "apt-get install mininet, and use the .venv made by scripts/setup.sh "
-                          "(it sees Debian's python3 packages)"))
+        items.append(
+            Item(
+                "mininet (python)",
+                False,
+                str(e),
+                "apt-get install mininet, and use the .venv made by scripts/setup.sh "
+                "(it sees Debian's python3 packages)",
+            )
+        )
     try:
         import torch
+
         items.append(Item("torch", True, torch.__version__))
     except ImportError as e:
         items.append(Item("torch", False, str(e), "pip install torch==2.13.0 (scripts/setup.sh does it)"))
@@ -103,10 +128,11 @@ def run_checks() -> list[Item]:
     if root:
         qd = kernel_qdiscs()
         for kind, (_, use) in QDISC_PROBES.items():
-            remedy = ("a kernel with sch_" + kind + " (a full distribution kernel, e.g. the Vagrant VM: "
-                      "vagrant up, see README)")
-            items.append(Item(f"qdisc {kind}", qd[kind], ("available: " if qd[kind] else "missing: ") + use,
-                              remedy))
+            remedy = (
+                "a kernel with sch_" + kind + " (a full distribution kernel, e.g. the Vagrant VM: "
+                "vagrant up, see README)"
+            )
+            items.append(Item(f"qdisc {kind}", qd[kind], ("available: " if qd[kind] else "missing: ") + use, remedy))
     return items
 
 

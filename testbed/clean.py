@@ -20,6 +20,7 @@ While a run is live (its harness holds the network lock), ``clean`` refuses; ``c
 then removes only what dead runs left, and never touches the live run's objects: the
 bridges and interfaces its ledger lists and every process descended from its harness.
 """
+
 from __future__ import annotations
 
 import os
@@ -30,11 +31,19 @@ import psutil
 from pyroute2 import IPRoute
 
 from common.errors import TestbedError
-from topologies.hosts import BRIDGE_RE, INTF_RE, NODE_RE
 from testbed.cgroups import testbed_cgroups
+from testbed.ledger import (
+    Ledger,
+    NetworkLock,
+    _kill_tree,
+    delete_link,
+    describe_holder,
+    live_ledgers,
+    lock_holder,
+    stale_ledgers,
+)
 from testbed.lifetime import kill_cgroup
-from testbed.ledger import (Ledger, NetworkLock, _kill_tree, delete_link, describe_holder, live_ledgers,
-                            lock_holder, stale_ledgers)
+from topologies.hosts import BRIDGE_RE, INTF_RE, NODE_RE
 from traffic.rundir import is_run
 
 
@@ -52,7 +61,7 @@ def _our_process(p: psutil.Process) -> bool:
     except psutil.Error:  # gone, zombie or not ours to read
         return False
     text = " ".join(cmd)
-    if cmd and cmd[0] == "bash" and any(NODE_RE.match(a[len("mininet:"):]) for a in cmd if a.startswith("mininet:")):
+    if cmd and cmd[0] == "bash" and any(NODE_RE.match(a[len("mininet:") :]) for a in cmd if a.startswith("mininet:")):
         return True  # a Mininet node's shell (holds a host's network namespace)
     if "traffic.runtime" in text and "-m" in cmd and _in_other_netns(p.pid):
         return True  # (processes of the local launcher live in the root namespace: not ours to kill)
@@ -81,9 +90,14 @@ def mark_killed(led: Ledger) -> str | None:
     if d is None or not is_run(d) or (d / "summary.json").exists():
         return None
     from analysis.metrics import summarize  # lazy: pandas, only when a killed run needs its summary
+
     when = time.strftime("%Y-%m-%d %H:%M:%S")
-    summarize(d, status="killed", error=f"the runner (pid {led.owner_pid}) died before the run ended; "
-                                        f"'testbed clean' removed what it left on the machine at {when}")
+    summarize(
+        d,
+        status="killed",
+        error=f"the runner (pid {led.owner_pid}) died before the run ended; "
+        f"'testbed clean' removed what it left on the machine at {when}",
+    )
     return f"run {d} marked killed (its files are kept)"
 
 
@@ -110,15 +124,24 @@ def sweep_dead_runs(net_dir: Path = Path("/sys/class/net")) -> list[str]:
         for line in removed:
             kind = line.split()[0] if line.split() else "object"
             counts[kind] = counts.get(kind, 0) + 1
-        what = ", ".join(f"{n} {kind}{'es' if n > 1 and kind.endswith('s') else 's' if n > 1 else ''}"
-                         for kind, n in counts.items()) or "nothing left"
-        lines.append(f"the run {led.run_dir or led.path.name} had died (runner pid {led.owner_pid}): removed what it "
-                     f"left ({what}){'; marked killed' if marked else ''}")
+        what = (
+            ", ".join(
+                f"{n} {kind}{'es' if n > 1 and kind.endswith('s') else 's' if n > 1 else ''}"
+                for kind, n in counts.items()
+            )
+            or "nothing left"
+        )
+        lines.append(
+            f"the run {led.run_dir or led.path.name} had died (runner pid {led.owner_pid}): removed what it "
+            f"left ({what}){'; marked killed' if marked else ''}"
+        )
     ours = [p.name for p in sorted(net_dir.iterdir()) if INTF_RE.match(p.name) or BRIDGE_RE.match(p.name)]
     if ours:
-        raise TestbedError(f"{len(ours)} interfaces and bridges named as this testbed's are on the machine and no "
-                           f"run's ledger lists them ({', '.join(ours[:6])}{' ...' if len(ours) > 6 else ''}): a "
-                           f"killed run left them; run 'testbed clean' first")
+        raise TestbedError(
+            f"{len(ours)} interfaces and bridges named as this testbed's are on the machine and no "
+            f"run's ledger lists them ({', '.join(ours[:6])}{' ...' if len(ours) > 6 else ''}): a "
+            f"killed run left them; run 'testbed clean' first"
+        )
     return lines
 
 
@@ -144,7 +167,8 @@ def clean(force: bool = False) -> list[str]:
             raise TestbedError(
                 f"a testbed run is in progress: {describe_holder(holder) if holder else 'a run'}. It tears down "
                 f"after itself. To stop it: Ctrl-C in its terminal or kill its pid, then 'testbed clean'. "
-                f"'testbed clean --force' removes only what dead runs left, never the live run's objects") from None
+                f"'testbed clean --force' removes only what dead runs left, never the live run's objects"
+            ) from None
         lock = None
     try:
         live = live_ledgers()
@@ -167,8 +191,11 @@ def clean(force: bool = False) -> list[str]:
                     what = "?"
                 if _kill_tree(p.pid, check_start=False):  # found now, not read from a ledger
                     removed.append(f"process {p.pid} ({what})")
-        ours = [p.name for p in sorted(Path("/sys/class/net").iterdir())
-                if (INTF_RE.match(p.name) or BRIDGE_RE.match(p.name)) and p.name not in keep_names]
+        ours = [
+            p.name
+            for p in sorted(Path("/sys/class/net").iterdir())
+            if (INTF_RE.match(p.name) or BRIDGE_RE.match(p.name)) and p.name not in keep_names
+        ]
         if ours and lock is None:
             # a live run's objects not yet in its ledger would match the patterns too: while a
             # run is live only ledgered objects of dead runs are removed

@@ -19,6 +19,7 @@ machine needs, each item checked by :func:`check_machine` with a remedy when it 
 * the largest IPv4 packet that reaches it unfragmented (``ping -M do``): GRE tunnels between
   machines need 1,476 bytes for a 1,450-byte inner MTU (Mininet's ``RemoteGRELink``).
 """
+
 from __future__ import annotations
 
 import json
@@ -28,23 +29,33 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import yaml
 from pydantic import ValidationError
 
-from testbed.check import Item
-from testbed.spec import ClusterSpec
-from testbed.remote import tunnel_command
-from topologies import build_topo
 from common.errors import FieldError, SpecError
 from common.provenance import DISTRIBUTION, changes_digest, distribution_version, source_revision
+from common.validation import field_errors, load_yaml
+from testbed.check import Item
+from testbed.remote import tunnel_command
+from testbed.spec import ClusterSpec
+from topologies import build_topo
 from topologies.placement import PlacementError, place_racks
 from topologies.spec import TopologySpec
-from common.validation import field_errors, load_yaml
 
-__all__ = ["GRE_PACKET_BYTES", "ClusterSpec", "Machine", "check_cluster", "check_machine", "clock_offset", "end_process",
-           "format_placement", "load_cluster", "Source", "compare_source"]
+__all__ = [
+    "GRE_PACKET_BYTES",
+    "ClusterSpec",
+    "Machine",
+    "check_cluster",
+    "check_machine",
+    "clock_offset",
+    "end_process",
+    "format_placement",
+    "load_cluster",
+    "Source",
+    "compare_source",
+]
 
 #: the IPv4 packet a GRE tunnel with a 1,450-byte inner MTU sends (1,450 + 4 GRE + 20 outer IP + 2 spare)
 GRE_PACKET_BYTES = 1476
@@ -55,14 +66,15 @@ PROJECT_DIR = Path(__file__).resolve().parents[1]
 @dataclass(frozen=True)
 class Machine:
     """One machine of a cluster, reached over SSH."""
+
     addr: str
     user: str = "root"
     port: int = 22
-    identity_file: Optional[str] = None
-    known_hosts_file: Optional[str] = None
+    identity_file: str | None = None
+    known_hosts_file: str | None = None
 
     @classmethod
-    def of(cls, spec: ClusterSpec) -> list["Machine"]:
+    def of(cls, spec: ClusterSpec) -> list[Machine]:
         return [cls(m, spec.user, spec.ssh_port, spec.identity_file, spec.known_hosts_file) for m in spec.machines]
 
     @property
@@ -90,8 +102,14 @@ class Machine:
         Raises:
             subprocess.TimeoutExpired: it took longer than ``timeout_s``.
         """
-        return subprocess.run(self.ssh_argv(command), capture_output=True, text=True, timeout=timeout_s,
-                              input=input, stdin=None if input is not None else subprocess.DEVNULL)
+        return subprocess.run(
+            self.ssh_argv(command),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            input=input,
+            stdin=None if input is not None else subprocess.DEVNULL,
+        )
 
     def python(self, project_dir: str, code: str, query=None, timeout_s: float = 120):
         """Run ``code`` with this project's Python on the machine (``project_dir/.venv``, in
@@ -103,8 +121,11 @@ class Machine:
                 error output); subprocess.TimeoutExpired: it took longer than ``timeout_s``.
         """
         py = shlex.quote(str(Path(project_dir) / ".venv" / "bin" / "python"))
-        r = self.run(f"cd {shlex.quote(project_dir)} && {py} -c {shlex.quote(code)}", timeout_s=timeout_s,
-                     input=None if query is None else json.dumps(query))
+        r = self.run(
+            f"cd {shlex.quote(project_dir)} && {py} -c {shlex.quote(code)}",
+            timeout_s=timeout_s,
+            input=None if query is None else json.dumps(query),
+        )
         try:
             return json.loads(r.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
@@ -122,8 +143,14 @@ def clock_offset(machine: Machine, rounds: int = 9, timeout_s: float = 20) -> tu
     Raises:
         RuntimeError: SSH or the remote ``date`` failed, or no answer came within ``timeout_s``.
     """
-    proc = subprocess.Popen(machine.ssh_argv("while read -r _; do date +%s.%N; done"), stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+    proc = subprocess.Popen(
+        machine.ssh_argv("while read -r _; do date +%s.%N; done"),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        bufsize=1,
+    )
     timer = threading.Timer(timeout_s, proc.kill)
     timer.start()
     best = None
@@ -137,7 +164,8 @@ def clock_offset(machine: Machine, rounds: int = 9, timeout_s: float = 20) -> tu
             try:
                 remote = float(line.strip())
             except ValueError:
-                raise RuntimeError(f"date on {machine.addr} failed: {(line + proc.stderr.read()).strip() if proc.poll() is not None else line.strip()!r}") from None
+                said = (line + proc.stderr.read()).strip() if proc.poll() is not None else line.strip()
+                raise RuntimeError(f"date on {machine.addr} failed: {said!r}") from None
             rtt = t1 - t0
             if best is None or rtt < best[1]:
                 best = (remote - (t0 + t1) / 2, rtt)
@@ -168,8 +196,9 @@ def end_process(proc: subprocess.Popen, timeout_s: float) -> bool:
 def _largest_unfragmented(addr: str, sizes=(1500, GRE_PACKET_BYTES, 1280)) -> int | None:
     """The largest of ``sizes`` (IPv4 packet bytes) that reaches ``addr`` with DF set, or None."""
     for size in sizes:
-        r = subprocess.run(["ping", "-c", "1", "-W", "2", "-M", "do", "-s", str(size - 28), addr],
-                           capture_output=True, text=True)
+        r = subprocess.run(
+            ["ping", "-c", "1", "-W", "2", "-M", "do", "-s", str(size - 28), addr], capture_output=True, text=True
+        )
         if r.returncode == 0:
             return size
     return None
@@ -177,13 +206,15 @@ def _largest_unfragmented(addr: str, sizes=(1500, GRE_PACKET_BYTES, 1280)) -> in
 
 #: what a machine's project says of itself (no revision when its copy has no
 #: :mod:`common.provenance`: :func:`compare_source` reports it)
-_REMOTE_PROBE = ("import json, importlib.metadata as md, shutil; from testbed.check import kernel_qdiscs\n"
-                 "try:\n    from common.provenance import changes_digest, source_revision\n"
-                 "    (commit, dirty), changes = source_revision(), changes_digest()\n"
-                 "except ImportError:\n    commit = dirty = changes = None\n"
-                 "print(json.dumps({'version': md.version('dl-netbed'), 'commit': commit, 'dirty': dirty, "
-                 "'changes': changes, 'qdiscs': kernel_qdiscs(), "
-                 "'tools': {t: shutil.which(t) for t in ('mnexec', 'bwm-ng')}}))")
+_REMOTE_PROBE = (
+    "import json, importlib.metadata as md, shutil; from testbed.check import kernel_qdiscs\n"
+    "try:\n    from common.provenance import changes_digest, source_revision\n"
+    "    (commit, dirty), changes = source_revision(), changes_digest()\n"
+    "except ImportError:\n    commit = dirty = changes = None\n"
+    "print(json.dumps({'version': md.version('dl-netbed'), 'commit': commit, 'dirty': dirty, "
+    "'changes': changes, 'qdiscs': kernel_qdiscs(), "
+    "'tools': {t: shutil.which(t) for t in ('mnexec', 'bwm-ng')}}))"
+)
 
 
 @dataclass(frozen=True)
@@ -191,19 +222,20 @@ class Source:
     """What code a machine runs: the project's version; for a git checkout, its commit,
     whether a tracked file differs from it and the digest of those changes
     (:func:`common.provenance.changes_digest`), else None."""
-    version: Optional[str]
-    commit: Optional[str] = None
-    dirty: Optional[bool] = None
-    changes: Optional[str] = None
+
+    version: str | None
+    commit: str | None = None
+    dirty: bool | None = None
+    changes: str | None = None
 
     @classmethod
-    def here(cls) -> "Source":
+    def here(cls) -> Source:
         """This machine's."""
         commit, dirty = source_revision()
         return cls(distribution_version(DISTRIBUTION), commit, dirty, changes_digest() if dirty else None)
 
     @classmethod
-    def of_probe(cls, probe: dict) -> "Source":
+    def of_probe(cls, probe: dict) -> Source:
         """A machine's, from what its project printed (``version``, ``commit``, ``dirty``, ``changes``)."""
         return cls(probe.get("version"), probe.get("commit"), probe.get("dirty"), probe.get("changes"))
 
@@ -250,8 +282,19 @@ def compare_source(there: Source, here: Source) -> tuple[bool, str]:
     return False, f"{there.describe()}{mine}: uncommitted changes {'there' if there.dirty else 'here'} only"
 
 
-def check_machine(machine: Machine, project_dir: str | None = None, here: Source | None = None,
-                  max_offset_s: float = 0.05, tunnel: str = "gre") -> list[Item]:
+def _last_line(text: str | None) -> str:
+    """The last line of ``text`` (stripped), or ``""`` when it has none."""
+    lines = (text or "").strip().splitlines()
+    return lines[-1] if lines else ""
+
+
+def check_machine(
+    machine: Machine,
+    project_dir: str | None = None,
+    here: Source | None = None,
+    max_offset_s: float = 0.05,
+    tunnel: str = "gre",
+) -> list[Item]:
     """Every requirement of one machine, each an :class:`~testbed.check.Item` named
     ``<addr>: <what>`` with a remedy. When SSH fails, that is the only item.
 
@@ -271,9 +314,15 @@ def check_machine(machine: Machine, project_dir: str | None = None, here: Source
     except subprocess.TimeoutExpired:
         r = subprocess.CompletedProcess([], 255, "", "timed out")
     if r.returncode != 0:
-        return [Item(f"{name}: ssh", False, f"cannot log in as {machine.user} without a password "
-                     f"({(r.stderr or '').strip().splitlines()[-1] if (r.stderr or '').strip() else 'exit ' + str(r.returncode)})",
-                     f"ssh-copy-id {machine.user}@{name} (key-based login), and check the address and port")]
+        return [
+            Item(
+                f"{name}: ssh",
+                False,
+                f"cannot log in as {machine.user} without a password "
+                f"({_last_line(r.stderr) or 'exit ' + str(r.returncode)})",
+                f"ssh-copy-id {machine.user}@{name} (key-based login), and check the address and port",
+            )
+        ]
     items = [Item(f"{name}: ssh", True, f"logged in as {machine.user}")]
     uid = r.stdout.strip()
     items.append(Item(f"{name}: root", uid == "0", f"uid {uid}", "log in as root (cluster.user: root)"))
@@ -282,36 +331,61 @@ def check_machine(machine: Machine, project_dir: str | None = None, here: Source
     except (RuntimeError, subprocess.TimeoutExpired) as e:
         probe, failure = None, str(e)
     if probe is None:
-        items.append(Item(f"{name}: project", False, f"no working project at {project_dir} ({failure})",
-                          f"clone this project to {project_dir} there and run scripts/setup.sh "
-                          "(or set cluster.project_dir)"))
+        items.append(
+            Item(
+                f"{name}: project",
+                False,
+                f"no working project at {project_dir} ({failure})",
+                f"clone this project to {project_dir} there and run scripts/setup.sh (or set cluster.project_dir)",
+            )
+        )
     else:
         same, detail = compare_source(Source.of_probe(probe), here)
-        items.append(Item(f"{name}: project", same, f"{detail} at {project_dir}",
-                          here.remedy()))
+        items.append(Item(f"{name}: project", same, f"{detail} at {project_dir}", here.remedy()))
         for tool, path in probe["tools"].items():
-            items.append(Item(f"{name}: {tool}", path is not None, path or "not found",
-                              "apt-get install mininet bwm-ng (or scripts/setup.sh there)"))
+            items.append(
+                Item(
+                    f"{name}: {tool}",
+                    path is not None,
+                    path or "not found",
+                    "apt-get install mininet bwm-ng (or scripts/setup.sh there)",
+                )
+            )
         htb = probe["qdiscs"].get("htb", False)
-        items.append(Item(f"{name}: qdisc htb", htb, "available" if htb else "missing",
-                          "a kernel with sch_htb"))
+        items.append(Item(f"{name}: qdisc htb", htb, "available" if htb else "missing", "a kernel with sch_htb"))
     try:
         off, unc = clock_offset(machine)
-        items.append(Item(f"{name}: clock", abs(off) <= max_offset_s + unc,
-                          f"offset {off * 1e3:+.1f} ms +- {unc * 1e3:.1f} ms",
-                          f"synchronise the clocks (chrony or systemd-timesyncd) to within {max_offset_s * 1e3:g} ms"))
+        items.append(
+            Item(
+                f"{name}: clock",
+                abs(off) <= max_offset_s + unc,
+                f"offset {off * 1e3:+.1f} ms +- {unc * 1e3:.1f} ms",
+                f"synchronise the clocks (chrony or systemd-timesyncd) to within {max_offset_s * 1e3:g} ms",
+            )
+        )
     except (RuntimeError, ValueError, subprocess.TimeoutExpired) as e:
         items.append(Item(f"{name}: clock", False, str(e), "a working date command on the machine"))
     probe_dev = "tbtunchk0"
     cmd = tunnel_command(tunnel, probe_dev, machine.addr, machine.addr, 1)
     r = machine.run(f"{cmd} && ip link del {probe_dev}")
-    items.append(Item(f"{name}: tunnel {tunnel}", r.returncode == 0,
-                      "the kernel makes one" if r.returncode == 0 else (r.stderr or r.stdout).strip() or "failed",
-                      "a kernel with ip_gre (tunnel: gre) or vxlan (tunnel: vxlan); set cluster.tunnel to one it has"))
+    items.append(
+        Item(
+            f"{name}: tunnel {tunnel}",
+            r.returncode == 0,
+            "the kernel makes one" if r.returncode == 0 else (r.stderr or r.stdout).strip() or "failed",
+            "a kernel with ip_gre (tunnel: gre) or vxlan (tunnel: vxlan); set cluster.tunnel to one it has",
+        )
+    )
     size = _largest_unfragmented(machine.addr)
     ok = size is not None and size >= GRE_PACKET_BYTES
-    items.append(Item(f"{name}: path MTU", ok, f"{size} bytes unfragmented" if size else "no unfragmented ping",
-                      f"an MTU of at least {GRE_PACKET_BYTES} bytes between the machines (GRE tunnels add 24 bytes)"))
+    items.append(
+        Item(
+            f"{name}: path MTU",
+            ok,
+            f"{size} bytes unfragmented" if size else "no unfragmented ping",
+            f"an MTU of at least {GRE_PACKET_BYTES} bytes between the machines (GRE tunnels add 24 bytes)",
+        )
+    )
     return items
 
 

@@ -43,26 +43,27 @@ Mbit/s read back, this machine's}), ``rate_tolerance`` (the fraction a read-back
 ``quota_us``, ``period_us``, ``pids``; ``error`` when applying failed. Events never reached
 are written at :meth:`Schedule.stop` with ``applied`` false (and ``ts`` null).
 """
+
 from __future__ import annotations
 
 import json
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 from mininet.util import natural
 
-from testbed.cgroups import MISSING, CpuThrottle, cpu_controller, netns_pids
-from testbed.shaping import RATE_TOLERANCE, LinkShaper, link_ends, switch_ends
-from testbed.progress import EventTail
 from common.errors import FieldError, SpecError, TestbedError
+from common.validation import load_yaml
+from testbed.cgroups import MISSING, CpuThrottle, cpu_controller, netns_pids
+from testbed.progress import EventTail
+from testbed.shaping import RATE_TOLERANCE, LinkShaper, link_ends, switch_ends
 from topologies.hosts import CORE
 from topologies.spec import rate_error
-from common.validation import load_yaml
-from traffic.rundir import read_json
 from traffic.event_spec import COMPUTE_ROLES, ScheduledEvent
+from traffic.rundir import read_json
 
 log = logging.getLogger("testbed.event_applier")
 
@@ -105,11 +106,15 @@ def resolve_link(token: str, links: list[dict], switches: set[str]) -> list[dict
     """
     kind, _, name = token.partition(":")
     if kind == "uplink":
-        found = [l for l in links if l.get("class") == "uplink" and name in (l["node1"], l["node2"])
-                 and name in switches and name != CORE]
+        found = [
+            l
+            for l in links
+            if l.get("class") == "uplink" and name in (l["node1"], l["node2"]) and name in switches and name != CORE
+        ]
     elif kind == "host":
-        found = [l for l in links if l.get("class") == "host" and name in (l["node1"], l["node2"])
-                 and name not in switches]
+        found = [
+            l for l in links if l.get("class") == "host" and name in (l["node1"], l["node2"]) and name not in switches
+        ]
     else:
         found = []
     if not found:
@@ -124,8 +129,17 @@ def _proc_fields(p) -> tuple[str, str, str]:
     return p.name, p.role, p.host
 
 
-def check(events: list[ScheduledEvent], links: list[dict], switches: set[str], hosts, processes, *,
-          compute_mode: str | None = None, scale: float | str | None = None, prefix: str = "events") -> None:
+def check(
+    events: list[ScheduledEvent],
+    links: list[dict],
+    switches: set[str],
+    hosts,
+    processes,
+    *,
+    compute_mode: str | None = None,
+    scale: float | str | None = None,
+    prefix: str = "events",
+) -> None:
     """Refuse scheduled events the planned run cannot apply, before anything is built.
 
     Args:
@@ -167,19 +181,30 @@ def check(events: list[ScheduledEvent], links: list[dict], switches: set[str], h
             if e.host not in host_names:
                 errors.append(FieldError(f"{path}.host", e.host, f"a host of the topology: {_names(host_names)}"))
             elif e.host not in computing:
-                errors.append(FieldError(f"{path}.host", e.host, f"a host that runs a worker (nothing computes on "
-                                         f"{e.host}): {_names(computing)}"))
+                errors.append(
+                    FieldError(
+                        f"{path}.host",
+                        e.host,
+                        f"a host that runs a worker (nothing computes on {e.host}): {_names(computing)}",
+                    )
+                )
             if compute_mode == "real":
                 ctl = ctl or cpu_controller()
                 if ctl is None:
-                    errors.append(FieldError(f"{path}.compute_slowdown", e.compute_slowdown,
-                                             f"a slowdown this machine can apply: with workload.compute.mode 'real' "
-                                             f"it throttles the host's processes, which needs {MISSING}; it has "
-                                             f"neither (or use compute.mode 'emulated')"))
+                    errors.append(
+                        FieldError(
+                            f"{path}.compute_slowdown",
+                            e.compute_slowdown,
+                            f"a slowdown this machine can apply: with workload.compute.mode 'real' "
+                            f"it throttles the host's processes, which needs {MISSING}; it has "
+                            f"neither (or use compute.mode 'emulated')",
+                        )
+                    )
         elif kind == "kill":
             if e.kill not in {n for n, _, _ in procs}:
-                errors.append(FieldError(f"{path}.kill", e.kill,
-                                         f"a process of the run: {_names(n for n, _, _ in procs)}"))
+                errors.append(
+                    FieldError(f"{path}.kill", e.kill, f"a process of the run: {_names(n for n, _, _ in procs)}")
+                )
     if errors:
         raise SpecError.of(errors)
 
@@ -217,10 +242,22 @@ class Schedule:
         sched.stop()   # idempotent; records the events never reached, removes cgroups
     """
 
-    def __init__(self, events: list[ScheduledEvent], topology: dict, run_dir: Path, scale: float,
-                 warmup_iterations: int, netns_pids: dict[str, int], kill: Callable[[str], None], *,
-                 on_cgroup: Callable[[str], None] | None = None, compute_mode: str | None = None,
-                 poll_s: float = 0.05, shaper: LinkShaper | None = None, origin: float | None = None):
+    def __init__(
+        self,
+        events: list[ScheduledEvent],
+        topology: dict,
+        run_dir: Path,
+        scale: float,
+        warmup_iterations: int,
+        netns_pids: dict[str, int],
+        kill: Callable[[str], None],
+        *,
+        on_cgroup: Callable[[str], None] | None = None,
+        compute_mode: str | None = None,
+        poll_s: float = 0.05,
+        shaper: LinkShaper | None = None,
+        origin: float | None = None,
+    ):
         self.events = list(events)
         self.topology = topology
         self.run_dir = Path(run_dir)
@@ -240,9 +277,9 @@ class Schedule:
         self._tail = EventTail(self.run_dir / "events", kinds=("iteration", "setup"))
         self._workers: set[str] | None = None
         self._seen_workers: set[str] = set()
-        self._done: dict[str, int] = {}       # worker -> iterations finished (highest index + 1)
+        self._done: dict[str, int] = {}  # worker -> iterations finished (highest index + 1)
         self._start_measured: float | None = None  # earliest start of iteration `warmup`
-        self._end_before: float | None = None      # earliest end of the iteration (or setup) before it
+        self._end_before: float | None = None  # earliest end of the iteration (or setup) before it
         self._throttles: dict[str, CpuThrottle] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -350,9 +387,16 @@ class Schedule:
         what, v = e.trigger
         t_m = self.t_measured
         now = time.time() if applied else None
-        rec = {"index": i, "kind": e.kind, "target": e.target, what: v, "applied": applied, "ts": now,
-               "emulated_s": (now - t_m) / self.scale if applied and t_m is not None else None,
-               "iteration": self.iteration}
+        rec = {
+            "index": i,
+            "kind": e.kind,
+            "target": e.target,
+            what: v,
+            "applied": applied,
+            "ts": now,
+            "emulated_s": (now - t_m) / self.scale if applied and t_m is not None else None,
+            "iteration": self.iteration,
+        }
         if e.kind == "link_rate":
             rec.update(bw_mbps=e.bw_mbps, shaped_mbps=e.bw_mbps / self.scale, rate_tolerance=RATE_TOLERANCE)
         if e.kind == "compute_slowdown":
@@ -368,8 +412,11 @@ class Schedule:
                 if e.kind == "link_rate":
                     back = self.shaper.set_rate(link_ends(links), rec["shaped_mbps"])
                     rec.update(ifaces=list(back), readback_mbps=back)
-                    off = [f"{k}: {v}" for k, v in back.items()
-                           if v is None or abs(v - rec["shaped_mbps"]) > RATE_TOLERANCE * rec["shaped_mbps"]]
+                    off = [
+                        f"{k}: {v}"
+                        for k, v in back.items()
+                        if v is None or abs(v - rec["shaped_mbps"]) > RATE_TOLERANCE * rec["shaped_mbps"]
+                    ]
                     if off:
                         raise TestbedError(f"asked {rec['shaped_mbps']:g} Mbit/s, the kernel has {', '.join(off)}")
                 else:
@@ -423,7 +470,7 @@ class Schedule:
                 return
             self._stop.wait(wait)
 
-    def start(self) -> "Schedule":
+    def start(self) -> Schedule:
         """Start following the run in a daemon thread (nothing when there are no events)."""
         if self.events and self._thread is None and not self._stopped:
             self._thread = threading.Thread(target=self._loop, name="schedule", daemon=True)

@@ -8,6 +8,7 @@ arrives inside it is delivered, to the handler that was in place, when the block
 Python-level handlers are swapped (not the signal mask), so the started process inherits
 nothing unusual: exec resets handled signals to their defaults.
 """
+
 from __future__ import annotations
 
 import signal

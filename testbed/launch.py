@@ -14,6 +14,7 @@ itself. A process bound to a host's second interface
 A process that exits non-zero ends the whole run within ``poll_s`` seconds: the others are
 killed and :class:`RunFailed` carries the dead process's log tail.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,15 +24,15 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import psutil
 
+from common.errors import RunFailed, SpecError, TestbedError
 from testbed.interrupts import deferred_signals
 from testbed.lifetime import tied_preexec
-from common.errors import RunFailed, SpecError, TestbedError
 from traffic.rundir import open_private, write_json
 from traffic.schemes.program import torchrun_env
 
@@ -39,8 +40,9 @@ from traffic.schemes.program import torchrun_env
 @dataclass
 class Launched:
     """A started process: its plan entry, its Popen (or :class:`ZygoteProcess`) and its log file."""
+
     info: dict
-    popen: "subprocess.Popen | ZygoteProcess"
+    popen: subprocess.Popen | ZygoteProcess
     log: Path
 
 
@@ -55,8 +57,18 @@ def process_entries(plan: list, topology: dict, program=None) -> list[dict]:
     """
     by_name = {h["name"]: h for h in topology["hosts"]}
     extra = program_entry(program) if program else {}
-    return [{"name": p.name, "role": p.role, "index": p.index, "host": p.host, "rack": by_name[p.host]["rack"],
-             **_interface(by_name[p.host], p), **extra} for p in plan]
+    return [
+        {
+            "name": p.name,
+            "role": p.role,
+            "index": p.index,
+            "host": p.host,
+            "rack": by_name[p.host]["rack"],
+            **_interface(by_name[p.host], p),
+            **extra,
+        }
+        for p in plan
+    ]
 
 
 def _interface(host: dict, p) -> dict:
@@ -72,16 +84,20 @@ def _interface(host: dict, p) -> dict:
     return {"ip": intfs[p.iface]["ip"], "iface": intfs[p.iface]["name"], "iface_index": p.iface}
 
 
-def write_processes(run_dir: Path, entries: list[dict], master_addr: str, master_port: int,
-                    timeout_s: float) -> dict:
+def write_processes(run_dir: Path, entries: list[dict], master_addr: str, master_port: int, timeout_s: float) -> dict:
     """Write ``processes.json`` (see :mod:`traffic.rundir`) and return its content.
 
     ``entries``: dicts with name, role, index, host, rack, ip, iface; ranks are given in
     order. ``timeout_s``: the run's time limit (each process's torch.distributed timeout).
     """
     procs = [{**e, "rank": r} for r, e in enumerate(entries)]
-    doc = {"world_size": len(procs), "master_addr": master_addr, "master_port": master_port,
-           "timeout_s": timeout_s, "processes": procs}
+    doc = {
+        "world_size": len(procs),
+        "master_addr": master_addr,
+        "master_port": master_port,
+        "timeout_s": timeout_s,
+        "processes": procs,
+    }
     write_json(run_dir / "processes.json", doc)
     return doc
 
@@ -112,8 +128,15 @@ PopenFn = Callable[[dict, list[str], dict, object], subprocess.Popen]
 
 def local_popen(info: dict, cmd: list[str], env: dict, log) -> subprocess.Popen:
     """Start ``cmd`` on this machine (the local launcher's ``popen``), in ``info["cwd"]`` if given."""
-    return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=info.get("cwd"),
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    return subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=info.get("cwd"),
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
 
 
 def program_command(command: list[str]) -> list[str]:
@@ -136,9 +159,14 @@ def program_env(info: dict, doc: dict, run_dir: Path, program) -> dict:
     (:func:`traffic.schemes.program.torchrun_env`), ``TESTBED_EVENTS`` (where
     :mod:`traffic.marks` writes), ``TESTBED_PROC`` and ``TESTBED_RUN_DIR``, then
     ``program.env`` over all of them."""
-    return {**runtime_env(), **torchrun_env(info, doc, program.processes_per_host),
-            "TESTBED_EVENTS": str(run_dir / "events" / f"{info['name']}.jsonl"), "TESTBED_PROC": info["name"],
-            "TESTBED_RUN_DIR": str(run_dir), **program.env}
+    return {
+        **runtime_env(),
+        **torchrun_env(info, doc, program.processes_per_host),
+        "TESTBED_EVENTS": str(run_dir / "events" / f"{info['name']}.jsonl"),
+        "TESTBED_PROC": info["name"],
+        "TESTBED_RUN_DIR": str(run_dir),
+        **program.env,
+    }
 
 
 @dataclass
@@ -148,13 +176,19 @@ class Fork:
     the network namespace (the pid of a process in it; None: the zygote's) and the
     ``cgroup.procs`` file (None: none) its child enters, or None when that process is
     started by ``popen`` instead (one bound to a host's second interface)."""
-    zygote: "Zygote"
-    target: Callable[[dict], "tuple[int | None, str | None] | None"]
+
+    zygote: Zygote
+    target: Callable[[dict], tuple[int | None, str | None] | None]
 
 
-def start(run_dir: Path, doc: dict, popen: PopenFn = local_popen,
-          on_start: Callable[[list[Launched]], None] | None = None,
-          env_for: Callable[[dict], dict] | None = None, fork: Fork | None = None) -> list[Launched]:
+def start(
+    run_dir: Path,
+    doc: dict,
+    popen: PopenFn = local_popen,
+    on_start: Callable[[list[Launched]], None] | None = None,
+    env_for: Callable[[dict], dict] | None = None,
+    fork: Fork | None = None,
+) -> list[Launched]:
     """Start every process of ``processes.json``; logs go to ``logs/<name>.log``.
 
     A process runs its entry's ``command`` if it has one (a ``workload.program``), else the
@@ -193,12 +227,24 @@ def start(run_dir: Path, doc: dict, popen: PopenFn = local_popen,
                 p = popen(info, cmd, env, log)
             started([Launched(info, p, log_path)])
     if forked:
-        reqs = [{"name": info["name"], "run_dir": str(run_dir), "netns_pid": netns_pid, "env": env,
-                 "log": str(log_path.resolve()), "cgroup": cgroup}
-                for info, env, log_path, (netns_pid, cgroup) in forked]
+        reqs = [
+            {
+                "name": info["name"],
+                "run_dir": str(run_dir),
+                "netns_pid": netns_pid,
+                "env": env,
+                "log": str(log_path.resolve()),
+                "cgroup": cgroup,
+            }
+            for info, env, log_path, (netns_pid, cgroup) in forked
+        ]
         with deferred_signals():
-            fork.zygote.spawn(reqs, lambda procs: started(
-                [Launched(info, p, log_path) for (info, _, log_path, _), p in zip(forked, procs)]))
+            fork.zygote.spawn(
+                reqs,
+                lambda procs: started(
+                    [Launched(info, p, log_path) for (info, _, log_path, _), p in zip(forked, procs)]
+                ),
+            )
     return out
 
 
@@ -207,7 +253,7 @@ class ZygoteProcess:
     :func:`watch` and :func:`kill_all` use (``pid``, ``returncode``, ``poll``, ``wait``,
     ``send_signal``, ``kill``). Its exit status comes from the zygote, its parent."""
 
-    def __init__(self, zygote: "Zygote", pid: int):
+    def __init__(self, zygote: Zygote, pid: int):
         self.zygote, self.pid = zygote, pid
 
     @property
@@ -258,8 +304,13 @@ class Zygote:
             refused a request; the message has its output.
     """
 
-    def __init__(self, on_pid: Callable[[int], None] | None = None, ready_timeout_s: float = 120.0,
-                 netns: bool = True, join: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        on_pid: Callable[[int], None] | None = None,
+        ready_timeout_s: float = 120.0,
+        netns: bool = True,
+        join: Callable[[], None] | None = None,
+    ):
         self.on_pid = on_pid
         self.join = join
         self.netns = netns
@@ -272,13 +323,19 @@ class Zygote:
         self._reader: threading.Thread | None = None
         self._stderr: list[str] = []
 
-    def start(self) -> "Zygote":
+    def start(self) -> Zygote:
         env = runtime_env()
         with deferred_signals():
             cmd = [sys.executable, "-P", "-u", "-m", "traffic.runtime.zygote"] + (["--netns"] if self.netns else [])
-            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                                         start_new_session=True, preexec_fn=tied_preexec(self.join))
+            self.proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=env,
+                start_new_session=True,
+                preexec_fn=tied_preexec(self.join),
+            )
             if self.on_pid:
                 self.on_pid(self.proc.pid)
         self._reader = threading.Thread(target=self._read, name="zygote-reader", daemon=True)
@@ -323,12 +380,15 @@ class Zygote:
                     if m.get("op") in (op_ok, "error"):
                         return self._replies.pop(i)
                 if not self.alive() and not self._replies:
-                    raise TestbedError(f"the zygote (pid {self.proc.pid}) exited with code {self.proc.poll()}: "
-                                       + "".join(self._stderr)[-2000:])
+                    raise TestbedError(
+                        f"the zygote (pid {self.proc.pid}) exited with code {self.proc.poll()}: "
+                        + "".join(self._stderr)[-2000:]
+                    )
                 left = end - time.monotonic()
                 if left <= 0:
-                    raise TestbedError(f"the zygote did not answer within {timeout_s:.0f} s: "
-                                       + "".join(self._stderr)[-2000:])
+                    raise TestbedError(
+                        f"the zygote did not answer within {timeout_s:.0f} s: " + "".join(self._stderr)[-2000:]
+                    )
                 self._cond.wait(min(left, 0.5))
 
     def _send(self, req: dict) -> None:
@@ -393,8 +453,13 @@ def log_tail(path: Path, lines: int = 25) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
-def watch(procs: list[Launched], timeout_s: float, poll_s: float = 0.2,
-          on_poll: Callable[[], None] | None = None, killed: Callable[[], dict[str, str]] | None = None) -> None:
+def watch(
+    procs: list[Launched],
+    timeout_s: float,
+    poll_s: float = 0.2,
+    on_poll: Callable[[], None] | None = None,
+    killed: Callable[[], dict[str, str]] | None = None,
+) -> None:
     """Wait until every process exits 0; ``on_poll`` is called at every poll (a progress
     display; it must be quick). ``killed()`` names the processes the run killed on purpose
     (a scheduled ``kill`` event), each with why: their deaths do not fail the run; a
@@ -429,10 +494,13 @@ def watch(procs: list[Launched], timeout_s: float, poll_s: float = 0.2,
                 kill_all(procs)
                 how = f"was killed by signal {_signal_name(-rc)}" if rc < 0 else f"exited with code {rc}"
                 after = "; ".join(f"{n} {why}" for n, why in planned.items())
-                raise RunFailed(f"process {l.info['name']} (role {l.info['role']} on host {l.info['host']}) "
-                                f"{how}" + (f" (also failed: {others})" if others else "") +
-                                (f" after {after}" if after else "") +
-                                f"; its log {l.log} ends with:\n{log_tail(l.log)}")
+                raise RunFailed(
+                    f"process {l.info['name']} (role {l.info['role']} on host {l.info['host']}) "
+                    f"{how}"
+                    + (f" (also failed: {others})" if others else "")
+                    + (f" after {after}" if after else "")
+                    + f"; its log {l.log} ends with:\n{log_tail(l.log)}"
+                )
             if not running:
                 return
             if on_poll is not None:
@@ -440,16 +508,19 @@ def watch(procs: list[Launched], timeout_s: float, poll_s: float = 0.2,
             if time.monotonic() > deadline:
                 alive = [l.info["name"] for l in procs if l.popen.poll() is None]
                 kill_all(procs)
-                raise RunFailed(f"run timed out after {timeout_s:.0f} s (run.timeout_s) with "
-                                f"{', '.join(alive)} still running; logs are in {procs[0].log.parent}")
+                raise RunFailed(
+                    f"run timed out after {timeout_s:.0f} s (run.timeout_s) with "
+                    f"{', '.join(alive)} still running; logs are in {procs[0].log.parent}"
+                )
             time.sleep(poll_s)
     finally:
         if procs:
             why = killed() if killed is not None else {}
             try:
-                write_json(procs[0].log.parent / "exits.json",
-                           {l.info["name"]: {"exit_code": l.popen.poll(), "killed": why.get(l.info["name"])}
-                            for l in procs})
+                write_json(
+                    procs[0].log.parent / "exits.json",
+                    {l.info["name"]: {"exit_code": l.popen.poll(), "killed": why.get(l.info["name"])} for l in procs},
+                )
             except OSError:
                 pass
 

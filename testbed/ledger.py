@@ -12,6 +12,7 @@ one recorded: pids are reused. The file is removed when
 teardown completes; a file whose owner is dead (its pid gone, or reused by a process that
 started later) marks a run that needs cleaning.
 """
+
 from __future__ import annotations
 
 import errno
@@ -31,8 +32,8 @@ from pathlib import Path
 import psutil
 from pyroute2 import IPRoute, NetlinkError
 
-from testbed.lifetime import kill_cgroup
 from common.errors import TestbedError
+from testbed.lifetime import kill_cgroup
 
 STATE_DIR = Path(os.environ.get("TESTBED_STATE_DIR", "/run/testbed"))
 LEDGER_DIR = STATE_DIR / "ledger"
@@ -45,6 +46,7 @@ _SAVE_LOCK = threading.Lock()
 @dataclass
 class Ledger:
     """What one run created. Every ``add_*`` persists the file immediately."""
+
     path: Path
     owner_pid: int = field(default_factory=os.getpid)
     owner_start: float | None = field(default_factory=lambda: _start_time(os.getpid()))
@@ -71,21 +73,29 @@ class Ledger:
     :meth:`sweep` removes them over SSH (:func:`remote_sweep_script`)."""
 
     @classmethod
-    def create(cls, run_id: str, run_dir: str) -> "Ledger":
+    def create(cls, run_id: str, run_dir: str) -> Ledger:
         LEDGER_DIR.mkdir(parents=True, exist_ok=True)
         led = cls(path=LEDGER_DIR / f"{run_id}-{os.getpid()}.json", run_dir=str(run_dir))
         led.save()
         return led
 
     @classmethod
-    def read(cls, path: Path) -> "Ledger":
+    def read(cls, path: Path) -> Ledger:
         d = json.loads(path.read_text())
-        return cls(path=path, owner_pid=d["owner_pid"], owner_start=d.get("owner_start"), run_dir=d.get("run_dir", ""),
-                   bridges=d.get("bridges", []), interfaces=d.get("interfaces", []),
-                   pids={k: int(v) for k, v in d.get("pids", {}).items()},
-                   starts={k: float(v) for k, v in d.get("starts", {}).items()},
-                   process_cgroup=d.get("process_cgroup", ""), shared=d.get("shared", []),
-                   cgroups=d.get("cgroups", []), machines=d.get("machines", {}))
+        return cls(
+            path=path,
+            owner_pid=d["owner_pid"],
+            owner_start=d.get("owner_start"),
+            run_dir=d.get("run_dir", ""),
+            bridges=d.get("bridges", []),
+            interfaces=d.get("interfaces", []),
+            pids={k: int(v) for k, v in d.get("pids", {}).items()},
+            starts={k: float(v) for k, v in d.get("starts", {}).items()},
+            process_cgroup=d.get("process_cgroup", ""),
+            shared=d.get("shared", []),
+            cgroups=d.get("cgroups", []),
+            machines=d.get("machines", {}),
+        )
 
     def save(self) -> None:
         with _SAVE_LOCK:  # capture threads record pids too (a tcpdump started on a timer)
@@ -93,12 +103,24 @@ class Ledger:
 
     def _save(self) -> None:
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"owner_pid": self.owner_pid, "owner_start": self.owner_start,
-                                   "run_dir": self.run_dir,
-                                   "bridges": self.bridges, "interfaces": self.interfaces,
-                                   "pids": self.pids, "starts": self.starts, "process_cgroup": self.process_cgroup,
-                                   "shared": self.shared, "cgroups": self.cgroups,
-                                   "machines": self.machines}, indent=1))
+        tmp.write_text(
+            json.dumps(
+                {
+                    "owner_pid": self.owner_pid,
+                    "owner_start": self.owner_start,
+                    "run_dir": self.run_dir,
+                    "bridges": self.bridges,
+                    "interfaces": self.interfaces,
+                    "pids": self.pids,
+                    "starts": self.starts,
+                    "process_cgroup": self.process_cgroup,
+                    "shared": self.shared,
+                    "cgroups": self.cgroups,
+                    "machines": self.machines,
+                },
+                indent=1,
+            )
+        )
         os.replace(tmp, self.path)
 
     def add_bridges(self, names) -> None:
@@ -142,8 +164,14 @@ class Ledger:
         reach it (``ssh``: the command and its options, ``dest``: ``user@addr``), the
         directory its processes write (``staging``) and the bridges and interfaces the run
         will make there."""
-        self.machines[addr] = {"ssh": list(ssh), "dest": dest, "staging": staging, "bridges": list(bridges),
-                               "interfaces": list(interfaces), "pids": {}}
+        self.machines[addr] = {
+            "ssh": list(ssh),
+            "dest": dest,
+            "staging": staging,
+            "bridges": list(bridges),
+            "interfaces": list(interfaces),
+            "pids": {},
+        }
         self.save()
 
     def add_remote_pid(self, addr: str, what: str, pid: int) -> None:
@@ -239,14 +267,24 @@ def remote_sweep_script(entry: dict) -> str:
     lines = ["set +e"]
     if staging:
         pattern = own_pattern(staging)
-        lines.append(f"for p in $(pgrep -f -- {q(pattern)}); do kill -KILL $p 2>/dev/null && echo \"process $p (of the run)\"; done")
+        lines.append(
+            f"for p in $(pgrep -f -- {q(pattern)}); do "
+            'kill -KILL $p 2>/dev/null && echo "process $p (of the run)"; done'
+        )
     for what, pid in entry.get("pids", {}).items():
-        lines.append(f"kill -0 {int(pid)} 2>/dev/null && kill -KILL {int(pid)} && echo {q(f'process {what} (pid {pid})')}")
+        lines.append(
+            f"kill -0 {int(pid)} 2>/dev/null && kill -KILL {int(pid)} && echo {q(f'process {what} (pid {pid})')}"
+        )
     for name in entry.get("interfaces", []):
-        lines.append(f"ip link show dev {q(name)} >/dev/null 2>&1 && ip link del dev {q(name)} 2>/dev/null && echo {q('interface ' + name)}")
+        lines.append(
+            f"ip link show dev {q(name)} >/dev/null 2>&1 && ip link del dev {q(name)} 2>/dev/null "
+            f"&& echo {q('interface ' + name)}"
+        )
     for name in entry.get("bridges", []):
-        lines.append(f"ip link show dev {q(name)} >/dev/null 2>&1 && ip link set dev {q(name)} down && "
-                     f"ip link del dev {q(name)} 2>/dev/null && echo {q('bridge ' + name)}")
+        lines.append(
+            f"ip link show dev {q(name)} >/dev/null 2>&1 && ip link set dev {q(name)} down && "
+            f"ip link del dev {q(name)} 2>/dev/null && echo {q('bridge ' + name)}"
+        )
     lines.append("true")
     return "\n".join(lines)
 
@@ -265,21 +303,25 @@ def fetch_staging(entry: dict, dest: Path, timeout_s: float = 300) -> bool:
     q = shlex.quote(staging)
     ssh = [*entry["ssh"], entry["dest"]]
     try:
-        probe = subprocess.run([*ssh, f"test -d {q} && echo yes || echo no"], capture_output=True, text=True,
-                               timeout=60)
+        probe = subprocess.run(
+            [*ssh, f"test -d {q} && echo yes || echo no"], capture_output=True, text=True, timeout=60
+        )
         if probe.returncode == 255:
             raise TestbedError(f"ssh {entry['dest']}: {probe.stderr.strip()}")
         if probe.stdout.strip() != "yes":
             return False
         dest.mkdir(parents=True, exist_ok=True)
         src = subprocess.Popen([*ssh, f"tar -C {q} -cf - ."], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        untar = subprocess.run(["tar", "-C", str(dest), "-xf", "-"], stdin=src.stdout, capture_output=True,
-                               timeout=timeout_s)
+        untar = subprocess.run(
+            ["tar", "-C", str(dest), "-xf", "-"], stdin=src.stdout, capture_output=True, timeout=timeout_s
+        )
         src.stdout.close()
         src.wait(timeout=timeout_s)
         if src.returncode != 0 or untar.returncode != 0:
-            raise TestbedError(f"copying {entry['dest']}:{staging} failed: "
-                               f"{src.stderr.read().decode(errors='replace').strip()} {untar.stderr.decode(errors='replace').strip()}")
+            raise TestbedError(
+                f"copying {entry['dest']}:{staging} failed: "
+                f"{src.stderr.read().decode(errors='replace').strip()} {untar.stderr.decode(errors='replace').strip()}"
+            )
         subprocess.run([*ssh, f"rm -rf -- {q}"], capture_output=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise TestbedError(f"copying {entry['dest']}:{staging}: {e}") from None
@@ -293,8 +335,13 @@ def sweep_machine(entry: dict, timeout_s: float = 60) -> list[str]:
         TestbedError: the machine was not reached (SSH failed or timed out).
     """
     try:
-        r = subprocess.run([*entry["ssh"], entry["dest"], "sh -s"], input=remote_sweep_script(entry),
-                           capture_output=True, text=True, timeout=timeout_s)
+        r = subprocess.run(
+            [*entry["ssh"], entry["dest"], "sh -s"],
+            input=remote_sweep_script(entry),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         raise TestbedError(f"ssh {entry.get('dest')}: {e}") from None
     if r.returncode == 255:
@@ -441,7 +488,7 @@ class NetworkLock:
         TestbedError: another run holds the lock after ``wait_s`` seconds.
     """
 
-    _held: "NetworkLock | None" = None  # this process's outermost holder
+    _held: NetworkLock | None = None  # this process's outermost holder
     _depth = 0
 
     def __init__(self, wait_s: float = 0.0, run_dir: str | Path = ""):
@@ -471,7 +518,8 @@ class NetworkLock:
                         f"another testbed run is using the network emulation: "
                         f"{describe_holder(holder) if holder else 'a run that has just ended'}. One network at a "
                         f"time: wait for it to finish, or stop it (Ctrl-C in its terminal, or kill its pid) and "
-                        f"then run 'testbed clean' if it was killed") from None
+                        f"then run 'testbed clean' if it was killed"
+                    ) from None
                 time.sleep(0.5)
         NetworkLock._held, NetworkLock._depth = self, 1
         self._write_holder(self.run_dir)

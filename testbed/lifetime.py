@@ -23,6 +23,7 @@ sent when the *thread* that forked ends, so only processes started from the harn
 thread are tied this way; the others (a packet capture started on a timer) are still in
 the run's cgroup, which the next run sweeps (:func:`testbed.ledger.sweep_stale`).
 """
+
 from __future__ import annotations
 
 import errno
@@ -31,9 +32,9 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import psutil
 
@@ -41,8 +42,16 @@ from common.errors import MissingRequirement
 from common.process import die_with_parent
 from testbed.cgroups import CGROUP_PREFIX, V1_CONTROLLERS, _mounts, _write
 
-__all__ = ["Hierarchy", "process_hierarchy", "RunCgroup", "kill_cgroup", "cgroup_pids", "tied_preexec",
-           "RUN_CGROUP_SUFFIX", "MISSING_HIERARCHY"]
+__all__ = [
+    "Hierarchy",
+    "process_hierarchy",
+    "RunCgroup",
+    "kill_cgroup",
+    "cgroup_pids",
+    "tied_preexec",
+    "RUN_CGROUP_SUFFIX",
+    "MISSING_HIERARCHY",
+]
 
 log = logging.getLogger(__name__)
 
@@ -50,14 +59,18 @@ log = logging.getLogger(__name__)
 #: :mod:`testbed.cgroups`, is ``testbed-<run id>-<host>``)
 RUN_CGROUP_SUFFIX = ".procs"
 #: what is missing when no hierarchy can hold a run's processes, in words
-MISSING_HIERARCHY = ("a cgroup hierarchy to hold each run's processes: cgroup v2 mounted (e.g. 'mount -t cgroup2 "
-                     "none /sys/fs/cgroup', as systemd does) or a cgroup v1 hierarchy, best the freezer's ('mount -t "
-                     "cgroup -o freezer freezer /sys/fs/cgroup/freezer'), writable by root")
+MISSING_HIERARCHY = (
+    "a cgroup hierarchy to hold each run's processes: cgroup v2 mounted (e.g. 'mount -t cgroup2 "
+    "none /sys/fs/cgroup', as systemd does) or a cgroup v1 hierarchy, best the freezer's ('mount -t "
+    "cgroup -o freezer freezer /sys/fs/cgroup/freezer'), writable by root"
+)
+
 
 @dataclass(frozen=True)
 class Hierarchy:
     """A mounted cgroup hierarchy that can hold a run's processes: ``version`` 2 (any cgroup2
     mount) or 1 (a v1 mount with the ``freezer`` controller), ``root`` its mount point."""
+
     version: int
     root: Path
 
@@ -72,7 +85,7 @@ def process_hierarchy(mounts: str | Path = "/proc/mounts") -> Hierarchy | None:
     (the ``freezer``'s first, then :data:`V1_PREFERENCE`); None when there is none
     (:data:`MISSING_HIERARCHY`)."""
     ms = [(point, fstype, opts) for point, fstype, opts in _mounts(mounts) if "ro" not in opts]
-    for point, fstype, opts in ms:
+    for point, fstype, _opts in ms:
         if fstype == "cgroup2" and (Path(point) / "cgroup.procs").exists():
             return Hierarchy(2, Path(point))
     for controller in V1_PREFERENCE:
@@ -96,6 +109,7 @@ def tied_preexec(join: Callable[[], None] | None = None) -> Callable[[], None] |
             join()
         if tie:
             die_with_parent()
+
     return preexec
 
 
@@ -221,8 +235,9 @@ class RunCgroup:
             kill_cgroup(self.path)
             self.path.mkdir()
         except OSError as e:
-            raise MissingRequirement(f"cannot make the run's cgroup {self.path} ({e.strerror or e}): every run needs "
-                                     f"{MISSING_HIERARCHY}") from None
+            raise MissingRequirement(
+                f"cannot make the run's cgroup {self.path} ({e.strerror or e}): every run needs {MISSING_HIERARCHY}"
+            ) from None
         self._procs = self.path / "cgroup.procs"
         self._fd = os.open(self._procs, os.O_WRONLY | os.O_CLOEXEC)
 

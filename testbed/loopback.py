@@ -13,24 +13,26 @@ racks, kinds and interfaces as the real network), asks the scheme for its plan, 
 process ip ``127.0.0.1`` and iface ``lo``, picks a free master port, and starts and watches
 the processes with :mod:`testbed.launch` exactly as the harness does (forked from a zygote
 unless ``run.launcher`` is ``exec``). Nothing is shaped,
-nothing is captured and no ``background`` flow runs (``scale: auto`` runs at 1): the run directory gets provenance.json, spec.yaml,
+nothing is captured and no ``background`` flow runs (``scale: auto`` runs at 1): the run directory gets
+provenance.json, spec.yaml,
 processes.json, events/, results/, params/ and logs/ (no topology.json, traces/ or
 summary.json).
 
 Command line: ``python -m testbed.loopback SPEC.yaml [--set path=value ...] [--run-dir DIR]``.
 """
+
 from __future__ import annotations
 
 import argparse
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
+from common.errors import FieldError, RunFailed, SpecError, TestbedError
 from testbed import launch
 from testbed.spec import AUTO, Experiment, load_spec, with_scale, write_spec
 from topologies import HostInfo, build_topo, hosts_of
-from common.errors import FieldError, RunFailed, SpecError, TestbedError
 from traffic import rundir, schemes
 
 __all__ = ["local_hosts", "local_entries", "free_port", "run_local"]
@@ -61,11 +63,24 @@ def local_entries(exp: Experiment) -> list[dict]:
     plan = schemes.get(exp.workload.scheme).plan(exp.workload, list(hosts.values()))
     for p in plan:
         if not 0 <= p.iface < hosts[p.host].interfaces:
-            raise SpecError(f"plan of {p.name}", p.iface,
-                            f"interfaces 0..{hosts[p.host].interfaces - 1} of host {p.host}")
+            raise SpecError(
+                f"plan of {p.name}", p.iface, f"interfaces 0..{hosts[p.host].interfaces - 1} of host {p.host}"
+            )
     program = launch.program_entry(exp.workload.program) if exp.workload.program else {}
-    return [{"name": p.name, "role": p.role, "index": p.index, "host": p.host, "rack": hosts[p.host].rack,
-             "ip": LOCAL_IP, "iface": LOCAL_IFACE, "iface_index": p.iface, **program} for p in plan]
+    return [
+        {
+            "name": p.name,
+            "role": p.role,
+            "index": p.index,
+            "host": p.host,
+            "rack": hosts[p.host].rack,
+            "ip": LOCAL_IP,
+            "iface": LOCAL_IFACE,
+            "iface_index": p.iface,
+            **program,
+        }
+        for p in plan
+    ]
 
 
 def free_port() -> int:
@@ -75,9 +90,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_local(exp: Experiment, run_dir: str | Path | None = None, *, timeout_s: float | None = None,
-              env: dict[str, str] | None = None, poll_s: float = 0.2,
-              on_start: Callable[[launch.Launched], None] | None = None) -> Path:
+def run_local(
+    exp: Experiment,
+    run_dir: str | Path | None = None,
+    *,
+    timeout_s: float | None = None,
+    env: dict[str, str] | None = None,
+    poll_s: float = 0.2,
+    on_start: Callable[[launch.Launched], None] | None = None,
+) -> Path:
     """Run ``exp`` (no sweep) on loopback and wait for every process to finish.
 
     Args:
@@ -100,16 +121,24 @@ def run_local(exp: Experiment, run_dir: str | Path | None = None, *, timeout_s: 
     """
     if exp.sweep:
         raise TestbedError("run_local runs one experiment; expand the sweep first (testbed.spec.expand_sweep)")
-    bad = [FieldError(f"events[{i}]", e.given(), "a compute_slowdown on loopback (testbed.loopback builds no network "
-                      "and kills nothing: link and kill events need testbed run)")
-           for i, e in enumerate(exp.events) if e.kind != "compute_slowdown"]
+    bad = [
+        FieldError(
+            f"events[{i}]",
+            e.given(),
+            "a compute_slowdown on loopback (testbed.loopback builds no network "
+            "and kills nothing: link and kill events need testbed run)",
+        )
+        for i, e in enumerate(exp.events)
+        if e.kind != "compute_slowdown"
+    ]
     if bad:
         raise SpecError.of(bad)
     if exp.scale == AUTO:  # no emulated network and no capture to keep within the CPU: undilated
         exp = with_scale(exp, 1.0)
     if run_dir is None:
-        run_dir = rundir.create(exp.run.runs_dir, exp.run.id or rundir.new_run_id(exp.name),
-                                exclusive_id=exp.run.id is not None)
+        run_dir = rundir.create(
+            exp.run.runs_dir, exp.run.id or rundir.new_run_id(exp.name), exclusive_id=exp.run.id is not None
+        )
     else:
         run_dir = Path(run_dir)
         run_dir = rundir.create(run_dir.parent, run_dir.name)
@@ -132,8 +161,13 @@ def run_local(exp: Experiment, run_dir: str | Path | None = None, *, timeout_s: 
             on_start(l)
 
     try:
-        launch.start(run_dir, doc, on_start=started, env_for=env_for,
-                     fork=launch.Fork(zygote, lambda info: (None, None)) if zygote is not None else None)
+        launch.start(
+            run_dir,
+            doc,
+            on_start=started,
+            env_for=env_for,
+            fork=launch.Fork(zygote, lambda info: (None, None)) if zygote is not None else None,
+        )
         launch.watch(procs, exp.run.timeout_s if timeout_s is None else timeout_s, poll_s=poll_s)
     finally:
         launch.kill_all(procs)  # no-op when all exited; on any error nothing is left running

@@ -23,6 +23,7 @@ The shaping is read back and verified afterwards exactly as before
 (:meth:`testbed.network.Network._verify_shaping`). Nodes on other machines
 (:mod:`testbed.remote`) keep Mininet's shell commands.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -33,11 +34,9 @@ from pyroute2 import IPRoute
 
 from common.errors import TestbedError
 from testbed.ledger import delete_link
-from testbed.shaping import (HTB_CLASS, HTB_ROOT, ShapedIntf, ShapedLink, htb_class_options, netns_route,
-                             tc_handle)
+from testbed.shaping import HTB_CLASS, HTB_ROOT, ShapedIntf, ShapedLink, htb_class_options, netns_route, tc_handle
 
-__all__ = ["NetlinkIntf", "NetlinkLink", "NetlinkHost", "NetlinkBridge", "configure", "run_on_nodes",
-           "PFIFO_HANDLE"]
+__all__ = ["NetlinkIntf", "NetlinkLink", "NetlinkHost", "NetlinkBridge", "configure", "run_on_nodes", "PFIFO_HANDLE"]
 
 #: handle of a pfifo leaf under the htb class (``tc ... handle 10:``, as ShapedIntf.delayCmds)
 PFIFO_HANDLE = 0x10 << 16
@@ -66,12 +65,31 @@ class NetlinkIntf(ShapedIntf):
 
     pending: dict | None = None
 
-    def config(self, bw=None, delay=None, jitter=None, loss=None, max_queue_size=None, gro=False, txo=True,
-               rxo=True, up=True, **_params):
+    def config(
+        self,
+        bw=None,
+        delay=None,
+        jitter=None,
+        loss=None,
+        max_queue_size=None,
+        gro=False,
+        txo=True,
+        rxo=True,
+        up=True,
+        **_params,
+    ):
         self.bwCmds(bw=bw)  # refuses a rate out of range, as the build through tc does
-        self.pending = {"bw": bw, "delay": delay, "jitter": jitter, "loss": loss, "max_queue_size": max_queue_size,
-                        "ethtool": f"ethtool -K {self.name} gro {_on(gro)} tx {_on(txo)} rx {_on(rxo)}",
-                        "up": up, "mac": None, "ip": None}
+        self.pending = {
+            "bw": bw,
+            "delay": delay,
+            "jitter": jitter,
+            "loss": loss,
+            "max_queue_size": max_queue_size,
+            "ethtool": f"ethtool -K {self.name} gro {_on(gro)} tx {_on(txo)} rx {_on(rxo)}",
+            "up": up,
+            "mac": None,
+            "ip": None,
+        }
         return {}
 
     def setMAC(self, macstr):
@@ -97,8 +115,13 @@ class NetlinkIntf(ShapedIntf):
         p = self.pending
         if not (p["delay"] or p["jitter"] or p["loss"]):
             return ""
-        cmds, _ = self.delayCmds(f" parent {tc_handle(HTB_CLASS)} ", delay=p["delay"],
-                                 jitter=p["jitter"], loss=p["loss"], max_queue_size=p["max_queue_size"])
+        cmds, _ = self.delayCmds(
+            f" parent {tc_handle(HTB_CLASS)} ",
+            delay=p["delay"],
+            jitter=p["jitter"],
+            loss=p["loss"],
+            max_queue_size=p["max_queue_size"],
+        )
         return "; ".join(c % ("tc", self.name) for c in cmds)
 
     def apply(self, ipr) -> None:
@@ -135,8 +158,7 @@ class NetlinkLink(ShapedLink):
 
     intf_class = NetlinkIntf
 
-    def makeIntfPair(self, intfname1, intfname2, addr1=None, addr2=None, node1=None, node2=None,
-                     deleteIntfs=True):
+    def makeIntfPair(self, intfname1, intfname2, addr1=None, addr2=None, node1=None, node2=None, deleteIntfs=True):
         peer = {"ifname": intfname2, "net_ns_pid": int(node2.pid)}
         if addr2:
             peer["address"] = addr2
@@ -232,11 +254,13 @@ def configure(nodes) -> None:
                 ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
             for intf in intfs:
                 intf.apply(ipr)
-        shell[node] = "; ".join(c for i in intfs for c in (i.pending["ethtool"] + " >/dev/null 2>&1",
-                                                            i.netem_command()) if c)
+        shell[node] = "; ".join(
+            c for i in intfs for c in (i.pending["ethtool"] + " >/dev/null 2>&1", i.netem_command()) if c
+        )
         for intf in intfs:
             intf.pending = None
     bad = {n: out.strip() for n, out in run_on_nodes(shell).items() if out.strip()}
     if bad:
-        raise TestbedError("configuring the interfaces failed: " +
-                           "; ".join(f"{n.name}: {out}" for n, out in bad.items()))
+        raise TestbedError(
+            "configuring the interfaces failed: " + "; ".join(f"{n.name}: {out}" for n, out in bad.items())
+        )

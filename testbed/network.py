@@ -14,6 +14,7 @@ the rate asked for (:func:`testbed.shaping.shaping_errors`: htb rate, MTU, netem
 queue); a mismatch fails the build. ``topology.json`` records the hosts, switches, links, and
 the read-back shaping; ``shaping.json`` the verdict (written before a mismatch fails the build).
 """
+
 from __future__ import annotations
 
 import os
@@ -25,14 +26,13 @@ from mininet.net import Mininet
 from pyroute2 import IPRoute
 
 from common.errors import MissingRequirement, TestbedError
+from testbed.check import kernel_qdiscs
 from testbed.interrupts import deferred_signals
 from testbed.ledger import Ledger
-from traffic.rundir import write_json
-from testbed.check import kernel_qdiscs
 from testbed.netlink_build import NetlinkBridge, NetlinkHost, NetlinkLink, configure, run_on_nodes
-from testbed.shaping import (RATE_TOLERANCE, LinkShaper, htb_burst_bytes, link_ends, netem_errors,
-                              shaping_errors)
+from testbed.shaping import RATE_TOLERANCE, LinkShaper, htb_burst_bytes, link_ends, netem_errors, shaping_errors
 from topologies import HostRequest, TopologySpec, build_topo
+from traffic.rundir import write_json
 
 #: A process bound to interface i >= 1 of a host with several interfaces runs as uid
 #: IFACE_UID_BASE + i; a policy rule routes that uid's sockets out of interface i
@@ -61,8 +61,15 @@ def bind_to_interface(cmd: list[str], index: int) -> list[str]:
     if index == 0:
         return list(cmd)
     uid = iface_uid(index)
-    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", f"--inh-caps={IFACE_CAPS}",
-            f"--ambient-caps={IFACE_CAPS}", *cmd]
+    return [
+        "setpriv",
+        f"--reuid={uid}",
+        f"--regid={uid}",
+        "--clear-groups",
+        f"--inh-caps={IFACE_CAPS}",
+        f"--ambient-caps={IFACE_CAPS}",
+        *cmd,
+    ]
 
 
 def nameservers(resolv_conf: str = "/etc/resolv.conf") -> list[str]:
@@ -149,16 +156,21 @@ def preflight(topology_spec, qdiscs: dict[str, bool] | None = None) -> None:
         raise MissingRequirement("building a network needs root (network namespaces): run with sudo")
     for tool, pkg in (("mnexec", "mininet"), ("brctl", "bridge-utils"), ("tc", "iproute2")):
         if shutil.which(tool) is None:
-            raise MissingRequirement(f"'{tool}' not found: install it with 'apt-get install {pkg}' "
-                                     f"(or run scripts/setup.sh)")
+            raise MissingRequirement(
+                f"'{tool}' not found: install it with 'apt-get install {pkg}' (or run scripts/setup.sh)"
+            )
     qdiscs = qdiscs if qdiscs is not None else kernel_qdiscs()
     if not qdiscs.get("htb"):
-        raise MissingRequirement("the kernel has no 'htb' qdisc (sch_htb): links cannot be shaped; "
-                                 "use a distribution kernel, e.g. the Vagrant VM (see README)")
+        raise MissingRequirement(
+            "the kernel has no 'htb' qdisc (sch_htb): links cannot be shaped; "
+            "use a distribution kernel, e.g. the Vagrant VM (see README)"
+        )
     if (topology_spec.delay_ms or topology_spec.loss_pct) and not qdiscs.get("netem"):
-        raise MissingRequirement("topology.delay_ms / topology.loss_pct need the 'netem' qdisc, which this "
-                                 "kernel lacks (no sch_netem); set them to 0 or run in the Vagrant VM, "
-                                 "whose full Debian kernel has netem")
+        raise MissingRequirement(
+            "topology.delay_ms / topology.loss_pct need the 'netem' qdisc, which this "
+            "kernel lacks (no sch_netem); set them to 0 or run in the Vagrant VM, "
+            "whose full Debian kernel has netem"
+        )
 
 
 class Network:
@@ -176,8 +188,15 @@ class Network:
         ``topology.json`` document.
     """
 
-    def __init__(self, topology_spec: TopologySpec, extra_hosts: list[HostRequest], run_dir: Path, ledger: Ledger,
-                 scale: float = 1.0, cgroup=None):
+    def __init__(
+        self,
+        topology_spec: TopologySpec,
+        extra_hosts: list[HostRequest],
+        run_dir: Path,
+        ledger: Ledger,
+        scale: float = 1.0,
+        cgroup=None,
+    ):
         self.emulated = topology_spec
         self.cgroup = cgroup
         self.scale = scale
@@ -207,11 +226,20 @@ class Network:
 
     def _mininet(self) -> Mininet:
         """The (not yet built) Mininet of this network."""
-        return _LedgeredMininet(topo=self.topo, host=NetlinkHost, switch=NetlinkBridge, controller=None,
-                                link=NetlinkLink, autoSetMacs=True, build=False, waitConnected=False, ledger=self.ledger,
-                                cgroup=self.cgroup)
+        return _LedgeredMininet(
+            topo=self.topo,
+            host=NetlinkHost,
+            switch=NetlinkBridge,
+            controller=None,
+            link=NetlinkLink,
+            autoSetMacs=True,
+            build=False,
+            waitConnected=False,
+            ledger=self.ledger,
+            cgroup=self.cgroup,
+        )
 
-    def start(self) -> "Network":
+    def start(self) -> Network:
         self._prepare()
         setLogLevel("error")
         self.net = self._mininet()
@@ -267,8 +295,10 @@ class Network:
         Raises:
             TestbedError: the kernel did not take a value.
         """
-        line = "; ".join([f"ip route add unreachable {ns}/32" for ns in unreachable] +
-                         ["sysctl -qw " + " ".join(f"{k}={v}" for k, v in sysctls.items())])
+        line = "; ".join(
+            [f"ip route add unreachable {ns}/32" for ns in unreachable]
+            + ["sysctl -qw " + " ".join(f"{k}={v}" for k, v in sysctls.items())]
+        )
         run_on_nodes({h: line for h in self.net.hosts})
         got = read_files({h: [sysctl_path(k) for k in sysctls] for h in self.net.hosts})
         for h in self.net.hosts:
@@ -291,16 +321,20 @@ class Network:
         Raises:
             TestbedError: a host has a route without them afterwards (the route is named).
         """
-        routes = (r"ip -4 -o route show table all | grep -Ev '^(unreachable|local|broadcast|multicast|blackhole|"
-                  r"prohibit|throw) '")
+        routes = (
+            r"ip -4 -o route show table all | grep -Ev '^(unreachable|local|broadcast|multicast|blackhole|"
+            r"prohibit|throw) '"
+        )
         options = {}  # what ip route is given -> what it shows of it afterwards
         if cc is not None:
             options[f"congctl {cc}"] = f" congctl {cc}"
         if rto_min_ms is not None:
             options[f"rto_min {round(rto_min_ms)}ms"] = " rto_min lock "
         lacking = " || ".join(f'index($0, "{shown}") == 0' for shown in options.values())
-        line = (f"{routes} | while read -r r; do ip route del $r && ip route append $r {' '.join(options)}; done; "
-                f"{routes} | awk '{lacking}'")
+        line = (
+            f"{routes} | while read -r r; do ip route del $r && ip route append $r {' '.join(options)}; done; "
+            f"{routes} | awk '{lacking}'"
+        )
         for host, out in run_on_nodes({h: line for h in self.net.hosts}).items():
             if out.strip():
                 raise TestbedError(f"cannot set {' '.join(options)} on the routes of {host.name}: {out.strip()}")
@@ -321,8 +355,12 @@ class Network:
                 raise TestbedError(f"cannot set MTU {mtu} on the interfaces of {node.name}: {out.strip()}")
 
     def _describe(self) -> dict:
-        tcp = [sysctl_path("net.ipv4.tcp_notsent_lowat"), sysctl_path("net.ipv4.tcp_slow_start_after_idle"),
-               sysctl_path("net.ipv4.tcp_min_tso_segs"), sysctl_path("net.ipv4.tcp_congestion_control")]
+        tcp = [
+            sysctl_path("net.ipv4.tcp_notsent_lowat"),
+            sysctl_path("net.ipv4.tcp_slow_start_after_idle"),
+            sysctl_path("net.ipv4.tcp_min_tso_segs"),
+            sysctl_path("net.ipv4.tcp_congestion_control"),
+        ]
         paths: dict = {h: list(tcp) for h in self.net.hosts}
         for link in self.net.links:
             for i in (link.intf1, link.intf2):
@@ -334,32 +372,55 @@ class Network:
 
         hosts = []
         for h in self.net.hosts:
-            hosts.append({"name": h.name, "rack": h.params.get("rack"), "kind": h.params.get("kind"),
-                          "ip": h.IP(), "pid": h.pid,
-                          "tcp_notsent_lowat": number(h, tcp[0], -1),
-                          "tcp_slow_start_after_idle": number(h, tcp[1], -1),
-                          "tcp_min_tso_segs": number(h, tcp[2], -1),
-                          # its routes' (set_congestion_control) or else the namespace's default
-                          "tcp_congestion_control": self.spec.tcp_congestion_control or got[h].get(tcp[3]),
-                          "intfs": [{"name": i.name, "ip": i.IP()} for i in h.intfList()]})
-        switches = [{"name": s.name, "role": s.params.get("role"), "rack": s.params.get("rack")}
-                    for s in self.net.switches]
+            hosts.append(
+                {
+                    "name": h.name,
+                    "rack": h.params.get("rack"),
+                    "kind": h.params.get("kind"),
+                    "ip": h.IP(),
+                    "pid": h.pid,
+                    "tcp_notsent_lowat": number(h, tcp[0], -1),
+                    "tcp_slow_start_after_idle": number(h, tcp[1], -1),
+                    "tcp_min_tso_segs": number(h, tcp[2], -1),
+                    # its routes' (set_congestion_control) or else the namespace's default
+                    "tcp_congestion_control": self.spec.tcp_congestion_control or got[h].get(tcp[3]),
+                    "intfs": [{"name": i.name, "ip": i.IP()} for i in h.intfList()],
+                }
+            )
+        switches = [
+            {"name": s.name, "role": s.params.get("role"), "rack": s.params.get("rack")} for s in self.net.switches
+        ]
         links = []
         for link in self.net.links:
             p = link.intf1.params
-            links.append({"class": p.get("link_class"), "rack": p.get("rack"),
-                          "bw_mbps": p.get("bw_mbps") * self.scale, "shaped_mbps": p.get("bw_mbps"),
-                          "node1": link.intf1.node.name, "intf1": link.intf1.name,
-                          "node2": link.intf2.node.name, "intf2": link.intf2.name,
-                          "delay_ms": self.emulated.delay_ms, "shaped_delay_ms": self.spec.delay_ms,
-                          "loss_pct": self.spec.loss_pct,
-                          "max_queue_packets": self.spec.max_queue_packets,
-                          "mtu_bytes": [number(i.node, f"/sys/class/net/{i.name}/mtu", 0)
-                                        for i in (link.intf1, link.intf2)],
-                          "htb_burst_bytes": htb_burst_bytes(p.get("bw_mbps")), "shaping": {}})
-        doc = {"kind": self.spec.kind, "spec": self.emulated.model_dump(), "scale": self.scale,
-               "uplink_bw_mbps": self.emulated.uplink_mbps() if self.spec.kind == "rack_core" else None,
-               "hosts": hosts, "switches": switches, "links": links}
+            links.append(
+                {
+                    "class": p.get("link_class"),
+                    "rack": p.get("rack"),
+                    "bw_mbps": p.get("bw_mbps") * self.scale,
+                    "shaped_mbps": p.get("bw_mbps"),
+                    "node1": link.intf1.node.name,
+                    "intf1": link.intf1.name,
+                    "node2": link.intf2.node.name,
+                    "intf2": link.intf2.name,
+                    "delay_ms": self.emulated.delay_ms,
+                    "shaped_delay_ms": self.spec.delay_ms,
+                    "loss_pct": self.spec.loss_pct,
+                    "max_queue_packets": self.spec.max_queue_packets,
+                    "mtu_bytes": [number(i.node, f"/sys/class/net/{i.name}/mtu", 0) for i in (link.intf1, link.intf2)],
+                    "htb_burst_bytes": htb_burst_bytes(p.get("bw_mbps")),
+                    "shaping": {},
+                }
+            )
+        doc = {
+            "kind": self.spec.kind,
+            "spec": self.emulated.model_dump(),
+            "scale": self.scale,
+            "uplink_bw_mbps": self.emulated.uplink_mbps() if self.spec.kind == "rack_core" else None,
+            "hosts": hosts,
+            "switches": switches,
+            "links": links,
+        }
         return doc
 
     @property
@@ -383,11 +444,21 @@ class Network:
             link["shaping"] = {link[f"intf{e}"]: shaping[link[f"intf{e}"]] for e in ("1", "2")}
             bad += shaping_errors(link, shaping, self.spec.mtu_bytes, self.spec.max_queue_packets)
             netem_bad += netem_errors(link, shaping)
-        write_json(self.run_dir / "shaping.json", {
-            "ends": len(shaping), "rate_tolerance": RATE_TOLERANCE, "errors": bad,
-            "netem": {"available": kernel_qdiscs().get("netem", False), "delay_ms": self.spec.delay_ms,
-                      "loss_pct": self.spec.loss_pct,
-                      "ends": sum(1 for v in shaping.values() if v.get("leaf") == "netem"), "errors": netem_bad}})
+        write_json(
+            self.run_dir / "shaping.json",
+            {
+                "ends": len(shaping),
+                "rate_tolerance": RATE_TOLERANCE,
+                "errors": bad,
+                "netem": {
+                    "available": kernel_qdiscs().get("netem", False),
+                    "delay_ms": self.spec.delay_ms,
+                    "loss_pct": self.spec.loss_pct,
+                    "ends": sum(1 for v in shaping.values() if v.get("leaf") == "netem"),
+                    "errors": netem_bad,
+                },
+            },
+        )
         if bad:
             raise TestbedError("links are not shaped as asked (so results would be wrong):\n  " + "\n  ".join(bad))
 

@@ -16,6 +16,7 @@ one per sweep point, and while training one when the count has moved, at most ev
 :data:`LINE_PERIOD_S` seconds. Nothing is shown under ``--quiet``. The display reads files
 and counters once a second and never affects the run.
 """
+
 from __future__ import annotations
 
 import json
@@ -60,8 +61,11 @@ class EventTail:
         self.dir = Path(events_dir)
         self.names = list(names) if names is not None else None
         self.kinds = None if kinds is None else set(kinds)
-        self._pattern = None if kinds is None else \
-            re.compile(rb'"kind":\s*"(?:' + b"|".join(re.escape(k.encode()) for k in kinds) + rb')"')
+        self._pattern = (
+            None
+            if kinds is None
+            else re.compile(rb'"kind":\s*"(?:' + b"|".join(re.escape(k.encode()) for k in kinds) + rb')"')
+        )
         self._offsets: dict[Path, int] = {}
         if self.names is not None:
             self._offsets = {self.dir / f"{n}.jsonl": 0 for n in self.names}
@@ -129,8 +133,15 @@ class RunProgress:
             say(f"{self.label}: {text}")
             return
         if self.bar is None:
-            self.bar = tqdm(total=self.iterations, desc=self.label, unit="it", position=self.position,
-                            leave=self.position == 0, dynamic_ncols=True, bar_format="{desc}{postfix}")
+            self.bar = tqdm(
+                total=self.iterations,
+                desc=self.label,
+                unit="it",
+                position=self.position,
+                leave=self.position == 0,
+                dynamic_ncols=True,
+                bar_format="{desc}{postfix}",
+            )
         self.bar.set_postfix_str(text)
 
     def training(self, run_dir: Path, workers: list[str], topology: dict) -> None:
@@ -152,8 +163,14 @@ class RunProgress:
             return
         if self.bar is not None:
             self.bar.close()
-        self.bar = tqdm(total=self.iterations, desc=self.label, unit="it", position=self.position,
-                        leave=self.position == 0, dynamic_ncols=True)
+        self.bar = tqdm(
+            total=self.iterations,
+            desc=self.label,
+            unit="it",
+            position=self.position,
+            leave=self.position == 0,
+            dynamic_ncols=True,
+        )
         self.bar.set_postfix_str("training")
 
     def poll(self) -> None:
@@ -179,8 +196,15 @@ class RunProgress:
         for ev in self._tail.read():
             if ev.get("kind") == "iteration" and ev.get("proc") in self._done:
                 rows = self._done[ev["proc"]]
-                rows.append({"iteration": len(rows), "worker": ev["proc"], "start": ev["ts"],
-                             "end": ev["ts"] + ev.get("dur", 0.0), "samples": ev.get("samples") or 0})
+                rows.append(
+                    {
+                        "iteration": len(rows),
+                        "worker": ev["proc"],
+                        "start": ev["ts"],
+                        "end": ev["ts"] + ev.get("dur", 0.0),
+                        "samples": ev.get("samples") or 0,
+                    }
+                )
         done = min(len(v) for v in self._done.values()) if self._done else 0
         parts = []
         if done >= 2:
@@ -188,7 +212,7 @@ class RunProgress:
             # 10 global iterations after the first, their mean, in emulated time (each one's time
             # from the completion of the one before: read one more and drop it)
             k = min(10, done - 1)
-            recent = pd.DataFrame([r for v in self._done.values() for r in v[done - k - 1:done]])
+            recent = pd.DataFrame([r for v in self._done.values() for r in v[done - k - 1 : done]])
             rate = global_iterations(recent)["samples_per_s"].iloc[1:].mean() * self.scale
             if rate == rate:  # not NaN: some iteration took time
                 parts.append(f"{rate:.1f} samples/s")
@@ -207,8 +231,10 @@ class RunProgress:
         if prev is None or now <= prev[0]:
             return None
         dt = now - prev[0]
-        util = {p: 8 * max(b[0] - prev[1].get(p, b)[0], b[1] - prev[1].get(p, b)[1]) / dt / self._ports[p]
-                for p, b in cur.items()}  # the busier direction of each link
+        util = {
+            p: 8 * max(b[0] - prev[1].get(p, b)[0], b[1] - prev[1].get(p, b)[1]) / dt / self._ports[p]
+            for p, b in cur.items()
+        }  # the busier direction of each link
         return max(util.items(), key=lambda kv: kv[1]) if util else None
 
     def close(self) -> None:

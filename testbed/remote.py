@@ -21,6 +21,7 @@ What is ours and why, on top of Mininet's classes:
   50 bytes or less of each frame, so every interface of a cluster run gets
   :data:`TUNNEL_MTU` (1,450 bytes, Mininet's choice for GRE).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -37,15 +38,23 @@ from mininet.net import Mininet
 from mininet.node import Host
 from mininet.nodelib import LinuxBridge
 
+from common.errors import TestbedError
 from testbed.interrupts import deferred_signals
 from testbed.network import Network
 from testbed.shaping import SERVE, RemoteLinkShaper, ShapedIntf
-from common.errors import TestbedError
 from topologies.placement import place_racks
 from traffic.rundir import write_json
 
-__all__ = ["TUNNEL_MTU", "VXLAN_PORT", "ClusterLink", "ClusterNetwork", "OnMachine", "RemoteBridge", "RemoteHost",
-           "tunnel_command"]
+__all__ = [
+    "TUNNEL_MTU",
+    "VXLAN_PORT",
+    "ClusterLink",
+    "ClusterNetwork",
+    "OnMachine",
+    "RemoteBridge",
+    "RemoteHost",
+    "tunnel_command",
+]
 
 #: the MTU of every interface of a cluster run: a GRE tunnel adds 38 bytes to a frame (outer
 #: IPv4 20, GRE with key 8, inner Ethernet 14 - 4), VXLAN 50 (IPv4 20, UDP 8, VXLAN 8, inner
@@ -144,15 +153,38 @@ class ClusterLink(RemoteLink):
         TestbedError: the tunnel could not be made (the machine's message is included).
     """
 
-    def __init__(self, node1, node2, port1=None, port2=None, intfName1=None, intfName2=None,
-                 addr1=None, addr2=None, tunnel: str = "gre", key: int = 1, **params):
+    def __init__(
+        self,
+        node1,
+        node2,
+        port1=None,
+        port2=None,
+        intfName1=None,
+        intfName2=None,
+        addr1=None,
+        addr2=None,
+        tunnel: str = "gre",
+        key: int = 1,
+        **params,
+    ):
         self.tunnel_kind, self.key = tunnel, key
-        RemoteLink.__init__(self, node1, node2, port1=port1, port2=port2, intfName1=intfName1,
-                            intfName2=intfName2, cls1=ShapedIntf, cls2=ShapedIntf, addr1=addr1, addr2=addr2,
-                            params1=dict(params), params2=dict(params))
+        RemoteLink.__init__(
+            self,
+            node1,
+            node2,
+            port1=port1,
+            port2=port2,
+            intfName1=intfName1,
+            intfName2=intfName2,
+            cls1=ShapedIntf,
+            cls2=ShapedIntf,
+            addr1=addr1,
+            addr2=addr2,
+            params1=dict(params),
+            params2=dict(params),
+        )
 
-    def makeIntfPair(self, intfname1, intfname2, addr1=None, addr2=None, node1=None, node2=None,
-                     deleteIntfs=True):
+    def makeIntfPair(self, intfname1, intfname2, addr1=None, addr2=None, node1=None, node2=None, deleteIntfs=True):
         node1 = self.node1 if node1 is None else node1
         node2 = self.node2 if node2 is None else node2
         if _machine(node1) == _machine(node2):
@@ -242,8 +274,19 @@ class ClusterNetwork(Network):
         topologies.placement.PlacementError: the racks cannot be placed on the machines.
     """
 
-    def __init__(self, topology_spec, extra_hosts, run_dir, ledger, scale=1.0, *, machines, tunnel="gre",
-                 staging: dict[str, str] | None = None, project_dir: str | None = None):
+    def __init__(
+        self,
+        topology_spec,
+        extra_hosts,
+        run_dir,
+        ledger,
+        scale=1.0,
+        *,
+        machines,
+        tunnel="gre",
+        staging: dict[str, str] | None = None,
+        project_dir: str | None = None,
+    ):
         super().__init__(topology_spec, extra_hosts, run_dir, ledger, scale=scale)
         self.spec = self.spec.model_copy(update={"mtu_bytes": min(self.spec.mtu_bytes, TUNNEL_MTU)})
         self.machines = {m.addr: m for m in machines}
@@ -261,8 +304,14 @@ class ClusterNetwork(Network):
             by_machine[self.where[n1]][1].append(f"{n1}-eth{info['port1']}")
             by_machine[self.where[n2]][1].append(f"{n2}-eth{info['port2']}")
         for addr, m in self.machines.items():
-            self.ledger.add_machine(addr, m.ssh_options(), m.dest, self.staging.get(addr, ""),
-                                    bridges=by_machine[addr][0], interfaces=by_machine[addr][1])
+            self.ledger.add_machine(
+                addr,
+                m.ssh_options(),
+                m.dest,
+                self.staging.get(addr, ""),
+                bridges=by_machine[addr][0],
+                interfaces=by_machine[addr][1],
+            )
 
     def _mininet(self) -> Mininet:
         def host(name, **params):
@@ -274,13 +323,26 @@ class ClusterNetwork(Network):
         def link(node1, node2, intf=None, **params):
             return ClusterLink(node1, node2, tunnel=self.tunnel, key=next(self._keys), **params)
 
-        return _ClusterMininet(topo=self.topo, host=host, switch=switch, controller=None, link=link,
-                               autoSetMacs=True, build=False, waitConnected=False, ledger=self.ledger)
+        return _ClusterMininet(
+            topo=self.topo,
+            host=host,
+            switch=switch,
+            controller=None,
+            link=link,
+            autoSetMacs=True,
+            build=False,
+            waitConnected=False,
+            ledger=self.ledger,
+        )
 
-    def start(self) -> "ClusterNetwork":
+    def start(self) -> ClusterNetwork:
         super().start()
-        self.topology["cluster"] = {"machines": list(self.machines), "tunnel": self.tunnel, "mtu_bytes": self.spec.mtu_bytes,
-                                    "placement": {n: self.where[n] for n in self.topo.nodes()}}
+        self.topology["cluster"] = {
+            "machines": list(self.machines),
+            "tunnel": self.tunnel,
+            "mtu_bytes": self.spec.mtu_bytes,
+            "placement": {n: self.where[n] for n in self.topo.nodes()},
+        }
         write_json(self.run_dir / "topology.json", self.topology)
         return self
 
@@ -293,9 +355,12 @@ class ClusterNetwork(Network):
             if not pids:
                 continue
             try:
-                self.machines[addr].run(f"for i in $(seq {int(SHELL_EXIT_S * 20)}); do alive=0; for p in {pids}; "
-                                        f"do kill -0 $p 2>/dev/null && alive=1; done; [ $alive = 0 ] && break; "
-                                        f"sleep 0.05; done", timeout_s=SHELL_EXIT_S + 10)
+                self.machines[addr].run(
+                    f"for i in $(seq {int(SHELL_EXIT_S * 20)}); do alive=0; for p in {pids}; "
+                    f"do kill -0 $p 2>/dev/null && alive=1; done; [ $alive = 0 ] && break; "
+                    f"sleep 0.05; done",
+                    timeout_s=SHELL_EXIT_S + 10,
+                )
             except subprocess.TimeoutExpired:
                 pass
 

@@ -13,14 +13,16 @@ a single run; ``--plots DIR`` -> its ``plots/``) under the heading :data:`MEASUR
 and the paper's values again in a compact block headed :data:`PAPER_HEADING` right after, so
 that the two are side by side.
 """
+
 from __future__ import annotations
 
 import json
 import shlex
 import sys
-from datetime import datetime, timezone
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import TextIO
 
 from analysis.report import get_report
 from analysis.reproduction import MARKER, REPO_ROOT, Entry
@@ -28,8 +30,19 @@ from common.errors import TestbedError
 from common.provenance import PROJECT_DIR, code_digest
 from traffic.rundir import read_spec
 
-__all__ = ["CHECK_FACTOR", "MEASURED_HEADING", "NotRunnable", "PAPER_HEADING", "describe", "paper_block", "report_argv",
-           "reproduce", "reproduce_once", "run_code_digest", "steadiness_lines"]
+__all__ = [
+    "CHECK_FACTOR",
+    "MEASURED_HEADING",
+    "NotRunnable",
+    "PAPER_HEADING",
+    "describe",
+    "paper_block",
+    "report_argv",
+    "reproduce",
+    "reproduce_once",
+    "run_code_digest",
+    "steadiness_lines",
+]
 
 #: the heading of the report's output
 MEASURED_HEADING = "measured (this run) and the paper model's prediction"
@@ -47,11 +60,14 @@ class NotRunnable(TestbedError):
 
 def _check_runnable(entry: Entry, quick: bool) -> None:
     if entry.spec is None:
-        raise NotRunnable(f"{entry.id} has no spec to run (status: {entry.status}; reason: "
-                          f"{' '.join((entry.reason or '').split())})")
+        raise NotRunnable(
+            f"{entry.id} has no spec to run (status: {entry.status}; reason: {' '.join((entry.reason or '').split())})"
+        )
     if quick and entry.quick is None:
-        raise NotRunnable(f"{entry.id} has no quick version (no 'quick' section in its catalogue entry): "
-                          f"run it without --quick ({entry.run_minutes:g} min here)")
+        raise NotRunnable(
+            f"{entry.id} has no quick version (no 'quick' section in its catalogue entry): "
+            f"run it without --quick ({entry.run_minutes:g} min here)"
+        )
 
 
 def describe(entry: Entry, quick: bool = False, headline: bool = False) -> str:
@@ -60,17 +76,24 @@ def describe(entry: Entry, quick: bool = False, headline: bool = False) -> str:
     the paper states it (``paper_values_note`` when there are none)."""
     lines = [f"{entry.id}: {entry.title}"]
     if entry.spec is not None:
-        cmd = " ".join(["testbed run", shlex.quote(entry.spec.path)]
-                       + [f"--set {shlex.quote(s)}" for s in entry.overrides(quick, headline)])
+        cmd = " ".join(
+            ["testbed run", shlex.quote(entry.spec.path)]
+            + [f"--set {shlex.quote(s)}" for s in entry.overrides(quick, headline)]
+        )
         lines.append(f"spec: {cmd}")
         if headline:
             lines.append(f"headline run ({entry.headline.minutes:g} min here): {' '.join(entry.headline.note.split())}")
         if quick:
-            lines.append(f"quick version ({entry.quick.minutes:g} min here, the full run {entry.run_minutes:g} min): "
-                         f"{' '.join(entry.quick.note.split())}")
+            lines.append(
+                f"quick version ({entry.quick.minutes:g} min here, the full run {entry.run_minutes:g} min): "
+                f"{' '.join(entry.quick.note.split())}"
+            )
     lines.append(f"status: {entry.status}")
-    lines.append("the paper states:" if entry.paper_values else f"the paper states no value: "
-                 f"{' '.join((entry.paper_values_note or '').split())}")
+    lines.append(
+        "the paper states:"
+        if entry.paper_values
+        else f"the paper states no value: {' '.join((entry.paper_values_note or '').split())}"
+    )
     lines += [f"  - {pv.value}  ({pv.where})" for pv in entry.paper_values]
     return "\n".join(lines)
 
@@ -80,7 +103,8 @@ def paper_block(entry: Entry) -> str:
     :data:`PAPER_HEADING`, then one line per value, ``<where>: <value>``."""
     lines = [f"## {PAPER_HEADING} ({entry.id})"]
     lines += [f"{pv.where}: {pv.value}" for pv in entry.paper_values] or [
-        f"no value stated: {' '.join((entry.paper_values_note or '').split())}"]
+        f"no value stated: {' '.join((entry.paper_values_note or '').split())}"
+    ]
     return "\n".join(lines)
 
 
@@ -113,15 +137,33 @@ def _target(results) -> Path:
     return parent if len(results) > 1 or (parent / "sweep.csv").is_file() else results[0].run_dir
 
 
-def _write_marker(target: Path, entry: Entry, mode: str, overrides: list[str], repeat: int, repeats: int,
-                  started: str, dilation: int = 1, code: str | None = None) -> None:
+def _write_marker(
+    target: Path,
+    entry: Entry,
+    mode: str,
+    overrides: list[str],
+    repeat: int,
+    repeats: int,
+    started: str,
+    dilation: int = 1,
+    code: str | None = None,
+) -> None:
     """Record in ``target`` (the sweep or run directory) which catalogue entry it reproduces
     (:data:`analysis.reproduction.MARKER`, read by :mod:`analysis.scoreboard`); ``dilation``:
     1 for a run at the headline's dilation, :data:`CHECK_FACTOR` for its dilation check;
     ``code``: :func:`run_code_digest` of its runs."""
-    marker = {"id": entry.id, "mode": mode, "spec": entry.spec.path, "overrides": overrides,
-              "repeat": repeat, "repeats": repeats, "dilation": dilation, "started": started,
-              "finished": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "code": code}
+    marker = {
+        "id": entry.id,
+        "mode": mode,
+        "spec": entry.spec.path,
+        "overrides": overrides,
+        "repeat": repeat,
+        "repeats": repeats,
+        "dilation": dilation,
+        "started": started,
+        "finished": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "code": code,
+    }
     (target / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
 
 
@@ -147,10 +189,19 @@ def run_code_digest(entry: Entry, run_dirs: list[Path]) -> str:
     return code_digest(sorted(extra), PROJECT_DIR)
 
 
-def reproduce(entry: Entry, quick: bool = False, runs_dir: str | Path | None = None, progress: bool = True,
-              out: TextIO | None = None, say: Callable[[str], None] | None = None, headline: bool = False,
-              repeat: int = 1, dilation_check: bool = False, first_repeat: int = 1,
-              stop_when_unsteady: bool = False) -> int:
+def reproduce(
+    entry: Entry,
+    quick: bool = False,
+    runs_dir: str | Path | None = None,
+    progress: bool = True,
+    out: TextIO | None = None,
+    say: Callable[[str], None] | None = None,
+    headline: bool = False,
+    repeat: int = 1,
+    dilation_check: bool = False,
+    first_repeat: int = 1,
+    stop_when_unsteady: bool = False,
+) -> int:
     """Run ``entry``'s spec ``repeat`` times and print its report beside the paper after each;
     with ``headline``, then its headline ratios over the repeats (median and range).
 
@@ -218,22 +269,40 @@ def reproduce(entry: Entry, quick: bool = False, runs_dir: str | Path | None = N
         if repeat > 1 or dilation_check:
             at = f" at {factor}x the dilation (scale {scale * factor:g}): the dilation check" if factor > 1 else ""
             print(f"\n# {entry.id}: repeat {i} of {repeat}{at}", file=out or sys.stdout, flush=True)
-        rc, target = reproduce_once(entry, quick=quick, headline=headline, runs_dir=runs_dir, progress=progress,
-                                    out=out, say=say, repeat=(i, repeat),
-                                    scale=None if scale is None else scale * factor, dilation=factor)
+        rc, target = reproduce_once(
+            entry,
+            quick=quick,
+            headline=headline,
+            runs_dir=runs_dir,
+            progress=progress,
+            out=out,
+            say=say,
+            repeat=(i, repeat),
+            scale=None if scale is None else scale * factor,
+            dilation=factor,
+        )
         status, targets = max(status, rc), targets + [target]
         if headline:
             lines, settled = steadiness_lines(target)
             print("\n" + "\n".join(lines), file=out or sys.stdout, flush=True)
             if stop_when_unsteady and not settled and (i, factor) != runs[-1]:
-                print(f"\nstopping the campaign after repeat {i}{' (its dilation check)' if factor > 1 else ''}: "
-                      f"a ratio counts only when every run it compares had settled", file=out or sys.stdout)
+                print(
+                    f"\nstopping the campaign after repeat {i}{' (its dilation check)' if factor > 1 else ''}: "
+                    f"a ratio counts only when every run it compares had settled",
+                    file=out or sys.stdout,
+                )
                 status = 1
                 break
     if headline:
         from analysis.scoreboard import find_marked, headline_table, last_campaign  # lazy: pandas
-        pooled = targets if first_repeat == 1 else [  # with the earlier sittings' repeats
-            m.path for m in last_campaign([m for m in find_marked(targets[0].parent) if m.is_headline_of(entry)])]
+
+        pooled = (
+            targets
+            if first_repeat == 1
+            else [  # with the earlier sittings' repeats
+                m.path for m in last_campaign([m for m in find_marked(targets[0].parent) if m.is_headline_of(entry)])
+            ]
+        )
         print("\n## headline ratios over the repeats\n", file=out or sys.stdout)
         print(headline_table(entry, pooled), file=out or sys.stdout, flush=True)
     return status
@@ -250,9 +319,12 @@ def steadiness_lines(target: Path) -> tuple[list[str], bool]:
     """
     from analysis.metrics import STEADY_TOLERANCE  # lazy: pandas
     from analysis.scoreboard import settled as run_settled
+
     runs = [target] if (target / "summary.json").is_file() else sorted(p.parent for p in target.glob("*/summary.json"))
-    lines = [f"steadiness (the later half of the measured iterations against the earlier: within "
-             f"{STEADY_TOLERANCE:.0%} or the run's noise):"]
+    lines = [
+        f"steadiness (the later half of the measured iterations against the earlier: within "
+        f"{STEADY_TOLERANCE:.0%} or the run's noise):"
+    ]
     settled = bool(runs)
     for run in runs:
         try:
@@ -263,14 +335,19 @@ def steadiness_lines(target: Path) -> tuple[list[str], bool]:
             continue
         settled = settled and bool(verdict)
         if moved is not None:
-            lines.append(f"  {run.name}: moved {moved[0]:+.1%} (noise {moved[1]:.1%}): "
-                         f"{'steady' if verdict else 'NOT steady'}")
+            lines.append(
+                f"  {run.name}: moved {moved[0]:+.1%} (noise {moved[1]:.1%}): {'steady' if verdict else 'NOT steady'}"
+            )
         elif verdict:
-            lines.append(f"  {run.name}: steady (no iteration times to test; every measured iteration's samples/s "
-                         f"within {STEADY_TOLERANCE:.0%} of every other's)")
+            lines.append(
+                f"  {run.name}: steady (no iteration times to test; every measured iteration's samples/s "
+                f"within {STEADY_TOLERANCE:.0%} of every other's)"
+            )
         else:
-            lines.append(f"  {run.name}: not known (no iteration times, or under 4 measured iterations, and "
-                         f"samples/s spread over {STEADY_TOLERANCE:.0%})")
+            lines.append(
+                f"  {run.name}: not known (no iteration times, or under 4 measured iterations, and "
+                f"samples/s spread over {STEADY_TOLERANCE:.0%})"
+            )
     return lines, settled
 
 
@@ -294,14 +371,25 @@ def headline_scale(entry: Entry) -> float:
         raise NotRunnable(f"{entry.id} has no headline run (no 'headline' section in its catalogue entry)")
     from testbed.runner import plan_experiment  # lazy: Mininet, torch
     from testbed.spec import load_spec  # lazy: torch (the model registry)
-    return max(float(p.exp.scale) for p in plan_experiment(load_spec(_spec_path(entry),
-                                                                     overrides=entry.overrides(headline=True))))
+
+    return max(
+        float(p.exp.scale)
+        for p in plan_experiment(load_spec(_spec_path(entry), overrides=entry.overrides(headline=True)))
+    )
 
 
-def reproduce_once(entry: Entry, quick: bool = False, runs_dir: str | Path | None = None, progress: bool = True,
-                   out: TextIO | None = None, say: Callable[[str], None] | None = None, headline: bool = False,
-                   repeat: tuple[int, int] = (1, 1), scale: float | None = None,
-                   dilation: int = 1) -> tuple[int, Path]:
+def reproduce_once(
+    entry: Entry,
+    quick: bool = False,
+    runs_dir: str | Path | None = None,
+    progress: bool = True,
+    out: TextIO | None = None,
+    say: Callable[[str], None] | None = None,
+    headline: bool = False,
+    repeat: tuple[int, int] = (1, 1),
+    scale: float | None = None,
+    dilation: int = 1,
+) -> tuple[int, Path]:
     """Run ``entry``'s spec (every point of its sweep) and print its report beside the paper.
 
     Args:
@@ -337,6 +425,7 @@ def reproduce_once(entry: Entry, quick: bool = False, runs_dir: str | Path | Non
         raise NotRunnable(f"{entry.id} has no report command to compare its runs with the paper")
     from testbed.runner import one_line, run_experiment  # lazy: Mininet, torch
     from testbed.spec import load_spec  # lazy: torch (the model registry)
+
     out = out or sys.stdout
     say = say or (lambda line: print(f"testbed: {line}", file=sys.stderr))
     print(describe(entry, quick, headline), file=out, flush=True)
@@ -344,17 +433,28 @@ def reproduce_once(entry: Entry, quick: bool = False, runs_dir: str | Path | Non
     exp = load_spec(_spec_path(entry), overrides=overrides)
     if runs_dir is not None:
         exp.run.runs_dir = str(runs_dir)
-    started = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    started = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     results = run_experiment(exp, progress=progress, say=say)
     target = _target(results)
-    _write_marker(target, entry, "quick" if quick else "headline" if headline else "full", overrides, *repeat,
-                  started=started, dilation=dilation, code=run_code_digest(entry, [r.run_dir for r in results]))
+    _write_marker(
+        target,
+        entry,
+        "quick" if quick else "headline" if headline else "full",
+        overrides,
+        *repeat,
+        started=started,
+        dilation=dilation,
+        code=run_code_digest(entry, [r.run_dir for r in results]),
+    )
     if not progress or target == results[0].run_dir:  # else the runner wrote them as the sweep went
         print("\n".join(one_line(r) for r in results), file=out)
     ok = all(r.ok for r in results)
     name, argv = report_argv(entry, target)
-    print(f"\n## {MEASURED_HEADING}\n(testbed report {name} {' '.join(shlex.quote(a) for a in argv)})\n",
-          file=out, flush=True)
+    print(
+        f"\n## {MEASURED_HEADING}\n(testbed report {name} {' '.join(shlex.quote(a) for a in argv)})\n",
+        file=out,
+        flush=True,
+    )
     try:
         get_report(name).main(argv, prog=f"testbed report {name}", out=out)
     except TestbedError as e:

@@ -19,16 +19,17 @@ A failure anywhere is recorded in ``summary.json`` (status ``failed``, the error
 run directory keeps every log; a sweep goes on with its next point. Ctrl-C and SIGTERM tear
 down the same way and stop the sweep.
 """
+
 from __future__ import annotations
 
 import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import pandas as pd
 from mininet.log import StreamHandlerNoNewline
@@ -61,6 +62,7 @@ class RunResult:
     """Where a run went, its summary (``summary.json``; a mapping given is validated into a
     :class:`~traffic.summary.RunSummary`) and, in a sweep, its point (the swept paths and
     their values, and the variant's name)."""
+
     run_dir: Path
     summary: RunSummary
     point: dict = field(default_factory=dict)
@@ -114,8 +116,14 @@ def _on_sigterm(signum, frame):
     raise _Terminated()
 
 
-def run_one(exp: Experiment, parent: Path, run_id: str, exclusive_id: bool = True,
-            progress: RunProgress | None = None, zygote: launch.Zygote | None = None) -> RunResult:
+def run_one(
+    exp: Experiment,
+    parent: Path,
+    run_id: str,
+    exclusive_id: bool = True,
+    progress: RunProgress | None = None,
+    zygote: launch.Zygote | None = None,
+) -> RunResult:
     """Run one experiment (its sweep must be empty) in ``parent/run_id``; ``progress`` shows
     its phase and iterations while it runs (:mod:`testbed.progress`). ``zygote``: a running
     zygote the caller owns (a sweep's, shared by its points); this run forks from it if it
@@ -195,8 +203,11 @@ def _summarize(run_dir: Path, status: str, error: str | None) -> RunSummary:
     try:
         return summarize(run_dir, status=status, error=error)
     except OSError as e:
-        return RunSummary(status="failed", run_id=run_dir.name,
-                          error=f"summary.json could not be written ({e.strerror or e}){'; ' + error if error else ''}")
+        return RunSummary(
+            status="failed",
+            run_id=run_dir.name,
+            error=f"summary.json could not be written ({e.strerror or e}){'; ' + error if error else ''}",
+        )
 
 
 _MIN_FREE_BYTES = 64 << 10
@@ -211,12 +222,21 @@ def _disk_full(run_dir: Path) -> str | None:
     free = st.f_bavail * st.f_frsize
     if free >= _MIN_FREE_BYTES:
         return None
-    return (f"the file system of {run_dir} is full ({free} bytes free): what the run wrote until then is kept; "
-            f"free space there or point run.runs_dir (--runs-dir) at a larger file system")
+    return (
+        f"the file system of {run_dir} is full ({free} bytes free): what the run wrote until then is kept; "
+        f"free space there or point run.runs_dir (--runs-dir) at a larger file system"
+    )
 
 
-def _run(exp: Experiment, run_dir: Path, ledger: Ledger, teardown: ExitStack, t0: float,
-         progress: RunProgress, zygote: launch.Zygote | None = None) -> None:
+def _run(
+    exp: Experiment,
+    run_dir: Path,
+    ledger: Ledger,
+    teardown: ExitStack,
+    t0: float,
+    progress: RunProgress,
+    zygote: launch.Zygote | None = None,
+) -> None:
     """Build, launch and watch one run on its site (:func:`testbed.site.open_site`); every
     start registers its stop on ``teardown``. ``zygote``: a live shared zygote
     (:func:`run_one`), used and left running."""
@@ -230,8 +250,9 @@ def _run(exp: Experiment, run_dir: Path, ledger: Ledger, teardown: ExitStack, t0
     log.info("network up in %.1f s", time.time() - t0)
     hosts = [HostInfo(h["name"], h["rack"], h["kind"], len(h["intfs"])) for h in topo["hosts"]]
     plan = scheme.plan(exp.workload, hosts)
-    background = Background(exp.background, topo, site, run_dir, scale=exp.scale,
-                            on_pid=ledger.add_pid)  # refuses hosts the network lacks
+    background = Background(
+        exp.background, topo, site, run_dir, scale=exp.scale, on_pid=ledger.add_pid
+    )  # refuses hosts the network lacks
     teardown.callback(background.stop)
     entries = launch.process_entries(plan, topo, exp.workload.program)
     doc = launch.write_processes(run_dir, entries, entries[0]["ip"], exp.run.master_port, exp.run.timeout_s)
@@ -251,8 +272,14 @@ def _run(exp: Experiment, run_dir: Path, ledger: Ledger, teardown: ExitStack, t0
         ledger.add_pids({l.info["name"]: l.popen.pid for l in batch})  # one write per batch
 
     program = exp.workload.program
-    launch.start(run_dir, doc, site.popen, on_start=started, fork=site.fork,
-                 env_for=(lambda info: launch.program_env(info, doc, run_dir, program)) if program else None)
+    launch.start(
+        run_dir,
+        doc,
+        site.popen,
+        on_start=started,
+        fork=site.fork,
+        env_for=(lambda info: launch.program_env(info, doc, run_dir, program)) if program else None,
+    )
     killed: dict[str, str] = {}
 
     def kill(name: str, why: str = "was killed by a scheduled event") -> None:
@@ -262,10 +289,19 @@ def _run(exp: Experiment, run_dir: Path, ledger: Ledger, teardown: ExitStack, t0
                 site.kill(l)
 
     if exp.events:  # after the launch: its triggers count iterations and emulated seconds
-        sched = event_applier.Schedule(exp.events, topo, run_dir, exp.scale, exp.workload.warmup_iterations,
-                                       site.netns_pids, kill, on_cgroup=ledger.add_cgroup,
-                                       compute_mode=exp.workload.compute.mode, shaper=site.shaper,
-                                       origin=t_launch if program else None).start()  # a program may mark no iterations
+        sched = event_applier.Schedule(
+            exp.events,
+            topo,
+            run_dir,
+            exp.scale,
+            exp.workload.warmup_iterations,
+            site.netns_pids,
+            kill,
+            on_cgroup=ledger.add_cgroup,
+            compute_mode=exp.workload.compute.mode,
+            shaper=site.shaper,
+            origin=t_launch if program else None,
+        ).start()  # a program may mark no iterations
         teardown.callback(sched.stop)  # before the processes, the capture and the network stop
     progress.training(run_dir, [e["name"] for e in entries if e["role"] == "worker"], topo)
     site.record("launch", time.time() - t_launch)
@@ -280,6 +316,7 @@ class PlannedRun:
     requested and background hosts, as :func:`topologies.hosts_of` reads the topology
     graph) and the scheme's processes on them. ``scale_auto``: the spec said ``scale: auto``
     and ``exp.scale`` is what it resolved to."""
+
     point: dict
     exp: Experiment
     hosts: list[HostInfo]
@@ -313,8 +350,9 @@ def plan_point(exp: Experiment) -> tuple[list[HostInfo], list[ProcessPlan]]:
     try:
         topo = build_topo(exp.topology, scheme.hosts(exp.workload, exp.topology))
     except ValueError as e:  # a requested host in a rack the topology lacks
-        raise SpecError("workload.servers", exp.workload.servers.model_dump(), f"hosts the topology can hold ({e})") \
-            from None
+        raise SpecError(
+            "workload.servers", exp.workload.servers.model_dump(), f"hosts the topology can hold ({e})"
+        ) from None
     if errors := bridge_port_errors(exp.topology, topo):
         raise SpecError.of(errors)
     hosts = hosts_of(topo)
@@ -322,19 +360,33 @@ def plan_point(exp: Experiment) -> tuple[list[HostInfo], list[ProcessPlan]]:
         resolve_ports(exp.capture.pcap.ports, topo_links(topo), set(topo.switches()))
     plan = scheme.plan(exp.workload, hosts)
     if exp.events:
-        event_applier.check(exp.events, topo_links(topo), set(topo.switches()), hosts, plan,
-                       compute_mode=exp.workload.compute.mode, scale=exp.scale)
+        event_applier.check(
+            exp.events,
+            topo_links(topo),
+            set(topo.switches()),
+            hosts,
+            plan,
+            compute_mode=exp.workload.compute.mode,
+            scale=exp.scale,
+        )
     by_name = {h.name: h for h in hosts}
     for p in plan:
         if p.host not in by_name or not 0 <= p.iface < by_name[p.host].interfaces:
-            raise SpecError(f"plan of {p.name}", f"{p.host} interface {p.iface}",
-                            f"a host of the topology and one of its interfaces (scheme {exp.workload.scheme!r})")
+            raise SpecError(
+                f"plan of {p.name}",
+                f"{p.host} interface {p.iface}",
+                f"a host of the topology and one of its interfaces (scheme {exp.workload.scheme!r})",
+            )
     for i, f in enumerate(exp.background):
         for end in ("src", "dst"):
             if getattr(f, end) not in by_name:
-                raise SpecError(f"background[{i}].{end}", getattr(f, end),
-                                "a host of the topology: " + ", ".join(by_name) +
-                                " (topology.background_hosts_per_rack adds hosts bg1.. for background flows)")
+                raise SpecError(
+                    f"background[{i}].{end}",
+                    getattr(f, end),
+                    "a host of the topology: "
+                    + ", ".join(by_name)
+                    + " (topology.background_hosts_per_rack adds hosts bg1.. for background flows)",
+                )
     return hosts, plan
 
 
@@ -364,8 +416,9 @@ def plan_experiment(exp: Experiment) -> list[PlannedRun]:
         except SpecError as err:
             if not point:
                 raise
-            raise SpecError.of([FieldError(x.field, x.value, f"{x.allowed} (in the point {point_label(point)})")
-                                for x in err.errors]) from None
+            raise SpecError.of(
+                [FieldError(x.field, x.value, f"{x.allowed} (in the point {point_label(point)})") for x in err.errors]
+            ) from None
         out.append(PlannedRun(point, e, hosts, plan, scale_auto=auto))
     return out
 
@@ -400,13 +453,18 @@ def time_errors(exp: Experiment, hosts: list[HostInfo], processes: list[ProcessP
     need_s = w.iterations * sent * 8 / (links * fastest * 1e6 / exp.scale)
     if need_s <= timeout:
         return []
-    return [FieldError("topology.host_bw_mbps", t.host_bw_mbps,
-                       f"a rate at which the run can finish within run.timeout_s ({timeout:g} s): at least "
-                       f"{fastest * need_s / timeout:.4g} Mbit/s. At {fastest:g} Mbit/s its workers' links need at least "
-                       f"{need_s:.4g} s of wall clock: {w.iterations} iterations x {sent:.4g} bytes (the least the "
-                       f"{len(workers)} worker hosts of scheme {w.scheme!r} send per iteration) x 8 / ({links} links x "
-                       f"{fastest:g} Mbit/s / scale {exp.scale:g}); or lower workload.iterations or raise "
-                       f"run.timeout_s")]
+    return [
+        FieldError(
+            "topology.host_bw_mbps",
+            t.host_bw_mbps,
+            f"a rate at which the run can finish within run.timeout_s ({timeout:g} s): at least "
+            f"{fastest * need_s / timeout:.4g} Mbit/s. At {fastest:g} Mbit/s its workers' links need at least "
+            f"{need_s:.4g} s of wall clock: {w.iterations} iterations x {sent:.4g} bytes (the least the "
+            f"{len(workers)} worker hosts of scheme {w.scheme!r} send per iteration) x 8 / ({links} links x "
+            f"{fastest:g} Mbit/s / scale {exp.scale:g}); or lower workload.iterations or raise "
+            f"run.timeout_s",
+        )
+    ]
 
 
 def describe_plan(planned: list[PlannedRun]) -> str:
@@ -420,9 +478,10 @@ def describe_plan(planned: list[PlannedRun]) -> str:
         procs = " ".join(f"{p.name}@{p.host}" + (f":{p.iface}" if p.iface else "") for p in pr.processes)
         head = f"point {i:03d} {pr.label}" if pr.point else "run"
         scale = f"scale {pr.exp.scale:g}{' (auto)' if pr.scale_auto else ''}"
-        lines.append(f"{head}: {pr.exp.workload.scheme}, {pr.exp.topology.kind} x{pr.exp.topology.racks}, {scale}, "
-                     "hosts " + ", ".join(f"{n} {k}" for k, n in kinds.items())
-                     + f"; {len(pr.processes)} processes: {procs}")
+        lines.append(
+            f"{head}: {pr.exp.workload.scheme}, {pr.exp.topology.kind} x{pr.exp.topology.racks}, {scale}, "
+            "hosts " + ", ".join(f"{n} {k}" for k, n in kinds.items()) + f"; {len(pr.processes)} processes: {procs}"
+        )
     lines.append(f"{len(planned)} run(s) valid and planned; nothing was built or written (--dry-run)")
     return "\n".join(lines)
 
@@ -444,8 +503,11 @@ def check_capacity(planned: list[PlannedRun]) -> list[str]:
     if not planned:
         return []
     model = capacity.CostModel.load()  # read once for every point
-    warnings = capacity.check([(pr.label, pr.exp, pr.hosts, pr.processes) for pr in planned],
-                              force=any(pr.exp.run.force for pr in planned), model=model)
+    warnings = capacity.check(
+        [(pr.label, pr.exp, pr.hosts, pr.processes) for pr in planned],
+        force=any(pr.exp.run.force for pr in planned),
+        model=model,
+    )
     ests = [(capacity.estimate(pr.exp, pr.hosts, pr.processes, model=model), pr) for pr in planned]
     est, pr = max(ests, key=lambda e: e[0].memory_bytes)
     head = f"capacity{' (' + pr.label + ')' if pr.label and len(planned) > 1 else ''}: {capacity.describe(est)}"
@@ -455,11 +517,14 @@ def check_capacity(planned: list[PlannedRun]) -> list[str]:
             auto[p.exp.scale] = auto.get(p.exp.scale, 0) + 1
     lines = [head]
     if auto:
-        counts = ", ".join(f"{s:g}" + (f" ({n} of {len(planned)} points)" if len(planned) > 1 else "")
-                           for s, n in sorted(auto.items()))
-        lines.append(f"scale auto: {counts} (real compute runs at 1; emulated compute at the smallest whole "
-                     f"dilation >= 1 that keeps {capacity.MIN_IDLE_PCT:g}% of the cores idle by this machine's cost "
-                     f"model; set scale to choose)")
+        counts = ", ".join(
+            f"{s:g}" + (f" ({n} of {len(planned)} points)" if len(planned) > 1 else "") for s, n in sorted(auto.items())
+        )
+        lines.append(
+            f"scale auto: {counts} (real compute runs at 1; emulated compute at the smallest whole "
+            f"dilation >= 1 that keeps {capacity.MIN_IDLE_PCT:g}% of the cores idle by this machine's cost "
+            f"model; set scale to choose)"
+        )
     return lines + [f"warning: {w}" for w in warnings]
 
 
@@ -479,8 +544,7 @@ def preflight(exp: Experiment) -> None:
         find_tcpdump()
 
 
-def run_experiment(exp: Experiment, progress: bool = True,
-                   say: Callable[[str], None] | None = None) -> list[RunResult]:
+def run_experiment(exp: Experiment, progress: bool = True, say: Callable[[str], None] | None = None) -> list[RunResult]:
     """Run ``exp``: one run directory, or for a sweep one per point under a sweep directory.
 
     The sweep directory gets ``sweep.csv`` (one row per point: the swept values, status,
@@ -510,9 +574,16 @@ def _run_points(exp: Experiment, points: list[tuple[dict, Experiment]], progress
     parent = Path(exp.run.runs_dir)
     base_id = exp.run.id or rundir.new_run_id(exp.name)
     if not exp.sweep and not exp.variants:
-        (_, point_exp), = points  # as planned: scale: auto resolved
-        return [run_one(point_exp, parent, base_id, exclusive_id=bool(exp.run.id),
-                        progress=RunProgress(progress, base_id, exp.workload.iterations, point_exp.scale))]
+        ((_, point_exp),) = points  # as planned: scale: auto resolved
+        return [
+            run_one(
+                point_exp,
+                parent,
+                base_id,
+                exclusive_id=bool(exp.run.id),
+                progress=RunProgress(progress, base_id, exp.workload.iterations, point_exp.scale),
+            )
+        ]
     sweep_dir = rundir.create(parent, base_id, exclusive_id=bool(exp.run.id), subdirs=())
     with NetworkLock(run_dir=sweep_dir):
         pass  # names the sweep as the lock's holder until its first run names itself
@@ -530,8 +601,13 @@ def _run_points(exp: Experiment, points: list[tuple[dict, Experiment]], progress
             label = point_label(point)
             shown.start(i, label)
             run_id = f"{i:03d}_{_safe(label)}"
-            res = run_one(e, sweep_dir, run_id, zygote=zygote,
-                          progress=RunProgress(progress, run_id, e.workload.iterations, e.scale, position=1))
+            res = run_one(
+                e,
+                sweep_dir,
+                run_id,
+                zygote=zygote,
+                progress=RunProgress(progress, run_id, e.workload.iterations, e.scale, position=1),
+            )
             res.point = point
             results.append(res)
             rows.append(headline(res))
@@ -561,14 +637,27 @@ def headline(res: RunResult) -> dict:
     :data:`traffic.rundir.SWEEP_FIGURES` (scheme, samples/s with its spread and the
     confidence interval of its mean, iteration times, core bytes, accuracy, flags)."""
     s = res.summary
-    tp, it, b, f = (s.throughput or Throughput(), s.iteration_time_s or IterationTime(), s.bytes or Bytes(),
-                    s.fidelity or Fidelity())
-    figures = {"scheme": s.scheme, "status": s.status,
-               "samples_per_s": tp.mean, "samples_per_s_spread95": tp.spread,
-               "samples_per_s_mean_ci95_low": tp.mean_ci95_low, "samples_per_s_mean_ci95_high": tp.mean_ci95_high,
-               "iter_mean_s": it.mean, "iter_p95_s": it.p95,
-               "core_bytes": b.core, "accuracy": s.final_accuracy,
-               "cpu_starved": f.cpu_starved, "host_cost_overrun": f.host_cost_overrun, "run_dir": str(res.run_dir)}
+    tp, it, b, f = (
+        s.throughput or Throughput(),
+        s.iteration_time_s or IterationTime(),
+        s.bytes or Bytes(),
+        s.fidelity or Fidelity(),
+    )
+    figures = {
+        "scheme": s.scheme,
+        "status": s.status,
+        "samples_per_s": tp.mean,
+        "samples_per_s_spread95": tp.spread,
+        "samples_per_s_mean_ci95_low": tp.mean_ci95_low,
+        "samples_per_s_mean_ci95_high": tp.mean_ci95_high,
+        "iter_mean_s": it.mean,
+        "iter_p95_s": it.p95,
+        "core_bytes": b.core,
+        "accuracy": s.final_accuracy,
+        "cpu_starved": f.cpu_starved,
+        "host_cost_overrun": f.host_cost_overrun,
+        "run_dir": str(res.run_dir),
+    }
     return {**res.point, **{k: figures[k] for k in rundir.SWEEP_FIGURES}}
 
 
@@ -578,14 +667,23 @@ def one_line(res: RunResult) -> str:
     if h["status"] != "ok":
         err = (res.summary.error or "").splitlines()
         return f"{res.run_dir}: {h['status']}: {err[0] if err else ''}"
+
     def f(v, fmt):
         return "n/a" if v is None else format(v, fmt)
+
     flag = "  [CPU-starved: figures unreliable]" if h["cpu_starved"] else ""
     if h["host_cost_overrun"]:
         flag += "  [host-cost overrun: the real work took longer than the host model's budget]"
-    ci = (f"[{f(h['samples_per_s_mean_ci95_low'], '.1f')}, {f(h['samples_per_s_mean_ci95_high'], '.1f')}]"
-          if h["samples_per_s_mean_ci95_low"] is not None else "n/a")
-    return (f"{res.run_dir}: ok, {h['scheme']}, {f(h['samples_per_s'], '.1f')} samples/s (95 % CI of the mean {ci}, "
-            f"1.96 sd {f(h['samples_per_s_spread95'], '.1f')}), iteration {f(h['iter_mean_s'] and h['iter_mean_s'] * 1e3, '.1f')} ms "
-            f"(p95 {f(h['iter_p95_s'] and h['iter_p95_s'] * 1e3, '.1f')} ms), core {f(h['core_bytes'] and h['core_bytes'] / 1e6, '.2f')} MB, "
-            f"accuracy {f(h['accuracy'], '.3f')}{flag}")
+    ci = (
+        f"[{f(h['samples_per_s_mean_ci95_low'], '.1f')}, {f(h['samples_per_s_mean_ci95_high'], '.1f')}]"
+        if h["samples_per_s_mean_ci95_low"] is not None
+        else "n/a"
+    )
+    return (
+        f"{res.run_dir}: ok, {h['scheme']}, {f(h['samples_per_s'], '.1f')} samples/s (95 % CI of the mean {ci}, "
+        f"1.96 sd {f(h['samples_per_s_spread95'], '.1f')}), "
+        f"iteration {f(h['iter_mean_s'] and h['iter_mean_s'] * 1e3, '.1f')} ms "
+        f"(p95 {f(h['iter_p95_s'] and h['iter_p95_s'] * 1e3, '.1f')} ms), "
+        f"core {f(h['core_bytes'] and h['core_bytes'] / 1e6, '.2f')} MB, "
+        f"accuracy {f(h['accuracy'], '.3f')}{flag}"
+    )

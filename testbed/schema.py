@@ -13,6 +13,7 @@ the testbed can check (a scheme's name and its ``options``, a path that must exi
 across fields) is left to ``testbed run --dry-run``. :func:`field_paths` lists the dotted
 paths of the schema's fields (the shell completion of ``--set``).
 """
+
 from __future__ import annotations
 
 import json
@@ -31,6 +32,7 @@ MODELINE = "# yaml-language-server: $schema="
 def spec_schema() -> dict:
     """The JSON Schema (draft 2020-12, as pydantic writes it) of an experiment spec."""
     from testbed.spec import Experiment  # lazy: torch (the model registry); completion reads the file
+
     return Experiment.model_json_schema()
 
 

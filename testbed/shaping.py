@@ -26,26 +26,44 @@ A link end is named ``(node, interface)``: the interface is in the network names
 ``node`` when ``node`` is a host (a key of ``netns_pids``), else in the root namespace (a
 switch port).
 """
+
 from __future__ import annotations
 
 import json
 import os
 import sys
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
 from mininet.link import Link, TCIntf
 from pyroute2 import IPRoute
-from pyroute2.netns import popns, pushns
 from pyroute2.netlink.rtnl.tcmsg.common import tick_in_usec
+from pyroute2.netns import popns, pushns
 
 from common.errors import TestbedError
 from topologies.spec import MAX_RATE_MBPS, MIN_RATE_MBPS
 
-__all__ = ["MAX_RATE_MBPS", "MIN_RATE_MBPS", "RATE_TOLERANCE", "HTB_QUANTUM_BYTES", "HTB_ROOT", "HTB_CLASS",
-           "htb_burst_bytes", "htb_class_options", "netns_route",
-           "ShapedIntf", "ShapedLink", "LinkShaper", "RemoteLinkShaper", "read_shaping",
-           "netem_options", "shaping_errors", "netem_errors", "link_ends", "switch_ends"]
+__all__ = [
+    "MAX_RATE_MBPS",
+    "MIN_RATE_MBPS",
+    "RATE_TOLERANCE",
+    "HTB_QUANTUM_BYTES",
+    "HTB_ROOT",
+    "HTB_CLASS",
+    "htb_burst_bytes",
+    "htb_class_options",
+    "netns_route",
+    "ShapedIntf",
+    "ShapedLink",
+    "LinkShaper",
+    "RemoteLinkShaper",
+    "read_shaping",
+    "netem_options",
+    "shaping_errors",
+    "netem_errors",
+    "link_ends",
+    "switch_ends",
+]
 
 #: Rate read back must be within this fraction of the rate asked for (tc rounds rates); so
 #: must a netem delay and loss, or within :data:`NETEM_DELAY_FLOOR_MS` / :data:`NETEM_LOSS_FLOOR_PCT`.
@@ -137,15 +155,16 @@ class ShapedIntf(TCIntf):
         # an explicit quantum: htb's default (rate / r2q) exceeds its 200 kB limit above
         # 16 Mbit/s and the kernel warns; with one class the quantum has no other effect
         root, cls = tc_handle(HTB_ROOT), tc_handle(HTB_CLASS)
-        return [f"%s qdisc add dev %s root handle {root} htb default {HTB_CLASS & 0xFFFF:x}",
-                f"%s class add dev %s parent {root} classid {cls} htb " +
-                f"rate {bw}Mbit burst {burst} cburst {burst} quantum {HTB_QUANTUM_BYTES}"], f" parent {cls} "
+        return [
+            f"%s qdisc add dev %s root handle {root} htb default {HTB_CLASS & 0xFFFF:x}",
+            f"%s class add dev %s parent {root} classid {cls} htb "
+            + f"rate {bw}Mbit burst {burst} cburst {burst} quantum {HTB_QUANTUM_BYTES}",
+        ], f" parent {cls} "
 
     @staticmethod
     def delayCmds(parent, delay=None, jitter=None, loss=None, max_queue_size=None):
         if delay or jitter or loss:
-            return TCIntf.delayCmds(parent, delay=delay, jitter=jitter, loss=loss,
-                                    max_queue_size=max_queue_size)
+            return TCIntf.delayCmds(parent, delay=delay, jitter=jitter, loss=loss, max_queue_size=max_queue_size)
         if max_queue_size:
             return ["%s qdisc add dev %s " + parent + f" handle 10: pfifo limit {int(max_queue_size)}"], " parent 10:1 "
         return [], parent
@@ -156,11 +175,24 @@ class ShapedLink(Link):
 
     intf_class: type = ShapedIntf
 
-    def __init__(self, node1, node2, port1=None, port2=None, intfName1=None, intfName2=None,
-                 addr1=None, addr2=None, **params):
-        Link.__init__(self, node1, node2, port1=port1, port2=port2, intfName1=intfName1,
-                      intfName2=intfName2, cls1=self.intf_class, cls2=self.intf_class, addr1=addr1,
-                      addr2=addr2, params1=params, params2=params)
+    def __init__(
+        self, node1, node2, port1=None, port2=None, intfName1=None, intfName2=None, addr1=None, addr2=None, **params
+    ):
+        Link.__init__(
+            self,
+            node1,
+            node2,
+            port1=port1,
+            port2=port2,
+            intfName1=intfName1,
+            intfName2=intfName2,
+            cls1=self.intf_class,
+            cls2=self.intf_class,
+            addr1=addr1,
+            addr2=addr2,
+            params1=params,
+            params2=params,
+        )
 
 
 # ---------------------------------------------------------------------------- read back
@@ -179,8 +211,10 @@ def netem_options(qdisc) -> dict:
     opts = qdisc.get_attr("TCA_OPTIONS")
     ticks = opts.get("delay") if opts is not None else None
     loss = opts.get("loss") if opts is not None else None
-    return {"delay_ms": None if ticks is None else ticks / tick_in_usec / 1000.0,
-            "loss_pct": None if loss is None else loss / 0xFFFFFFFF * 100.0}
+    return {
+        "delay_ms": None if ticks is None else ticks / tick_in_usec / 1000.0,
+        "loss_pct": None if loss is None else loss / 0xFFFFFFFF * 100.0,
+    }
 
 
 def read_shaping(ipr, ifname: str, qdiscs: list | None = None) -> dict:
@@ -198,12 +232,18 @@ def read_shaping(ipr, ifname: str, qdiscs: list | None = None) -> dict:
     """
     idx = ipr.link_lookup(ifname=ifname)
     if not idx:
-        return {"qdisc": None, "rate_mbps": None, "leaf": None, "delay_ms": None, "loss_pct": None,
-                "error": "no such interface"}
+        return {
+            "qdisc": None,
+            "rate_mbps": None,
+            "leaf": None,
+            "delay_ms": None,
+            "loss_pct": None,
+            "error": "no such interface",
+        }
     idx = idx[0]
     kind = leaf = None
     netem = {"delay_ms": None, "loss_pct": None}
-    for q in (ipr.get_qdiscs(index=idx) if qdiscs is None else qdiscs):
+    for q in ipr.get_qdiscs(index=idx) if qdiscs is None else qdiscs:
         if q["index"] != idx:
             continue
         if q["parent"] == _TC_H_ROOT:
@@ -231,9 +271,13 @@ def _netem_problem(link: dict, have: dict) -> str | None:
     if not delay and not loss:
         return None
     d, l = have.get("delay_ms"), have.get("loss_pct")
-    if (have.get("leaf") != "netem" or d is None or l is None
-            or abs(d - delay) > max(RATE_TOLERANCE * delay, NETEM_DELAY_FLOOR_MS)
-            or abs(l - loss) > max(RATE_TOLERANCE * loss, NETEM_LOSS_FLOOR_PCT)):
+    if (
+        have.get("leaf") != "netem"
+        or d is None
+        or l is None
+        or abs(d - delay) > max(RATE_TOLERANCE * delay, NETEM_DELAY_FLOOR_MS)
+        or abs(l - loss) > max(RATE_TOLERANCE * loss, NETEM_LOSS_FLOOR_PCT)
+    ):
         return f"asked netem delay {delay:g} ms loss {loss:g} %, kernel has {have}"
     return None
 
@@ -243,8 +287,9 @@ def netem_errors(link: dict, got: dict[str, dict]) -> list[str]:
     ``shaped_delay_ms``, ms as built, ``loss_pct``, %) and what the kernel has (``got``:
     interface -> :func:`read_shaping`), one line per end that differs; empty when the link
     asks for neither."""
-    return [f"{link[f'intf{e}']}: {p}" for e in ("1", "2")
-            if (p := _netem_problem(link, got[link[f"intf{e}"]])) is not None]
+    return [
+        f"{link[f'intf{e}']}: {p}" for e in ("1", "2") if (p := _netem_problem(link, got[link[f"intf{e}"]])) is not None
+    ]
 
 
 def shaping_errors(link: dict, got: dict[str, dict], mtu_bytes: int, max_queue_packets: int | None) -> list[str]:

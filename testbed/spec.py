@@ -13,6 +13,7 @@ Example::
     exp = load_spec("experiments/quickstart.yaml", overrides=["workload.iterations=20"])
     for point, e in expand_sweep(exp): ...
 """
+
 from __future__ import annotations
 
 import copy
@@ -20,25 +21,51 @@ import itertools
 import math
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import Field, PrivateAttr, ValidationError, field_validator
 
 from common.errors import FieldError, SpecError, TestbedError, show_value
 from common.provenance import Provenance
+from common.validation import (
+    SAFE_LABEL_ALLOWED,
+    SAFE_NAME_ALLOWED,
+    SpecFileError,
+    SpecModel,
+    check_depth,
+    field_errors,
+    is_safe_label,
+    is_safe_name,
+    load_yaml,
+    safe_name,
+    to_safe_name,
+)
 from testbed.background import BASE_PORT, IPERF3_MAX_TIME_S, IPERF3_MIN_RATE_BPS, MAX_FLOWS
 from topologies.spec import MAX_HOSTS, MAX_INTERFACES, MAX_RATE_MBPS, TopologySpec
-from common.validation import (SAFE_LABEL_ALLOWED, SAFE_NAME_ALLOWED, SpecFileError, SpecModel, check_depth,
-                               field_errors, is_safe_label, is_safe_name, load_yaml, safe_name, to_safe_name)
 from traffic import rundir
-from traffic.hostmodel import HostSpec
 from traffic.event_spec import ScheduledEvent, event_errors
+from traffic.hostmodel import HostSpec
 from traffic.spec import WorkloadSpec, option_errors
 
-__all__ = ["Experiment", "CaptureSpec", "PcapSpec", "RunSpec", "BackgroundFlow", "ScheduledEvent", "TopologySpec",
-           "WorkloadSpec", "from_dict", "load_spec", "parse_override", "expand_sweep", "dump_spec", "with_scale", "AUTO",
-           "MAX_POINTS"]
+__all__ = [
+    "Experiment",
+    "CaptureSpec",
+    "PcapSpec",
+    "RunSpec",
+    "BackgroundFlow",
+    "ScheduledEvent",
+    "TopologySpec",
+    "WorkloadSpec",
+    "from_dict",
+    "load_spec",
+    "parse_override",
+    "expand_sweep",
+    "dump_spec",
+    "with_scale",
+    "AUTO",
+    "MAX_POINTS",
+]
 
 #: ``scale: auto``: the dilation chosen from the machine's cost model at planning
 AUTO = "auto"
@@ -52,7 +79,7 @@ MAX_POINTS = 1000
 #: period ``-t`` in ms, is an unsigned int that bwm-ng doubles (``avg_length = 2 x delay + 1``,
 #: src/options.c), which holds up to 2**31 - 1 ms. Python's waits (``threading.Timer``,
 #: ``time.sleep``: at most ``threading.TIMEOUT_MAX``, 292 years) are far from it.
-MAX_TIMEOUT_S = (2 ** 31 - 1) / 1000
+MAX_TIMEOUT_S = (2**31 - 1) / 1000
 
 
 class BackgroundFlow(SpecModel):
@@ -61,6 +88,7 @@ class BackgroundFlow(SpecModel):
     Hosts must exist in the built topology (checked when the network is up). A flow still
     running when training ends is stopped with it.
     """
+
     src: str
     """Sending host, e.g. ``bg1``."""
     dst: str
@@ -77,7 +105,7 @@ class BackgroundFlow(SpecModel):
     scale`` below ``run.timeout_s`` (the flow would never start)."""
     protocol: Literal["tcp", "udp"] = "tcp"
     """``tcp`` (paced at the rate; backs off under congestion) or ``udp`` (constant rate)."""
-    name: Optional[str] = None
+    name: str | None = None
     """File name of its results (default ``bg<index>``): a safe name (letters, digits, ``_``,
     ``-``, ``.``; no leading ``.``)."""
 
@@ -85,6 +113,7 @@ class BackgroundFlow(SpecModel):
 class PcapSpec(SpecModel):
     """Header capture with tcpdump on chosen switch ports (:mod:`testbed.capture.pcap`), read by
     :func:`analysis.flows`. Off unless given."""
+
     ports: list[str] = Field(min_length=1)
     """``uplinks`` (the ToR end of every uplink), ``host:<name>`` (the ToR port facing that
     host) or switch port names (``tor1-eth3``); an unknown one is refused before anything is
@@ -92,7 +121,7 @@ class PcapSpec(SpecModel):
     snaplen_bytes: int = Field(128, ge=96, le=65535)
     """Bytes kept of each packet: 128 holds Ethernet, IP and TCP headers with options. Flow
     bytes come from the IP length, not from what was kept."""
-    filter: Optional[str] = "tcp"
+    filter: str | None = "tcp"
     """A BPF filter expression (tcpdump's syntax, e.g. ``tcp and port 29500``) or null for
     every packet; checked with libpcap's compiler before anything is built."""
     start_s: float = Field(0.0, ge=0)
@@ -100,7 +129,7 @@ class PcapSpec(SpecModel):
     window for runs whose whole capture would be too large to analyse); ``start_s x scale``
     below ``run.timeout_s`` (a window starting later captures nothing; its timer is a
     ``threading.Timer``, which overflows beyond ``threading.TIMEOUT_MAX``)."""
-    duration_s: Optional[float] = Field(None, gt=0)
+    duration_s: float | None = Field(None, gt=0)
     """Stop after this many emulated seconds (null: with the run); ``duration_s x scale`` at
     most ``run.timeout_s`` (for as long as the run, leave it null)."""
 
@@ -111,13 +140,15 @@ class PcapSpec(SpecModel):
             return None
         from scapy.arch.common import compile_filter  # lazy: scapy takes ~0.5 s to import
         from scapy.error import Scapy_Exception  # lazy: as above
+
         try:
             compile_filter(v, linktype=1)  # DLT_EN10MB, as the switch ports
         except Scapy_Exception as e:
             raise ValueError(f"a BPF filter libpcap can compile ({e})") from None
         except (OSError, ImportError) as e:  # no libpcap: tcpdump is missing too
-            raise ValueError(f"a BPF filter; none can be checked here without libpcap "
-                             f"(apt-get install tcpdump): {e}") from None
+            raise ValueError(
+                f"a BPF filter; none can be checked here without libpcap (apt-get install tcpdump): {e}"
+            ) from None
         return v
 
 
@@ -125,6 +156,7 @@ class CaptureSpec(SpecModel):
     """What the harness records while a run trains (periods in milliseconds of wall clock,
     each at most ``run.timeout_s``: a longer period takes no sample before the run ends, and
     bwm-ng holds its period in a 32-bit count of ms, :data:`MAX_TIMEOUT_S`)."""
+
     interval_ms: int = Field(10, gt=0)
     """bwm-ng's period (10 ms, as P3's evaluation)."""
     qdisc: bool = True
@@ -142,7 +174,7 @@ class CaptureSpec(SpecModel):
     :mod:`testbed.capture.endpoints`): what attributes captured flows to processes."""
     endpoints_interval_ms: int = Field(500, ge=50)
     """The endpoint sampler's period."""
-    pcap: Optional[PcapSpec] = None
+    pcap: PcapSpec | None = None
     """Header capture on chosen ports (off by default)."""
 
     @field_validator("cpu_interval_ms")
@@ -155,12 +187,13 @@ class CaptureSpec(SpecModel):
 
 class RunSpec(SpecModel):
     """How the run is driven: time limit, where run directories go, an optional fixed id."""
+
     timeout_s: float = Field(600.0, gt=0, le=MAX_TIMEOUT_S)
     """Limit of the whole run, seconds of wall clock, at most :data:`MAX_TIMEOUT_S`
     (2,147,483.647 s); every time the run waits for (dilated) must fall inside it."""
     runs_dir: str = "runs"
     """Where run directories are created (nothing of a run is written outside it)."""
-    id: Optional[str] = None
+    id: str | None = None
     """A fixed run id (the run fails if its directory exists): a safe name (letters, digits,
     ``_``, ``-``, ``.``; no leading ``.`` or ``-``; at most 100 characters)."""
     master_port: int = 29500
@@ -189,6 +222,7 @@ class RunSpec(SpecModel):
 
 class ClusterSpec(SpecModel):
     """The machines an experiment spans."""
+
     machines: list[str] = Field(min_length=1)
     """SSH addresses (host names or IP addresses), each once; the first holds the core switch."""
     user: str = "root"
@@ -198,13 +232,13 @@ class ClusterSpec(SpecModel):
     tunnel: Literal["gre", "vxlan"] = "gre"
     """What carries a link between machines: ``gre`` (Mininet's RemoteGRELink, ``gretap``) or
     ``vxlan`` (for kernels without GRE); both leave a 1,450-byte MTU."""
-    project_dir: Optional[str] = None
+    project_dir: str | None = None
     """Where this project is on the machines (its ``.venv`` inside); default: the same path as here."""
     ssh_port: int = Field(22, gt=0, lt=65536)
     """The machines' SSH port."""
-    identity_file: Optional[str] = None
+    identity_file: str | None = None
     """A private key for SSH (``ssh -i``); default: SSH's own."""
-    known_hosts_file: Optional[str] = None
+    known_hosts_file: str | None = None
     """A known-hosts file for SSH (``UserKnownHostsFile``); default: SSH's own."""
 
     @field_validator("machines")
@@ -215,8 +249,9 @@ class ClusterSpec(SpecModel):
             raise ValueError(f"host names or IP addresses (letters, digits, '.', '-', '_', ':'; got {bad[0]!r})")
         local = [m for m in v if m == "localhost" or m.startswith("127.")]
         if local:
-            raise ValueError(f"addresses the other machines reach (not {local[0]!r}: tunnels are addressed "
-                             "from the other end too)")
+            raise ValueError(
+                f"addresses the other machines reach (not {local[0]!r}: tunnels are addressed from the other end too)"
+            )
         repeated = sorted({m for m in v if v.count(m) > 1})
         if repeated:
             raise ValueError(f"each machine once (repeated: {', '.join(repeated)})")
@@ -244,10 +279,11 @@ class Experiment(SpecModel):
     with emulated compute the smallest whole number >= 1 at which the run's CPU estimate
     keeps 35 % of the cores idle. The run's ``spec.yaml`` records the number it ran at.
     """
+
     name: str = "experiment"
     """Name of the experiment (run ids start with it): letters, digits, ``_``, ``-``, ``.``; no
     leading ``.`` or ``-``; at most 100 characters. Left out in a spec file: the file's name."""
-    scale: Union[Annotated[float, Field(gt=0)], Literal["auto"]] = "auto"
+    scale: Annotated[float, Field(gt=0)] | Literal["auto"] = "auto"
     """Time dilation factor (see above): a number > 0, or ``auto`` (the default)."""
     topology: TopologySpec = Field(default_factory=TopologySpec)
     """The emulated network."""
@@ -267,7 +303,7 @@ class Experiment(SpecModel):
     together (a scheme and its options); combined with every sweep point."""
     background: list[BackgroundFlow] = Field(default_factory=list)
     """iperf3 flows between hosts during the run, e.g. to load the core."""
-    cluster: Optional[ClusterSpec] = None
+    cluster: ClusterSpec | None = None
     """The machines the racks are spread over (:mod:`testbed.remote`): none (the
     default) builds everything on this machine."""
     events: list[ScheduledEvent] = Field(default_factory=list)
@@ -307,18 +343,38 @@ class Experiment(SpecModel):
         out = []
         n = len(c.machines)
         if n > self.topology.racks:
-            out.append(FieldError("cluster.machines", c.machines, f"at most {self.topology.racks} machines (placement "
-                                  "'rack' keeps each rack whole on one machine)"))
+            out.append(
+                FieldError(
+                    "cluster.machines",
+                    c.machines,
+                    f"at most {self.topology.racks} machines (placement 'rack' keeps each rack whole on one machine)",
+                )
+            )
         if n > 1 and self.topology.kind != "rack_core":
-            out.append(FieldError("topology.kind", self.topology.kind, "'rack_core' with a cluster of several machines "
-                                  "(racks on different machines are joined through the core)"))
+            out.append(
+                FieldError(
+                    "topology.kind",
+                    self.topology.kind,
+                    "'rack_core' with a cluster of several machines "
+                    "(racks on different machines are joined through the core)",
+                )
+            )
         real_slowdown = self.workload.compute.mode == "real" and any(e.kind == "compute_slowdown" for e in self.events)
         for path, used in (("events", real_slowdown), ("capture.pcap", self.capture.pcap is not None)):
             if used:
-                out.append(FieldError(path, "set", "left out with a cluster (not yet carried across machines; "
-                                                   "run it on one machine)" + (": a compute_slowdown of real compute "
-                                                   "throttles a host with a cgroup of this machine" if path == "events"
-                                                   else "")))
+                out.append(
+                    FieldError(
+                        path,
+                        "set",
+                        "left out with a cluster (not yet carried across machines; "
+                        "run it on one machine)"
+                        + (
+                            ": a compute_slowdown of real compute throttles a host with a cgroup of this machine"
+                            if path == "events"
+                            else ""
+                        ),
+                    )
+                )
         return out
 
     def _size_errors(self) -> list[FieldError]:
@@ -328,8 +384,11 @@ class Experiment(SpecModel):
         t, w = self.topology, self.workload
         out = []
         if w.workers > t.racks * t.hosts_per_rack:
-            out.append(FieldError("workload.workers", w.workers,
-                                  f"at most {t.racks * t.hosts_per_rack} (the topology's worker hosts)"))
+            out.append(
+                FieldError(
+                    "workload.workers", w.workers, f"at most {t.racks * t.hosts_per_rack} (the topology's worker hosts)"
+                )
+            )
         if w.servers.count > MAX_HOSTS:
             out.append(FieldError("workload.servers.count", w.servers.count, f"at most {MAX_HOSTS}"))
         if w.servers.interfaces > MAX_INTERFACES:
@@ -344,10 +403,15 @@ class Experiment(SpecModel):
         namespaces, never a host's."""
         i = self.run.master_port - BASE_PORT
         if 0 <= i < len(self.background):
-            return [FieldError("run.master_port", self.run.master_port,
-                               f"a port no background flow listens on: background[{i}]'s iperf3 server listens on "
-                               f"{self.run.master_port} (port {BASE_PORT} + its index; the flows take {BASE_PORT}.."
-                               f"{BASE_PORT + len(self.background) - 1}), e.g. 29500")]
+            return [
+                FieldError(
+                    "run.master_port",
+                    self.run.master_port,
+                    f"a port no background flow listens on: background[{i}]'s iperf3 server listens on "
+                    f"{self.run.master_port} (port {BASE_PORT} + its index; the flows take {BASE_PORT}.."
+                    f"{BASE_PORT + len(self.background) - 1}), e.g. 29500",
+                )
+            ]
         return []
 
     def _timing_errors(self, scale: float) -> list[FieldError]:
@@ -364,31 +428,56 @@ class Experiment(SpecModel):
 
         def within(field, value, seconds, what, strict=True):
             if not (seconds < T if strict else seconds <= T):
-                out.append(FieldError(field, value, f"a value for which {what} ({seconds:g} s) is "
-                                                    f"{'below' if strict else 'at most'} run.timeout_s ({T:g} s)"))
+                out.append(
+                    FieldError(
+                        field,
+                        value,
+                        f"a value for which {what} ({seconds:g} s) is "
+                        f"{'below' if strict else 'at most'} run.timeout_s ({T:g} s)",
+                    )
+                )
 
         within("topology.delay_ms", t.delay_ms, t.delay_ms * scale / 1000, f"a link's one-way delay x scale {scale:g}")
-        periods = [("interval_ms", True), ("qdisc_interval_ms", c.qdisc), ("cpu_interval_ms", c.cpu),
-                   ("endpoints_interval_ms", c.endpoints)]
+        periods = [
+            ("interval_ms", True),
+            ("qdisc_interval_ms", c.qdisc),
+            ("cpu_interval_ms", c.cpu),
+            ("endpoints_interval_ms", c.endpoints),
+        ]
         for name, on in periods:
             if on:
                 within(f"capture.{name}", getattr(c, name), getattr(c, name) / 1000, "the sampling period", False)
         if c.pcap is not None:
-            within("capture.pcap.start_s", c.pcap.start_s, c.pcap.start_s * scale,
-                   f"the capture window's start x scale {scale:g}")
+            within(
+                "capture.pcap.start_s",
+                c.pcap.start_s,
+                c.pcap.start_s * scale,
+                f"the capture window's start x scale {scale:g}",
+            )
             if c.pcap.duration_s is not None:
-                within("capture.pcap.duration_s", c.pcap.duration_s, c.pcap.duration_s * scale,
-                       f"the capture window's length x scale {scale:g} (null: until the run ends)", False)
+                within(
+                    "capture.pcap.duration_s",
+                    c.pcap.duration_s,
+                    c.pcap.duration_s * scale,
+                    f"the capture window's length x scale {scale:g} (null: until the run ends)",
+                    False,
+                )
         try:
             h, given = self.host.resolve(), self.host.pinned()
         except (TestbedError, OSError, ValueError):  # an unreadable profile: host.cross_errors names it
             return out
-        costs = [("message_overhead_us", h.message_overhead_s, "one message's software cost"),
-                 ("request_startup_ms", h.request_startup_s, "one pull request's start-up cost")]
-        costs += [(f, 4 / r if r else 0.0, "one float32 element's cost at this rate")
-                  for f, r in (("aggregate_gb_per_s", h.aggregate_bytes_per_s),
-                               ("optimizer_gb_per_s", h.optimizer_bytes_per_s),
-                               ("codec_gb_per_s", h.codec_bytes_per_s))]
+        costs = [
+            ("message_overhead_us", h.message_overhead_s, "one message's software cost"),
+            ("request_startup_ms", h.request_startup_s, "one pull request's start-up cost"),
+        ]
+        costs += [
+            (f, 4 / r if r else 0.0, "one float32 element's cost at this rate")
+            for f, r in (
+                ("aggregate_gb_per_s", h.aggregate_bytes_per_s),
+                ("optimizer_gb_per_s", h.optimizer_bytes_per_s),
+                ("codec_gb_per_s", h.codec_bytes_per_s),
+            )
+        ]
         for name, seconds, what in costs:
             within(f"host.{name}", given[name], seconds * scale, f"{what} x scale {scale:g}")
         return out
@@ -403,30 +492,58 @@ class Experiment(SpecModel):
         out = self.topology.cross_errors() + self.workload.cross_errors() + self._size_errors()
         t, s = self.topology, self.scale
         low = 1.0 if s == AUTO else s
-        out += event_errors(self.events, iterations=self.workload.iterations, topology_kind=t.kind,
-                            scale=s, timeout_s=self.run.timeout_s)
+        out += event_errors(
+            self.events,
+            iterations=self.workload.iterations,
+            topology_kind=t.kind,
+            scale=s,
+            timeout_s=self.run.timeout_s,
+        )
         if self.workload.max_warmup_iterations is not None and self.events:
-            out.append(FieldError("events", f"{len(self.events)} event(s)", "none with "
-                                  "workload.max_warmup_iterations (the measured iterations are chosen once the run "
-                                  "is analysed, so an event's time and the iterations around it would not be known "
-                                  "when it is applied), or leave max_warmup_iterations out"))
+            out.append(
+                FieldError(
+                    "events",
+                    f"{len(self.events)} event(s)",
+                    "none with "
+                    "workload.max_warmup_iterations (the measured iterations are chosen once the run "
+                    "is analysed, so an event's time and the iterations around it would not be known "
+                    "when it is applied), or leave max_warmup_iterations out",
+                )
+            )
         try:
             out += self.host.cross_errors()
         except (OSError, ValueError) as e:  # a profile path the OS refuses (too long, ...)
-            out.append(FieldError("host.profile", self.host.profile,
-                                  f"a shipped host profile or the path of a readable one ({type(e).__name__}: {e})"))
+            out.append(
+                FieldError(
+                    "host.profile",
+                    self.host.profile,
+                    f"a shipped host profile or the path of a readable one ({type(e).__name__}: {e})",
+                )
+            )
         out += self._cluster_errors() + self._port_errors()
         if s == AUTO:  # resolved at planning (testbed.capacity.auto_scale), then checked again
             return out + t.rate_errors(low, upper=False) + self._timing_errors(low) + _background_errors(self)
         if not (math.isfinite(t.delay_ms * s) and t.host_bw_mbps / s > 0 and t.uplink_mbps() / s > 0):
-            out.append(FieldError("scale", s, f"a factor that keeps the dilated links finite and non-zero "
-                                              f"(delay_ms x scale = {t.delay_ms * s:g}, host_bw_mbps / scale = "
-                                              f"{t.host_bw_mbps / s:g} Mbit/s)"))
+            out.append(
+                FieldError(
+                    "scale",
+                    s,
+                    f"a factor that keeps the dilated links finite and non-zero "
+                    f"(delay_ms x scale = {t.delay_ms * s:g}, host_bw_mbps / scale = "
+                    f"{t.host_bw_mbps / s:g} Mbit/s)",
+                )
+            )
         else:
             out += t.rate_errors(s) + self._timing_errors(s)
         if self.scale != 1 and self.workload.compute.mode != "emulated":
-            out.append(FieldError("scale", self.scale, "1 unless workload.compute.mode is 'emulated' (time "
-                                  "dilation slows emulated compute and links; real compute cannot be slowed)"))
+            out.append(
+                FieldError(
+                    "scale",
+                    self.scale,
+                    "1 unless workload.compute.mode is 'emulated' (time "
+                    "dilation slows emulated compute and links; real compute cannot be slowed)",
+                )
+            )
         out += _background_errors(self)
         return out
 
@@ -523,7 +640,8 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> Experimen
 
     Raises:
         SpecError: the file is missing or unreadable, is not YAML (:class:`~common.validation.SpecFileError`,
-            naming the file, line and column) or not UTF-8, a key is given twice in a mapping (named by its dotted path, with both lines and the file:
+            naming the file, line and column) or not UTF-8, a key is given twice in a mapping (named by its dotted
+            path, with both lines and the file:
             :class:`~common.validation.DuplicateKeyError`), or fields are malformed.
     """
     p = Path(path)
@@ -586,30 +704,53 @@ def _background_errors(exp: Experiment) -> list[FieldError]:
     auto = exp.scale == AUTO
     scale, timeout = 1.0 if auto else exp.scale, exp.run.timeout_s
     if len(exp.background) > MAX_FLOWS:
-        out.append(FieldError("background", f"{len(exp.background)} flows",
-                              f"at most {MAX_FLOWS} flows (flow i's iperf3 server listens on TCP port {BASE_PORT} + i, "
-                              f"at most 65535)"))
+        out.append(
+            FieldError(
+                "background",
+                f"{len(exp.background)} flows",
+                f"at most {MAX_FLOWS} flows (flow i's iperf3 server listens on TCP port {BASE_PORT} + i, "
+                f"at most 65535)",
+            )
+        )
     for i, f in enumerate(exp.background):
         path = f"background[{i}]"
         if f.src == f.dst:
             out.append(FieldError(f"{path}.dst", f.dst, f"a host other than src ({f.src})"))
         bps = f.rate_mbps * 1e6 / scale
         if not (math.isfinite(bps) and round(bps) >= IPERF3_MIN_RATE_BPS and (auto or bps <= MAX_RATE_MBPS * 1e6)):
-            out.append(FieldError(f"{path}.rate_mbps", f.rate_mbps,
-                                  f"a rate whose shaped value (iperf3's -b: rate_mbps x 1e6 / scale {scale:g} = {bps:g} "
-                                  f"bit/s) is at least {IPERF3_MIN_RATE_BPS} bit/s once rounded (-b 0 is no limit at "
-                                  f"all) and at most {MAX_RATE_MBPS:g} Mbit/s (no link is faster)"))
+            out.append(
+                FieldError(
+                    f"{path}.rate_mbps",
+                    f.rate_mbps,
+                    f"a rate whose shaped value (iperf3's -b: rate_mbps x 1e6 / scale {scale:g} = {bps:g} "
+                    f"bit/s) is at least {IPERF3_MIN_RATE_BPS} bit/s once rounded (-b 0 is no limit at "
+                    f"all) and at most {MAX_RATE_MBPS:g} Mbit/s (no link is faster)",
+                )
+            )
         if not f.start_s * scale < timeout:
-            out.append(FieldError(f"{path}.start_s", f.start_s,
-                                  f"a start whose dilated value (start_s x scale {scale:g} = {f.start_s * scale:g} s) is "
-                                  f"below run.timeout_s ({timeout:g} s): the run is stopped before it comes"))
+            out.append(
+                FieldError(
+                    f"{path}.start_s",
+                    f.start_s,
+                    f"a start whose dilated value (start_s x scale {scale:g} = {f.start_s * scale:g} s) is "
+                    f"below run.timeout_s ({timeout:g} s): the run is stopped before it comes",
+                )
+            )
         dilated = f.duration_s * scale
-        if not (math.isfinite(dilated) and (auto or abs(dilated - round(dilated)) <= 1e-9)
-                and 1 - 1e-9 <= dilated <= IPERF3_MAX_TIME_S + 1e-9):
-            out.append(FieldError(f"{path}.duration_s", f.duration_s,
-                                  f"a duration that is a whole number of seconds in [1, {IPERF3_MAX_TIME_S}] once "
-                                  f"dilated: duration_s x scale = {dilated:g} (iperf3 -t takes whole seconds, at most "
-                                  f"{IPERF3_MAX_TIME_S})"))
+        if not (
+            math.isfinite(dilated)
+            and (auto or abs(dilated - round(dilated)) <= 1e-9)
+            and 1 - 1e-9 <= dilated <= IPERF3_MAX_TIME_S + 1e-9
+        ):
+            out.append(
+                FieldError(
+                    f"{path}.duration_s",
+                    f.duration_s,
+                    f"a duration that is a whole number of seconds in [1, {IPERF3_MAX_TIME_S}] once "
+                    f"dilated: duration_s x scale = {dilated:g} (iperf3 -t takes whole seconds, at most "
+                    f"{IPERF3_MAX_TIME_S})",
+                )
+            )
         name = f.name if f.name is not None else f"bg{i}"
         if not is_safe_name(name):
             out.append(FieldError(f"{path}.name", f.name, f"a file name: {SAFE_NAME_ALLOWED}"))
@@ -634,8 +775,9 @@ _POINT_KEYS = ("sweep", "variants")
 def _axis_error(where: str, path: str, value) -> FieldError | None:
     """A dotted path a variant or sweep axis may not set: the sweep and variants themselves."""
     if path.split(".", 1)[0] in _POINT_KEYS:
-        return FieldError(where, value, "a field path outside 'sweep' and 'variants' (a point cannot hold "
-                                        "another sweep)")
+        return FieldError(
+            where, value, "a field path outside 'sweep' and 'variants' (a point cannot hold another sweep)"
+        )
     return None
 
 
@@ -650,13 +792,15 @@ def _check_points(exp: Experiment) -> None:
     errors, names = [], set()
     for i, v in enumerate(exp.variants):
         if not isinstance(v, dict) or not [k for k in v if k != "name"]:
-            errors.append(FieldError(f"variants[{i}]", v, "a mapping of dotted field paths to values "
-                                                           "(and an optional name)"))
+            errors.append(
+                FieldError(f"variants[{i}]", v, "a mapping of dotted field paths to values (and an optional name)")
+            )
             continue
         for k in v:
             if not isinstance(k, str):
-                errors.append(FieldError(f"variants[{i}]", k, "keys that are dotted field paths (strings), "
-                                                               "e.g. workload.scheme"))
+                errors.append(
+                    FieldError(f"variants[{i}]", k, "keys that are dotted field paths (strings), e.g. workload.scheme")
+                )
             elif k != "name" and (err := _axis_error(f"variants[{i}].{k}", k, v[k])):
                 errors.append(err)
         if "name" in v:
@@ -675,9 +819,11 @@ def _check_points(exp: Experiment) -> None:
         raise SpecError.of(errors)
     n = max(1, len(exp.variants)) * math.prod(len(v) for v in exp.sweep.values())
     if n > MAX_POINTS:
-        raise SpecError("sweep" if exp.sweep else "variants",
-                        {"variants": len(exp.variants), **{p: len(v) for p, v in exp.sweep.items()}},
-                        f"at most {MAX_POINTS} runs in all (variants x swept values), not {n}: split the sweep")
+        raise SpecError(
+            "sweep" if exp.sweep else "variants",
+            {"variants": len(exp.variants), **{p: len(v) for p, v in exp.sweep.items()}},
+            f"at most {MAX_POINTS} runs in all (variants x swept values), not {n}: split the sweep",
+        )
     for v in exp.variants:
         _validate(_point_data(exp, {k: x for k, x in v.items() if k != "name"}))
     for path, values in exp.sweep.items():

@@ -11,6 +11,7 @@ type (with the constraints declared on the field), default and docstring. The pa
 therefore exactly what the code validates; a test compares the committed ``docs/spec.md``
 with this function's output.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -188,8 +189,9 @@ def _default(field) -> str | None:
 
 def _field_line(name: str, field, anchors: dict[type, str]) -> str:
     default = _default(field)
-    head = f"- **`{name}`**: {_field_type(field, anchors)}; " + ("required." if default is None else
-                                                                  f"default `{default}`.")
+    head = f"- **`{name}`**: {_field_type(field, anchors)}; " + (
+        "required." if default is None else f"default `{default}`."
+    )
     desc = _paragraphs(field.description)
     return head + (" " + desc.replace("\n\n", " ") if desc else "")
 
@@ -216,8 +218,9 @@ def _nested(annotation) -> list[tuple[type[SpecModel], bool]]:
     return []
 
 
-def _model_section(heading: str, model: type[SpecModel], anchors: dict[type, str], level: str = "##",
-                   guide: str | None = None) -> str:
+def _model_section(
+    heading: str, model: type[SpecModel], anchors: dict[type, str], level: str = "##", guide: str | None = None
+) -> str:
     parts = [f"{level} {heading}"]
     doc = _paragraphs(model.__doc__)
     if doc:
@@ -246,14 +249,20 @@ def spec_reference() -> str:
     """The whole of ``docs/spec.md`` (markdown, ending with one newline)."""
     sections = _sections(Experiment, "")
     anchors = {model: _heading(path) for path, model in sections}
-    parts = [_INTRO, "## Sections\n\n" + "\n".join(f"- [{_heading(p)}](#{_slug(_heading(p))})" for p, _ in sections)
-             + "\n- [workload.options, per scheme](#workloadoptions-per-scheme)"]
+    parts = [
+        _INTRO,
+        "## Sections\n\n"
+        + "\n".join(f"- [{_heading(p)}](#{_slug(_heading(p))})" for p, _ in sections)
+        + "\n- [workload.options, per scheme](#workloadoptions-per-scheme)",
+    ]
     for path, model in sections:
         parts.append(_model_section(_heading(path), model, anchors, guide=_GUIDES.get(path)))
-    parts.append("## workload.options, per scheme\n\n"
-                 "The options of each scheme shipped in `traffic/schemes/` (its `Options` model); what each "
-                 "scheme does: [schemes.md](schemes.md). A scheme of your own declares its options the same "
-                 "way: [schemes.md](schemes.md#writing-a-scheme).")
+    parts.append(
+        "## workload.options, per scheme\n\n"
+        "The options of each scheme shipped in `traffic/schemes/` (its `Options` model); what each "
+        "scheme does: [schemes.md](schemes.md). A scheme of your own declares its options the same "
+        "way: [schemes.md](schemes.md#writing-a-scheme)."
+    )
     for name, cls in shipped_schemes():
         if cls.Options.model_fields:
             parts.append(_model_section(f"`{name}`", cls.Options, anchors, level="###"))

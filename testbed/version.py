@@ -2,6 +2,7 @@
 a git checkout, the commit (:func:`common.provenance.source_revision`), e.g.
 ``dl-netbed 0.2.0 (git 65a3a56c1f2e, modified)``.
 """
+
 from __future__ import annotations
 
 from common.provenance import DISTRIBUTION, distribution_version, source_revision

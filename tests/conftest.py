@@ -1,5 +1,6 @@
 """Shared test helpers: one factory of the small loopback experiments the scheme tests run; every
 test reads the shipped machine cost model."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,16 +12,27 @@ from testbed.spec import Experiment, from_dict
 OPTIMIZER = {"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-4}
 
 
-def experiment(scheme: str, *, racks: int = 1, hosts_per_rack: int = 4, timeout_s: float = 120,
-               **workload) -> Experiment:
+def experiment(
+    scheme: str, *, racks: int = 1, hosts_per_rack: int = 4, timeout_s: float = 120, **workload
+) -> Experiment:
     """A validated experiment of ``scheme`` for the loopback tests: ``racks`` racks of
     ``hosts_per_rack`` hosts (``kind: rack`` for one rack), the ``workload`` fields given
     over these defaults: one warm-up iteration, evaluation every 2 iterations, parameters
     saved, seed 3, :data:`OPTIMIZER`."""
-    topology = ({"kind": "rack", "racks": 1, "hosts_per_rack": hosts_per_rack} if racks == 1 else
-                {"kind": "rack_core", "racks": racks, "hosts_per_rack": hosts_per_rack})
-    w = {"scheme": scheme, "warmup_iterations": 1, "eval_every": 2, "save_params": True, "seed": 3,
-         "optimizer": OPTIMIZER, **workload}
+    topology = (
+        {"kind": "rack", "racks": 1, "hosts_per_rack": hosts_per_rack}
+        if racks == 1
+        else {"kind": "rack_core", "racks": racks, "hosts_per_rack": hosts_per_rack}
+    )
+    w = {
+        "scheme": scheme,
+        "warmup_iterations": 1,
+        "eval_every": 2,
+        "save_params": True,
+        "seed": 3,
+        "optimizer": OPTIMIZER,
+        **workload,
+    }
     return from_dict({"topology": topology, "workload": w, "run": {"timeout_s": timeout_s}})
 
 

@@ -1,13 +1,14 @@
 """What the testbed may have left on the machine: our bridges, veths, processes, cgroups, ledgers."""
+
 import os
 from pathlib import Path
 
 import psutil
 
-from topologies.hosts import BRIDGE_RE, INTF_RE
 from testbed.cgroups import testbed_cgroups
 from testbed.clean import _our_process
 from testbed.ledger import LEDGER_DIR
+from topologies.hosts import BRIDGE_RE, INTF_RE
 
 
 def _netns(pid) -> str | None:
@@ -23,8 +24,9 @@ def leftovers(own_netns: frozenset[str] = frozenset()) -> list[str]:
     process in another network namespace than this one (an emulated host's, whatever it
     runs: a program's daemon has no name the harness knows) except those of ``own_netns``
     (``/proc/PID/ns/net`` link texts: a test's own machines)."""
-    out = [f"link {p.name}" for p in Path("/sys/class/net").iterdir()
-           if BRIDGE_RE.match(p.name) or INTF_RE.match(p.name)]
+    out = [
+        f"link {p.name}" for p in Path("/sys/class/net").iterdir() if BRIDGE_RE.match(p.name) or INTF_RE.match(p.name)
+    ]
     here = _netns("self")
     for p in psutil.process_iter():
         ns = _netns(p.pid)

@@ -5,6 +5,7 @@ run's timing (how many segments the kernel batches into one GSO packet, how many
 sends, the MTU), so two runs that move the same bytes of messages differ in raw bytes; their
 bytes less the headers of each packet agree.
 """
+
 from __future__ import annotations
 
 from analysis.load import load

@@ -1,4 +1,5 @@
 """Reading the markdown tables the reports print, for the tests."""
+
 from __future__ import annotations
 
 
@@ -9,7 +10,7 @@ def tables(text: str) -> list[list[dict]]:
         if line.startswith("|") and lines[i + 1].startswith(("|:", "|-")):
             names = [c.strip() for c in line.strip("|").split("|")]
             rows = []
-            for row in lines[i + 2:]:
+            for row in lines[i + 2 :]:
                 if not row.startswith("|"):
                     break
                 rows.append(dict(zip(names, (c.strip() for c in row.strip("|").split("|")))))

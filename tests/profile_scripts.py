@@ -1,4 +1,5 @@
 """The derivation scripts of experiments/*_profiles, and the profiles they ship, for the tests."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -27,8 +28,13 @@ def assert_shipped(path: Path, want: Profile, rel: float = 1e-12) -> None:
     """The profile file at ``path`` is ``want``: its citation, method, layers, FLOPs, and its
     times within ``rel``."""
     shipped = load_profile(str(path), want.model, want.batch_size)
-    assert (shipped.device, shipped.batch_size, shipped.source, shipped.method, shipped.derived) == \
-        (want.device, want.batch_size, want.source, want.method, True)
+    assert (shipped.device, shipped.batch_size, shipped.source, shipped.method, shipped.derived) == (
+        want.device,
+        want.batch_size,
+        want.source,
+        want.method,
+        True,
+    )
     assert [l.name for l in shipped.layers] == [l.name for l in want.layers]
     for a, w in zip(shipped.layers, want.layers):
         assert a.forward_s == pytest.approx(w.forward_s, rel=rel)

@@ -5,6 +5,7 @@ gloo sums inside the collective; the scheme charges, after each bucket's all_red
 run with an ``aggregate`` rate must still equal the single-process reference and charge
 exactly one ``aggregate`` per bucket and iteration, of those bytes, at the stated rate.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -21,8 +22,9 @@ from traffic.schemes.allreduce import ring_reduced_bytes
 AGG_BPS = 0.5e9  # host.aggregate_gb_per_s 0.5
 
 
-@pytest.mark.parametrize("nbytes,p,expected", [(1200, 1, 0), (1200, 2, 600), (1200, 3, 800), (1200, 4, 900),
-                                               (10, 3, 6), (0, 5, 0)])
+@pytest.mark.parametrize(
+    "nbytes,p,expected", [(1200, 1, 0), (1200, 2, 600), (1200, 3, 800), (1200, 4, 900), (10, 3, 6), (0, 5, 0)]
+)
 def test_ring_reduced_bytes_is_p_minus_1_over_p_of_the_payload(nbytes, p, expected):
     assert ring_reduced_bytes(nbytes, p) == expected
 

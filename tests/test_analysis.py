@@ -1,4 +1,5 @@
 """Analysis on run directories built by hand, with known answers."""
+
 from __future__ import annotations
 
 import json
@@ -29,10 +30,16 @@ SPANS = [5.0, 3.0, 1.0, 2.0, 4.0, 0.5]  # global iteration time of iterations 0.
 WARMUP, BATCH, WORKERS = 2, 32, 4
 T_START, DT, N_SAMPLES = 99.0, 0.01, 2201  # bwm-ng samples at 99.00 ... 121.00
 # bytes per 10 ms sample (switch port's view: out = leaves the switch)
-PORT_BYTES = {"tor1-eth1": (1000, 100), "tor1-eth2": (2000, 200), "tor2-eth1": (3000, 300),
-              "tor2-eth2": (4000, 400),  # (in, out) = (host tx, host rx)
-              "tor1-eth3": (300, 700), "tor2-eth3": (50, 200),  # ToR ends of the uplinks
-              "core1-eth1": (700, 300), "core1-eth2": (200, 50)}
+PORT_BYTES = {
+    "tor1-eth1": (1000, 100),
+    "tor1-eth2": (2000, 200),
+    "tor2-eth1": (3000, 300),
+    "tor2-eth2": (4000, 400),  # (in, out) = (host tx, host rx)
+    "tor1-eth3": (300, 700),
+    "tor2-eth3": (50, 200),  # ToR ends of the uplinks
+    "core1-eth1": (700, 300),
+    "core1-eth2": (200, 50),
+}
 
 
 def topology(host_bw=100.0, uplink_bw=200.0) -> dict:
@@ -40,29 +47,65 @@ def topology(host_bw=100.0, uplink_bw=200.0) -> dict:
     for i, (h, rack) in enumerate(HOSTS.items()):
         tor = f"tor{rack + 1}"
         port = f"{tor}-eth{1 + i % 2}"
-        links.append({"class": "host", "node1": h, "intf1": f"{h}-eth0", "node2": tor, "intf2": port,
-                      "rack": rack, "bw_mbps": host_bw, "shaping": {}})
+        links.append(
+            {
+                "class": "host",
+                "node1": h,
+                "intf1": f"{h}-eth0",
+                "node2": tor,
+                "intf2": port,
+                "rack": rack,
+                "bw_mbps": host_bw,
+                "shaping": {},
+            }
+        )
     for rack in (0, 1):  # node order of the uplinks differs on purpose: tor side found by role
         tor, core_port = f"tor{rack + 1}", f"core1-eth{rack + 1}"
         ends = [("tor", tor, f"{tor}-eth3"), ("core", "core1", core_port)]
         if rack == 1:
             ends.reverse()
-        links.append({"class": "uplink", "node1": ends[0][1], "intf1": ends[0][2], "node2": ends[1][1],
-                      "intf2": ends[1][2], "rack": rack, "bw_mbps": uplink_bw, "shaping": {}})
-    return {"kind": "rack_core", "spec": {},
-            "hosts": [{"name": h, "rack": r, "kind": "worker", "ip": f"10.0.0.{i + 1}", "tcp_congestion_control": "cubic",
-                       "intfs": [{"name": f"{h}-eth0", "ip": f"10.0.0.{i + 1}"}]}
-                      for i, (h, r) in enumerate(HOSTS.items())],
-            "switches": [{"name": "tor1", "role": "tor", "rack": 0}, {"name": "tor2", "role": "tor", "rack": 1},
-                         {"name": "core1", "role": "core", "rack": None}],
-            "links": links}
+        links.append(
+            {
+                "class": "uplink",
+                "node1": ends[0][1],
+                "intf1": ends[0][2],
+                "node2": ends[1][1],
+                "intf2": ends[1][2],
+                "rack": rack,
+                "bw_mbps": uplink_bw,
+                "shaping": {},
+            }
+        )
+    return {
+        "kind": "rack_core",
+        "spec": {},
+        "hosts": [
+            {
+                "name": h,
+                "rack": r,
+                "kind": "worker",
+                "ip": f"10.0.0.{i + 1}",
+                "tcp_congestion_control": "cubic",
+                "intfs": [{"name": f"{h}-eth0", "ip": f"10.0.0.{i + 1}"}],
+            }
+            for i, (h, r) in enumerate(HOSTS.items())
+        ],
+        "switches": [
+            {"name": "tor1", "role": "tor", "rack": 0},
+            {"name": "tor2", "role": "tor", "rack": 1},
+            {"name": "core1", "role": "core", "rack": None},
+        ],
+        "links": links,
+    }
 
 
 def bwm_line(t, iface, bin_, bout, dt=DT):
     rin, rout = bin_ / int(dt * 1000) * 1000, bout / int(dt * 1000) * 1000
-    return (f"{t:.6f};{iface};{rout:.2f};{rin:.2f};{rin + rout:.2f};{bin_};{bout};0.00;0.00;0.00;"
-            f"{bin_ // 1000};{bout // 1000};0.00;0.00;0;0;{8 * rout:.2f};{8 * rin:.2f};{8 * (rin + rout):.2f};"
-            f"{8 * bin_};{8 * bout}\n")
+    return (
+        f"{t:.6f};{iface};{rout:.2f};{rin:.2f};{rin + rout:.2f};{bin_};{bout};0.00;0.00;0.00;"
+        f"{bin_ // 1000};{bout // 1000};0.00;0.00;0;0;{8 * rout:.2f};{8 * rin:.2f};{8 * (rin + rout):.2f};"
+        f"{8 * bin_};{8 * bout}\n"
+    )
 
 
 def make_run(root: Path, name="synthetic", h1_in=None, busy_inside=(50.0, 70.0), scheme="ps") -> Path:
@@ -70,15 +113,29 @@ def make_run(root: Path, name="synthetic", h1_in=None, busy_inside=(50.0, 70.0),
     d = root / name
     for sub in ("events", "results", "logs", "traces"):
         (d / sub).mkdir(parents=True)
-    spec = {"name": name, "topology": {"kind": "rack_core"},
-            "workload": {"scheme": scheme, "model": "digits_mlp", "dataset": "digits", "compute": "real",
-                         "batch_size": BATCH, "iterations": len(SPANS), "warmup_iterations": WARMUP},
-            "capture": {"interval_ms": 10}}
+    spec = {
+        "name": name,
+        "topology": {"kind": "rack_core"},
+        "workload": {
+            "scheme": scheme,
+            "model": "digits_mlp",
+            "dataset": "digits",
+            "compute": "real",
+            "batch_size": BATCH,
+            "iterations": len(SPANS),
+            "warmup_iterations": WARMUP,
+        },
+        "capture": {"interval_ms": 10},
+    }
     (d / "spec.yaml").write_text(yaml.safe_dump(spec))
     (d / "topology.json").write_text(json.dumps(topology()))
-    procs = [{"name": f"worker{i}", "role": "worker", "index": i, "rank": i, "host": h, "ip": "x", "iface": f"{h}-eth0"}
-             for i, h in enumerate(HOSTS)]
-    procs.append({"name": "server0", "role": "server", "index": 0, "rank": 4, "host": "h1", "ip": "x", "iface": "h1-eth0"})
+    procs = [
+        {"name": f"worker{i}", "role": "worker", "index": i, "rank": i, "host": h, "ip": "x", "iface": f"{h}-eth0"}
+        for i, h in enumerate(HOSTS)
+    ]
+    procs.append(
+        {"name": "server0", "role": "server", "index": 0, "rank": 4, "host": "h1", "ip": "x", "iface": "h1-eth0"}
+    )
     (d / "processes.json").write_text(json.dumps({"world_size": 5, "processes": procs}))
     # events: worker0 starts each iteration, worker3 ends it; the others lie inside
     for w in range(WORKERS):
@@ -89,22 +146,69 @@ def make_run(root: Path, name="synthetic", h1_in=None, busy_inside=(50.0, 70.0),
             base = 100.0 + 9.0 * it if it < 2 else 100.0 + 6.0 * 2 + sum(SPANS[2:it]) + 0.0
             start = base + (0.0 if w == 0 else 0.1 * span * w / WORKERS)
             end = base + (span if w == WORKERS - 1 else 0.8 * span)
-            ev = {"proc": f"worker{w}", "role": "worker", "rank": w, "thread": "main", "kind": "iteration",
-                  "ts": start, "dur": end - start, "iteration": it, "layer": None, "samples": BATCH}
+            ev = {
+                "proc": f"worker{w}",
+                "role": "worker",
+                "rank": w,
+                "thread": "main",
+                "kind": "iteration",
+                "ts": start,
+                "dur": end - start,
+                "iteration": it,
+                "layer": None,
+                "samples": BATCH,
+            }
             lines.append(ev)
             lines.append({**ev, "kind": "forward", "dur": 0.1 * span, "layer": 0, "samples": None})
-            lines.append({**ev, "thread": "comm", "kind": "allreduce", "dur": 0.2 * span, "bytes": 4096, "peer": None,
-                          "samples": None})
+            lines.append(
+                {
+                    **ev,
+                    "thread": "comm",
+                    "kind": "allreduce",
+                    "dur": 0.2 * span,
+                    "bytes": 4096,
+                    "peer": None,
+                    "samples": None,
+                }
+            )
         if w == 0:
-            lines.append({"proc": "worker0", "role": "worker", "rank": 0, "thread": "main", "kind": "eval",
-                          "ts": 130.0, "dur": 0.2, "iteration": len(SPANS), "accuracy": 0.9, "loss": 0.3})
+            lines.append(
+                {
+                    "proc": "worker0",
+                    "role": "worker",
+                    "rank": 0,
+                    "thread": "main",
+                    "kind": "eval",
+                    "ts": 130.0,
+                    "dur": 0.2,
+                    "iteration": len(SPANS),
+                    "accuracy": 0.9,
+                    "loss": 0.3,
+                }
+            )
         text = "".join(json.dumps(e) + "\n" for e in lines)
         if w == 1:
             text += '{"proc": "worker1", "kind": "iter'  # killed mid-line
         (d / "events" / f"worker{w}.jsonl").write_text(text)
     (d / "events" / "server0.jsonl").write_text(
-        "".join(json.dumps({"proc": "server0", "role": "server", "rank": 4, "thread": "main", "kind": "iteration",
-                            "ts": 100.0 + i, "dur": 50.0, "iteration": i, "samples": 999}) + "\n" for i in range(6)))
+        "".join(
+            json.dumps(
+                {
+                    "proc": "server0",
+                    "role": "server",
+                    "rank": 4,
+                    "thread": "main",
+                    "kind": "iteration",
+                    "ts": 100.0 + i,
+                    "dur": 50.0,
+                    "iteration": i,
+                    "samples": 999,
+                }
+            )
+            + "\n"
+            for i in range(6)
+        )
+    )
     (d / "results" / "worker0.json").write_text(json.dumps({"proc": "worker0", "final_accuracy": 0.8}))
     # bwm-ng trace
     out = []
@@ -131,7 +235,8 @@ def make_run(root: Path, name="synthetic", h1_in=None, busy_inside=(50.0, 70.0),
     (d / "traces" / "cpu.csv").write_text("\n".join(rows) + "\n")
     (d / "traces" / "qdisc.csv").write_text(
         "time,iface,qdisc,backlog_bytes,backlog_packets,drops,overlimits,sent_bytes,sent_packets\n"
-        "100.0,tor1-eth3,htb,1500,1,0,3,10000,10\n100.01,tor1-eth3,htb,0,0,1,4,20000,20\n")
+        "100.0,tor1-eth3,htb,1500,1,0,3,10000,10\n100.01,tor1-eth3,htb,0,0,1,4,20000,20\n"
+    )
     return d
 
 
@@ -166,9 +271,18 @@ def test_load_gives_frames_and_dicts(run_dir):
 
 
 def test_rates_from_counters_use_real_intervals():
-    tr = pd.DataFrame({"time": [10.0, 10.010, 10.025, 10.0, 10.010], "iface": ["a", "a", "a", "b", "b"],
-                       "bytes_in": [7, 500, 1500, 0, 0], "bytes_out": [99, 1000, 3000, 0, 125],
-                       "packets_in": 0, "packets_out": 0, "errors_in": 0, "errors_out": 0})
+    tr = pd.DataFrame(
+        {
+            "time": [10.0, 10.010, 10.025, 10.0, 10.010],
+            "iface": ["a", "a", "a", "b", "b"],
+            "bytes_in": [7, 500, 1500, 0, 0],
+            "bytes_out": [99, 1000, 3000, 0, 125],
+            "packets_in": 0,
+            "packets_out": 0,
+            "errors_in": 0,
+            "errors_out": 0,
+        }
+    )
     r = rates(tr).set_index(["iface", "time"])
     assert len(r) == 3  # the first sample of each interface has no interval
     assert r.loc[("a", 10.010), "tx_bps"] == pytest.approx(1000 * 8 / 0.010)
@@ -229,8 +343,17 @@ def _out_of_step(periods: list[float], skew: float = 0.3, busy: float = 0.7) -> 
     rows, end = [], 0.0
     for i, period in enumerate(periods):
         end += period
-        rows += [{"iteration": i, "worker": f"worker{w}", "start": end + w * skew - busy * period,
-                  "end": end + w * skew, "duration_s": busy * period, "samples": 32} for w in (0, 1)]
+        rows += [
+            {
+                "iteration": i,
+                "worker": f"worker{w}",
+                "start": end + w * skew - busy * period,
+                "end": end + w * skew,
+                "duration_s": busy * period,
+                "samples": 32,
+            }
+            for w in (0, 1)
+        ]
     return pd.DataFrame(rows)
 
 
@@ -242,7 +365,9 @@ def test_an_iteration_takes_from_the_completion_of_the_one_before():
     assert g["time_s"].to_numpy() == pytest.approx([0.79] + [0.7] * 5)  # the first: its span
     assert list(g["period_start"].iloc[1:]) == pytest.approx(list(g["end"].iloc[:-1]))
     tp, it = metrics.throughput_stats(metrics.measured_iterations(g, 2))
-    assert tp.mean == pytest.approx(64 / 0.7) and tp.overall == pytest.approx(64 / 0.7) and it.mean == pytest.approx(0.7)
+    assert (
+        tp.mean == pytest.approx(64 / 0.7) and tp.overall == pytest.approx(64 / 0.7) and it.mean == pytest.approx(0.7)
+    )
     # a run that slows: the overall rate is the samples over the time they took
     g = metrics.global_iterations(_out_of_step([0.5, 0.5, 0.5, 1.0, 1.0]))
     tp, it = metrics.throughput_stats(metrics.measured_iterations(g, 1))
@@ -257,10 +382,23 @@ def test_a_summary_is_refigured_from_the_archived_files_by_the_current_definitio
     d = tmp_path / "run"
     d.mkdir()
     assert metrics.refigured_summary(d) is None
-    (d / "spec.yaml").write_text(yaml.safe_dump({"workload": {"scheme": "ps", "iterations": 9, "warmup_iterations": 2,
-                                                              "max_warmup_iterations": 4}}))
-    (d / "summary.json").write_text(json.dumps({"status": "ok", "workers": 2, "iterations": 9, "warmup_iterations": 4,
-                                                "max_warmup_iterations": 4, "throughput": {"mean": 50.0}}))
+    (d / "spec.yaml").write_text(
+        yaml.safe_dump(
+            {"workload": {"scheme": "ps", "iterations": 9, "warmup_iterations": 2, "max_warmup_iterations": 4}}
+        )
+    )
+    (d / "summary.json").write_text(
+        json.dumps(
+            {
+                "status": "ok",
+                "workers": 2,
+                "iterations": 9,
+                "warmup_iterations": 4,
+                "max_warmup_iterations": 4,
+                "throughput": {"mean": 50.0},
+            }
+        )
+    )
     assert metrics.refigured_summary(d).throughput.mean == 50.0
     _out_of_step([2.0, 1.4, 0.7, 0.7, 0.7, 0.7, 0.7, 0.7, 0.7]).to_csv(d / "iterations.csv", index=False)
     s = metrics.refigured_summary(d)
@@ -282,12 +420,15 @@ def test_mean_interval_is_student_s_t():
 
 def test_sweep_rows_hold_the_spread_and_the_mean_s_interval(tmp_path):
     from testbed.runner import RunResult, headline
+
     s = metrics.summarize(make_run(tmp_path))
     row = headline(RunResult(tmp_path / "synthetic", s, {"variant": "v"}))
     assert list(row) == ["variant", *rundir.SWEEP_FIGURES]
     assert row["samples_per_s_spread95"] == s.throughput.spread95
     assert (row["samples_per_s_mean_ci95_low"], row["samples_per_s_mean_ci95_high"]) == (
-        s.throughput.mean_ci95_low, s.throughput.mean_ci95_high)
+        s.throughput.mean_ci95_low,
+        s.throughput.mean_ci95_high,
+    )
     old = RunSummary.model_validate({"status": "ok", "throughput": {"mean": 5.0, "ci95": 1.5}})
     assert headline(RunResult(tmp_path, old))["samples_per_s_spread95"] == 1.5
 
@@ -305,8 +446,16 @@ def test_fidelity_flags_trip(tmp_path):
 def test_a_link_raised_by_a_scheduled_event_is_checked_against_its_new_rate(tmp_path):
     # the same 160 Mbit/s through tor1-eth1, after an event raised h1's link to 200 Mbit/s
     d = make_run(tmp_path, "raised", h1_in=200_000, busy_inside=(40.0, 40.0))
-    rec = {"index": 0, "kind": "link_rate", "target": "host:h1", "applied": True, "ts": 0.0, "bw_mbps": 200.0,
-           "ifaces": ["tor1-eth1", "h1-eth0"], "iteration": 0}
+    rec = {
+        "index": 0,
+        "kind": "link_rate",
+        "target": "host:h1",
+        "applied": True,
+        "ts": 0.0,
+        "bw_mbps": 200.0,
+        "ifaces": ["tor1-eth1", "h1-eth0"],
+        "iteration": 0,
+    }
     (d / "schedule.jsonl").write_text(json.dumps(rec) + "\n")
     s = metrics.summarize(d)
     assert s.fidelity.shaping_failed is False
@@ -352,11 +501,14 @@ def test_summary_on_real_bwm_ng_capture(tmp_path):
     d = tmp_path / "real"
     (d / "traces").mkdir(parents=True)
     shutil.copy(DATA / "bwm-ng-veth.csv", d / "traces" / "bwm-ng.csv")
-    topo = {"hosts": [{"name": "hA"}, {"name": "hB"}], "switches": [{"name": "br", "role": "tor"}],
-            "links": [{"class": "host", "node1": "hA", "intf1": "tbx1a", "node2": "br", "intf2": "tbx0a",
-                       "bw_mbps": 100.0},
-                      {"class": "host", "node1": "hB", "intf1": "tbx1b", "node2": "br", "intf2": "tbx0b",
-                       "bw_mbps": 100.0}]}
+    topo = {
+        "hosts": [{"name": "hA"}, {"name": "hB"}],
+        "switches": [{"name": "br", "role": "tor"}],
+        "links": [
+            {"class": "host", "node1": "hA", "intf1": "tbx1a", "node2": "br", "intf2": "tbx0a", "bw_mbps": 100.0},
+            {"class": "host", "node1": "hB", "intf1": "tbx1b", "node2": "br", "intf2": "tbx0b", "bw_mbps": 100.0},
+        ],
+    }
     (d / "topology.json").write_text(json.dumps(topo))
     s = metrics.summarize(d)
     assert s.bytes.per_host["hA"] == TxRx(tx=200 * 1042, rx=50 * 542)
@@ -425,14 +577,22 @@ def test_timeline_shows_host_costs_as_spans(tmp_path):
     import time
 
     from traffic.hostmodel import HostModel
-    from traffic.runtime.events import EventLog, read_events
     from traffic.hostmodel.costs import HostCosts
+    from traffic.runtime.events import EventLog, read_events
+
     d = tmp_path / "hostcost"
     d.mkdir()
     (d / "spec.yaml").write_text(yaml.safe_dump({"name": "hostcost", "scale": 2.0, "workload": {"scheme": "ps"}}))
-    (d / "processes.json").write_text(json.dumps({"processes": [
-        {"name": "worker0", "role": "worker", "rank": 0, "host": "h1"},
-        {"name": "server0", "role": "server", "rank": 1, "host": "h2"}]}))
+    (d / "processes.json").write_text(
+        json.dumps(
+            {
+                "processes": [
+                    {"name": "worker0", "role": "worker", "rank": 0, "host": "h1"},
+                    {"name": "server0", "role": "server", "rank": 1, "host": "h2"},
+                ]
+            }
+        )
+    )
     model = HostModel(message_overhead_s=1e-4, aggregate_bytes_per_s=1e9)
     worker = EventLog(d / "events" / "worker0.jsonl", "worker0", "worker", 0)
     server = EventLog(d / "events" / "server0.jsonl", "server0", "server", 1)
@@ -443,6 +603,7 @@ def test_timeline_shows_host_costs_as_spans(tmp_path):
         def comm():
             with wc.charge("message", nbytes=4096, iteration=0):  # budget 2 x 0.1 ms: overrun
                 time.sleep(0.02)
+
         t = threading.Thread(target=comm, name="comm")
         t.start()
         t.join()
@@ -482,6 +643,7 @@ def test_timeline_shows_host_costs_as_spans(tmp_path):
 
 def test_host_utilization_and_idle_fraction(tmp_path):
     from analysis.utilization import host_utilization, idle_fraction, utilization_summary
+
     # h1 sends 100,000 bytes per 10 ms sample (80 Mbit/s of its 100) and receives 100 bytes
     d = make_run(tmp_path, h1_in=100_000)
     u = host_utilization(d, "h1", window_s=0.05)
@@ -506,7 +668,10 @@ def test_host_utilization_and_idle_fraction(tmp_path):
 
 def test_background_core_bytes_are_told_apart_only_when_they_can_be():
     topo = topology()
-    topo["hosts"] += [{"name": "bg1", "rack": 0, "kind": "background"}, {"name": "bg2", "rack": 1, "kind": "background"}]
+    topo["hosts"] += [
+        {"name": "bg1", "rack": 0, "kind": "background"},
+        {"name": "bg2", "rack": 1, "kind": "background"},
+    ]
     per_host = {"h1": {"tx": 50, "rx": 5}, "bg1": {"tx": 1000, "rx": 40}, "bg2": {"tx": 40, "rx": 1000}}
     assert metrics.background_core_bytes(per_host, topo, []) == 0
     # data (bg1 -> bg2) and ACKs (bg2 -> bg1) both cross the core

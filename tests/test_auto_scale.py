@@ -1,6 +1,7 @@
 """``scale: auto`` (the default): resolved at planning from this machine's cost model
 (testbed.capacity.auto_scale), recorded as a number, checked again at that number. No root,
 no network: points are planned on the topology graph."""
+
 from __future__ import annotations
 
 import math
@@ -8,20 +9,23 @@ import math
 import pytest
 import yaml
 
+from common.errors import SpecError
 from testbed.capacity import CostModel, Machine, auto_scale, estimate
 from testbed.loopback import run_local
 from testbed.runner import check_capacity, plan_experiment, plan_point
 from testbed.spec import AUTO, dump_spec, from_dict
-from common.errors import SpecError
 
-GIB = 2 ** 30
+GIB = 2**30
 MACHINE = Machine(cores=2, total_bytes=24 * GIB, available_bytes=23 * GIB)
 BUSY = {"kind": "rack_core", "racks": 2, "hosts_per_rack": 4, "host_bw_mbps": 1000}  # more than 2 cores carry
 
 
 def spec(topology: dict, **extra) -> dict:
-    return {"topology": topology, "workload": {"scheme": "allreduce", "model": "digits_mlp",
-                                               "compute": {"mode": "emulated", "profile": "zero"}}, **extra}
+    return {
+        "topology": topology,
+        "workload": {"scheme": "allreduce", "model": "digits_mlp", "compute": {"mode": "emulated", "profile": "zero"}},
+        **extra,
+    }
 
 
 def test_the_default_scale_is_auto_and_a_number_stays_a_number():
@@ -86,9 +90,19 @@ def test_a_number_that_breaks_whole_seconds_is_still_refused():
 
 
 def test_the_local_runner_runs_auto_at_1(tmp_path):
-    exp = from_dict({"workload": {"scheme": "allreduce", "model": "digits_mlp", "iterations": 2, "workers": 2,
-                                  "warmup_iterations": 0, "compute": {"mode": "emulated", "profile": "zero"}},
-                     "topology": {"kind": "rack", "hosts_per_rack": 2}})
+    exp = from_dict(
+        {
+            "workload": {
+                "scheme": "allreduce",
+                "model": "digits_mlp",
+                "iterations": 2,
+                "workers": 2,
+                "warmup_iterations": 0,
+                "compute": {"mode": "emulated", "profile": "zero"},
+            },
+            "topology": {"kind": "rack", "hosts_per_rack": 2},
+        }
+    )
     run_dir = run_local(exp, tmp_path / "run")
     assert yaml.safe_load((run_dir / "spec.yaml").read_text())["scale"] == 1.0
 

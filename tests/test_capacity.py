@@ -1,6 +1,7 @@
 """The capacity check (testbed.capacity): memory and CPU estimates from a measured cost model,
 the refusal of what cannot fit, the fidelity warning and the smallest dilation that keeps 35 %
 of the cores idle. No root, no network: points are planned on the topology graph."""
+
 from __future__ import annotations
 
 import math
@@ -9,34 +10,60 @@ from pathlib import Path
 import pytest
 import yaml
 
+from common.errors import CapacityError, TestbedError
 from testbed import capacity, machine_costs
-from testbed.capacity import (COST_KEYS, OPTIONAL_KEYS, SCHEME_MESSAGE_UNIT, Cost, CostModel, Machine, check, describe,
-                              estimate, scheme_message_key)
+from testbed.capacity import (
+    COST_KEYS,
+    OPTIONAL_KEYS,
+    SCHEME_MESSAGE_UNIT,
+    Cost,
+    CostModel,
+    Machine,
+    check,
+    describe,
+    estimate,
+    scheme_message_key,
+)
 from testbed.runner import plan_point
 from testbed.spec import from_dict
-from common.errors import CapacityError, TestbedError
 from topologies.spec import MAX_HOSTS
 from traffic.models import model_info
 
-MIB = 2 ** 20
-GIB = 2 ** 30
+MIB = 2**20
+GIB = 2**30
 
 #: a cost model with round values, so that estimates can be computed by hand
 VALUES = {
-    "process_uss_bytes": 200 * MIB, "process_pss_bytes": 250 * MIB, "process_shared_bytes": 300 * MIB,
+    "process_uss_bytes": 200 * MIB,
+    "process_pss_bytes": 250 * MIB,
+    "process_shared_bytes": 300 * MIB,
     "zygote_bytes": 400 * MIB,
-    "worker_base_uss_bytes": 40 * MIB, "worker_exec_base_uss_bytes": 210 * MIB, "worker_bytes_per_param_byte": 3.0,
-    "ps_worker_base_uss_bytes": 30 * MIB, "ps_worker_exec_base_uss_bytes": 160 * MIB,
+    "worker_base_uss_bytes": 40 * MIB,
+    "worker_exec_base_uss_bytes": 210 * MIB,
+    "worker_bytes_per_param_byte": 3.0,
+    "ps_worker_base_uss_bytes": 30 * MIB,
+    "ps_worker_exec_base_uss_bytes": 160 * MIB,
     "ps_worker_bytes_per_param_byte": 2.0,
-    "allreduce_worker_base_uss_bytes": 40 * MIB, "allreduce_worker_exec_base_uss_bytes": 210 * MIB,
+    "allreduce_worker_base_uss_bytes": 40 * MIB,
+    "allreduce_worker_exec_base_uss_bytes": 210 * MIB,
     "allreduce_worker_bytes_per_param_byte": 3.0,
-    "server_base_uss_bytes": 130 * MIB, "server_exec_base_uss_bytes": 220 * MIB, "server_bytes_per_param_byte": 4.0,
-    "real_compute_worker_bytes": 20 * MIB, "harness_uss_bytes": 150 * MIB, "bwm_ng_uss_bytes": 1 * MIB,
-    "network_host_bytes": 2 * MIB, "network_link_bytes": 0.5 * MIB,
-    "process_idle_cores": 0.01, "runtime_user_cpu_s_per_byte": 1e-9, "runtime_message_cpu_s": 1e-4,
-    "path_cpu_s_per_byte": 5e-9, "extra_bridge_cpu_s_per_byte": 2e-9,
-    "bwm_ng_cpu_s_per_sample": 1e-5, "bwm_ng_cpu_s_per_sample_port": 1e-6,
-    "qdisc_cpu_s_per_sample": 2e-4, "qdisc_cpu_s_per_sample_port": 5e-5,
+    "server_base_uss_bytes": 130 * MIB,
+    "server_exec_base_uss_bytes": 220 * MIB,
+    "server_bytes_per_param_byte": 4.0,
+    "real_compute_worker_bytes": 20 * MIB,
+    "harness_uss_bytes": 150 * MIB,
+    "bwm_ng_uss_bytes": 1 * MIB,
+    "network_host_bytes": 2 * MIB,
+    "network_link_bytes": 0.5 * MIB,
+    "process_idle_cores": 0.01,
+    "runtime_user_cpu_s_per_byte": 1e-9,
+    "runtime_message_cpu_s": 1e-4,
+    "path_cpu_s_per_byte": 5e-9,
+    "extra_bridge_cpu_s_per_byte": 2e-9,
+    "bwm_ng_cpu_s_per_sample": 1e-5,
+    "bwm_ng_cpu_s_per_sample_port": 1e-6,
+    "qdisc_cpu_s_per_sample": 2e-4,
+    "qdisc_cpu_s_per_sample_port": 5e-5,
     "cpu_sampler_cpu_s_per_sample": 2e-3,
 }
 MACHINE = Machine(cores=2, total_bytes=24 * GIB, available_bytes=23 * GIB)
@@ -47,9 +74,10 @@ def synthetic(**changes) -> CostModel:
     ``<scheme>_message_cpu_s``)."""
     vals = {**VALUES, **changes}
     unit = {**{k: u for k, (u, _) in COST_KEYS.items()}, **{k: u for k, (u, _) in OPTIONAL_KEYS.items()}}
-    return CostModel({k: Cost(float(v), unit.get(k, SCHEME_MESSAGE_UNIT), "test")
-                      for k, v in vals.items()},
-                     {"cores": 2, "memory_total_bytes": 24 * GIB, "kernel": "test"})
+    return CostModel(
+        {k: Cost(float(v), unit.get(k, SCHEME_MESSAGE_UNIT), "test") for k, v in vals.items()},
+        {"cores": 2, "memory_total_bytes": 24 * GIB, "kernel": "test"},
+    )
 
 
 def point(topology: dict, run: dict | None = None, **workload):
@@ -64,17 +92,29 @@ def test_memory_estimate_is_the_sum_of_its_parts():
     p = model_info("digits_mlp")["param_bytes"]
     est = estimate(exp, hosts, procs, model=synthetic(), machine=MACHINE)
     v = VALUES
-    procs_bytes = (4 * (v["ps_worker_base_uss_bytes"] + 2.0 * p) + v["server_base_uss_bytes"] + 4.0 * p
-                   + 4 * v["real_compute_worker_bytes"])  # compute real (the default)
-    assert est.memory_breakdown == {"processes": round(procs_bytes), "shared pages": 400 * MIB,  # the zygote
-                                    "network": 4 * 2 * MIB, "harness": 151 * MIB}
+    procs_bytes = (
+        4 * (v["ps_worker_base_uss_bytes"] + 2.0 * p)
+        + v["server_base_uss_bytes"]
+        + 4.0 * p
+        + 4 * v["real_compute_worker_bytes"]
+    )  # compute real (the default)
+    assert est.memory_breakdown == {
+        "processes": round(procs_bytes),
+        "shared pages": 400 * MIB,  # the zygote
+        "network": 4 * 2 * MIB,
+        "harness": 151 * MIB,
+    }
     assert est.memory_bytes == sum(est.memory_breakdown.values())
     assert (est.cores, est.available_bytes, est.total_bytes, est.param_bytes) == (2, 23 * GIB, 24 * GIB, p)
 
 
 def test_a_scheme_without_its_own_figures_takes_the_larger_ones():
-    exp = from_dict({"topology": {"kind": "rack", "hosts_per_rack": 4},
-                     "workload": {"scheme": "pipe_sgd", "model": "digits_mlp", "compute": {"mode": "emulated"}}})
+    exp = from_dict(
+        {
+            "topology": {"kind": "rack", "hosts_per_rack": 4},
+            "workload": {"scheme": "pipe_sgd", "model": "digits_mlp", "compute": {"mode": "emulated"}},
+        }
+    )
     hosts, procs = plan_point(exp)
     assert [p.role for p in procs] == ["worker"] * 4
     est = estimate(exp, hosts, procs, model=synthetic(), machine=MACHINE)
@@ -83,8 +123,9 @@ def test_a_scheme_without_its_own_figures_takes_the_larger_ones():
 
 
 def test_exec_launcher_counts_each_process_imports_and_the_libraries_once():
-    exp, hosts, procs = point({"kind": "rack", "hosts_per_rack": 2}, run={"launcher": "exec"},
-                              model="alexnet", compute={"mode": "emulated"})
+    exp, hosts, procs = point(
+        {"kind": "rack", "hosts_per_rack": 2}, run={"launcher": "exec"}, model="alexnet", compute={"mode": "emulated"}
+    )
     est = estimate(exp, hosts, procs, model=synthetic(), machine=MACHINE)
     p = model_info("alexnet")["param_bytes"]
     assert est.memory_breakdown["processes"] == round(2 * (160 * MIB + 2.0 * p) + 220 * MIB + 4.0 * p)
@@ -93,8 +134,12 @@ def test_exec_launcher_counts_each_process_imports_and_the_libraries_once():
 
 def test_a_process_on_a_second_interface_is_execd_beside_the_zygote():
     # a PBox of 2 interfaces runs 2 servers, the one on interface 1 started with exec
-    exp, hosts, procs = point({"kind": "rack", "hosts_per_rack": 2}, model="alexnet", compute={"mode": "emulated"},
-                              servers={"placement": "dedicated", "interfaces": 2})
+    exp, hosts, procs = point(
+        {"kind": "rack", "hosts_per_rack": 2},
+        model="alexnet",
+        compute={"mode": "emulated"},
+        servers={"placement": "dedicated", "interfaces": 2},
+    )
     assert [(p.role, p.iface) for p in procs if p.role == "server"] == [("server", 0), ("server", 1)]
     est = estimate(exp, hosts, procs, model=synthetic(), machine=MACHINE)
     p = model_info("alexnet")["param_bytes"]
@@ -105,8 +150,12 @@ def test_a_process_on_a_second_interface_is_execd_beside_the_zygote():
 
 def test_servers_share_the_model_and_extra_links_cost_memory():
     one, h1, p1 = point({"kind": "rack", "hosts_per_rack": 4}, model="alexnet", compute={"mode": "emulated"})
-    two, h2, p2 = point({"kind": "rack", "hosts_per_rack": 4, "interfaces_per_host": 2}, model="alexnet",
-                        compute={"mode": "emulated"}, servers={"count": 2})
+    two, h2, p2 = point(
+        {"kind": "rack", "hosts_per_rack": 4, "interfaces_per_host": 2},
+        model="alexnet",
+        compute={"mode": "emulated"},
+        servers={"count": 2},
+    )
     m = synthetic()
     e1, e2 = estimate(one, h1, p1, model=m, machine=MACHINE), estimate(two, h2, p2, model=m, machine=MACHINE)
     p = model_info("alexnet")["param_bytes"]
@@ -117,12 +166,14 @@ def test_servers_share_the_model_and_extra_links_cost_memory():
 
 
 def test_cpu_estimate_matches_the_model_by_hand():
-    exp, hosts, procs = point({"kind": "rack_core", "racks": 2, "hosts_per_rack": 2, "host_bw_mbps": 100,
-                               "oversubscription": 2}, model="digits_mlp")
+    exp, hosts, procs = point(
+        {"kind": "rack_core", "racks": 2, "hosts_per_rack": 2, "host_bw_mbps": 100, "oversubscription": 2},
+        model="digits_mlp",
+    )
     est = estimate(exp, hosts, procs, model=synthetic(), machine=MACHINE)
     v = VALUES
-    sent = 4 * 100e6 / 8                    # 4 hosts carry processes (the server is colocated)
-    crossing = min(sent, 2 * 100e6 / 8)     # two uplinks of 2 x 100 / 2 Mbit/s
+    sent = 4 * 100e6 / 8  # 4 hosts carry processes (the server is colocated)
+    crossing = min(sent, 2 * 100e6 / 8)  # two uplinks of 2 x 100 / 2 Mbit/s
     network = sent * 5e-9 + 2 * crossing * 2e-9 + sent * 1e-9
     # ps, one server: a message per key of digits_mlp (64x512, 512, 512x512, 512, 512x10, 10)
     keys = [64 * 512, 512, 512 * 512, 512, 512 * 10, 10]
@@ -130,16 +181,26 @@ def test_cpu_estimate_matches_the_model_by_hand():
     messages = sent / (4 * sum(keys) / 6) * 1e-4
     ports = 4 + 2 * 2
     capture = (1e-5 + 1e-6 * ports) * 100 + (2e-4 + 5e-5 * ports) * 20 + 2e-3 * 10
-    assert est.cpu_breakdown == pytest.approx({"processes": 5 * v["process_idle_cores"], "capture": capture,
-                                               "network": network, "messages": messages})
+    assert est.cpu_breakdown == pytest.approx(
+        {"processes": 5 * v["process_idle_cores"], "capture": capture, "network": network, "messages": messages}
+    )
     assert est.cpu_cores == pytest.approx(5 * 0.01 + capture + network + messages)
     assert est.min_scale == pytest.approx((network + messages) / (0.65 * 2 - 5 * 0.01 - capture))
 
 
 def test_message_term_is_the_sending_rate_over_the_scheme_message_bytes(monkeypatch):
-    exp = from_dict({"scale": 1, "topology": {"kind": "rack", "hosts_per_rack": 4, "host_bw_mbps": 800},
-                     "workload": {"scheme": "ps", "model": "digits_mlp", "compute": {"mode": "emulated"},
-                                  "servers": {"placement": "dedicated"}}})
+    exp = from_dict(
+        {
+            "scale": 1,
+            "topology": {"kind": "rack", "hosts_per_rack": 4, "host_bw_mbps": 800},
+            "workload": {
+                "scheme": "ps",
+                "model": "digits_mlp",
+                "compute": {"mode": "emulated"},
+                "servers": {"placement": "dedicated"},
+            },
+        }
+    )
     hosts, procs = plan_point(exp)
     seen = []
 
@@ -149,6 +210,7 @@ def test_message_term_is_the_sending_rate_over_the_scheme_message_bytes(monkeypa
             def message_bytes(cls, workload, processes):
                 seen.append((workload.scheme, [p.role for p in processes]))
                 return nbytes
+
         return Fixed
 
     m = synthetic(runtime_message_cpu_s=3e-5)
@@ -164,7 +226,8 @@ def test_message_term_is_the_sending_rate_over_the_scheme_message_bytes(monkeypa
     # everything else is the same; the message term moves min_scale
     for e in est.values():
         assert {k: v for k, v in e.cpu_breakdown.items() if k != "messages"} == pytest.approx(
-            {k: v for k, v in est[math.inf].cpu_breakdown.items() if k != "messages"})
+            {k: v for k, v in est[math.inf].cpu_breakdown.items() if k != "messages"}
+        )
         assert e.cpu_at(e.min_scale) == pytest.approx(0.65 * MACHINE.cores)
     assert est[1e3].min_scale > est[1e6].min_scale > est[math.inf].min_scale
     assert est[1e3].fixed_cores == pytest.approx(est[math.inf].fixed_cores)
@@ -174,9 +237,18 @@ def _p3_and_ps(bw_mbps: float = 800):
     """A p3 and a ps point of the same network (4 hosts, a server colocated with each worker)."""
     out = {}
     for scheme in ("p3", "ps"):
-        exp = from_dict({"scale": 1, "topology": {"kind": "rack", "hosts_per_rack": 4, "host_bw_mbps": bw_mbps},
-                         "workload": {"scheme": scheme, "model": "resnet50", "compute": {"mode": "emulated"},
-                                      "servers": {"count": 0, "placement": "colocated"}}})
+        exp = from_dict(
+            {
+                "scale": 1,
+                "topology": {"kind": "rack", "hosts_per_rack": 4, "host_bw_mbps": bw_mbps},
+                "workload": {
+                    "scheme": scheme,
+                    "model": "resnet50",
+                    "compute": {"mode": "emulated"},
+                    "servers": {"count": 0, "placement": "colocated"},
+                },
+            }
+        )
         out[scheme] = (exp, *plan_point(exp))
     return out
 
@@ -203,20 +275,31 @@ def test_a_scheme_own_message_cost_applies_to_its_scheme_only_and_adds_to_the_ru
         # nothing else moves
         for e in (eo, er):
             assert {k: v for k, v in e.cpu_breakdown.items() if k != "messages"} == pytest.approx(
-                {k: v for k, v in eb.cpu_breakdown.items() if k != "messages"})
+                {k: v for k, v in eb.cpu_breakdown.items() if k != "messages"}
+            )
 
 
 def test_a_scheme_without_its_own_message_cost_adds_nothing(monkeypatch):
     from traffic import schemes
+
     monkeypatch.setattr(schemes, "_REGISTRY", dict(schemes._REGISTRY))  # the registration below is undone
 
     @schemes.register("capacity_test_scheme")
     class Mine(schemes.get("ps")):  # a scheme a researcher adds: no cost-model key has its name
         pass
 
-    exp = from_dict({"scale": 1, "topology": {"kind": "rack", "hosts_per_rack": 4, "host_bw_mbps": 800},
-                     "workload": {"scheme": "capacity_test_scheme", "model": "resnet50",
-                                  "compute": {"mode": "emulated"}, "servers": {"count": 0, "placement": "colocated"}}})
+    exp = from_dict(
+        {
+            "scale": 1,
+            "topology": {"kind": "rack", "hosts_per_rack": 4, "host_bw_mbps": 800},
+            "workload": {
+                "scheme": "capacity_test_scheme",
+                "model": "resnet50",
+                "compute": {"mode": "emulated"},
+                "servers": {"count": 0, "placement": "colocated"},
+            },
+        }
+    )
     hosts, procs = plan_point(exp)
     m = synthetic(runtime_message_cpu_s=1e-4, p3_message_cpu_s=7e-4, ps_message_cpu_s=5e-4)
     assert m.scheme_message_cpu_s("capacity_test_scheme") == 0.0
@@ -229,8 +312,12 @@ def test_a_scheme_without_its_own_message_cost_adds_nothing(monkeypatch):
 
 
 def test_per_host_cost_charges_each_byte_once_per_sending_host():
-    exp, hosts, procs = point({"kind": "rack", "hosts_per_rack": 4, "host_bw_mbps": 800},
-                              scheme="allreduce", model="resnet50", compute={"mode": "emulated"})
+    exp, hosts, procs = point(
+        {"kind": "rack", "hosts_per_rack": 4, "host_bw_mbps": 800},
+        scheme="allreduce",
+        model="resnet50",
+        compute={"mode": "emulated"},
+    )
     base = estimate(exp, hosts, procs, model=synthetic(), machine=MACHINE)
     k = 3e-11
     est = estimate(exp, hosts, procs, model=synthetic(path_cpu_s_per_byte_per_host=k), machine=MACHINE)
@@ -251,8 +338,9 @@ def test_optional_cost_loads_when_present_and_is_checked(tmp_path):
     assert CostModel.load(path).optional("path_cpu_s_per_byte_per_host") == 0.0
     doc["values"]["path_cpu_s_per_byte_per_host"] = {"value": 2e-12, "unit": "cpu-s/byte", "source": "x"}
     path.write_text(yaml.safe_dump(doc))
-    with pytest.raises(CapacityError, match="path_cpu_s_per_byte_per_host: unit 'cpu-s/byte', expected "
-                                            "'cpu-s/byte/host'"):
+    with pytest.raises(
+        CapacityError, match="path_cpu_s_per_byte_per_host: unit 'cpu-s/byte', expected 'cpu-s/byte/host'"
+    ):
         CostModel.load(path)
     doc["values"]["path_cpu_s_per_byte_per_host"] = {"value": -2e-12, "unit": "cpu-s/byte/host", "source": "x"}
     path.write_text(yaml.safe_dump(doc))
@@ -271,10 +359,12 @@ def test_scheme_message_costs_load_when_present_and_are_checked(tmp_path):
     path.write_text(yaml.safe_dump(doc))
     m = CostModel.load(path)
     assert m.scheme_message_cpu_s("p3") == 6e-4 and m.costs["p3_message_cpu_s"].source == "measured"
-    for bad, match in (({"value": 6e-4, "unit": "cpu-s/byte", "source": "x"}, "unit 'cpu-s/byte'"),
-                       ({"value": -1e-6, "unit": "cpu-s/message", "source": "x"}, "value -1e-06 is negative"),
-                       ({"value": 6e-4, "unit": "cpu-s/message"}, "no source"),
-                       (6e-4, "not a mapping")):
+    for bad, match in (
+        ({"value": 6e-4, "unit": "cpu-s/byte", "source": "x"}, "unit 'cpu-s/byte'"),
+        ({"value": -1e-6, "unit": "cpu-s/message", "source": "x"}, "value -1e-06 is negative"),
+        ({"value": 6e-4, "unit": "cpu-s/message"}, "no source"),
+        (6e-4, "not a mapping"),
+    ):
         doc["values"]["p3_message_cpu_s"] = bad
         path.write_text(yaml.safe_dump(doc))
         with pytest.raises(CapacityError, match=f"p3_message_cpu_s: {match}"):
@@ -284,15 +374,23 @@ def test_scheme_message_costs_load_when_present_and_are_checked(tmp_path):
 def test_smaller_p3_slices_give_a_larger_cpu_estimate():
     m = CostModel.load()
     topo = {"kind": "rack", "hosts_per_rack": 4, "host_bw_mbps": 10000}
-    big, small = (from_dict({"scale": 4, "topology": topo, "workload": {
-        "scheme": "p3", "model": "vgg19", "compute": {"mode": "emulated"}, "options": o}})
-        for o in ({}, {"slice_params": 5000}))
+    big, small = (
+        from_dict(
+            {
+                "scale": 4,
+                "topology": topo,
+                "workload": {"scheme": "p3", "model": "vgg19", "compute": {"mode": "emulated"}, "options": o},
+            }
+        )
+        for o in ({}, {"slice_params": 5000})
+    )
     eb, es = (estimate(e, *plan_point(e), model=m, machine=MACHINE) for e in (big, small))
     # VGG-19's 143,667,240 parameters in 2,902 slices of at most 50,000 (id included: +2 bytes per message)
     assert eb.message_bytes == pytest.approx(4 * 143_667_240 / 2902 + 2)
     assert es.message_bytes < eb.message_bytes / 9
     assert es.cpu_breakdown["messages"] / eb.cpu_breakdown["messages"] == pytest.approx(
-        eb.message_bytes / es.message_bytes)
+        eb.message_bytes / es.message_bytes
+    )
     assert es.cpu_cores > eb.cpu_cores and es.min_scale > eb.min_scale
     assert es.cpu_breakdown["network"] == pytest.approx(eb.cpu_breakdown["network"])
 
@@ -308,10 +406,14 @@ def test_cost_model_without_the_message_cost_is_refused(tmp_path):
 
 
 def test_background_flows_add_their_rate_up_to_the_link():
-    base = {"topology": {"kind": "rack", "hosts_per_rack": 2, "background_hosts_per_rack": 2, "host_bw_mbps": 100},
-            "workload": {"scheme": "ps", "model": "digits_mlp"}}
-    flows = [{"src": "bg1", "dst": "bg2", "rate_mbps": 40, "duration_s": 1},
-             {"src": "bg1", "dst": "bg2", "rate_mbps": 80, "duration_s": 1}]  # 120 > the 100 Mbit/s link
+    base = {
+        "topology": {"kind": "rack", "hosts_per_rack": 2, "background_hosts_per_rack": 2, "host_bw_mbps": 100},
+        "workload": {"scheme": "ps", "model": "digits_mlp"},
+    }
+    flows = [
+        {"src": "bg1", "dst": "bg2", "rate_mbps": 40, "duration_s": 1},
+        {"src": "bg1", "dst": "bg2", "rate_mbps": 80, "duration_s": 1},
+    ]  # 120 > the 100 Mbit/s link
     a, b = from_dict(base), from_dict({**base, "background": flows})
     ea = estimate(a, *plan_point(a), model=synthetic(), machine=MACHINE)
     eb = estimate(b, *plan_point(b), model=synthetic(), machine=MACHINE)
@@ -322,17 +424,20 @@ def test_estimate_grows_with_hosts_and_model_size():
     m = CostModel.load()
     small = point({"kind": "rack_core", "racks": 2, "hosts_per_rack": 2}, model="digits_mlp")
     more_hosts = point({"kind": "rack_core", "racks": 2, "hosts_per_rack": 8}, model="digits_mlp")
-    bigger_model = point({"kind": "rack_core", "racks": 2, "hosts_per_rack": 2}, model="alexnet",
-                         compute={"mode": "emulated"})
+    bigger_model = point(
+        {"kind": "rack_core", "racks": 2, "hosts_per_rack": 2}, model="alexnet", compute={"mode": "emulated"}
+    )
     e0, e1, e2 = (estimate(e, h, p, model=m, machine=MACHINE) for e, h, p in (small, more_hosts, bigger_model))
     assert e1.memory_bytes > e0.memory_bytes and e1.cpu_cores > e0.cpu_cores and e1.min_scale > e0.min_scale
-    assert e2.memory_bytes - e0.memory_bytes >= 4 * (model_info("alexnet")["param_bytes"]
-                                                     - model_info("digits_mlp")["param_bytes"])
+    assert e2.memory_bytes - e0.memory_bytes >= 4 * (
+        model_info("alexnet")["param_bytes"] - model_info("digits_mlp")["param_bytes"]
+    )
 
 
 def test_min_scale_keeps_35_percent_idle():
-    exp, hosts, procs = point({"kind": "rack_core", "racks": 2, "hosts_per_rack": 4, "host_bw_mbps": 1000},
-                              model="digits_mlp")
+    exp, hosts, procs = point(
+        {"kind": "rack_core", "racks": 2, "hosts_per_rack": 4, "host_bw_mbps": 1000}, model="digits_mlp"
+    )
     for m in (synthetic(), CostModel.load()):
         est = estimate(exp, hosts, procs, model=m, machine=MACHINE)
         assert est.min_scale > 1  # 8 hosts at 1 Gbit/s do not fit 2 cores undilated
@@ -350,8 +455,9 @@ def test_min_scale_is_infinite_when_waiting_processes_alone_break_the_rule():
 
 
 def test_scale_below_min_scale_warns_with_the_scale_to_use():
-    exp, hosts, procs = point({"kind": "rack_core", "racks": 2, "hosts_per_rack": 4, "host_bw_mbps": 1000},
-                              model="digits_mlp")
+    exp, hosts, procs = point(
+        {"kind": "rack_core", "racks": 2, "hosts_per_rack": 4, "host_bw_mbps": 1000}, model="digits_mlp"
+    )
     m = synthetic()
     est = estimate(exp, hosts, procs, model=m, machine=MACHINE)
     (line,) = check([("host_bw_mbps=1000", exp, hosts, procs)], model=m, machine=MACHINE)
@@ -359,8 +465,13 @@ def test_scale_below_min_scale_warns_with_the_scale_to_use():
     assert f"{est.cpu_cores:.2f} cores busy of 2 at scale 1" in line
     assert f"use scale >= {math.ceil(est.min_scale * 100) / 100:g}" in line
     assert "compute.mode: emulated" in line  # the spec computes for real: dilation needs emulated compute
-    dilated = from_dict({"topology": exp.topology.model_dump(), "scale": math.ceil(est.min_scale * 100) / 100,
-                         "workload": {"scheme": "ps", "model": "digits_mlp", "compute": {"mode": "emulated"}}})
+    dilated = from_dict(
+        {
+            "topology": exp.topology.model_dump(),
+            "scale": math.ceil(est.min_scale * 100) / 100,
+            "workload": {"scheme": "ps", "model": "digits_mlp", "compute": {"mode": "emulated"}},
+        }
+    )
     assert check([("", dilated, *plan_point(dilated))], model=m, machine=MACHINE) == []
 
 
@@ -396,8 +507,12 @@ def test_refusal_reads_available_memory_from_psutil(monkeypatch):
 
 def test_max_hosts_rack_core_is_refused_on_this_machine():
     racks = 64
-    exp = from_dict({"topology": {"kind": "rack_core", "racks": racks, "hosts_per_rack": MAX_HOSTS // racks},
-                     "workload": {"scheme": "ps"}})
+    exp = from_dict(
+        {
+            "topology": {"kind": "rack_core", "racks": racks, "hosts_per_rack": MAX_HOSTS // racks},
+            "workload": {"scheme": "ps"},
+        }
+    )
     hosts, procs = plan_point(exp)
     assert len(hosts) == MAX_HOSTS and len(procs) == MAX_HOSTS + 1
     machine = Machine.current()
@@ -409,13 +524,18 @@ def test_max_hosts_rack_core_is_refused_on_this_machine():
 
 def test_shipped_cost_model_loads_with_a_source_for_every_value():
     m = CostModel.load()
-    schemes_measured = {scheme_message_key(s) for s in ("ps", "allreduce", "p3", "phub", "pipe_sgd", "stanza",
-                                                        "ibatch")}
+    schemes_measured = {
+        scheme_message_key(s) for s in ("ps", "allreduce", "p3", "phub", "pipe_sgd", "stanza", "ibatch")
+    }
     assert set(m.costs) == set(COST_KEYS) | schemes_measured | set(OPTIONAL_KEYS)
     for key, c in m.costs.items():
-        unit, bench = ((COST_KEYS[key][0], "benchmarks/machine_costs.py") if key in COST_KEYS else
-                       (OPTIONAL_KEYS[key][0], "benchmarks/fit_host_cost.py") if key in OPTIONAL_KEYS else
-                       (SCHEME_MESSAGE_UNIT, "benchmarks/machine_costs.py"))
+        unit, bench = (
+            (COST_KEYS[key][0], "benchmarks/machine_costs.py")
+            if key in COST_KEYS
+            else (OPTIONAL_KEYS[key][0], "benchmarks/fit_host_cost.py")
+            if key in OPTIONAL_KEYS
+            else (SCHEME_MESSAGE_UNIT, "benchmarks/machine_costs.py")
+        )
         assert c.unit == unit, key
         assert bench in c.source and "cores" in c.source and "GiB RAM" in c.source and "kernel" in c.source, key
         assert c.value >= 0, key
@@ -436,17 +556,21 @@ def test_cost_model_of_another_machine_is_flagged():
     exp, hosts, procs = point({"kind": "rack", "hosts_per_rack": 2}, model="digits_mlp")
     other = Machine(cores=16, total_bytes=128 * GIB, available_bytes=120 * GIB)
     (line,) = check([("", exp, hosts, procs)], model=synthetic(), machine=other)
-    assert line.startswith("capacity: the cost model <memory> was measured on another machine (2 cores there, 16 here; "
-                           "24.0 GiB there, 128.0 GiB here)") and line.endswith("`testbed profile --machine` (as root)")
+    assert line.startswith(
+        "capacity: the cost model <memory> was measured on another machine (2 cores there, 16 here; "
+        "24.0 GiB there, 128.0 GiB here)"
+    ) and line.endswith("`testbed profile --machine` (as root)")
     assert check([("", exp, hosts, procs)], model=synthetic(), machine=MACHINE) == []
 
 
 def test_describe_is_one_line():
     exp, hosts, procs = point({"kind": "rack", "hosts_per_rack": 4}, model="digits_mlp")
     est = estimate(exp, hosts, procs, model=synthetic(), machine=MACHINE)
-    assert describe(est) == (f"estimated memory {est.memory_bytes / GIB:.2f} GiB of 23.00 GiB available; "
-                             f"CPU {est.cpu_cores:.2f} cores busy of 2 at scale 1 (keeps 35% idle from scale "
-                             f"{est.min_scale:.3g})")
+    assert describe(est) == (
+        f"estimated memory {est.memory_bytes / GIB:.2f} GiB of 23.00 GiB available; "
+        f"CPU {est.cpu_cores:.2f} cores busy of 2 at scale 1 (keeps 35% idle from scale "
+        f"{est.min_scale:.3g})"
+    )
 
 
 def test_run_force_defaults_to_false():
@@ -457,9 +581,23 @@ def test_run_force_defaults_to_false():
 def test_the_cli_refuses_a_run_that_cannot_fit_before_anything_is_built(tmp_path):
     import subprocess
     import sys
+
     root = Path(__file__).resolve().parents[1]
-    args = [sys.executable, "-m", "testbed.cli", "run", "experiments/quickstart.yaml", "--set", "sweep={}",
-            "--set", "topology.racks=100", "--set", "topology.hosts_per_rack=20", "--runs-dir", str(tmp_path / "r")]
+    args = [
+        sys.executable,
+        "-m",
+        "testbed.cli",
+        "run",
+        "experiments/quickstart.yaml",
+        "--set",
+        "sweep={}",
+        "--set",
+        "topology.racks=100",
+        "--set",
+        "topology.hosts_per_rack=20",
+        "--runs-dir",
+        str(tmp_path / "r"),
+    ]
     out = subprocess.run(args, capture_output=True, text=True, cwd=root)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "cannot hold the run" in out.stderr and "GiB" in out.stderr and "run.force" in out.stderr

@@ -7,6 +7,7 @@ the only frames on the wire are the test's own UDP datagrams (sent to an address
 receiver does not own, so it drops them without any ICMP answer). Everything is removed in
 the fixture's teardown.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -30,10 +31,10 @@ import analysis  # noqa: E402
 import testbed.capture.bwmng as bwmng  # noqa: E402
 from analysis import metrics  # noqa: E402
 from analysis.traces import parse_bwm_ng, rates  # noqa: E402
-from testbed.capture import Capture, CpuSampler, QdiscSampler, SampledCsv, bwm_ng_command, find_bwm_ng  # noqa: E402
-from testbed.capture.periodic import Periodic as _Periodic  # noqa: E402
-from testbed.capture.cpu import PROCESSES_PER_SAMPLE  # noqa: E402
 from common.errors import MissingRequirement, TestbedError  # noqa: E402
+from testbed.capture import Capture, CpuSampler, QdiscSampler, SampledCsv, bwm_ng_command, find_bwm_ng  # noqa: E402
+from testbed.capture.cpu import PROCESSES_PER_SAMPLE  # noqa: E402
+from testbed.capture.periodic import Periodic as _Periodic  # noqa: E402
 from testbed.spec import CaptureSpec  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
@@ -52,8 +53,13 @@ def _sh(*cmd, check=True):
 
 
 def _teardown_net():
-    for cmd in (["ip", "link", "del", "tbx0a"], ["ip", "link", "del", "tbx0b"], ["ip", "link", "del", "tbxbr"],
-                ["ip", "netns", "del", "tbxA"], ["ip", "netns", "del", "tbxB"]):
+    for cmd in (
+        ["ip", "link", "del", "tbx0a"],
+        ["ip", "link", "del", "tbx0b"],
+        ["ip", "link", "del", "tbxbr"],
+        ["ip", "netns", "del", "tbxA"],
+        ["ip", "netns", "del", "tbxB"],
+    ):
         _sh(*cmd, check=False)
 
 
@@ -76,11 +82,24 @@ def veth_net():
             _sh("ip", "-n", ns, "addr", "add", f"{IP[s]}/24", "dev", f"tbx1{s}")
             # no multicast: no IGMP reports either, so the test's datagrams are the only frames
             _sh("ip", "-n", ns, "link", "set", f"tbx1{s}", "multicast", "off", "up")
-        mac = {s: _sh("ip", "netns", "exec", NS[s], "cat", f"/sys/class/net/tbx1{s}/address").stdout.strip()
-               for s in NS}
+        mac = {
+            s: _sh("ip", "netns", "exec", NS[s], "cat", f"/sys/class/net/tbx1{s}/address").stdout.strip() for s in NS
+        }
         for s, peer in (("a", "b"), ("b", "a")):
-            _sh("ip", "-n", NS[s], "neigh", "replace", SINK[peer], "lladdr", mac[peer], "dev", f"tbx1{s}",
-                "nud", "permanent")
+            _sh(
+                "ip",
+                "-n",
+                NS[s],
+                "neigh",
+                "replace",
+                SINK[peer],
+                "lladdr",
+                mac[peer],
+                "dev",
+                f"tbx1{s}",
+                "nud",
+                "permanent",
+            )
         yield ["tbx0a", "tbx0b"]
     finally:
         _teardown_net()
@@ -89,8 +108,10 @@ def veth_net():
 def send_udp(src: str, dst: str, count: int, payload: int, gap_s: float = 0.001) -> subprocess.Popen:
     """Start ``count`` UDP datagrams of ``payload`` bytes from namespace side ``src`` to the
     sink address of side ``dst`` (returns the running sender)."""
-    code = (f"import socket,time\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n"
-            f"for i in range({count}):\n s.sendto(b'x'*{payload},('{SINK[dst]}',9))\n time.sleep({gap_s})\n")
+    code = (
+        f"import socket,time\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\n"
+        f"for i in range({count}):\n s.sendto(b'x'*{payload},('{SINK[dst]}',9))\n time.sleep({gap_s})\n"
+    )
     return subprocess.Popen(["ip", "netns", "exec", NS[src], sys.executable, "-c", code])
 
 
@@ -154,9 +175,11 @@ def test_parser_tolerates_truncated_last_line_and_old_format(tmp_path):
     full = parse_bwm_ng(p)
     assert len(full) == sum(1 for l in lines[:30] if ";total;" not in l)
     old = tmp_path / "old.csv"  # bwm-ng 0.6.1: 16 fields, no bits columns
-    old.write_text("1.5;eth0;10.00;20.00;30.00;2;1;1.00;1.00;2.00;1;1;0.00;0.00;0;0\n"
-                   "1.5;total;10.00;20.00;30.00;2;1;1.00;1.00;2.00;1;1;0.00;0.00;0;0\ngarbage\n"
-                   "1.6;eth0;x;y;z;bad;bad;0;0;0;0;0;0;0;0;0\n")
+    old.write_text(
+        "1.5;eth0;10.00;20.00;30.00;2;1;1.00;1.00;2.00;1;1;0.00;0.00;0;0\n"
+        "1.5;total;10.00;20.00;30.00;2;1;1.00;1.00;2.00;1;1;0.00;0.00;0;0\ngarbage\n"
+        "1.6;eth0;x;y;z;bad;bad;0;0;0;0;0;0;0;0;0\n"
+    )
     o = parse_bwm_ng(old)
     assert list(o["bytes_in"]) == [2] and list(o["bytes_out"]) == [1]
     assert parse_bwm_ng(tmp_path / "missing.csv").empty
@@ -279,11 +302,13 @@ def test_a_core_whose_times_have_not_moved_gets_no_row_and_its_next_row_covers_b
     def times(busy, idle):
         return cputimes(**{f: 0.0 for f in cputimes._fields} | {"user": busy, "idle": idle})
 
-    readings = iter([
-        [times(1.0, 1.0), times(1.0, 1.0)],  # baselines
-        [times(1.5, 1.5), times(1.0, 1.0)],  # core 1 has not moved
-        [times(2.0, 2.0), times(1.9, 1.1)],  # core 1: 0.9 s busy, 0.1 s idle since its baseline
-    ])
+    readings = iter(
+        [
+            [times(1.0, 1.0), times(1.0, 1.0)],  # baselines
+            [times(1.5, 1.5), times(1.0, 1.0)],  # core 1 has not moved
+            [times(2.0, 2.0), times(1.9, 1.1)],  # core 1: 0.9 s busy, 0.1 s idle since its baseline
+        ]
+    )
     monkeypatch.setattr("testbed.capture.cpu.psutil.cpu_times", lambda percpu: next(readings))
     with CpuSampler(dict) as sampler:
         first = [r for r in sampler.read() if r[0] == "core"]
@@ -332,11 +357,16 @@ def net():
 def test_capture_counts_known_traffic_and_leaves_nothing(net, tmp_path):
     ledger = []
     _sh("tc", "qdisc", "add", "dev", "tbx0b", "root", "handle", "5:", "htb", "default", "1")
-    _sh("tc", "class", "add", "dev", "tbx0b", "parent", "5:", "classid", "5:1", "htb", "rate", "50mbit",
-        "burst", "15k")
+    _sh("tc", "class", "add", "dev", "tbx0b", "parent", "5:", "classid", "5:1", "htb", "rate", "50mbit", "burst", "15k")
     senders = {}
-    cap = Capture(tmp_path, net, qdisc_ifaces=["tbx0b"], pids=lambda: senders,
-                  spec=CaptureSpec(interval_ms=10, qdisc_interval_ms=10, cpu_interval_ms=50), on_pid=lambda p, w: ledger.append((w, p)))
+    cap = Capture(
+        tmp_path,
+        net,
+        qdisc_ifaces=["tbx0b"],
+        pids=lambda: senders,
+        spec=CaptureSpec(interval_ms=10, qdisc_interval_ms=10, cpu_interval_ms=50),
+        on_pid=lambda p, w: ledger.append((w, p)),
+    )
     with cap:
         assert ledger == [("bwm-ng", cap.bwm.pid)]
         assert cap.bwm.pid in _bwm_ng_pids()
@@ -383,8 +413,7 @@ def test_shaped_link_rate_from_real_capture(net, tmp_path):
     """htb at 20 Mbit/s on a port: the rates computed from bwm-ng's counters show 20 Mbit/s
     while the queue drains, and the summary's shaping check passes."""
     _sh("tc", "qdisc", "add", "dev", "tbx0b", "root", "handle", "5:", "htb", "default", "1")
-    _sh("tc", "class", "add", "dev", "tbx0b", "parent", "5:", "classid", "5:1", "htb", "rate", "20mbit",
-        "burst", "15k")
+    _sh("tc", "class", "add", "dev", "tbx0b", "parent", "5:", "classid", "5:1", "htb", "rate", "20mbit", "burst", "15k")
     with Capture(tmp_path, net, ["tbx0b"], spec=CaptureSpec(interval_ms=10, cpu=False)):
         s = send_udp("a", "b", 1500, 1400, gap_s=0)  # 2.1 MB at once: ~0.85 s at 20 Mbit/s
         assert s.wait(20) == 0
@@ -392,9 +421,14 @@ def test_shaped_link_rate_from_real_capture(net, tmp_path):
         while time.time() < deadline and tc_root("tbx0b")["qlen"]:  # until the queue has drained
             time.sleep(0.05)
         time.sleep(0.05)
-    topo = {"hosts": [{"name": "hA"}, {"name": "hB"}], "switches": [{"name": "br", "role": "tor"}],
-            "links": [{"class": "host", "node1": h, "intf1": f"tbx1{x}", "node2": "br", "intf2": f"tbx0{x}",
-                       "bw_mbps": 20.0} for h, x in (("hA", "a"), ("hB", "b"))]}
+    topo = {
+        "hosts": [{"name": "hA"}, {"name": "hB"}],
+        "switches": [{"name": "br", "role": "tor"}],
+        "links": [
+            {"class": "host", "node1": h, "intf1": f"tbx1{x}", "node2": "br", "intf2": f"tbx0{x}", "bw_mbps": 20.0}
+            for h, x in (("hA", "a"), ("hB", "b"))
+        ],
+    }
     (tmp_path / "topology.json").write_text(json.dumps(topo))
     summ = metrics.summarize(tmp_path)
     assert summ.bytes.per_host["hB"].rx >= 1500 * (1400 + ETH_IP_UDP) - 1000 * 1442  # htb may drop
@@ -418,8 +452,7 @@ def test_qdisc_sampler_counts_known_traffic_and_agrees_with_tc(net):
     values as ``tc -s qdisc`` on a quiet link, and bracketed by two ``tc`` readings while an
     overloaded queue moves."""
     _sh("tc", "qdisc", "add", "dev", "tbx0a", "root", "handle", "5:", "htb", "default", "1")
-    _sh("tc", "class", "add", "dev", "tbx0a", "parent", "5:", "classid", "5:1", "htb", "rate", "50mbit",
-        "burst", "15k")
+    _sh("tc", "class", "add", "dev", "tbx0a", "parent", "5:", "classid", "5:1", "htb", "rate", "50mbit", "burst", "15k")
     cols = ("kind", "backlog", "qlen", "drops", "overlimits", "bytes", "packets")
 
     def ours(sampler):
@@ -453,8 +486,22 @@ def test_qdisc_sampler_counts_known_traffic_and_agrees_with_tc(net):
         assert 0 <= after["bytes"] - before["bytes"] - 100 * (1000 + ETH_IP_UDP) <= 100 * stray
         assert after["drops"] == before["drops"] == 0 and after["backlog"] == after["qlen"] == 0
 
-        _sh("tc", "class", "change", "dev", "tbx0a", "parent", "5:", "classid", "5:1", "htb", "rate", "5mbit",
-            "burst", "15k")
+        _sh(
+            "tc",
+            "class",
+            "change",
+            "dev",
+            "tbx0a",
+            "parent",
+            "5:",
+            "classid",
+            "5:1",
+            "htb",
+            "rate",
+            "5mbit",
+            "burst",
+            "15k",
+        )
         s = send_udp("b", "a", 400, 1400, gap_s=0)  # overload 5 Mbit/s: backlog and drops
         try:
             deadline = time.time() + 5

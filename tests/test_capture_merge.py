@@ -9,6 +9,7 @@ The live agent test makes a veth pair ``tbag0``/``tbag1`` in the root namespace 
 namespaces, no Mininet), sends raw Ethernet frames of known size into ``tbag1`` so that
 ``tbag0`` receives them, and deletes the pair in the fixture's teardown.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from analysis.traces import CPU_COLUMNS, QDISC_COLUMNS, parse_bwm_ng, read_table  # noqa: E402
 import testbed.capture.agent as agent  # noqa: E402
+from analysis.traces import CPU_COLUMNS, QDISC_COLUMNS, parse_bwm_ng, read_table  # noqa: E402
 from testbed.capture.agent import RuntimePids, runtime_pids  # noqa: E402
 from testbed.capture.merge import TracePart, merge_traces  # noqa: E402
 
@@ -78,8 +79,9 @@ def test_bwm_ng_merge_corrects_times_drops_totals_and_keeps_bytes(tmp_path):
     ctl = tmp_path / "a"
     _write(ctl / "bwm-ng.csv", FIXTURE.read_text())
 
-    got = merge_traces(tmp_path / "out", [TracePart(None, ctl, 0.0), TracePart("10.0.0.2", tmp_path / "b",
-                                                                                offset_us / 1e6)])
+    got = merge_traces(
+        tmp_path / "out", [TracePart(None, ctl, 0.0), TracePart("10.0.0.2", tmp_path / "b", offset_us / 1e6)]
+    )
 
     fixture = FIXTURE.read_text().splitlines()
     per_iface = [ln for ln in fixture if ln.split(";")[1] != "total"]
@@ -111,16 +113,25 @@ def test_bwm_ng_merge_corrects_times_drops_totals_and_keeps_bytes(tmp_path):
 
 def test_bwm_ng_offsets_are_subtracted_to_the_microsecond(tmp_path):
     rest = ";" + ";".join(["0.00", "0.00", "0.00", "1", "2"] + ["0"] * 14)
-    _write(tmp_path / "a" / "bwm-ng.csv", f"100.000100;eth-a{rest}\n100.000100;total{rest}\n"
-                                          f"100.010200;eth-a{rest}\n")
+    _write(tmp_path / "a" / "bwm-ng.csv", f"100.000100;eth-a{rest}\n100.000100;total{rest}\n100.010200;eth-a{rest}\n")
     _write(tmp_path / "b" / "bwm-ng.csv", f"100.255000;eth-b{rest}\n100.262000;eth-b{rest}\n")
     _write(tmp_path / "c" / "bwm-ng.csv", f"99.9999995;eth-c{rest}\n")  # 7 decimals: rounded half up
-    merge_traces(tmp_path / "out", [TracePart(None, tmp_path / "a", 0.0), TracePart("m2", tmp_path / "b", 0.25),
-                                    TracePart("m3", tmp_path / "c", -0.004)])
+    merge_traces(
+        tmp_path / "out",
+        [
+            TracePart(None, tmp_path / "a", 0.0),
+            TracePart("m2", tmp_path / "b", 0.25),
+            TracePart("m3", tmp_path / "c", -0.004),
+        ],
+    )
     lines = (tmp_path / "out" / "bwm-ng.csv").read_text().splitlines()
     assert [ln.split(";", 2)[:2] for ln in lines] == [
-        ["100.000100", "eth-a"], ["100.004000", "eth-c"], ["100.005000", "eth-b"], ["100.010200", "eth-a"],
-        ["100.012000", "eth-b"]]
+        ["100.000100", "eth-a"],
+        ["100.004000", "eth-c"],
+        ["100.005000", "eth-b"],
+        ["100.010200", "eth-a"],
+        ["100.012000", "eth-b"],
+    ]
     assert all(ln.endswith(rest) for ln in lines)
 
 
@@ -142,17 +153,25 @@ def test_old_16_field_lines_are_padded_when_merged_with_21_field_lines(tmp_path)
 # ----------------------------------------------------------------------------- merge: qdisc, cpu
 
 
-CPU_A = ("time,kind,id,busy_pct\r\n"
-         "10.100000,core,0,12.50\r\n10.100000,core,1,3.00\r\n10.100000,proc,w0,97.00\r\n"
-         "10.100000,proc,bwm-ng,1.00\r\n10.100000,proc,harness,2.50\r\n"
-         "10.200000,core,0,14.00\r\n")
-CPU_B = ("time,kind,id,busy_pct\r\n"
-         "12.150000,core,0,50.00\r\n12.150000,proc,w1,99.10\r\n12.150000,proc,bwm-ng,0.90\r\n"
-         "12.150000,proc,harness,4.00\r\n12.250000,core,0,51.00\r\n12.2")  # cut mid-write
-QDISC_A = ("time,iface,qdisc,backlog_bytes,backlog_packets,drops,overlimits,sent_bytes,sent_packets\r\n"
-           "10.120000,tor1-eth1,htb,0,0,0,0,1000,10\r\n10.170000,tor1-eth1,htb,1500,1,2,3,4000,40\r\n")
-QDISC_B = ("time,iface,qdisc,backlog_bytes,backlog_packets,drops,overlimits,sent_bytes,sent_packets\r\n"
-           "12.140000,tor2-eth1,htb,0,0,0,0,500,5\r\n12.190000,tor2-eth1,noqueue,,,,,,\r\n")
+CPU_A = (
+    "time,kind,id,busy_pct\r\n"
+    "10.100000,core,0,12.50\r\n10.100000,core,1,3.00\r\n10.100000,proc,w0,97.00\r\n"
+    "10.100000,proc,bwm-ng,1.00\r\n10.100000,proc,harness,2.50\r\n"
+    "10.200000,core,0,14.00\r\n"
+)
+CPU_B = (
+    "time,kind,id,busy_pct\r\n"
+    "12.150000,core,0,50.00\r\n12.150000,proc,w1,99.10\r\n12.150000,proc,bwm-ng,0.90\r\n"
+    "12.150000,proc,harness,4.00\r\n12.250000,core,0,51.00\r\n12.2"
+)  # cut mid-write
+QDISC_A = (
+    "time,iface,qdisc,backlog_bytes,backlog_packets,drops,overlimits,sent_bytes,sent_packets\r\n"
+    "10.120000,tor1-eth1,htb,0,0,0,0,1000,10\r\n10.170000,tor1-eth1,htb,1500,1,2,3,4000,40\r\n"
+)
+QDISC_B = (
+    "time,iface,qdisc,backlog_bytes,backlog_packets,drops,overlimits,sent_bytes,sent_packets\r\n"
+    "12.140000,tor2-eth1,htb,0,0,0,0,500,5\r\n12.190000,tor2-eth1,noqueue,,,,,,\r\n"
+)
 
 
 def test_cpu_and_qdisc_merge_shift_times_and_prefix_machine_rows_of_remote_machines_only(tmp_path):
@@ -166,20 +185,31 @@ def test_cpu_and_qdisc_merge_shift_times_and_prefix_machine_rows_of_remote_machi
     cpu = pd.read_csv(tmp_path / "out" / "cpu.csv", dtype=str)
     assert list(cpu.columns) == CPU_COLUMNS
     assert cpu.values.tolist() == [
-        ["10.100000", "core", "0", "12.50"], ["10.100000", "core", "1", "3.00"], ["10.100000", "proc", "w0", "97.00"],
-        ["10.100000", "proc", "bwm-ng", "1.00"], ["10.100000", "proc", "harness", "2.50"],
-        ["10.150000", "core", "10.0.0.2:0", "50.00"], ["10.150000", "proc", "w1", "99.10"],
-        ["10.150000", "proc", "10.0.0.2:bwm-ng", "0.90"], ["10.150000", "proc", "10.0.0.2:harness", "4.00"],
-        ["10.200000", "core", "0", "14.00"], ["10.250000", "core", "10.0.0.2:0", "51.00"]]  # "12.2" (cut) is gone
+        ["10.100000", "core", "0", "12.50"],
+        ["10.100000", "core", "1", "3.00"],
+        ["10.100000", "proc", "w0", "97.00"],
+        ["10.100000", "proc", "bwm-ng", "1.00"],
+        ["10.100000", "proc", "harness", "2.50"],
+        ["10.150000", "core", "10.0.0.2:0", "50.00"],
+        ["10.150000", "proc", "w1", "99.10"],
+        ["10.150000", "proc", "10.0.0.2:bwm-ng", "0.90"],
+        ["10.150000", "proc", "10.0.0.2:harness", "4.00"],
+        ["10.200000", "core", "0", "14.00"],
+        ["10.250000", "core", "10.0.0.2:0", "51.00"],
+    ]  # "12.2" (cut) is gone
     q = pd.read_csv(tmp_path / "out" / "qdisc.csv", dtype=str, keep_default_na=False)
     assert list(q.columns) == QDISC_COLUMNS
     assert q[["time", "iface", "qdisc", "sent_bytes"]].values.tolist() == [
-        ["10.120000", "tor1-eth1", "htb", "1000"], ["10.140000", "tor2-eth1", "htb", "500"],
-        ["10.170000", "tor1-eth1", "htb", "4000"], ["10.190000", "tor2-eth1", "noqueue", ""]]
+        ["10.120000", "tor1-eth1", "htb", "1000"],
+        ["10.140000", "tor2-eth1", "htb", "500"],
+        ["10.170000", "tor1-eth1", "htb", "4000"],
+        ["10.190000", "tor2-eth1", "noqueue", ""],
+    ]
     # what analysis reads
     t = read_table(tmp_path / "out" / "cpu.csv", CPU_COLUMNS)
-    assert t["time"].dtype == float and t["busy_pct"].sum() == pytest.approx(12.5 + 3 + 97 + 1 + 2.5 + 50 + 99.1
-                                                                             + 0.9 + 4 + 14 + 51)
+    assert t["time"].dtype == float and t["busy_pct"].sum() == pytest.approx(
+        12.5 + 3 + 97 + 1 + 2.5 + 50 + 99.1 + 0.9 + 4 + 14 + 51
+    )
 
 
 def test_cpu_missing_rows_line_is_not_merged(tmp_path):
@@ -216,8 +246,15 @@ def test_missing_files_are_skipped_and_not_created(tmp_path):
     _write(a / "bwm-ng.csv", FIXTURE.read_text())
     _write(b / "cpu.csv", "time,kind,id,busy_pct\r\n")  # header only: written, with no rows
     c.mkdir()
-    got = merge_traces(tmp_path / "out", [TracePart(None, a, 0.0), TracePart("m2", b, 0.1), TracePart("m3", c, 0.2),
-                                          TracePart("m4", tmp_path / "absent", 0.0)])
+    got = merge_traces(
+        tmp_path / "out",
+        [
+            TracePart(None, a, 0.0),
+            TracePart("m2", b, 0.1),
+            TracePart("m3", c, 0.2),
+            TracePart("m4", tmp_path / "absent", 0.0),
+        ],
+    )
     assert got == {"bwm-ng.csv": len(parse_bwm_ng(FIXTURE)), "cpu.csv": 0}
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["bwm-ng.csv", "cpu.csv"]
     assert (tmp_path / "out" / "cpu.csv").read_text().splitlines() == ["time,kind,id,busy_pct"]
@@ -240,8 +277,7 @@ def test_merge_refuses_ambiguous_parts():
 
 def _fake_runtime(stage: str, name: str, code: str = "import time; time.sleep(60)") -> subprocess.Popen:
     """A real process whose argv is ``python -c CODE -m traffic.runtime STAGE NAME``."""
-    return subprocess.Popen([sys.executable, "-c", code, "-m", "traffic.runtime", stage, name],
-                            start_new_session=True)
+    return subprocess.Popen([sys.executable, "-c", code, "-m", "traffic.runtime", stage, name], start_new_session=True)
 
 
 def _kill(p: subprocess.Popen) -> None:
@@ -268,8 +304,10 @@ def test_runtime_pids_finds_the_runs_training_processes(tmp_path):
     w0 = _fake_runtime(stage, "w0", "import os, time; os.fork(); time.sleep(60)")
     ps1 = _fake_runtime(stage, "ps1")
     other = _fake_runtime(str(tmp_path / "other-stage"), "w1")  # another run's process
-    extra = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", "traffic.runtime", stage,
-                              "w2", "x"], start_new_session=True)  # not ``... RUN_DIR NAME`` at the end
+    extra = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", "-m", "traffic.runtime", stage, "w2", "x"],
+        start_new_session=True,
+    )  # not ``... RUN_DIR NAME`` at the end
     try:
         _wait_for(lambda: psutil.Process(w0.pid).children())
         _wait_for(lambda: psutil.Process(ps1.pid).cmdline()[-1] == "ps1")
@@ -301,8 +339,14 @@ def test_runtime_pids_rescan_at_most_every_period():
 
 def _agent(run_dir: Path, *args: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.Popen([sys.executable, "-m", "testbed.capture.agent", str(run_dir), *args], cwd=ROOT, env=env,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-m", "testbed.capture.agent", str(run_dir), *args],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def _read_line(p: subprocess.Popen, timeout_s: float = 20.0) -> str:
@@ -330,8 +374,9 @@ def _bwm_ngs_writing_into(run_dir: Path) -> list[int]:
     return out
 
 
-CAPTURE = json.dumps({"interval_ms": 10, "qdisc_interval_ms": 20, "cpu_interval_ms": 50,
-                      "pcap": {"ports": ["uplinks"]}})  # pcap is turned off by the agent
+CAPTURE = json.dumps(
+    {"interval_ms": 10, "qdisc_interval_ms": 20, "cpu_interval_ms": 50, "pcap": {"ports": ["uplinks"]}}
+)  # pcap is turned off by the agent
 
 
 def test_agent_reports_a_port_that_does_not_exist(tmp_path):
@@ -342,22 +387,25 @@ def test_agent_reports_a_port_that_does_not_exist(tmp_path):
         if p.poll() is None:
             p.kill()
     assert p.returncode == 1
-    line, = out.decode().splitlines()
+    (line,) = out.decode().splitlines()
     assert line.startswith("error ")
     assert ("tbnosuch0" in line) if shutil.which("bwm-ng") else ("bwm-ng" in line)
     assert not _bwm_ngs_writing_into(tmp_path / "stage")
 
 
-@pytest.mark.parametrize("args, status, says", [
-    (["--ports", "lo"], 2, "--capture"),  # a malformed command line
-    (["--ports", "lo", "--capture", '{"interval_ms": 0}'], 1, "interval_ms"),
-    (["--ports", "lo", "--capture", "[1]"], 1, "JSON object"),
-])
+@pytest.mark.parametrize(
+    "args, status, says",
+    [
+        (["--ports", "lo"], 2, "--capture"),  # a malformed command line
+        (["--ports", "lo", "--capture", '{"interval_ms": 0}'], 1, "interval_ms"),
+        (["--ports", "lo", "--capture", "[1]"], 1, "JSON object"),
+    ],
+)
 def test_agent_reports_bad_arguments_in_the_protocol(tmp_path, args, status, says):
     p = _agent(tmp_path / "stage", *args)
     out, _ = p.communicate(timeout=60)
     assert p.returncode == status
-    line, = out.decode().splitlines()
+    (line,) = out.decode().splitlines()
     assert line.startswith("error ") and says in line
 
 
@@ -388,7 +436,7 @@ def veth():
 def _send_frames(dev: str, count: int, size: int) -> None:
     """``count`` Ethernet frames of ``size`` bytes out of ``dev`` (an unused EtherType, to a
     MAC nobody has: the peer counts and drops them)."""
-    frame = bytes.fromhex("02aabbccddee" "02aabbccddef" "88b5")  # local experimental EtherType
+    frame = bytes.fromhex("02aabbccddee02aabbccddef88b5")  # local experimental EtherType
     frame += b"\0" * (size - len(frame))
     with socket.socket(socket.AF_PACKET, socket.SOCK_RAW) as s:
         s.bind((dev, 0))
@@ -405,7 +453,7 @@ def test_agent_captures_this_machine_and_leaves_nothing(veth, tmp_path, stop):
     try:
         line = _read_line(p)
         assert line.startswith("ready "), line + p.stderr.read1().decode() if p.poll() is not None else line
-        ready = json.loads(line[len("ready "):])
+        ready = json.loads(line[len("ready ") :])
         assert ready["pid"] == p.pid
         assert _bwm_ngs_writing_into(stage) == [ready["bwm_ng_pid"]]
         _send_frames("tbag1", 50, 1000)

@@ -3,6 +3,7 @@
 files parse with mlc-chakra's own reader and ``chakra_jsonizer``), the command line's
 ``run --trace`` and ``export chakra``, and a loopback round trip (no Mininet, no root). The
 runs on the emulated network are in test_chakra_e2e.py (slow, root)."""
+
 from __future__ import annotations
 
 import json
@@ -43,15 +44,28 @@ def attr(name, value):
 
 
 def node(id, type="COMP_NODE", name=None, deps=(), ctrl=(), dur=0, **attrs):
-    n = pb.Node(id=id, name=name if name is not None else f"n{id}", type=pb.NodeType.Value(type),
-                data_deps=list(deps), ctrl_deps=list(ctrl), duration_micros=dur)
+    n = pb.Node(
+        id=id,
+        name=name if name is not None else f"n{id}",
+        type=pb.NodeType.Value(type),
+        data_deps=list(deps),
+        ctrl_deps=list(ctrl),
+        duration_micros=dur,
+    )
     n.attr.extend(attr(k, v) for k, v in attrs.items())
     return n
 
 
 def coll(id, kind="ALL_REDUCE", size=4096, deps=(), **attrs):
-    return node(id, "COMM_COLL_NODE", name=kind.lower(), deps=deps, comm_type=pb.CollectiveCommType.Value(kind),
-                comm_size=size, **attrs)
+    return node(
+        id,
+        "COMM_COLL_NODE",
+        name=kind.lower(),
+        deps=deps,
+        comm_type=pb.CollectiveCommType.Value(kind),
+        comm_size=size,
+        **attrs,
+    )
 
 
 def write(prefix: Path, ranks: list[list]) -> Path:
@@ -99,15 +113,27 @@ def test_a_trace_is_read_merged_and_put_in_iterations(tmp_path):
 
 def test_the_order_follows_the_dependencies_not_the_ids(tmp_path):
     # node 1 depends on node 5: 5 (compute) runs first; 9 has no iteration and no deps
-    ranks = [[node(1, "COMM_COLL_NODE", name="ar", deps=[5], comm_type=pb.ALL_REDUCE, comm_size=8),
-              node(5, dur=10), node(9, "METADATA_NODE")]]
+    ranks = [
+        [
+            node(1, "COMM_COLL_NODE", name="ar", deps=[5], comm_type=pb.ALL_REDUCE, comm_size=8),
+            node(5, dur=10),
+            node(9, "METADATA_NODE"),
+        ]
+    ]
     trace = load_trace(write(tmp_path / "t", ranks))
     assert [o.nodes for o in trace.ranks[0].ops()] == [(5,), (1,)]
 
 
 def test_profiler_steps_make_the_iterations(tmp_path):
-    ranks = [[node(1, name="ProfilerStep#7", dur=5), node(2, ctrl=[1], dur=10), node(3, deps=[2], ctrl=[1], dur=10),
-              node(4, name="ProfilerStep#8", deps=[3], dur=5), node(5, ctrl=[4], dur=20)]]
+    ranks = [
+        [
+            node(1, name="ProfilerStep#7", dur=5),
+            node(2, ctrl=[1], dur=10),
+            node(3, deps=[2], ctrl=[1], dur=10),
+            node(4, name="ProfilerStep#8", deps=[3], dur=5),
+            node(5, ctrl=[4], dur=20),
+        ]
+    ]
     trace = load_trace(write(tmp_path / "t", ranks))
     assert trace.iterations == 2
     assert [o.nodes for o in trace.ranks[0].iterations[1]] == [(4, 5)]
@@ -119,9 +145,11 @@ def test_a_trace_without_iterations_is_one(tmp_path):
 
 
 def test_groups_come_from_pg_ranks_or_pg_name(tmp_path):
-    ranks = [[coll(1, pg_name="a"), coll(2, size=8, pg_ranks=[0, 2])],
-             [coll(1, pg_name="a")],
-             [coll(1, pg_name="a"), coll(2, size=8, pg_ranks=[0, 2])]]
+    ranks = [
+        [coll(1, pg_name="a"), coll(2, size=8, pg_ranks=[0, 2])],
+        [coll(1, pg_name="a")],
+        [coll(1, pg_name="a"), coll(2, size=8, pg_ranks=[0, 2])],
+    ]
     trace = load_trace(write(tmp_path / "t", ranks))
     assert [o.group for o in trace.ranks[0].ops()] == [(0, 1, 2), (0, 2)]
 
@@ -162,15 +190,18 @@ def test_a_malformed_file_is_named(tmp_path):
         load_trace(tmp_path / "t")
 
 
-@pytest.mark.parametrize("bad, says", [
-    (node(2, "MEM_LOAD_NODE", name="load"), r"node 2 \('load'\): node type MEM_LOAD_NODE is not replayed"),
-    (node(2, "COMM_COLL_NODE", name="odd", comm_type=42, comm_size=8), r"node 2 \('odd'\): collective 42 is not"),
-    (node(2, "COMM_COLL_NODE", name="nosize", comm_type=pb.ALL_REDUCE), r"node 2 \('nosize'\): comm_size None"),
-    (node(2, "COMM_COLL_NODE", name="notype", comm_size=8), r"node 2 \('notype'\): a collective without"),
-    (node(2, "COMM_SEND_NODE", name="s", comm_size=8), r"node 2 \('s'\): comm_dst None"),
-    (node(2, name="orphan", deps=[77]), r"node 2 \('orphan'\): depends on node 77"),
-    (node(1, name="twice"), r"node 1 \('twice'\): a second node with id 1"),
-])
+@pytest.mark.parametrize(
+    "bad, says",
+    [
+        (node(2, "MEM_LOAD_NODE", name="load"), r"node 2 \('load'\): node type MEM_LOAD_NODE is not replayed"),
+        (node(2, "COMM_COLL_NODE", name="odd", comm_type=42, comm_size=8), r"node 2 \('odd'\): collective 42 is not"),
+        (node(2, "COMM_COLL_NODE", name="nosize", comm_type=pb.ALL_REDUCE), r"node 2 \('nosize'\): comm_size None"),
+        (node(2, "COMM_COLL_NODE", name="notype", comm_size=8), r"node 2 \('notype'\): a collective without"),
+        (node(2, "COMM_SEND_NODE", name="s", comm_size=8), r"node 2 \('s'\): comm_dst None"),
+        (node(2, name="orphan", deps=[77]), r"node 2 \('orphan'\): depends on node 77"),
+        (node(1, name="twice"), r"node 1 \('twice'\): a second node with id 1"),
+    ],
+)
 def test_a_node_the_replay_cannot_run_is_named(tmp_path, bad, says):
     msg = broken(tmp_path, [[node(1, dur=1), bad]])
     assert "t.0.et" in msg
@@ -178,8 +209,9 @@ def test_a_node_the_replay_cannot_run_is_named(tmp_path, bad, says):
 
 
 def test_a_dependency_cycle_is_named(tmp_path):
-    msg = broken(tmp_path, [[node(1), node(2, name="a", deps=[1, 4]), node(3, name="b", deps=[2]),
-                             node(4, name="c", deps=[3])]])
+    msg = broken(
+        tmp_path, [[node(1), node(2, name="a", deps=[1, 4]), node(3, name="b", deps=[2]), node(4, name="c", deps=[3])]]
+    )
     assert "dependency cycle" in msg and "node 2 ('a') -> node 4 ('c') -> node 3 ('b') -> node 2 ('a')" in msg
 
 
@@ -207,8 +239,10 @@ def test_ranks_with_different_iteration_counts(tmp_path):
 
 
 def trace_spec(prefix, **workload):
-    return {"topology": {"kind": "rack", "racks": 1, "hosts_per_rack": 2},
-            "workload": {"trace": {"path": str(prefix)}, **workload}}
+    return {
+        "topology": {"kind": "rack", "racks": 1, "hosts_per_rack": 2},
+        "workload": {"trace": {"path": str(prefix)}, **workload},
+    }
 
 
 def test_a_trace_in_the_spec_replays_its_iterations(tmp_path):
@@ -233,8 +267,9 @@ def test_a_bad_trace_is_a_spec_error_naming_the_file_and_node(tmp_path):
     assert "t.0.et" in e.allowed and "node 1 ('store')" in e.allowed
 
 
-@pytest.mark.parametrize("workload, field", [({"scheme": "ps"}, "workload.scheme"),
-                                             ({"program": {"command": ["python"]}}, "workload.trace")])
+@pytest.mark.parametrize(
+    "workload, field", [({"scheme": "ps"}, "workload.scheme"), ({"program": {"command": ["python"]}}, "workload.trace")]
+)
 def test_a_trace_with_a_scheme_or_program_is_refused(tmp_path, workload, field):
     with pytest.raises(SpecError) as err:
         from_dict(trace_spec(two_ranks(tmp_path / "t"), **workload))
@@ -265,11 +300,32 @@ def fake_run(run: Path, scale: float = 2.0) -> Path:
         for it in range(2):
             ev.append({"kind": "iteration", "thread": "main", "ts": t, "dur": 0.010, "iteration": it})
             ev.append({"kind": "forward", "thread": "main", "ts": t, "dur": 0.002, "iteration": it, "layer": 0})
-            ev.append({"kind": "allreduce", "thread": "main", "ts": t + 0.002, "dur": 0.004, "iteration": it,
-                       "bytes": 4096, "group_size": 2, "op": "sum"})
+            ev.append(
+                {
+                    "kind": "allreduce",
+                    "thread": "main",
+                    "ts": t + 0.002,
+                    "dur": 0.004,
+                    "iteration": it,
+                    "bytes": 4096,
+                    "group_size": 2,
+                    "op": "sum",
+                }
+            )
             ev.append({"kind": "update", "thread": "main", "ts": t + 0.007, "dur": 0.001, "iteration": it})
-            ev.append({"kind": "send" if r == 0 else "recv", "thread": "comm", "ts": t + 0.008, "dur": 0.001,
-                       "iteration": it, "bytes": 64, "peer": 1 - r, "dir": "tx" if r == 0 else "rx", "tag": 3})
+            ev.append(
+                {
+                    "kind": "send" if r == 0 else "recv",
+                    "thread": "comm",
+                    "ts": t + 0.008,
+                    "dur": 0.001,
+                    "iteration": it,
+                    "bytes": 64,
+                    "peer": 1 - r,
+                    "dir": "tx" if r == 0 else "rx",
+                    "tag": 3,
+                }
+            )
             t += 0.020
         (run / "events" / f"worker{r}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in ev))
     return run
@@ -296,8 +352,12 @@ def test_the_export_is_read_by_chakra_jsonizer(tmp_path):
     files = export_run(fake_run(tmp_path / "run"), tmp_path / "out")
     jsonizer = shutil.which("chakra_jsonizer") or str(Path(sys.executable).parent / "chakra_jsonizer")
     out = tmp_path / "trace.0.json"
-    subprocess.run([jsonizer, "--input_filename", str(files[0]), "--output_filename", str(out)], check=True,
-                   capture_output=True, timeout=120)
+    subprocess.run(
+        [jsonizer, "--input_filename", str(files[0]), "--output_filename", str(out)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     text = out.read_text()
     assert "allreduce" in text and "comm_size" in text
 
@@ -338,10 +398,13 @@ def test_run_trace_with_a_topology_plans_one_worker_per_rank(tmp_path):
     assert rc == 2 and "as many ranks as worker processes" in err
 
 
-@pytest.mark.parametrize("argv, says", [
-    (["--trace", "t", "--program", "python x.py"], "left out with --program"),
-    (["experiments/quickstart.yaml", "--trace", "t"], "no spec file with --trace"),
-])
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--trace", "t", "--program", "python x.py"], "left out with --program"),
+        (["experiments/quickstart.yaml", "--trace", "t"], "no spec file with --trace"),
+    ],
+)
 def test_run_trace_usage_errors(argv, says):
     rc, out, err = run_cli("run", *argv)
     assert rc == 2 and says in err
@@ -352,17 +415,28 @@ def test_run_trace_usage_errors(argv, says):
 
 def test_an_exported_allreduce_run_replays_the_same_collectives(tmp_path):
     from tests.conftest import experiment
+
     exp = experiment("allreduce", hosts_per_rack=2, iterations=3, batch_size=16, options={"bucket_mb": 0.01})
     run = run_local(exp, tmp_path / "run")
     export_run(run, tmp_path / "out")
-    replay = from_dict({"topology": exp.to_dict()["topology"], "workload": {"trace": {"path": str(tmp_path / "out" / "trace")}},
-                        "run": {"timeout_s": 120}})
+    replay = from_dict(
+        {
+            "topology": exp.to_dict()["topology"],
+            "workload": {"trace": {"path": str(tmp_path / "out" / "trace")}},
+            "run": {"timeout_s": 120},
+        }
+    )
     assert replay.workload.iterations == 3
     again = run_local(replay, tmp_path / "replay")
     for w in range(2):
+
         def reduced(d):
-            return [(e["iteration"], e["bytes"]) for e in read_events(d / "events" / f"worker{w}.jsonl")
-                    if e["kind"] == "allreduce"]
+            return [
+                (e["iteration"], e["bytes"])
+                for e in read_events(d / "events" / f"worker{w}.jsonl")
+                if e["kind"] == "allreduce"
+            ]
+
         assert reduced(again) == reduced(run) and len(reduced(run)) > 3
         its = [e for e in read_events(again / "events" / f"worker{w}.jsonl") if e["kind"] == "iteration"]
         assert [e["iteration"] for e in its] == [0, 1, 2]
@@ -380,8 +454,11 @@ def test_setup_installs_the_extra_chakra():
     """scripts/setup.sh installs the extra's packages itself (without mlc-chakra's declared
     dependencies): every requirement of the extra is on its line."""
     import tomllib
+
     extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["chakra"]
-    line = next(l for l in (ROOT / "scripts" / "setup.sh").read_text().splitlines() if "mlc-chakra" in l and "pipq" in l)
+    line = next(
+        l for l in (ROOT / "scripts" / "setup.sh").read_text().splitlines() if "mlc-chakra" in l and "pipq" in l
+    )
     assert all(req in line for req in extra), (extra, line)
 
 
@@ -389,6 +466,7 @@ def test_every_collective_and_message_replays_on_loopback(tmp_path):
     """Each collective the reader accepts runs with gloo (2 ranks, one iteration), and the
     replay's events carry the trace's sizes."""
     from traffic.chakra.trace import COLLECTIVES
+
     kinds = sorted({k for k, v in COLLECTIVES.items() if k != "REDUCE_SCATTER_BLOCK"})
     ranks = [[], []]
     for r in range(2):

@@ -2,6 +2,7 @@
 mlc-chakra's ``chakra_jsonizer`` and replayed moves the same bytes over the core and keeps its
 iteration time; the trace made by PyTorch's profiler (tests/data/chakra, from
 scripts/make_chakra_trace.py) replays to the end. Needs root and mlc-chakra; slow."""
+
 from __future__ import annotations
 
 import shutil
@@ -32,8 +33,13 @@ def _replay(prefix: Path, topology: dict, runs: Path, iterations: int | None = N
     workload = {"trace": {"path": str(prefix)}}
     if iterations is not None:
         workload["iterations"] = iterations
-    spec = {"name": "replay", "topology": topology, "workload": workload, "capture": {"interval_ms": 10},
-            "run": {"runs_dir": str(runs), "timeout_s": 240}}
+    spec = {
+        "name": "replay",
+        "topology": topology,
+        "workload": workload,
+        "capture": {"interval_ms": 10},
+        "run": {"runs_dir": str(runs), "timeout_s": 240},
+    }
     if scale is not None:  # the original's dilation: the same compute and link times
         spec["scale"] = scale
     exp = from_dict(spec)
@@ -44,19 +50,26 @@ def _replay(prefix: Path, topology: dict, runs: Path, iterations: int | None = N
 @pytest.mark.slow
 @root_only
 def test_an_exported_quickstart_allreduce_run_replays_the_same_bytes_and_time(tmp_path):
-    exp = load_spec(ROOT / "experiments" / "quickstart.yaml",
-                    overrides=["workload.scheme=allreduce", f"run.runs_dir={tmp_path / 'runs'}"])
+    exp = load_spec(
+        ROOT / "experiments" / "quickstart.yaml",
+        overrides=["workload.scheme=allreduce", f"run.runs_dir={tmp_path / 'runs'}"],
+    )
     (orig,) = run_experiment(exp, progress=False)
     assert orig.ok, orig.summary.error
     files = export_run(orig.run_dir, tmp_path / "out")
     assert len(files) == 8
     for f in files:  # mlc-chakra's own tool reads every file
         out = tmp_path / f"{f.stem}.json"
-        subprocess.run([_jsonizer(), "--input_filename", str(f), "--output_filename", str(out)], check=True,
-                       capture_output=True, timeout=300)
+        subprocess.run(
+            [_jsonizer(), "--input_filename", str(f), "--output_filename", str(out)],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
         assert "comm_size" in out.read_text()
-    res = _replay(tmp_path / "out" / "trace", exp.topology.model_dump(mode="python"), tmp_path / "runs",
-                  scale=orig.summary.scale)
+    res = _replay(
+        tmp_path / "out" / "trace", exp.topology.model_dump(mode="python"), tmp_path / "runs", scale=orig.summary.scale
+    )
     assert res.ok, res.summary.error
     assert res.summary.scheme == "trace" and res.summary.iterations == orig.summary.iterations
     core, core0 = core_payload(res.run_dir), core_payload(orig.run_dir)

@@ -2,6 +2,7 @@
 you mean", YAML errors that name the file and line, the same exit status from every command,
 ``show`` as a table or one JSON document, launchers refused in a program's command, the spec's
 JSON Schema, and progress without a terminal. Nothing here builds a network."""
+
 from __future__ import annotations
 
 import contextlib
@@ -16,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from common.errors import RunFailed, SpecError
+from common.provenance import source_revision
 from testbed import cli, progress
 from testbed.check import Item
 from testbed.schema import MODELINE, SCHEMA_FILE, field_paths, modeline, schema_text
 from testbed.spec import from_dict, load_spec
-from common.provenance import source_revision
 from testbed.version import describe
 from traffic import rundir
 from traffic.launchers import launcher_of, unwrap
@@ -49,16 +50,38 @@ def make_run(parent: Path, name: str, summary: dict | None = None, events: bool 
     if summary is not None:
         RunSummary.model_validate(summary).write(d)
     if events:
-        (d / "events" / "worker0.jsonl").write_text(json.dumps(
-            {"proc": "worker0", "role": "worker", "rank": 0, "kind": "iteration", "ts": 10.0, "dur": 0.5,
-             "iteration": 0}) + "\n")
+        (d / "events" / "worker0.jsonl").write_text(
+            json.dumps(
+                {
+                    "proc": "worker0",
+                    "role": "worker",
+                    "rank": 0,
+                    "kind": "iteration",
+                    "ts": 10.0,
+                    "dur": 0.5,
+                    "iteration": 0,
+                }
+            )
+            + "\n"
+        )
     return d
 
 
-OK = {"status": "ok", "run_id": "r", "scheme": "ps", "scale": 2.0, "throughput": {"mean": 123.456},
-      "iteration_time_s": {"mean": 0.25}, "bytes": {"core": 12_340_000}}
-FAILED = {"status": "failed", "scheme": "allreduce", "scale": 1.0,
-          "error": "process worker0 exited with code 1\nTraceback ..."}
+OK = {
+    "status": "ok",
+    "run_id": "r",
+    "scheme": "ps",
+    "scale": 2.0,
+    "throughput": {"mean": 123.456},
+    "iteration_time_s": {"mean": 0.25},
+    "bytes": {"core": 12_340_000},
+}
+FAILED = {
+    "status": "failed",
+    "scheme": "allreduce",
+    "scale": 1.0,
+    "error": "process worker0 exited with code 1\nTraceback ...",
+}
 
 
 # ---------------------------------------------------------------- --version, python -m testbed
@@ -73,8 +96,9 @@ def test_version_names_the_package_and_the_commit_of_a_checkout(tmp_path):
 
 
 def test_python_dash_m_testbed_is_the_command():
-    out = subprocess.run([sys.executable, "-m", "testbed", "--version"], capture_output=True, text=True, cwd=ROOT,
-                         timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "testbed", "--version"], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
     assert out.returncode == 0 and out.stdout.startswith("dl-netbed ")
 
 
@@ -91,10 +115,15 @@ def test_completion_prints_the_shell_code():
 def complete(line: str) -> list[str]:
     """What the shell's completion hook gets for the command line ``line`` (the cursor at its
     end): ``python -m testbed`` run as the hook runs it, completions on file descriptor 8."""
-    env = {**os.environ, "_ARGCOMPLETE": "1", "COMP_LINE": line, "COMP_POINT": str(len(line)),
-           "_ARGCOMPLETE_IFS": "\n"}
-    out = subprocess.run(["bash", "-c", f'"{sys.executable}" -m testbed 8>&1 9>/dev/null >/dev/null 2>&1'],
-                         capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    env = {**os.environ, "_ARGCOMPLETE": "1", "COMP_LINE": line, "COMP_POINT": str(len(line)), "_ARGCOMPLETE_IFS": "\n"}
+    out = subprocess.run(
+        ["bash", "-c", f'"{sys.executable}" -m testbed 8>&1 9>/dev/null >/dev/null 2>&1'],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=120,
+    )
     return out.stdout.split("\n")
 
 
@@ -108,14 +137,17 @@ def test_completion_of_commands_and_of_set_paths():
 # ---------------------------------------------------------------- did you mean
 
 
-@pytest.mark.parametrize("override, field, hint", [
-    ("workload.scheme=allreduc", "workload.scheme", "'allreduce'"),
-    ("workload.shceme=ps", "workload.shceme", "'workload.scheme'"),
-    ("worklaod.iterations=3", "worklaod", "'workload'"),
-    ("topology.kind=rak", "topology.kind", "'rack'"),
-    ("workload.model=digits_mpl", "workload.model", "'digits_mlp'"),
-    ("workload.options.overlpa=true", "workload.options.overlpa", "'workload.options.overlap'"),
-])
+@pytest.mark.parametrize(
+    "override, field, hint",
+    [
+        ("workload.scheme=allreduc", "workload.scheme", "'allreduce'"),
+        ("workload.shceme=ps", "workload.shceme", "'workload.scheme'"),
+        ("worklaod.iterations=3", "worklaod", "'workload'"),
+        ("topology.kind=rak", "topology.kind", "'rack'"),
+        ("workload.model=digits_mpl", "workload.model", "'digits_mlp'"),
+        ("workload.options.overlpa=true", "workload.options.overlpa", "'workload.options.overlap'"),
+    ],
+)
 def test_a_near_miss_is_answered_with_the_closest_name(override, field, hint):
     with pytest.raises(SpecError) as e:
         from_dict({}, [override])
@@ -123,8 +155,15 @@ def test_a_near_miss_is_answered_with_the_closest_name(override, field, hint):
 
 
 def test_the_cli_says_did_you_mean(tmp_path):
-    rc, _, err = run_cli("run", "--dry-run", ROOT / "experiments" / "quickstart.yaml", "--set",
-                         "workload.scheme=allreduc", "--runs-dir", tmp_path / "runs")
+    rc, _, err = run_cli(
+        "run",
+        "--dry-run",
+        ROOT / "experiments" / "quickstart.yaml",
+        "--set",
+        "workload.scheme=allreduc",
+        "--runs-dir",
+        tmp_path / "runs",
+    )
     assert rc == 2 and "did you mean 'allreduce'?" in err and "Traceback" not in err
     assert not (tmp_path / "runs").exists()
 
@@ -191,6 +230,7 @@ def test_plot_of_a_run_with_nothing_to_draw_refuses(tmp_path):
 def test_run_exit_status_follows_the_runs(tmp_path, monkeypatch):
     import testbed.runner
     from testbed.runner import RunResult
+
     spec = ROOT / "experiments" / "quickstart.yaml"
     results = {"ok": [RunResult(tmp_path, OK)], "failed": [RunResult(tmp_path, OK), RunResult(tmp_path, FAILED)]}
     for outcome, expected in (("ok", 0), ("failed", 1)):
@@ -199,12 +239,14 @@ def test_run_exit_status_follows_the_runs(tmp_path, monkeypatch):
 
     def raises(exp, **kw):
         raise RunFailed("process worker0 exited with code 1")
+
     monkeypatch.setattr(testbed.runner, "run_experiment", raises)
     rc, _, err = run_cli("run", spec, "-q")
     assert rc == 1 and "worker0 exited" in err
 
     def interrupted(exp, **kw):
         raise KeyboardInterrupt
+
     monkeypatch.setattr(testbed.runner, "run_experiment", interrupted)
     assert run_cli("run", spec, "-q")[0] == 130
     assert run_cli("run", "--dry-run", spec, "--runs-dir", tmp_path / "runs")[0] == 0
@@ -252,7 +294,10 @@ def test_show_of_a_sweep_has_a_row_per_run_and_one_json_document(tmp_path):
     rc, out, _ = run_cli("show", sweep)
     lines = out.splitlines()
     assert rc == 0 and [ln.split()[:2] for ln in lines[2:5]] == [
-        ["000_scheme=ps", "ok"], ["001_scheme=allreduce", "failed"], ["002_scheme=p3", "killed"]]
+        ["000_scheme=ps", "ok"],
+        ["001_scheme=allreduce", "failed"],
+        ["002_scheme=p3", "killed"],
+    ]
     assert lines[-1] == "001_scheme=allreduce: process worker0 exited with code 1"
     rc, out, _ = run_cli("show", sweep, "--json")
     doc = json.loads(out)  # one document, not several back to back
@@ -263,16 +308,25 @@ def test_show_of_a_sweep_has_a_row_per_run_and_one_json_document(tmp_path):
 # ---------------------------------------------------------------- launchers in a program's command
 
 
-@pytest.mark.parametrize("command, instead, per_host", [
-    (["torchrun", "--nproc_per_node=2", "train.py", "--epochs", "1"], ["python", "train.py", "--epochs", "1"], 2),
-    (["torchrun", "--nnodes", "2", "--nproc-per-node", "4", "-m", "pkg.train", "--lr", "0.1"],
-     ["python", "-m", "pkg.train", "--lr", "0.1"], 4),
-    (["python", "-m", "torch.distributed.run", "--standalone", "train.py"], ["python", "train.py"], 1),
-    (["python3", "-m", "torch.distributed.launch", "--no-python", "./train.sh", "x"], ["./train.sh", "x"], 1),
-    (["/usr/bin/torchrun", "--nproc_per_node", "gpu", "train.py"], ["python", "train.py"], None),
-    (["accelerate", "launch", "--num_processes", "2", "--multi_gpu", "train.py", "--lr", "1"],
-     ["python", "train.py", "--lr", "1"], None),
-])
+@pytest.mark.parametrize(
+    "command, instead, per_host",
+    [
+        (["torchrun", "--nproc_per_node=2", "train.py", "--epochs", "1"], ["python", "train.py", "--epochs", "1"], 2),
+        (
+            ["torchrun", "--nnodes", "2", "--nproc-per-node", "4", "-m", "pkg.train", "--lr", "0.1"],
+            ["python", "-m", "pkg.train", "--lr", "0.1"],
+            4,
+        ),
+        (["python", "-m", "torch.distributed.run", "--standalone", "train.py"], ["python", "train.py"], 1),
+        (["python3", "-m", "torch.distributed.launch", "--no-python", "./train.sh", "x"], ["./train.sh", "x"], 1),
+        (["/usr/bin/torchrun", "--nproc_per_node", "gpu", "train.py"], ["python", "train.py"], None),
+        (
+            ["accelerate", "launch", "--num_processes", "2", "--multi_gpu", "train.py", "--lr", "1"],
+            ["python", "train.py", "--lr", "1"],
+            None,
+        ),
+    ],
+)
 def test_a_launcher_is_unwrapped_to_the_command_it_would_run(command, instead, per_host):
     assert launcher_of(command) is not None
     assert unwrap(command) == (instead, per_host)
@@ -285,7 +339,9 @@ def test_commands_without_a_launcher_pass():
 
 def test_a_launcher_in_workload_program_is_refused_with_the_command_to_give():
     with pytest.raises(SpecError) as e:
-        from_dict({"workload": {"program": {"command": ["torchrun", "--nproc_per_node=2", "train.py", "--epochs", "1"]}}})
+        from_dict(
+            {"workload": {"program": {"command": ["torchrun", "--nproc_per_node=2", "train.py", "--epochs", "1"]}}}
+        )
     msg = str(e.value)
     assert e.value.field == "workload.program.command"
     assert "python train.py --epochs 1" in msg and "workload.program.processes_per_host: 2" in msg
@@ -293,8 +349,14 @@ def test_a_launcher_in_workload_program_is_refused_with_the_command_to_give():
 
 
 def test_the_cli_refuses_a_launcher_as_program(tmp_path):
-    rc, _, err = run_cli("run", "--dry-run", "--program", "torchrun --nproc-per-node 2 train.py --epochs 1",
-                         "--runs-dir", tmp_path / "runs")
+    rc, _, err = run_cli(
+        "run",
+        "--dry-run",
+        "--program",
+        "torchrun --nproc-per-node 2 train.py --epochs 1",
+        "--runs-dir",
+        tmp_path / "runs",
+    )
     assert rc == 2 and "without a distributed launcher" in err and "python train.py --epochs 1" in err
     assert "--set workload.program.processes_per_host=2" in err and "Traceback" not in err
 
@@ -304,8 +366,9 @@ def test_the_cli_refuses_a_launcher_as_program(tmp_path):
 
 def test_the_committed_schema_is_what_testbed_schema_prints():
     rc, out, _ = run_cli("schema")
-    assert rc == 0 and out == schema_text() == SCHEMA_FILE.read_text(), \
+    assert rc == 0 and out == schema_text() == SCHEMA_FILE.read_text(), (
         "regenerate it: .venv/bin/python -m testbed schema > testbed/data/spec.schema.json"
+    )
     schema = json.loads(out)
     assert {"topology", "workload", "run", "sweep"} <= set(schema["properties"])
     assert schema["additionalProperties"] is False  # an unknown section is marked as the testbed refuses it
@@ -325,8 +388,12 @@ def test_every_shipped_spec_names_the_schema_and_still_loads(path):
 def write_iterations(path, proc, ends, samples=32):
     with open(path, "a") as f:
         for i, end in enumerate(ends):
-            f.write(json.dumps({"proc": proc, "kind": "iteration", "ts": end - 0.5, "dur": 0.5, "iteration": i,
-                                "samples": samples}) + "\n")
+            f.write(
+                json.dumps(
+                    {"proc": proc, "kind": "iteration", "ts": end - 0.5, "dur": 0.5, "iteration": i, "samples": samples}
+                )
+                + "\n"
+            )
 
 
 def test_without_a_terminal_progress_is_plain_lines(tmp_path, capsys, monkeypatch):
@@ -342,8 +409,10 @@ def test_without_a_terminal_progress_is_plain_lines(tmp_path, capsys, monkeypatc
     p.poll()
     p.close()
     assert capsys.readouterr().err.splitlines() == [
-        "testbed: run1: building network", "testbed: run1: training (20 iterations)",
-        "testbed: run1: iteration 3/20, 32.0 samples/s"]  # 32 samples an iteration, one a second
+        "testbed: run1: building network",
+        "testbed: run1: training (20 iterations)",
+        "testbed: run1: iteration 3/20, 32.0 samples/s",
+    ]  # 32 samples an iteration, one a second
     assert p.bar is None
     quiet = progress.RunProgress(False, "run1", iterations=20)
     quiet.terminal = False
@@ -359,8 +428,10 @@ def test_a_sweep_without_a_terminal_says_each_point(capsys):
     s.start(1, "scheme=allreduce")
     s.close()
     out = capsys.readouterr()
-    assert out.err.splitlines() == ["testbed: sweep sweep1: point 1/2: scheme=ps",
-                                    "testbed: sweep sweep1: point 2/2: scheme=allreduce"]
+    assert out.err.splitlines() == [
+        "testbed: sweep sweep1: point 1/2: scheme=ps",
+        "testbed: sweep sweep1: point 2/2: scheme=allreduce",
+    ]
     assert out.out.splitlines() == ["runs/sweep1/000_scheme=ps: ok"]
 
 
@@ -371,6 +442,7 @@ def test_verbose_run_streams_the_harness_log(tmp_path, monkeypatch):
     def run(exp, **kw):
         logging.getLogger("testbed.network").warning("network up in 1.0 s")  # a module's logger of the harness
         return [RunResult(tmp_path, OK)]
+
     monkeypatch.setattr(testbed.runner, "run_experiment", run)
     spec = ROOT / "experiments" / "quickstart.yaml"
     rc, _, err = run_cli("run", spec, "-q", "-v")
@@ -378,4 +450,3 @@ def test_verbose_run_streams_the_harness_log(tmp_path, monkeypatch):
     rc, _, err = run_cli("run", spec, "-q")
     assert rc == 0 and "network up" not in err
     assert not [h for h in logging.getLogger("testbed").handlers if isinstance(h, progress._TqdmStderr)]
-

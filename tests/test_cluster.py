@@ -2,6 +2,7 @@
 (:mod:`topologies.placement`), the spec's ``cluster:`` section and ``testbed check --cluster``
 (:mod:`testbed.cluster`), checked against "machines" made of network namespaces on this
 machine, each running its own SSH server with a throw-away key."""
+
 from __future__ import annotations
 
 import contextlib
@@ -16,10 +17,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from common.errors import SpecError
 from testbed.cli import main as cli_main
 from testbed.cluster import GRE_PACKET_BYTES, ClusterSpec, Machine, check_machine, clock_offset, load_cluster
 from topologies import build_topo
-from common.errors import SpecError
 from topologies.placement import PlacementError, links_between_machines, place_racks
 from topologies.spec import TopologySpec
 
@@ -27,6 +28,7 @@ SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if Path("/usr/sbin/sshd").exist
 
 
 # ------------------------------------------------------------------------------ placement
+
 
 def _topo(**kw):
     return build_topo(TopologySpec.model_validate({"kind": "rack_core", **kw}))
@@ -49,12 +51,15 @@ def test_racks_are_spread_in_contiguous_blocks():
     assert crossing == {frozenset({"core1", f"tor{r}"}) for r in (3, 4, 5)}
 
 
-@pytest.mark.parametrize("kw, machines, says", [
-    ({"racks": 2}, ["a", "b", "c"], "3 machines for 2 racks"),
-    ({"racks": 2}, [], "no machines"),
-    ({"racks": 2}, ["a", "a"], "machines repeated: a"),
-    ({"kind": "rack", "racks": 2}, ["a", "b"], "without a core switch"),
-])
+@pytest.mark.parametrize(
+    "kw, machines, says",
+    [
+        ({"racks": 2}, ["a", "b", "c"], "3 machines for 2 racks"),
+        ({"racks": 2}, [], "no machines"),
+        ({"racks": 2}, ["a", "a"], "machines repeated: a"),
+        ({"kind": "rack", "racks": 2}, ["a", "b"], "without a core switch"),
+    ],
+)
 def test_a_placement_that_cannot_be_made_says_why(kw, machines, says):
     with pytest.raises(PlacementError, match=says):
         place_racks(_topo(**kw), machines)
@@ -62,14 +67,18 @@ def test_a_placement_that_cannot_be_made_says_why(kw, machines, says):
 
 # ------------------------------------------------------------------------------ the spec
 
-@pytest.mark.parametrize("cluster, field, allowed", [
-    ({"machines": []}, "cluster.machines", "at least 1 item"),
-    ({"machines": ["a", "a"]}, "cluster.machines", "each machine once"),
-    ({"machines": ["a b"]}, "cluster.machines", "host names or IP addresses"),
-    ({"machines": ["a"], "user": "Root!"}, "cluster.user", "a user name"),
-    ({"machines": ["a"], "placement": "random"}, "cluster.placement", "'rack'"),
-    ({"machines": ["a"], "colour": 1}, "cluster.colour", "machines"),
-])
+
+@pytest.mark.parametrize(
+    "cluster, field, allowed",
+    [
+        ({"machines": []}, "cluster.machines", "at least 1 item"),
+        ({"machines": ["a", "a"]}, "cluster.machines", "each machine once"),
+        ({"machines": ["a b"]}, "cluster.machines", "host names or IP addresses"),
+        ({"machines": ["a"], "user": "Root!"}, "cluster.user", "a user name"),
+        ({"machines": ["a"], "placement": "random"}, "cluster.placement", "'rack'"),
+        ({"machines": ["a"], "colour": 1}, "cluster.colour", "machines"),
+    ],
+)
 def test_a_malformed_cluster_section_names_its_field(tmp_path, cluster, field, allowed):
     spec = tmp_path / "s.yaml"
     spec.write_text(yaml.safe_dump({"topology": {"racks": 2}, "cluster": cluster}))
@@ -94,15 +103,19 @@ def test_every_bad_field_and_an_impossible_placement_are_reported(tmp_path):
 
 
 def test_ssh_runs_in_batch_mode_with_the_spec_s_key():
-    m = Machine.of(ClusterSpec.model_validate({"machines": ["10.0.0.2"], "ssh_port": 2222,
-                                                "identity_file": "/k", "known_hosts_file": "/kh"}))[0]
+    m = Machine.of(
+        ClusterSpec.model_validate(
+            {"machines": ["10.0.0.2"], "ssh_port": 2222, "identity_file": "/k", "known_hosts_file": "/kh"}
+        )
+    )[0]
     argv = m.ssh_argv("id -u")
     assert argv[0] == "ssh" and argv[-2:] == ["root@10.0.0.2", "id -u"]
-    assert "BatchMode=yes" in argv and ["-p", "2222"] == argv[argv.index("-p"):argv.index("-p") + 2]
+    assert "BatchMode=yes" in argv and ["-p", "2222"] == argv[argv.index("-p") : argv.index("-p") + 2]
     assert argv[argv.index("-i") + 1] == "/k" and "UserKnownHostsFile=/kh" in argv
 
 
 # ------------------------------------------------------------------ machines made of namespaces
+
 
 def _ip(*args, check=True):
     return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
@@ -161,16 +174,28 @@ def namespace_machines(tmp_path, count: int = 2):
             hostkey = tmp_path / f"host{k}"
             subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(hostkey)], check=True)
             cfg = tmp_path / f"sshd{k}.conf"
-            cfg.write_text(f"ListenAddress {addr}\nPort 22\nHostKey {hostkey}\n"
-                           f"AuthorizedKeysFile {tmp_path / 'authorized_keys'}\nPermitRootLogin prohibit-password\n"
-                           f"PasswordAuthentication no\nStrictModes no\nUsePAM no\nUseDNS no\nMaxSessions 100\n"
-                           f"MaxStartups 100\nPidFile {tmp_path / f'sshd{k}.pid'}\n")
-            procs.append(subprocess.Popen(["ip", "netns", "exec", ns, SSHD, "-D", "-e", "-f", str(cfg)],
-                                          stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"sshd{k}.log", "w")))
+            cfg.write_text(
+                f"ListenAddress {addr}\nPort 22\nHostKey {hostkey}\n"
+                f"AuthorizedKeysFile {tmp_path / 'authorized_keys'}\nPermitRootLogin prohibit-password\n"
+                f"PasswordAuthentication no\nStrictModes no\nUsePAM no\nUseDNS no\nMaxSessions 100\n"
+                f"MaxStartups 100\nPidFile {tmp_path / f'sshd{k}.pid'}\n"
+            )
+            procs.append(
+                subprocess.Popen(
+                    ["ip", "netns", "exec", ns, SSHD, "-D", "-e", "-f", str(cfg)],
+                    stdout=subprocess.DEVNULL,
+                    stderr=open(tmp_path / f"sshd{k}.log", "w"),
+                )
+            )
             addrs.append(addr)
             _wait_port(ns, addr, 22)
-        yield {"machines": addrs, "identity_file": str(key), "known_hosts_file": str(tmp_path / "known_hosts"),
-               "tunnel": tunnel_here(), "namespaces": names}
+        yield {
+            "machines": addrs,
+            "identity_file": str(key),
+            "known_hosts_file": str(tmp_path / "known_hosts"),
+            "tunnel": tunnel_here(),
+            "namespaces": names,
+        }
     finally:
         for p in procs:
             p.send_signal(signal.SIGTERM)
@@ -205,9 +230,17 @@ def test_every_namespace_machine_passes_the_check(ns_machines):
     spec = ClusterSpec.model_validate(cluster_section(ns_machines))
     for m in Machine.of(spec):
         items = check_machine(m, tunnel=spec.tunnel)
-        assert [i.name.split(": ", 1)[1] for i in items] == ["ssh", "root", "project", "mnexec", "bwm-ng",
-                                                               "qdisc htb", "clock", f"tunnel {spec.tunnel}",
-                                                               "path MTU"]
+        assert [i.name.split(": ", 1)[1] for i in items] == [
+            "ssh",
+            "root",
+            "project",
+            "mnexec",
+            "bwm-ng",
+            "qdisc htb",
+            "clock",
+            f"tunnel {spec.tunnel}",
+            "path MTU",
+        ]
         assert all(i.ok for i in items), [(i.name, i.detail) for i in items if not i.ok]
         offset, uncertainty = clock_offset(m)
         assert abs(offset) <= uncertainty + 0.005  # one kernel, one clock: the offset is within the round trip
@@ -215,8 +248,9 @@ def test_every_namespace_machine_passes_the_check(ns_machines):
 
 
 def test_an_unreachable_machine_fails_at_ssh_with_a_remedy(ns_machines):
-    m = Machine("10.251.0.9", identity_file=ns_machines["identity_file"],
-                known_hosts_file=ns_machines["known_hosts_file"])
+    m = Machine(
+        "10.251.0.9", identity_file=ns_machines["identity_file"], known_hosts_file=ns_machines["known_hosts_file"]
+    )
     items = check_machine(m)
     assert len(items) == 1 and items[0].name == "10.251.0.9: ssh" and not items[0].ok
     assert "ssh-copy-id root@10.251.0.9" in items[0].remedy
@@ -224,8 +258,14 @@ def test_an_unreachable_machine_fails_at_ssh_with_a_remedy(ns_machines):
 
 def test_cli_check_cluster_prints_the_placement_and_the_machines(ns_machines, tmp_path, capsys):
     spec = tmp_path / "cluster.yaml"
-    spec.write_text(yaml.safe_dump({"topology": {"kind": "rack_core", "racks": 2, "hosts_per_rack": 4},
-                                    "cluster": cluster_section(ns_machines)}))
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "topology": {"kind": "rack_core", "racks": 2, "hosts_per_rack": 4},
+                "cluster": cluster_section(ns_machines),
+            }
+        )
+    )
     assert cli_main(["check", "--cluster", str(spec)]) == 0
     out = capsys.readouterr().out
     assert "10.251.0.11: core1 tor1 h1 h2 h3 h4" in out and "10.251.0.12: tor2 h5 h6 h7 h8" in out
@@ -236,35 +276,50 @@ def test_the_namespace_machines_are_gone():
     """Runs after the tests that used them (file order): their namespaces and sshds are gone."""
     listing = _ip("netns", "list").stdout
     assert "tbm1" not in listing and "tbm2" not in listing
-    assert not [line for line in subprocess.run(["pgrep", "-af", "sshd.*sshd[12].conf"], capture_output=True,
-                                                text=True).stdout.splitlines() if "pgrep" not in line]
+    assert not [
+        line
+        for line in subprocess.run(
+            ["pgrep", "-af", "sshd.*sshd[12].conf"], capture_output=True, text=True
+        ).stdout.splitlines()
+        if "pgrep" not in line
+    ]
 
 
 # ------------------------------------------------------------------ an experiment with a cluster
 
+
 def test_an_experiment_refuses_what_a_cluster_run_cannot_do_naming_each_field():
     from testbed.spec import from_dict
+
     with pytest.raises(SpecError) as e:
-        from_dict({"topology": {"kind": "rack", "racks": 2},
-                   "cluster": {"machines": ["10.0.0.1", "10.0.0.2", "10.0.0.3"]},
-                   "workload": {"compute": {"mode": "real"}},
-                   "events": [{"at_iteration": 2, "host": "h1", "compute_slowdown": 2}]})
+        from_dict(
+            {
+                "topology": {"kind": "rack", "racks": 2},
+                "cluster": {"machines": ["10.0.0.1", "10.0.0.2", "10.0.0.3"]},
+                "workload": {"compute": {"mode": "real"}},
+                "events": [{"at_iteration": 2, "host": "h1", "compute_slowdown": 2}],
+            }
+        )
     fields = {x.field for x in e.value.errors}
     assert {"cluster.machines", "topology.kind", "events"} <= fields, fields
     with pytest.raises(SpecError, match="addresses the other machines reach"):
         from_dict({"cluster": {"machines": ["localhost"]}})
-    exp = from_dict({"topology": {"kind": "rack_core", "racks": 2}, "cluster": {"machines": ["a", "b"], "tunnel": "vxlan"}})
+    exp = from_dict(
+        {"topology": {"kind": "rack_core", "racks": 2}, "cluster": {"machines": ["a", "b"], "tunnel": "vxlan"}}
+    )
     assert exp.cluster.tunnel == "vxlan" and exp.cluster.machines == ["a", "b"]
 
 
 def test_the_remote_sweep_kills_the_run_s_processes_and_removes_its_links_only(tmp_path):
     from testbed.ledger import remote_sweep_script
+
     staging = str(tmp_path / ".x-1@10.0.0.2")
     other = subprocess.Popen(["sh", "-c", "sleep 30", str(tmp_path / ".x-2@10.0.0.2")])  # another run's
     victim = subprocess.Popen(["sh", "-c", "sleep 30", staging])  # a process of the run: its argv names staging
     try:
-        script = remote_sweep_script({"staging": staging, "pids": {}, "interfaces": ["tbnosuch-eth1"],
-                                      "bridges": ["tbnosuch"]})
+        script = remote_sweep_script(
+            {"staging": staging, "pids": {}, "interfaces": ["tbnosuch-eth1"], "bridges": ["tbnosuch"]}
+        )
         r = subprocess.run(["sh", "-s"], input=script, text=True, capture_output=True, timeout=30)
         assert r.returncode == 0, r.stderr
         assert r.stdout.splitlines() == [f"process {victim.pid} (of the run)"]  # not the script's own shell
@@ -273,8 +328,9 @@ def test_the_remote_sweep_kills_the_run_s_processes_and_removes_its_links_only(t
         for p in (victim, other):
             p.kill()
             p.wait()
-    script = remote_sweep_script({"staging": "", "pids": {"shell:h5": 41}, "interfaces": ["tor2-eth1"],
-                                  "bridges": ["tor2"]})
+    script = remote_sweep_script(
+        {"staging": "", "pids": {"shell:h5": 41}, "interfaces": ["tor2-eth1"], "bridges": ["tor2"]}
+    )
     assert "kill -KILL 41" in script
     assert "ip link del dev tor2-eth1" in script and "ip link set dev tor2 down" in script
 
@@ -283,7 +339,9 @@ def test_a_remote_node_shell_ends_on_sighup_when_the_harness_ignores_it():
     """Under nohup the harness ignores SIGHUP and its children inherit that; Mininet stops a
     remote node's ssh shell with SIGHUP and waits for it, so the shell must get it back."""
     import signal
+
     from testbed.remote import OnMachine
+
     old = signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
         p = subprocess.Popen(["sleep", "30"], preexec_fn=OnMachine._ignoreSignal)

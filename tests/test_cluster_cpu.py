@@ -8,6 +8,7 @@ by :func:`testbed.capture.merge.merge_traces` as the controller merges them, so 
 ids carry the ``"<machine>:"`` prefix exactly as in a real cluster run. The two machines
 sample at interleaved instants (they never share a timestamp).
 """
+
 from __future__ import annotations
 
 import json
@@ -56,9 +57,15 @@ def cluster_run(tmp_path: Path, busy: dict, listed=(A, B)) -> Path:
         machine_csv(src / "cpu.csv", m, f)
         parts.append(TracePart(m, src, OFFSET[m]))
     assert merge_traces(d / "traces", parts) == {"cpu.csv": sum(N * (2 + len(PROCS[m])) for m in busy)}
-    (d / "cluster.json").write_text(json.dumps({
-        "machines": list(listed), "tunnel": "gre",
-        "clock_offset_s": {m: {"offset": OFFSET.get(m, 0.0), "uncertainty": 0.001} for m in listed}}))
+    (d / "cluster.json").write_text(
+        json.dumps(
+            {
+                "machines": list(listed),
+                "tunnel": "gre",
+                "clock_offset_s": {m: {"offset": OFFSET.get(m, 0.0), "uncertainty": 0.001} for m in listed},
+            }
+        )
+    )
     return d
 
 
@@ -83,20 +90,33 @@ def test_one_busy_machine_starves_the_run(tmp_path):
     d = cluster_run(tmp_path, {A: BUSY, B: IDLE})
     c = metrics.cpu_stats(analysis.load(d).cpu)
     assert c["machines"] == {
-        A: {"idle_pct_mean": pytest.approx(10.0), "idle_pct_per_core": {"0": pytest.approx(15.0), "1": pytest.approx(5.0)},
-            "min_idle_pct": pytest.approx(10.0), "window": "capture",
-            "procs_busy_pct_mean": {"bwm-ng": pytest.approx(1.0), "harness": pytest.approx(3.0)}},
-        B: {"idle_pct_mean": pytest.approx(90.0), "idle_pct_per_core": {"0": pytest.approx(95.0), "1": pytest.approx(85.0)},
-            "min_idle_pct": pytest.approx(90.0), "window": "capture",
-            "procs_busy_pct_mean": {"harness": pytest.approx(2.0)}}}
+        A: {
+            "idle_pct_mean": pytest.approx(10.0),
+            "idle_pct_per_core": {"0": pytest.approx(15.0), "1": pytest.approx(5.0)},
+            "min_idle_pct": pytest.approx(10.0),
+            "window": "capture",
+            "procs_busy_pct_mean": {"bwm-ng": pytest.approx(1.0), "harness": pytest.approx(3.0)},
+        },
+        B: {
+            "idle_pct_mean": pytest.approx(90.0),
+            "idle_pct_per_core": {"0": pytest.approx(95.0), "1": pytest.approx(85.0)},
+            "min_idle_pct": pytest.approx(90.0),
+            "window": "capture",
+            "procs_busy_pct_mean": {"harness": pytest.approx(2.0)},
+        },
+    }
     # top level: the busy machine (averaging both machines' cores would say 50 %)
     assert c["worst_machine"] == A
     assert c["idle_pct_mean"] == pytest.approx(10.0) and c["min_idle_pct"] == pytest.approx(10.0)
     assert c["idle_pct_per_core"] == {f"{A}:0": pytest.approx(15.0), f"{A}:1": pytest.approx(5.0)}
     assert c["window"] == "capture"
-    assert c["procs_busy_pct_mean"] == {f"{A}:bwm-ng": pytest.approx(1.0), f"{A}:harness": pytest.approx(3.0),
-                                        f"{B}:harness": pytest.approx(2.0), "worker0": pytest.approx(150.0),
-                                        "worker1": pytest.approx(20.0)}
+    assert c["procs_busy_pct_mean"] == {
+        f"{A}:bwm-ng": pytest.approx(1.0),
+        f"{A}:harness": pytest.approx(3.0),
+        f"{B}:harness": pytest.approx(2.0),
+        "worker0": pytest.approx(150.0),
+        "worker1": pytest.approx(20.0),
+    }
     s = metrics.summarize(d)
     f = s.fidelity
     assert f.cpu_starved is True and f.rule == metrics.CPU_IDLE_RULE_CLUSTER
@@ -141,8 +161,16 @@ def test_a_machine_without_samples_leaves_the_flag_open(tmp_path):
     # no cpu.csv at all: every machine listed, none known
     (d / "traces" / "cpu.csv").unlink()
     s = metrics.summarize(d)
-    assert s.dump()["cpu"]["machines"] == {m: {"idle_pct_mean": None, "idle_pct_per_core": {}, "min_idle_pct": None,
-                                               "window": "capture", "procs_busy_pct_mean": {}} for m in (A, B, C)}
+    assert s.dump()["cpu"]["machines"] == {
+        m: {
+            "idle_pct_mean": None,
+            "idle_pct_per_core": {},
+            "min_idle_pct": None,
+            "window": "capture",
+            "procs_busy_pct_mean": {},
+        }
+        for m in (A, B, C)
+    }
     assert s.fidelity.cpu_starved is None and s.fidelity.rule == metrics.CPU_IDLE_RULE_CLUSTER
 
 
@@ -150,14 +178,21 @@ def test_controller_rows_are_a_machine_of_their_own():
     rows = []
     for k in range(N):
         t = T0 + k * PERIOD
-        rows += [(t, "core", "0", 20.0), (t, "core", "1", 40.0), (t, "proc", "harness", 5.0),
-                 (t + 0.05, "core", f"{A}:0", 50.0), (t + 0.05, "core", f"{A}:1", 50.0)]
+        rows += [
+            (t, "core", "0", 20.0),
+            (t, "core", "1", 40.0),
+            (t, "proc", "harness", 5.0),
+            (t + 0.05, "core", f"{A}:0", 50.0),
+            (t + 0.05, "core", f"{A}:1", 50.0),
+        ]
     c = metrics.cpu_stats(pd.DataFrame(rows, columns=CPU_FIELDS))
     assert set(c["machines"]) == {metrics.CONTROLLER, A}
     ctl = c["machines"][metrics.CONTROLLER]
     assert ctl["idle_pct_mean"] == pytest.approx(70.0) and ctl["procs_busy_pct_mean"] == {"harness": pytest.approx(5.0)}
-    assert c["worst_machine"] == A and c["idle_pct_per_core"] == {f"{A}:0": pytest.approx(50.0),
-                                                                   f"{A}:1": pytest.approx(50.0)}
+    assert c["worst_machine"] == A and c["idle_pct_per_core"] == {
+        f"{A}:0": pytest.approx(50.0),
+        f"{A}:1": pytest.approx(50.0),
+    }
 
 
 def test_one_machine_run_has_no_machines_key(tmp_path):

@@ -2,6 +2,7 @@
 its own SSH server (tests/test_cluster.py), joined by a bridge. The kernel is shared, so this
 tests the control and data paths (SSH, tunnels, the per-machine ledger, capture, gathering,
 teardown), not performance."""
+
 from __future__ import annotations
 
 import json
@@ -15,20 +16,21 @@ import psutil
 import pytest
 import yaml
 
+from analysis import load
+from analysis import traces as tr
 from testbed.cluster import Machine
 from testbed.ledger import Ledger
 from testbed.remote import ClusterNetwork
 from testbed.runner import run_experiment
-from analysis import load
 from testbed.spec import ClusterSpec, from_dict, load_spec
-from analysis import traces as tr
-from tests.test_program_e2e import DDP, ITERATIONS as DDP_ITERATIONS
-from tests.test_schedule_e2e import applied, flow_end, kill_spec, port_of, uplink_halving_spec
-from topologies.spec import TopologySpec
 from tests.leftovers import leftovers, needs_root
 from tests.link_payload import core_payload
 from tests.test_cluster import cluster_section, namespace_machines
 from tests.test_faults import ROOT, cli, harness_says, start_run, wait_for
+from tests.test_program_e2e import DDP
+from tests.test_program_e2e import ITERATIONS as DDP_ITERATIONS
+from tests.test_schedule_e2e import applied, flow_end, kill_spec, port_of, uplink_halving_spec
+from topologies.spec import TopologySpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(needs_root, reason="needs root")]
 
@@ -84,9 +86,10 @@ def machine_leftovers(ns: dict, runs: Path) -> list[str]:
 
 def test_quickstart_on_two_machines_moves_the_core_bytes_of_one_machine(machines, tmp_path):
     assert leftovers(machine_netns(machines)) == [] and machine_leftovers(machines, tmp_path / "runs") == []
-    one, = run_experiment(load_spec(quickstart(tmp_path, tmp_path / "runs", None)), progress=False)
-    two, = run_experiment(load_spec(quickstart(tmp_path, tmp_path / "runs", cluster_section(machines, 2))),
-                          progress=False)
+    (one,) = run_experiment(load_spec(quickstart(tmp_path, tmp_path / "runs", None)), progress=False)
+    (two,) = run_experiment(
+        load_spec(quickstart(tmp_path, tmp_path / "runs", cluster_section(machines, 2))), progress=False
+    )
     assert one.ok and two.ok, (one.summary.error, two.summary.error)
     assert two.summary.iterations_completed == one.summary.iterations_completed
     core1, core2 = core_payload(one.run_dir), core_payload(two.run_dir)  # the MTUs differ: 1500, 1450
@@ -117,11 +120,21 @@ def test_a_plain_ddp_program_on_two_machines_moves_its_allreduce_bytes(machines,
     two machines: each worker's link moves what the ring allreduce implies (the bytes seen on
     the switch ports of both machines, merged on one clock)."""
     (tmp_path / "ddp.py").write_text(DDP)
-    exp = from_dict({"name": "ddp", "topology": {"kind": "rack_core", "racks": 2, "hosts_per_rack": 4,
-                                                  "host_bw_mbps": 100, "oversubscription": 2},
-                     "workload": {"program": {"command": ["python", "ddp.py"], "cwd": str(tmp_path)}},
-                     "cluster": cluster_section(machines, 2),
-                     "run": {"runs_dir": str(tmp_path / "runs"), "timeout_s": 180}})
+    exp = from_dict(
+        {
+            "name": "ddp",
+            "topology": {
+                "kind": "rack_core",
+                "racks": 2,
+                "hosts_per_rack": 4,
+                "host_bw_mbps": 100,
+                "oversubscription": 2,
+            },
+            "workload": {"program": {"command": ["python", "ddp.py"], "cwd": str(tmp_path)}},
+            "cluster": cluster_section(machines, 2),
+            "run": {"runs_dir": str(tmp_path / "runs"), "timeout_s": 180},
+        }
+    )
     (res,) = run_experiment(exp, progress=False)
     assert res.ok, res.summary.error
     p = 8
@@ -133,8 +146,11 @@ def test_a_plain_ddp_program_on_two_machines_moves_its_allreduce_bytes(machines,
     window = run.traces[(run.traces["time"] > start) & (run.traces["time"] <= end + 0.2)]
     expected = 2 * (p - 1) / p * grad * DDP_ITERATIONS
     for h in [f"h{i}" for i in range(1, p + 1)]:
-        port = next(l["intf2"] if l["node1"] == h else l["intf1"] for l in run.topology["links"]
-                    if l["class"] == "host" and h in (l["node1"], l["node2"]))
+        port = next(
+            l["intf2"] if l["node1"] == h else l["intf1"]
+            for l in run.topology["links"]
+            if l["class"] == "host" and h in (l["node1"], l["node2"])
+        )
         rows = window[window["iface"] == port]
         for direction, got in (("to", rows["bytes_out"].sum()), ("from", rows["bytes_in"].sum())):
             assert 1.0 <= got / expected <= 1.05, (h, direction, got, expected)
@@ -145,10 +161,12 @@ def test_a_plain_ddp_program_on_two_machines_moves_its_allreduce_bytes(machines,
 def test_an_uplink_between_machines_halved_at_a_scheduled_time_runs_at_the_new_rate(machines, tmp_path):
     """tests/test_schedule_e2e.py's uplink event with rack 2 on the second machine: the flow
     bg2 -> bg1 saturates tor2's uplink, whose ends are on two machines (a tunnel); at at_s = 5
-    it drops from 80 to 40 Mbit/s: both ends change, each on its machine, and the flow follows. at_s counts from the first measured iteration, known here from the
+    it drops from 80 to 40 Mbit/s: both ends change, each on its machine, and the flow follows. at_s counts from the
+    first measured iteration, known here from the
     events the machines' processes write, mirrored while the run trains."""
-    exp = from_dict({**uplink_halving_spec(tmp_path, "tor2", src="bg2", dst="bg1"),
-                     "cluster": cluster_section(machines, 2)})
+    exp = from_dict(
+        {**uplink_halving_spec(tmp_path, "tor2", src="bg2", dst="bg1"), "cluster": cluster_section(machines, 2)}
+    )
     (res,) = run_experiment(exp, progress=False)
     assert res.ok, res.summary.error
     run = load(res.run_dir)
@@ -168,10 +186,12 @@ def test_an_uplink_between_machines_halved_at_a_scheduled_time_runs_at_the_new_r
     assert len(before) >= 4 and len(after) >= 6, (len(before), len(after))
     assert abs(before.mean() - 80) <= 0.10 * 80, before.describe()
     assert abs(after.mean() - 40) <= 0.10 * 40, after.describe()
-    flow, = json.loads((res.run_dir / "traces" / "background" / "flows.json").read_text())["flows"]
+    (flow,) = json.loads((res.run_dir / "traces" / "background" / "flows.json").read_text())["flows"]
     # its report, fetched from the other machine (stopped with training; it shared the uplink
     # with the allreduce, so it got less than the uplink's rate)
-    assert flow["result"]["seconds"] > 10 and 10e6 < flow["result"]["bytes_sent"] * 8 / flow["result"]["seconds"] < 80e6, flow
+    assert (
+        flow["result"]["seconds"] > 10 and 10e6 < flow["result"]["bytes_sent"] * 8 / flow["result"]["seconds"] < 80e6
+    ), flow
     time.sleep(0.5)
     assert leftovers(machine_netns(machines)) == [] and machine_leftovers(machines, tmp_path / "runs") == []
 
@@ -190,7 +210,7 @@ def test_a_scheduled_kill_on_another_machine_ends_the_run_naming_it(machines, tm
     mine = run.iterations[run.iterations["worker"] == "worker3"]
     # the kill is one SSH command to the other machine (a login, about 0.3 s here): the
     # process starts no iteration a second after the event, where one machine kills at once
-    assert mine["start"].max() < rec["ts"] + 1.0, (mine["start"].max() - rec["ts"])
+    assert mine["start"].max() < rec["ts"] + 1.0, mine["start"].max() - rec["ts"]
     assert mine["iteration"].max() < 39  # it did not run to the end
     time.sleep(0.5)
     assert leftovers(machine_netns(machines)) == [] and machine_leftovers(machines, tmp_path / "runs") == []
@@ -200,8 +220,9 @@ def test_a_worker_crash_on_another_machine_ends_the_run_promptly_with_its_log(ma
     """A remote process's exit status comes back through SSH (tests/test_e2e.py's crash); the
     machines' files are gathered and nothing is left on any machine."""
     monkeypatch.setenv("TESTBED_CRASH_AT", "worker5:3")  # on h6, rack 2: the second machine
-    res, = run_experiment(load_spec(quickstart(tmp_path, tmp_path / "runs", cluster_section(machines, 2))),
-                          progress=False)
+    (res,) = run_experiment(
+        load_spec(quickstart(tmp_path, tmp_path / "runs", cluster_section(machines, 2))), progress=False
+    )
     assert res.summary.status == "failed", res.summary
     assert "worker5" in res.summary.error, res.summary.error
     assert "crash" in (res.run_dir / "logs" / "worker5.log").read_text().lower()

@@ -1,5 +1,6 @@
 """The documentation: the committed spec reference is what the generator prints, and every
 relative link of README.md and docs/*.md points to an existing file (and heading)."""
+
 import re
 from pathlib import Path
 
@@ -32,8 +33,9 @@ def _anchors(page: Path) -> set[str]:
 
 
 def test_the_committed_spec_reference_is_the_generators_output():
-    assert (ROOT / "docs" / "spec.md").read_text() == spec_docs.spec_reference(), \
+    assert (ROOT / "docs" / "spec.md").read_text() == spec_docs.spec_reference(), (
         f"docs/spec.md is out of date: run {spec_docs.COMMAND}"
+    )
 
 
 def test_the_spec_reference_lists_every_field_of_every_section():
@@ -42,9 +44,11 @@ def test_the_spec_reference_lists_every_field_of_every_section():
         section = text.split(f"\n## {path or 'Top level'}\n", 1)[1].split("\n## ", 1)[0]
         for name in model.model_fields:
             assert f"- **`{name}`**:" in section, (path, name)
-    for name, cls in spec_docs.shipped_schemes():
+    for name, _cls in spec_docs.shipped_schemes():
         assert f"\n### `{name}`\n" in text
-    assert {"ps", "allreduce", "p3", "phub", "ibatch", "stanza", "pipe_sgd"} <= {n for n, _ in spec_docs.shipped_schemes()}
+    assert {"ps", "allreduce", "p3", "phub", "ibatch", "stanza", "pipe_sgd"} <= {
+        n for n, _ in spec_docs.shipped_schemes()
+    }
 
 
 def test_the_module_prints_the_reference(capsys):

@@ -2,6 +2,7 @@
 
 Marked ``slow``: each case builds a network and starts torch in every host (tens of seconds).
 """
+
 import json
 import os
 import re
@@ -26,14 +27,27 @@ root_only = pytest.mark.skipif(needs_root, reason="needs root")
 
 
 def small_spec(tmp_path, **workload):
-    return from_dict({
-        "name": "e2e",
-        "topology": {"kind": "rack_core", "racks": 2, "hosts_per_rack": 2, "host_bw_mbps": 50,
-                     "oversubscription": 2},
-        "workload": {"scheme": "ps", "iterations": 8, "warmup_iterations": 2, "batch_size": 16,
-                     "servers": {"count": 1, "placement": "dedicated", "scope": "global"}, **workload},
-        "run": {"runs_dir": str(tmp_path), "timeout_s": 240},
-    })
+    return from_dict(
+        {
+            "name": "e2e",
+            "topology": {
+                "kind": "rack_core",
+                "racks": 2,
+                "hosts_per_rack": 2,
+                "host_bw_mbps": 50,
+                "oversubscription": 2,
+            },
+            "workload": {
+                "scheme": "ps",
+                "iterations": 8,
+                "warmup_iterations": 2,
+                "batch_size": 16,
+                "servers": {"count": 1, "placement": "dedicated", "scope": "global"},
+                **workload,
+            },
+            "run": {"runs_dir": str(tmp_path), "timeout_s": 240},
+        }
+    )
 
 
 def cross_rack_payload(run) -> int:
@@ -67,12 +81,14 @@ def test_ps_run_counts_the_bytes_that_crossed_the_core(tmp_path):
     # every shaped interface was read back and recorded
     assert all(l["shaping"] for l in run.topology["links"])
     # plots and timeline from the run directory alone
-    out = subprocess.run([sys.executable, "-m", "testbed.cli", "plot", str(res.run_dir)], capture_output=True,
-                         text=True, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-m", "testbed.cli", "plot", str(res.run_dir)], capture_output=True, text=True, cwd=ROOT
+    )
     assert out.returncode == 0, out.stderr
     assert [p.name for p in (res.run_dir / "plots").glob("*.png")]
-    out = subprocess.run([sys.executable, "-m", "testbed.cli", "timeline", str(res.run_dir)], capture_output=True,
-                         text=True, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-m", "testbed.cli", "timeline", str(res.run_dir)], capture_output=True, text=True, cwd=ROOT
+    )
     assert out.returncode == 0, out.stderr
     trace = json.loads((res.run_dir / "timeline.json").read_text())["traceEvents"]
     names = {e["args"]["name"] for e in trace if e.get("ph") == "M" and e["name"] == "process_name"}
@@ -114,8 +130,10 @@ def test_sweep_goes_on_after_a_failed_point(tmp_path):
     table = pd.read_csv(results[0].run_dir.parent / "sweep.csv")
     assert list(table["status"]) == ["failed", "ok"]
     # both points forked from one zygote: the failed point's teardown left it to the next
-    pids = [re.findall(r"fork from the sweep's zygote \(pid (\d+)\)", (r.run_dir / "logs" / "harness.log").read_text())
-            for r in results]
+    pids = [
+        re.findall(r"fork from the sweep's zygote \(pid (\d+)\)", (r.run_dir / "logs" / "harness.log").read_text())
+        for r in results
+    ]
     assert pids[0] == pids[1] and len(pids[0]) == 1
     assert not psutil.pid_exists(int(pids[0][0]))  # ended (and reaped) with the sweep
     assert leftovers() == []
@@ -130,10 +148,12 @@ def test_existing_run_directory_is_never_overwritten(tmp_path):
     assert json.loads((tmp_path / "fixed" / "summary.json").read_text()) == {"keep": True}
 
 
-@pytest.mark.parametrize("missing, remedy", [("mnexec", "apt-get install mininet"),
-                                             ("bwm-ng", "apt-get install bwm-ng")])
+@pytest.mark.parametrize(
+    "missing, remedy", [("mnexec", "apt-get install mininet"), ("bwm-ng", "apt-get install bwm-ng")]
+)
 def test_missing_tool_is_refused_before_anything_is_made(tmp_path, monkeypatch, missing, remedy):
     import shutil
+
     real = shutil.which
     monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name == missing else real(name, *a, **k))
     monkeypatch.setattr(os, "access", lambda p, m: False if p.endswith(missing) else os.path.exists(p))
@@ -145,18 +165,46 @@ def test_missing_tool_is_refused_before_anything_is_made(tmp_path, monkeypatch, 
 
 @root_only
 def test_not_root_gets_one_line_with_the_remedy(tmp_path):
-    out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
-                          "-m", "testbed.cli", "run", "experiments/quickstart.yaml", "--runs-dir", str(tmp_path / "r")],
-                         capture_output=True, text=True, cwd=ROOT)
+    out = subprocess.run(
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            sys.executable,
+            "-m",
+            "testbed.cli",
+            "run",
+            "experiments/quickstart.yaml",
+            "--runs-dir",
+            str(tmp_path / "r"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert out.returncode == 2
     assert "root" in out.stderr and "sudo" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "r").exists()
 
 
 def test_bad_spec_is_named_by_the_cli(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "testbed.cli", "run", "experiments/quickstart.yaml",
-                          "--set", "topology.host_bw_mbps=-3", "--runs-dir", str(tmp_path / "r")],
-                         capture_output=True, text=True, cwd=ROOT)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "testbed.cli",
+            "run",
+            "experiments/quickstart.yaml",
+            "--set",
+            "topology.host_bw_mbps=-3",
+            "--runs-dir",
+            str(tmp_path / "r"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert out.returncode == 2
     assert "topology.host_bw_mbps" in out.stderr and "-3" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "r").exists()
@@ -166,13 +214,31 @@ def test_bad_spec_is_named_by_the_cli(tmp_path):
 @root_only
 def test_ctrl_c_tears_everything_down_and_records_the_run(tmp_path):
     import signal
+
     assert leftovers() == []
-    p = subprocess.Popen([sys.executable, "-m", "testbed.cli", "run", "experiments/quickstart.yaml", "-q",
-                          "--set", "sweep={}", "--set", "workload.iterations=500", "--runs-dir", str(tmp_path)],
-                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         # a shell that starts the suite in the background leaves SIGINT ignored,
-                         # and Python then never raises KeyboardInterrupt: give Ctrl-C back its default
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "testbed.cli",
+            "run",
+            "experiments/quickstart.yaml",
+            "-q",
+            "--set",
+            "sweep={}",
+            "--set",
+            "workload.iterations=500",
+            "--runs-dir",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # a shell that starts the suite in the background leaves SIGINT ignored,
+        # and Python then never raises KeyboardInterrupt: give Ctrl-C back its default
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.time() + 120
     log = None
     while time.time() < deadline:  # wait until the training processes run
@@ -196,10 +262,29 @@ def test_a_scheme_outside_the_repository_runs_on_the_quickstart_topology(tmp_pat
     """docs/schemes.md "Writing a scheme": examples/mymod.py found through PYTHONPATH as module:Class."""
     assert leftovers() == []
     env = {**os.environ, "PYTHONPATH": str(ROOT / "examples")}
-    out = subprocess.run([sys.executable, "-m", "testbed.cli", "run", "experiments/quickstart.yaml", "--quiet",
-                          "--set", "workload.scheme=mymod:MyAllreduce", "--set", "workload.iterations=8",
-                          "--set", "workload.warmup_iterations=2", "--set", f"run.runs_dir={tmp_path}"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "testbed.cli",
+            "run",
+            "experiments/quickstart.yaml",
+            "--quiet",
+            "--set",
+            "workload.scheme=mymod:MyAllreduce",
+            "--set",
+            "workload.iterations=8",
+            "--set",
+            "workload.warmup_iterations=2",
+            "--set",
+            f"run.runs_dir={tmp_path}",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     (summary,) = tmp_path.rglob("summary.json")  # one run: the override replaced the quickstart's sweep
     s = RunSummary.load(summary)

@@ -3,6 +3,7 @@ background flow that ran at its rate, a flow whose start training never reached 
 fails, every figure kept), tcpdump given a filter that begins with ``-`` (after ``--``), a
 scheduled rate change read back. Needs root and Mininet; slow (each case builds a network and
 trains for a few seconds)."""
+
 from __future__ import annotations
 
 import json
@@ -21,12 +22,26 @@ pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.skipif(needs_root,
 def spec(tmp_path: Path, iterations: int = 100, **extra) -> dict:
     """Ring allreduce across two racks (10 ms per layer and pass: several seconds of training),
     one background host per rack."""
-    return {"name": "effects", "scale": 1,
-            "topology": {"kind": "rack_core", "racks": 2, "hosts_per_rack": 2, "host_bw_mbps": 100,
-                         "background_hosts_per_rack": 1},
-            "workload": {"scheme": "allreduce", "iterations": iterations, "warmup_iterations": 3, "batch_size": 16,
-                         "compute": {"mode": "emulated", "profile": profile(tmp_path, [0.01] * 3, [0.01] * 3)}},
-            "run": {"runs_dir": str(tmp_path / "runs"), "timeout_s": 300}, **extra}
+    return {
+        "name": "effects",
+        "scale": 1,
+        "topology": {
+            "kind": "rack_core",
+            "racks": 2,
+            "hosts_per_rack": 2,
+            "host_bw_mbps": 100,
+            "background_hosts_per_rack": 1,
+        },
+        "workload": {
+            "scheme": "allreduce",
+            "iterations": iterations,
+            "warmup_iterations": 3,
+            "batch_size": 16,
+            "compute": {"mode": "emulated", "profile": profile(tmp_path, [0.01] * 3, [0.01] * 3)},
+        },
+        "run": {"runs_dir": str(tmp_path / "runs"), "timeout_s": 300},
+        **extra,
+    }
 
 
 def effects(res, kind: str) -> list:
@@ -36,8 +51,23 @@ def effects(res, kind: str) -> list:
 def test_a_udp_flow_that_ran_at_its_rate_is_verified(tmp_path):
     assert leftovers() == []
     # 30 iterations: about 6 s of training (0.22 s an iteration); the flow sends from 0.5 to 2.5 s after the launch
-    exp = from_dict(spec(tmp_path, iterations=30, background=[{"name": "udp", "src": "bg1", "dst": "bg2", "rate_mbps": 20,
-                                                               "start_s": 0.5, "duration_s": 2, "protocol": "udp"}]))
+    exp = from_dict(
+        spec(
+            tmp_path,
+            iterations=30,
+            background=[
+                {
+                    "name": "udp",
+                    "src": "bg1",
+                    "dst": "bg2",
+                    "rate_mbps": 20,
+                    "start_s": 0.5,
+                    "duration_s": 2,
+                    "protocol": "udp",
+                }
+            ],
+        )
+    )
     (res,) = run_experiment(exp, progress=False)
     assert res.ok, res.summary.error
     (flow,) = effects(res, "background")
@@ -54,13 +84,19 @@ def test_a_udp_flow_that_ran_at_its_rate_is_verified(tmp_path):
 
 def test_a_flow_starting_after_training_ended_fails_the_run_keeping_every_figure(tmp_path):
     assert leftovers() == []
-    exp = from_dict(spec(tmp_path, iterations=20, background=[
-        {"name": "late", "src": "bg1", "dst": "bg2", "rate_mbps": 10, "start_s": 200, "duration_s": 1}]))
+    exp = from_dict(
+        spec(
+            tmp_path,
+            iterations=20,
+            background=[{"name": "late", "src": "bg1", "dst": "bg2", "rate_mbps": 10, "start_s": 200, "duration_s": 1}],
+        )
+    )
     (res,) = run_experiment(exp, progress=False)
     s = res.summary
     (line,) = s.fidelity.unverified
     assert line.startswith("background late: never started during training: it ended ") and line.endswith(
-        "before the flow's start at 200.0 s"), line
+        "before the flow's start at 200.0 s"
+    ), line
     assert s.status == "failed" and s.error == f"asked for but not done: {line}"
     assert s.throughput.mean > 0 and s.measured_iterations == 17 and s.bytes.core > 0  # every figure kept
     assert one_line(res) == f"{res.run_dir}: failed: asked for but not done: {line}"

@@ -1,4 +1,5 @@
 """Emulated compute and time dilation."""
+
 import json
 
 import pandas as pd
@@ -6,8 +7,8 @@ import pytest
 import torch
 
 from analysis.load import to_emulated_time
-from traffic.models import build_model
 from traffic.hostmodel import costs as hostcost
+from traffic.models import build_model
 from traffic.runtime.emulation import EmulatedCompute, PreciseSleeper
 
 
@@ -56,23 +57,43 @@ def test_dilated_clocks_are_converted_back():
 
 
 def write_profile(path, fwd, bwd, model="digits_mlp", batch=32):
-    path.write_text(json.dumps({
-        "model": model, "device": "test", "batch_size": batch, "source": "written by the test",
-        "method": "test", "derived": False,
-        "layers": [{"index": i, "name": f"layer{i}", "forward_s": f, "backward_s": b}
-                   for i, (f, b) in enumerate(zip(fwd, bwd))]}))
+    path.write_text(
+        json.dumps(
+            {
+                "model": model,
+                "device": "test",
+                "batch_size": batch,
+                "source": "written by the test",
+                "method": "test",
+                "derived": False,
+                "layers": [
+                    {"index": i, "name": f"layer{i}", "forward_s": f, "backward_s": b}
+                    for i, (f, b) in enumerate(zip(fwd, bwd))
+                ],
+            }
+        )
+    )
     return str(path)
 
 
 @pytest.mark.parametrize("scheme", ["ps", "allreduce"])
 def test_emulated_compute_end_to_end_on_loopback(tmp_path, scheme):
-    from testbed.spec import from_dict
-    from testbed.loopback import run_local
     import analysis
+    from testbed.loopback import run_local
+    from testbed.spec import from_dict
+
     prof = write_profile(tmp_path / "p.json", [0.004, 0.006, 0.002], [0.008, 0.012, 0.004])
-    exp = from_dict({"topology": {"kind": "rack", "racks": 1, "hosts_per_rack": 3},
-                     "workload": {"scheme": scheme, "iterations": 6, "warmup_iterations": 1,
-                                  "compute": {"mode": "emulated", "profile": prof}}})
+    exp = from_dict(
+        {
+            "topology": {"kind": "rack", "racks": 1, "hosts_per_rack": 3},
+            "workload": {
+                "scheme": scheme,
+                "iterations": 6,
+                "warmup_iterations": 1,
+                "compute": {"mode": "emulated", "profile": prof},
+            },
+        }
+    )
     run_dir = run_local(exp, tmp_path / "run")
     ev = analysis.read_events(run_dir) if hasattr(analysis, "read_events") else analysis.load(run_dir).events
     fwd = ev[(ev.kind == "forward") & (ev.role == "worker")]
@@ -94,13 +115,22 @@ def test_time_dilation_reports_the_same_iteration_time(tmp_path):
     """The same emulated experiment at s=1 and s=4 reports iteration times within 10%."""
     from testbed.runner import run_experiment
     from testbed.spec import from_dict
+
     prof = write_profile(tmp_path / "p.json", [0.010, 0.020, 0.005], [0.020, 0.040, 0.010])
-    exp = from_dict({"name": "dilation",
-                     "topology": {"kind": "rack", "racks": 1, "hosts_per_rack": 4, "host_bw_mbps": 100},
-                     "workload": {"scheme": "allreduce", "iterations": 12, "warmup_iterations": 2,
-                                  "compute": {"mode": "emulated", "profile": prof}},
-                     "run": {"runs_dir": str(tmp_path / "runs")},
-                     "sweep": {"scale": [1, 4]}})
+    exp = from_dict(
+        {
+            "name": "dilation",
+            "topology": {"kind": "rack", "racks": 1, "hosts_per_rack": 4, "host_bw_mbps": 100},
+            "workload": {
+                "scheme": "allreduce",
+                "iterations": 12,
+                "warmup_iterations": 2,
+                "compute": {"mode": "emulated", "profile": prof},
+            },
+            "run": {"runs_dir": str(tmp_path / "runs")},
+            "sweep": {"scale": [1, 4]},
+        }
+    )
     results = run_experiment(exp, progress=False)
     assert [r.summary.status for r in results] == ["ok", "ok"]
     t1, t4 = (r.summary.iteration_time_s.mean for r in results)

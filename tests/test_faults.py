@@ -4,6 +4,7 @@ Each fault case checks three things: what the user sees (exit status, message, t
 ``summary.json``), that nothing is left on the machine, and that what the run had written is
 kept. The cases that build a network are marked ``slow`` and need root.
 """
+
 import json
 import os
 import signal
@@ -16,11 +17,11 @@ import psutil
 import pytest
 import yaml
 
+from common.errors import TestbedError
 from testbed import clean as clean_mod
 from testbed import ledger as ledger_mod
 from testbed.ledger import Ledger, NetworkLock, lock_holder
 from tests.leftovers import leftovers, needs_root
-from common.errors import TestbedError
 from traffic import rundir
 from traffic.summary import RunSummary
 
@@ -29,8 +30,14 @@ root_only = pytest.mark.skipif(needs_root, reason="needs root")
 
 
 def cli(*args, env=None, timeout=300):
-    return subprocess.run([sys.executable, "-m", "testbed.cli", *map(str, args)], capture_output=True, text=True,
-                          cwd=ROOT, env=env, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "testbed.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture
@@ -65,12 +72,34 @@ def fake_run(d: Path, harness: bool) -> Path:
     for sub in ("logs", "events"):
         (d / sub).mkdir()
     (d / "spec.yaml").write_text(yaml.safe_dump({"name": "t", "workload": {"scheme": "ps"}}))
-    (d / "processes.json").write_text(json.dumps({"world_size": 1, "processes": [
-        {"name": "worker0", "role": "worker", "index": 0, "rank": 0, "host": "h1", "rack": 0}]}))
+    (d / "processes.json").write_text(
+        json.dumps(
+            {
+                "world_size": 1,
+                "processes": [{"name": "worker0", "role": "worker", "index": 0, "rank": 0, "host": "h1", "rack": 0}],
+            }
+        )
+    )
     (d / "events" / "worker0.jsonl").write_text(
-        "".join(json.dumps({"proc": "worker0", "role": "worker", "rank": 0, "thread": "main", "kind": "iteration",
-                            "ts": 100.0 + i, "dur": 0.9, "iteration": i, "layer": None, "samples": 32}) + "\n"
-                for i in range(6)))
+        "".join(
+            json.dumps(
+                {
+                    "proc": "worker0",
+                    "role": "worker",
+                    "rank": 0,
+                    "thread": "main",
+                    "kind": "iteration",
+                    "ts": 100.0 + i,
+                    "dur": 0.9,
+                    "iteration": i,
+                    "layer": None,
+                    "samples": 32,
+                }
+            )
+            + "\n"
+            for i in range(6)
+        )
+    )
     if harness:
         (d / "logs" / "harness.log").write_text("2026-11-22 building network\n")
     return d
@@ -83,6 +112,7 @@ def dead_pid() -> int:
 
 
 # ---- without root -------------------------------------------------------------------------
+
 
 def test_a_second_lock_holder_is_refused_with_the_name_of_the_run_that_holds_it(state_dir, tmp_path):
     env = {**os.environ, "TESTBED_STATE_DIR": str(state_dir)}
@@ -193,8 +223,10 @@ def test_clean_force_never_touches_a_live_runs_processes(state_dir, tmp_path):
         orphan = subprocess.Popen(["sleep", "60"], start_new_session=True)
         stale.owner_pid, stale.owner_start = dead_pid(), None
         stale.pids = {"worker0": orphan.pid, "shared": holder.pid}  # a pid the live run owns is kept
-        stale.starts = {"worker0": psutil.Process(orphan.pid).create_time(),
-                        "shared": psutil.Process(holder.pid).create_time()}
+        stale.starts = {
+            "worker0": psutil.Process(orphan.pid).create_time(),
+            "shared": psutil.Process(holder.pid).create_time(),
+        }
         stale.save()
         with pytest.raises(TestbedError, match="runs/live"):
             clean_mod.clean()
@@ -214,6 +246,7 @@ def test_write_json_never_leaves_a_torn_file(tmp_path, monkeypatch):
 
     def full(self, *a, **k):
         raise OSError(28, "No space left on device")
+
     monkeypatch.setattr(Path, "write_text", full)
     with pytest.raises(OSError):
         rundir.write_json(path, {"status": "failed"})
@@ -224,12 +257,19 @@ def test_write_json_never_leaves_a_torn_file(tmp_path, monkeypatch):
 
 # ---- with a network (root, slow) ------------------------------------------------------------
 
+
 def small_spec_file(tmp_path, runs_dir, **workload) -> Path:
     spec = {
         "name": "fault",
         "topology": {"kind": "rack_core", "racks": 2, "hosts_per_rack": 2, "host_bw_mbps": 50, "oversubscription": 2},
-        "workload": {"scheme": "ps", "iterations": 200, "warmup_iterations": 2, "batch_size": 16,
-                     "servers": {"count": 1, "placement": "dedicated", "scope": "global"}, **workload},
+        "workload": {
+            "scheme": "ps",
+            "iterations": 200,
+            "warmup_iterations": 2,
+            "batch_size": 16,
+            "servers": {"count": 1, "placement": "dedicated", "scope": "global"},
+            **workload,
+        },
         "run": {"runs_dir": str(runs_dir), "timeout_s": 300},
     }
     path = tmp_path / "fault.yaml"
@@ -238,10 +278,15 @@ def small_spec_file(tmp_path, runs_dir, **workload) -> Path:
 
 
 def start_run(spec: Path, *extra) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "testbed.cli", "run", str(spec), "-q", *extra], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            # a shell that starts the suite in the background leaves SIGINT ignored
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    return subprocess.Popen(
+        [sys.executable, "-m", "testbed.cli", "run", str(spec), "-q", *extra],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # a shell that starts the suite in the background leaves SIGINT ignored
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
 
 
 def wait_for(cond, what: str, timeout_s: float = 150, poll_s: float = 0.02):
@@ -263,6 +308,7 @@ def harness_says(runs: Path, text: str):
             except OSError:
                 pass
         return None
+
     return check
 
 
@@ -276,6 +322,7 @@ def iterations_done(runs: Path, proc: str = "worker0", n: int = 3):
             if sum(e.get("kind") == "iteration" for e in its) >= n:
                 return ev.parent.parent
         return None
+
     return check
 
 
@@ -421,8 +468,20 @@ def test_a_disk_that_fills_fails_the_run_clearly_and_harms_nothing_else(tmp_path
 
 
 def test_the_local_launcher_gives_a_bad_spec_exit_status_2(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "testbed.loopback", "experiments/quickstart.yaml", "--set",
-                          "topology.host_bw_mbps=-1", "--run-dir", str(tmp_path / "r")],
-                         capture_output=True, text=True, cwd=ROOT)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "testbed.loopback",
+            "experiments/quickstart.yaml",
+            "--set",
+            "topology.host_bw_mbps=-1",
+            "--run-dir",
+            str(tmp_path / "r"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert out.returncode == 2 and "topology.host_bw_mbps" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "r").exists()

@@ -1,5 +1,6 @@
 """benchmarks/fit_host_cost.py: the least-squares fit of ``path_cpu_s_per_byte_per_host``
 and the cost model it evaluates the estimate with (nothing is run)."""
+
 from __future__ import annotations
 
 import sys
@@ -26,9 +27,13 @@ def test_fit_through_origin_recovers_the_slope():
 
 
 def test_probe_model_adds_bytes_times_sending_hosts():
-    exp = from_dict({"topology": {"kind": "rack_core", "racks": 2, "hosts_per_rack": 4, "host_bw_mbps": 1000},
-                     "workload": {"scheme": "allreduce", "model": "resnet50", "compute": {"mode": "emulated"}},
-                     "scale": 4})
+    exp = from_dict(
+        {
+            "topology": {"kind": "rack_core", "racks": 2, "hosts_per_rack": 4, "host_bw_mbps": 1000},
+            "workload": {"scheme": "allreduce", "model": "resnet50", "compute": {"mode": "emulated"}},
+            "scale": 4,
+        }
+    )
     hosts, procs = plan_point(exp)
     model = CostModel.load()
     e0 = estimate(exp, hosts, procs, model=fit_host_cost.with_key(model, 0.0))

@@ -3,6 +3,7 @@
 Every expected figure is computed from the packets as they were built (scapy's own byte
 strings and header fields), not from the code under test.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -27,16 +28,29 @@ from scapy.utils import PcapReader, RawPcapWriter  # noqa: E402
 
 import analysis  # noqa: E402
 from analysis import plots  # noqa: E402
+from analysis.flows import (  # noqa: E402
+    CaptureError,
+    PcapWarning,
+    check_against_counters,
+    flow_labels,
+    flow_rates,
+    flows,
+    ports_behind,
+    retransmissions,
+)
 from analysis.traces import parse_bwm_ng  # noqa: E402
-from analysis.flows import (CaptureError, PcapWarning, check_against_counters, flow_labels, retransmissions,  # noqa: E402
-                            flow_rates, flows, ports_behind)
 
 FLOWS_MOD = importlib.import_module("analysis.flows")  # the package (analysis.flows is the function)
 DECODE_MOD = importlib.import_module("analysis.flows.decode")  # where CHUNK_PACKETS is read
 
 HOSTS = {"h1": ("10.0.0.1", 0), "h2": ("10.0.0.2", 0), "h3": ("10.0.0.3", 1), "h4": ("10.0.0.4", 1)}
-PROCS = [("worker0", "worker", 0, "h1"), ("worker1", "worker", 1, "h2"), ("worker2", "worker", 2, "h3"),
-         ("server0", "server", 3, "h4"), ("server1", "server", 4, "h1")]
+PROCS = [
+    ("worker0", "worker", 0, "h1"),
+    ("worker1", "worker", 1, "h2"),
+    ("worker2", "worker", 2, "h3"),
+    ("server0", "server", 3, "h4"),
+    ("server1", "server", 4, "h1"),
+]
 IP_OF = {h: ip for h, (ip, _) in HOSTS.items()}
 UPLINK = "tor1-eth3"  # tor1's end of its uplink: h1, h2 in front, h3, h4 behind
 T0 = 1_000.0  # earliest timestamp of the run's traces (its t0)
@@ -50,19 +64,43 @@ def eth() -> Ether:
 
 def topology() -> dict:
     links = []
-    for i, (h, (ip, rack)) in enumerate(HOSTS.items()):
+    for i, (h, (_ip, rack)) in enumerate(HOSTS.items()):
         tor = f"tor{rack + 1}"
-        links.append({"class": "host", "node1": h, "intf1": f"{h}-eth0", "node2": tor,
-                      "intf2": f"{tor}-eth{1 + i % 2}", "rack": rack, "bw_mbps": 100.0})
+        links.append(
+            {
+                "class": "host",
+                "node1": h,
+                "intf1": f"{h}-eth0",
+                "node2": tor,
+                "intf2": f"{tor}-eth{1 + i % 2}",
+                "rack": rack,
+                "bw_mbps": 100.0,
+            }
+        )
     for rack in (0, 1):
-        links.append({"class": "uplink", "node1": f"tor{rack + 1}", "intf1": f"tor{rack + 1}-eth3",
-                      "node2": "core1", "intf2": f"core1-eth{rack + 1}", "rack": rack, "bw_mbps": 200.0})
-    return {"kind": "rack_core",
-            "hosts": [{"name": h, "rack": r, "ip": ip, "intfs": [{"name": f"{h}-eth0", "ip": ip}]}
-                      for h, (ip, r) in HOSTS.items()],
-            "switches": [{"name": "tor1", "role": "tor", "rack": 0}, {"name": "tor2", "role": "tor", "rack": 1},
-                         {"name": "core1", "role": "core", "rack": None}],
-            "links": links}
+        links.append(
+            {
+                "class": "uplink",
+                "node1": f"tor{rack + 1}",
+                "intf1": f"tor{rack + 1}-eth3",
+                "node2": "core1",
+                "intf2": f"core1-eth{rack + 1}",
+                "rack": rack,
+                "bw_mbps": 200.0,
+            }
+        )
+    return {
+        "kind": "rack_core",
+        "hosts": [
+            {"name": h, "rack": r, "ip": ip, "intfs": [{"name": f"{h}-eth0", "ip": ip}]} for h, (ip, r) in HOSTS.items()
+        ],
+        "switches": [
+            {"name": "tor1", "role": "tor", "rack": 0},
+            {"name": "tor2", "role": "tor", "rack": 1},
+            {"name": "core1", "role": "core", "rack": None},
+        ],
+        "links": links,
+    }
 
 
 class Capture:
@@ -80,8 +118,9 @@ class Capture:
         for t, p in sorted(self.items, key=lambda x: x[0]):
             raw = bytes(p)
             us = int(round(t * 1e6))
-            w.write_packet(raw[:snaplen], sec=us // 1_000_000, usec=us % 1_000_000, caplen=min(snaplen, len(raw)),
-                           wirelen=len(raw))
+            w.write_packet(
+                raw[:snaplen], sec=us // 1_000_000, usec=us % 1_000_000, caplen=min(snaplen, len(raw)), wirelen=len(raw)
+            )
         w.close()
 
 
@@ -134,18 +173,32 @@ class Conn:
         return sum(len(p[Raw].load) if Raw in p else 0 for p in self.pkts[frm])
 
 
-def make_run(root: Path, captures: dict[str, Capture], endpoints: list[tuple] = (), scale: float = 1.0,
-             started: float = T0, stopped: float | None = T0 + 100, snaplen: int = 128, bpf="tcp") -> Path:
+def make_run(
+    root: Path,
+    captures: dict[str, Capture],
+    endpoints: list[tuple] = (),
+    scale: float = 1.0,
+    started: float = T0,
+    stopped: float | None = T0 + 100,
+    snaplen: int = 128,
+    bpf="tcp",
+) -> Path:
     """A run directory holding the captures (port -> Capture), endpoints.csv rows ``(time, proc,
     local_ip, local_port, remote_ip, remote_port, state)`` and an event at T0 (the run's t0)."""
     d = root / "run"
     for sub in ("events", "traces/pcap", "logs"):
         (d / sub).mkdir(parents=True, exist_ok=True)
-    (d / "spec.yaml").write_text(yaml.safe_dump({"name": "flows", "scale": scale,
-                                                 "workload": {"scheme": "ps"}}))
+    (d / "spec.yaml").write_text(yaml.safe_dump({"name": "flows", "scale": scale, "workload": {"scheme": "ps"}}))
     (d / "topology.json").write_text(json.dumps(topology()))
-    (d / "processes.json").write_text(json.dumps({"processes": [
-        {"name": n, "role": r, "rank": k, "index": k, "host": h, "ip": IP_OF[h]} for n, r, k, h in PROCS]}))
+    (d / "processes.json").write_text(
+        json.dumps(
+            {
+                "processes": [
+                    {"name": n, "role": r, "rank": k, "index": k, "host": h, "ip": IP_OF[h]} for n, r, k, h in PROCS
+                ]
+            }
+        )
+    )
     event = {"proc": "worker0", "role": "worker", "rank": 0, "thread": "main", "kind": "init", "ts": T0, "dur": 0.0}
     (d / "events" / "worker0.jsonl").write_text(json.dumps(event) + "\n")
     info = {n: (r, k, h) for n, r, k, h in PROCS}
@@ -157,8 +210,18 @@ def make_run(root: Path, captures: dict[str, Capture], endpoints: list[tuple] = 
     index = []
     for port, cap in captures.items():
         cap.write(d / "traces" / "pcap" / f"{port}.pcap", snaplen=snaplen)
-        index.append({"port": port, "file": f"{port}.pcap", "snaplen_bytes": snaplen, "filter": bpf,
-                      "started": started, "stopped": stopped, "packets_captured": None, "packets_dropped": None})
+        index.append(
+            {
+                "port": port,
+                "file": f"{port}.pcap",
+                "snaplen_bytes": snaplen,
+                "filter": bpf,
+                "started": started,
+                "stopped": stopped,
+                "packets_captured": None,
+                "packets_dropped": None,
+            }
+        )
     (d / "traces" / "pcap" / "ports.json").write_text(json.dumps(index))
     return d
 
@@ -180,6 +243,7 @@ def chunking(request, monkeypatch):
 
 
 # --------------------------------------------------------------------------- bytes and ends
+
 
 def test_bytes_packets_ends_and_attribution(tmp_path, chunking):
     cap = Capture()
@@ -210,12 +274,14 @@ def test_bytes_packets_ends_and_attribution(tmp_path, chunking):
     c4.handshake(T0 + 4.0)
     c4.data(T0 + 4.01, "a", 1448)
     c4.ack(T0 + 4.02, "b")
-    eps = [(T0 + 1.2, "worker0", "10.0.0.1", 41000, "10.0.0.4", 5000, "ESTABLISHED"),
-           (T0 + 0.5, "server0", "0.0.0.0", 5000, "0.0.0.0", 0, "LISTEN"),
-           (T0 + 0.5, "worker1", "0.0.0.0", 50000, "0.0.0.0", 0, "LISTEN"),
-           (T0 + 2.1, "server0", "10.0.0.4", 45000, "10.0.0.2", 50000, "ESTABLISHED"),
-           (T0 + 4.1, "server1", "10.0.0.1", 60000, "10.0.0.3", 29500, "ESTABLISHED"),
-           (T0 + 4.1, "worker2", "::ffff:10.0.0.3", 29500, "::ffff:10.0.0.1", 60000, "ESTABLISHED")]
+    eps = [
+        (T0 + 1.2, "worker0", "10.0.0.1", 41000, "10.0.0.4", 5000, "ESTABLISHED"),
+        (T0 + 0.5, "server0", "0.0.0.0", 5000, "0.0.0.0", 0, "LISTEN"),
+        (T0 + 0.5, "worker1", "0.0.0.0", 50000, "0.0.0.0", 0, "LISTEN"),
+        (T0 + 2.1, "server0", "10.0.0.4", 45000, "10.0.0.2", 50000, "ESTABLISHED"),
+        (T0 + 4.1, "server1", "10.0.0.1", 60000, "10.0.0.3", 29500, "ESTABLISHED"),
+        (T0 + 4.1, "worker2", "::ffff:10.0.0.3", 29500, "::ffff:10.0.0.1", 60000, "ESTABLISHED"),
+    ]
     d = make_run(tmp_path, {UPLINK: cap}, eps)
     df = analysis.flows(d)
     assert len(df) == 4 and set(df["port"]) == {UPLINK}
@@ -260,8 +326,10 @@ def test_reused_four_tuple_is_two_connections_each_with_its_owner(tmp_path):
     c2 = Conn(cap, a, b, isn_a=900_000)  # a later process got the same port
     c2.handshake(T0 + 50.0)
     c2.data(T0 + 50.01, "a", 700)
-    eps = [(T0 + 1.1, "worker0", "10.0.0.1", 41000, "10.0.0.4", 5000, "ESTABLISHED"),
-           (T0 + 50.1, "server1", "10.0.0.1", 41000, "10.0.0.4", 5000, "ESTABLISHED")]
+    eps = [
+        (T0 + 1.1, "worker0", "10.0.0.1", 41000, "10.0.0.4", 5000, "ESTABLISHED"),
+        (T0 + 50.1, "server1", "10.0.0.1", 41000, "10.0.0.4", 5000, "ESTABLISHED"),
+    ]
     df = flows(make_run(tmp_path, {UPLINK: cap}, eps))
     assert len(df) == 2
     first, second = df.iloc[0], df.iloc[1]
@@ -278,7 +346,7 @@ def test_ipv6_vlan_and_ip_options_against_scapy_dissection(tmp_path, chunking):
     ends = [(("10.0.0.1", 40000 + i), ("10.0.0.3", 6000 + i)) for i in range(4)]
     v6 = [(("fd00::1", 41000 + i), ("fd00::3", 7000 + i)) for i in range(2)]
     t = T0 + 1.0
-    for k in range(400):
+    for _k in range(400):
         t += 0.001
         if rng.random() < 0.3:
             (si, sp), (di, dp) = rng.choice(v6)
@@ -291,8 +359,14 @@ def test_ipv6_vlan_and_ip_options_against_scapy_dissection(tmp_path, chunking):
                 (si, sp), (di, dp) = (di, dp), (si, sp)
             l3 = IP(src=si, dst=di, options=[IPOption_NOP()] * 4 * rng.randrange(0, 10) if rng.random() < 0.3 else [])
         l2 = eth() / Dot1Q(vlan=7) if rng.random() < 0.2 else eth()
-        seg = TCP(sport=sp, dport=dp, flags="PA", seq=rng.getrandbits(32), ack=rng.getrandbits(32),
-                  options=[("NOP", None)] * rng.randrange(0, 8))
+        seg = TCP(
+            sport=sp,
+            dport=dp,
+            flags="PA",
+            seq=rng.getrandbits(32),
+            ack=rng.getrandbits(32),
+            options=[("NOP", None)] * rng.randrange(0, 8),
+        )
         cap.add(t, Ether(bytes(l2 / l3 / seg / Raw(bytes(rng.randrange(0, 3000))))))
     cap.add(t + 0.001, Ether(bytes(eth() / IP(src="10.0.0.1", dst="10.0.0.3") / UDP(sport=1, dport=2) / Raw(b"u"))))
     d = make_run(tmp_path, {UPLINK: cap}, bpf=None)
@@ -319,6 +393,7 @@ def test_ipv6_vlan_and_ip_options_against_scapy_dissection(tmp_path, chunking):
 
 # ------------------------------------------------------------------------- retransmissions
 
+
 def test_retransmissions_counted_exactly(tmp_path, chunking):
     cap = Capture()
     c = Conn(cap, ("10.0.0.1", 41000), ("10.0.0.4", 5000))
@@ -332,16 +407,16 @@ def test_retransmissions_counted_exactly(tmp_path, chunking):
     lost = segs[8]
     cap.items = [(tt, p) for tt, p in cap.items if not (Raw in p and p[TCP].seq == lost[0] and p[IP].src == "10.0.0.1")]
     c.pkts["a"] = [p for p in c.pkts["a"] if not (Raw in p and p[TCP].seq == lost[0])]
-    c.data(t + 0.01, "a", 1000, seq=segs[3][0])                       # S3 again: 1
-    c.data(t + 0.02, "a", 1500, seq=segs[5][0] + 500)                 # second half of S5 and S6, coalesced: 1
-    c.data(t + 0.03, "a", 1000, seq=lost[0])                          # fills the gap: 0
-    c.send(t + 0.04, "a", "A", c.nxt["a"] - 1, c.nxt["b"])            # keep-alive probe, no data: 0
+    c.data(t + 0.01, "a", 1000, seq=segs[3][0])  # S3 again: 1
+    c.data(t + 0.02, "a", 1500, seq=segs[5][0] + 500)  # second half of S5 and S6, coalesced: 1
+    c.data(t + 0.03, "a", 1000, seq=lost[0])  # fills the gap: 0
+    c.send(t + 0.04, "a", "A", c.nxt["a"] - 1, c.nxt["b"])  # keep-alive probe, no data: 0
     c.ack(t + 0.05, "b")
-    c.ack(t + 0.051, "b")                                             # duplicate ACK: 0
+    c.ack(t + 0.051, "b")  # duplicate ACK: 0
     s, _ = c.data(t + 0.06, "b", 400)
     c.ack(t + 0.07, "a")
-    c.data(t + 0.08, "b", 400, seq=s)                                 # the other way: 1
-    c.data(t + 0.09, "b", 100)                                        # new data after it: 0
+    c.data(t + 0.08, "b", 400, seq=s)  # the other way: 1
+    c.data(t + 0.09, "b", 100)  # new data after it: 0
     run = make_run(tmp_path, {UPLINK: cap})
     r = one(flows(run), src_port=41000)
     assert (r.retransmits_fwd, r.retransmits_rev) == (2, 1)
@@ -364,7 +439,7 @@ def test_retransmissions_across_sequence_wraparound(tmp_path, chunking):
         c.ack(t + 0.003, "b")
         t += 0.01
     assert segs[2][0] < 2**32 < segs[2][1] and all(s % 2**32 < 2**31 for s, _ in segs[3:])
-    c.data(t, "a", 1000, seq=segs[2][0])   # straddles the wrap: 1
+    c.data(t, "a", 1000, seq=segs[2][0])  # straddles the wrap: 1
     c.data(t + 0.01, "a", 1000, seq=segs[5][0])  # after it: 1
     c.ack(t + 0.02, "b")
     for _ in range(3):  # ACKs in the other space cross 2**32 too
@@ -379,6 +454,7 @@ def test_retransmissions_across_sequence_wraparound(tmp_path, chunking):
 
 
 # --------------------------------------------------------------------------------------- RTT
+
 
 def test_rtt_is_the_constructed_delay_and_follows_karn(tmp_path, chunking):
     cap = Capture()
@@ -415,6 +491,7 @@ def test_no_rtt_without_acks(tmp_path):
 
 
 # ---------------------------------------------------------------------------- bad input, time
+
 
 @pytest.mark.parametrize("cut", ["mid-data", "mid-header"])
 def test_truncated_pcap_gives_the_whole_packets_before_the_cut_and_a_warning(tmp_path, cut):
@@ -484,7 +561,7 @@ def test_time_dilation_divides_times_and_durations_by_scale(tmp_path, chunking):
 
 def test_flow_rates_per_direction_of_the_port(tmp_path):
     cap = Capture()
-    up = Conn(cap, ("10.0.0.1", 41000), ("10.0.0.4", 5000))   # h1 -> h4: out of tor1's uplink port
+    up = Conn(cap, ("10.0.0.1", 41000), ("10.0.0.4", 5000))  # h1 -> h4: out of tor1's uplink port
     down = Conn(cap, ("10.0.0.3", 42000), ("10.0.0.2", 6000))  # h3 -> h2: into it
     for k in range(10):
         up.data(T0 + 1.0 + 0.01 * k, "a", 960)
@@ -516,12 +593,15 @@ def test_ports_behind_splits_the_hosts_at_a_port():
 
 # ----------------------------------------------------------------------------- bwm-ng check
 
+
 def bwm_line(t, iface, bytes_in, bytes_out, pk_in, pk_out):
     """One bwm-ng 0.6.3 CSV line (-o csv -T rate), as tests/data/bwm-ng-veth.csv."""
-    return (f"{t:.6f};{iface};{bytes_out * 100:.2f};{bytes_in * 100:.2f};{(bytes_in + bytes_out) * 100:.2f};"
-            f"{bytes_in};{bytes_out};{pk_out * 100:.2f};{pk_in * 100:.2f};{(pk_in + pk_out) * 100:.2f};{pk_in};"
-            f"{pk_out};0.00;0.00;0;0;{bytes_out * 800:.2f};{bytes_in * 800:.2f};{(bytes_in + bytes_out) * 800:.2f};"
-            f"{bytes_in * 8};{bytes_out * 8}\n")
+    return (
+        f"{t:.6f};{iface};{bytes_out * 100:.2f};{bytes_in * 100:.2f};{(bytes_in + bytes_out) * 100:.2f};"
+        f"{bytes_in};{bytes_out};{pk_out * 100:.2f};{pk_in * 100:.2f};{(pk_in + pk_out) * 100:.2f};{pk_in};"
+        f"{pk_out};0.00;0.00;0;0;{bytes_out * 800:.2f};{bytes_in * 800:.2f};{(bytes_in + bytes_out) * 800:.2f};"
+        f"{bytes_in * 8};{bytes_out * 8}\n"
+    )
 
 
 def test_check_against_counters_compares_frames_over_the_same_interval(tmp_path):
@@ -539,8 +619,12 @@ def test_check_against_counters_compares_frames_over_the_same_interval(tmp_path)
         q = up.send(t + 0.002, "b", "A", up.nxt["b"], up.nxt["a"])
         frames[k][0] += len(q)
         frames[k][2] += 1
-    arp = Ether(bytes(Ether(src="00:00:00:00:00:03", dst="ff:ff:ff:ff:ff:ff")
-                      / ARP(hwsrc="00:00:00:00:00:03", psrc="10.0.0.3", hwdst="00:00:00:00:00:00", pdst="10.0.0.1")))
+    arp = Ether(
+        bytes(
+            Ether(src="00:00:00:00:00:03", dst="ff:ff:ff:ff:ff:ff")
+            / ARP(hwsrc="00:00:00:00:00:03", psrc="10.0.0.3", hwdst="00:00:00:00:00:00", pdst="10.0.0.1")
+        )
+    )
     cap.add(start + 0.0055, arp)
     frames[1][0] += len(arp)
     frames[1][2] += 1

@@ -1,11 +1,11 @@
 """Packets and flows through the harness: tcpdump on switch ports of a real run, read with
 scapy, every flow attributed to the processes at its ends."""
+
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 import analysis
@@ -20,14 +20,28 @@ pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.skipif(needs_root,
 
 def ps_across_the_core(tmp_path, **extra):
     """PS with one dedicated server in rack 0 (ps1): rack 1's workers push and pull across the core."""
-    return from_dict({
-        "name": "flows",
-        "topology": {"kind": "rack_core", "racks": 2, "hosts_per_rack": 2, "host_bw_mbps": 50, "oversubscription": 2},
-        "workload": {"scheme": "ps", "iterations": 8, "warmup_iterations": 2, "batch_size": 16,
-                     "servers": {"count": 1, "placement": "dedicated", "scope": "global"}},
-        "capture": {"pcap": {"ports": ["uplinks", "host:ps1"]}},
-        "run": {"runs_dir": str(tmp_path), "timeout_s": 240}, **extra,
-    })
+    return from_dict(
+        {
+            "name": "flows",
+            "topology": {
+                "kind": "rack_core",
+                "racks": 2,
+                "hosts_per_rack": 2,
+                "host_bw_mbps": 50,
+                "oversubscription": 2,
+            },
+            "workload": {
+                "scheme": "ps",
+                "iterations": 8,
+                "warmup_iterations": 2,
+                "batch_size": 16,
+                "servers": {"count": 1, "placement": "dedicated", "scope": "global"},
+            },
+            "capture": {"pcap": {"ports": ["uplinks", "host:ps1"]}},
+            "run": {"runs_dir": str(tmp_path), "timeout_s": 240},
+            **extra,
+        }
+    )
 
 
 def test_the_uplink_carries_exactly_the_worker_server_flows_of_the_other_rack(tmp_path):
@@ -63,8 +77,12 @@ def test_the_uplink_carries_exactly_the_worker_server_flows_of_the_other_rack(tm
     assert len(chk) == 3
     assert ((chk["ratio"] - 1).abs() <= 0.02).all(), chk.to_string()
     # the CLI: top flows, the core, retransmissions; and the stacked plot
-    out = subprocess.run([sys.executable, "-m", "testbed.cli", "flows", str(res.run_dir), "--plot"],
-                         capture_output=True, text=True, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-m", "testbed.cli", "flows", str(res.run_dir), "--plot"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr
     assert "crossed the core" in out.stdout and "server0" in out.stdout
     assert list((res.run_dir / "plots").glob("*flow*.png"))
@@ -75,14 +93,22 @@ def test_an_incast_drops_in_the_queue_and_retransmits_in_the_same_intervals(tmp_
     """Six workers push to one server behind a switch port with an 8-packet queue: the qdisc
     trace of that port counts drops, and the flows on it show TCP retransmitting right after."""
     assert leftovers() == []
-    exp = from_dict({
-        "name": "incast",
-        "topology": {"kind": "rack", "hosts_per_rack": 6, "host_bw_mbps": 50, "max_queue_packets": 8},
-        "workload": {"scheme": "ps", "workers": 6, "iterations": 7, "warmup_iterations": 2, "batch_size": 16,
-                     "servers": {"count": 1, "placement": "dedicated", "scope": "global"}},
-        "capture": {"pcap": {"ports": ["host:ps1"]}, "qdisc_interval_ms": 20},
-        "run": {"runs_dir": str(tmp_path), "timeout_s": 240},
-    })
+    exp = from_dict(
+        {
+            "name": "incast",
+            "topology": {"kind": "rack", "hosts_per_rack": 6, "host_bw_mbps": 50, "max_queue_packets": 8},
+            "workload": {
+                "scheme": "ps",
+                "workers": 6,
+                "iterations": 7,
+                "warmup_iterations": 2,
+                "batch_size": 16,
+                "servers": {"count": 1, "placement": "dedicated", "scope": "global"},
+            },
+            "capture": {"pcap": {"ports": ["host:ps1"]}, "qdisc_interval_ms": 20},
+            "run": {"runs_dir": str(tmp_path), "timeout_s": 240},
+        }
+    )
     (res,) = run_experiment(exp, progress=False)
     assert res.ok, res.summary.error
     run = analysis.load(res.run_dir)
@@ -92,6 +118,7 @@ def test_an_incast_drops_in_the_queue_and_retransmits_in_the_same_intervals(tmp_
     drop_times = q["time"][drops > 0].to_numpy()
     assert len(drop_times) > 0, "the 8-packet queue never dropped"
     from analysis.flows import retransmissions
+
     retx = retransmissions(res.run_dir, port)
     assert len(retx) > 0
     df = analysis.flows(res.run_dir, port)

@@ -25,6 +25,7 @@ each records every input's outcome (``ok``, ``SpecError``, ... or the unexpected
 type), and the counts are written to that file (a census of how the inputs end, to compare
 two versions of the validation).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -46,22 +47,21 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from leftovers import leftovers
 from pydantic import BaseModel
 
+from common.errors import SpecError
+from common.validation import load_yaml
 from testbed import cli
 from testbed.background import IPERF3_MAX_TIME_S, plan_flows
 from testbed.runner import plan_experiment, time_errors
 from testbed.spec import MAX_TIMEOUT_S, Experiment, from_dict, load_spec
-from common.errors import SpecError
-from common.validation import load_yaml
 from topologies import build_topo
 from topologies.spec import MAX_BRIDGE_PORTS, MAX_DELAY_MS, MAX_RATE_MBPS, MIN_RATE_MBPS
 from traffic import rundir, schemes
-from traffic.spec import MAX_ITERATIONS, MAX_SEED
 from traffic.data import available_datasets
 from traffic.hostmodel import available_host_profiles
-
-from leftovers import leftovers
+from traffic.spec import MAX_ITERATIONS, MAX_SEED
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_EXAMPLES = 300
@@ -76,10 +76,20 @@ def _long_selected(config) -> bool:
 
 
 def _profile(examples: int):
-    return settings(max_examples=examples, derandomize=True, database=None, deadline=None, print_blob=True,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                           HealthCheck.filter_too_much, HealthCheck.large_base_example,
-                                           HealthCheck.function_scoped_fixture])
+    return settings(
+        max_examples=examples,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        print_blob=True,
+        suppress_health_check=[
+            HealthCheck.too_slow,
+            HealthCheck.data_too_large,
+            HealthCheck.filter_too_much,
+            HealthCheck.large_base_example,
+            HealthCheck.function_scoped_fixture,
+        ],
+    )
 
 
 # ------------------------------------------------------------------ outcomes and the census
@@ -125,6 +135,7 @@ def nothing_built(tmp_path_factory, monkeypatch):
 
     def snapshot():
         return _netns(), sorted(leftovers()), sorted(str(p) for p in cwd.rglob("*"))
+
     before = snapshot()
     yield
     assert snapshot() == before
@@ -132,35 +143,90 @@ def nothing_built(tmp_path_factory, monkeypatch):
 
 # ------------------------------------------------------------------ strategies from the spec models
 
-NAMES = ["quick", "a.b-c_1", "X9", "_x", "../../etc/evil", "/abs", "a/b", "..", ".", ".hidden", "x\x00y",
-         "line\nbreak", "-opt", "", " ", "a b", "é", "x" * 101, "x" * 300, "runs/../..", "~root", "a\\b"]
+NAMES = [
+    "quick",
+    "a.b-c_1",
+    "X9",
+    "_x",
+    "../../etc/evil",
+    "/abs",
+    "a/b",
+    "..",
+    ".",
+    ".hidden",
+    "x\x00y",
+    "line\nbreak",
+    "-opt",
+    "",
+    " ",
+    "a b",
+    "é",
+    "x" * 101,
+    "x" * 300,
+    "runs/../..",
+    "~root",
+    "a\\b",
+]
 SCHEME_NAMES = schemes.available() + ["magic", "a:b", ":x", "..:x", "x:", "os:path", "PS", "ps "]
 MODELS = ["digits_mlp", "digits_cnn", "mnist_mlp", "vgg19", "resnet50", "gpt9", ""]
 PROFILES = ["zero", "gtx1080ti", "v100", "nope", "x" * 300, "/nonexistent/p.json", "a/b", "/etc/passwd", ""]
 HOST_PROFILES = available_host_profiles() + ["nope", "x" * 300, "/nonexistent.yaml", "/etc/passwd", ""]
 HOSTS = ["h1", "h2", "h3", "bg1", "bg2", "ps1", "core1", "nohost", ""]
 #: integer fields that size the network: kept small (huge ones are the capacity check's)
-SIZE_FIELDS = {"topology.racks", "topology.hosts_per_rack", "topology.interfaces_per_host",
-               "topology.background_hosts_per_rack", "workload.workers", "workload.servers.count",
-               "workload.servers.interfaces"}
-STRINGS = {"name": NAMES, "run.id": NAMES, "workload.scheme": SCHEME_NAMES, "workload.model": MODELS,
-           "workload.dataset": available_datasets() + ["imagenet", ""], "workload.compute.profile": PROFILES,
-           "host.profile": HOST_PROFILES, "background.src": HOSTS, "background.dst": HOSTS, "background.name": NAMES,
-           "run.runs_dir": ["runs", "/nonexistent/runs", "", "x" * 300]}
+SIZE_FIELDS = {
+    "topology.racks",
+    "topology.hosts_per_rack",
+    "topology.interfaces_per_host",
+    "topology.background_hosts_per_rack",
+    "workload.workers",
+    "workload.servers.count",
+    "workload.servers.interfaces",
+}
+STRINGS = {
+    "name": NAMES,
+    "run.id": NAMES,
+    "workload.scheme": SCHEME_NAMES,
+    "workload.model": MODELS,
+    "workload.dataset": available_datasets() + ["imagenet", ""],
+    "workload.compute.profile": PROFILES,
+    "host.profile": HOST_PROFILES,
+    "background.src": HOSTS,
+    "background.dst": HOSTS,
+    "background.name": NAMES,
+    "run.runs_dir": ["runs", "/nonexistent/runs", "", "x" * 300],
+}
 
-_scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=12),
-                     st.sampled_from([10 ** 30, -1, 0, 1e12, "1e12", "5", "true", "yes", "~", "rack"]))
-JUNK = st.recursive(_scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                      st.dictionaries(st.one_of(st.text(max_size=8), st.integers()),
-                                                                      inner, max_size=3)),
-                    max_leaves=8)
+_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(),
+    st.text(max_size=12),
+    st.sampled_from([10**30, -1, 0, 1e12, "1e12", "5", "true", "yes", "~", "rack"]),
+)
+JUNK = st.recursive(
+    _scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.one_of(st.text(max_size=8), st.integers()), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
 # mostly values of the right kind and range (so that many specs are valid and get planned),
 # sometimes edge values and out-of-range ones
-INTS = st.one_of(st.integers(1, 40), st.integers(1, 40), st.integers(-3, 40),
-                 st.sampled_from([0, 1, 100, 576, 1500, 9000, 29500, 65536, 2 ** 63, -2 ** 63]))
+INTS = st.one_of(
+    st.integers(1, 40),
+    st.integers(1, 40),
+    st.integers(-3, 40),
+    st.sampled_from([0, 1, 100, 576, 1500, 9000, 29500, 65536, 2**63, -(2**63)]),
+)
 SMALL_INTS = st.one_of(st.integers(1, 4), st.integers(1, 4), st.integers(-2, 5))
-FLOATS = st.one_of(st.floats(0.01, 1e4), st.floats(0.01, 1e4), st.floats(-5, 1e4, allow_nan=False), st.floats(),
-                   st.sampled_from([0.0, -0.0, 0.5, 1.0, 2.0, 1e12, 1e300, -1e300, math.inf, -math.inf, math.nan]))
+FLOATS = st.one_of(
+    st.floats(0.01, 1e4),
+    st.floats(0.01, 1e4),
+    st.floats(-5, 1e4, allow_nan=False),
+    st.floats(),
+    st.sampled_from([0.0, -0.0, 0.5, 1.0, 2.0, 1e12, 1e300, -1e300, math.inf, -math.inf, math.nan]),
+)
 
 
 def _option_fields() -> dict[str, object]:
@@ -178,8 +244,11 @@ OPTION_FIELDS = _option_fields()
 def _value(ann, path: str) -> st.SearchStrategy:
     """Values for the field at dotted ``path`` of annotation ``ann``: mostly of its type
     (valid or not), sometimes junk of any type."""
-    return st.one_of(_typed(ann, path), _typed(ann, path), _typed(ann, path), JUNK) \
-        if not path.startswith("workload.options.") else st.one_of(_typed(ann, path), _scalars)
+    return (
+        st.one_of(_typed(ann, path), _typed(ann, path), _typed(ann, path), JUNK)
+        if not path.startswith("workload.options.")
+        else st.one_of(_typed(ann, path), _scalars)
+    )
 
 
 def _typed(ann, path: str) -> st.SearchStrategy:
@@ -202,8 +271,11 @@ def _typed(ann, path: str) -> st.SearchStrategy:
     if ann is str and key not in STRINGS:
         return st.text(max_size=12)
     if ann is str:
-        return st.one_of(st.sampled_from(STRINGS[key]), st.sampled_from(STRINGS[key]),
-                         st.text(max_size=10).filter(lambda s: ":" not in s))
+        return st.one_of(
+            st.sampled_from(STRINGS[key]),
+            st.sampled_from(STRINGS[key]),
+            st.text(max_size=10).filter(lambda s: ":" not in s),
+        )
     if path == "sweep":
         return SWEEPS
     if path == "variants":
@@ -211,8 +283,9 @@ def _typed(ann, path: str) -> st.SearchStrategy:
     if path == "workload.options":
         option_types = dict.fromkeys(OPTION_FIELDS.values())  # in a fixed order (a set's is not)
         values = st.deferred(lambda: st.one_of(*[_typed(a, "workload.options.x") for a in option_types], _scalars))
-        return st.dictionaries(st.one_of(st.sampled_from(sorted(OPTION_FIELDS)), st.text(max_size=6)), values,
-                               max_size=3)
+        return st.dictionaries(
+            st.one_of(st.sampled_from(sorted(OPTION_FIELDS)), st.text(max_size=6)), values, max_size=3
+        )
     if origin is list and args and isinstance(args[0], type) and issubclass(args[0], BaseModel):
         return st.lists(_section(args[0], f"{path}[0]"), max_size=2)
     return JUNK
@@ -221,13 +294,14 @@ def _typed(ann, path: str) -> st.SearchStrategy:
 def _section(model: type[BaseModel], path: str) -> st.SearchStrategy:
     """A mapping of some of ``model``'s fields (each a value for it), sometimes with an
     unknown key, sometimes replaced by junk."""
-    fields = {f: st.deferred(lambda f=f, a=info.annotation: _value(a, f"{path}.{f}" if path else f))
-              for f, info in model.model_fields.items()}
+    fields = {
+        f: st.deferred(lambda f=f, a=info.annotation: _value(a, f"{path}.{f}" if path else f))
+        for f, info in model.model_fields.items()
+    }
     known = st.fixed_dictionaries({}, optional=fields)
     unknown = st.dictionaries(st.sampled_from(["bogus", "Racks", "racks ", "1", "kind.x"]), JUNK, max_size=1)
     with_unknown = st.builds(lambda a, b: {**a, **b}, known, unknown)
-    return st.one_of(known, known, known, with_unknown) if path == "" else \
-        st.one_of(*[known] * 8, with_unknown, JUNK)
+    return st.one_of(known, known, known, with_unknown) if path == "" else st.one_of(*[known] * 8, with_unknown, JUNK)
 
 
 def _leaf_paths(model: type[BaseModel], prefix: str = "") -> dict[str, object]:
@@ -246,29 +320,57 @@ def _leaf_paths(model: type[BaseModel], prefix: str = "") -> dict[str, object]:
 LEAVES = {p: a for p, a in _leaf_paths(Experiment).items() if p not in ("sweep", "variants")}
 LEAVES.update({f"workload.options.{f}": a for f, a in OPTION_FIELDS.items()})
 REAL_PATHS = st.sampled_from(sorted(LEAVES))
-PATHS = st.one_of(REAL_PATHS, REAL_PATHS, REAL_PATHS, st.sampled_from(
-    ["nope", "topology..racks", "topology.racks.x", "sweep", "variants", "sweep.x", "name.x", "workload.options",
-     "topology", "", "."]), st.text(max_size=12))
+PATHS = st.one_of(
+    REAL_PATHS,
+    REAL_PATHS,
+    REAL_PATHS,
+    st.sampled_from(
+        [
+            "nope",
+            "topology..racks",
+            "topology.racks.x",
+            "sweep",
+            "variants",
+            "sweep.x",
+            "name.x",
+            "workload.options",
+            "topology",
+            "",
+            ".",
+        ]
+    ),
+    st.text(max_size=12),
+)
 
 
 def _path_value(path: str) -> st.SearchStrategy:
     return _value(LEAVES[path], path) if path in LEAVES else JUNK
 
 
-AXIS = PATHS.flatmap(lambda p: st.tuples(st.just(p), st.one_of(
-    st.lists(_path_value(p), min_size=1, max_size=3), st.lists(_path_value(p), max_size=0), JUNK)))
+AXIS = PATHS.flatmap(
+    lambda p: st.tuples(
+        st.just(p),
+        st.one_of(st.lists(_path_value(p), min_size=1, max_size=3), st.lists(_path_value(p), max_size=0), JUNK),
+    )
+)
 SWEEPS = st.one_of(st.lists(AXIS, max_size=3).map(dict), JUNK)
 VARIANT = st.one_of(
-    st.builds(lambda items, name: {**dict(items), **name},
-              st.lists(PATHS.flatmap(lambda p: st.tuples(st.just(p), _path_value(p))), max_size=3),
-              st.one_of(st.just({}), st.builds(lambda n: {"name": n}, st.one_of(st.sampled_from(NAMES), JUNK)))),
-    JUNK)
+    st.builds(
+        lambda items, name: {**dict(items), **name},
+        st.lists(PATHS.flatmap(lambda p: st.tuples(st.just(p), _path_value(p))), max_size=3),
+        st.one_of(st.just({}), st.builds(lambda n: {"name": n}, st.one_of(st.sampled_from(NAMES), JUNK))),
+    ),
+    JUNK,
+)
 VARIANTS = st.one_of(st.lists(VARIANT, max_size=3), JUNK)
 #: valid specs to mutate: every shipped experiment, and a small one of every scheme
 BASES = [load_yaml(p.read_text()) for p in sorted((ROOT / "experiments").glob("*.yaml"))] + [
-    {"topology": {"kind": "rack", "hosts_per_rack": 4}, "workload": {"scheme": s, "iterations": 3,
-                                                                      "model": "digits_cnn"}}
-    for s in schemes.available()]
+    {
+        "topology": {"kind": "rack", "hosts_per_rack": 4},
+        "workload": {"scheme": s, "iterations": 3, "model": "digits_cnn"},
+    }
+    for s in schemes.available()
+]
 
 
 def _mutated(base: dict, changes: list, drop: str | None) -> dict:
@@ -287,15 +389,18 @@ def _mutated(base: dict, changes: list, drop: str | None) -> dict:
     return out
 
 
-MUTATED = st.builds(_mutated, st.sampled_from(BASES),
-                    st.lists(PATHS.flatmap(lambda p: st.tuples(st.just(p), _path_value(p))), max_size=2),
-                    st.one_of(st.none(), st.sampled_from(["sweep", "variants", "topology", "workload", "name"])))
+MUTATED = st.builds(
+    _mutated,
+    st.sampled_from(BASES),
+    st.lists(PATHS.flatmap(lambda p: st.tuples(st.just(p), _path_value(p))), max_size=2),
+    st.one_of(st.none(), st.sampled_from(["sweep", "variants", "topology", "workload", "name"])),
+)
 SPECS = st.one_of(MUTATED, MUTATED, _section(Experiment, ""), _section(Experiment, ""), JUNK)
 
 
 def _yaml_text(value) -> str:
     try:
-        return yaml.safe_dump(value, default_flow_style=True, width=10 ** 6).strip().removesuffix("...").strip()
+        return yaml.safe_dump(value, default_flow_style=True, width=10**6).strip().removesuffix("...").strip()
     except yaml.YAMLError:
         return str(value)
 
@@ -303,31 +408,72 @@ def _yaml_text(value) -> str:
 OVERRIDE = st.one_of(
     st.builds(lambda p, v: f"{p}={v}", PATHS, PATHS.flatmap(_path_value).map(_yaml_text)),
     st.builds(lambda p, t: f"{p}={t}", PATHS, st.text(max_size=12)),
-    st.sampled_from(["workload.iterations", "=5", "topology.host_bw_mbps=1e12", "topology=[1, 2",
-                     "topology.racks=1" + "0" * 5000, "workload.seed=2001-13-01", "name=!!python/object:os.system x",
-                     "topology.kind=rack", "sweep={topology.racks: [1, 2]}", "variants=[[1]]"]),
-    st.text(max_size=16))
+    st.sampled_from(
+        [
+            "workload.iterations",
+            "=5",
+            "topology.host_bw_mbps=1e12",
+            "topology=[1, 2",
+            "topology.racks=1" + "0" * 5000,
+            "workload.seed=2001-13-01",
+            "name=!!python/object:os.system x",
+            "topology.kind=rack",
+            "sweep={topology.racks: [1, 2]}",
+            "variants=[[1]]",
+        ]
+    ),
+    st.text(max_size=16),
+)
 OVERRIDES = st.lists(OVERRIDE, max_size=3)
 
 NASTY_YAML = [
-    "- a\n- b\n", "42\n", "just a string\n", "~\n", "", "---\na: 1\n---\nb: 2\n", "[" * 400 + "]" * 400,
-    "a: " + "[" * 60 + "]" * 60, "a: &a [*a]\n", "topology: &t {racks: *t}\n",
+    "- a\n- b\n",
+    "42\n",
+    "just a string\n",
+    "~\n",
+    "",
+    "---\na: 1\n---\nb: 2\n",
+    "[" * 400 + "]" * 400,
+    "a: " + "[" * 60 + "]" * 60,
+    "a: &a [*a]\n",
+    "topology: &t {racks: *t}\n",
     "x: &x [1,1,1,1,1,1,1,1,1]\ny: &y [*x,*x,*x,*x,*x,*x,*x,*x,*x]\nz: &z [*y,*y,*y,*y,*y,*y,*y,*y,*y]\n"
     "topology: {kind: *z}\n",
-    "topology: {racks: 1" + "0" * 5000 + "}\n", "workload: {seed: 2001-13-01}\n", "workload: {seed: !!int x}\n",
-    "name: !!python/object/apply:os.system [echo]\n", "? [a]\n: 1\n", "{1: 2, null: 3, true: 4}\n",
-    "topology: {host_bw_mbps: 1e12}\n", "topology: {kind: rack, hosts_per_rack: 4, delay_ms: 1}\n",
-    "name: ../../etc/evil\n", "run: {id: /abs}\n", "sweep: 5\n", "sweep: {workload.scheme: []}\n",
-    "variants: {a: 1}\n", "variants: [{1: 2}]\n", "topology: {kind: rack_core, racks: 200, hosts_per_rack: 2}\n",
-    "\t- tab\n", "a: b: c\n", "\xff\xfe", "key: 'unterminated\n", "!!binary aGVsbG8=\n", "!!set {a, b}\n",
-    "topology: {racks: 2, racks: 3}\n", "name: a\nname: b\n", "background:\n- {src: h1, src: h2}\n",
-    "base: &b {x: 1}\nm: {<<: *b, x: 2}\n", "!!set {a, a}\n", "a: {? [x]: 1, ? [x]: 2}\n",
+    "topology: {racks: 1" + "0" * 5000 + "}\n",
+    "workload: {seed: 2001-13-01}\n",
+    "workload: {seed: !!int x}\n",
+    "name: !!python/object/apply:os.system [echo]\n",
+    "? [a]\n: 1\n",
+    "{1: 2, null: 3, true: 4}\n",
+    "topology: {host_bw_mbps: 1e12}\n",
+    "topology: {kind: rack, hosts_per_rack: 4, delay_ms: 1}\n",
+    "name: ../../etc/evil\n",
+    "run: {id: /abs}\n",
+    "sweep: 5\n",
+    "sweep: {workload.scheme: []}\n",
+    "variants: {a: 1}\n",
+    "variants: [{1: 2}]\n",
+    "topology: {kind: rack_core, racks: 200, hosts_per_rack: 2}\n",
+    "\t- tab\n",
+    "a: b: c\n",
+    "\xff\xfe",
+    "key: 'unterminated\n",
+    "!!binary aGVsbG8=\n",
+    "!!set {a, b}\n",
+    "topology: {racks: 2, racks: 3}\n",
+    "name: a\nname: b\n",
+    "background:\n- {src: h1, src: h2}\n",
+    "base: &b {x: 1}\nm: {<<: *b, x: 2}\n",
+    "!!set {a, a}\n",
+    "a: {? [x]: 1, ? [x]: 2}\n",
 ]
-FILE_TEXTS = st.one_of(st.sampled_from(NASTY_YAML), SPECS.map(lambda d: yaml.safe_dump(d) if _dumpable(d) else ""),
-                       st.text(max_size=60))
+FILE_TEXTS = st.one_of(
+    st.sampled_from(NASTY_YAML), SPECS.map(lambda d: yaml.safe_dump(d) if _dumpable(d) else ""), st.text(max_size=60)
+)
 FILE_BYTES = st.one_of(FILE_TEXTS.map(lambda t: t.encode("utf-8", "surrogatepass")), st.binary(max_size=80))
-FILE_NAMES = st.sampled_from(["spec.yaml", "my spec.yaml", ".hidden.yaml", "-x.yaml", "a..b.yaml", "ä.yaml",
-                              "x" * 200 + ".yaml", "noext"])
+FILE_NAMES = st.sampled_from(
+    ["spec.yaml", "my spec.yaml", ".hidden.yaml", "-x.yaml", "a..b.yaml", "ä.yaml", "x" * 200 + ".yaml", "noext"]
+)
 
 
 def _dumpable(d) -> bool:
@@ -340,6 +486,7 @@ def _dumpable(d) -> bool:
 
 # ------------------------------------------------------------------ the plan-time checks at their limits
 
+
 def _flow(**kw) -> dict:
     return {"src": "bg1", "dst": "bg2", "rate_mbps": 10, "duration_s": 10, **kw}
 
@@ -348,47 +495,81 @@ def _flow(**kw) -> dict:
 AT_LIMITS = {
     "scale": ["auto", "auto", 1, 4, 1000, 1e-3],
     "workload.compute.mode": ["real", "emulated", "emulated"],
-    "topology.host_bw_mbps": [MIN_RATE_MBPS, MIN_RATE_MBPS * 0.999, 1e-7, 0.01, 1, 100, MAX_RATE_MBPS,
-                              MAX_RATE_MBPS * 1.001, 1e12],
+    "topology.host_bw_mbps": [
+        MIN_RATE_MBPS,
+        MIN_RATE_MBPS * 0.999,
+        1e-7,
+        0.01,
+        1,
+        100,
+        MAX_RATE_MBPS,
+        MAX_RATE_MBPS * 1.001,
+        1e12,
+    ],
     "topology.uplink_bw_mbps": [None, MIN_RATE_MBPS, 1e-6, MAX_RATE_MBPS * 2],
     "topology.oversubscription": [1, 3, 1e6],
     "topology.delay_ms": [0, 1, MAX_DELAY_MS, MAX_DELAY_MS * 1.0001, 1e12],
-    "topology.max_queue_packets": [None, 1, 2 ** 32 - 1, 2 ** 32],
-    "topology.tcp_notsent_lowat_bytes": [None, 2 ** 32 - 1, 2 ** 32],
+    "topology.max_queue_packets": [None, 1, 2**32 - 1, 2**32],
+    "topology.tcp_notsent_lowat_bytes": [None, 2**32 - 1, 2**32],
     "topology.hosts_per_rack": [1, 2, 4, 511, 1022, 1023, 1100],
     "topology.racks": [1, 2, 3, 1023, 1024],
     "topology.interfaces_per_host": [1, 2, 64],
     "topology.background_hosts_per_rack": [0, 1, 2, 1021],
-    "workload.seed": [0, -1, MAX_SEED, MAX_SEED + 1, 10 ** 30],
+    "workload.seed": [0, -1, MAX_SEED, MAX_SEED + 1, 10**30],
     "workload.iterations": [1, 3, 100, MAX_ITERATIONS, MAX_ITERATIONS + 1],
     "workload.workers": [0, 1, 2],
     "run.timeout_s": [1e-3, 1, 240, 600, MAX_TIMEOUT_S, MAX_TIMEOUT_S * 1.0001, 1e12],
     "run.master_port": [29500, 5201, 5202, 65535],
-    "capture.interval_ms": [1, 10, 240_000, 600_001, 2 ** 31, 10 ** 18],
-    "capture.cpu_interval_ms": [10, 10 ** 9],
+    "capture.interval_ms": [1, 10, 240_000, 600_001, 2**31, 10**18],
+    "capture.cpu_interval_ms": [10, 10**9],
     "capture.qdisc": [True, False],
-    "capture.qdisc_interval_ms": [50, 10 ** 9],
-    "capture.pcap": [None, {"ports": ["uplinks"]}, {"ports": ["uplinks"], "start_s": 1e12},
-                     {"ports": ["uplinks"], "start_s": 239.9, "duration_s": 0.01},
-                     {"ports": ["uplinks"], "duration_s": 1e12}],
-    "background": [[], [_flow()], [_flow(), _flow(src="bg2", dst="bg1")], [_flow(rate_mbps=1e-7)],
-                   [_flow(rate_mbps=4e-6, start_s=1e-3)], [_flow(duration_s=IPERF3_MAX_TIME_S)],
-                   [_flow(duration_s=IPERF3_MAX_TIME_S + 1)], [_flow(start_s=599.99)], [_flow(start_s=1e300)],
-                   [_flow(rate_mbps=1e12)]],
-    "events": [[], [{"at_s": 1, "link": "host:h1", "bw_mbps": 1e-5}], [{"at_s": 1e12, "kill": "worker1"}],
-               [{"at_s": 0.5, "link": "host:h2", "bw_mbps": MAX_RATE_MBPS}], [{"at_iteration": 1, "link": "host:h1",
-                                                                            "bw_mbps": 1000}]],
+    "capture.qdisc_interval_ms": [50, 10**9],
+    "capture.pcap": [
+        None,
+        {"ports": ["uplinks"]},
+        {"ports": ["uplinks"], "start_s": 1e12},
+        {"ports": ["uplinks"], "start_s": 239.9, "duration_s": 0.01},
+        {"ports": ["uplinks"], "duration_s": 1e12},
+    ],
+    "background": [
+        [],
+        [_flow()],
+        [_flow(), _flow(src="bg2", dst="bg1")],
+        [_flow(rate_mbps=1e-7)],
+        [_flow(rate_mbps=4e-6, start_s=1e-3)],
+        [_flow(duration_s=IPERF3_MAX_TIME_S)],
+        [_flow(duration_s=IPERF3_MAX_TIME_S + 1)],
+        [_flow(start_s=599.99)],
+        [_flow(start_s=1e300)],
+        [_flow(rate_mbps=1e12)],
+    ],
+    "events": [
+        [],
+        [{"at_s": 1, "link": "host:h1", "bw_mbps": 1e-5}],
+        [{"at_s": 1e12, "kill": "worker1"}],
+        [{"at_s": 0.5, "link": "host:h2", "bw_mbps": MAX_RATE_MBPS}],
+        [{"at_iteration": 1, "link": "host:h1", "bw_mbps": 1000}],
+    ],
     "host.message_overhead_us": [None, 0, 1e12],
     "host.aggregate_gb_per_s": [None, 1e-15, 10],
 }
-LIMIT_BASES = [{"topology": {"kind": "rack_core", "racks": 2, "hosts_per_rack": 2, "background_hosts_per_rack": 1},
-                "workload": {"scheme": s, "iterations": 3, "model": "digits_cnn"}}
-               for s in schemes.available() if s != "program"] + [load_yaml((ROOT / "experiments" / "quickstart.yaml")
-                                                                            .read_text())]
-LIMIT_SPECS = st.builds(_mutated, st.sampled_from(LIMIT_BASES),
-                        st.lists(st.sampled_from(sorted(AT_LIMITS)).flatmap(
-                            lambda p: st.tuples(st.just(p), st.sampled_from(AT_LIMITS[p]))), max_size=5),
-                        st.none())
+LIMIT_BASES = [
+    {
+        "topology": {"kind": "rack_core", "racks": 2, "hosts_per_rack": 2, "background_hosts_per_rack": 1},
+        "workload": {"scheme": s, "iterations": 3, "model": "digits_cnn"},
+    }
+    for s in schemes.available()
+    if s != "program"
+] + [load_yaml((ROOT / "experiments" / "quickstart.yaml").read_text())]
+LIMIT_SPECS = st.builds(
+    _mutated,
+    st.sampled_from(LIMIT_BASES),
+    st.lists(
+        st.sampled_from(sorted(AT_LIMITS)).flatmap(lambda p: st.tuples(st.just(p), st.sampled_from(AT_LIMITS[p]))),
+        max_size=5,
+    ),
+    st.none(),
+)
 
 
 def _planned_within_limits(data) -> None:
@@ -454,6 +635,7 @@ def _main(argv: list[str]) -> tuple[int | str, str, str]:
         except Exception as e:  # noqa: BLE001 - a traceback the user would see
             rc = f"crash: {type(e).__name__}"
             import traceback
+
             traceback.print_exc(file=err)
     return rc, out.getvalue(), err.getvalue()
 
@@ -462,13 +644,18 @@ def _check_cli(content: bytes, overrides) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         spec = Path(tmp) / "spec.yaml"
         spec.write_bytes(content)
-        rc, out, err = _main(["run", "--dry-run", str(spec), *[f"--set={o}" for o in overrides],
-                              "--runs-dir", str(Path(tmp) / "runs")])
+        rc, out, err = _main(
+            ["run", "--dry-run", str(spec), *[f"--set={o}" for o in overrides], "--runs-dir", str(Path(tmp) / "runs")]
+        )
         written = sorted(os.listdir(tmp))
     ok = rc in (0, 2) and "Traceback" not in err and written == ["spec.yaml"]
     outcome = f"exit {rc}" if isinstance(rc, int) else rc
-    _record("cli run --dry-run", outcome if ok else f"bad: {outcome}, wrote {written}",
-            None if ok else AssertionError(f"exit {rc}, wrote {written}, stderr:\n{err}"), (content, overrides))
+    _record(
+        "cli run --dry-run",
+        outcome if ok else f"bad: {outcome}, wrote {written}",
+        None if ok else AssertionError(f"exit {rc}, wrote {written}, stderr:\n{err}"),
+        (content, overrides),
+    )
 
 
 def _check_name(name) -> None:
@@ -481,8 +668,12 @@ def _check_name(name) -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 runs = Path(tmp, "a", "b", "runs")  # deep: a '..' that slipped through stays in tmp
                 target = runs / run_id
-                inside = ("/" not in run_id and "\x00" not in run_id and run_id not in (".", "..") and
-                          target.resolve().parent == runs.resolve())
+                inside = (
+                    "/" not in run_id
+                    and "\x00" not in run_id
+                    and run_id not in (".", "..")
+                    and target.resolve().parent == runs.resolve()
+                )
                 if not inside:
                     outcome, exc = "crash: accepted a name that leaves the runs directory", AssertionError(run_id)
                 elif not CENSUS_FILE:
@@ -492,6 +683,7 @@ def _check_name(name) -> None:
 
 
 # the default profile ...
+
 
 @_profile(DEFAULT_EXAMPLES)
 @given(data=SPECS, overrides=OVERRIDES)
@@ -518,13 +710,13 @@ def test_fuzz_plan_at_the_limits_refuses_with_spec_errors_and_accepts_only_what_
 
 
 @_profile(DEFAULT_EXAMPLES)
-@given(name=st.one_of(st.sampled_from(NAMES), st.text(max_size=12),
-                      st.text(alphabet="./-_a\x00\n", max_size=8)))
+@given(name=st.one_of(st.sampled_from(NAMES), st.text(max_size=12), st.text(alphabet="./-_a\x00\n", max_size=8)))
 def test_fuzz_names_accepted_stay_inside_the_runs_dir(name):
     _check_name(name)
 
 
 # ... and the long one (-m fuzz_long)
+
 
 @pytest.fixture
 def long_profile(request):
@@ -578,9 +770,15 @@ def _run_paths(tmp: Path) -> dict[str, Path]:
     (tmp / "junk" / "spec.yaml").write_text("- not a mapping")
     (tmp / "sweep").mkdir()
     (tmp / "sweep" / "sweep.yaml").write_text("{}")
-    return {"missing": tmp / "missing", "a file": tmp / "file.txt", "an empty dir": tmp / "empty",
-            "a dir with only spec.yaml": tmp / "junk", "a sweep with no run yet": tmp / "sweep",
-            "a name too long": tmp / ("x" * 300), "the empty string": Path("")}
+    return {
+        "missing": tmp / "missing",
+        "a file": tmp / "file.txt",
+        "an empty dir": tmp / "empty",
+        "a dir with only spec.yaml": tmp / "junk",
+        "a sweep with no run yet": tmp / "sweep",
+        "a name too long": tmp / ("x" * 300),
+        "the empty string": Path(""),
+    }
 
 
 @pytest.mark.parametrize("command", [["show"], ["plot"], ["timeline"], ["report", "p3"], ["report", "phub"]])
@@ -588,8 +786,12 @@ def test_run_paths_that_are_not_runs_exit_2_without_traceback(tmp_path, command)
     for what, path in _run_paths(tmp_path).items():
         rc, out, err = _main([*command, str(path)])
         ok = rc == 2 and err.startswith("testbed: error: ") and "Traceback" not in err
-        _record(f"run path: {' '.join(command)}", "exit 2" if ok else f"exit {rc}",
-                None if ok else AssertionError(err), (what, str(path)))
+        _record(
+            f"run path: {' '.join(command)}",
+            "exit 2" if ok else f"exit {rc}",
+            None if ok else AssertionError(err),
+            (what, str(path)),
+        )
 
 
 def test_show_of_a_run_without_or_with_a_broken_summary_is_an_error(tmp_path):
@@ -605,18 +807,26 @@ def test_show_of_a_run_without_or_with_a_broken_summary_is_an_error(tmp_path):
     assert rc == 0 and "unreadable" in out
 
 
-@pytest.mark.parametrize("text, fragment", [
-    ("- a\n- b\n", "'<spec>'"),
-    ("name: ../../etc/evil\n", "'name'"),
-    ("\xff\xfe\x00garbage", "'<file>'"),
-])
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("- a\n- b\n", "'<spec>'"),
+        ("name: ../../etc/evil\n", "'name'"),
+        ("\xff\xfe\x00garbage", "'<file>'"),
+    ],
+)
 def test_cli_in_a_subprocess_exits_2_without_traceback(tmp_path, nothing_built, text, fragment):
     spec = tmp_path / "spec.yaml"
     spec.write_bytes(text.encode("latin-1"))
     before = sorted(os.listdir(tmp_path))
     # --dry-run: were validation to let the spec through, still nothing would be built
-    out = subprocess.run([sys.executable, "-m", "testbed.cli", "run", "--dry-run", str(spec)], capture_output=True,
-                         text=True, cwd=tmp_path, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "testbed.cli", "run", "--dry-run", str(spec)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr + out.stdout
     assert fragment in out.stderr
@@ -626,15 +836,19 @@ def test_cli_in_a_subprocess_exits_2_without_traceback(tmp_path, nothing_built, 
 def test_cli_dry_run_of_a_valid_spec_plans_and_writes_nothing(tmp_path, nothing_built):
     spec = tmp_path / "rack.yaml"
     spec.write_text("topology: {kind: rack, hosts_per_rack: 4, delay_ms: 1}\nworkload: {iterations: 3}\n")
-    rc, out, err = _main(["run", "--dry-run", str(spec), "--set", "topology.host_bw_mbps=40000",
-                          "--runs-dir", str(tmp_path / "runs")])
+    rc, out, err = _main(
+        ["run", "--dry-run", str(spec), "--set", "topology.host_bw_mbps=40000", "--runs-dir", str(tmp_path / "runs")]
+    )
     assert (rc, err) == (0, "")
-    assert "rack x1, scale 1 (auto), hosts 4 worker" in out and "5 processes: worker0@h1 worker1@h2 worker2@h3 worker3@h4 server0@h1" \
-        in out
+    assert (
+        "rack x1, scale 1 (auto), hosts 4 worker" in out
+        and "5 processes: worker0@h1 worker1@h2 worker2@h3 worker3@h4 server0@h1" in out
+    )
     assert sorted(os.listdir(tmp_path)) == ["rack.yaml"]
     # a link faster than the shaper's highest rate is refused at planning, as the build would
-    rc, out, err = _main(["run", "--dry-run", str(spec), "--set", "topology.host_bw_mbps=1e12",
-                          "--runs-dir", str(tmp_path / "runs")])
+    rc, out, err = _main(
+        ["run", "--dry-run", str(spec), "--set", "topology.host_bw_mbps=1e12", "--runs-dir", str(tmp_path / "runs")]
+    )
     assert rc == 2 and "topology.host_bw_mbps" in err and "at most 40000 Mbit/s" in err
     assert sorted(os.listdir(tmp_path)) == ["rack.yaml"]
     rc, out, err = _main(["run", "--dry-run", str(ROOT / "experiments" / "quickstart.yaml")])
@@ -657,15 +871,20 @@ def test_a_plan_that_does_not_fit_is_refused_before_anything_is_built():
     assert e.value.field == "workload.servers.count" and "in the point count=3" in str(e.value)
     planned = plan_experiment(from_dict({"topology": rack2, "sweep": {"workload.servers.count": [1, 2]}}))
     assert [[p.name for p in pr.processes] for pr in planned] == [
-        ["worker0", "worker1", "server0"], ["worker0", "worker1", "server0", "server1"]]
+        ["worker0", "worker1", "server0"],
+        ["worker0", "worker1", "server0", "server1"],
+    ]
 
 
-@pytest.mark.parametrize("spec, field", [
-    ({"topology": {"racks": 2000, "hosts_per_rack": 4}}, "topology"),
-    ({"topology": {"interfaces_per_host": 1000}}, "topology.interfaces_per_host"),
-    ({"workload": {"servers": {"count": 10 ** 12, "placement": "dedicated"}}}, "workload.servers.count"),
-    ({"workload": {"workers": 10 ** 12, "servers": {"config": "NCS"}}}, "workload.workers"),
-])
+@pytest.mark.parametrize(
+    "spec, field",
+    [
+        ({"topology": {"racks": 2000, "hosts_per_rack": 4}}, "topology"),
+        ({"topology": {"interfaces_per_host": 1000}}, "topology.interfaces_per_host"),
+        ({"workload": {"servers": {"count": 10**12, "placement": "dedicated"}}}, "workload.servers.count"),
+        ({"workload": {"workers": 10**12, "servers": {"config": "NCS"}}}, "workload.workers"),
+    ],
+)
 def test_sizes_no_machine_could_emulate_are_refused_before_planning(spec, field):
     with pytest.raises(SpecError) as e:
         from_dict(spec)

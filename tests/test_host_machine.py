@@ -1,5 +1,6 @@
 """Whole-host rates (scope ``machine``): one shared clock per emulated host, across processes
 and threads (traffic.hostmodel.machine, traffic.hostmodel.costs, the profiles' scopes)."""
+
 import json
 import math
 import multiprocessing as mp
@@ -29,8 +30,13 @@ CTX = mp.get_context("fork")  # the children run only this module's functions
 def _profile(tmp_path, **scopes) -> str:
     """A profile file with every rate stated, ``scopes`` (field -> scope) written."""
     lines = ["description: a test host"]
-    for f, v in (("message_overhead_us", 1), ("request_startup_ms", 2), ("aggregate_gb_per_s", 40),
-                 ("optimizer_gb_per_s", 24), ("codec_gb_per_s", 3)):
+    for f, v in (
+        ("message_overhead_us", 1),
+        ("request_startup_ms", 2),
+        ("aggregate_gb_per_s", 40),
+        ("optimizer_gb_per_s", 24),
+        ("codec_gb_per_s", 3),
+    ):
         scope = f", scope: {scopes[f]}" if f in scopes else ""
         lines.append(f"{f}: {{value: {v}, source: 'a paper'{scope}}}")
     path = tmp_path / "mine.yaml"
@@ -65,12 +71,12 @@ def _reservations(run_dir, host, procs, n, budget):
 
 
 def test_processes_reserving_on_one_host_queue_one_after_another(tmp_path):
-    n, budget = 25, 1.0   # nothing waits: the reservations are arithmetic on the shared clock
+    n, budget = 25, 1.0  # nothing waits: the reservations are arithmetic on the shared clock
     got = _reservations(tmp_path, "pbox", PROCS, n, budget)
     slots = sorted((s for mine in got for s in mine), key=lambda s: s[1])
     assert len(slots) == PROCS * n
     for (_, _, end), (issued, start, nxt) in zip(slots, slots[1:]):
-        assert start == pytest.approx(max(issued, end), abs=1e-12)   # FIFO: after the one before, never overlapping
+        assert start == pytest.approx(max(issued, end), abs=1e-12)  # FIFO: after the one before, never overlapping
         assert nxt - start == pytest.approx(budget)
     for mine in got:  # each process's own operations in the order it issued them
         assert all(a[2] <= b[1] + 1e-12 for a, b in zip(mine, mine[1:]))
@@ -85,7 +91,7 @@ def test_hosts_have_clocks_of_their_own(tmp_path):
     a, b = HostMachine.for_host(tmp_path, "h1"), HostMachine.for_host(tmp_path, "h2")
     ra, rb = a.reserve(10.0), b.reserve(10.0)
     assert rb.queued_s == 0 and ra.queued_s == 0
-    again = HostMachine.for_host(tmp_path, "h1").reserve(1.0)   # joins h1's clock: behind ra
+    again = HostMachine.for_host(tmp_path, "h1").reserve(1.0)  # joins h1's clock: behind ra
     assert again.start == ra.end and again.queued_s > 9
     assert math.isinf(HostMachine.for_host(tmp_path, "h3").busy_until())
 
@@ -131,8 +137,9 @@ def test_a_bad_budget_is_refused(tmp_path):
 # ----------------------------------------------------------------------------- charged costs
 
 
-MACHINE = HostModel(aggregate_bytes_per_s=100 * MB, optimizer_bytes_per_s=100 * MB,
-                    machine_kinds=frozenset({"aggregate", "optimizer"}))
+MACHINE = HostModel(
+    aggregate_bytes_per_s=100 * MB, optimizer_bytes_per_s=100 * MB, machine_kinds=frozenset({"aggregate", "optimizer"})
+)
 PER_PROCESS = HostModel(aggregate_bytes_per_s=100 * MB, optimizer_bytes_per_s=100 * MB)
 
 
@@ -141,7 +148,7 @@ def _charge_many(run_dir, model, kinds, n, barrier, out):
     barrier.wait()
     t0 = time.monotonic()
     for i in range(n):
-        with costs.charge(kinds[i % len(kinds)], nbytes=2 * MB):   # 20 ms each
+        with costs.charge(kinds[i % len(kinds)], nbytes=2 * MB):  # 20 ms each
             pass
     out.put((t0, time.monotonic(), costs.summary()))
 
@@ -156,8 +163,8 @@ def test_processes_of_one_host_share_a_machine_rate(tmp_path):
     n, op = 5, 0.020
     got = _charge_in_processes(tmp_path, MACHINE, ("aggregate", "optimizer"), n)
     first, last = min(g[0] for g in got), max(g[1] for g in got)
-    assert last - first >= PROCS * n * op * 0.98   # the reservations cannot overlap
-    assert last - first < PROCS * n * op * 2.0     # generous: only a bound against a hang
+    assert last - first >= PROCS * n * op * 0.98  # the reservations cannot overlap
+    assert last - first < PROCS * n * op * 2.0  # generous: only a bound against a hang
     stats = [g[2] for g in got]
     for s in stats:
         assert s["aggregate"]["count"] + s["optimizer"]["count"] == n
@@ -174,9 +181,9 @@ def test_process_scoped_rates_stay_each_processs(tmp_path):
     n, op = 5, 0.020
     got = _charge_in_processes(tmp_path, PER_PROCESS, ("aggregate",), n)
     first, last = min(g[0] for g in got), max(g[1] for g in got)
-    assert last - first < PROCS * n * op * 0.6   # concurrent: about n x op, not PROCS x n x op
+    assert last - first < PROCS * n * op * 0.6  # concurrent: about n x op, not PROCS x n x op
     assert all("queued_s" not in g[2]["aggregate"] for g in got)
-    assert not (tmp_path / CLOCK_DIR / "pbox").stat().st_size   # the clock was never written
+    assert not (tmp_path / CLOCK_DIR / "pbox").stat().st_size  # the clock was never written
 
 
 def test_threads_of_one_process_share_a_machine_rate(tmp_path):
@@ -187,13 +194,14 @@ def test_threads_of_one_process_share_a_machine_rate(tmp_path):
         for _ in range(n):
             with costs.charge(kind, nbytes=2 * MB):
                 pass
+
     t0 = time.monotonic()
     threads = [threading.Thread(target=work, args=(k,)) for k in kinds]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert time.monotonic() - t0 >= len(kinds) * n * op * 0.98   # the reservations cannot overlap
+    assert time.monotonic() - t0 >= len(kinds) * n * op * 0.98  # the reservations cannot overlap
     s = costs.summary()
     assert s["aggregate"]["count"] == 2 * n and s["optimizer"]["count"] == n
     # after the first round each operation waits behind the other threads' (as for processes)
@@ -205,11 +213,11 @@ def test_threads_of_one_process_share_a_machine_rate(tmp_path):
 def test_a_machine_kind_overruns_only_past_its_reservation(tmp_path):
     m = HostMachine.for_host(tmp_path, "h")
     costs = HostCosts(MACHINE, 1.0, machine=m)
-    with costs.charge("aggregate", nbytes=MB) as op:   # budget 10 ms, work 30 ms
+    with costs.charge("aggregate", nbytes=MB) as op:  # budget 10 ms, work 30 ms
         time.sleep(0.030)
     assert op.overrun and op.queued_s == pytest.approx(0, abs=1e-3)
-    m.reserve(0.050)                                    # another process holds the host 50 ms
-    with costs.charge("aggregate", nbytes=MB) as op:   # queued ~50 ms: the 30 ms of work fit in
+    m.reserve(0.050)  # another process holds the host 50 ms
+    with costs.charge("aggregate", nbytes=MB) as op:  # queued ~50 ms: the 30 ms of work fit in
         time.sleep(0.030)
     assert not op.overrun and op.queued_s > 0.040
     s = costs.summary()["aggregate"]
@@ -218,15 +226,18 @@ def test_a_machine_kind_overruns_only_past_its_reservation(tmp_path):
 
 def test_a_process_scoped_kind_ignores_the_clock(tmp_path):
     m = HostMachine.for_host(tmp_path, "h")
-    m.reserve(10.0)   # the host is busy for 10 s
-    costs = HostCosts(HostModel(aggregate_bytes_per_s=100 * MB, codec_bytes_per_s=100 * MB,
-                                machine_kinds=frozenset({"aggregate"})), 1.0, machine=m)
+    m.reserve(10.0)  # the host is busy for 10 s
+    costs = HostCosts(
+        HostModel(aggregate_bytes_per_s=100 * MB, codec_bytes_per_s=100 * MB, machine_kinds=frozenset({"aggregate"})),
+        1.0,
+        machine=m,
+    )
     t0 = time.monotonic()
     with costs.charge("codec", nbytes=MB):
         pass
     assert time.monotonic() - t0 < 1.0
     assert not costs.on_machine("codec") and costs.on_machine("aggregate")
-    assert HostCosts(MACHINE, 1.0).on_machine("aggregate") is False   # no clock given: per process
+    assert HostCosts(MACHINE, 1.0).on_machine("aggregate") is False  # no clock given: per process
 
 
 def test_charge_batch_reports_the_time_queued(tmp_path):
@@ -235,7 +246,7 @@ def test_charge_batch_reports_the_time_queued(tmp_path):
     m.reserve(0.030)
     with ChargeBatch(costs, "aggregate", frame=1) as batch:
         for _ in range(2):
-            with batch.charge(100_000):   # 1 ms each
+            with batch.charge(100_000):  # 1 ms each
                 pass
     costs.events.close()
     (span,) = [e for e in read_events(tmp_path / "e.jsonl") if e["kind"] == "host_aggregate"]
@@ -256,10 +267,12 @@ def test_the_dram_derived_rates_are_the_whole_hosts(name):
 
 
 def test_no_other_shipped_value_is_machine_scoped():
-    machine = {(n, f) for n in available_host_profiles() for f in RATE_FIELDS
-               if load_host_profile(n)[f].scope == "machine"}
-    assert machine == {(n, f) for n in ("phub_pbox", "mxnet_kvstore_phub")
-                       for f in ("aggregate_gb_per_s", "optimizer_gb_per_s")}
+    machine = {
+        (n, f) for n in available_host_profiles() for f in RATE_FIELDS if load_host_profile(n)[f].scope == "machine"
+    }
+    assert machine == {
+        (n, f) for n in ("phub_pbox", "mxnet_kvstore_phub") for f in ("aggregate_gb_per_s", "optimizer_gb_per_s")
+    }
     assert HostSpec().resolve().machine_kinds == frozenset()
 
 
@@ -288,40 +301,52 @@ def test_machine_rates_written_inline_replace_the_profiles_scopes(tmp_path):
     assert HostSpec(profile=path, machine_rates=["optimizer_gb_per_s"]).resolve().machine_kinds == {"optimizer"}
     assert HostSpec(profile=path, machine_rates=[]).resolve().machine_kinds == frozenset()
     assert HostSpec(aggregate_gb_per_s=5, machine_rates=["aggregate_gb_per_s"]).resolve().machine_kinds == {"aggregate"}
-    assert HostSpec(machine_rates=["codec_gb_per_s"]).resolve().machine_kinds == {"codec"}   # the reference's rate
+    assert HostSpec(machine_rates=["codec_gb_per_s"]).resolve().machine_kinds == {"codec"}  # the reference's rate
 
 
 def test_a_rate_falling_through_to_the_reference_is_each_processs(tmp_path):
     """The reference profile is one process's measurement: a machine-scoped field whose profile
     states no number resolves to it, per process."""
     path = tmp_path / "partial.yaml"
-    path.write_text("description: a test host\n"
-                    "message_overhead_us: {value: 1, source: 'a paper'}\n"
-                    "request_startup_ms: {value: 2, source: 'a paper'}\n"
-                    "aggregate_gb_per_s: {value: 40, source: 'a paper', scope: machine}\n"
-                    "optimizer_gb_per_s: {value: null, source: 'the paper gives none', scope: machine}\n"
-                    "codec_gb_per_s: {value: 3, source: 'a paper'}\n")
+    path.write_text(
+        "description: a test host\n"
+        "message_overhead_us: {value: 1, source: 'a paper'}\n"
+        "request_startup_ms: {value: 2, source: 'a paper'}\n"
+        "aggregate_gb_per_s: {value: 40, source: 'a paper', scope: machine}\n"
+        "optimizer_gb_per_s: {value: null, source: 'the paper gives none', scope: machine}\n"
+        "codec_gb_per_s: {value: 3, source: 'a paper'}\n"
+    )
     m = HostSpec(profile=str(path)).resolve()
     assert m.machine_kinds == {"aggregate"}
     assert m.optimizer_bytes_per_s == load_host_profile("reference").optimizer_gb_per_s.value * 1e9
-    assert all(load_host_profile("reference")[f].scope == "process"
-               for f in ("aggregate_gb_per_s", "optimizer_gb_per_s", "codec_gb_per_s"))
+    assert all(
+        load_host_profile("reference")[f].scope == "process"
+        for f in ("aggregate_gb_per_s", "optimizer_gb_per_s", "codec_gb_per_s")
+    )
     # a number written inline for that field keeps the profile's scope
     assert HostSpec(profile=str(path), optimizer_gb_per_s=5).resolve().machine_kinds == {"aggregate", "optimizer"}
 
 
-@pytest.mark.parametrize("host", [{"profile": "phub_pbox"},
-                                  {"profile": "phub_pbox", "machine_rates": ["optimizer_gb_per_s"]},
-                                  {"profile": "phub_pbox", "machine_rates": []},
-                                  {"aggregate_gb_per_s": 5, "machine_rates": ["aggregate_gb_per_s"]}])
+@pytest.mark.parametrize(
+    "host",
+    [
+        {"profile": "phub_pbox"},
+        {"profile": "phub_pbox", "machine_rates": ["optimizer_gb_per_s"]},
+        {"profile": "phub_pbox", "machine_rates": []},
+        {"aggregate_gb_per_s": 5, "machine_rates": ["aggregate_gb_per_s"]},
+    ],
+)
 def test_a_runs_spec_yaml_keeps_the_scopes(host):
-    exp = from_dict({"topology": {"kind": "rack", "racks": 1, "hosts_per_rack": 2}, "workload": {"scheme": "ps"},
-                     "host": host})
+    exp = from_dict(
+        {"topology": {"kind": "rack", "racks": 1, "hosts_per_rack": 2}, "workload": {"scheme": "ps"}, "host": host}
+    )
     before = exp.host.resolve()
     dumped = yaml.safe_load(dump_spec(exp))["host"]
     assert sorted(dumped["machine_rates"]) == sorted(f"{k}_gb_per_s" for k in before.machine_kinds)
+
     def rates(m):  # read back, every rate's source says "spec"
         return replace(m, sources=None)
+
     assert rates(HostSpec(**dumped).resolve()) == rates(before)
     assert rates(from_dict({**exp.to_dict(), "host": dumped}).host.resolve()) == rates(before)
 
@@ -332,10 +357,19 @@ def test_a_runs_spec_yaml_keeps_the_scopes(host):
 def test_a_runs_server_processes_on_one_host_share_its_clock(tmp_path):
     """PHub NCC puts both server processes on one host: with whole-host rates they charge on
     that host's one clock (results' queued_s), and the values stay exact."""
-    exp = experiment("phub", iterations=2, batch_size=16, eval_every=0, options={"server_threads": 2},
-                     servers={"config": "NCC", "interfaces": 2})
-    host = {"aggregate_gb_per_s": 0.5, "optimizer_gb_per_s": 0.5,
-            "machine_rates": ["aggregate_gb_per_s", "optimizer_gb_per_s"]}
+    exp = experiment(
+        "phub",
+        iterations=2,
+        batch_size=16,
+        eval_every=0,
+        options={"server_threads": 2},
+        servers={"config": "NCC", "interfaces": 2},
+    )
+    host = {
+        "aggregate_gb_per_s": 0.5,
+        "optimizer_gb_per_s": 0.5,
+        "machine_rates": ["aggregate_gb_per_s", "optimizer_gb_per_s"],
+    }
     exp = from_dict({**exp.to_dict(), "host": host})
     run = run_local(exp, tmp_path / "run")
     procs = json.loads((run / "processes.json").read_text())["processes"]

@@ -1,4 +1,5 @@
 """A host profile of this machine (traffic.hostmodel.measure, ``testbed profile --host``)."""
+
 from functools import partial
 
 import pytest
@@ -6,8 +7,8 @@ import torch
 import yaml
 
 import traffic.hostmodel.measure as measure
-from testbed.cli import main as cli_main
 from common.errors import TestbedError
+from testbed.cli import main as cli_main
 from traffic.hostmodel import RATE_FIELDS, load_host_profile
 from traffic.hostmodel.measure import measure_host_profile, write_host_profile
 

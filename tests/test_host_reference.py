@@ -1,15 +1,19 @@
 """A host value stated nowhere is the reference profile's number, never borrowed time
 (traffic.hostmodel: REFERENCE_PROFILE, HostSpec.resolve, HostSpec.pinned)."""
+
 import pytest
 import yaml
 
 from testbed.spec import dump_spec, from_dict
-from traffic.hostmodel import (RATE_FIELDS, REFERENCE_PROFILE, HostSpec, available_host_profiles,
-                               load_host_profile)
+from traffic.hostmodel import RATE_FIELDS, REFERENCE_PROFILE, HostSpec, available_host_profiles, load_host_profile
 
-SI = {"message_overhead_us": ("message_overhead_s", 1e-6), "request_startup_ms": ("request_startup_s", 1e-3),
-      "aggregate_gb_per_s": ("aggregate_bytes_per_s", 1e9), "optimizer_gb_per_s": ("optimizer_bytes_per_s", 1e9),
-      "codec_gb_per_s": ("codec_bytes_per_s", 1e9)}
+SI = {
+    "message_overhead_us": ("message_overhead_s", 1e-6),
+    "request_startup_ms": ("request_startup_s", 1e-3),
+    "aggregate_gb_per_s": ("aggregate_bytes_per_s", 1e9),
+    "optimizer_gb_per_s": ("optimizer_bytes_per_s", 1e9),
+    "codec_gb_per_s": ("codec_bytes_per_s", 1e9),
+}
 RATES = ("aggregate_gb_per_s", "optimizer_gb_per_s", "codec_gb_per_s")
 
 
@@ -26,8 +30,15 @@ def test_the_reference_profile_is_a_measurement_of_a_named_machine(ref):
         assert ref[f].value > 0 and "by `testbed profile --host`" in ref[f].source, f
     assert ref["message_overhead_us"].value == 0 and "108.4" in ref["message_overhead_us"].source
     assert ref["request_startup_ms"].value == 0 and "server software stack" in ref["request_startup_ms"].source
-    for fact in ("AMD EPYC", "2 vCPUs", "GiB", "torch 2.13.0", "2026-11-26",
-                 "testbed profile --host traffic/hostmodel/data/reference.yaml --threads 1", "scale 1"):
+    for fact in (
+        "AMD EPYC",
+        "2 vCPUs",
+        "GiB",
+        "torch 2.13.0",
+        "2026-11-26",
+        "testbed profile --host traffic/hostmodel/data/reference.yaml --threads 1",
+        "scale 1",
+    ):
         assert fact in ref.description, fact
 
 
@@ -45,12 +56,14 @@ def test_a_spec_without_host_values_resolves_to_the_reference(ref, host):
 
 def test_a_null_in_a_profile_or_inline_is_the_reference(ref, tmp_path):
     prof = tmp_path / "mine.yaml"
-    prof.write_text("description: a test host\n"
-                    "message_overhead_us: {value: null, source: 'not given'}\n"
-                    "request_startup_ms: {value: 3, source: 'a paper'}\n"
-                    "aggregate_gb_per_s: {value: 2.5, source: 'a paper'}\n"
-                    "optimizer_gb_per_s: {value: null, source: 'the paper gives no figure'}\n"
-                    "codec_gb_per_s: {value: null, source: 'not used'}\n")
+    prof.write_text(
+        "description: a test host\n"
+        "message_overhead_us: {value: null, source: 'not given'}\n"
+        "request_startup_ms: {value: 3, source: 'a paper'}\n"
+        "aggregate_gb_per_s: {value: 2.5, source: 'a paper'}\n"
+        "optimizer_gb_per_s: {value: null, source: 'the paper gives no figure'}\n"
+        "codec_gb_per_s: {value: null, source: 'not used'}\n"
+    )
     # an inline null states nothing: it neither overrides the profile's number nor means "not modelled"
     spec = HostSpec(profile=str(prof), aggregate_gb_per_s=None, codec_gb_per_s=None)
     m = spec.resolve()
@@ -74,11 +87,19 @@ def test_every_shipped_profile_states_a_number_for_every_value():
         assert not any(s.startswith("reference measurement") for s in m.sources.values()), name
 
 
-@pytest.mark.parametrize("host", [{}, {"profile": "mxnet_p3"}, {"profile": "phub_pbox", "codec_gb_per_s": None},
-                                  {"profile": "mxnet_kvstore_phub", "optimizer_gb_per_s": 3}])
+@pytest.mark.parametrize(
+    "host",
+    [
+        {},
+        {"profile": "mxnet_p3"},
+        {"profile": "phub_pbox", "codec_gb_per_s": None},
+        {"profile": "mxnet_kvstore_phub", "optimizer_gb_per_s": 3},
+    ],
+)
 def test_pinned_writes_numbers_and_reads_back_the_same(host):
-    exp = from_dict({"topology": {"kind": "rack", "racks": 1, "hosts_per_rack": 2}, "workload": {"scheme": "ps"},
-                     "host": host})
+    exp = from_dict(
+        {"topology": {"kind": "rack", "racks": 1, "hosts_per_rack": 2}, "workload": {"scheme": "ps"}, "host": host}
+    )
     pinned = exp.host.pinned()
     assert all(pinned[f] is not None for f in RATE_FIELDS)
     dumped = yaml.safe_load(dump_spec(exp))["host"]

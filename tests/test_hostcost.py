@@ -1,4 +1,5 @@
 """The emulated host: stated costs, dilated, overruns counted (traffic.hostmodel, traffic.hostmodel.costs)."""
+
 import threading
 import time
 
@@ -6,22 +7,24 @@ import pandas as pd
 import pytest
 import torch
 
+from common.errors import SpecError, TestbedError
 from testbed.loopback import run_local
 from testbed.spec import from_dict
 from tests.conftest import experiment
-from common.errors import SpecError, TestbedError
 from traffic.hostmodel import HostModel, HostSpec, available_host_profiles, load_host_profile
+from traffic.hostmodel.costs import HostCosts
 from traffic.reference import reference_train
 from traffic.rundir import read_json
 from traffic.runtime.events import EventLog, read_events
-from traffic.hostmodel.costs import HostCosts
 
 MB = 1_000_000
 
 
 @pytest.mark.parametrize("scale", [1.0, 4.0])
 def test_a_stated_cost_takes_scale_times_its_time(scale, tmp_path):
-    costs = HostCosts(HostModel(aggregate_bytes_per_s=100 * MB), scale, EventLog(tmp_path / "e.jsonl", "p", "server", 0))
+    costs = HostCosts(
+        HostModel(aggregate_bytes_per_s=100 * MB), scale, EventLog(tmp_path / "e.jsonl", "p", "server", 0)
+    )
     x = torch.ones(1000)
     x.add_(x)  # warm: the first operation of a process may take longer than a budget
     t0 = time.perf_counter()
@@ -53,7 +56,7 @@ def test_one_block_charged_as_several_operations():
     costs = HostCosts(HostModel(optimizer_bytes_per_s=1000 * MB, message_overhead_s=50e-6), scale=1.0)
     with costs.charge("optimizer", nbytes=3 * MB, ops=3):  # three 1 MB steps done as one
         pass
-    with costs.charge("message", nbytes=300, ops=4):       # four messages' overheads
+    with costs.charge("message", nbytes=300, ops=4):  # four messages' overheads
         pass
     s = costs.summary()
     assert s["optimizer"]["count"] == 3 and s["optimizer"]["emulated_s"] == pytest.approx(0.003)
@@ -81,6 +84,7 @@ def test_threads_charge_on_their_own_clocks():
     def serve():
         with costs.charge("request_startup"):
             pass
+
     t0 = time.perf_counter()
     threads = [threading.Thread(target=serve) for _ in range(4)]
     for t in threads:
@@ -96,12 +100,14 @@ def test_threads_charge_on_their_own_clocks():
 
 def test_spec_inline_fields_override_the_profile(tmp_path):
     prof = tmp_path / "mine.yaml"
-    prof.write_text("description: a test host\n"
-                    "message_overhead_us: {value: 12, source: 'measured: scripts/x'}\n"
-                    "request_startup_ms: {value: 3, source: 'a paper'}\n"
-                    "aggregate_gb_per_s: {value: 2.5, source: 'a paper'}\n"
-                    "optimizer_gb_per_s: {value: null, source: 'the paper gives no figure'}\n"
-                    "codec_gb_per_s: {value: null, source: 'not used'}\n")
+    prof.write_text(
+        "description: a test host\n"
+        "message_overhead_us: {value: 12, source: 'measured: scripts/x'}\n"
+        "request_startup_ms: {value: 3, source: 'a paper'}\n"
+        "aggregate_gb_per_s: {value: 2.5, source: 'a paper'}\n"
+        "optimizer_gb_per_s: {value: null, source: 'the paper gives no figure'}\n"
+        "codec_gb_per_s: {value: null, source: 'not used'}\n"
+    )
     exp = from_dict({"host": {"profile": str(prof), "aggregate_gb_per_s": 5}})
     m = exp.host.resolve()
     assert m.message_overhead_s == pytest.approx(12e-6) and m.request_startup_s == pytest.approx(3e-3)
@@ -113,12 +119,15 @@ def test_spec_inline_fields_override_the_profile(tmp_path):
     assert m.sources["optimizer_gb_per_s"].startswith("reference measurement (")
 
 
-@pytest.mark.parametrize("host, field", [
-    ({"aggregate_gb_per_s": -1}, "host.aggregate_gb_per_s"),
-    ({"message_overhead_us": -5}, "host.message_overhead_us"),
-    ({"profile": "no_such_host"}, "host.profile"),
-    ({"codec_gbps": 1}, "host.codec_gbps"),
-])
+@pytest.mark.parametrize(
+    "host, field",
+    [
+        ({"aggregate_gb_per_s": -1}, "host.aggregate_gb_per_s"),
+        ({"message_overhead_us": -5}, "host.message_overhead_us"),
+        ({"profile": "no_such_host"}, "host.profile"),
+        ({"codec_gbps": 1}, "host.codec_gbps"),
+    ],
+)
 def test_bad_host_fields_are_named(host, field):
     with pytest.raises(SpecError) as e:
         from_dict({"host": host})
@@ -139,8 +148,13 @@ def test_every_shipped_profile_loads_and_states_its_sources():
     names = available_host_profiles()
     for name in names:
         prof = load_host_profile(name)
-        for f in ("message_overhead_us", "request_startup_ms", "aggregate_gb_per_s", "optimizer_gb_per_s",
-                  "codec_gb_per_s"):
+        for f in (
+            "message_overhead_us",
+            "request_startup_ms",
+            "aggregate_gb_per_s",
+            "optimizer_gb_per_s",
+            "codec_gb_per_s",
+        ):
             assert len(prof[f].source) > 10, (name, f)
 
 
@@ -153,9 +167,11 @@ def test_ps_with_host_costs_still_equals_the_reference(tmp_path):
     for k in ref:
         torch.testing.assert_close(state[k], ref[k], rtol=1e-4, atol=1e-5)
     servers = [read_json(run / "results" / f"server{i}.json")["host_costs"] for i in range(2)]
-    shards = sum(len(read_events(run / "events" / f"server{i}.jsonl")) and
-                 len([e for e in read_events(run / "events" / f"server{i}.jsonl") if e["kind"] == "update"])
-                 for i in range(2))
+    shards = sum(
+        len(read_events(run / "events" / f"server{i}.jsonl"))
+        and len([e for e in read_events(run / "events" / f"server{i}.jsonl") if e["kind"] == "update"])
+        for i in range(2)
+    )
     assert sum(s["aggregate"]["count"] for s in servers) == shards == sum(s["optimizer"]["count"] for s in servers)
     assert all(s["aggregate"]["modelled"] for s in servers)
 
@@ -170,10 +186,19 @@ def test_iteration_time_agrees_across_scales_with_a_host_cost(tmp_path):
     """The emulated iteration time does not depend on the dilation once host costs dominate."""
     times = {}
     for scale in (1, 4):
-        exp = experiment("ps", workers=2, hosts_per_rack=2, iterations=6, batch_size=16, servers={"count": 1},
-                         compute={"mode": "emulated", "profile": "zero"}, eval_every=0)
-        exp = from_dict({**exp.to_dict(), "scale": scale,
-                         "host": {"aggregate_gb_per_s": 0.02, "optimizer_gb_per_s": 0.05}})
+        exp = experiment(
+            "ps",
+            workers=2,
+            hosts_per_rack=2,
+            iterations=6,
+            batch_size=16,
+            servers={"count": 1},
+            compute={"mode": "emulated", "profile": "zero"},
+            eval_every=0,
+        )
+        exp = from_dict(
+            {**exp.to_dict(), "scale": scale, "host": {"aggregate_gb_per_s": 0.02, "optimizer_gb_per_s": 0.05}}
+        )
         times[scale] = _iteration_time(run_local(exp, tmp_path / f"s{scale}"), scale)
     # digits_mlp: 1.2 MB of parameters; 2 copies summed at 0.02 GB/s + one update at 0.05 GB/s ~ 0.14 s
     assert times[1] > 0.1
@@ -182,8 +207,16 @@ def test_iteration_time_agrees_across_scales_with_a_host_cost(tmp_path):
 
 def test_pipe_sgd_charges_every_encode_decode_and_local_sum(tmp_path):
     p, iters, buckets = 3, 3, 1
-    exp = experiment("pipe_sgd", hosts_per_rack=p, model="mnist_mlp", workers=p, iterations=iters, batch_size=8,
-                     eval_every=0, options={"K": 1, "compression": "truncation", "bucket_mb": 100})
+    exp = experiment(
+        "pipe_sgd",
+        hosts_per_rack=p,
+        model="mnist_mlp",
+        workers=p,
+        iterations=iters,
+        batch_size=8,
+        eval_every=0,
+        options={"K": 1, "compression": "truncation", "bucket_mb": 100},
+    )
     exp = from_dict({**exp.to_dict(), "host": {"codec_gb_per_s": 2.0, "aggregate_gb_per_s": 5.0}})
     run = run_local(exp, tmp_path / "run")
     c = read_json(run / "results" / "worker0.json")["host_costs"]
@@ -203,14 +236,19 @@ def test_a_zero_overhead_is_not_an_overrun():
     assert not s["modelled"] and s["overruns"] == 0 and s["count"] == 1
 
 
-@pytest.mark.parametrize("host", [{"profile": "phub_pbox"},
-                                  {"profile": "phub_pbox", "optimizer_gb_per_s": 3, "request_startup_ms": 2}])
+@pytest.mark.parametrize(
+    "host", [{"profile": "phub_pbox"}, {"profile": "phub_pbox", "optimizer_gb_per_s": 3, "request_startup_ms": 2}]
+)
 def test_a_runs_spec_yaml_keeps_the_profiles_rates(host):
     """What a run's spec.yaml holds resolves to the rates the spec resolved to: a rate not
     written inline must not come back as an explicit null that overrides the profile."""
     import yaml
+
     from testbed.spec import dump_spec
-    exp = from_dict({"topology": {"kind": "rack", "racks": 1, "hosts_per_rack": 2}, "workload": {"scheme": "ps"}, "host": host})
+
+    exp = from_dict(
+        {"topology": {"kind": "rack", "racks": 1, "hosts_per_rack": 2}, "workload": {"scheme": "ps"}, "host": host}
+    )
     before = exp.host.resolve()
     dumped = yaml.safe_load(dump_spec(exp))["host"]
     after = HostSpec(**dumped).resolve()

@@ -19,6 +19,7 @@ than any pull on loopback), ``layer_by_layer`` overlaps later pulls with the for
 layer 0, while ``ibatch`` chooses one pull (no split can meet (5)), i.e. ``default``, and
 never overlaps.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,26 +28,39 @@ import random
 import pytest
 import torch
 
-from analysis.paper_models.ibatch import (STRATEGIES, PullProfile, algorithm1, algorithm2, batch_ranges,
-                                    brute_force_batching, choose_batching, exe_parts, exe_time,
-                                    optimal_batching, pipeline_time, satisfies_constraint, strategy_ends,
-                                    validate_ends)
+from analysis.paper_models.ibatch import (
+    STRATEGIES,
+    PullProfile,
+    algorithm1,
+    algorithm2,
+    batch_ranges,
+    brute_force_batching,
+    choose_batching,
+    exe_parts,
+    exe_time,
+    optimal_batching,
+    pipeline_time,
+    satisfies_constraint,
+    strategy_ends,
+    validate_ends,
+)
 from common.errors import SpecError
+from testbed.loopback import run_local
 from testbed.spec import from_dict
+from tests.conftest import experiment
+from traffic import schemes
 from traffic.compute_profiles import LayerProfile, Profile
 from traffic.reference import reference_train
 from traffic.runtime.events import read_events
-from testbed.loopback import run_local
-from traffic import schemes
 from traffic.schemes import ibatch as scheme_mod
 from traffic.schemes.ibatch import batching
-from tests.conftest import experiment
 
 # ----------------------------------------------------------------------------- model
 
 FIG4 = PullProfile([5, 6, 1, 1, 4, 4, 2, 1, 1, 2, 1, 1], [0.5, 6, 3, 2, 4, 8, 2, 1, 0.5, 6, 8, 1], 1)
-GOOGLENET_LIKE = PullProfile([4, 9, 3, 2.5, 2.5, 2, 2, 2, 1.5, 1, 0.3, 0.1],
-                             [0.2, 0.3, 1, 1.5, 2, 2, 2.5, 3, 3, 4, 6, 1], 1.5)
+GOOGLENET_LIKE = PullProfile(
+    [4, 9, 3, 2.5, 2.5, 2, 2, 2, 1.5, 1, 0.3, 0.1], [0.2, 0.3, 1, 1.5, 2, 2, 2.5, 3, 3, 4, 6, 1], 1.5
+)
 
 
 def test_equations_by_hand():
@@ -98,8 +112,7 @@ def test_algorithms_cover_layers_and_meet_constraint():
     rnd = random.Random(7)
     for _ in range(300):
         L = rnd.randint(1, 9)
-        p = PullProfile([rnd.uniform(0, 5) for _ in range(L)], [rnd.uniform(0, 5) for _ in range(L)],
-                        rnd.uniform(0, 2))
+        p = PullProfile([rnd.uniform(0, 5) for _ in range(L)], [rnd.uniform(0, 5) for _ in range(L)], rnd.uniform(0, 2))
         for ends in (algorithm1(p), algorithm2(p)):
             assert validate_ends(ends, L) == ends  # contiguous, cover 1..L
             covered = [l for lo, hi in batch_ranges(ends) for l in range(lo, hi)]
@@ -138,8 +151,10 @@ def test_option_validation():
         assert scheme.validate_options({"pull": pull, "overlap": True}).pull == pull
 
 
-@pytest.mark.parametrize("key, bad", [("pull", "bulk"), ("profile_iterations", 0), ("profile_iterations", True),
-                                      ("bigarray_bound", 0), ("nope", 1)])
+@pytest.mark.parametrize(
+    "key, bad",
+    [("pull", "bulk"), ("profile_iterations", 0), ("profile_iterations", True), ("bigarray_bound", 0), ("nope", 1)],
+)
 def test_bad_options_are_named(key, bad):
     with pytest.raises(SpecError, match=f"workload.options.{key}"):
         schemes.get("ibatch").validate_options({key: bad})
@@ -168,9 +183,16 @@ def test_pull_request_is_a_ps_option():
 
 
 def _experiment(options, compute=None):
-    return experiment("ibatch", workers=W, iterations=ITERS, warmup_iterations=P + 1, batch_size=BATCH,
-                      servers={"count": SERVERS}, **({"compute": compute} if compute else {}),
-                      options={"bigarray_bound": 100_000, "profile_iterations": P, **options})
+    return experiment(
+        "ibatch",
+        workers=W,
+        iterations=ITERS,
+        warmup_iterations=P + 1,
+        batch_size=BATCH,
+        servers={"count": SERVERS},
+        **({"compute": compute} if compute else {}),
+        options={"bigarray_bound": 100_000, "profile_iterations": P, **options},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -259,8 +281,13 @@ def test_servers_charge_request_startup_per_pull_and_probe(tmp_path, reference):
     and the workers' measured ``T_s`` includes the start-up."""
     startup_s, overhead_s = 0.010, 50e-6
     exp = _experiment({"pull": "ibatch"})
-    exp = from_dict({**exp.to_dict(), "scale": 1, "host": {"request_startup_ms": startup_s * 1e3,
-                                                           "message_overhead_us": overhead_s * 1e6}})
+    exp = from_dict(
+        {
+            **exp.to_dict(),
+            "scale": 1,
+            "host": {"request_startup_ms": startup_s * 1e3, "message_overhead_us": overhead_s * 1e6},
+        }
+    )
     run_dir = run_local(exp, tmp_path / "run")
     for w in range(W):
         state = torch.load(run_dir / "params" / f"worker{w}.pt")

@@ -13,6 +13,7 @@ wall-clock layout halved. The layouts (seconds of wall clock from the iteration'
 each iteration 1.6 s on worker 0 and 1.8 s on worker 1. Iterations 0-2 (profiling, P = 1,
 and warm-up, 3 iterations) have a much longer pull, which must not count.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,15 +33,19 @@ T0 = 1_700_000_000.0
 SCALE = 2.0
 ITERATIONS = 5  # 0 .. 4; 3 and 4 are measured
 #: pull -> (pull_batch spans, forward spans), wall seconds from the iteration's start
-LAYOUTS = {"default": ([(0.2, 0.6)], [(0.62, 0.82), (0.82, 1.02)]),
-           "layer_by_layer": ([(0.2, 0.3), (0.3, 0.5), (0.5, 0.8)], [(0.3, 0.4), (0.5, 0.55), (0.82, 0.9)]),
-           "ibatch": ([(0.2, 0.4), (0.4, 0.7)], [(0.4, 0.6), (0.6, 0.75), (0.75, 0.9)])}
+LAYOUTS = {
+    "default": ([(0.2, 0.6)], [(0.62, 0.82), (0.82, 1.02)]),
+    "layer_by_layer": ([(0.2, 0.3), (0.3, 0.5), (0.5, 0.8)], [(0.3, 0.4), (0.5, 0.55), (0.82, 0.9)]),
+    "ibatch": ([(0.2, 0.4), (0.4, 0.7)], [(0.4, 0.6), (0.6, 0.75), (0.75, 0.9)]),
+}
 ITER_WALL = {"worker0": 1.6, "worker1": 1.8}
 
 #: pull -> expected means in emulated seconds: (exe, comm only, overlap, comp only, idle)
-EXPECTED = {"default": (0.41, 0.2, 0.0, 0.2, 0.01),
-            "layer_by_layer": (0.35, 0.225, 0.075, 0.04, 0.01),
-            "ibatch": (0.35, 0.1, 0.15, 0.1, 0.0)}
+EXPECTED = {
+    "default": (0.41, 0.2, 0.0, 0.2, 0.01),
+    "layer_by_layer": (0.35, 0.225, 0.075, 0.04, 0.01),
+    "ibatch": (0.35, 0.1, 0.15, 0.1, 0.0),
+}
 
 
 def _events(pull: str) -> dict[str, list[dict]]:
@@ -50,9 +55,20 @@ def _events(pull: str) -> dict[str, list[dict]]:
         evs = []
         for it in range(ITERATIONS):
             t = T0 + 10.0 * it + 0.01 * w
+
             def ev(kind, a, b, thread="main", **kw):
-                return {"proc": proc, "role": "worker", "rank": w, "thread": thread, "kind": kind, "ts": t + a,
-                        "dur": b - a, "iteration": it, **kw}
+                return {
+                    "proc": proc,
+                    "role": "worker",
+                    "rank": w,
+                    "thread": thread,
+                    "kind": kind,
+                    "ts": t + a,
+                    "dur": b - a,
+                    "iteration": it,
+                    **kw,
+                }
+
             evs.append(ev("iteration", 0.0, dur, samples=32))
             evs.append(ev("sync", 0.0, 0.2, thread="pull", servers=1))
             if it < 3:  # profiling / warm-up: one long pull, then the forward pass
@@ -70,21 +86,39 @@ def _events(pull: str) -> dict[str, list[dict]]:
 def _doc(pull: str) -> dict:
     L = len(LAYOUTS[pull][1])
     ends = {"default": [L], "layer_by_layer": list(range(1, L + 1)), "ibatch": [1, L]}[pull]
-    return {"strategy": pull, "profile_iterations": 1, "scale": SCALE, "workers": 2, "servers": 1, "layers": L,
-            "profile": {"startup_s": 0.01, "transfer_s": [0.1] * L, "forward_s": [0.1] * L},
-            "candidates": {"algorithm1": {"ends": ends}}, "chosen": "algorithm1", "optimal": {"exe_s": 0.5},
-            "used": {"ends": ends, "exe_s": 0.6, "pipeline_s": 0.5, "meets_constraint": True}}
+    return {
+        "strategy": pull,
+        "profile_iterations": 1,
+        "scale": SCALE,
+        "workers": 2,
+        "servers": 1,
+        "layers": L,
+        "profile": {"startup_s": 0.01, "transfer_s": [0.1] * L, "forward_s": [0.1] * L},
+        "candidates": {"algorithm1": {"ends": ends}},
+        "chosen": "algorithm1",
+        "optimal": {"exe_s": 0.5},
+        "used": {"ends": ends, "exe_s": 0.6, "pipeline_s": 0.5, "meets_constraint": True},
+    }
 
 
 def _run(d: Path, pull: str, startup_ms: float) -> Path:
     (d / "events").mkdir(parents=True)
-    spec = {"name": "ibatch_fig7", "scale": SCALE, "host": {"request_startup_ms": startup_ms},
-            "workload": {"scheme": "ibatch", "model": "googlenet", "warmup_iterations": 3,
-                         "options": {"pull": pull, "profile_iterations": 1}}}
+    spec = {
+        "name": "ibatch_fig7",
+        "scale": SCALE,
+        "host": {"request_startup_ms": startup_ms},
+        "workload": {
+            "scheme": "ibatch",
+            "model": "googlenet",
+            "warmup_iterations": 3,
+            "options": {"pull": pull, "profile_iterations": 1},
+        },
+    }
     (d / "spec.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
     procs = [{"name": f"worker{i}", "role": "worker", "rank": i, "host": f"h{i + 1}"} for i in range(2)]
-    (d / "processes.json").write_text(json.dumps({"processes": procs + [{"name": "server0", "role": "server",
-                                                                          "rank": 2, "host": "h3"}]}))
+    (d / "processes.json").write_text(
+        json.dumps({"processes": procs + [{"name": "server0", "role": "server", "rank": 2, "host": "h3"}]})
+    )
     (d / "summary.json").write_text(json.dumps({"status": "ok", "throughput": {"mean": 100.0}}))
     (d / "ibatch.json").write_text(json.dumps(_doc(pull)))
     for proc, evs in _events(pull).items():
@@ -100,8 +134,9 @@ def build(root: Path) -> Path:
     rows = []
     for i, (pull, ms) in enumerate((("default", 2.0), ("layer_by_layer", 2.0), ("ibatch", 2.0), ("ibatch", 5.0))):
         run = _run(d / f"{i:03d}_{pull}_{ms:g}", pull, ms)
-        rows.append({"variant": pull, "host.request_startup_ms": ms, "scheme": "ibatch", "status": "ok",
-                     "run_dir": str(run)})
+        rows.append(
+            {"variant": pull, "host.request_startup_ms": ms, "scheme": "ibatch", "status": "ok", "run_dir": str(run)}
+        )
     (d / "sweep.yaml").write_text(yaml.safe_dump({"name": "ibatch_fig7"}))
     pd.DataFrame(rows).to_csv(d / "sweep.csv", index=False)
     return d
@@ -132,23 +167,34 @@ def test_each_iteration_is_split_at_the_span_boundaries(tmp_path):
 def test_breakdown_per_run_against_hand_computed_means(tmp_path):
     t = ibatch_report.breakdown_table([build(tmp_path)])
     assert list(zip(t["pull"], t["setting"])) == [
-        ("default", "request_startup_ms=2.0"), ("layer_by_layer", "request_startup_ms=2.0"),
-        ("ibatch", "request_startup_ms=2.0"), ("ibatch", "request_startup_ms=5.0")]
+        ("default", "request_startup_ms=2.0"),
+        ("layer_by_layer", "request_startup_ms=2.0"),
+        ("ibatch", "request_startup_ms=2.0"),
+        ("ibatch", "request_startup_ms=5.0"),
+    ]
     assert list(t["worker_iterations"]) == [4, 4, 4, 4] and list(t["nodes"]) == [2, 2, 2, 2]
     default_exe = EXPECTED["default"][0]
     for i, pull in enumerate(("default", "layer_by_layer", "ibatch")):
         exe, comm, both, comp, idle = EXPECTED[pull]
         r = t.iloc[i]
         assert (r["exe_s"], r["comm_only_s"], r["overlap_s"], r["comp_only_s"], r["idle_s"]) == pytest.approx(
-            (exe, comm, both, comp, idle), abs=1e-6), pull
+            (exe, comm, both, comp, idle), abs=1e-6
+        ), pull
         assert r["sync_s"] == pytest.approx(0.1, abs=1e-6)
         # after forward: iteration end - last forward end, mean of worker 0 (1.6 s) and worker 1 (1.8 s)
         last = LAYOUTS[pull][1][-1][1]
         assert r["after_s"] == pytest.approx(((1.6 - last) + (1.8 - last)) / 4, abs=1e-6)
         assert r["iteration_s"] == pytest.approx(0.85, abs=1e-6)
-        assert (r["norm_exe"], r["norm_overlap"], r["norm_comm_only"], r["norm_comp_only"], r["norm_idle"]) == \
-            pytest.approx((exe / default_exe, both / default_exe, comm / default_exe, comp / default_exe,
-                           idle / default_exe), abs=1e-6)
+        assert (
+            r["norm_exe"],
+            r["norm_overlap"],
+            r["norm_comm_only"],
+            r["norm_comp_only"],
+            r["norm_idle"],
+        ) == pytest.approx(
+            (exe / default_exe, both / default_exe, comm / default_exe, comp / default_exe, idle / default_exe),
+            abs=1e-6,
+        )
     assert t.iloc[0]["norm_exe"] == pytest.approx(1.0) and t.iloc[0]["norm_overlap"] == 0.0
     # ibatch at 5 ms has the same spans but no default run at its setting
     assert t.iloc[3]["overlap_s"] == pytest.approx(0.15, abs=1e-6)
@@ -163,19 +209,28 @@ def test_testbed_report_ibatch_fig7_prints_and_draws_it(tmp_path, capsys):
     out = capsys.readouterr().out
     ms, norm = [t for t in _tables(out) if "overlap" in t[0]]
     row = {"pull": "ibatch", "setting": "request_startup_ms=2.0"}
-    pick = lambda table: [r for r in table if all(r[k] == v for k, v in row.items())]
+
+    def pick(table):
+        return [r for r in table if all(r[k] == v for k, v in row.items())]
+
     (r,) = pick(ms)
     assert (r["ExeTime"], r["comm only"], r["overlap"], r["comp only"], r["idle"], r["sync"]) == (
-        "350.0", "100.0", "150.0", "100.0", "0.0", "100.0")
+        "350.0",
+        "100.0",
+        "150.0",
+        "100.0",
+        "0.0",
+        "100.0",
+    )
     (r,) = pick(norm)
     assert (r["overlap"], r["ExeTime"]) == (f"{0.15 / 0.41:.3f}", f"{0.35 / 0.41:.3f}")
     assert [r["overlap"] for r in norm if r["pull"] == "default"] == ["0.0"]
     flat = " ".join(out.split())
-    assert "None of Fig. 7's three parts is missing from the events; what they cannot give is the paper's " \
-           "normalization base" in flat
+    assert (
+        "None of Fig. 7's three parts is missing from the events; what they cannot give is the paper's "
+        "normalization base" in flat
+    )
     assert skeleton.FLAGS_NOTE not in out
     pngs = [line.split("plot: ", 1)[1] for line in out.splitlines() if line.startswith("plot: ")]
     assert str(tmp_path / "plots" / "breakdown.png") in pngs
     assert Path(tmp_path / "plots" / "breakdown.png").stat().st_size > 5_000
-
-

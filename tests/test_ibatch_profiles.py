@@ -4,6 +4,7 @@ experiments/ibatch_profiles/derive_fig5.py scales the GTX 1080 Ti GoogLeNet prof
 time at which the default PS's communication, measured on the emulated blades, gives the paper's
 26x on 30 nodes (iBatch, Fig. 5).
 """
+
 from __future__ import annotations
 
 import csv

@@ -1,6 +1,7 @@
 """Launching a run's processes as one batch forked from the zygote (testbed.launch,
 traffic.runtime.zygote): every pid is in the ledger before any child runs, and a child that
 fails is reported with its log. On loopback, no Mininet, no root."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,13 +28,29 @@ def _run_dir(tmp_path: Path, workers: int, spec: bool = True) -> tuple[Path, dic
     """A loopback run directory of ``workers`` allreduce workers (no ``spec.yaml`` unless ``spec``)."""
     run_dir = rundir.create(tmp_path, "run")
     if spec:
-        exp = with_scale(from_dict({"topology": {"kind": "rack", "hosts_per_rack": workers},
-                                    "workload": {"scheme": "allreduce", "workers": workers, "iterations": 2,
-                                                 "warmup_iterations": 1},
-                                    "run": {"timeout_s": 60}}), 1.0)
+        exp = with_scale(
+            from_dict(
+                {
+                    "topology": {"kind": "rack", "hosts_per_rack": workers},
+                    "workload": {"scheme": "allreduce", "workers": workers, "iterations": 2, "warmup_iterations": 1},
+                    "run": {"timeout_s": 60},
+                }
+            ),
+            1.0,
+        )
         (run_dir / "spec.yaml").write_text(dump_spec(exp))
-    entries = [{"name": f"worker{i}", "role": "worker", "index": i, "host": f"h{i + 1}", "rack": 0,
-                "ip": "127.0.0.1", "iface": "lo"} for i in range(workers)]
+    entries = [
+        {
+            "name": f"worker{i}",
+            "role": "worker",
+            "index": i,
+            "host": f"h{i + 1}",
+            "rack": 0,
+            "ip": "127.0.0.1",
+            "iface": "lo",
+        }
+        for i in range(workers)
+    ]
     return run_dir, launch.write_processes(run_dir, entries, "127.0.0.1", free_port(), timeout_s=60)
 
 

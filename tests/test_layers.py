@@ -1,5 +1,6 @@
 """The layer rule (docs/architecture.md): common <- topologies <- traffic <- analysis <- testbed,
 no cycles."""
+
 import importlib.util
 from pathlib import Path
 

@@ -2,6 +2,7 @@
 pids from a ledger signalled only with their recorded start time, helpers that die with the
 harness, a dead run's ledger swept by the next run, an interrupted analysis that still writes
 its summary, and files that may hold secrets kept private. Root for the cgroup cases."""
+
 from __future__ import annotations
 
 import json
@@ -72,8 +73,12 @@ def test_the_run_cgroup_goes_in_cgroup_v2_else_the_best_v1_hierarchy_mounted(tmp
         f = tmp_path / "mounts"
         f.write_text("".join(line + " 0 0\n" for line in lines))
         return f
-    cpu, pids, v2 = (f"cgroup {tmp_path}/cpu cgroup rw,cpu", f"cgroup {tmp_path}/pids cgroup rw,pids",
-                     f"cgroup2 {tmp_path}/unified cgroup2 rw")
+
+    cpu, pids, v2 = (
+        f"cgroup {tmp_path}/cpu cgroup rw,cpu",
+        f"cgroup {tmp_path}/pids cgroup rw,pids",
+        f"cgroup2 {tmp_path}/unified cgroup2 rw",
+    )
     assert process_hierarchy(mounts(cpu, pids, v2)) == Hierarchy(2, tmp_path / "unified")
     assert process_hierarchy(mounts(cpu, pids)) == Hierarchy(1, tmp_path / "pids")
     assert process_hierarchy(mounts(cpu)) == Hierarchy(1, tmp_path / "cpu")
@@ -86,8 +91,9 @@ def test_a_daemon_forked_by_a_run_process_dies_with_the_run_cgroup(tmp_path, hie
     cg = RunCgroup(f"test-{os.getpid()}-v{hierarchy.version}", hierarchy)
     try:
         (tmp_path / "d.py").write_text(DAEMON)
-        p = subprocess.Popen([sys.executable, "-P", str(tmp_path / "d.py"), str(tmp_path / "pid")],
-                             preexec_fn=tied_preexec(cg.preexec))
+        p = subprocess.Popen(
+            [sys.executable, "-P", str(tmp_path / "d.py"), str(tmp_path / "pid")], preexec_fn=tied_preexec(cg.preexec)
+        )
         assert p.wait(timeout=20) == 0
         daemon = int(_wait_file(tmp_path / "pid"))
         assert _alive(daemon) and daemon in cg.pids()  # born inside, whatever it forked
@@ -104,11 +110,13 @@ def test_a_daemon_forked_by_a_run_process_dies_with_the_run_cgroup(tmp_path, hie
 @root_only
 def test_a_helper_started_from_the_main_thread_dies_with_its_parent(tmp_path):
     # the parent (a Python process standing for the harness) starts sleep tied to it, then is killed -9
-    code = ("import subprocess, sys\n"
-            "from testbed.lifetime import tied_preexec\n"
-            "p = subprocess.Popen(['sleep', '600'], preexec_fn=tied_preexec())\n"
-            "open(sys.argv[1], 'w').write(str(p.pid))\n"
-            "import time; time.sleep(600)\n")
+    code = (
+        "import subprocess, sys\n"
+        "from testbed.lifetime import tied_preexec\n"
+        "p = subprocess.Popen(['sleep', '600'], preexec_fn=tied_preexec())\n"
+        "open(sys.argv[1], 'w').write(str(p.pid))\n"
+        "import time; time.sleep(600)\n"
+    )
     parent = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "pid")])
     try:
         child = int(_wait_file(tmp_path / "pid"))
@@ -133,8 +141,10 @@ def test_a_ledger_pid_is_signalled_only_with_its_recorded_start_time(tmp_path, m
     try:
         led = ledger_mod.Ledger(path=tmp_path / "x.json", owner_pid=a.pid + 10**6, owner_start=0.0)
         led.pids = {"right": a.pid, "reused": b.pid, "unknown": c.pid}
-        led.starts = {"right": psutil.Process(a.pid).create_time(),
-                      "reused": psutil.Process(b.pid).create_time() - 5.0}  # the pid's earlier owner
+        led.starts = {
+            "right": psutil.Process(a.pid).create_time(),
+            "reused": psutil.Process(b.pid).create_time() - 5.0,
+        }  # the pid's earlier owner
         removed = led.sweep()
         assert removed == [f"process right (pid {a.pid})"]
         assert not _alive(a.pid)
@@ -186,8 +196,13 @@ def test_the_next_run_sweeps_a_dead_runs_ledger_and_says_so(tmp_path, monkeypatc
     try:
         p = subprocess.Popen(["sleep", "600"], preexec_fn=cg.preexec)
         (tmp_path / "ledger").mkdir()
-        led = ledger_mod.Ledger(path=tmp_path / "ledger" / "dead.json", owner_pid=dead.pid, owner_start=1.0,
-                                run_dir="", process_cgroup=str(cg.path))
+        led = ledger_mod.Ledger(
+            path=tmp_path / "ledger" / "dead.json",
+            owner_pid=dead.pid,
+            owner_start=1.0,
+            run_dir="",
+            process_cgroup=str(cg.path),
+        )
         led.save()
         lines = clean_mod.sweep_dead_runs()
         assert len(lines) == 1 and "had died" in lines[0] and "1 process" in lines[0], lines
@@ -212,6 +227,7 @@ def test_the_next_run_refuses_when_interfaces_of_a_lost_ledger_remain(tmp_path, 
 
 def test_an_interrupted_analysis_still_writes_its_summary(tmp_path, monkeypatch):
     from analysis import metrics
+
     run = tmp_path / "r"
     (run / "logs").mkdir(parents=True)
     (run / "spec.yaml").write_text("name: r\nworkload: {scheme: allreduce, iterations: 3}\n")
@@ -219,6 +235,7 @@ def test_an_interrupted_analysis_still_writes_its_summary(tmp_path, monkeypatch)
 
     def interrupt(*a, **k):
         raise KeyboardInterrupt()
+
     monkeypatch.setattr(metrics, "_cpu_section", interrupt)
     with pytest.raises(KeyboardInterrupt):
         metrics.summarize(run, status="ok")
@@ -231,14 +248,16 @@ def test_an_interrupted_analysis_still_writes_its_summary(tmp_path, monkeypatch)
 def test_logs_and_a_spec_with_a_program_environment_are_private(tmp_path):
     from testbed.spec import from_dict, write_spec
     from traffic import rundir
+
     d = rundir.create(tmp_path, "r")
     assert (d / "logs").stat().st_mode & 0o777 == 0o700
     with rundir.open_private(d / "logs" / "x.log") as f:
         f.write(b"token\n")
     assert (d / "logs" / "x.log").stat().st_mode & 0o777 == 0o600
     (tmp_path / "t.py").write_text("")
-    exp = from_dict({"workload": {"program": {"command": ["python", "t.py"], "cwd": str(tmp_path),
-                                              "env": {"TOKEN": "s3cret"}}}})
+    exp = from_dict(
+        {"workload": {"program": {"command": ["python", "t.py"], "cwd": str(tmp_path), "env": {"TOKEN": "s3cret"}}}}
+    )
     write_spec(d / "spec.yaml", exp)
     assert (d / "spec.yaml").stat().st_mode & 0o777 == 0o600
     write_spec(d / "plain.yaml", from_dict({}))
@@ -253,6 +272,7 @@ def _umask() -> int:
 
 def test_runtime_processes_do_not_import_from_the_working_directory():
     from testbed.launch import runtime_command
+
     assert runtime_command(Path("/r"), "worker0")[:2] == [sys.executable, "-P"]
 
 
@@ -266,8 +286,14 @@ def test_python_P_ignores_a_module_in_the_working_directory(tmp_path):
 
 def test_a_host_profile_error_never_shows_the_files_content(tmp_path):
     from traffic.hostmodel import load_host_profile
-    for text in ("root:$y$SECRETHASH:19000:0:99999:7:::\n", "a: [1, 2\nb: SECRETLINE\n", "SECRETKEY: 1\n",
-                 "- SECRETITEM\n", "SECRETTWICE: 1\nSECRETTWICE: 2\n"):
+
+    for text in (
+        "root:$y$SECRETHASH:19000:0:99999:7:::\n",
+        "a: [1, 2\nb: SECRETLINE\n",
+        "SECRETKEY: 1\n",
+        "- SECRETITEM\n",
+        "SECRETTWICE: 1\nSECRETTWICE: 2\n",
+    ):
         f = tmp_path / "p.yaml"
         f.write_text(text)
         with pytest.raises(TestbedError) as e:
@@ -278,6 +304,7 @@ def test_a_host_profile_error_never_shows_the_files_content(tmp_path):
 
 def test_a_yaml_syntax_error_names_the_place_but_never_quotes_the_line(tmp_path):
     from testbed.spec import load_spec
+
     f = tmp_path / "s.yaml"
     f.write_text("name: x\nworkload: [1, 2\nsecret: SECRETLINE\n")
     with pytest.raises(TestbedError) as e:

@@ -2,6 +2,7 @@
 and exits 0 leaves no process behind; a run started right after a ``kill -9`` of another
 succeeds, says it swept the dead run, and nothing of the killed run is still running. Needs
 root; slow."""
+
 from __future__ import annotations
 
 import os
@@ -42,9 +43,14 @@ TOPOLOGY = {"kind": "rack_core", "racks": 2, "hosts_per_rack": 2, "host_bw_mbps"
 def test_a_programs_daemon_does_not_outlive_the_run(tmp_path):
     assert leftovers() == []
     (tmp_path / "daemonize.py").write_text(DAEMONIZING)
-    exp = from_dict({"name": "daemon", "topology": TOPOLOGY, "workload": {"workers": 4, "program": {
-        "command": ["python", "daemonize.py"], "cwd": str(tmp_path)}},
-        "run": {"runs_dir": str(tmp_path / "runs"), "timeout_s": 120}})
+    exp = from_dict(
+        {
+            "name": "daemon",
+            "topology": TOPOLOGY,
+            "workload": {"workers": 4, "program": {"command": ["python", "daemonize.py"], "cwd": str(tmp_path)}},
+            "run": {"runs_dir": str(tmp_path / "runs"), "timeout_s": 120},
+        }
+    )
     (res,) = run_experiment(exp, progress=False)
     assert "forked a daemon" in (res.run_dir / "logs" / "worker0.log").read_text()
     harness = (res.run_dir / "logs" / "harness.log").read_text()
@@ -53,8 +59,14 @@ def test_a_programs_daemon_does_not_outlive_the_run(tmp_path):
 
 
 def _testbed(*args: str, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "testbed.cli", *args], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "testbed.cli", *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
 
 
 def _training(run_dir: Path, timeout_s: float = 120) -> None:
@@ -74,9 +86,23 @@ def test_a_run_started_right_after_a_kill_9_of_another_succeeds_and_nothing_of_i
     assert leftovers() == []
     runs = tmp_path / "runs"
     spec = str(REPO / "experiments" / "quickstart.yaml")
-    killed = _testbed("run", spec, "--quiet", "--set", "sweep={}", "--set", "workload.scheme=allreduce",
-                      "--set", "workload.iterations=5000", "--set", "run.timeout_s=3600", "--set", f"run.runs_dir={runs}",
-                      "--set", "run.id=killed")
+    killed = _testbed(
+        "run",
+        spec,
+        "--quiet",
+        "--set",
+        "sweep={}",
+        "--set",
+        "workload.scheme=allreduce",
+        "--set",
+        "workload.iterations=5000",
+        "--set",
+        "run.timeout_s=3600",
+        "--set",
+        f"run.runs_dir={runs}",
+        "--set",
+        "run.id=killed",
+    )
     try:
         _training(runs / "killed")
     except AssertionError:
@@ -84,9 +110,23 @@ def test_a_run_started_right_after_a_kill_9_of_another_succeeds_and_nothing_of_i
         raise AssertionError(killed.communicate()[1][-3000:]) from None
     os.kill(killed.pid, signal.SIGKILL)  # no teardown at all
     killed.wait()
-    nxt = _testbed("run", spec, "--quiet", "--set", "sweep={}", "--set", "workload.scheme=allreduce",
-                   "--set", "workload.iterations=8", "--set", "workload.warmup_iterations=2",
-                   "--set", f"run.runs_dir={runs}", "--set", "run.id=next")
+    nxt = _testbed(
+        "run",
+        spec,
+        "--quiet",
+        "--set",
+        "sweep={}",
+        "--set",
+        "workload.scheme=allreduce",
+        "--set",
+        "workload.iterations=8",
+        "--set",
+        "workload.warmup_iterations=2",
+        "--set",
+        f"run.runs_dir={runs}",
+        "--set",
+        "run.id=next",
+    )
     out, err = nxt.communicate(timeout=600)
     assert nxt.returncode == 0, err[-3000:]
     assert "run " + str(runs / "killed") in err and "had died" in err, err  # said in one line

@@ -4,14 +4,15 @@ model nor the shared scratch, the capacity model counts a light process as its b
 scratch, the spec refuses what cannot work, and light loopback runs of p3 and ibatch send
 the messages of full runs. No root, no network (the end-to-end checks over a real network are
 in test_light_memory_e2e.py, marked slow)."""
+
 from __future__ import annotations
 
 import json
 import os
 import subprocess
-from collections import Counter
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import psutil
@@ -26,15 +27,15 @@ from testbed.spec import from_dict
 from tests.conftest import experiment
 from tests.test_capacity import MACHINE, synthetic
 from traffic import schemes
-from traffic.runtime.events import read_events
-from traffic.models import build_model, model_info
+from traffic.models import model_info
 from traffic.runtime import buffers as bufmod
 from traffic.runtime.buffers import Buffers
+from traffic.runtime.events import read_events
 from traffic.spec import OptimizerSpec
 
 ROOT = Path(__file__).resolve().parents[1]
-MIB = 2 ** 20
-GIB = 2 ** 30
+MIB = 2**20
+GIB = 2**30
 
 
 # ---------------------------------------------------------------- the buffers
@@ -100,7 +101,7 @@ def test_ordered_rows_keep_every_messages_first_element(light):
         assert rows.untyped_storage().nbytes() == 4 * (n + width - 1)
         assert rows[1].data_ptr() == rows[0].data_ptr() + 4
     else:
-        assert all(rows[k, 1:lengths[k]].eq(-(k + 1.0)).all() for k in range(n))
+        assert all(rows[k, 1 : lengths[k]].eq(-(k + 1.0)).all() for k in range(n))
 
 
 def test_replay_of_an_sgd_step_stays_on_a_few_chunks_of_scratch():
@@ -149,8 +150,14 @@ for p in pids:
 
 
 def _children(*roles: str):
-    proc = subprocess.Popen([sys.executable, "-c", _CHILD, *roles], cwd=ROOT, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, *roles],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     pids = [int(p) for p in proc.stdout.readline().split()]
     return proc, pids
 
@@ -175,8 +182,14 @@ def test_a_forked_light_worker_holds_neither_the_model_nor_the_shared_scratch():
 
 
 def _light(**workload):
-    return {"workload": {"scheme": "allreduce", "model": "digits_mlp", "compute": {"mode": "emulated",
-                                                                                    "memory": "light"}, **workload}}
+    return {
+        "workload": {
+            "scheme": "allreduce",
+            "model": "digits_mlp",
+            "compute": {"mode": "emulated", "memory": "light"},
+            **workload,
+        }
+    }
 
 
 def test_light_memory_is_accepted_for_the_schemes_that_support_it():
@@ -206,9 +219,27 @@ def test_light_memory_needs_emulated_compute_and_no_saved_parameters():
 
 
 def test_the_cli_refuses_a_light_run_it_cannot_make_with_exit_2(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "testbed.cli", "run", "experiments/vgg19_10g.yaml", "--set", "sweep={}",
-                          "--set", "workload.scheme=phub", "--set", "workload.compute.memory=light", "--dry-run",
-                          "--runs-dir", str(tmp_path / "r")], capture_output=True, text=True, cwd=ROOT)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "testbed.cli",
+            "run",
+            "experiments/vgg19_10g.yaml",
+            "--set",
+            "sweep={}",
+            "--set",
+            "workload.scheme=phub",
+            "--set",
+            "workload.compute.memory=light",
+            "--dry-run",
+            "--runs-dir",
+            str(tmp_path / "r"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "workload.compute.memory" in out.stderr and "'phub'" in out.stderr
 
@@ -217,10 +248,19 @@ def test_the_cli_refuses_a_light_run_it_cannot_make_with_exit_2(tmp_path):
 
 
 def _vgg19_ring(memory: str, workers: int = 128, launcher: str = "zygote"):
-    exp = from_dict({"topology": {"kind": "rack_core", "racks": 8, "hosts_per_rack": workers // 8},
-                     "workload": {"scheme": "allreduce", "model": "vgg19", "batch_size": 32,
-                                  "compute": {"mode": "emulated", "profile": "gtx1080ti", "memory": memory}},
-                     "run": {"launcher": launcher}, "scale": 20})
+    exp = from_dict(
+        {
+            "topology": {"kind": "rack_core", "racks": 8, "hosts_per_rack": workers // 8},
+            "workload": {
+                "scheme": "allreduce",
+                "model": "vgg19",
+                "batch_size": 32,
+                "compute": {"mode": "emulated", "profile": "gtx1080ti", "memory": memory},
+            },
+            "run": {"launcher": launcher},
+            "scale": 20,
+        }
+    )
     hosts, procs = plan_point(exp)
     return exp, hosts, procs
 
@@ -250,9 +290,17 @@ def test_exec_started_light_processes_each_hold_their_scratch():
 
 
 def test_light_scratch_follows_the_schemes_largest_buffer():
-    exp = from_dict({"workload": {"scheme": "ps", "model": "vgg19", "servers": {"count": 4},
-                                  "compute": {"mode": "emulated", "memory": "light"}},
-                     "topology": {"hosts_per_rack": 4}})
+    exp = from_dict(
+        {
+            "workload": {
+                "scheme": "ps",
+                "model": "vgg19",
+                "servers": {"count": 4},
+                "compute": {"mode": "emulated", "memory": "light"},
+            },
+            "topology": {"hosts_per_rack": 4},
+        }
+    )
     _, procs = plan_point(exp)
     # fc6 (102,760,448 elements) split over the 4 servers is the largest shard
     assert light_scratch_bytes(exp.workload, procs) == 4 * (25088 * 4096 // 4)
@@ -262,22 +310,46 @@ def test_light_scratch_follows_the_schemes_largest_buffer():
 
 
 def test_dry_run_of_vgg19_ring_allreduce_on_128_workers_no_longer_refuses_for_memory(tmp_path):
-    args = [sys.executable, "-m", "testbed.cli", "run", "experiments/vgg19_10g.yaml", "--set", "sweep={}",
-            "--set", "workload.scheme=allreduce", "--set", "topology.kind=rack_core", "--set", "topology.racks=8",
-            "--set", "topology.hosts_per_rack=16", "--dry-run", "--runs-dir", str(tmp_path / "r")]
+    args = [
+        sys.executable,
+        "-m",
+        "testbed.cli",
+        "run",
+        "experiments/vgg19_10g.yaml",
+        "--set",
+        "sweep={}",
+        "--set",
+        "workload.scheme=allreduce",
+        "--set",
+        "topology.kind=rack_core",
+        "--set",
+        "topology.racks=8",
+        "--set",
+        "topology.hosts_per_rack=16",
+        "--dry-run",
+        "--runs-dir",
+        str(tmp_path / "r"),
+    ]
     full = subprocess.run(args, capture_output=True, text=True, cwd=ROOT)
     assert full.returncode == 2 and "cannot hold the run" in full.stderr
     assert "workload.compute.memory: light" in full.stderr  # the refusal names the way out
-    light = subprocess.run(args + ["--set", "workload.compute.memory=light"], capture_output=True, text=True,
-                           cwd=ROOT)
+    light = subprocess.run(args + ["--set", "workload.compute.memory=light"], capture_output=True, text=True, cwd=ROOT)
     assert light.returncode == 0, light.stderr
     assert "cannot hold the run" not in light.stdout + light.stderr
 
 
 def test_p3s_light_scratch_is_its_largest_slice():
-    exp = from_dict({"workload": {"scheme": "p3", "model": "vgg19", "servers": {"count": 4},
-                                  "compute": {"mode": "emulated", "memory": "light"}},
-                     "topology": {"hosts_per_rack": 4}})
+    exp = from_dict(
+        {
+            "workload": {
+                "scheme": "p3",
+                "model": "vgg19",
+                "servers": {"count": 4},
+                "compute": {"mode": "emulated", "memory": "light"},
+            },
+            "topology": {"hosts_per_rack": 4},
+        }
+    )
     _, procs = plan_point(exp)
     assert schemes.get("p3").light_buffer_bytes(exp.workload, procs) == 4 * 50_000  # slice_params
     assert light_scratch_bytes(exp.workload, procs) == 3 * bufmod.REPLAY_CHUNK_ELEMENTS * 4  # the replay's chunks
@@ -295,8 +367,11 @@ def _messages(events: list[dict]) -> Counter:
     """The parameter messages of one process: ``(kind, dir, iteration, slice, peer, bytes)``,
     counted (every push, pull, broadcast and initial value; for a p3 server, the slice is the
     id it read from the message)."""
-    return Counter((e["kind"], e["dir"], e["iteration"], e["slice"], e["peer"], e["bytes"])
-                   for e in events if "slice" in e and e.get("dir") in ("tx", "rx"))
+    return Counter(
+        (e["kind"], e["dir"], e["iteration"], e["slice"], e["peer"], e["bytes"])
+        for e in events
+        if "slice" in e and e.get("dir") in ("tx", "rx")
+    )
 
 
 @pytest.mark.parametrize("scheme", list(LOOPBACK))
@@ -306,9 +381,17 @@ def test_a_light_loopback_run_sends_the_messages_of_a_full_run(scheme, tmp_path)
     may differ by a 32-byte request) and the same parameter messages, slice by slice."""
     runs = {}
     for memory in ("full", "light"):
-        exp = experiment(scheme, workers=4, iterations=4, warmup_iterations=2, batch_size=16,
-                         servers={"count": 2}, save_params=False, options=LOOPBACK[scheme],
-                         compute={"mode": "emulated", "memory": memory})
+        exp = experiment(
+            scheme,
+            workers=4,
+            iterations=4,
+            warmup_iterations=2,
+            batch_size=16,
+            servers={"count": 2},
+            save_params=False,
+            options=LOOPBACK[scheme],
+            compute={"mode": "emulated", "memory": memory},
+        )
         runs[memory] = run_local(exp, tmp_path / memory)
     assert "memory: light" in (runs["light"] / "spec.yaml").read_text()
     names = [p["name"] for p in json.loads((runs["full"] / "processes.json").read_text())["processes"]]

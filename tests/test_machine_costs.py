@@ -3,6 +3,7 @@
 another machine (``testbed run``, ``testbed check``), its record in a run's provenance, and
 ``testbed profile --machine`` (refusals, and the measurement it calls, replaced by a fake: no
 network is built). No root needed."""
+
 from __future__ import annotations
 
 import json
@@ -18,18 +19,25 @@ from common.errors import CapacityError, MissingRequirement, TestbedError
 from common.provenance import PROVENANCE_FILE, Provenance
 from testbed import cli
 from testbed.check import Item, cost_model_check, format_checks
+from testbed.machine_costs import (
+    COSTS_ENV,
+    COSTS_PATH,
+    STEP_NAMES,
+    CostModel,
+    Machine,
+    check_target,
+    costs_path,
+    in_use,
+    user_costs_path,
+)
 from tests.test_cli import run_cli
-from testbed.machine_costs import (COSTS_ENV, COSTS_PATH, STEP_NAMES, CostModel, Machine, check_target, costs_path,
-                                   in_use, user_costs_path)
 from traffic import rundir
 
 ROOT = Path(__file__).resolve().parents[1]
 
-GIB = 2 ** 30
+GIB = 2**30
 HERE = Machine(cores=8, total_bytes=32 * GIB, available_bytes=30 * GIB, cpu="Test CPU 3000")
 SAME = {"cores": 8, "cpu": "Test CPU 3000", "memory_total_bytes": 32 * GIB, "kernel": "6.1.0", "date": "today"}
-
-
 
 
 def write_model(path: Path, machine: dict | None) -> Path:
@@ -81,8 +89,11 @@ def test_the_environment_variable_comes_first(config, tmp_path, monkeypatch):
 def test_a_missing_file_named_by_the_environment_variable_is_an_error_not_a_fall_back(config, tmp_path, monkeypatch):
     monkeypatch.setenv(COSTS_ENV, str(tmp_path / "missing.yaml"))
     assert costs_path() == tmp_path / "missing.yaml"
-    with pytest.raises(CapacityError, match=rf"missing\.yaml.*{COSTS_ENV} names it; measure this machine with "
-                                            r"`testbed profile --machine`"):
+    with pytest.raises(
+        CapacityError,
+        match=rf"missing\.yaml.*{COSTS_ENV} names it; measure this machine with "
+        r"`testbed profile --machine`",
+    ):
         CostModel.load()
 
 
@@ -100,26 +111,34 @@ def test_without_an_absolute_xdg_config_home_the_user_file_is_under_home(xdg, tm
 # ------------------------------------------------------------------------------ another machine
 
 
-@pytest.mark.parametrize("change, phrase", [
-    ({"cpu": "Other CPU 9000"}, "CPU Other CPU 9000 there, Test CPU 3000 here"),
-    ({"cores": 64}, "64 cores there, 8 here"),
-    ({"memory_total_bytes": 256 * GIB}, "256.0 GiB there, 32.0 GiB here"),
-])
+@pytest.mark.parametrize(
+    "change, phrase",
+    [
+        ({"cpu": "Other CPU 9000"}, "CPU Other CPU 9000 there, Test CPU 3000 here"),
+        ({"cores": 64}, "64 cores there, 8 here"),
+        ({"memory_total_bytes": 256 * GIB}, "256.0 GiB there, 32.0 GiB here"),
+    ],
+)
 def test_a_model_measured_on_another_machine_says_so_in_one_line(change, phrase, tmp_path):
     m = CostModel.load(write_model(tmp_path / "m.yaml", {**SAME, **change}))
     line = m.measured_elsewhere(HERE)
-    assert line == (f"the cost model {tmp_path / 'm.yaml'} was measured on another machine ({phrase}): its memory and "
-                    f"CPU estimates and scale: auto are approximate here; measure this machine with `testbed profile "
-                    f"--machine` (as root)")
+    assert line == (
+        f"the cost model {tmp_path / 'm.yaml'} was measured on another machine ({phrase}): its memory and "
+        f"CPU estimates and scale: auto are approximate here; measure this machine with `testbed profile "
+        f"--machine` (as root)"
+    )
     assert "\n" not in line
 
 
-@pytest.mark.parametrize("machine", [
-    SAME,
-    {**SAME, "memory_total_bytes": int(32 * GIB * 0.95), "kernel": "another kernel", "date": "another day"},
-    {"cores": 8},  # what the file does not record is not compared
-    None,  # no machine section at all
-])
+@pytest.mark.parametrize(
+    "machine",
+    [
+        SAME,
+        {**SAME, "memory_total_bytes": int(32 * GIB * 0.95), "kernel": "another kernel", "date": "another day"},
+        {"cores": 8},  # what the file does not record is not compared
+        None,  # no machine section at all
+    ],
+)
 def test_a_model_measured_on_this_machine_gives_no_line(machine, tmp_path):
     assert CostModel.load(write_model(tmp_path / "m.yaml", machine)).measured_elsewhere(HERE) is None
 
@@ -132,8 +151,12 @@ def test_the_shipped_model_is_named_so_when_it_is_another_machine_s():
 def test_this_machine_matches_the_fields_a_measurement_records_of_it():
     here = Machine.current()
     assert here.cores >= 1 and here.total_bytes > 0 and here.cpu
-    assert CostModel({}, {"cores": here.cores, "cpu": here.cpu, "memory_total_bytes": here.total_bytes}
-                     ).measured_elsewhere() is None
+    assert (
+        CostModel(
+            {}, {"cores": here.cores, "cpu": here.cpu, "memory_total_bytes": here.total_bytes}
+        ).measured_elsewhere()
+        is None
+    )
 
 
 def test_testbed_check_prints_the_line_and_stays_ready(config, tmp_path, monkeypatch):
@@ -141,8 +164,10 @@ def test_testbed_check_prints_the_line_and_stays_ready(config, tmp_path, monkeyp
     item = cost_model_check(HERE)
     assert item.ok and item.name == "cost model" and "64 cores there, 8 here" in item.detail
     assert len(format_checks([item]).splitlines()) == 1
-    assert cost_model_check(Machine(64, 32 * GIB, 30 * GIB, "Test CPU 3000")).detail == \
-        f"{user} (measured on this machine)"
+    assert (
+        cost_model_check(Machine(64, 32 * GIB, 30 * GIB, "Test CPU 3000")).detail
+        == f"{user} (measured on this machine)"
+    )
     monkeypatch.setattr(cli, "run_checks", lambda: [Item("root", True, ""), cost_model_check(HERE)])
     rc, out, _ = run_cli("check")
     assert rc == 0 and out.count("testbed profile --machine") == 1 and "ready to run experiments" in out
@@ -160,15 +185,20 @@ def test_testbed_check_is_not_ready_with_an_unreadable_model(config, monkeypatch
 def test_testbed_run_prints_the_line_once_and_not_when_it_matches(config, tmp_path, monkeypatch):
     here = Machine.current()
     spec = tmp_path / "spec.yaml"
-    spec.write_text(yaml.safe_dump({"topology": {"kind": "rack", "hosts_per_rack": 2},
-                                    "workload": {"scheme": "ps", "model": "digits_mlp"}}))
+    spec.write_text(
+        yaml.safe_dump(
+            {"topology": {"kind": "rack", "hosts_per_rack": 2}, "workload": {"scheme": "ps", "model": "digits_mlp"}}
+        )
+    )
     user = config / "dl-netbed" / "machine_costs.yaml"
     write_model(user, {"cores": here.cores + 62, "cpu": here.cpu, "memory_total_bytes": here.total_bytes})
     rc, out, _ = run_cli("run", "--dry-run", spec, "--runs-dir", tmp_path / "runs")
     lines = [line for line in out.splitlines() if "measured on another machine" in line]
     assert rc == 0 and len(lines) == 1
-    assert lines[0].startswith(f"warning: capacity: the cost model {user} was measured on another machine "
-                               f"({here.cores + 62} cores there, {here.cores} here)")
+    assert lines[0].startswith(
+        f"warning: capacity: the cost model {user} was measured on another machine "
+        f"({here.cores + 62} cores there, {here.cores} here)"
+    )
     assert lines[0].endswith("measure this machine with `testbed profile --machine` (as root)")
     write_model(user, {"cores": here.cores, "cpu": here.cpu, "memory_total_bytes": here.total_bytes})
     rc, out, _ = run_cli("run", "--dry-run", spec, "--runs-dir", tmp_path / "runs")
@@ -204,6 +234,7 @@ def test_the_runner_records_it_before_anything_is_built(config, tmp_path, monkey
 
     def stop(path, exp, provenance=None):
         raise Stop(provenance)
+
     monkeypatch.setattr(runner, "write_spec", stop)  # the run stops there: nothing is built
     exp = from_dict({"scale": 1, "topology": {"kind": "rack", "hosts_per_rack": 2}})
     with pytest.raises(Stop) as err:
@@ -220,6 +251,7 @@ def test_the_runner_records_it_before_anything_is_built(config, tmp_path, monkey
 def measured(monkeypatch) -> list[dict]:
     """The measurement replaced by a fake that records its calls and writes a file."""
     from testbed.machine_costs import measure as measure_module
+
     calls = []
 
     def fake(out, *, command, replace=False, **kw):
@@ -227,6 +259,7 @@ def measured(monkeypatch) -> list[dict]:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text("measured\n")
         return Path(out)
+
     monkeypatch.setattr(measure_module, "measure", fake)
     return calls
 
@@ -277,9 +310,11 @@ def test_profile_machine_refuses_without_root(config, measured, monkeypatch, tmp
 
 
 def test_profile_machine_options_that_do_not_go_together(config, measured, root, tmp_path):
-    for argv, says in ((["profile", "--force"], "--force replaces an existing cost model: it goes with --machine"),
-                       (["profile", "--machine", "--host", tmp_path / "h.yaml"], "--host and --machine"),
-                       (["profile", "digits_mlp", "--batch", "8", "--machine"], "give no model or --batch")):
+    for argv, says in (
+        (["profile", "--force"], "--force replaces an existing cost model: it goes with --machine"),
+        (["profile", "--machine", "--host", tmp_path / "h.yaml"], "--host and --machine"),
+        (["profile", "digits_mlp", "--batch", "8", "--machine"], "give no model or --batch"),
+    ):
         rc, _, err = run_cli(*argv)
         assert rc == 2 and says in err, argv
     assert measured == []
@@ -307,6 +342,7 @@ def test_check_target_refusals(tmp_path, monkeypatch):
 
 def test_measure_refuses_before_measuring(tmp_path, monkeypatch):
     from testbed.machine_costs.measure import STEPS, measure
+
     assert tuple(name for name, *_ in STEPS) == STEP_NAMES
     assert {name for name, _, root, _ in STEPS if root} == {"networks", "forwarding"}
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
@@ -324,22 +360,37 @@ def test_measure_refuses_before_measuring(tmp_path, monkeypatch):
 
 
 def test_the_benchmark_script_still_parses_its_arguments(tmp_path):
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "machine_costs.py"), "--help"], cwd=tmp_path,
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "machine_costs.py"), "--help"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     for option in ("--only STEP", "--resume", "--quiet-flag", "--seconds", "--force"):
         assert option in r.stdout
     assert all(step in r.stdout for step in STEP_NAMES)
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "machine_costs.py"), "x.yaml", "--only", "bogus"],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "machine_costs.py"), "x.yaml", "--only", "bogus"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2 and "invalid choice: 'bogus'" in r.stderr
 
 
 def test_the_benchmark_script_refuses_an_existing_file_with_status_2(tmp_path):
     existing = tmp_path / "old.yaml"
     existing.write_text("earlier results\n")
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "machine_costs.py"), str(existing)],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "machine_costs.py"), str(existing)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 2 and "exists; earlier measurements are never overwritten" in r.stderr
     assert existing.read_text() == "earlier results\n"
 

@@ -1,6 +1,7 @@
 """A run's memory: the sampler's rows (from a fake psutil), ``memory.csv`` written by its
 recorder and merged over machines, the summary's ``memory`` section computed from it and
 written back key for key, and ``testbed show``'s columns. Nothing here builds a network."""
+
 from __future__ import annotations
 
 import json
@@ -19,7 +20,7 @@ from tests.test_cli import run_cli
 from tests.test_summary import same_json
 from traffic.summary import RunSummary
 
-GIB, MIB = 2 ** 30, 2 ** 20
+GIB, MIB = 2**30, 2**20
 
 
 def fake_psutil(used: list[int], uss: dict[int, int]) -> SimpleNamespace:
@@ -33,15 +34,20 @@ def fake_psutil(used: list[int], uss: dict[int, int]) -> SimpleNamespace:
         if pid < 0:
             raise psutil.AccessDenied(pid)
         return SimpleNamespace(memory_full_info=lambda: SimpleNamespace(uss=uss[pid]))
-    return SimpleNamespace(virtual_memory=lambda: (lambda u: SimpleNamespace(total=16 * GIB,
-                                                                             available=16 * GIB - u))(next(it)),
-                           Process=process, NoSuchProcess=psutil.NoSuchProcess, AccessDenied=psutil.AccessDenied,
-                           ZombieProcess=psutil.ZombieProcess)
+
+    return SimpleNamespace(
+        virtual_memory=lambda: (lambda u: SimpleNamespace(total=16 * GIB, available=16 * GIB - u))(next(it)),
+        Process=process,
+        NoSuchProcess=psutil.NoSuchProcess,
+        AccessDenied=psutil.AccessDenied,
+        ZombieProcess=psutil.ZombieProcess,
+    )
 
 
 def test_the_sampler_reads_the_machine_every_sample_and_each_process_s_uss_every_period(monkeypatch):
-    monkeypatch.setattr(memory, "psutil", fake_psutil([GIB, 2 * GIB, 3 * GIB, 4 * GIB], {1: 10 * MIB, 2: 20 * MIB,
-                                                                                         -3: 1}))
+    monkeypatch.setattr(
+        memory, "psutil", fake_psutil([GIB, 2 * GIB, 3 * GIB, 4 * GIB], {1: 10 * MIB, 2: 20 * MIB, -3: 1})
+    )
     now = [100.0]
     pids = {"worker0": 1, "worker1": 2, "not started": None, "ended": 99, "denied": -3}
     s = memory.MemorySampler(lambda: pids, uss_period_s=5.0, clock=lambda: now[0], cpu_clock=lambda: 0.0).open()
@@ -67,9 +73,15 @@ def test_the_uss_reads_keep_to_their_cpu_budget(monkeypatch):
         def memory_full_info(self):
             cpu[0] += 0.01
             return SimpleNamespace(uss=self.pid * MIB)
+
     monkeypatch.setattr(memory.psutil, "Process", Costly)
-    s = memory.MemorySampler(lambda: {f"w{i}": i for i in range(4)}, uss_period_s=1.0, uss_cpu_share=0.02,
-                             clock=lambda: now[0], cpu_clock=lambda: cpu[0]).open()
+    s = memory.MemorySampler(
+        lambda: {f"w{i}": i for i in range(4)},
+        uss_period_s=1.0,
+        uss_cpu_share=0.02,
+        clock=lambda: now[0],
+        cpu_clock=lambda: cpu[0],
+    ).open()
     read = []
     for k in range(40):  # a sample every 0.1 s for 4 s
         now[0] = 0.1 * k
@@ -98,13 +110,17 @@ def test_used_memory_from_a_machine_s_meminfo():
 
 def write_memory(run_dir, rows) -> None:
     (run_dir / "traces" / "memory.csv").write_text(
-        "time,kind,id,bytes\n" + "".join(f"{t:.6f},{k},{i},{b}\n" for t, k, i, b in rows))
+        "time,kind,id,bytes\n" + "".join(f"{t:.6f},{k},{i},{b}\n" for t, k, i, b in rows)
+    )
 
 
 # one machine: 4 GiB before the build, 10 GiB at the peak, back to 6 GiB; USS of two processes
-ROWS = ([(90.0 + 0.1 * j, "machine", "used", u * GIB) for j, u in enumerate([4, 5, 10, 6])]
-        + [(90.0, "proc", "worker0", 100 * MIB), (95.0, "proc", "worker0", 300 * MIB),
-           (95.0, "proc", "worker1", 200 * MIB), (95.0, "proc", "server0", 50 * MIB)])
+ROWS = [(90.0 + 0.1 * j, "machine", "used", u * GIB) for j, u in enumerate([4, 5, 10, 6])] + [
+    (90.0, "proc", "worker0", 100 * MIB),
+    (95.0, "proc", "worker0", 300 * MIB),
+    (95.0, "proc", "worker1", 200 * MIB),
+    (95.0, "proc", "server0", 50 * MIB),
+]
 
 
 def test_the_summary_s_memory_section_round_trips_and_show_prints_it(tmp_path):
@@ -112,8 +128,11 @@ def test_the_summary_s_memory_section_round_trips_and_show_prints_it(tmp_path):
     write_memory(d, ROWS)
     s = metrics.summarize(d)
     m = s.memory
-    assert (m.machine_used_start_bytes, m.machine_used_peak_bytes, m.machine_growth_bytes) == (4 * GIB, 10 * GIB,
-                                                                                              6 * GIB)
+    assert (m.machine_used_start_bytes, m.machine_used_peak_bytes, m.machine_growth_bytes) == (
+        4 * GIB,
+        10 * GIB,
+        6 * GIB,
+    )
     u = m.process_uss_peak_bytes
     assert (u.median, u.max, u.sum, u.processes) == (200 * MIB, 300 * MIB, 550 * MIB, 3)
     assert m.period_s == pytest.approx(0.1) and m.uss_period_s == pytest.approx(5.0) and m.machines is None
@@ -139,17 +158,26 @@ def test_a_cluster_run_s_memory_is_per_machine(tmp_path):
     for addr, used, uss in (("10.0.0.2", 3, 100), ("10.0.0.3", 5, 300)):
         agent = tmp_path / addr
         agent.mkdir()
-        (agent / "memory.csv").write_text(f"time,kind,id,bytes\n60.0,machine,used,{used * GIB}\n"
-                                          f"60.0,proc,worker{used},{uss * MIB}\n")
+        (agent / "memory.csv").write_text(
+            f"time,kind,id,bytes\n60.0,machine,used,{used * GIB}\n60.0,proc,worker{used},{uss * MIB}\n"
+        )
         parts.append(TracePart(addr, agent, offset_s=1.0))
     merge_traces(run / "traces", parts)
     df = pd.read_csv(run / "traces" / "memory.csv")
-    assert df["id"].tolist() == ["10.0.0.2:used", "10.0.0.3:used", "10.0.0.2:used", "10.0.0.2:worker3",
-                                 "10.0.0.3:used", "10.0.0.3:worker5"]
+    assert df["id"].tolist() == [
+        "10.0.0.2:used",
+        "10.0.0.3:used",
+        "10.0.0.2:used",
+        "10.0.0.2:worker3",
+        "10.0.0.3:used",
+        "10.0.0.3:worker5",
+    ]
     (run / "cluster.json").write_text(json.dumps({"machines": ["10.0.0.2", "10.0.0.3", "10.0.0.4"]}))
     m = metrics.summarize(run).memory
     assert m.worst_machine == "10.0.0.3" and m.machine_growth_bytes == 4 * GIB
-    assert m.machines["10.0.0.2"].machine_growth_bytes == GIB and m.machines["10.0.0.4"].machine_used_start_bytes is None
+    assert (
+        m.machines["10.0.0.2"].machine_growth_bytes == GIB and m.machines["10.0.0.4"].machine_used_start_bytes is None
+    )
     assert m.process_uss_peak_bytes.processes == 2 and m.process_uss_peak_bytes.max == 300 * MIB
     assert m.machines["10.0.0.2"].process_uss_peak_bytes.max == 100 * MIB
     assert load(run).memory["time"].min() == 50.0  # wall clock as written

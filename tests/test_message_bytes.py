@@ -2,6 +2,7 @@
 divides a sending rate by to count messages: values worked out by hand from the schemes'
 message layouts, and gloo's ring segments replayed offset by offset. No network, no
 processes: plans on the topology graph, models on the meta device."""
+
 from __future__ import annotations
 
 import math
@@ -13,19 +14,23 @@ from testbed.spec import from_dict
 from traffic.models import model_info
 from traffic.schemes import Scheme, get
 from traffic.schemes.allreduce import GLOO_MAX_SEGMENT_BYTES, gloo_ring_sends
-from traffic.schemes.phub import assign_chunks, pack_frames
 from traffic.schemes.base import model_keys
+from traffic.schemes.phub import assign_chunks, pack_frames
 
 #: digits_mlp's parameter tensors: 64x512, 512, 512x512, 512, 512x10, 10 (layers 0, 0, 1, 1, 2, 2)
 DIGITS = [64 * 512, 512, 512 * 512, 512, 512 * 10, 10]
 #: AlexNet's: conv1-5 weight and bias, fc6-8 weight and bias
-ALEXNET = [23232, 64, 307200, 192, 663552, 384, 884736, 256, 589824, 256, 37748736, 4096, 16777216, 4096,
-           4096000, 1000]
+ALEXNET = [23232, 64, 307200, 192, 663552, 384, 884736, 256, 589824, 256, 37748736, 4096, 16777216, 4096, 4096000, 1000]
 
 
 def message_bytes(scheme: str, model: str, hosts: int = 4, **workload) -> float:
-    exp = from_dict({"scale": 1, "topology": {"kind": "rack", "hosts_per_rack": hosts},
-                     "workload": {"scheme": scheme, "model": model, "compute": {"mode": "emulated"}, **workload}})
+    exp = from_dict(
+        {
+            "scale": 1,
+            "topology": {"kind": "rack", "hosts_per_rack": hosts},
+            "workload": {"scheme": scheme, "model": model, "compute": {"mode": "emulated"}, **workload},
+        }
+    )
     _, procs = plan_point(exp)
     return get(scheme).message_bytes(exp.workload, procs)
 
@@ -49,14 +54,16 @@ def test_ps_sends_a_message_per_shard_and_splits_big_keys_over_the_servers():
     assert message_bytes("ps", "digits_mlp") == pytest.approx(4 * sum(DIGITS) / 6)  # one server, keys whole
     # 2 servers: the 3 keys of >= 1,000,000 elements in 2 shards each, 13 others whole: 19 shards
     assert message_bytes("ps", "alexnet", servers={"count": 2}) == pytest.approx(4 * sum(ALEXNET) / 19)
-    assert message_bytes("ps", "alexnet", servers={"count": 2}, options={"bigarray_bound": 10 ** 9}) == \
-        pytest.approx(4 * sum(ALEXNET) / 16)
+    assert message_bytes("ps", "alexnet", servers={"count": 2}, options={"bigarray_bound": 10**9}) == pytest.approx(
+        4 * sum(ALEXNET) / 16
+    )
 
 
 def test_ps_pull_requests_add_notifications_and_requests():
     # per worker: push and pull of 6 shards, 6 notifications, a request per layer (3): 16 bytes each
     assert message_bytes("ps", "digits_mlp", options={"pull_request": True}) == pytest.approx(
-        (2 * 4 * sum(DIGITS) + 16 * (6 + 3)) / (3 * 6 + 3))
+        (2 * 4 * sum(DIGITS) + 16 * (6 + 3)) / (3 * 6 + 3)
+    )
 
 
 def test_p3_sends_a_push_and_a_broadcast_per_slice():
@@ -69,18 +76,26 @@ def test_p3_sends_a_push_and_a_broadcast_per_slice():
 
 def test_phub_messages_are_frames_of_chunks():
     chunks = sum(math.ceil(n / 8192) for n in ALEXNET)  # 32 KB chunks
-    per_chunk = message_bytes("phub", "alexnet", servers={"placement": "dedicated", "interfaces": 2},
-                              options={"frame_bytes": 0})
+    per_chunk = message_bytes(
+        "phub", "alexnet", servers={"placement": "dedicated", "interfaces": 2}, options={"frame_bytes": 0}
+    )
     assert per_chunk == pytest.approx((4 * sum(ALEXNET) + 8 * chunks) / chunks)  # payload and 8 bytes of metadata
     framed = message_bytes("phub", "alexnet", servers={"placement": "dedicated", "interfaces": 2})
     assert 4 * per_chunk < framed <= 256 * 1024 + 8 * 8  # 256 KB frames of 8 chunks, mostly full
 
 
 def test_phub_hierarchical_frames_also_go_round_the_ring():
-    spec = {"scale": 1, "topology": {"kind": "rack_core", "racks": 2, "hosts_per_rack": 2},
-            "workload": {"scheme": "phub", "model": "digits_mlp", "compute": {"mode": "emulated"},
-                         "servers": {"placement": "dedicated", "scope": "per_rack", "count": 1, "interfaces": 2},
-                         "options": {"hierarchical": True, "chunk_bytes": 4096, "frame_bytes": 16384}}}
+    spec = {
+        "scale": 1,
+        "topology": {"kind": "rack_core", "racks": 2, "hosts_per_rack": 2},
+        "workload": {
+            "scheme": "phub",
+            "model": "digits_mlp",
+            "compute": {"mode": "emulated"},
+            "servers": {"placement": "dedicated", "scope": "per_rack", "count": 1, "interfaces": 2},
+            "options": {"hierarchical": True, "chunk_bytes": 4096, "frame_bytes": 16384},
+        },
+    }
     exp = from_dict(spec)
     _, procs = plan_point(exp)
     frames = pack_frames(assign_chunks(DIGITS, 1024, 2, 2), 4096, lambda c: [0, 0, 1, 1, 2, 2][c.key])
@@ -89,8 +104,9 @@ def test_phub_hierarchical_frames_also_go_round_the_ring():
     msgs = 2 * W * len(frames) + 4 * sum(f.numel >= 2 for f in frames) + 2 * sum(f.numel == 1 for f in frames)
     sent = 2 * W * 4 * sum(f.size for f in frames) + 2 * 4 * sum(f.numel for f in frames)
     assert get("phub").message_bytes(exp.workload, procs) == pytest.approx(sent / msgs)
-    flat = from_dict({**spec, "workload": {**spec["workload"], "options": {**spec["workload"]["options"],
-                                                                         "hierarchical": False}}})
+    flat = from_dict(
+        {**spec, "workload": {**spec["workload"], "options": {**spec["workload"]["options"], "hierarchical": False}}}
+    )
     assert get("phub").message_bytes(flat.workload, plan_point(flat)[1]) != pytest.approx(sent / msgs)
 
 
@@ -99,7 +115,7 @@ def _gloo_replay(nbytes: int, p: int) -> tuple[int, int]:
     n_seg = max(-(-nbytes // GLOO_MAX_SEGMENT_BYTES), 2 * p)
     n_seg = -(-n_seg // p) * p
     per = n_seg // p
-    seg = -(-(-(-nbytes // n_seg)) // 4) * 4
+    seg = -(-(-(-nbytes // n_seg)) // 4) * 4  # noqa: B002 (ceiling divisions, as gloo rounds)
     msgs = sent = 0
     for rank in range(p):
         for first in ((rank + 1) * per, rank * per):
@@ -110,8 +126,9 @@ def _gloo_replay(nbytes: int, p: int) -> tuple[int, int]:
     return msgs, sent
 
 
-@pytest.mark.parametrize("nbytes,p", [(4, 2), (40, 3), (4000, 7), (3 * 2 ** 20, 2), (25 * 2 ** 20, 4),
-                                      (7 * 2 ** 20 + 12, 5), (123_456 * 4, 8)])
+@pytest.mark.parametrize(
+    "nbytes,p", [(4, 2), (40, 3), (4000, 7), (3 * 2**20, 2), (25 * 2**20, 4), (7 * 2**20 + 12, 5), (123_456 * 4, 8)]
+)
 def test_gloo_ring_sends_replays_gloo(nbytes, p):
     msgs, sent = gloo_ring_sends(nbytes, p)
     assert (msgs, sent) == _gloo_replay(nbytes, p)
@@ -120,7 +137,7 @@ def test_gloo_ring_sends_replays_gloo(nbytes, p):
 
 def test_gloo_ring_segments_of_a_ddp_bucket():
     # 25 MiB over 4: roundUp(max(25, 8), 4) = 28 segments of 936,232 bytes, each sent 3 times per phase
-    assert gloo_ring_sends(25 * 2 ** 20, 4) == (2 * 3 * 28, 2 * 3 * 25 * 2 ** 20)
+    assert gloo_ring_sends(25 * 2**20, 4) == (2 * 3 * 28, 2 * 3 * 25 * 2**20)
     assert gloo_ring_sends(1000, 1) == (0, 0)
 
 
@@ -131,7 +148,8 @@ def test_allreduce_messages_are_gloo_segments():
     # one bucket per key: the mean over every key's segments
     per_key = sum(gloo_ring_sends(4 * n, 4)[0] for n in ALEXNET)
     assert message_bytes("allreduce", "alexnet", options={"bucket_mb": 0}) == pytest.approx(
-        sum(gloo_ring_sends(4 * n, 4)[1] for n in ALEXNET) / per_key)
+        sum(gloo_ring_sends(4 * n, 4)[1] for n in ALEXNET) / per_key
+    )
 
 
 def test_pipe_sgd_messages_are_ring_blocks_as_coded():
@@ -142,8 +160,8 @@ def test_pipe_sgd_messages_are_ring_blocks_as_coded():
 
 
 def test_stanza_counts_activations_labels_and_the_allreduces():
-    act = 4 * 32 * 256 * 6 * 6                 # (K, 256, 6, 6) float32 at batch 32
-    conv = 4 * sum(ALEXNET[:10])               # CONV gradient
+    act = 4 * 32 * 256 * 6 * 6  # (K, 256, 6, 6) float32 at batch 32
+    conv = 4 * sum(ALEXNET[:10])  # CONV gradient
     # 4 CONV workers: 4 activations, 4 labels (32 int64), 4 gradients; recursive doubling 2 rounds of 4
     got = message_bytes("stanza", "alexnet", hosts=5)
     assert got == pytest.approx((8 * act + 4 * 32 * 8 + 8 * conv) / 20)
@@ -157,7 +175,9 @@ def test_ibatch_requests_per_batch():
     data = 2 * 4 * sum(DIGITS)
     # one server: 6 pushes and 6 pulls, a sync request (32 B) and answer (4 B), pull requests of 32 B
     assert message_bytes("ibatch", "digits_mlp", options={"pull": "default"}) == pytest.approx(
-        (data + 36 + 32) / (12 + 2 + 1))
+        (data + 36 + 32) / (12 + 2 + 1)
+    )
     for pull in ("layer_by_layer", "ibatch"):  # one request per layer (ibatch: at most that)
         assert message_bytes("ibatch", "digits_mlp", options={"pull": pull}) == pytest.approx(
-            (data + 36 + 3 * 32) / (12 + 2 + 3))
+            (data + 36 + 3 * 32) / (12 + 2 + 3)
+        )

@@ -9,6 +9,7 @@ an ``irecv`` in its first ``wait`` only (not when posted, not again in a second 
 Transfers marked ``message=False`` and collectives are not charged; with an overhead of 0
 nothing is (no statistics at all). The data still arrives intact.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,8 +22,8 @@ import torch.multiprocessing as mp
 
 from testbed.loopback import free_port
 from traffic.hostmodel import HostModel
-from traffic.runtime.events import EventLog, read_events
 from traffic.hostmodel.costs import HostCosts
+from traffic.runtime.events import EventLog, read_events
 
 OVERHEAD_S = 2e-4
 SCALE = 2.0
@@ -79,6 +80,7 @@ def _exchange(tr, rank: int, tag: int, snap, message: bool = True) -> bool:
 
 def _member(rank: int, port: int, out_dir: str) -> None:
     from traffic.runtime.transport import Transport
+
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     out: dict = {"ok": True}
@@ -89,6 +91,7 @@ def _member(rank: int, port: int, out_dir: str) -> None:
 
     def snap(phase):
         return lambda label: out.setdefault(phase, {}).__setitem__(label, list(costs.charged))
+
     out["ok"] &= _exchange(tr, rank, 10, snap("messages"))
     out["ok"] &= _exchange(tr, rank, 20, snap("not messages"), message=False)
     x = torch.ones(SIZES[1])

@@ -3,6 +3,7 @@
 Big ImageNet models are built on the meta device (no memory, no initialisation); only small
 models and ResNet-18 / Inception-v3 at batch 1-2 run for real.
 """
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,25 +14,37 @@ from traffic.models.base import _MODELS
 
 # name -> parameters the papers (or our documented choice) give; each must match within 1%
 PAPER_PARAMS = {
-    "alexnet": 61.1e6,          # Stanza Table 1
-    "vgg16": 138e6,             # Stanza Table 1
-    "vgg19": 143e6,             # Stanza Table 1, iBatch Table 1
-    "vgg19_22k": 229e6,         # iBatch Table 1 (VGG19-22K on ImageNet22K)
-    "vgg16_cifar10": 33.6e6,    # Stanza Table 5
-    "resnet18": 11.7e6,         # PHub Table 3 (45 MB)
-    "resnet50": 25.6e6,         # standard
-    "resnet152": 60.2e6,        # Stanza Table 1
-    "inception_v3": 27e6,       # Stanza Table 1, iBatch Table 1 (with the aux classifier)
-    "googlenet": 6.6e6,         # torchvision's definition (iBatch's framework: 5M)
-    "mnist_mlp": 0.65e6,        # Pipe-SGD §4: 784-500-500-10
+    "alexnet": 61.1e6,  # Stanza Table 1
+    "vgg16": 138e6,  # Stanza Table 1
+    "vgg19": 143e6,  # Stanza Table 1, iBatch Table 1
+    "vgg19_22k": 229e6,  # iBatch Table 1 (VGG19-22K on ImageNet22K)
+    "vgg16_cifar10": 33.6e6,  # Stanza Table 5
+    "resnet18": 11.7e6,  # PHub Table 3 (45 MB)
+    "resnet50": 25.6e6,  # standard
+    "resnet152": 60.2e6,  # Stanza Table 1
+    "inception_v3": 27e6,  # Stanza Table 1, iBatch Table 1 (with the aux classifier)
+    "googlenet": 6.6e6,  # torchvision's definition (iBatch's framework: 5M)
+    "mnist_mlp": 0.65e6,  # Pipe-SGD §4: 784-500-500-10
     "cifar100_alexnet": 151_428,  # Pipe-SGD §4 / [32]: 3 conv + 2 FC (our reading of [32])
-    "stanza_mlp": 8_435_722,    # Stanza Table 7: 3072-1024-1024-4096-10
+    "stanza_mlp": 8_435_722,  # Stanza Table 7: 3072-1024-1024-4096-10
     "sockeye_lstm": 54_638_384,  # P3 §5, sizes documented in traffic/models/seq2seq.py
     "digits_mlp": 301_066,
-    "digits_cnn": 71_754,       # the Stanza accuracy check's small CNN (traffic/models/cnn.py)
+    "digits_cnn": 71_754,  # the Stanza accuracy check's small CNN (traffic/models/cnn.py)
 }
-CONV_MODELS = ["alexnet", "vgg16", "vgg19", "vgg19_22k", "vgg16_cifar10", "resnet18", "resnet50", "resnet152",
-               "inception_v3", "googlenet", "cifar100_alexnet", "digits_cnn"]
+CONV_MODELS = [
+    "alexnet",
+    "vgg16",
+    "vgg19",
+    "vgg19_22k",
+    "vgg16_cifar10",
+    "resnet18",
+    "resnet50",
+    "resnet152",
+    "inception_v3",
+    "googlenet",
+    "cifar100_alexnet",
+    "digits_cnn",
+]
 SMALL = ["digits_mlp", "digits_cnn", "mnist_mlp", "stanza_mlp", "cifar100_alexnet", "vgg16_cifar10", "sockeye_lstm"]
 POOLS = (nn.MaxPool2d, nn.AvgPool2d, nn.AdaptiveAvgPool2d)
 FC_TYPES = (nn.Linear, nn.ReLU, nn.Dropout, nn.Flatten, nn.Sequential)
@@ -66,10 +79,19 @@ def test_parameter_count_matches_the_paper(name, meta_models):
 
 def test_exact_counts_of_the_reference_definitions(meta_models):
     # torchvision's counts of the same definitions
-    exact = {"alexnet": 61_100_840, "vgg16": 138_357_544, "vgg19": 143_667_240, "resnet18": 11_689_512,
-             "resnet50": 25_557_032, "resnet152": 60_192_808, "inception_v3": 27_161_264,
-             "googlenet": 6_624_904, "vgg16_cifar10": 33_638_218, "mnist_mlp": 648_010,
-             "vgg19_22k": 229_052_817}  # vgg19 with fc8 4096 -> 21,841
+    exact = {
+        "alexnet": 61_100_840,
+        "vgg16": 138_357_544,
+        "vgg19": 143_667_240,
+        "resnet18": 11_689_512,
+        "resnet50": 25_557_032,
+        "resnet152": 60_192_808,
+        "inception_v3": 27_161_264,
+        "googlenet": 6_624_904,
+        "vgg16_cifar10": 33_638_218,
+        "mnist_mlp": 648_010,
+        "vgg19_22k": 229_052_817,
+    }  # vgg19 with fc8 4096 -> 21,841
     assert {n: meta_models[n].num_params() for n in exact} == exact
 
 
@@ -115,15 +137,16 @@ def test_split_of_the_mlps_and_the_seq2seq(meta_models):
     assert meta_models["sockeye_lstm"].split_index is None
     m = meta_models["stanza_mlp"]  # Stanza Table 7: separated after the second hidden layer
     assert m.split_index == 2
-    assert [layer[0].out_features if isinstance(layer, nn.Sequential) else layer.out_features
-            for layer in m.layers] == [1024, 1024, 4096, 10]
+    assert [
+        layer[0].out_features if isinstance(layer, nn.Sequential) else layer.out_features for layer in m.layers
+    ] == [1024, 1024, 4096, 10]
 
 
 def test_paper_facts(meta_models):
     # Stanza §3: AlexNet's last pooling layer gives 9,216 activations per sample
     a = meta_models["alexnet"]
     x = a.example_input(2)
-    for layer in a.layers[:a.split_index]:
+    for layer in a.layers[: a.split_index]:
         x = layer(x)
     assert x[0].numel() == 9216
     # P3 §3: VGG-19's fc6 holds 71.5% of the parameters

@@ -2,6 +2,7 @@
 interface records while Mininet builds and what it then asks of netlink, every node's shell
 command sent before any is waited for, node files read back by path, a failed node command
 named. (Real networks: tests/test_network.py.)"""
+
 import os
 
 import pytest
@@ -74,8 +75,17 @@ def test_node_files_are_read_by_path_and_unreadable_ones_left_out():
 
 def test_an_interface_records_its_settings_and_refuses_a_rate_out_of_range():
     i = intf(bw=100.0, max_queue_size=20, link_class="host", rack=0, bw_mbps=100.0)
-    assert i.pending == {"bw": 100.0, "delay": None, "jitter": None, "loss": None, "max_queue_size": 20,
-                         "ethtool": "ethtool -K h1-eth0 gro off tx on rx on", "up": True, "mac": None, "ip": None}
+    assert i.pending == {
+        "bw": 100.0,
+        "delay": None,
+        "jitter": None,
+        "loss": None,
+        "max_queue_size": 20,
+        "ethtool": "ethtool -K h1-eth0 gro off tx on rx on",
+        "up": True,
+        "mac": None,
+        "ip": None,
+    }
     assert i.netem_command() == ""
     assert i.setMAC("00:00:00:00:00:01") == "" and i.mac == "00:00:00:00:00:01"
     assert i.setIP("10.0.0.1/8") == "" and (i.ip, i.prefixLen) == ("10.0.0.1", "8")
@@ -104,7 +114,8 @@ def test_apply_sets_mac_address_htb_class_and_pfifo_then_the_link_up():
         ("tc", ("add", "htb", 7, HTB_ROOT), {"default": 1}),
         ("tc", ("add-class", "htb", 7, HTB_CLASS), {"parent": HTB_ROOT, **htb_class_options(100.0)}),
         ("tc", ("add", "pfifo", 7, PFIFO_HANDLE), {"parent": HTB_CLASS, "limit": 20}),
-        ("link", ("set",), {"index": 7, "state": "up"})]
+        ("link", ("set",), {"index": 7, "state": "up"}),
+    ]
     with pytest.raises(TestbedError, match="h1-eth9 was not created"):
         intf("h1-eth9", bw=100.0).apply(nl)
 
@@ -113,8 +124,13 @@ def test_the_htb_class_over_netlink_is_the_one_tc_is_asked_for():
     cmds, _ = NetlinkIntf.bwCmds(None, bw=100.0)
     burst = htb_burst_bytes(100.0)
     assert f"rate 100.0Mbit burst {burst} cburst {burst} quantum 60000" in cmds[1]
-    assert htb_class_options(100.0) == {"rate": 12_500_000, "ceil": 12_500_000, "burst": burst, "cburst": burst,
-                                        "quantum": 60_000}
+    assert htb_class_options(100.0) == {
+        "rate": 12_500_000,
+        "ceil": 12_500_000,
+        "burst": burst,
+        "cburst": burst,
+        "quantum": 60_000,
+    }
 
 
 class Node(Shell):
@@ -167,5 +183,5 @@ def test_netns_route_opens_in_the_namespace_and_leaves_this_thread_where_it_was(
         assert ipr.link_lookup(ifname="lo")
     assert os.readlink("/proc/thread-self/ns/net") == before
     with pytest.raises(OSError):
-        with netns_route(2 ** 22 + 17):
+        with netns_route(2**22 + 17):
             pass

@@ -1,4 +1,5 @@
 """Real Mininet networks: shaping read back, connectivity, refusal, and teardown leaving nothing."""
+
 import json
 import os
 import re
@@ -9,14 +10,14 @@ import time
 
 import pytest
 
-from traffic import rundir
-from testbed.check import kernel_qdiscs
 from common.errors import MissingRequirement, TestbedError
+from testbed.check import kernel_qdiscs
 from testbed.ledger import Ledger, NetworkLock
 from testbed.network import Network
 from testbed.shaping import htb_burst_bytes
-from topologies import TopologySpec
 from tests.leftovers import leftovers, needs_root
+from topologies import TopologySpec
+from traffic import rundir
 
 pytestmark = [pytest.mark.root, pytest.mark.skipif(needs_root, reason="needs root")]
 
@@ -78,8 +79,13 @@ def test_jumbo_frames_and_tcp_setting_on_every_host(run_dir):
 def _listener(host):
     """A process on ``host`` listening on port 5201 that never accepts: the kernel completes
     the connections in its backlog."""
-    return host.popen([sys.executable, "-c", "import socket, time; s = socket.socket(); "
-                       "s.bind(('0.0.0.0', 5201)); s.listen(8); time.sleep(60)"])
+    return host.popen(
+        [
+            sys.executable,
+            "-c",
+            "import socket, time; s = socket.socket(); s.bind(('0.0.0.0', 5201)); s.listen(8); time.sleep(60)",
+        ]
+    )
 
 
 def test_congestion_control_on_every_route_and_min_tso_segs(run_dir):
@@ -90,20 +96,26 @@ def test_congestion_control_on_every_route_and_min_tso_segs(run_dir):
     spec = TopologySpec(kind="rack", racks=1, hosts_per_rack=2, interfaces_per_host=2, tcp_min_tso_segs=44)
     with NetworkLock():
         with Network(spec, [], run_dir, Ledger.create("t", run_dir)) as net:
-            assert [(h["tcp_congestion_control"], h["tcp_min_tso_segs"]) for h in net.topology["hosts"]] == \
-                [("cubic", 44)] * 2
+            assert [(h["tcp_congestion_control"], h["tcp_min_tso_segs"]) for h in net.topology["hosts"]] == [
+                ("cubic", 44)
+            ] * 2
             routes = net.hosts["h1"].cmd("ip -4 -o route show table all").splitlines()
             # and Linux's least retransmission timeout, 200 ms, by default (here at scale 1)
-            assert [r for r in routes if r.startswith("10.") and ("congctl cubic" not in r or
-                                                                 " rto_min lock 200ms" not in r)] == []
+            assert [
+                r
+                for r in routes
+                if r.startswith("10.") and ("congctl cubic" not in r or " rto_min lock 200ms" not in r)
+            ] == []
             server = _listener(net.hosts["h2"])
             try:
                 time.sleep(0.5)
-                probe = ("import socket, sys; s = socket.create_connection(('{}', 5201), source_address=('{}', 0)); "
-                         "print(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b'\\0').decode())")
+                probe = (
+                    "import socket, sys; s = socket.create_connection(('{}', 5201), source_address=('{}', 0)); "
+                    "print(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b'\\0').decode())"
+                )
                 h1, h2 = net.hosts["h1"], net.hosts["h2"]
                 for src in (h1.IP(), h1.intfList()[1].IP()):
-                    out = h1.cmd(f"python3 -c \"{probe.format(h2.IP(), src)}\"").strip()
+                    out = h1.cmd(f'python3 -c "{probe.format(h2.IP(), src)}"').strip()
                     assert out == "cubic", (src, out)
             finally:
                 server.kill()
@@ -114,8 +126,9 @@ def test_congestion_control_on_every_route_and_min_tso_segs(run_dir):
 def test_a_dilated_least_retransmission_timeout_on_every_route_reaches_a_connection(run_dir):
     """rto_min on every route of both interfaces' tables, dilated; with a null congestion
     control the routes take it alone; a connection's timeout starts from it (``ss -ti``)."""
-    spec = TopologySpec(kind="rack", racks=1, hosts_per_rack=2, interfaces_per_host=2,
-                        tcp_congestion_control=None, tcp_rto_min_ms=50)
+    spec = TopologySpec(
+        kind="rack", racks=1, hosts_per_rack=2, interfaces_per_host=2, tcp_congestion_control=None, tcp_rto_min_ms=50
+    )
     with NetworkLock():
         with Network(spec, [], run_dir, Ledger.create("t", run_dir), scale=40) as net:
             routes = net.hosts["h1"].cmd("ip -4 -o route show table all").splitlines()
@@ -125,8 +138,13 @@ def test_a_dilated_least_retransmission_timeout_on_every_route_reaches_a_connect
             try:
                 time.sleep(0.5)
                 h1, h2 = net.hosts["h1"], net.hosts["h2"]
-                client = h1.popen([sys.executable, "-c", f"import socket, time; s = socket.create_connection("
-                                   f"('{h2.IP()}', 5201)); time.sleep(60)"])
+                client = h1.popen(
+                    [
+                        sys.executable,
+                        "-c",
+                        f"import socket, time; s = socket.create_connection(('{h2.IP()}', 5201)); time.sleep(60)",
+                    ]
+                )
                 try:
                     time.sleep(0.5)
                     out = h1.cmd("ss -tin dst", h2.IP())
@@ -171,6 +189,7 @@ def test_delay_without_netem_fails_before_building(run_dir):
 def test_failure_during_build_leaves_nothing(run_dir, monkeypatch):
     def broken(self):
         raise TestbedError("simulated shaping mismatch")
+
     monkeypatch.setattr(Network, "_verify_shaping", broken)
     with NetworkLock():
         led = Ledger.create("t", run_dir)
@@ -181,8 +200,12 @@ def test_failure_during_build_leaves_nothing(run_dir, monkeypatch):
 
 def test_second_run_is_refused_while_one_holds_the_network():
     with NetworkLock(run_dir="runs/first"):
-        out = subprocess.run([sys.executable, "-c", "from testbed.ledger import NetworkLock; NetworkLock().__enter__()"],
-                             capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+        out = subprocess.run(
+            [sys.executable, "-c", "from testbed.ledger import NetworkLock; NetworkLock().__enter__()"],
+            capture_output=True,
+            text=True,
+            cwd=os.path.dirname(os.path.dirname(__file__)),
+        )
     assert out.returncode != 0 and "another testbed run" in out.stderr and "runs/first" in out.stderr
 
 
@@ -208,8 +231,11 @@ time.sleep(600)
 
 def test_clean_removes_what_a_killed_run_left(tmp_path):
     assert leftovers() == []
-    p = subprocess.Popen([sys.executable, "-c", KILLED, str(tmp_path)], stdout=subprocess.PIPE,
-                         cwd=os.path.dirname(os.path.dirname(__file__)))
+    p = subprocess.Popen(
+        [sys.executable, "-c", KILLED, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        cwd=os.path.dirname(os.path.dirname(__file__)),
+    )
     assert p.stdout.readline().strip() == b"up"
     os.kill(p.pid, signal.SIGKILL)  # no teardown at all
     p.wait()

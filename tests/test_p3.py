@@ -28,6 +28,7 @@ id (:func:`~traffic.schemes.p3.pack_slice`); the slices shorter than the largest
 longer posted receive rows, so these runs also check that gloo accepts a message shorter
 than its receive buffer, which the server's receives rely on.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,14 +37,14 @@ import math
 import pytest
 import torch
 
-from testbed.spec import from_dict
-from traffic.reference import reference_train
-from traffic.runtime.events import read_events
 from testbed.loopback import run_local
+from testbed.spec import from_dict
+from tests.conftest import experiment
 from traffic import schemes
 from traffic.models import available_models, build_model
+from traffic.reference import reference_train
+from traffic.runtime.events import read_events
 from traffic.schemes.p3 import ID_ELEMENTS, MAX_SLICE_ID, PUSH_TAG, assign_slices, pack_slice, slice_id_of
-from tests.conftest import experiment
 
 W, ITERS, BATCH, SERVERS, SLICE = 4, 3, 16, 2, 20_000
 NUMELS = [32768, 512, 262144, 512, 5120, 10]  # digits_mlp's keys
@@ -100,8 +101,9 @@ def test_slice_id_round_trips_through_the_message():
 
 
 def _experiment(scheme, options):
-    return experiment(scheme, workers=W, iterations=ITERS, batch_size=BATCH, servers={"count": SERVERS},
-                      options=options)
+    return experiment(
+        scheme, workers=W, iterations=ITERS, batch_size=BATCH, servers={"count": SERVERS}, options=options
+    )
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +121,7 @@ def run_of(tmp_path_factory):
             scheme, options = CASES[case]
             runs[case] = run_local(_experiment(scheme, options), tmp_path_factory.mktemp("p3") / case)
         return runs[case]
+
     return run
 
 
@@ -142,7 +145,8 @@ def check_send_order(events: list[dict]) -> int:
             if h["ts"] < prev_end and start[key] > e["ts"]:  # h was queued when e was taken
                 assert h["priority"] >= e["priority"], (
                     f"sent slice {e['slice']} (it {e['iteration']}, priority {e['priority']}) while slice "
-                    f"{h['slice']} (it {h['iteration']}, priority {h['priority']}) was queued")
+                    f"{h['slice']} (it {h['iteration']}, priority {h['priority']}) was queued"
+                )
                 judged += h["layer"] != e["layer"]
         prev_end = _end(e)
     return judged
@@ -188,8 +192,9 @@ def test_matches_reference_and_order(case, run_of, reference):
                 judged += check_send_order(events)
             else:  # FIFO: slices go out in the order they were produced
                 enq = sorted((e for e in comm if e["kind"] == "enqueue"), key=lambda e: e["ts"])
-                assert [(e["iteration"], e["slice"]) for e in sorted(pushes, key=lambda e: e["ts"])] == \
-                    [(e["iteration"], e["slice"]) for e in enq]
+                assert [(e["iteration"], e["slice"]) for e in sorted(pushes, key=lambda e: e["ts"])] == [
+                    (e["iteration"], e["slice"]) for e in enq
+                ]
         else:
             assert sum(e["bytes"] for e in pushes) == ITERS * 4 * 301066
     if case == "p3":

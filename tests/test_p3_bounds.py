@@ -3,6 +3,7 @@
 Small cases are worked out by hand here; random ones are held to the bounds the module states
 (the period between ``F + max(B, W)`` and ``F + B + W``, the gain at least 1).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -84,6 +85,7 @@ def test_the_period_lies_within_its_bounds(ls, bw, n):
 def test_the_p3_report_prints_the_bounds_beside_a_bandwidth_sweep():
     from analysis import p3_report
     from traffic.rundir import read_sweep_spec
+
     sweep = Path(__file__).resolve().parents[1] / "reproduction/runs/p3_vgg19-20261129-050108"
     text = p3_report.table([sweep])
     line = next(ln for ln in text.splitlines() if ln.startswith("bytes and compute alone"))

@@ -1,5 +1,6 @@
 """How the project is distributed and set up: the licence and the package metadata, the
 Vagrant VM's Vagrantfile, and where scripts/setup.sh takes torch from."""
+
 from __future__ import annotations
 
 import os
@@ -46,10 +47,10 @@ def test_metadata_builds(tmp_path):
         shutil.copy(ROOT / name, tmp_path / name)
     out = tmp_path / "out"
     out.mkdir()
-    code = ("import sys, setuptools.build_meta as b; "
-            "print(b.prepare_metadata_for_build_wheel(sys.argv[1]))")
-    r = subprocess.run([sys.executable, "-c", code, str(out)], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=120)
+    code = "import sys, setuptools.build_meta as b; print(b.prepare_metadata_for_build_wheel(sys.argv[1]))"
+    r = subprocess.run(
+        [sys.executable, "-c", code, str(out)], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0, r.stderr
     meta = (out / r.stdout.strip().splitlines()[-1] / "METADATA").read_text()
     assert "License-Expression: BSD-3-Clause" in meta
@@ -60,8 +61,9 @@ def test_metadata_builds(tmp_path):
 
 # --- the Vagrant VM -----------------------------------------------------------------------
 
-needs_vagrant = pytest.mark.skipif(shutil.which("vagrant") is None,
-                                   reason="vagrant is not installed (apt-get install vagrant)")
+needs_vagrant = pytest.mark.skipif(
+    shutil.which("vagrant") is None, reason="vagrant is not installed (apt-get install vagrant)"
+)
 
 
 def _validate(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
@@ -70,8 +72,14 @@ def _validate(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
     shutil.copy(ROOT / "Vagrantfile", tmp_path / "Vagrantfile")
     full = {k: v for k, v in os.environ.items() if not k.startswith("TESTBED_VM_")}
     full.update(VAGRANT_HOME=str(tmp_path / "vagrant.d"), VAGRANT_CHECKPOINT_DISABLE="1", **env)
-    return subprocess.run(["vagrant", "validate", "--ignore-provider"], cwd=tmp_path, env=full, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        ["vagrant", "validate", "--ignore-provider"],
+        cwd=tmp_path,
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @needs_vagrant
@@ -92,14 +100,16 @@ def test_vagrantfile_refuses_bad_resources(tmp_path, name, value):
 
 # --- where setup.sh takes torch from ------------------------------------------------------
 
+
 def _torch_source(script: Path = SETUP, path: str | None = None, **env: str) -> subprocess.CompletedProcess:
     """``bash setup.sh --torch-source``: prints the choice, installs nothing, needs no root."""
     full = {k: v for k, v in os.environ.items() if k != "TESTBED_TORCH_INDEX"}
     if path is not None:
         full["PATH"] = path
     full.update(env)
-    return subprocess.run(["bash", str(script), "--torch-source"], env=full, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        ["bash", str(script), "--torch-source"], env=full, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_setup_script_parses():

@@ -1,4 +1,5 @@
 """The capture side of packet analysis: port names, tcpdump per port, and the endpoint record."""
+
 import json
 import os
 import socket
@@ -7,13 +8,13 @@ import time
 
 import pytest
 
+from common.errors import SpecError
 from testbed.capture.endpoints import EndpointSampler, _addr, read_tcp_table
 from testbed.capture.pcap import PcapRecorder, resolve_ports, tcpdump_command, topo_links
 from testbed.runner import plan_point
 from testbed.spec import PcapSpec, from_dict
 from tests.leftovers import needs_root
 from topologies import build_topo
-from common.errors import SpecError
 
 
 def quickstart_topo(**topology):
@@ -41,9 +42,13 @@ def test_uplinks_of_a_rack_topology_is_a_spec_error():
 
 
 def test_an_unknown_port_is_refused_at_planning_before_anything_is_built():
-    exp = from_dict({"topology": {"kind": "rack_core", "racks": 2, "hosts_per_rack": 2},
-                     "workload": {"scheme": "allreduce", "workers": 4},
-                     "capture": {"pcap": {"ports": ["host:h7"]}}})
+    exp = from_dict(
+        {
+            "topology": {"kind": "rack_core", "racks": 2, "hosts_per_rack": 2},
+            "workload": {"scheme": "allreduce", "workers": 4},
+            "capture": {"pcap": {"ports": ["host:h7"]}},
+        }
+    )
     with pytest.raises(SpecError, match="host:h7"):
         plan_point(exp)
 
@@ -110,7 +115,7 @@ def test_endpoint_sampler_records_a_processs_own_sockets_once():
         finally:
             late.close()
         s.close()
-        assert read_tcp_table(2 ** 22 + 12345) == {}  # a process that is gone
+        assert read_tcp_table(2**22 + 12345) == {}  # a process that is gone
     finally:
         for x in (cli, acc, srv):
             x.close()
@@ -153,8 +158,9 @@ def test_endpoint_sampler_backs_off_while_nothing_is_new_and_returns_when_a_sock
 def test_tcpdump_records_the_port_and_reports_its_counts(tmp_path):
     (tmp_path / "logs").mkdir()
     started = []
-    rec = PcapRecorder(["lo"], tmp_path, PcapSpec(ports=["lo"], filter="tcp"),
-                       on_pid=lambda pid, what: started.append(what)).start()
+    rec = PcapRecorder(
+        ["lo"], tmp_path, PcapSpec(ports=["lo"], filter="tcp"), on_pid=lambda pid, what: started.append(what)
+    ).start()
     try:
         srv = socket.socket()
         srv.bind(("127.0.0.1", 0))
@@ -187,8 +193,12 @@ def test_a_filter_beginning_with_a_dash_is_captured(tmp_path):
     srv.bind(("127.0.0.1", 0))
     cli = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     errors = []
-    rec = PcapRecorder(["lo"], tmp_path, PcapSpec(ports=["lo"], filter=f"-0 = 0 and udp and port {srv.getsockname()[1]}"),
-                       errors=errors).start()
+    rec = PcapRecorder(
+        ["lo"],
+        tmp_path,
+        PcapSpec(ports=["lo"], filter=f"-0 = 0 and udp and port {srv.getsockname()[1]}"),
+        errors=errors,
+    ).start()
     try:
         for _ in range(5):
             cli.sendto(b"x", srv.getsockname())
@@ -209,8 +219,13 @@ def test_a_capture_window_records_only_inside_it(tmp_path):
     srv = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     srv.bind(("127.0.0.1", 0))
     cli = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    rec = PcapRecorder(["lo"], tmp_path, PcapSpec(ports=["lo"], filter=f"udp and port {srv.getsockname()[1]}"),
-                       start_after_s=1.0, duration_s=1.0).start()
+    rec = PcapRecorder(
+        ["lo"],
+        tmp_path,
+        PcapSpec(ports=["lo"], filter=f"udp and port {srv.getsockname()[1]}"),
+        start_after_s=1.0,
+        duration_s=1.0,
+    ).start()
     try:
         t0 = time.time()
         sent = []
@@ -224,6 +239,7 @@ def test_a_capture_window_records_only_inside_it(tmp_path):
         srv.close()
     (entry,) = json.loads((tmp_path / "traces" / "pcap" / "ports.json").read_text())
     from scapy.utils import RawPcapReader
+
     stamps = [m.sec + m.usec / 1e6 for _, m in RawPcapReader(str(tmp_path / "traces" / "pcap" / "lo.pcap"))]
     assert stamps and entry["started"] - 0.05 <= min(stamps) and max(stamps) <= entry["stopped"] + 0.05
     assert 0.9 <= entry["started"] - t0 <= 1.6 and 0.9 <= entry["stopped"] - entry["started"] <= 1.6

@@ -24,6 +24,7 @@ server processes, hierarchy or tenancy.
   (nothing of the intruder was applied) and the intruder, refused every pull, ends with its
   initial parameters.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,23 +34,29 @@ import pytest
 import torch
 import yaml
 
+from analysis.paper_models.phub import (
+    PAPER_TABLE2,
+    bandwidth_lower_bounds,
+    cross_rack_bytes,
+    hierarchical_pays,
+    hierarchical_terms,
+    table2,
+)
 from common.errors import SpecError
-from testbed.spec import from_dict
-from traffic.models import build_model
-from traffic.reference import reference_train
-from traffic.runtime.events import read_events
 from testbed.loopback import local_hosts, run_local
+from testbed.spec import from_dict
+from tests.conftest import experiment
 from topologies.hosts import HostInfo
 from topologies.spec import TopologySpec
 from traffic import schemes
-from analysis.paper_models.phub import (PAPER_TABLE2, bandwidth_lower_bounds, cross_rack_bytes, hierarchical_pays,
-                                  hierarchical_terms, table2)
+from traffic.models import build_model
+from traffic.reference import reference_train
+from traffic.runtime.events import read_events
 from traffic.schemes.phub import FRAME_BYTES, META, PHubOptions, assign_chunks, job_groups, lpt, pack_frames
-from tests.conftest import experiment
 
 ITERS, BATCH = 3, 16
-NUMELS = [32768, 512, 262144, 512, 5120, 10]   # digits_mlp's keys
-LAYER_OF_KEY = [0, 0, 1, 1, 2, 2]               # their layers (weight, bias)
+NUMELS = [32768, 512, 262144, 512, 5120, 10]  # digits_mlp's keys
+LAYER_OF_KEY = [0, 0, 1, 1, 2, 2]  # their layers (weight, bias)
 OPT = {"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-4}
 
 
@@ -60,8 +67,8 @@ def test_lpt_is_balanced_and_deterministic():
     sizes = [8192] * 37 + [5120, 512, 512, 10]
     bins = lpt(sizes, 3)
     loads = [sum(s for s, b in zip(sizes, bins) if b == k) for k in range(3)]
-    assert max(loads) - min(loads) <= max(sizes)          # LPT: within one item of each other
-    assert max(loads) <= 4 / 3 * (sum(sizes) / 3) + 1      # Graham's 4/3 bound against the mean
+    assert max(loads) - min(loads) <= max(sizes)  # LPT: within one item of each other
+    assert max(loads) <= 4 / 3 * (sum(sizes) / 3) + 1  # Graham's 4/3 bound against the mean
     assert lpt(sizes, 3) == bins
     with pytest.raises(ValueError):
         lpt(sizes, 0)
@@ -73,9 +80,9 @@ def test_assign_chunks_cover_balance_and_namespaces():
     assert [c.id for c in ch] == list(range(len(ch)))
     assert all(0 < c.numel <= 8192 for c in ch)
     for g in range(2):
-        mine = ch[g * per_job:(g + 1) * per_job]
+        mine = ch[g * per_job : (g + 1) * per_job]
         assert all(c.job == g and c.local == i for i, c in enumerate(mine))
-        for k, n in enumerate(NUMELS):   # every element of every key in exactly one chunk
+        for k, n in enumerate(NUMELS):  # every element of every key in exactly one chunk
             cover = [(c.lo, c.hi) for c in mine if c.key == k]
             assert cover[0][0] == 0 and cover[-1][1] == n and all(a[1] == b[0] for a, b in zip(cover, cover[1:]))
     load = {}
@@ -84,7 +91,7 @@ def test_assign_chunks_cover_balance_and_namespaces():
     assert set(load) == {(i, t) for i in range(3) for t in range(2)}
     iface = [sum(v for (i, _), v in load.items() if i == k) for k in range(3)]
     assert max(iface) - min(iface) <= 8192
-    assert ch == assign_chunks(NUMELS, 8192, interfaces=3, threads=2, jobs=2)   # fixed at initialisation
+    assert ch == assign_chunks(NUMELS, 8192, interfaces=3, threads=2, jobs=2)  # fixed at initialisation
     with pytest.raises(ValueError):
         assign_chunks(NUMELS, 0, 1, 1)
 
@@ -101,13 +108,23 @@ def test_job_groups():
 
 def test_options_are_validated():
     ok = {"chunk_bytes": 4 << 20, "server_threads": 3, "hierarchical": "auto", "jobs": 2, "overlap": False}
-    from_dict({"topology": {"kind": "rack", "racks": 1, "hosts_per_rack": 4},
-               "workload": {"scheme": "phub", "options": ok}})
+    from_dict(
+        {"topology": {"kind": "rack", "racks": 1, "hosts_per_rack": 4}, "workload": {"scheme": "phub", "options": ok}}
+    )
 
 
-@pytest.mark.parametrize("bad", [{"chunk_bytes": 6}, {"chunk_bytes": 0}, {"server_threads": 0},
-                                 {"hierarchical": "yes"}, {"jobs": 0}, {"bad_token_worker": -1},
-                                 {"slice_params": 5}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"chunk_bytes": 6},
+        {"chunk_bytes": 0},
+        {"server_threads": 0},
+        {"hierarchical": "yes"},
+        {"jobs": 0},
+        {"bad_token_worker": -1},
+        {"slice_params": 5},
+    ],
+)
 def test_bad_options_are_named(bad):
     key = next(iter(bad))
     with pytest.raises(SpecError, match=f"workload.options.{key}"):
@@ -117,12 +134,16 @@ def test_bad_options_are_named(bad):
 @pytest.mark.parametrize("scheme", ["phub", "ps", "ibatch"])
 def test_plan_pbox_runs_one_server_per_interface(scheme):
     """Every PS-family scheme runs one server per PBox interface (the host has 3 links)."""
-    w = from_dict({"workload": {"scheme": scheme, "servers": {"count": 1, "placement": "dedicated",
-                                                              "interfaces": 3}}}).workload
+    w = from_dict(
+        {"workload": {"scheme": scheme, "servers": {"count": 1, "placement": "dedicated", "interfaces": 3}}}
+    ).workload
     hosts = [HostInfo(f"h{i + 1}", 0) for i in range(4)] + [HostInfo("ps1", 0, "server", 3)]
     plan = schemes.get(scheme).plan(w, hosts)
-    assert [(p.name, p.host, p.iface) for p in plan if p.role == "server"] == \
-        [("server0", "ps1", 0), ("server1", "ps1", 1), ("server2", "ps1", 2)]
+    assert [(p.name, p.host, p.iface) for p in plan if p.role == "server"] == [
+        ("server0", "ps1", 0),
+        ("server1", "ps1", 1),
+        ("server2", "ps1", 2),
+    ]
     assert [p.host for p in plan if p.role == "worker"] == ["h1", "h2", "h3", "h4"]
 
 
@@ -130,8 +151,15 @@ def test_plan_phub_checks_options():
     phub = schemes.get("phub")
     hosts = [HostInfo(f"h{i + 1}", 0) for i in range(4)] + [HostInfo("ps1", 0, "server", 3)]
     # hierarchical needs one server host per rack with workers
-    w2 = from_dict({"workload": {"scheme": "phub", "options": {"hierarchical": True},
-                                 "servers": {"count": 1, "placement": "dedicated"}}}).workload
+    w2 = from_dict(
+        {
+            "workload": {
+                "scheme": "phub",
+                "options": {"hierarchical": True},
+                "servers": {"count": 1, "placement": "dedicated"},
+            }
+        }
+    ).workload
     hosts2 = [HostInfo(f"h{i + 1}", i // 2) for i in range(4)] + [HostInfo("ps1", 0, "server")]
     with pytest.raises(SpecError, match="workload.servers"):
         phub.plan(w2, hosts2)
@@ -141,7 +169,7 @@ def test_plan_phub_checks_options():
 
 
 def test_table2_bounds_follow_figure4():
-    b = bandwidth_lower_bounds(1e9 / 8, 1.0, 8)     # M = 1 Gbit, T = 1 s, N = 8
+    b = bandwidth_lower_bounds(1e9 / 8, 1.0, 8)  # M = 1 Gbit, T = 1 s, N = 8
     assert b == {"CC": 14e9, "CS": 3.5e9, "NCC": 16e9, "NCS": 2e9}
     rows = {r["network"]: r for r in table2(workers=8)}
     for net, paper in PAPER_TABLE2.items():
@@ -160,10 +188,10 @@ def test_hierarchical_inequality():
     t = hierarchical_terms(b_pbox=40, b_core=40, b_wkr=10, racks=2, n=4)
     assert (t.flat_cross_rack, t.c, t.two_level) == pytest.approx((4 / 80, 1 / 80, 0.1 + 1 / 80))
     assert not t.pays
-    assert not hierarchical_pays(40, 20, 10, 2, 4)                 # 2:1: 0.1 < 0.125
-    assert hierarchical_pays(40, 40 / 3, 10, 2, 4)                 # 3:1: 0.15 > 0.1375
+    assert not hierarchical_pays(40, 20, 10, 2, 4)  # 2:1: 0.1 < 0.125
+    assert hierarchical_pays(40, 40 / 3, 10, 2, 4)  # 3:1: 0.15 > 0.1375
     assert hierarchical_pays(40, 40 / 3, 10, 2, 4, c=0.05) is False
-    assert hierarchical_pays(4e10, 4e10 / 3, 1e10, 2, 4)           # unit-free
+    assert hierarchical_pays(4e10, 4e10 / 3, 1e10, 2, 4)  # unit-free
     assert cross_rack_bytes(100, 3, 4, True) / cross_rack_bytes(100, 3, 4, False) == 1 / 4
     with pytest.raises(ValueError):
         hierarchical_terms(0, 1, 1, 2, 2)
@@ -171,12 +199,15 @@ def test_hierarchical_inequality():
 
 def test_hierarchical_auto_decides_from_the_spec_bandwidths():
     from types import SimpleNamespace
+
     PHub = schemes.get("phub")
-    for oversub, expected in ((1, False), (2, False), (3, True)):   # see test_hierarchical_inequality
-        topology = TopologySpec(kind="rack_core", racks=2, hosts_per_rack=4, host_bw_mbps=10000,
-                                oversubscription=oversub)
-        fake = SimpleNamespace(opts=PHubOptions(hierarchical="auto"), pboxes=[[4], [5]],
-                               ctx=SimpleNamespace(topology=topology))
+    for oversub, expected in ((1, False), (2, False), (3, True)):  # see test_hierarchical_inequality
+        topology = TopologySpec(
+            kind="rack_core", racks=2, hosts_per_rack=4, host_bw_mbps=10000, oversubscription=oversub
+        )
+        fake = SimpleNamespace(
+            opts=PHubOptions(hierarchical="auto"), pboxes=[[4], [5]], ctx=SimpleNamespace(topology=topology)
+        )
         assert PHub._decide_hierarchical(fake, racks_with_workers=2, per_rack=4, k=4) is expected
     fake.opts = PHubOptions(hierarchical=True)
     assert PHub._decide_hierarchical(fake, 1, 4, 4) is True
@@ -186,8 +217,17 @@ def test_hierarchical_auto_decides_from_the_spec_bandwidths():
 
 
 def _experiment(options, servers, racks=1, per_rack=4, workers=0):
-    return experiment("phub", racks=racks, hosts_per_rack=per_rack, workers=workers, iterations=ITERS,
-                      batch_size=BATCH, servers=servers, optimizer=OPT, options=options)
+    return experiment(
+        "phub",
+        racks=racks,
+        hosts_per_rack=per_rack,
+        workers=workers,
+        iterations=ITERS,
+        batch_size=BATCH,
+        servers=servers,
+        optimizer=OPT,
+        options=options,
+    )
 
 
 def _assert_equal(state, ref, what):
@@ -251,9 +291,12 @@ def test_matches_reference_and_fixed_mapping(case, tmp_path, reference):
         assert {h for h, _ in placed} == {host}
     ranks = {p["index"]: p["rank"] for p in _procs(run_dir) if p["role"] == "server"}
     frames = pack_frames(chunks, options.get("frame_bytes", FRAME_BYTES) // 4, lambda c: LAYER_OF_KEY[c.key])
-    for w in range(4):   # every push of a chunk goes to its server process, with the token's 8 bytes
-        pushes = [e for e in read_events(run_dir / "events" / f"worker{w}.jsonl")
-                  if e["kind"] == "push" and e["iteration"] >= 0]
+    for w in range(4):  # every push of a chunk goes to its server process, with the token's 8 bytes
+        pushes = [
+            e
+            for e in read_events(run_dir / "events" / f"worker{w}.jsonl")
+            if e["kind"] == "push" and e["iteration"] >= 0
+        ]
         assert len(pushes) == ITERS * len(frames)
         assert sorted(c for e in pushes for c in e["chunks"]) == sorted(c.id for c in chunks for _ in range(ITERS))
         assert all(e["peer"] == ranks[chunks[c].server] for e in pushes for c in e["chunks"])
@@ -267,7 +310,11 @@ def _cross_rack_bytes(run_dir, exp) -> int:
     total = 0
     for p in procs:
         for e in read_events(run_dir / "events" / f"{p['name']}.jsonl"):
-            if e.get("dir") == "tx" and (e["iteration"] if e["iteration"] is not None else -1) >= 0 and rack_of[e["peer"]] != rack_of[p["rank"]]:
+            if (
+                e.get("dir") == "tx"
+                and (e["iteration"] if e["iteration"] is not None else -1) >= 0
+                and rack_of[e["peer"]] != rack_of[p["rank"]]
+            ):
                 total += e["bytes"]
     return total
 
@@ -275,17 +322,21 @@ def _cross_rack_bytes(run_dir, exp) -> int:
 def test_hierarchical_matches_reference_and_cuts_cross_rack_bytes(tmp_path, reference):
     servers = {"count": 1, "placement": "dedicated", "scope": "per_rack"}
     runs = {}
-    for hier in (False, True):   # flat with one message per chunk, hierarchical in frames: the same bytes
-        exp = _experiment({"hierarchical": hier, "server_threads": 2, "frame_bytes": 0 if not hier else FRAME_BYTES},
-                          servers, racks=2, per_rack=2)
+    for hier in (False, True):  # flat with one message per chunk, hierarchical in frames: the same bytes
+        exp = _experiment(
+            {"hierarchical": hier, "server_threads": 2, "frame_bytes": 0 if not hier else FRAME_BYTES},
+            servers,
+            racks=2,
+            per_rack=2,
+        )
         run_dir = run_local(exp, tmp_path / f"hier-{hier}")
         for w in range(4):
             _assert_equal(torch.load(run_dir / "params" / f"worker{w}.pt"), reference, f"hier={hier} worker{w}")
         res = [json.loads((run_dir / "results" / f"server{s}.json").read_text()) for s in range(2)]
         assert all(r["hierarchical"] is hier for r in res)
         runs[hier] = (run_dir, exp)
-    flat_chunks = assign_chunks(NUMELS, 8192, 2, 2)     # flat: chunks over both PBoxes
-    hier_chunks = assign_chunks(NUMELS, 8192, 1, 2)     # hierarchical: every PBox has all chunks
+    flat_chunks = assign_chunks(NUMELS, 8192, 2, 2)  # flat: chunks over both PBoxes
+    hier_chunks = assign_chunks(NUMELS, 8192, 1, 2)  # hierarchical: every PBox has all chunks
     N = 2
     # flat: the other rack's N workers push each chunk and get it back (payload + metadata)
     flat_expected = ITERS * sum(2 * N * 4 * (c.numel + META) for c in flat_chunks)
@@ -296,20 +347,24 @@ def test_hierarchical_matches_reference_and_cuts_cross_rack_bytes(tmp_path, refe
     assert flat == flat_expected
     assert hier == hier_expected
     assert hier / flat == pytest.approx(1 / N, rel=1e-3)
-    placed = _check_mapping(*runs[True])   # each PBox: chunk -> (its interface process, thread)
+    placed = _check_mapping(*runs[True])  # each PBox: chunk -> (its interface process, thread)
     assert placed == {(f"ps{r + 1}", c.id): (r, f"srv{c.thread}") for r in range(2) for c in hier_chunks}
-    ring = [e for e in read_events(runs[True][0] / "events" / "server0.jsonl")
-            if e["kind"] in ("reduce_scatter", "all_gather") and e.get("dir") == "tx"]
-    hier_frames = pack_frames(hier_chunks, FRAME_BYTES // 4, lambda c: LAYER_OF_KEY[c.key])   # a ring per frame
+    ring = [
+        e
+        for e in read_events(runs[True][0] / "events" / "server0.jsonl")
+        if e["kind"] in ("reduce_scatter", "all_gather") and e.get("dir") == "tx"
+    ]
+    hier_frames = pack_frames(hier_chunks, FRAME_BYTES // 4, lambda c: LAYER_OF_KEY[c.key])  # a ring per frame
     assert len(ring) == ITERS * 2 * len(hier_frames) and all(e["thread"].startswith("srv") for e in ring)
 
 
 def test_jobs_and_wrong_token_rejected(tmp_path):
-    exp = _experiment({"jobs": 2, "bad_token_worker": 4, "server_threads": 2},
-                      {"count": 2, "placement": "dedicated"}, per_rack=5)
+    exp = _experiment(
+        {"jobs": 2, "bad_token_worker": 4, "server_threads": 2}, {"count": 2, "placement": "dedicated"}, per_rack=5
+    )
     run_dir = run_local(exp, tmp_path / "tenants")
     ref2 = reference_train(exp.workload, 2)
-    for w in range(4):   # both jobs train as the 2-worker reference: nothing of the intruder applied
+    for w in range(4):  # both jobs train as the 2-worker reference: nothing of the intruder applied
         _assert_equal(torch.load(run_dir / "params" / f"worker{w}.pt"), ref2, f"worker{w}")
     init = build_model("digits_mlp", 3, (64,), 10).state_dict()
     _assert_equal(torch.load(run_dir / "params" / "worker4.pt"), init, "intruder")
@@ -341,6 +396,7 @@ def test_jobs_and_wrong_token_rejected(tmp_path):
     # each job's throughput, over its own two workers (the intruder in neither)
     from analysis.metrics import summarize
     from analysis.phub_report import _per_job
+
     summary = summarize(run_dir)
     assert sorted(_per_job(run_dir, yaml.safe_load((run_dir / "spec.yaml").read_text()), summary)) == [0, 1]
 
@@ -350,32 +406,68 @@ def _fake_run(root, name, variant, racks, background, samples_per_s, core, worke
     (each job's samples/s) the iterations of that many equal jobs of the workers at those rates."""
     d = root / name
     d.mkdir(parents=True)
-    spec = {"topology": {"kind": "rack_core" if racks > 1 else "rack", "racks": racks, "oversubscription": 3,
-                         "background_hosts_per_rack": 1 if background else 0},
-            "workload": {"scheme": "phub", "model": "resnet50", "workers": workers, "warmup_iterations": 1,
-                         "options": {"jobs": len(jobs or [0])}},
-            "background": [{"src": "bg1", "dst": "bg2", "rate_mbps": 1000, "duration_s": 1}] if background else []}
+    spec = {
+        "topology": {
+            "kind": "rack_core" if racks > 1 else "rack",
+            "racks": racks,
+            "oversubscription": 3,
+            "background_hosts_per_rack": 1 if background else 0,
+        },
+        "workload": {
+            "scheme": "phub",
+            "model": "resnet50",
+            "workers": workers,
+            "warmup_iterations": 1,
+            "options": {"jobs": len(jobs or [0])},
+        },
+        "background": [{"src": "bg1", "dst": "bg2", "rate_mbps": 1000, "duration_s": 1}] if background else [],
+    }
     (d / "spec.yaml").write_text(yaml.safe_dump(spec))
-    (d / "summary.json").write_text(json.dumps({"workers": workers, "bytes_per_iteration": {
-        "core": core + 1e9, "core_training": core, "worker_link": 2e8}}))
+    (d / "summary.json").write_text(
+        json.dumps(
+            {"workers": workers, "bytes_per_iteration": {"core": core + 1e9, "core_training": core, "worker_link": 2e8}}
+        )
+    )
     if jobs:
         per, batch = workers // len(jobs), 32
         # back to back; iteration 0 (the warm-up) at a tenth of the rate: left out of the job's throughput
         ends = {v: [per * batch / v * k for k in (10, 11, 12)] for v in jobs}
-        pd.DataFrame([{"iteration": it, "worker": f"worker{w}", "start": ([0.0] + ends[v])[it], "end": ends[v][it],
-                       "samples": batch}
-                      for g, v in enumerate(jobs) for it in range(3) for w in range(g * per, (g + 1) * per)]
-                     ).to_csv(d / "iterations.csv", index=False)
-    return {"variant": variant, "status": "ok", "samples_per_s": samples_per_s, "samples_per_s_ci95": 1.0,
-            "iter_mean_s": 0.1, "cpu_starved": False, "run_dir": str(d)}
+        pd.DataFrame(
+            [
+                {
+                    "iteration": it,
+                    "worker": f"worker{w}",
+                    "start": ([0.0] + ends[v])[it],
+                    "end": ends[v][it],
+                    "samples": batch,
+                }
+                for g, v in enumerate(jobs)
+                for it in range(3)
+                for w in range(g * per, (g + 1) * per)
+            ]
+        ).to_csv(d / "iterations.csv", index=False)
+    return {
+        "variant": variant,
+        "status": "ok",
+        "samples_per_s": samples_per_s,
+        "samples_per_s_ci95": 1.0,
+        "iter_mean_s": 0.1,
+        "cpu_starved": False,
+        "run_dir": str(d),
+    }
 
 
 def test_phub_report_matches_points_and_takes_background_out(tmp_path):
     from analysis.phub_report import sweep_table
-    rows = [_fake_run(tmp_path, "a", "ps_cs", 2, False, 100, 8e8), _fake_run(tmp_path, "b", "phub_flat", 2, False, 200, 8e8),
-            _fake_run(tmp_path, "c", "phub_hier", 2, False, 300, 2e8),
-            _fake_run(tmp_path, "d", "ps_cs", 2, True, 50, 8e8), _fake_run(tmp_path, "e", "phub_flat", 2, True, 150, 8e8),
-            _fake_run(tmp_path, "f", "phub_hier", 2, True, 100, 4e8)]
+
+    rows = [
+        _fake_run(tmp_path, "a", "ps_cs", 2, False, 100, 8e8),
+        _fake_run(tmp_path, "b", "phub_flat", 2, False, 200, 8e8),
+        _fake_run(tmp_path, "c", "phub_hier", 2, False, 300, 2e8),
+        _fake_run(tmp_path, "d", "ps_cs", 2, True, 50, 8e8),
+        _fake_run(tmp_path, "e", "phub_flat", 2, True, 150, 8e8),
+        _fake_run(tmp_path, "f", "phub_hier", 2, True, 100, 4e8),
+    ]
     pd.DataFrame(rows).to_csv(tmp_path / "sweep.csv", index=False)
     t = sweep_table(tmp_path, baseline="ps_cs", flat="phub_flat").set_index(["variant", "background"])
     # speedup and byte ratio against the same point (the busy core has its own baseline)
@@ -387,29 +479,37 @@ def test_phub_report_matches_points_and_takes_background_out(tmp_path):
     assert t.loc[("phub_hier", True), "one_over_N"] == pytest.approx(0.25)
     assert "per_job_drop_pct" not in t.columns
     from analysis.phub_report import plot_table
+
     png = plot_table(sweep_table(tmp_path, baseline="ps_cs", flat="phub_flat"), tmp_path / "plots" / "s.png")
     assert png.stat().st_size > 10_000
 
 
 def test_phub_report_matches_worker_counts_when_the_baseline_sweeps_them(tmp_path):
     from analysis.phub_report import sweep_table
-    rows = [_fake_run(tmp_path, f"{v}{w}", v, 1, False, s, 0, workers=w)
-            for v, w, s in [("mxnet-cs", 1, 100), ("mxnet-cs", 8, 400), ("pbox", 1, 50), ("pbox", 8, 1200)]]
+
+    rows = [
+        _fake_run(tmp_path, f"{v}{w}", v, 1, False, s, 0, workers=w)
+        for v, w, s in [("mxnet-cs", 1, 100), ("mxnet-cs", 8, 400), ("pbox", 1, 50), ("pbox", 8, 1200)]
+    ]
     pd.DataFrame(rows).to_csv(tmp_path / "sweep.csv", index=False)
     t = sweep_table(tmp_path, baseline="mxnet-cs", flat=None).set_index(["variant", "workers"])
     assert t.loc[("pbox", 1), "speedup"] == pytest.approx(0.5)
     assert t.loc[("pbox", 8), "speedup"] == pytest.approx(3.0)
     # a baseline at one worker count is every point's: Fig. 12's PBox with 7 workers against CS with 8
     pd.DataFrame(rows[1:2] + [_fake_run(tmp_path, "pbox7", "pbox-7w", 1, False, 1000, 0, workers=7)]).to_csv(
-        tmp_path / "sweep.csv", index=False)
+        tmp_path / "sweep.csv", index=False
+    )
     t = sweep_table(tmp_path, baseline="mxnet-cs", flat=None).set_index("variant")
     assert t.loc["pbox-7w", "speedup"] == pytest.approx(2.5)
 
 
 def test_phub_report_gives_per_job_drop(tmp_path):
     from analysis.phub_report import sweep_table
-    rows = [_fake_run(tmp_path, "a", "1job", 1, False, 100, 0, workers=2, jobs=[100.0]),
-            _fake_run(tmp_path, "b", "2jobs", 1, False, 190, 0, workers=4, jobs=[96.0, 94.0])]
+
+    rows = [
+        _fake_run(tmp_path, "a", "1job", 1, False, 100, 0, workers=2, jobs=[100.0]),
+        _fake_run(tmp_path, "b", "2jobs", 1, False, 190, 0, workers=4, jobs=[96.0, 94.0]),
+    ]
     pd.DataFrame(rows).to_csv(tmp_path / "sweep.csv", index=False)
     t = sweep_table(tmp_path, baseline=None, flat=None).set_index("variant")
     assert t.loc["2jobs", "per_job_drop_pct"] == pytest.approx(5.0) and t.loc["1job", "per_job_drop_pct"] == 0
@@ -418,6 +518,7 @@ def test_phub_report_gives_per_job_drop(tmp_path):
 def test_phub_report_gives_the_least_iteration_the_bytes_allow(tmp_path):
     from analysis.phub_report import sweep_table
     from traffic.compute_profiles import load_profile
+
     rows = []
     for name, variant, link_bytes, samples_per_s in (("cs", "mxnet-cs", 8e8, 500), ("box", "pbox", 4e8, 1000)):
         rows.append(_fake_run(tmp_path, name, variant, 1, False, samples_per_s, 0))
@@ -425,8 +526,9 @@ def test_phub_report_gives_the_least_iteration_the_bytes_allow(tmp_path):
         spec["topology"]["host_bw_mbps"] = 10000
         spec["workload"].update(model="alexnet", batch_size=32, compute={"mode": "emulated", "profile": "gtx1080ti"})
         (tmp_path / name / "spec.yaml").write_text(yaml.safe_dump(spec))
-        (tmp_path / name / "summary.json").write_text(json.dumps({"workers": 8, "bytes_per_iteration": {
-            "worker_link": link_bytes}}))
+        (tmp_path / name / "summary.json").write_text(
+            json.dumps({"workers": 8, "bytes_per_iteration": {"worker_link": link_bytes}})
+        )
     pd.DataFrame(rows).to_csv(tmp_path / "sweep.csv", index=False)
     t = sweep_table(tmp_path, baseline="mxnet-cs", flat=None).set_index("variant")
     p = load_profile("gtx1080ti", "alexnet", 32)

@@ -17,6 +17,7 @@
   charge. With hierarchical reduction the ring's local sums and its per-chunk messages are
   charged too.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,20 +30,20 @@ from testbed.spec import from_dict
 from tests.conftest import experiment
 from traffic.collectives.ring import ring_allreduce
 from traffic.hostmodel import HostModel
+from traffic.hostmodel.costs import HostCosts
 from traffic.reference import reference_train
 from traffic.runtime.events import EventLog, read_events
-from traffic.hostmodel.costs import HostCosts
+from traffic.runtime.trainer import make_optimizer
 from traffic.schemes.phub import ACCEPTED, FRAME_BYTES, META, REJECTED, assign_chunks, pack_frames
 from traffic.schemes.phub.charges import ChargeBatch
 from traffic.schemes.phub.frames import refused_reply
 from traffic.schemes.phub.hierarchy import ring_messages, ring_reduce
 from traffic.schemes.phub.tenancy import token_meta
 from traffic.schemes.phub.update import step_frame
-from traffic.runtime.trainer import make_optimizer
 from traffic.spec import OptimizerSpec
 
 ITERS, BATCH = 3, 16
-NUMELS = [32768, 512, 262144, 512, 5120, 10]   # digits_mlp's keys
+NUMELS = [32768, 512, 262144, 512, 5120, 10]  # digits_mlp's keys
 LAYER_OF_KEY = [0, 0, 1, 1, 2, 2]
 HOST = {"aggregate_gb_per_s": 5.0, "optimizer_gb_per_s": 5.0, "message_overhead_us": 1.0}
 
@@ -54,12 +55,12 @@ def layer_of(c):
 # ----------------------------------------------------------------------------- frames
 
 
-@pytest.mark.parametrize("frame_elems", [0, 8192, 65536, 10 ** 6])
+@pytest.mark.parametrize("frame_elems", [0, 8192, 65536, 10**6])
 def test_pack_frames_covers_groups_and_bounds(frame_elems):
     chunks = assign_chunks(NUMELS, 8192, interfaces=3, threads=2, jobs=2)
     frames = pack_frames(chunks, frame_elems, layer_of)
     assert [f.id for f in frames] == list(range(len(frames)))
-    assert sorted(c.id for f in frames for c in f.chunks) == [c.id for c in chunks]   # each chunk once
+    assert sorted(c.id for f in frames for c in f.chunks) == [c.id for c in chunks]  # each chunk once
     for f in frames:
         assert len({(c.job, c.server, c.thread, layer_of(c)) for c in f.chunks}) == 1
         assert f.layer == layer_of(f.chunks[0]) and f.numel == sum(c.numel for c in f.chunks)
@@ -68,9 +69,9 @@ def test_pack_frames_covers_groups_and_bounds(frame_elems):
         assert f.size == f.numel + META * len(f.chunks)
     if frame_elems == 0:
         assert len(frames) == len(chunks)
-    if frame_elems >= 65536:   # layer 1's 32 chunks per job go to 6 (interface, thread) pairs
+    if frame_elems >= 65536:  # layer 1's 32 chunks per job go to 6 (interface, thread) pairs
         assert len(frames) < len(chunks) // 2
-    if frame_elems == 10 ** 6:  # unbounded: one frame per (job, interface, thread, layer) used
+    if frame_elems == 10**6:  # unbounded: one frame per (job, interface, thread, layer) used
         assert len(frames) == len({(c.job, c.server, c.thread, layer_of(c)) for c in chunks})
     assert frames == pack_frames(chunks, frame_elems, layer_of)
     with pytest.raises(ValueError):
@@ -89,7 +90,7 @@ def test_frame_layout_and_refused_reply():
     reply = refused_reply(store, f, [1])
     assert f.payload(reply, 1).tolist() == [0, 0, 0] and f.meta(reply, 1) == REJECTED
     assert torch.equal(f.payload(reply, 0), f.payload(store, 0)) and f.meta(reply, 2) == ACCEPTED
-    assert f.meta(store, 1) == ACCEPTED   # the store itself is untouched
+    assert f.meta(store, 1) == ACCEPTED  # the store itself is untouched
 
 
 # ----------------------------------------------------------------------------- charges
@@ -103,7 +104,7 @@ def test_charge_batch_charges_each_chunk_and_records_one_span(tmp_path):
             with batch.charge(n):
                 x.add_(1)
     with ChargeBatch(costs, "aggregate", iteration=2, frame=8):
-        pass   # empty: no span
+        pass  # empty: no span
     costs.events.close()
     s = costs.summary()["aggregate"]
     assert s["count"] == 3 and s["emulated_s"] == pytest.approx(6e-6)
@@ -111,7 +112,7 @@ def test_charge_batch_charges_each_chunk_and_records_one_span(tmp_path):
     assert (span["ops"], span["bytes"], span["frame"], span["iteration"]) == (3, 6000, 7, 2)
     assert span["emulated_s"] == pytest.approx(6e-6) and span["real_s"] <= span["dur"]
     assert torch.equal(x, torch.full((100,), 3.0))
-    with ChargeBatch(None, "aggregate") as batch:   # no accountant: the work still runs
+    with ChargeBatch(None, "aggregate") as batch:  # no accountant: the work still runs
         with batch.charge(10):
             x.add_(1)
     assert x[0] == 4
@@ -142,7 +143,7 @@ def test_step_frame_equals_one_step_per_chunk(counts):
     costs = HostCosts(HostModel(optimizer_bytes_per_s=1e9), 1.0)
     for rnd in range(3):
         agg = torch.randn(f.numel)
-        cs = counts if rnd != 1 else [1, 1, 1]    # a skipped chunk is stepped again later
+        cs = counts if rnd != 1 else [1, 1, 1]  # a skipped chunk is stepped again later
         for j in range(3):
             if cs[j]:
                 ref[j].grad = f.payload(agg, j) / cs[j]
@@ -198,10 +199,10 @@ def test_ring_of_a_frame_charges_each_chunks_messages_and_sums():
     chunks, p = [8192, 10, 1, 3], 3
     tr = FakeTransport(21)
     ring_reduce(tr, torch.zeros(sum(chunks)), [20, 21, 22], frame_id=4, racks=p, chunk_numels=chunks, costs=costs)
-    assert tr.calls and not any(message for _, _, message in tr.calls)   # the transfers are not messages
+    assert tr.calls and not any(message for _, _, message in tr.calls)  # the transfers are not messages
     s = costs.summary()
     assert s["message"]["count"] == sum(sum(ring_messages(n, p, 1)) for n in chunks)
-    assert s["aggregate"]["count"] == p - 1          # the ring's local sums, on the frame
+    assert s["aggregate"]["count"] == p - 1  # the ring's local sums, on the frame
     with pytest.raises(ValueError):
         ring_reduce(FakeTransport(21), torch.zeros(5), [20, 21, 22], 4, p, chunk_numels=[2, 2], costs=costs)
 
@@ -225,8 +226,13 @@ def _assert_equal(state, ref, what):
 
 
 def test_pbox_at_32kb_in_frames_equals_reference_and_charges_every_chunk(tmp_path):
-    exp = experiment("phub", iterations=ITERS, batch_size=BATCH, options={"server_threads": 2},
-                     servers={"config": "NCC", "interfaces": 2})
+    exp = experiment(
+        "phub",
+        iterations=ITERS,
+        batch_size=BATCH,
+        options={"server_threads": 2},
+        servers={"config": "NCC", "interfaces": 2},
+    )
     exp = from_dict({**exp.to_dict(), "host": HOST})
     run_dir = run_local(exp, tmp_path / "pbox")
     ref = reference_train(exp.workload, 4)
@@ -234,15 +240,15 @@ def test_pbox_at_32kb_in_frames_equals_reference_and_charges_every_chunk(tmp_pat
         _assert_equal(torch.load(run_dir / "params" / f"worker{w}.pt"), ref, f"worker{w}")
     chunks = assign_chunks(NUMELS, 32768 // 4, 2, 2)
     frames = pack_frames(chunks, FRAME_BYTES // 4, layer_of)
-    assert len(frames) < len(chunks) // 2   # frames do pack chunks
+    assert len(frames) < len(chunks) // 2  # frames do pack chunks
     res, W = _results(run_dir), 4
     for s in range(2):
         own = [c for c in chunks if c.server == s]
         r, name = res[f"server{s}"], f"server{s}"
         assert (r["chunks"], r["frames"]) == (len(own), len([f for f in frames if f.server == s]))
         hc = r["host_costs"]
-        assert hc["aggregate"]["count"] == ITERS * W * len(own)     # every copy of every chunk, as it arrives
-        assert hc["optimizer"]["count"] == ITERS * len(own)         # every chunk, once per iteration
+        assert hc["aggregate"]["count"] == ITERS * W * len(own)  # every copy of every chunk, as it arrives
+        assert hc["optimizer"]["count"] == ITERS * len(own)  # every chunk, once per iteration
         # per-message overhead per chunk: create_service + W connects, the initial values,
         # then per iteration W copies received and W replies sent per chunk
         assert hc["message"]["count"] == 1 + W + len(own) + ITERS * 2 * W * len(own)
@@ -250,21 +256,27 @@ def test_pbox_at_32kb_in_frames_equals_reference_and_charges_every_chunk(tmp_pat
         # the timeline shows every charge: one span per batch, its ops adding up
         assert _ops(run_dir, name, "aggregate") == hc["aggregate"]["count"]
         assert _ops(run_dir, name, "optimizer") == hc["optimizer"]["count"]
-        assert _ops(run_dir, name, "message") == hc["message"]["count"] - 1 - W   # set-up: the transport's
+        assert _ops(run_dir, name, "message") == hc["message"]["count"] - 1 - W  # set-up: the transport's
     # a worker other than the first: the token, 2 connects, then a message per chunk each way
     assert res["worker1"]["host_costs"]["message"]["count"] == 1 + 2 + ITERS * 2 * len(chunks)
 
 
 def test_hierarchical_charges_the_rings_sums_and_messages(tmp_path):
-    exp = experiment("phub", racks=2, hosts_per_rack=2, iterations=ITERS, batch_size=BATCH,
-                     options={"hierarchical": True, "server_threads": 2},
-                     servers={"count": 1, "placement": "dedicated", "scope": "per_rack"})
+    exp = experiment(
+        "phub",
+        racks=2,
+        hosts_per_rack=2,
+        iterations=ITERS,
+        batch_size=BATCH,
+        options={"hierarchical": True, "server_threads": 2},
+        servers={"count": 1, "placement": "dedicated", "scope": "per_rack"},
+    )
     exp = from_dict({**exp.to_dict(), "host": HOST})
     run_dir = run_local(exp, tmp_path / "hier")
     ref = reference_train(exp.workload, 4)
     for w in range(4):
         _assert_equal(torch.load(run_dir / "params" / f"worker{w}.pt"), ref, f"worker{w}")
-    chunks = assign_chunks(NUMELS, 32768 // 4, 1, 2)   # every PBox holds every chunk
+    chunks = assign_chunks(NUMELS, 32768 // 4, 1, 2)  # every PBox holds every chunk
     frames = pack_frames(chunks, FRAME_BYTES // 4, layer_of)
     res, N, R = _results(run_dir), 2, 2
     for s in range(R):
@@ -272,5 +284,5 @@ def test_hierarchical_charges_the_rings_sums_and_messages(tmp_path):
         # the rack's N copies of each chunk, then one local sum of the ring per frame (R - 1 steps)
         assert hc["aggregate"]["count"] == ITERS * (N * len(chunks) + (R - 1) * len(frames))
         assert hc["optimizer"]["count"] == ITERS * len(chunks)
-        ring = sum(sum(ring_messages(c.numel, R, s)) for c in chunks)   # each chunk's own ring
+        ring = sum(sum(ring_messages(c.numel, R, s)) for c in chunks)  # each chunk's own ring
         assert hc["message"]["count"] == 1 + N + len(chunks) + ITERS * (2 * N * len(chunks) + ring)

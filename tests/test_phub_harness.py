@@ -4,6 +4,7 @@ processes bound to an interface, background iperf3 traffic on the core.
 Fast cases check specs, plans and commands; cases marked ``slow`` build Mininet networks
 (run them under ``flock /tmp/tb-heavy.lock``).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,14 +15,14 @@ import pytest
 import yaml
 
 from common.errors import SpecError
+from testbed.background import BASE_PORT, client_command, plan_flows, read_result, server_command
+from testbed.loopback import local_entries, local_hosts
 from testbed.network import IFACE_UID_BASE, bind_to_interface
 from testbed.spec import dump_spec, expand_sweep, from_dict, load_spec
 from tests.leftovers import leftovers, needs_root
 from topologies import build_topo
 from topologies.hosts import HostRequest
 from topologies.spec import TopologySpec
-from testbed.background import BASE_PORT, client_command, plan_flows, read_result, server_command
-from testbed.loopback import local_entries, local_hosts
 from traffic import schemes
 
 root_only = pytest.mark.skipif(needs_root, reason="needs root")
@@ -34,8 +35,10 @@ def servers(**kw):
 # ----------------------------------------------------------------------------- PS configurations
 
 
-@pytest.mark.parametrize("config, placement, count", [
-    ("CC", "colocated", 1), ("CS", "colocated", 0), ("NCC", "dedicated", 1), ("NCS", "dedicated", 0)])
+@pytest.mark.parametrize(
+    "config, placement, count",
+    [("CC", "colocated", 1), ("CS", "colocated", 0), ("NCC", "dedicated", 1), ("NCS", "dedicated", 0)],
+)
 def test_config_sets_placement_and_count(config, placement, count):
     s = servers(config=config)
     assert (s.placement, s.count) == (placement, count)
@@ -45,17 +48,24 @@ def test_config_sets_placement_and_count(config, placement, count):
         assert servers(config=config, count=3).count == 3
 
 
-@pytest.mark.parametrize("given, field, fragment", [
-    ({"config": "CC", "placement": "dedicated"}, "workload.servers.placement", "'colocated' for servers.config CC"),
-    ({"config": "NCS", "placement": "colocated"}, "workload.servers.placement", "'dedicated' for servers.config NCS"),
-    ({"config": "NCC", "count": 2}, "workload.servers.count", "1 for servers.config NCC"),
-    ({"config": "CC", "count": 0}, "workload.servers.count", "1 for servers.config CC"),
-    ({"config": "CS", "count": 1}, "workload.servers.count", ">= 2 for servers.config CS"),
-    ({"config": "NC"}, "workload.servers.config", "'NCC'"),
-    ({"interfaces": 2}, "workload.servers.interfaces", "placement is 'dedicated'"),
-    ({"config": "CS", "interfaces": 4}, "workload.servers.interfaces", "placement is 'dedicated'"),
-    ({"config": "NCC", "interfaces": 0}, "workload.servers.interfaces", "> 0"),
-])
+@pytest.mark.parametrize(
+    "given, field, fragment",
+    [
+        ({"config": "CC", "placement": "dedicated"}, "workload.servers.placement", "'colocated' for servers.config CC"),
+        (
+            {"config": "NCS", "placement": "colocated"},
+            "workload.servers.placement",
+            "'dedicated' for servers.config NCS",
+        ),
+        ({"config": "NCC", "count": 2}, "workload.servers.count", "1 for servers.config NCC"),
+        ({"config": "CC", "count": 0}, "workload.servers.count", "1 for servers.config CC"),
+        ({"config": "CS", "count": 1}, "workload.servers.count", ">= 2 for servers.config CS"),
+        ({"config": "NC"}, "workload.servers.config", "'NCC'"),
+        ({"interfaces": 2}, "workload.servers.interfaces", "placement is 'dedicated'"),
+        ({"config": "CS", "interfaces": 4}, "workload.servers.interfaces", "placement is 'dedicated'"),
+        ({"config": "NCC", "interfaces": 0}, "workload.servers.interfaces", "> 0"),
+    ],
+)
 def test_contradicting_servers_fields_are_named(given, field, fragment):
     with pytest.raises(SpecError) as e:
         servers(**given)
@@ -67,16 +77,34 @@ def test_defaults_unchanged_and_config_survives_sweeps_variants_and_spec_yaml(tm
     s = servers()
     assert (s.count, s.placement, s.scope, s.interfaces, s.config) == (1, "colocated", "global", 1, None)
     # a sweep over the four configurations of Figure 4 on a spec that sets none
-    pts = expand_sweep(from_dict({"workload": {"servers": {"interfaces": 1}},
-                                  "sweep": {"workload.servers.config": ["CC", "CS", "NCC", "NCS"]}}))
+    pts = expand_sweep(
+        from_dict(
+            {
+                "workload": {"servers": {"interfaces": 1}},
+                "sweep": {"workload.servers.config": ["CC", "CS", "NCC", "NCS"]},
+            }
+        )
+    )
     assert [(e.workload.servers.placement, e.workload.servers.count) for _, e in pts] == [
-        ("colocated", 1), ("colocated", 0), ("dedicated", 1), ("dedicated", 0)]
+        ("colocated", 1),
+        ("colocated", 0),
+        ("dedicated", 1),
+        ("dedicated", 0),
+    ]
     # variants may switch the config of a base that has one
-    exp = from_dict({"workload": {"servers": {"config": "NCC"}},
-                     "variants": [{"name": "pbox", "workload.servers.interfaces": 4},
-                                  {"name": "cs", "workload.servers.config": "CS"}]})
-    assert [(p["variant"], e.workload.servers.config, e.workload.servers.placement) for p, e in expand_sweep(exp)] \
-        == [("pbox", "NCC", "dedicated"), ("cs", "CS", "colocated")]
+    exp = from_dict(
+        {
+            "workload": {"servers": {"config": "NCC"}},
+            "variants": [
+                {"name": "pbox", "workload.servers.interfaces": 4},
+                {"name": "cs", "workload.servers.config": "CS"},
+            ],
+        }
+    )
+    assert [(p["variant"], e.workload.servers.config, e.workload.servers.placement) for p, e in expand_sweep(exp)] == [
+        ("pbox", "NCC", "dedicated"),
+        ("cs", "CS", "colocated"),
+    ]
     # a run's spec.yaml (every value resolved) loads back to the same servers
     path = tmp_path / "spec.yaml"
     path.write_text(dump_spec(from_dict({"workload": {"servers": {"config": "NCS"}}})))
@@ -88,15 +116,16 @@ def test_dedicated_hosts_for_each_config():
     ps = schemes.get("ps")
 
     def hosts(racks=2, per_rack=4, **kw):
-        exp = from_dict({"topology": {"racks": racks, "hosts_per_rack": per_rack},
-                         "workload": {"scheme": "ps", **kw}})
+        exp = from_dict({"topology": {"racks": racks, "hosts_per_rack": per_rack}, "workload": {"scheme": "ps", **kw}})
         requests = ps.hosts(exp.workload, TopologySpec(racks=racks, hosts_per_rack=per_rack))
         assert all((r.kind, r.interfaces) == ("server", exp.workload.servers.interfaces) for r in requests)
         return [r.rack for r in requests], exp
 
     assert hosts(servers={"config": "CC"})[0] == [] and hosts(servers={"config": "CS"})[0] == []
     assert hosts(servers={"config": "NCC"})[0] == [0]
-    assert hosts(servers={"config": "NCC", "scope": "per_rack"}, )[0] == [0, 1]  # a PBox per rack (Sec. 3.4)
+    assert hosts(
+        servers={"config": "NCC", "scope": "per_rack"},
+    )[0] == [0, 1]  # a PBox per rack (Sec. 3.4)
     # NCS: one server host per worker, in the worker's rack
     assert hosts(servers={"config": "NCS"})[0] == [0] * 4 + [1] * 4
     assert hosts(racks=3, per_rack=2, workers=3, servers={"config": "NCS"})[0] == [0, 0, 1]
@@ -106,7 +135,9 @@ def test_dedicated_hosts_for_each_config():
     assert [e["host"] for e in entries if e["role"] == "worker"] == [f"h{i}" for i in range(1, 9)]
     # CS: a server on every worker host; CC: one, on a worker host
     _, exp = hosts(servers={"config": "CS"})
-    assert sorted(e["host"] for e in local_entries(exp) if e["role"] == "server") == sorted(f"h{i}" for i in range(1, 9))
+    assert sorted(e["host"] for e in local_entries(exp) if e["role"] == "server") == sorted(
+        f"h{i}" for i in range(1, 9)
+    )
     _, exp = hosts(servers={"config": "CC"})
     assert [e["host"] for e in local_entries(exp) if e["role"] == "server"] == ["h1"]
     # NCS with workload.workers 0: one server host per worker host of the topology
@@ -114,21 +145,31 @@ def test_dedicated_hosts_for_each_config():
     assert [r.rack for r in ps.hosts(ncs, TopologySpec(racks=2, hosts_per_rack=3))] == [0] * 3 + [1] * 3
     # a PBox: one host of k interfaces
     assert ps.hosts(exp.workload.__class__(servers=servers(config="NCC", interfaces=4)), TopologySpec()) == [
-        HostRequest("server", 0, 4)]
+        HostRequest("server", 0, 4)
+    ]
 
 
 def test_pbox_host_in_topology_and_local_plan(monkeypatch):
-    topo = build_topo(TopologySpec(kind="rack_core", racks=2, hosts_per_rack=2, interfaces_per_host=1,
-                                   background_hosts_per_rack=1), [HostRequest("server", 0, 3)])
+    topo = build_topo(
+        TopologySpec(kind="rack_core", racks=2, hosts_per_rack=2, interfaces_per_host=1, background_hosts_per_rack=1),
+        [HostRequest("server", 0, 3)],
+    )
     links = {}
-    for n1, _, info in topo.links(withInfo=True):
+    for n1, _, _info in topo.links(withInfo=True):
         links[n1] = links.get(n1, 0) + 1
     assert links["ps1"] == 3 and links["h1"] == 1 and links["bg1"] == 1 and links["bg2"] == 1
     assert {h: (topo.nodeInfo(h)["kind"], topo.nodeInfo(h)["rack"]) for h in ("bg1", "bg2", "ps1")} == {
-        "bg1": ("background", 0), "bg2": ("background", 1), "ps1": ("server", 0)}
+        "bg1": ("background", 0),
+        "bg2": ("background", 1),
+        "ps1": ("server", 0),
+    }
 
-    exp = from_dict({"topology": {"racks": 2, "hosts_per_rack": 2},
-                     "workload": {"scheme": "ps", "servers": {"config": "NCC", "interfaces": 3}}})
+    exp = from_dict(
+        {
+            "topology": {"racks": 2, "hosts_per_rack": 2},
+            "workload": {"scheme": "ps", "servers": {"config": "NCC", "interfaces": 3}},
+        }
+    )
     pbox = [h for h in local_hosts(exp) if h.kind == "server"]
     assert [(h.name, h.interfaces) for h in pbox] == [("ps1", 3)]
     # a plan may bind a server to any interface of its host; loopback runs put it on lo
@@ -137,8 +178,10 @@ def test_pbox_host_in_topology_and_local_plan(monkeypatch):
 
     def on_iface(iface):
         def plan(cls, workload, hosts):
-            return [dataclasses.replace(p, iface=iface) if p.role == "server" else p
-                    for p in original(cls, workload, hosts)]
+            return [
+                dataclasses.replace(p, iface=iface) if p.role == "server" else p for p in original(cls, workload, hosts)
+            ]
+
         return classmethod(plan)
 
     # every PS scheme runs one server per interface of the PBox
@@ -155,7 +198,7 @@ def test_bind_to_interface_runs_iface_processes_as_their_uid():
     cmd = ["python", "-m", "traffic.runtime", "run", "server0"]
     assert bind_to_interface(cmd, 0) == cmd
     wrapped = bind_to_interface(cmd, 2)
-    assert wrapped[0] == "setpriv" and wrapped[-len(cmd):] == cmd
+    assert wrapped[0] == "setpriv" and wrapped[-len(cmd) :] == cmd
     assert f"--reuid={IFACE_UID_BASE + 2}" in wrapped and "--clear-groups" in wrapped
 
 
@@ -165,21 +208,38 @@ def test_bind_to_interface_runs_iface_processes_as_their_uid():
 FLOW = {"src": "bg2", "dst": "bg1", "rate_mbps": 20, "start_s": 0.5, "duration_s": 2}
 
 
-@pytest.mark.parametrize("flows, scale, field, fragment", [
-    ([{"src": "h1", "dst": "h5", "rate_mbps": 5}], 1, "background[0].duration_s", "required"),
-    ([{"src": "h1", "dst": "h5", "duration_s": 5}], 1, "background[0].rate_mbps", "required"),
-    ([{"src": "h1", "dst": "h1", "rate_mbps": 5, "duration_s": 5}], 1, "background[0].dst", "other than src"),
-    ([{"src": "h1", "dst": "h5", "rate_mbps": 0, "duration_s": 5}], 1, "background[0].rate_mbps", "> 0"),
-    ([{"src": "h1", "dst": "h5", "rate_mbps": 5, "duration_s": 2.5}], 1, "background[0].duration_s", "whole number"),
-    ([{"src": "h1", "dst": "h5", "rate_mbps": 5, "duration_s": 0.3}], 2, "background[0].duration_s", "= 0.6"),
-    ([{"src": "h1", "dst": "h5", "rate_mbps": 5, "duration_s": 1, "start_s": -1}], 1, "background[0].start_s", ">= 0"),
-    ([{"src": "h1", "dst": "h5", "rate_mbps": 5, "duration_s": 1, "protocol": "sctp"}], 1,
-     "background[0].protocol", "'udp'"),
-    ([FLOW, {**FLOW, "name": "bg0"}], 1, "background[1].name", "taken"),
-    ([{**FLOW, "name": "../x"}], 1, "background[0].name", "a file name"),
-    ([{**FLOW, "port": 1}], 1, "background[0].port", "a known field"),
-    ("h1 h5", 1, "background", "a list of mappings"),
-])
+@pytest.mark.parametrize(
+    "flows, scale, field, fragment",
+    [
+        ([{"src": "h1", "dst": "h5", "rate_mbps": 5}], 1, "background[0].duration_s", "required"),
+        ([{"src": "h1", "dst": "h5", "duration_s": 5}], 1, "background[0].rate_mbps", "required"),
+        ([{"src": "h1", "dst": "h1", "rate_mbps": 5, "duration_s": 5}], 1, "background[0].dst", "other than src"),
+        ([{"src": "h1", "dst": "h5", "rate_mbps": 0, "duration_s": 5}], 1, "background[0].rate_mbps", "> 0"),
+        (
+            [{"src": "h1", "dst": "h5", "rate_mbps": 5, "duration_s": 2.5}],
+            1,
+            "background[0].duration_s",
+            "whole number",
+        ),
+        ([{"src": "h1", "dst": "h5", "rate_mbps": 5, "duration_s": 0.3}], 2, "background[0].duration_s", "= 0.6"),
+        (
+            [{"src": "h1", "dst": "h5", "rate_mbps": 5, "duration_s": 1, "start_s": -1}],
+            1,
+            "background[0].start_s",
+            ">= 0",
+        ),
+        (
+            [{"src": "h1", "dst": "h5", "rate_mbps": 5, "duration_s": 1, "protocol": "sctp"}],
+            1,
+            "background[0].protocol",
+            "'udp'",
+        ),
+        ([FLOW, {**FLOW, "name": "bg0"}], 1, "background[1].name", "taken"),
+        ([{**FLOW, "name": "../x"}], 1, "background[0].name", "a file name"),
+        ([{**FLOW, "port": 1}], 1, "background[0].port", "a known field"),
+        ("h1 h5", 1, "background", "a list of mappings"),
+    ],
+)
 def test_bad_background_flows_are_named(flows, scale, field, fragment):
     spec = {"background": flows, "scale": scale}
     if scale != 1:
@@ -195,16 +255,34 @@ def _topology(*names):
 
 
 def test_background_commands_are_dilated(tmp_path):
-    exp = from_dict({"scale": 4, "workload": {"compute": {"mode": "emulated"}},
-                     "background": [{**FLOW, "duration_s": 2.5}, {**FLOW, "start_s": 0, "protocol": "udp",
-                                                                   "name": "cross"}]})
+    exp = from_dict(
+        {
+            "scale": 4,
+            "workload": {"compute": {"mode": "emulated"}},
+            "background": [{**FLOW, "duration_s": 2.5}, {**FLOW, "start_s": 0, "protocol": "udp", "name": "cross"}],
+        }
+    )
     a, b = plan_flows(exp.background, _topology("h1", "bg1", "bg2"), exp.scale)
     # rates are divided by the scale like links; start and duration multiplied
-    assert (a.name, a.dst_ip, a.port, a.shaped_bps, a.delay_s, a.seconds) == ("bg0", "10.0.0.2", BASE_PORT,
-                                                                              5_000_000, 2.0, 10)
+    assert (a.name, a.dst_ip, a.port, a.shaped_bps, a.delay_s, a.seconds) == (
+        "bg0",
+        "10.0.0.2",
+        BASE_PORT,
+        5_000_000,
+        2.0,
+        10,
+    )
     assert (b.name, b.port, b.delay_s) == ("cross", BASE_PORT + 1, 0)
-    assert server_command(a, tmp_path) == ["iperf3", "-s", "-1", "-p", str(BASE_PORT), "--json", "--logfile",
-                                           str(tmp_path / "bg0.server.json")]
+    assert server_command(a, tmp_path) == [
+        "iperf3",
+        "-s",
+        "-1",
+        "-p",
+        str(BASE_PORT),
+        "--json",
+        "--logfile",
+        str(tmp_path / "bg0.server.json"),
+    ]
     sh = client_command(a, tmp_path)
     assert sh[:2] == ["sh", "-c"] and sh[2].startswith("sleep 2.000; exec iperf3 -c 10.0.0.2 ")
     assert "-b 5000000 -t 10 --json --logfile" in sh[2]
@@ -230,9 +308,10 @@ def _link(topo, host, intf):
 @pytest.mark.slow
 @root_only
 def test_pbox_host_has_k_shaped_interfaces_and_binds_processes(tmp_path):
-    from traffic import rundir
     from testbed.ledger import Ledger, NetworkLock
     from testbed.network import Network
+    from traffic import rundir
+
     assert leftovers() == []
     d = rundir.create(tmp_path, "pbox")
     spec = TopologySpec(kind="rack", racks=1, hosts_per_rack=2, host_bw_mbps=40)
@@ -251,17 +330,22 @@ def test_pbox_host_has_k_shaped_interfaces_and_binds_processes(tmp_path):
             tor_port = {intf: _link(topo, "ps1", intf)["intf2"] for intf in ("ps1-eth0", "ps1-eth1")}
 
             def port_bytes():
-                return {i: sum(int(open(f"/sys/class/net/{p}/statistics/{k}_bytes").read()) for k in ("rx", "tx"))
-                        for i, p in tor_port.items()}
+                return {
+                    i: sum(int(open(f"/sys/class/net/{p}/statistics/{k}_bytes").read()) for k in ("rx", "tx"))
+                    for i, p in tor_port.items()
+                }
 
             # two workers push to the two interfaces at once: each gets a full host link
             h1, h2, pbox = net.hosts["h1"], net.hosts["h2"], net.hosts["ps1"]
             srv = [pbox.popen(["iperf3", "-s", "-1", "-p", str(5301 + i)]) for i in range(2)]
             time.sleep(0.5)
-            cli = [h.popen(["iperf3", "-c", ip, "-p", str(5301 + i), "-t", "2", "-J"])
-                   for i, (h, ip) in enumerate(((h1, ip0), (h2, ip1)))]
-            mbps = [json.loads(c.communicate(timeout=30)[0])["end"]["sum_received"]["bits_per_second"] / 1e6
-                    for c in cli]
+            cli = [
+                h.popen(["iperf3", "-c", ip, "-p", str(5301 + i), "-t", "2", "-J"])
+                for i, (h, ip) in enumerate(((h1, ip0), (h2, ip1)))
+            ]
+            mbps = [
+                json.loads(c.communicate(timeout=30)[0])["end"]["sum_received"]["bits_per_second"] / 1e6 for c in cli
+            ]
             for s in srv:
                 s.wait(timeout=10)
             assert all(0.85 * 40 <= m <= 1.02 * 40 for m in mbps), mbps
@@ -284,11 +368,12 @@ def test_pbox_host_has_k_shaped_interfaces_and_binds_processes(tmp_path):
 
 
 def _small(tmp_path, **extra):
-    spec = {"name": "phub-harness",
-            "topology": {"kind": "rack_core", "racks": 2, "hosts_per_rack": 2, "host_bw_mbps": 50,
-                         "oversubscription": 1},
-            "workload": {"scheme": "ps", "iterations": 6, "warmup_iterations": 1, "batch_size": 16},
-            "run": {"runs_dir": str(tmp_path), "timeout_s": 240}}
+    spec = {
+        "name": "phub-harness",
+        "topology": {"kind": "rack_core", "racks": 2, "hosts_per_rack": 2, "host_bw_mbps": 50, "oversubscription": 1},
+        "workload": {"scheme": "ps", "iterations": 6, "warmup_iterations": 1, "batch_size": 16},
+        "run": {"runs_dir": str(tmp_path), "timeout_s": 240},
+    }
     for path, value in extra.items():
         node = spec
         keys = path.split(".")
@@ -303,16 +388,19 @@ def _small(tmp_path, **extra):
 def test_pbox_servers_each_use_their_own_interface(tmp_path):
     """`ps` on a 2-interface PBox: server i is bound to ps1-eth<i>, and its bytes cross that link."""
     from testbed.runner import run_experiment
+
     assert leftovers() == []
-    (res,) = run_experiment(_small(tmp_path, **{"workload.servers": {"config": "NCC", "interfaces": 2}}),
-                            progress=False)
+    (res,) = run_experiment(
+        _small(tmp_path, **{"workload.servers": {"config": "NCC", "interfaces": 2}}), progress=False
+    )
     assert res.ok, res.summary.error
     topo = json.loads((res.run_dir / "topology.json").read_text())
     procs = json.loads((res.run_dir / "processes.json").read_text())["processes"]
     servers = sorted((p for p in procs if p["role"] == "server"), key=lambda p: p["index"])
     (ps1,) = [h for h in topo["hosts"] if h["name"] == "ps1"]
     assert [(p["host"], p["iface"], p["iface_index"], p["ip"]) for p in servers] == [
-        ("ps1", f"ps1-eth{i}", i, ps1["intfs"][i]["ip"]) for i in (0, 1)]
+        ("ps1", f"ps1-eth{i}", i, ps1["intfs"][i]["ip"]) for i in (0, 1)
+    ]
     per_port = res.summary.bytes.per_port
     for i in (0, 1):
         port = per_port[_link(topo, "ps1", f"ps1-eth{i}")["intf2"]]
@@ -329,19 +417,36 @@ def test_pbox_servers_each_use_their_own_interface(tmp_path):
 def test_background_flow_crosses_the_core_and_leaves_nothing(tmp_path):
     from testbed.runner import run_experiment
     from traffic.compute_profiles import LayerProfile, Profile, load_profile
+
     assert leftovers() == []
     zero = load_profile("zero", "digits_mlp", 16)
-    prof = Profile("digits_mlp", "test", 16, "tests: 20 ms per layer", "test", True,
-                   [LayerProfile(l.index, l.name, 0.01, 0.01) for l in zero.layers]).save(tmp_path / "p.json")
+    prof = Profile(
+        "digits_mlp",
+        "test",
+        16,
+        "tests: 20 ms per layer",
+        "test",
+        True,
+        [LayerProfile(l.index, l.name, 0.01, 0.01) for l in zero.layers],
+    ).save(tmp_path / "p.json")
     scale = 2
-    exp = _small(tmp_path, scale=scale, **{
-        "topology.background_hosts_per_rack": 1, "topology.host_bw_mbps": 100,
-        "workload.scheme": "allreduce", "workload.workers": 2, "workload.iterations": 40,
-        "workload.compute": {"mode": "emulated", "profile": str(prof)},
-        "background": [
-            {"src": "bg2", "dst": "bg1", "rate_mbps": 20, "start_s": 0.5, "duration_s": 2, "name": "core"},
-            {"src": "bg1", "dst": "bg2", "rate_mbps": 10, "duration_s": 600, "protocol": "udp"},  # cut short
-            {"src": "bg1", "dst": "bg2", "rate_mbps": 10, "start_s": 100, "duration_s": 1}]})  # never starts
+    exp = _small(
+        tmp_path,
+        scale=scale,
+        **{
+            "topology.background_hosts_per_rack": 1,
+            "topology.host_bw_mbps": 100,
+            "workload.scheme": "allreduce",
+            "workload.workers": 2,
+            "workload.iterations": 40,
+            "workload.compute": {"mode": "emulated", "profile": str(prof)},
+            "background": [
+                {"src": "bg2", "dst": "bg1", "rate_mbps": 20, "start_s": 0.5, "duration_s": 2, "name": "core"},
+                {"src": "bg1", "dst": "bg2", "rate_mbps": 10, "duration_s": 600, "protocol": "udp"},  # cut short
+                {"src": "bg1", "dst": "bg2", "rate_mbps": 10, "start_s": 100, "duration_s": 1},
+            ],
+        },
+    )  # never starts
     (res,) = run_experiment(exp, progress=False)
     # the flow that never starts was asked for but not done: the run fails, every figure kept;
     # the one cut short when training ended ran as asked
@@ -377,7 +482,9 @@ def test_oversubscription_experiment_spec():
     busy = next(e for _, e in pts if e.background)
     # the flows run between background hosts of racks 1 and 2, at the shaped rate
     assert busy.topology.background_hosts_per_rack == 1 and {(f.src, f.dst) for f in busy.background} == {
-        ("bg1", "bg2"), ("bg2", "bg1")}
+        ("bg1", "bg2"),
+        ("bg2", "bg1"),
+    }
     (flow, _) = plan_flows(busy.background, _topology("bg1", "bg2"), busy.scale)
     assert flow.shaped_bps == 5000e6 / busy.scale
 
@@ -385,10 +492,13 @@ def test_oversubscription_experiment_spec():
 @root_only
 def test_background_flow_to_a_missing_host_is_refused_before_anything_is_built(tmp_path):
     from testbed.runner import run_experiment
+
     assert leftovers() == []
     with pytest.raises(SpecError) as e:
-        run_experiment(_small(tmp_path / "runs", background=[{"src": "h1", "dst": "bg1", "rate_mbps": 5,
-                                                              "duration_s": 1}]), progress=False)
+        run_experiment(
+            _small(tmp_path / "runs", background=[{"src": "h1", "dst": "bg1", "rate_mbps": 5, "duration_s": 1}]),
+            progress=False,
+        )
     assert "background[0].dst" in str(e.value) and "h1, h2, h3, h4" in str(e.value)
-    assert not (tmp_path / "runs").exists()   # planned on the topology graph: no run directory written
+    assert not (tmp_path / "runs").exists()  # planned on the topology graph: no run directory written
     assert leftovers() == []

@@ -16,6 +16,7 @@
   In emulated compute with quantization, the communication of iteration ``t`` runs on the
   comm thread while iteration ``t + 1`` computes, and the ring sends 1 byte/element.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,18 +29,17 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from common.errors import SpecError
-from testbed.spec import from_dict
+from testbed.loopback import free_port, run_local
+from tests.conftest import experiment
+from traffic import schemes
 from traffic.collectives.ring import compressions_per_element, ring_allreduce, ring_blocks
 from traffic.compression import CODECS, Identity, Quantization, Truncation, make_codec
 from traffic.data import GlobalBatches, load_dataset
 from traffic.models import build_model
 from traffic.reference import reference_train
 from traffic.runtime.events import read_events
-from testbed.loopback import free_port, run_local
 from traffic.runtime.trainer import make_optimizer
-from traffic import schemes
 from traffic.schemes.pipe_sgd import Compression, grad_iteration
-from tests.conftest import experiment
 
 # ----------------------------------------------------------------------------- codecs
 
@@ -64,9 +64,9 @@ def test_codec_error_bounds_and_wire_size(codec):
         assert bool((err <= bound).all()), f"{codec.name}: max err/bound {float((err / bound).max())}"
     assert Truncation().payload_bytes(1000) == 2000 and Quantization().payload_bytes(1000) == 1004
     # truncation rounds toward zero and keeps the sign; the bound is tight within a factor ~2
-    x = torch.tensor([1 + 2.0 ** -7 + 2.0 ** -8, -(1 + 2.0 ** -7 + 2.0 ** -8)])
+    x = torch.tensor([1 + 2.0**-7 + 2.0**-8, -(1 + 2.0**-7 + 2.0**-8)])
     y = Truncation().decode(Truncation().encode(x), 2)
-    assert y.tolist() == [1 + 2.0 ** -7, -(1 + 2.0 ** -7)]
+    assert y.tolist() == [1 + 2.0**-7, -(1 + 2.0**-7)]
     # quantization: the largest magnitude is exact, others within max/254
     q = Quantization()
     x = torch.tensor([-2.0, 1.0, 0.01, 0.0])
@@ -92,10 +92,10 @@ def test_decoding_into_a_block_gives_the_values_of_a_new_tensor(codec):
         n = x.numel()
         payload = codec.encode(x)
         buf = torch.full((n + 3,), 7.0)
-        got = codec.decode(payload, n, out=buf[1:n + 1])
+        got = codec.decode(payload, n, out=buf[1 : n + 1])
         assert got.data_ptr() == buf[1:].data_ptr()  # written in place, nothing beside it
         assert torch.equal(got.view(torch.int32), codec.decode(payload, n).view(torch.int32))
-        assert buf[0] == 7.0 and bool((buf[n + 1:] == 7.0).all())
+        assert buf[0] == 7.0 and bool((buf[n + 1 :] == 7.0).all())
 
 
 @pytest.mark.parametrize("codec", [Identity(), Truncation(), Quantization()], ids=lambda c: c.name)
@@ -124,6 +124,7 @@ def _data(rank: int, n: int) -> torch.Tensor:
 
 def _ring_member(rank: int, port: int, out_dir: str) -> None:
     from traffic.runtime.transport import Transport
+
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=P)
     tr = Transport(None, rank, P)
@@ -176,10 +177,10 @@ def test_compressed_ring_error_within_steps_times_bound(codec, ring_results):
     for n in SIZES:
         xs = [_data(r, n).double() for r in range(P)]
         exact = sum(xs)
-        magnitude = sum(x.abs() for x in xs).float()   # bounds every partial sum's magnitude
+        magnitude = sum(x.abs() for x in xs).float()  # bounds every partial sum's magnitude
         bound = torch.cat([codec.error_bound(b) for b in ring_blocks(magnitude, P)]).double()
         # the partial sums also carry the earlier steps' errors (<= 3 %) and float32 rounding
-        bound = k * bound * 1.05 + P * magnitude.double() * 2.0 ** -23
+        bound = k * bound * 1.05 + P * magnitude.double() * 2.0**-23
         got = ring_results[0][(codec.name, n)]
         err = (got.double() - exact).abs()
         assert bool((err <= bound).all()), f"{codec.name} n={n}: max err/bound {float((err / bound).max())}"
@@ -199,9 +200,19 @@ OPT = {"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-3}
 
 
 def _experiment(options: dict, compute: dict | None = None, model: str = "mnist_mlp"):
-    return experiment("pipe_sgd", hosts_per_rack=W, model=model, workers=W, iterations=ITERS, batch_size=BATCH,
-                      eval_every=0, seed=SEED, optimizer=OPT, options=options,
-                      **({"compute": compute} if compute else {}))
+    return experiment(
+        "pipe_sgd",
+        hosts_per_rack=W,
+        model=model,
+        workers=W,
+        iterations=ITERS,
+        batch_size=BATCH,
+        eval_every=0,
+        seed=SEED,
+        optimizer=OPT,
+        options=options,
+        **({"compute": compute} if compute else {}),
+    )
 
 
 def delayed_reference(workload, workers: int, K: int) -> dict[str, torch.Tensor]:
@@ -239,8 +250,15 @@ def test_grad_iteration_and_options():
     assert [grad_iteration(t, 3) for t in range(4)] == [None, None, 0, 1]
 
 
-BAD_OPTIONS = [{"K": 0}, {"K": 1.5}, {"K": True}, {"compression": "zip"}, {"bucket_mb": -1},
-               {"bucket_mb": True}, {"nope": 1}]
+BAD_OPTIONS = [
+    {"K": 0},
+    {"K": 1.5},
+    {"K": True},
+    {"compression": "zip"},
+    {"bucket_mb": -1},
+    {"bucket_mb": True},
+    {"nope": 1},
+]
 
 
 @pytest.mark.parametrize("bad", BAD_OPTIONS)
@@ -289,9 +307,17 @@ def test_emulated_compute_overlaps_and_compresses(tmp_path):
     """Quantized Pipe-SGD in emulated compute: the allreduce of iteration t starts before the
     forward pass of t + 1 ends (the two threads overlap), and sends 1 byte/element + scale."""
     model = build_model("mnist_mlp", 0, device="meta")
-    prof = {"model": "mnist_mlp", "device": "test", "batch_size": BATCH, "source": "test", "method": "measured",
-            "derived": False, "layers": [{"index": i, "name": n, "forward_s": 0.02, "backward_s": 0.02}
-                                         for i, n in enumerate(model.layer_names)]}
+    prof = {
+        "model": "mnist_mlp",
+        "device": "test",
+        "batch_size": BATCH,
+        "source": "test",
+        "method": "measured",
+        "derived": False,
+        "layers": [
+            {"index": i, "name": n, "forward_s": 0.02, "backward_s": 0.02} for i, n in enumerate(model.layer_names)
+        ],
+    }
     path = tmp_path / "prof.json"
     path.write_text(json.dumps(prof))
     exp = _experiment({"K": 2, "compression": "quantization"}, {"mode": "emulated", "profile": str(path)})
@@ -306,8 +332,9 @@ def test_emulated_compute_overlaps_and_compresses(tmp_path):
         sizes = [b.numel() for b in ring_blocks(torch.empty(n), W)]
         pos = w  # ring order = worker order
         sent = [sizes[(pos - s) % W] for s in range(W - 1)] + [sizes[(pos + 1 - s) % W] for s in range(W - 1)]
-        assert all(e["wire_bytes"] == sum(s + 4 for s in sent) and e["compression"] == "quantization"
-                   for e in ar.values())
+        assert all(
+            e["wire_bytes"] == sum(s + 4 for s in sent) and e["compression"] == "quantization" for e in ar.values()
+        )
         tx = [e for e in events if e["kind"] in ("reduce_scatter", "all_gather") and e["dir"] == "tx"]
         assert len(tx) == ITERS * 2 * (W - 1) and all(e["thread"] == "comm" for e in tx)
         assert sum(e["kind"] == "compress" for e in events) == ITERS * W
@@ -317,30 +344,53 @@ def test_emulated_compute_overlaps_and_compresses(tmp_path):
 
 
 def test_timing_model_equations():
-    from analysis.paper_models.pipe_sgd import (Network, beta_from_mbps, iteration_model, pipe_ideal_total_s,
-                                          pipe_pipelined_total_s, pipe_sequential_total_s, pipe_total_s,
-                                          ring_allreduce_s, ring_codec_s, scaling_efficiency, sync_total_s)
+    from analysis.paper_models.pipe_sgd import (
+        Network,
+        beta_from_mbps,
+        iteration_model,
+        pipe_ideal_total_s,
+        pipe_pipelined_total_s,
+        pipe_sequential_total_s,
+        pipe_total_s,
+        ring_allreduce_s,
+        ring_codec_s,
+        scaling_efficiency,
+        sync_total_s,
+    )
+
     beta = beta_from_mbps(10_000)
     assert beta == pytest.approx(8e-10)
     net = Network(alpha_s=50e-6, beta_s_per_byte=beta, gamma_s_per_byte=1e-10, sync_s=1e-4)
     n, p = 244e6, 4  # AlexNet's gradient in bytes, four workers
     ring = ring_allreduce_s(n, p, net)
-    assert ring == pytest.approx(6 * 50e-6 + 1.5 * n * beta + 0.75 * n * 1e-10 + 1e-4)   # eq. (5)'s term
-    assert ring_allreduce_s(n, p, net, segments=8) > ring                                  # eq. (6): L alpha, L S
+    assert ring == pytest.approx(6 * 50e-6 + 1.5 * n * beta + 0.75 * n * 1e-10 + 1e-4)  # eq. (5)'s term
+    assert ring_allreduce_s(n, p, net, segments=8) > ring  # eq. (6): L alpha, L S
     assert ring_allreduce_s(n, p, net, wire_ratio=0.5) < ring and ring_allreduce_s(n, 1, net) == 0
     T, up, comp = 100, 0.002, 0.03
-    assert sync_total_s(T, up, comp, ring) == pytest.approx(T * (up + comp + ring))        # eq. (2)
+    assert sync_total_s(T, up, comp, ring) == pytest.approx(T * (up + comp + ring))  # eq. (2)
     assert pipe_ideal_total_s(T, 2, up, comp, ring) == pytest.approx(sync_total_s(T, up, comp, ring) / 2)  # (3)
-    assert pipe_total_s(T, up, comp, ring) == pytest.approx(T * ring)                      # (4), comm-bound
+    assert pipe_total_s(T, up, comp, ring) == pytest.approx(T * ring)  # (4), comm-bound
     assert pipe_sequential_total_s(T, up, 0.01, 0.02, n, p, net) == pytest.approx(T * ring)
     # communication-bound: sequential (5) is no slower than pipelined (6) (the paper's conclusion)
-    assert pipe_sequential_total_s(T, up, 0.01, 0.02, n, p, net) <= pipe_pipelined_total_s(T, up, 0.01, 0.002, n, p, 8, net)
-    assert scaling_efficiency(up, comp, ring) == pytest.approx((up + comp) / ring)         # eq. (7)
+    assert pipe_sequential_total_s(T, up, 0.01, 0.02, n, p, net) <= pipe_pipelined_total_s(
+        T, up, 0.01, 0.002, n, p, 8, net
+    )
+    assert scaling_efficiency(up, comp, ring) == pytest.approx((up + comp) / ring)  # eq. (7)
     assert scaling_efficiency(up, comp, 0.001) == 1.0
     assert ring_codec_s(n, p, 1e-10, 2e-10) == pytest.approx(n * 1e-10 + 7 / 4 * n * 2e-10)
     d = iteration_model("D-Sync", K=1, n_bytes=n, p=p, net=net, l_comp=comp, l_up=up)
-    q = iteration_model("Pipe-SGD+Q", K=2, n_bytes=n, p=p, net=net, l_comp=comp, l_up=up, wire_ratio=0.25,
-                        encode_s_per_byte=1e-11, decode_s_per_byte=1e-11)
+    q = iteration_model(
+        "Pipe-SGD+Q",
+        K=2,
+        n_bytes=n,
+        p=p,
+        net=net,
+        l_comp=comp,
+        l_up=up,
+        wire_ratio=0.25,
+        encode_s_per_byte=1e-11,
+        decode_s_per_byte=1e-11,
+    )
     assert d.iteration_s == pytest.approx(up + comp + ring)
     assert q.iteration_s == pytest.approx(max(up + comp, q.l_comm + q.l_codec)) and q.iteration_s < d.iteration_s
     with pytest.raises(ValueError):

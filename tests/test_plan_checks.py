@@ -6,6 +6,7 @@ the field, the value and what is allowed.
 One section per class of limit: the shaper's rates, iperf3's limits, ports, bounded numbers,
 a bridge's ports, capture windows, duplicate YAML keys and runs too slow to finish.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -43,8 +44,9 @@ def dry_run(tmp_path: Path, spec: dict | Path, *sets: str) -> tuple[int, str, st
         path = spec
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = cli.main(["run", "--dry-run", str(path), *[f"--set={s}" for s in sets],
-                       "--runs-dir", str(tmp_path / "runs")])
+        rc = cli.main(
+            ["run", "--dry-run", str(path), *[f"--set={s}" for s in sets], "--runs-dir", str(tmp_path / "runs")]
+        )
     assert "Traceback" not in err.getvalue()
     assert not (tmp_path / "runs").exists()  # nothing written
     return rc, out.getvalue(), err.getvalue()
@@ -79,11 +81,14 @@ def test_a_host_link_below_the_shapers_minimum_is_exit_2_naming_the_field_and_th
     assert f"at least {MIN_RATE_MBPS:g} Mbit/s" in err and f"[{MIN_RATE_MBPS:g}, {MAX_RATE_MBPS:g}] Mbit/s" in err
 
 
-@pytest.mark.parametrize("topology, field", [
-    ({"host_bw_mbps": MIN_RATE_MBPS / 2}, "topology.host_bw_mbps"),
-    ({"host_bw_mbps": 0.001, "oversubscription": 20}, "topology.uplink_bw_mbps"),  # derived: 4 x 0.001 / 20
-    ({"uplink_bw_mbps": 1e-5}, "topology.uplink_bw_mbps"),
-])
+@pytest.mark.parametrize(
+    "topology, field",
+    [
+        ({"host_bw_mbps": MIN_RATE_MBPS / 2}, "topology.host_bw_mbps"),
+        ({"host_bw_mbps": 0.001, "oversubscription": 20}, "topology.uplink_bw_mbps"),  # derived: 4 x 0.001 / 20
+        ({"uplink_bw_mbps": 1e-5}, "topology.uplink_bw_mbps"),
+    ],
+)
 def test_every_link_rate_given_or_derived_is_at_least_the_minimum(topology, field):
     err = refused({"topology": topology})
     assert fields(err) == [field] and "at least 0.0008 Mbit/s" in err.allowed
@@ -108,8 +113,10 @@ def test_a_scheduled_rate_below_the_minimum_is_refused_at_validation():
 def test_with_scale_auto_the_rates_are_checked_again_once_it_is_resolved(monkeypatch):
     # emulated compute: auto resolves from the cost model; here it resolves to 100
     monkeypatch.setattr("testbed.runner.capacity.auto_scale", lambda *a, **k: 100.0)
-    spec = {"topology": {"kind": "rack", "hosts_per_rack": 4, "host_bw_mbps": 0.05},
-            "workload": {"compute": {"mode": "emulated"}, "iterations": 3}}
+    spec = {
+        "topology": {"kind": "rack", "hosts_per_rack": 4, "host_bw_mbps": 0.05},
+        "workload": {"compute": {"mode": "emulated"}, "iterations": 3},
+    }
     exp = from_dict(spec)  # at scale 1 (the least auto gives) 0.05 Mbit/s is fine
     assert exp.scale == "auto"
     with pytest.raises(SpecError) as e:
@@ -135,12 +142,15 @@ def flow(**kw) -> dict:
 BG = {"topology": {"background_hosts_per_rack": 1}, "workload": {"iterations": 3}}
 
 
-@pytest.mark.parametrize("over, field, fragment", [
-    (flow(rate_mbps=1e-7), "background[0].rate_mbps", "at least 1 bit/s once rounded (-b 0 is no limit"),
-    (flow(duration_s=IPERF3_MAX_TIME_S + 1), "background[0].duration_s", "in [1, 86400]"),
-    (flow(start_s=600), "background[0].start_s", "below run.timeout_s (600 s)"),
-    (flow(start_s=1e300), "background[0].start_s", "below run.timeout_s"),
-])
+@pytest.mark.parametrize(
+    "over, field, fragment",
+    [
+        (flow(rate_mbps=1e-7), "background[0].rate_mbps", "at least 1 bit/s once rounded (-b 0 is no limit"),
+        (flow(duration_s=IPERF3_MAX_TIME_S + 1), "background[0].duration_s", "in [1, 86400]"),
+        (flow(start_s=600), "background[0].start_s", "below run.timeout_s (600 s)"),
+        (flow(start_s=1e300), "background[0].start_s", "below run.timeout_s"),
+    ],
+)
 def test_a_flow_outside_iperf3s_limits_is_refused(over, field, fragment):
     err = refused(with_(BG, background=[over]))
     assert fields(err) == [field] and fragment in err.allowed
@@ -162,7 +172,7 @@ def test_iperf3s_limits_hold_after_dilation_at_a_number_and_once_auto_is_resolve
 def test_an_accepted_flow_plans_an_iperf3_command_inside_its_limits():
     exp = from_dict(with_(BG, background=[flow(rate_mbps=1e-6, duration_s=IPERF3_MAX_TIME_S, start_s=599)]))
     topo = {"hosts": [{"name": "bg1", "ip": "10.0.0.9"}, {"name": "bg2", "ip": "10.0.0.10"}]}
-    fp, = plan_flows(exp.background, topo, scale=1.0)
+    (fp,) = plan_flows(exp.background, topo, scale=1.0)
     assert fp.shaped_bps == 1 and fp.seconds == IPERF3_MAX_TIME_S and fp.delay_s < exp.run.timeout_s
 
 
@@ -180,37 +190,48 @@ def test_the_rendezvous_port_cannot_be_a_background_flows_iperf3_port(tmp_path):
 # ---------------------------------------------------------------- bounded seeds, timeouts and counts
 
 
-@pytest.mark.parametrize("override, field", [
-    ("workload.seed=-1", "workload.seed"),
-    ("workload.seed=4294967296", "workload.seed"),
-    ("workload.seed=1000000000000000000000000000000", "workload.seed"),
-    (f"workload.iterations={MAX_ITERATIONS + 1}", "workload.iterations"),
-    ("run.timeout_s=1e12", "run.timeout_s"),
-    ("topology.max_queue_packets=4294967296", "topology.max_queue_packets"),
-    ("topology.tcp_notsent_lowat_bytes=4294967296", "topology.tcp_notsent_lowat_bytes"),
-    ("topology.tcp_min_tso_segs=256", "topology.tcp_min_tso_segs"),  # the kernel keeps one byte
-    ("topology.tcp_min_tso_segs=0", "topology.tcp_min_tso_segs"),
-    ("topology.tcp_congestion_control=dctcp", "topology.tcp_congestion_control"),  # not on this kernel
-    ("capture.interval_ms=1000000", "capture.interval_ms"),  # 1000 s > run.timeout_s 240 s
-    ("capture.cpu_interval_ms=9223372036854775807", "capture.cpu_interval_ms"),
-    ("capture.endpoints_interval_ms=1000000000", "capture.endpoints_interval_ms"),
-    ("host.message_overhead_us=1e12", "host.message_overhead_us"),
-    ("host.request_startup_ms=1e12", "host.request_startup_ms"),
-    ("host.aggregate_gb_per_s=1e-15", "host.aggregate_gb_per_s"),  # 4 bytes take 4e6 s
-    ("events=[{at_s: 1e12, link: 'host:h1', bw_mbps: 10}]", "events[0].at_s"),
-    ("events=[{at_s: 240, kill: worker1}]", "events[0].at_s"),
-])
+@pytest.mark.parametrize(
+    "override, field",
+    [
+        ("workload.seed=-1", "workload.seed"),
+        ("workload.seed=4294967296", "workload.seed"),
+        ("workload.seed=1000000000000000000000000000000", "workload.seed"),
+        (f"workload.iterations={MAX_ITERATIONS + 1}", "workload.iterations"),
+        ("run.timeout_s=1e12", "run.timeout_s"),
+        ("topology.max_queue_packets=4294967296", "topology.max_queue_packets"),
+        ("topology.tcp_notsent_lowat_bytes=4294967296", "topology.tcp_notsent_lowat_bytes"),
+        ("topology.tcp_min_tso_segs=256", "topology.tcp_min_tso_segs"),  # the kernel keeps one byte
+        ("topology.tcp_min_tso_segs=0", "topology.tcp_min_tso_segs"),
+        ("topology.tcp_congestion_control=dctcp", "topology.tcp_congestion_control"),  # not on this kernel
+        ("capture.interval_ms=1000000", "capture.interval_ms"),  # 1000 s > run.timeout_s 240 s
+        ("capture.cpu_interval_ms=9223372036854775807", "capture.cpu_interval_ms"),
+        ("capture.endpoints_interval_ms=1000000000", "capture.endpoints_interval_ms"),
+        ("host.message_overhead_us=1e12", "host.message_overhead_us"),
+        ("host.request_startup_ms=1e12", "host.request_startup_ms"),
+        ("host.aggregate_gb_per_s=1e-15", "host.aggregate_gb_per_s"),  # 4 bytes take 4e6 s
+        ("events=[{at_s: 1e12, link: 'host:h1', bw_mbps: 10}]", "events[0].at_s"),
+        ("events=[{at_s: 240, kill: worker1}]", "events[0].at_s"),
+    ],
+)
 def test_numbers_that_would_crash_or_hang_the_run_are_exit_2_naming_the_field(tmp_path, override, field):
     rc, _, err = dry_run(tmp_path, QUICKSTART, override)
     assert rc == 2 and f"'{field}'" in err, err
 
 
 def test_the_bounds_themselves_are_accepted():
-    exp = from_dict({"workload": {"seed": MAX_SEED, "iterations": MAX_ITERATIONS},
-                     "run": {"timeout_s": MAX_TIMEOUT_S},
-                     "topology": {"max_queue_packets": 2 ** 32 - 1, "tcp_notsent_lowat_bytes": 2 ** 32 - 1,
-                                  "tcp_min_tso_segs": 255, "tcp_congestion_control": "reno"}})
-    assert exp.workload.seed == 2 ** 32 - 1
+    exp = from_dict(
+        {
+            "workload": {"seed": MAX_SEED, "iterations": MAX_ITERATIONS},
+            "run": {"timeout_s": MAX_TIMEOUT_S},
+            "topology": {
+                "max_queue_packets": 2**32 - 1,
+                "tcp_notsent_lowat_bytes": 2**32 - 1,
+                "tcp_min_tso_segs": 255,
+                "tcp_congestion_control": "reno",
+            },
+        }
+    )
+    assert exp.workload.seed == 2**32 - 1
     assert from_dict({"workload": {"seed": 0}}).workload.seed == 0
 
 
@@ -235,13 +256,23 @@ def test_a_capture_period_or_an_event_is_checked_against_the_runs_own_timeout():
 # ---------------------------------------------------------------- a bridge's ports
 
 
-@pytest.mark.parametrize("topology, field, switch", [
-    ({"kind": "rack", "hosts_per_rack": 1024}, "topology.hosts_per_rack", "tor1 would have 1024"),
-    ({"racks": 2, "hosts_per_rack": 16, "interfaces_per_host": 64}, "topology.hosts_per_rack", "tor1 would have 1025"),
-    ({"racks": 2, "hosts_per_rack": 1000, "background_hosts_per_rack": 23}, "topology.hosts_per_rack",
-     "tor2 would have 1024"),
-    ({"racks": 1024, "hosts_per_rack": 1}, "topology.racks", "core1 would have 1024"),
-])
+@pytest.mark.parametrize(
+    "topology, field, switch",
+    [
+        ({"kind": "rack", "hosts_per_rack": 1024}, "topology.hosts_per_rack", "tor1 would have 1024"),
+        (
+            {"racks": 2, "hosts_per_rack": 16, "interfaces_per_host": 64},
+            "topology.hosts_per_rack",
+            "tor1 would have 1025",
+        ),
+        (
+            {"racks": 2, "hosts_per_rack": 1000, "background_hosts_per_rack": 23},
+            "topology.hosts_per_rack",
+            "tor2 would have 1024",
+        ),
+        ({"racks": 1024, "hosts_per_rack": 1}, "topology.racks", "core1 would have 1024"),
+    ],
+)
 def test_a_switch_with_more_ports_than_a_linux_bridge_takes_is_refused_at_planning(topology, field, switch):
     exp = from_dict({"topology": topology, "workload": {"workers": 1, "iterations": 3}})  # valid as a spec
     with pytest.raises(SpecError) as e:
@@ -265,11 +296,14 @@ def test_the_bridge_check_shows_in_a_dry_run(tmp_path):
 # ---------------------------------------------------------------- capture windows inside the run
 
 
-@pytest.mark.parametrize("pcap, field", [
-    ({"ports": ["uplinks"], "start_s": 1e12}, "capture.pcap.start_s"),
-    ({"ports": ["uplinks"], "start_s": 600}, "capture.pcap.start_s"),
-    ({"ports": ["uplinks"], "duration_s": 1e12}, "capture.pcap.duration_s"),
-])
+@pytest.mark.parametrize(
+    "pcap, field",
+    [
+        ({"ports": ["uplinks"], "start_s": 1e12}, "capture.pcap.start_s"),
+        ({"ports": ["uplinks"], "start_s": 600}, "capture.pcap.start_s"),
+        ({"ports": ["uplinks"], "duration_s": 1e12}, "capture.pcap.duration_s"),
+    ],
+)
 def test_a_capture_window_outside_the_run_is_refused(pcap, field):
     err = refused({"workload": {"iterations": 3}, "capture": {"pcap": pcap}})
     assert fields(err) == [field] and "run.timeout_s (600 s)" in err.allowed
@@ -289,7 +323,9 @@ def test_a_capture_window_is_dilated_before_it_is_compared(tmp_path):
 
 def test_a_key_given_twice_in_a_spec_file_names_its_path_both_lines_and_the_file(tmp_path):
     p = tmp_path / "dup.yaml"
-    p.write_text("name: dup\ntopology:\n  kind: rack\n  hosts_per_rack: 4\n  kind: rack_core\nworkload: {iterations: 3}\n")
+    p.write_text(
+        "name: dup\ntopology:\n  kind: rack\n  hosts_per_rack: 4\n  kind: rack_core\nworkload: {iterations: 3}\n"
+    )
     with pytest.raises(SpecError) as e:
         load_spec(p)
     assert e.value.field == "topology.kind"
@@ -336,8 +372,13 @@ def test_a_link_too_slow_for_the_run_is_exit_2_with_the_estimate(tmp_path):
 
 
 def test_the_estimate_is_a_lower_bound_with_its_arithmetic():
-    exp = from_dict({"topology": {"kind": "rack", "hosts_per_rack": 4, "host_bw_mbps": 1},
-                     "workload": {"scheme": "allreduce", "iterations": 100}, "run": {"timeout_s": 10_000}})
+    exp = from_dict(
+        {
+            "topology": {"kind": "rack", "hosts_per_rack": 4, "host_bw_mbps": 1},
+            "workload": {"scheme": "allreduce", "iterations": 100},
+            "run": {"timeout_s": 10_000},
+        }
+    )
     (pr,) = plan_experiment(exp)
     assert time_errors(pr.exp, pr.hosts, pr.processes) == []
     grad = 4 * 301_066  # digits_mlp
@@ -355,46 +396,68 @@ def test_the_bound_counts_hosts_not_workers_and_each_job_apart():
     assert sync_sent_bytes([["h1", "h2", "h3", "h4"]], 10) == 30
     assert sync_sent_bytes([["h1", "h1"]], 10) == 0  # on one host nothing must cross a link
     assert sync_sent_bytes([["h1", "h2"], ["h3", "h4"]], 10) == 20
-    exp = from_dict({"topology": {"kind": "rack", "hosts_per_rack": 4},
-                     "workload": {"scheme": "phub", "iterations": 3, "options": {"jobs": 2}}})
+    exp = from_dict(
+        {
+            "topology": {"kind": "rack", "hosts_per_rack": 4},
+            "workload": {"scheme": "phub", "iterations": 3, "options": {"jobs": 2}},
+        }
+    )
     (pr,) = plan_experiment(exp)
     assert schemes.get("phub").min_sent_bytes(exp.workload, pr.processes) == 2 * 4 * 301_066
 
 
 @pytest.mark.parametrize("compression, element_bytes", [("none", 4), ("truncation", 2), ("quantization", 1)])
 def test_pipe_sgds_compression_lowers_the_bound_by_its_ratio(compression, element_bytes):
-    exp = from_dict({"topology": {"kind": "rack", "hosts_per_rack": 4},
-                     "workload": {"scheme": "pipe_sgd", "iterations": 3, "options": {"compression": compression}}})
+    exp = from_dict(
+        {
+            "topology": {"kind": "rack", "hosts_per_rack": 4},
+            "workload": {"scheme": "pipe_sgd", "iterations": 3, "options": {"compression": compression}},
+        }
+    )
     (pr,) = plan_experiment(exp)
     assert schemes.get("pipe_sgd").min_sent_bytes(exp.workload, pr.processes) == 3 * element_bytes * 301_066
 
 
 def test_stanza_counts_its_conv_layers_and_real_compute_the_model_built_for_the_data():
     from traffic.models import model_info
+
     info = model_info("digits_cnn")
-    conv = 4 * sum(info["layer_numels"][:info["split_index"]])
-    exp = from_dict({"topology": {"kind": "rack", "hosts_per_rack": 4},
-                     "workload": {"scheme": "stanza", "model": "digits_cnn", "iterations": 3}})
+    conv = 4 * sum(info["layer_numels"][: info["split_index"]])
+    exp = from_dict(
+        {
+            "topology": {"kind": "rack", "hosts_per_rack": 4},
+            "workload": {"scheme": "stanza", "model": "digits_cnn", "iterations": 3},
+        }
+    )
     (pr,) = plan_experiment(exp)
     assert schemes.get("stanza").min_sent_bytes(exp.workload, pr.processes) == 2 * conv  # 3 CONV workers
     # real compute on digits: vgg19 is built for 64 features, fewer parameters than at 224 x 224
     real = from_dict({"workload": {"model": "vgg19", "iterations": 3}})
     emulated = from_dict({"scale": 1, "workload": {"model": "vgg19", "iterations": 3, "compute": {"mode": "emulated"}}})
     (r,), (e,) = plan_experiment(real), plan_experiment(emulated)
-    assert 0 < schemes.get("ps").min_sent_bytes(real.workload, r.processes) < \
-        schemes.get("ps").min_sent_bytes(emulated.workload, e.processes)
+    assert (
+        0
+        < schemes.get("ps").min_sent_bytes(real.workload, r.processes)
+        < schemes.get("ps").min_sent_bytes(emulated.workload, e.processes)
+    )
 
 
 def test_a_program_whose_traffic_is_unknown_is_not_checked():
     assert schemes.get("program").min_sent_bytes(None, []) is None
-    exp = from_dict({"topology": {"kind": "rack", "hosts_per_rack": 4, "host_bw_mbps": 0.001},
-                     "workload": {"program": {"command": ["python", "-c", "pass"]}}})
+    exp = from_dict(
+        {
+            "topology": {"kind": "rack", "hosts_per_rack": 4, "host_bw_mbps": 0.001},
+            "workload": {"program": {"command": ["python", "-c", "pass"]}},
+        }
+    )
     plan_experiment(exp)
 
 
 def test_with_auto_the_time_is_estimated_at_the_resolved_scale(monkeypatch):
-    spec = {"topology": {"kind": "rack", "hosts_per_rack": 4, "host_bw_mbps": 100},
-            "workload": {"compute": {"mode": "emulated"}, "iterations": 100}}
+    spec = {
+        "topology": {"kind": "rack", "hosts_per_rack": 4, "host_bw_mbps": 100},
+        "workload": {"compute": {"mode": "emulated"}, "iterations": 100},
+    }
     monkeypatch.setattr("testbed.runner.capacity.auto_scale", lambda *a, **k: 1.0)
     plan_experiment(from_dict(spec))
     monkeypatch.setattr("testbed.runner.capacity.auto_scale", lambda *a, **k: 2000.0)

@@ -7,6 +7,7 @@ figures. Behaviour (the data drawn, labels, errors), not pixels.
 and the timestamps bwm-ng wrote are each off by up to 3 ms, so that single samples read up to
 about 1.5 times the shaped rate.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,16 @@ P3_ARCHIVED = ARCHIVE / "p3_resnet50-20261126-225332"  # a marked headline sweep
 PHUB_ARCHIVED = ARCHIVE / "phub_pbox-20261126-231800"  # a marked headline sweep of phub.fig12
 
 
-def make_rate_run(root: Path, name: str = "rates", seconds: float = 60.0, bw_mbps: float = 100.0,
-                  change_at: float | None = 30.0, change_to: float = 50.0, scale: float = 1.0, seed: int = 0) -> Path:
+def make_rate_run(
+    root: Path,
+    name: str = "rates",
+    seconds: float = 60.0,
+    bw_mbps: float = 100.0,
+    change_at: float | None = 30.0,
+    change_to: float = 50.0,
+    scale: float = 1.0,
+    seed: int = 0,
+) -> Path:
     """A run of two hosts on one switch (h1 on s1-eth1): h1 sends at the shaped rate for the
     first 0.6 s of every second and receives a tenth of it; the kernel read the link back at
     ``bw_mbps`` / ``scale`` and a scheduled ``link_rate`` event read it back at ``change_to``
@@ -41,20 +50,46 @@ def make_rate_run(root: Path, name: str = "rates", seconds: float = 60.0, bw_mbp
     d = root / name
     for sub in ("events", "results", "logs", "traces"):
         (d / sub).mkdir(parents=True)
-    spec = {"name": name, "scale": scale, "topology": {"kind": "rack"},
-            "workload": {"scheme": "ps", "model": "digits_mlp", "warmup_iterations": 0},
-            "capture": {"interval_ms": 10}}
+    spec = {
+        "name": name,
+        "scale": scale,
+        "topology": {"kind": "rack"},
+        "workload": {"scheme": "ps", "model": "digits_mlp", "warmup_iterations": 0},
+        "capture": {"interval_ms": 10},
+    }
     (d / "spec.yaml").write_text(yaml.safe_dump(spec))
     shaped = {"qdisc": "htb", "rate_mbps": bw_mbps / scale, "leaf": "pfifo"}
-    topo = {"kind": "rack", "scale": scale, "switches": [{"name": "s1", "role": "tor", "rack": 0}],
-            "hosts": [{"name": "h1", "rack": 0}, {"name": "h2", "rack": 0}],
-            "links": [{"class": "host", "node1": h, "intf1": f"{h}-eth0", "node2": "s1", "intf2": f"s1-eth{i + 1}",
-                       "rack": 0, "bw_mbps": bw_mbps, "shaped_mbps": bw_mbps / scale,
-                       "shaping": {f"{h}-eth0": shaped, f"s1-eth{i + 1}": shaped}} for i, h in enumerate(("h1", "h2"))]}
+    topo = {
+        "kind": "rack",
+        "scale": scale,
+        "switches": [{"name": "s1", "role": "tor", "rack": 0}],
+        "hosts": [{"name": "h1", "rack": 0}, {"name": "h2", "rack": 0}],
+        "links": [
+            {
+                "class": "host",
+                "node1": h,
+                "intf1": f"{h}-eth0",
+                "node2": "s1",
+                "intf2": f"s1-eth{i + 1}",
+                "rack": 0,
+                "bw_mbps": bw_mbps,
+                "shaped_mbps": bw_mbps / scale,
+                "shaping": {f"{h}-eth0": shaped, f"s1-eth{i + 1}": shaped},
+            }
+            for i, h in enumerate(("h1", "h2"))
+        ],
+    }
     (d / "topology.json").write_text(json.dumps(topo))
-    (d / "processes.json").write_text(json.dumps({"processes": [
-        {"name": "worker0", "role": "worker", "rank": 0, "host": "h1"},
-        {"name": "worker1", "role": "worker", "rank": 1, "host": "h2"}]}))
+    (d / "processes.json").write_text(
+        json.dumps(
+            {
+                "processes": [
+                    {"name": "worker0", "role": "worker", "rank": 0, "host": "h1"},
+                    {"name": "worker1", "role": "worker", "rank": 1, "host": "h2"},
+                ]
+            }
+        )
+    )
     reads = T0 + np.arange(0.0, seconds + 1e-9, 0.01) * scale  # when bwm-ng read the counters
     stamps = reads + rng.uniform(0.0, 0.003, len(reads)) * scale  # when it wrote they were read
     lines = []
@@ -67,9 +102,17 @@ def make_rate_run(root: Path, name: str = "rates", seconds: float = 60.0, bw_mbp
         lines.append(bwm_line(stamps[k], "s1-eth2", sent // 10, sent))
     (d / "traces" / "bwm-ng.csv").write_text("".join(lines))
     if change_at is not None:
-        rec = {"index": 0, "kind": "link_rate", "target": "h1", "at_s": change_at, "applied": True,
-               "ts": T0 + change_at * scale, "bw_mbps": change_to, "shaped_mbps": change_to / scale,
-               "readback_mbps": {"s1-eth1": change_to / scale, "h1-eth0": change_to / scale}}
+        rec = {
+            "index": 0,
+            "kind": "link_rate",
+            "target": "h1",
+            "at_s": change_at,
+            "applied": True,
+            "ts": T0 + change_at * scale,
+            "bw_mbps": change_to,
+            "shaped_mbps": change_to / scale,
+            "readback_mbps": {"s1-eth1": change_to / scale, "h1-eth0": change_to / scale},
+        }
         (d / "schedule.jsonl").write_text(json.dumps(rec) + "\n")
     return d
 
@@ -220,12 +263,17 @@ def test_testbed_plot_draws_an_archived_sweeps_bars_from_its_small_files(tmp_pat
 
 
 def test_error_bars_prefer_the_interval_of_the_mean_then_the_spread():
-    df = pd.DataFrame({"samples_per_s": [100.0, 200.0], "samples_per_s_spread95": [10.0, 20.0],
-                       "samples_per_s_mean_ci95_low": [98.0, None], "samples_per_s_mean_ci95_high": [103.0, None]})
+    df = pd.DataFrame(
+        {
+            "samples_per_s": [100.0, 200.0],
+            "samples_per_s_spread95": [10.0, 20.0],
+            "samples_per_s_mean_ci95_low": [98.0, None],
+            "samples_per_s_mean_ci95_high": [103.0, None],
+        }
+    )
     yerr, words = plots.error_bars(df, "samples_per_s")
     assert yerr.tolist() == [[2.0, 0.0], [3.0, 0.0]]  # uneven bounds; a row without them: no bar
-    assert words == ("95 % confidence interval of the mean (samples_per_s_mean_ci95_low, "
-                     "samples_per_s_mean_ci95_high)")
+    assert words == ("95 % confidence interval of the mean (samples_per_s_mean_ci95_low, samples_per_s_mean_ci95_high)")
     yerr, words = plots.error_bars(df.drop(columns=["samples_per_s_mean_ci95_low"]), "samples_per_s")
     assert yerr.tolist() == [[10.0, 20.0], [10.0, 20.0]]
     assert words == "+-1.96 sd of the measured iterations (samples_per_s_spread95)"
@@ -265,11 +313,17 @@ def test_testbed_plot_y_takes_another_metric_and_a_ci_column(tmp_path, figures):
     assert "error bars: 95 % confidence interval of the mean (iter_mean_s_mean_ci95_low" in ax.get_title()
 
 
-@pytest.mark.parametrize("args, says", [
-    (["--x", "bandwidth"], "allowed: topology.host_bw_mbps"),
-    (["--x", "host_bw_mbps", "--y", "speed"], "allowed: samples_per_s, iter_mean_s, iter_p95_s, core_bytes, accuracy"),
-    (["--y", "iter_mean_s"], "--x PARAM"),
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--x", "bandwidth"], "allowed: topology.host_bw_mbps"),
+        (
+            ["--x", "host_bw_mbps", "--y", "speed"],
+            "allowed: samples_per_s, iter_mean_s, iter_p95_s, core_bytes, accuracy",
+        ),
+        (["--y", "iter_mean_s"], "--x PARAM"),
+    ],
+)
 def test_testbed_plot_x_names_the_allowed_columns(tmp_path, capsys, args, says):
     sweep = build_p3(tmp_path)
     assert cli_main(["plot", str(sweep), *args]) == 2
@@ -346,8 +400,11 @@ def test_stanza_report_draws_each_ratio_at_its_pair_with_one_legend_entry(tmp_pa
     sweep = tmp_path / "stanza"
     shutil.copytree(ARCHIVE / "stanza_speedup_alexnet-20261123-050327", sweep)
     for f in [sweep / "sweep.csv", *sweep.glob("*/spec.yaml")]:
-        f.write_text(f.read_text().replace("profiles/alexnet-v100-b128", "profiles/alexnet-v100fig8low-b128")
-                     .replace("profiles/alexnet-v100table1-b128", "profiles/alexnet-v100fig8high-b128"))
+        f.write_text(
+            f.read_text()
+            .replace("profiles/alexnet-v100-b128", "profiles/alexnet-v100fig8low-b128")
+            .replace("profiles/alexnet-v100table1-b128", "profiles/alexnet-v100fig8high-b128")
+        )
     stanza_report.plots([sweep], tmp_path / "out")
     ax = figures[0].axes[0]
     paper = [ln for ln in ax.lines if "stanza 13.9x ps" in ln.get_label()]

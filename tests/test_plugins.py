@@ -1,16 +1,16 @@
 """Schemes are plugins: registered by name, named as module:Class, or found as entry points."""
+
 import importlib.metadata
 import os
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 
+from common.errors import SpecError
 from testbed.loopback import run_local
 from testbed.spec import from_dict
-from common.errors import SpecError
 from traffic import schemes
 from traffic.rundir import read_json
 from traffic.runtime.events import read_events
@@ -24,6 +24,7 @@ def test_register_names_the_class_and_get_finds_it():
     @register("test_only_scheme")
     class Mine(Scheme):
         pass
+
     assert Mine.name == "test_only_scheme"
     assert schemes.get("test_only_scheme") is Mine
     assert "test_only_scheme" in schemes.available()
@@ -32,12 +33,14 @@ def test_register_names_the_class_and_get_finds_it():
 
 
 def test_module_class_names_a_scheme_outside_the_repository(tmp_path, monkeypatch):
-    (tmp_path / "plugmod.py").write_text(textwrap.dedent("""
+    (tmp_path / "plugmod.py").write_text(
+        textwrap.dedent("""
         from traffic import schemes
         class MyRing(schemes.get("allreduce")):
             pass
         NotAScheme = int
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     cls = schemes.get("plugmod:MyRing")
     assert issubclass(cls, schemes.get("allreduce"))
@@ -82,10 +85,19 @@ def test_the_example_scheme_validates_its_own_options(monkeypatch):
 
 def test_the_example_scheme_trains_on_loopback(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(EXAMPLES))
-    exp = from_dict({"topology": {"racks": 1, "kind": "rack", "hosts_per_rack": 3},
-                     "workload": {"scheme": "mymod:MyAllreduce", "iterations": 4, "warmup_iterations": 1,
-                                  "save_params": True, "options": {"clip_norm": 0.01}},
-                     "run": {"runs_dir": str(tmp_path), "timeout_s": 120}})
+    exp = from_dict(
+        {
+            "topology": {"racks": 1, "kind": "rack", "hosts_per_rack": 3},
+            "workload": {
+                "scheme": "mymod:MyAllreduce",
+                "iterations": 4,
+                "warmup_iterations": 1,
+                "save_params": True,
+                "options": {"clip_norm": 0.01},
+            },
+            "run": {"runs_dir": str(tmp_path), "timeout_s": 120},
+        }
+    )
     pythonpath = os.pathsep.join([str(EXAMPLES), os.environ.get("PYTHONPATH", "")])
     run = run_local(exp, tmp_path / "run", env={"PYTHONPATH": pythonpath})
     procs = read_json(run / "processes.json")["processes"]

@@ -1,4 +1,5 @@
 """Per-layer compute profiles: FLOPs split of published times, lookup, measurement, CLI."""
+
 from __future__ import annotations
 
 import functools
@@ -10,24 +11,36 @@ import torch
 from torch import nn
 
 import traffic.compute_profiles.profile as profiles  # where DATA_DIR is read
-from testbed.cli import main as cli_main
 from common.errors import TestbedError
-from traffic.models import LayeredModel, available_models
-from traffic.compute_profiles import (Profile, available_profiles, flops_per_layer, layer_flops, load_profile,
-                              measure_profile, split_published)
+from testbed.cli import main as cli_main
+from traffic.compute_profiles import (
+    Profile,
+    available_profiles,
+    flops_per_layer,
+    layer_flops,
+    load_profile,
+    measure_profile,
+    split_published,
+)
 from traffic.compute_profiles.generate import PUBLISHED
 from traffic.compute_profiles.measure import time_layers
+from traffic.models import LayeredModel, available_models
 
 
 def _tiny_cnn() -> LayeredModel:
-    net = LayeredModel([nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)),
-                        nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.Flatten()),
-                        nn.Linear(16 * 4 * 4, 10)], name="tiny_cnn")
+    net = LayeredModel(
+        [
+            nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)),
+            nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.Flatten()),
+            nn.Linear(16 * 4 * 4, 10),
+        ],
+        name="tiny_cnn",
+    )
     net.input_shape, net.num_classes = (3, 8, 8), 10
     return net
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _flops(model: str, batch: int) -> list[tuple[int, int]]:
     return flops_per_layer(model, batch)
 

@@ -1,4 +1,5 @@
 """The live display of a run: phases, global iterations and samples/s from the events."""
+
 import json
 
 from testbed.progress import RunProgress
@@ -7,8 +8,12 @@ from testbed.progress import RunProgress
 def write_iterations(path, proc, ends, samples=32):
     with open(path, "a") as f:
         for i, end in enumerate(ends):
-            f.write(json.dumps({"proc": proc, "kind": "iteration", "ts": end - 0.5, "dur": 0.5, "iteration": i,
-                                "samples": samples}) + "\n")
+            f.write(
+                json.dumps(
+                    {"proc": proc, "kind": "iteration", "ts": end - 0.5, "dur": 0.5, "iteration": i, "samples": samples}
+                )
+                + "\n"
+            )
 
 
 def test_global_iterations_and_samples_per_s_in_emulated_time(tmp_path):

@@ -4,6 +4,7 @@ error without git or a checkout, the comment block of a run's ``spec.yaml`` (whi
 and runs as without it), and ``testbed check --cluster``'s comparison of the code on each
 machine (:func:`testbed.cluster.compare_source`, :func:`testbed.cluster.check_machine` with
 a machine whose answers are faked)."""
+
 from __future__ import annotations
 
 import json
@@ -12,15 +13,22 @@ import re
 import shutil
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 import yaml
 
 from common import provenance
-from common.provenance import (PROVENANCE_FILE, RUNTIME_PACKAGES, Provenance, changes_digest, code_digest, collect,
-                               source_revision)
+from common.provenance import (
+    PROVENANCE_FILE,
+    RUNTIME_PACKAGES,
+    Provenance,
+    changes_digest,
+    code_digest,
+    collect,
+    source_revision,
+)
 from testbed import cluster
 from testbed.cluster import Machine, Source, check_machine, compare_source
 from testbed.spec import dump_spec, from_dict, load_spec, write_spec
@@ -31,8 +39,13 @@ HAS_GIT = shutil.which("git") is not None
 
 
 def _git(cwd: Path, *args: str) -> str:
-    return subprocess.run(["git", "-c", f"safe.directory={cwd}", "-c", "user.name=t", "-c", "user.email=t@t",
-                           *args], cwd=cwd, capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-c", f"safe.directory={cwd}", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
 
 
 def _repo(path: Path, text: str = "a\n") -> Path:
@@ -46,8 +59,12 @@ def _repo(path: Path, text: str = "a\n") -> Path:
 
 
 def _is_checkout(path: Path) -> bool:
-    r = subprocess.run(["git", "-c", f"safe.directory={path}", "rev-parse", "--show-toplevel"], cwd=path,
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        ["git", "-c", f"safe.directory={path}", "rev-parse", "--show-toplevel"],
+        cwd=path,
+        capture_output=True,
+        text=True,
+    )
     return r.returncode == 0 and Path(r.stdout.strip()).resolve() == path.resolve()
 
 
@@ -55,11 +72,21 @@ def _is_checkout(path: Path) -> bool:
 
 
 def test_collect_records_every_field():
-    when = datetime(2026, 11, 23, 4, 25, 36, tzinfo=timezone.utc)
+    when = datetime(2026, 11, 23, 4, 25, 36, tzinfo=UTC)
     p = collect(argv=["testbed", "run", "spec.yaml"], started_at=when)
     doc = p.dump()
-    assert set(doc) >= {"project_version", "commit", "dirty", "python", "torch", "mininet", "kernel", "machine",
-                        "started_at", "argv"}
+    assert set(doc) >= {
+        "project_version",
+        "commit",
+        "dirty",
+        "python",
+        "torch",
+        "mininet",
+        "kernel",
+        "machine",
+        "started_at",
+        "argv",
+    }
     assert set(doc["machine"]) >= {"hostname", "cpu_model", "cores_logical", "cores_physical", "memory_bytes"}
     assert p.project_version == provenance.distribution_version("dl-netbed") is not None
     assert p.python == platform.python_version() and p.kernel == platform.release()
@@ -143,8 +170,13 @@ def test_write_provenance_writes_the_file_the_summary_reads(tmp_path):
 
 
 def test_a_run_s_spec_yaml_is_headed_by_its_provenance_and_still_loads_the_same(tmp_path):
-    exp = from_dict({"name": "prov", "topology": {"kind": "rack", "racks": 1, "hosts_per_rack": 2},
-                     "workload": {"scheme": "allreduce", "iterations": 2}})
+    exp = from_dict(
+        {
+            "name": "prov",
+            "topology": {"kind": "rack", "racks": 1, "hosts_per_rack": 2},
+            "workload": {"scheme": "allreduce", "iterations": 2},
+        }
+    )
     prov = collect(argv=["testbed", "run", "a b.yaml", "--set", "x: y # not a comment"])
     path = tmp_path / "spec.yaml"
     write_spec(path, exp, prov)
@@ -162,9 +194,20 @@ def test_a_run_records_its_provenance_first_and_its_summary_carries_it(tmp_path)
     it); the summary the harness computes from the run directory carries it."""
     from analysis.metrics import summarize
     from testbed.loopback import run_local
-    exp = from_dict({"workload": {"scheme": "allreduce", "model": "digits_mlp", "iterations": 2, "workers": 2,
-                                  "warmup_iterations": 0, "compute": {"mode": "emulated", "profile": "zero"}},
-                     "topology": {"kind": "rack", "hosts_per_rack": 2}})
+
+    exp = from_dict(
+        {
+            "workload": {
+                "scheme": "allreduce",
+                "model": "digits_mlp",
+                "iterations": 2,
+                "workers": 2,
+                "warmup_iterations": 0,
+                "compute": {"mode": "emulated", "profile": "zero"},
+            },
+            "topology": {"kind": "rack", "hosts_per_rack": 2},
+        }
+    )
     run_dir = run_local(exp, tmp_path / "run")
     prov = Provenance.model_validate_json((run_dir / PROVENANCE_FILE).read_text())
     assert prov.argv == sys.argv and prov.python == platform.python_version()
@@ -178,18 +221,21 @@ HEAD = "a" * 40
 OTHER = "b" * 40
 
 
-@pytest.mark.parametrize("there, here, same, says", [
-    (Source("0.2.0", HEAD, False), Source("0.2.0", HEAD, False), True, "commit aaaaaaaaaaaa"),
-    (Source("0.2.0", OTHER, False), Source("0.2.0", HEAD, False), False, "another commit"),
-    (Source("0.2.0", HEAD, True, "d1"), Source("0.2.0", HEAD, False), False, "uncommitted changes there only"),
-    (Source("0.2.0", HEAD, False), Source("0.2.0", HEAD, True, "d1"), False, "uncommitted changes here only"),
-    (Source("0.2.0", HEAD, True, "d1"), Source("0.2.0", HEAD, True, "d2"), False, "other uncommitted changes"),
-    (Source("0.2.0", HEAD, True, "d1"), Source("0.2.0", HEAD, True, "d1"), True, "the same as here"),
-    (Source("0.2.0", HEAD, True, None), Source("0.2.0", HEAD, True, None), False, "other uncommitted changes"),
-    (Source("0.2.0"), Source("0.2.0", HEAD, False), False, "cannot be compared"),
-    (Source("0.1.0"), Source("0.2.0"), False, "here: version 0.2.0"),
-    (Source("0.2.0"), Source("0.2.0"), True, "version 0.2.0 (no git checkout)"),
-])
+@pytest.mark.parametrize(
+    "there, here, same, says",
+    [
+        (Source("0.2.0", HEAD, False), Source("0.2.0", HEAD, False), True, "commit aaaaaaaaaaaa"),
+        (Source("0.2.0", OTHER, False), Source("0.2.0", HEAD, False), False, "another commit"),
+        (Source("0.2.0", HEAD, True, "d1"), Source("0.2.0", HEAD, False), False, "uncommitted changes there only"),
+        (Source("0.2.0", HEAD, False), Source("0.2.0", HEAD, True, "d1"), False, "uncommitted changes here only"),
+        (Source("0.2.0", HEAD, True, "d1"), Source("0.2.0", HEAD, True, "d2"), False, "other uncommitted changes"),
+        (Source("0.2.0", HEAD, True, "d1"), Source("0.2.0", HEAD, True, "d1"), True, "the same as here"),
+        (Source("0.2.0", HEAD, True, None), Source("0.2.0", HEAD, True, None), False, "other uncommitted changes"),
+        (Source("0.2.0"), Source("0.2.0", HEAD, False), False, "cannot be compared"),
+        (Source("0.1.0"), Source("0.2.0"), False, "here: version 0.2.0"),
+        (Source("0.2.0"), Source("0.2.0"), True, "version 0.2.0 (no git checkout)"),
+    ],
+)
 def test_compare_source(there, here, same, says):
     ok, detail = compare_source(there, here)
     assert ok is same and says in detail, detail
@@ -221,15 +267,28 @@ def no_network(monkeypatch):
 
 
 def _probe(**kw) -> dict:
-    return {"version": "0.2.0", "commit": HEAD, "dirty": False, "changes": None, "qdiscs": {"htb": True},
-            "tools": {"mnexec": "/usr/bin/mnexec", "bwm-ng": "/usr/bin/bwm-ng"}, **kw}
+    return {
+        "version": "0.2.0",
+        "commit": HEAD,
+        "dirty": False,
+        "changes": None,
+        "qdiscs": {"htb": True},
+        "tools": {"mnexec": "/usr/bin/mnexec", "bwm-ng": "/usr/bin/bwm-ng"},
+        **kw,
+    }
 
 
 def test_check_machine_names_the_machine_whose_code_differs(no_network):
     here = Source("0.2.0", HEAD, False)
-    items = {m: check_machine(FakeMachine(m, probe), "/srv/netbed", here) for m, probe in (
-        ("10.0.0.1", _probe()), ("10.0.0.2", _probe(commit=OTHER)), ("10.0.0.3", _probe(dirty=True, changes="x")),
-        ("10.0.0.4", {k: v for k, v in _probe().items() if k not in ("commit", "dirty", "changes")}))}
+    items = {
+        m: check_machine(FakeMachine(m, probe), "/srv/netbed", here)
+        for m, probe in (
+            ("10.0.0.1", _probe()),
+            ("10.0.0.2", _probe(commit=OTHER)),
+            ("10.0.0.3", _probe(dirty=True, changes="x")),
+            ("10.0.0.4", {k: v for k, v in _probe().items() if k not in ("commit", "dirty", "changes")}),
+        )
+    }
     project = {m: next(i for i in its if i.name == f"{m}: project") for m, its in items.items()}
     assert project["10.0.0.1"].ok and project["10.0.0.1"].detail == "commit aaaaaaaaaaaa at /srv/netbed"
     assert all(i.ok for i in items["10.0.0.1"]), [(i.name, i.detail) for i in items["10.0.0.1"] if not i.ok]
@@ -245,11 +304,15 @@ def test_check_machine_names_the_machine_whose_code_differs(no_network):
 
 def test_check_cluster_compares_every_machine_with_this_one(no_network, monkeypatch):
     from testbed.spec import ClusterSpec
+
     here = Source.here()
-    answers = {"10.0.0.1": _probe(commit=here.commit, dirty=here.dirty, changes=here.changes),
-               "10.0.0.2": _probe(commit=OTHER)}
-    monkeypatch.setattr(cluster.Machine, "of", classmethod(lambda cls, spec: [FakeMachine(m, answers[m])
-                                                                               for m in spec.machines]))
+    answers = {
+        "10.0.0.1": _probe(commit=here.commit, dirty=here.dirty, changes=here.changes),
+        "10.0.0.2": _probe(commit=OTHER),
+    }
+    monkeypatch.setattr(
+        cluster.Machine, "of", classmethod(lambda cls, spec: [FakeMachine(m, answers[m]) for m in spec.machines])
+    )
     items = cluster.check_cluster(ClusterSpec.model_validate({"machines": list(answers)}))
     project = {i.name: i for i in items if i.name.endswith(": project")}
     assert not project["10.0.0.2: project"].ok

@@ -13,6 +13,7 @@
   holding shards of it); each server charges ``request_startup`` once per request it
   answered; the pulled bytes are the model's.
 """
+
 from __future__ import annotations
 
 import queue
@@ -22,23 +23,23 @@ import time
 import pytest
 import torch
 
+from common.errors import SpecError
 from testbed.loopback import run_local
 from testbed.spec import from_dict
 from tests.conftest import assert_server_shards_match, experiment
-from common.errors import SpecError
 from traffic.hostmodel import HostModel
+from traffic.hostmodel.costs import HostCosts
 from traffic.reference import reference_train
 from traffic.rundir import read_json
 from traffic.runtime.events import read_events
-from traffic.hostmodel.costs import HostCosts
 from traffic.schemes import get
 from traffic.schemes.ps import assign_keys
-from traffic.schemes.ps_pull_request import (NOTIFY_TAG, PULL_REQUEST_TAG, NotifiedPuller, RequestResponder)
+from traffic.schemes.ps_pull_request import NOTIFY_TAG, PULL_REQUEST_TAG, NotifiedPuller, RequestResponder
 
 # digits_mlp: keys (w0, b0, w1, b1, w2, b2) of layers 0, 0, 1, 1, 2, 2
 NUMELS = [32768, 512, 262144, 512, 5120, 10]
 KEY_LAYER = [0, 0, 1, 1, 2, 2]
-BOUND = 100_000            # the 512x512 key is split over both servers
+BOUND = 100_000  # the 512x512 key is split over both servers
 W, ITERS, BATCH, SERVERS = 4, 4, 16, 2
 STARTUP_MS = 2.0
 
@@ -55,7 +56,7 @@ class FakeTransport:
     """Point-to-point messages in memory: ``isend`` records, ``recv`` takes what the test feeds."""
 
     def __init__(self):
-        self.sent: list[tuple[int, int, str, torch.Tensor]] = []   # (dst, tag, kind, payload copy)
+        self.sent: list[tuple[int, int, str, torch.Tensor]] = []  # (dst, tag, kind, payload copy)
         self._inbox: dict[tuple[int, int], queue.Queue] = {}
         self._lock = threading.Lock()
 
@@ -108,8 +109,7 @@ def test_worker_requests_a_layer_once_every_shard_is_notified():
     tr = FakeTransport()
     ranks = [10, 11]
     posted = []
-    puller = NotifiedPuller(tr, shards, KEY_LAYER, ranks, 1,
-                            lambda it, s: posted.append((it, s.id)) or _Done())
+    puller = NotifiedPuller(tr, shards, KEY_LAYER, ranks, 1, lambda it, s: posted.append((it, s.id)) or _Done())
     puller.start()
     by_layer = {l: [s for s in shards if KEY_LAYER[s.key] == l] for l in range(3)}
 
@@ -138,7 +138,7 @@ def test_worker_requests_a_layer_once_every_shard_is_notified():
     puller.wait_round(0)
     requests = tr.sent_with(PULL_REQUEST_TAG)
     assert len(requests) == 5 and sorted(requests[3:]) == [(10, [0, 0]), (11, [0, 0])]
-    assert sorted(posted) == sorted((0, s.id) for s in shards)   # every shard received once
+    assert sorted(posted) == sorted((0, s.id) for s in shards)  # every shard received once
     puller.close()
 
 
@@ -157,8 +157,9 @@ def _responder(tr, costs, server=1):
     shards = _shards()
     mine = [s for s in shards if s.server == server]
     values = [torch.full((s.numel,), float(s.id)) for s in mine]
-    r = RequestResponder(tr, costs, mine, values, KEY_LAYER, [0, 1], "pull",
-                         lambda it, s: {"iteration": it, "shard": s.id})
+    r = RequestResponder(
+        tr, costs, mine, values, KEY_LAYER, [0, 1], "pull", lambda it, s: {"iteration": it, "shard": s.id}
+    )
     return r, mine
 
 
@@ -179,16 +180,19 @@ def test_server_notifies_then_answers_each_request_with_its_shards_of_the_layer(
     data = [(dst, tag, payload) for dst, tag, kind, payload in tr.sent if kind == "pull"]
     for w in (0, 1):
         got = {tag: p for dst, tag, p in data if dst == w}
-        assert sorted(got) == sorted(s.id for s in mine)   # each own shard once to each worker
+        assert sorted(got) == sorted(s.id for s in mine)  # each own shard once to each worker
         assert all(torch.equal(got[s.id], torch.full((s.numel,), float(s.id))) for s in mine)
     assert costs.summary()["request_startup"]["count"] == 2 * len(layers)
 
 
-@pytest.mark.parametrize("request_, notified, match", [
-    ([2, 0], False, "before their update notification"),
-    ([2, 1], True, "iteration 1"),
-    ([2, 0, 2, 0], True, "request of layer 2"),   # the same layer twice
-])
+@pytest.mark.parametrize(
+    "request_, notified, match",
+    [
+        ([2, 0], False, "before their update notification"),
+        ([2, 1], True, "iteration 1"),
+        ([2, 0, 2, 0], True, "request of layer 2"),  # the same layer twice
+    ],
+)
 def test_server_refuses_requests_outside_the_protocol(request_, notified, match):
     tr = FakeTransport()
     r, mine = _responder(tr, HostCosts(HostModel()))
@@ -197,8 +201,8 @@ def test_server_refuses_requests_outside_the_protocol(request_, notified, match)
         for i in range(len(mine)):
             r.notify(0, i)
     for k in range(0, len(request_), 2):
-        tr.feed(0, PULL_REQUEST_TAG, request_[k:k + 2])
-    for l in (0, 1, 2):   # worker 1 behaves
+        tr.feed(0, PULL_REQUEST_TAG, request_[k : k + 2])
+    for l in (0, 1, 2):  # worker 1 behaves
         tr.feed(1, PULL_REQUEST_TAG, [l, 0])
     with pytest.raises(RuntimeError, match=match):
         r.end_round(0)
@@ -207,7 +211,7 @@ def test_server_refuses_requests_outside_the_protocol(request_, notified, match)
 def test_option_defaults_false_and_is_ps_only():
     assert get("ps").validate_options({}).pull_request is False
     assert get("ps").validate_options({"pull_request": True}).pull_request is True
-    for scheme in ("p3", "ibatch"):   # p3 has no such option; ibatch always pulls by request
+    for scheme in ("p3", "ibatch"):  # p3 has no such option; ibatch always pulls by request
         with pytest.raises(SpecError) as e:
             get(scheme).validate_options({"pull_request": True})
         assert e.value.field == "workload.options.pull_request"
@@ -217,8 +221,15 @@ def test_option_defaults_false_and_is_ps_only():
 
 
 def _experiment(overlap: bool):
-    exp = experiment("ps", timeout_s=180, workers=W, iterations=ITERS, batch_size=BATCH, servers={"count": SERVERS},
-                     options={"pull_request": True, "overlap": overlap, "bigarray_bound": BOUND})
+    exp = experiment(
+        "ps",
+        timeout_s=180,
+        workers=W,
+        iterations=ITERS,
+        batch_size=BATCH,
+        servers={"count": SERVERS},
+        options={"pull_request": True, "overlap": overlap, "bigarray_bound": BOUND},
+    )
     return from_dict({**exp.to_dict(), "host": {"request_startup_ms": STARTUP_MS}})
 
 
@@ -266,8 +277,9 @@ def test_pull_request_matches_reference_and_counts_messages(overlap, tmp_path, r
             assert len(reqs) == W * len(own_layers) and {e["peer"] for e in reqs} == set(range(W))
             assert sorted((e["peer"], e["shard"]) for e in sent) == sorted((w, s.id) for w in range(W) for s in mine)
             charged = [e for e in ev if e["kind"] == "host_request_startup" and e["iteration"] == it]
-            assert sorted((e["worker"], e["layer"]) for e in charged) == \
-                sorted((w, l) for w in range(W) for l in own_layers)
+            assert sorted((e["worker"], e["layer"]) for e in charged) == sorted(
+                (w, l) for w in range(W) for l in own_layers
+            )
             # each answer is posted after its request's start-up was charged (the request came first)
             end = {(e["worker"], e["layer"]): e["ts"] + e["dur"] for e in charged}
             assert all(e["ts"] >= end[(e["peer"], e["layer"])] - 5e-4 for e in sent)

@@ -10,6 +10,7 @@ training process.
 The builders (``build_*``) each write one sweep directory and are also usable outside pytest
 to compare reports on the same directories.
 """
+
 from __future__ import annotations
 
 import io
@@ -28,8 +29,8 @@ from analysis import ibatch_report, p3_report, phub_report, pipe_sgd_report, sta
 from analysis import report as skeleton
 from analysis.paper_models.phub import hierarchical_pays
 from testbed.cli import main as cli_main
-from traffic import rundir
 from tests.markdown import tables as _tables
+from traffic import rundir
 
 T0 = 1_700_000_000.0  # unix s of every synthetic run's start
 
@@ -37,10 +38,19 @@ T0 = 1_700_000_000.0  # unix s of every synthetic run's start
 # ----------------------------------------------------------------------------- writing runs
 
 
-def _write_run(d: Path, spec: dict, *, summary: dict | None = None, processes: list[dict] | None = None,
-               events: dict[str, list[dict]] | None = None, results: dict[str, dict] | None = None,
-               iterations: list[dict] | None = None, topology: dict | None = None, trace: str | None = None,
-               files: dict[str, object] | None = None) -> Path:
+def _write_run(
+    d: Path,
+    spec: dict,
+    *,
+    summary: dict | None = None,
+    processes: list[dict] | None = None,
+    events: dict[str, list[dict]] | None = None,
+    results: dict[str, dict] | None = None,
+    iterations: list[dict] | None = None,
+    topology: dict | None = None,
+    trace: str | None = None,
+    files: dict[str, object] | None = None,
+) -> Path:
     for sub in ("events", "results", "logs", "traces"):
         (d / sub).mkdir(parents=True, exist_ok=True)
     (d / "spec.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
@@ -73,9 +83,19 @@ def _sweep(root: Path, name: str, sweep_spec: dict, rows: list[dict]) -> Path:
 
 def _headline(run: Path, samples_per_s, status="ok", ci95=1.0, iter_mean_s=0.1, cpu_starved=False, **point) -> dict:
     """A row of sweep.csv as the runner writes it (:func:`testbed.runner.headline`)."""
-    return {**point, "scheme": point.get("scheme", "ps"), "status": status, "samples_per_s": samples_per_s,
-            "samples_per_s_ci95": ci95, "iter_mean_s": iter_mean_s, "iter_p95_s": iter_mean_s, "core_bytes": None,
-            "accuracy": None, "cpu_starved": cpu_starved, "run_dir": str(run)}
+    return {
+        **point,
+        "scheme": point.get("scheme", "ps"),
+        "status": status,
+        "samples_per_s": samples_per_s,
+        "samples_per_s_ci95": ci95,
+        "iter_mean_s": iter_mean_s,
+        "iter_p95_s": iter_mean_s,
+        "core_bytes": None,
+        "accuracy": None,
+        "cpu_starved": cpu_starved,
+        "run_dir": str(run),
+    }
 
 
 def _worker_procs(n: int, others: tuple[str, ...] = (), other_role: str = "server") -> list[dict]:
@@ -88,9 +108,16 @@ def _worker_procs(n: int, others: tuple[str, ...] = (), other_role: str = "serve
 
 P3_X = "topology.host_bw_mbps"
 #: (bandwidth, variant) -> samples/s; the baseline at 8000 failed
-P3_POINTS = {(2000, "baseline"): 100.0, (2000, "slicing"): 110.0, (2000, "p3"): 130.0,
-             (4000, "baseline"): 180.0, (4000, "slicing"): 180.0, (4000, "p3"): 225.0,
-             (8000, "baseline"): None, (8000, "p3"): 300.0}
+P3_POINTS = {
+    (2000, "baseline"): 100.0,
+    (2000, "slicing"): 110.0,
+    (2000, "p3"): 130.0,
+    (4000, "baseline"): 180.0,
+    (4000, "slicing"): 180.0,
+    (4000, "p3"): 225.0,
+    (8000, "baseline"): None,
+    (8000, "p3"): 300.0,
+}
 
 
 def _p3_trace(bw_mbps: float, busy: int) -> str:
@@ -113,18 +140,51 @@ def build_p3(root: Path) -> Path:
         run = d / f"{i:03d}_host_bw_mbps={bw}_{variant}"
         busy = {"baseline": 3, "slicing": 5, "p3": 8}[variant]
         dt = 32 / sps if sps else 0.2  # iterations at the row's samples/s
-        _write_run(run, {"scale": 1, "topology": {"kind": "rack", "racks": 1, "host_bw_mbps": bw},
-                         "workload": {"scheme": "p3", "model": "resnet50", "warmup_iterations": 1}},
-                   summary={"status": "ok" if sps else "failed"}, processes=_worker_procs(1),
-                   topology={"switches": [{"name": "s1", "role": "tor"}], "hosts": [{"name": "h1"}],
-                             "links": [{"class": "host", "node1": "h1", "intf1": "h1-eth0", "node2": "s1",
-                                        "intf2": "s1-eth1", "bw_mbps": bw}]},
-                   trace=_p3_trace(bw, busy),
-                   iterations=[{"iteration": it, "worker": "worker0", "start": T0 + dt * it, "end": T0 + dt * (it + 1),
-                                "duration_s": dt, "samples": 32} for it in range(5)])
-        rows.append(_headline(run, sps, status="ok" if sps else "failed", **{P3_X: bw, "variant": variant, "scheme": "p3"}))
-    return _sweep(root, d.name, {"name": "p3_resnet50", "scale": 1, "workload": {"model": "resnet50"},
-                                 "sweep": {P3_X: [2000, 4000, 8000]}}, rows)
+        _write_run(
+            run,
+            {
+                "scale": 1,
+                "topology": {"kind": "rack", "racks": 1, "host_bw_mbps": bw},
+                "workload": {"scheme": "p3", "model": "resnet50", "warmup_iterations": 1},
+            },
+            summary={"status": "ok" if sps else "failed"},
+            processes=_worker_procs(1),
+            topology={
+                "switches": [{"name": "s1", "role": "tor"}],
+                "hosts": [{"name": "h1"}],
+                "links": [
+                    {
+                        "class": "host",
+                        "node1": "h1",
+                        "intf1": "h1-eth0",
+                        "node2": "s1",
+                        "intf2": "s1-eth1",
+                        "bw_mbps": bw,
+                    }
+                ],
+            },
+            trace=_p3_trace(bw, busy),
+            iterations=[
+                {
+                    "iteration": it,
+                    "worker": "worker0",
+                    "start": T0 + dt * it,
+                    "end": T0 + dt * (it + 1),
+                    "duration_s": dt,
+                    "samples": 32,
+                }
+                for it in range(5)
+            ],
+        )
+        rows.append(
+            _headline(run, sps, status="ok" if sps else "failed", **{P3_X: bw, "variant": variant, "scheme": "p3"})
+        )
+    return _sweep(
+        root,
+        d.name,
+        {"name": "p3_resnet50", "scale": 1, "workload": {"model": "resnet50"}, "sweep": {P3_X: [2000, 4000, 8000]}},
+        rows,
+    )
 
 
 # ----------------------------------------------------------------------------- phub
@@ -132,19 +192,37 @@ def build_p3(root: Path) -> Path:
 
 def _phub_spec(racks: int, background: bool, oversub: float = 3.0, model: str = "resnet50") -> dict:
     """The sections phub_report reads of a resolved spec."""
-    return {"scale": 1,
-            "topology": {"kind": "rack_core" if racks > 1 else "rack", "racks": racks, "hosts_per_rack": 4,
-                         "host_bw_mbps": 10000.0, "uplink_bw_mbps": None, "oversubscription": oversub,
-                         "background_hosts_per_rack": 1 if background else 0},
-            "workload": {"scheme": "phub", "model": model, "servers": {"count": None, "placement": "dedicated",
-                                                                        "interfaces": 2}},
-            "background": [{"src": "bg1", "dst": "bg2", "rate_mbps": 1000, "duration_s": 1}] if background else []}
+    return {
+        "scale": 1,
+        "topology": {
+            "kind": "rack_core" if racks > 1 else "rack",
+            "racks": racks,
+            "hosts_per_rack": 4,
+            "host_bw_mbps": 10000.0,
+            "uplink_bw_mbps": None,
+            "oversubscription": oversub,
+            "background_hosts_per_rack": 1 if background else 0,
+        },
+        "workload": {
+            "scheme": "phub",
+            "model": model,
+            "servers": {"count": None, "placement": "dedicated", "interfaces": 2},
+        },
+        "background": [{"src": "bg1", "dst": "bg2", "rate_mbps": 1000, "duration_s": 1}] if background else [],
+    }
 
 
 #: (racks, background, variant) -> (samples/s, training bytes across the core per iteration)
-PHUB_POINTS = {(2, False, "ps_cs"): (100.0, 8e8), (2, False, "phub_flat"): (200.0, 8e8), (2, False, "phub_hier"): (300.0, 2e8),
-               (2, True, "ps_cs"): (50.0, 8e8), (2, True, "phub_flat"): (150.0, 8e8), (2, True, "phub_hier"): (100.0, 4e8),
-               (1, False, "ps_cs"): (400.0, 0.0), (1, False, "phub_flat"): (500.0, 0.0)}
+PHUB_POINTS = {
+    (2, False, "ps_cs"): (100.0, 8e8),
+    (2, False, "phub_flat"): (200.0, 8e8),
+    (2, False, "phub_hier"): (300.0, 2e8),
+    (2, True, "ps_cs"): (50.0, 8e8),
+    (2, True, "phub_flat"): (150.0, 8e8),
+    (2, True, "phub_hier"): (100.0, 4e8),
+    (1, False, "ps_cs"): (400.0, 0.0),
+    (1, False, "phub_flat"): (500.0, 0.0),
+}
 
 
 def build_phub(root: Path) -> Path:
@@ -154,11 +232,21 @@ def build_phub(root: Path) -> Path:
     rows = []
     for i, ((racks, bg, variant), (sps, core)) in enumerate(PHUB_POINTS.items()):
         run = d / f"{i:03d}_racks={racks}_bg={bg}_{variant}"
-        _write_run(run, _phub_spec(racks, bg), processes=_worker_procs(8),
-                   summary={"status": "ok", "workers": 8, "bytes_per_iteration": {
-                       "core": core + (1e9 if bg else 0), "core_training": core, "worker_link": 2e8}})
-        rows.append(_headline(run, sps, iter_mean_s=8 * 32 / sps, **{"topology.racks": racks, "variant": variant,
-                                                                     "scheme": "phub"}))
+        _write_run(
+            run,
+            _phub_spec(racks, bg),
+            processes=_worker_procs(8),
+            summary={
+                "status": "ok",
+                "workers": 8,
+                "bytes_per_iteration": {"core": core + (1e9 if bg else 0), "core_training": core, "worker_link": 2e8},
+            },
+        )
+        rows.append(
+            _headline(
+                run, sps, iter_mean_s=8 * 32 / sps, **{"topology.racks": racks, "variant": variant, "scheme": "phub"}
+            )
+        )
     return _sweep(root, d.name, {"name": "phub_oversub", "sweep": {"topology.racks": [1, 2]}}, rows)
 
 
@@ -170,11 +258,25 @@ def build_phub_jobs(root: Path) -> Path:
         run = d / f"{i:03d}_{variant}"
         spec = _phub_spec(1, False)
         spec["workload"].update(workers=2 * len(jobs), options={"jobs": len(jobs)})
-        _write_run(run, spec, processes=_worker_procs(2 * len(jobs)),
-                   summary={"status": "ok", "workers": 2 * len(jobs), "bytes_per_iteration": {"worker_link": 1e8}},
-                   iterations=[{"iteration": it, "worker": f"worker{w}", "start": T0 + it * 64 / v,
-                                "end": T0 + (it + 1) * 64 / v, "duration_s": 64 / v, "samples": 32}
-                               for j, v in enumerate(jobs) for w in (2 * j, 2 * j + 1) for it in range(3)])
+        _write_run(
+            run,
+            spec,
+            processes=_worker_procs(2 * len(jobs)),
+            summary={"status": "ok", "workers": 2 * len(jobs), "bytes_per_iteration": {"worker_link": 1e8}},
+            iterations=[
+                {
+                    "iteration": it,
+                    "worker": f"worker{w}",
+                    "start": T0 + it * 64 / v,
+                    "end": T0 + (it + 1) * 64 / v,
+                    "duration_s": 64 / v,
+                    "samples": 32,
+                }
+                for j, v in enumerate(jobs)
+                for w in (2 * j, 2 * j + 1)
+                for it in range(3)
+            ],
+        )
         rows.append(_headline(run, sum(jobs), variant=variant, scheme="phub"))
     return _sweep(root, d.name, {"name": "phub_multitenant", "variants": [{"name": "1job"}, {"name": "2jobs"}]}, rows)
 
@@ -184,12 +286,26 @@ def build_phub_jobs(root: Path) -> Path:
 
 def _ibatch_doc(strategy: str, workers: int, layers: int = 4) -> dict:
     ends = {"default": [layers], "layer_by_layer": list(range(1, layers + 1)), "ibatch": [2, layers]}[strategy]
-    plan = {"ends": ends, "batches": [], "exe_s": 0.5 + 0.0123 * len(ends), "pipeline_s": 0.45 + 0.0071 * len(ends),
-            "meets_constraint": len(ends) < layers}
-    return {"strategy": strategy, "profile_iterations": 1, "scale": 2.0, "workers": workers, "servers": 1,
-            "layers": layers, "profile": {"startup_s": 0.00437, "transfer_s": [0.01] * layers, "forward_s": [0.02] * layers},
-            "candidates": {"algorithm1": {"ends": [2, layers]}, "algorithm2": {"ends": [layers]}}, "chosen": "algorithm1",
-            "optimal": {"exe_s": 0.4}, "used": plan}
+    plan = {
+        "ends": ends,
+        "batches": [],
+        "exe_s": 0.5 + 0.0123 * len(ends),
+        "pipeline_s": 0.45 + 0.0071 * len(ends),
+        "meets_constraint": len(ends) < layers,
+    }
+    return {
+        "strategy": strategy,
+        "profile_iterations": 1,
+        "scale": 2.0,
+        "workers": workers,
+        "servers": 1,
+        "layers": layers,
+        "profile": {"startup_s": 0.00437, "transfer_s": [0.01] * layers, "forward_s": [0.02] * layers},
+        "candidates": {"algorithm1": {"ends": [2, layers]}, "algorithm2": {"ends": [layers]}},
+        "chosen": "algorithm1",
+        "optimal": {"exe_s": 0.4},
+        "used": plan,
+    }
 
 
 def _ibatch_events(workers: int, layers: int = 4, iterations: int = 4) -> dict[str, list[dict]]:
@@ -200,21 +316,45 @@ def _ibatch_events(workers: int, layers: int = 4, iterations: int = 4) -> dict[s
         evs = []
         for it in range(iterations):
             t = T0 + it
-            evs.append({"proc": f"worker{w}", "role": "worker", "kind": "iteration", "ts": t, "dur": 0.9,
-                        "iteration": it, "samples": 32})
+            evs.append(
+                {
+                    "proc": f"worker{w}",
+                    "role": "worker",
+                    "kind": "iteration",
+                    "ts": t,
+                    "dur": 0.9,
+                    "iteration": it,
+                    "samples": 32,
+                }
+            )
             evs.append({"proc": f"worker{w}", "role": "worker", "kind": "sync", "ts": t, "dur": 0.1, "iteration": it})
             for layer in range(layers):
-                evs.append({"proc": f"worker{w}", "role": "worker", "kind": "forward", "ts": t + 0.1 + 0.075 * layer,
-                            "dur": 0.075, "iteration": it, "layer": layer})
+                evs.append(
+                    {
+                        "proc": f"worker{w}",
+                        "role": "worker",
+                        "kind": "forward",
+                        "ts": t + 0.1 + 0.075 * layer,
+                        "dur": 0.075,
+                        "iteration": it,
+                        "layer": layer,
+                    }
+                )
         out[f"worker{w}"] = evs
     return out
 
 
 #: (model, pull, nodes) -> samples/s; vgg19 has no 1-node ``default`` run (its 1-node ibatch
 #: run is the baseline)
-IBATCH_POINTS = {("googlenet", "default", 1): 101.2345678, ("googlenet", "default", 2): 150.0,
-                 ("googlenet", "layer_by_layer", 2): 163.3, ("googlenet", "ibatch", 2): 187.654321,
-                 ("googlenet", "ibatch", 4): 323.9506, ("vgg19", "ibatch", 1): 40.1, ("vgg19", "ibatch", 4): 100.25}
+IBATCH_POINTS = {
+    ("googlenet", "default", 1): 101.2345678,
+    ("googlenet", "default", 2): 150.0,
+    ("googlenet", "layer_by_layer", 2): 163.3,
+    ("googlenet", "ibatch", 2): 187.654321,
+    ("googlenet", "ibatch", 4): 323.9506,
+    ("vgg19", "ibatch", 1): 40.1,
+    ("vgg19", "ibatch", 4): 100.25,
+}
 
 
 def build_ibatch(root: Path) -> Path:
@@ -222,10 +362,22 @@ def build_ibatch(root: Path) -> Path:
     rows = []
     for i, ((model, pull, nodes), sps) in enumerate(IBATCH_POINTS.items()):
         run = d / f"{i:03d}_{model}_{pull}_{nodes}"
-        _write_run(run, {"scale": 2.0, "workload": {"scheme": "ibatch", "model": model, "warmup_iterations": 1,
-                                                     "options": {"pull": pull, "overlap": True}}},
-                   summary={"status": "ok", "throughput": {"mean": sps}}, processes=_worker_procs(nodes, ("server0",)),
-                   events=_ibatch_events(nodes), files={"ibatch.json": _ibatch_doc(pull, nodes)})
+        _write_run(
+            run,
+            {
+                "scale": 2.0,
+                "workload": {
+                    "scheme": "ibatch",
+                    "model": model,
+                    "warmup_iterations": 1,
+                    "options": {"pull": pull, "overlap": True},
+                },
+            },
+            summary={"status": "ok", "throughput": {"mean": sps}},
+            processes=_worker_procs(nodes, ("server0",)),
+            events=_ibatch_events(nodes),
+            files={"ibatch.json": _ibatch_doc(pull, nodes)},
+        )
         rows.append(_headline(run, sps, variant=f"{model}-{pull}", scheme="ibatch"))
     return _sweep(root, d.name, {"name": "ibatch"}, rows)
 
@@ -233,8 +385,17 @@ def build_ibatch(root: Path) -> Path:
 # ----------------------------------------------------------------------------- stanza
 
 
-def _stanza_run(run: Path, scheme: str, model: str, n: int, iter_s: float, fc_bytes: int, other_bytes: int,
-                compute: dict, evals: list[tuple[float, float]] = ()) -> Path:
+def _stanza_run(
+    run: Path,
+    scheme: str,
+    model: str,
+    n: int,
+    iter_s: float,
+    fc_bytes: int,
+    other_bytes: int,
+    compute: dict,
+    evals: list[tuple[float, float]] = (),
+) -> Path:
     """n workers (CONV workers for stanza) and one FC worker / server; per iteration each
     worker sends ``fc_bytes`` of FC traffic and ``other_bytes`` of the rest."""
     K = 32
@@ -244,35 +405,125 @@ def _stanza_run(run: Path, scheme: str, model: str, n: int, iter_s: float, fc_by
         evs = []
         for it in range(4):
             t = T0 + it * iter_s
-            evs.append({"proc": f"worker{w}", "role": "worker", "kind": "iteration", "ts": t, "dur": iter_s,
-                        "iteration": it, "samples": K})
+            evs.append(
+                {
+                    "proc": f"worker{w}",
+                    "role": "worker",
+                    "kind": "iteration",
+                    "ts": t,
+                    "dur": iter_s,
+                    "iteration": it,
+                    "samples": K,
+                }
+            )
             if scheme == "stanza":
-                evs += [{"proc": f"worker{w}", "role": "worker", "kind": "activation", "dir": "tx", "ts": t,
-                         "dur": 0.01, "iteration": it, "bytes": fc_bytes - 8 * K},
-                        {"proc": f"worker{w}", "role": "worker", "kind": "label", "dir": "tx", "ts": t, "dur": 0.0,
-                         "iteration": it, "bytes": 8 * K},
-                        {"proc": f"worker{w}", "role": "worker", "kind": "allreduce", "dir": "tx", "ts": t,
-                         "dur": 0.02, "iteration": it, "bytes": other_bytes, "members": "conv"}]
+                evs += [
+                    {
+                        "proc": f"worker{w}",
+                        "role": "worker",
+                        "kind": "activation",
+                        "dir": "tx",
+                        "ts": t,
+                        "dur": 0.01,
+                        "iteration": it,
+                        "bytes": fc_bytes - 8 * K,
+                    },
+                    {
+                        "proc": f"worker{w}",
+                        "role": "worker",
+                        "kind": "label",
+                        "dir": "tx",
+                        "ts": t,
+                        "dur": 0.0,
+                        "iteration": it,
+                        "bytes": 8 * K,
+                    },
+                    {
+                        "proc": f"worker{w}",
+                        "role": "worker",
+                        "kind": "allreduce",
+                        "dir": "tx",
+                        "ts": t,
+                        "dur": 0.02,
+                        "iteration": it,
+                        "bytes": other_bytes,
+                        "members": "conv",
+                    },
+                ]
             else:
-                evs += [{"proc": f"worker{w}", "role": "worker", "kind": "push", "dir": "tx", "ts": t, "dur": 0.01,
-                         "iteration": it, "bytes": fc_bytes, "layer": 6},
-                        {"proc": f"worker{w}", "role": "worker", "kind": "push", "dir": "tx", "ts": t, "dur": 0.01,
-                         "iteration": it, "bytes": other_bytes, "layer": 0}]
+                evs += [
+                    {
+                        "proc": f"worker{w}",
+                        "role": "worker",
+                        "kind": "push",
+                        "dir": "tx",
+                        "ts": t,
+                        "dur": 0.01,
+                        "iteration": it,
+                        "bytes": fc_bytes,
+                        "layer": 6,
+                    },
+                    {
+                        "proc": f"worker{w}",
+                        "role": "worker",
+                        "kind": "push",
+                        "dir": "tx",
+                        "ts": t,
+                        "dur": 0.01,
+                        "iteration": it,
+                        "bytes": other_bytes,
+                        "layer": 0,
+                    },
+                ]
         events[f"worker{w}"] = evs
     if evals:
-        events["worker0"] += [{"proc": "worker0", "role": "worker", "kind": "eval", "ts": T0 + t, "dur": 0.0,
-                               "iteration": 3, "accuracy": a, "final": True} for t, a in evals]
-    spec = {"scale": 1, "topology": {"kind": "rack", "racks": 1, "host_bw_mbps": 1000.0},
-            "workload": {"scheme": scheme, "model": model, "dataset": "digits", "batch_size": K, "warmup_iterations": 1,
-                         "seed": 0, "compute": compute}}
-    return _write_run(run, spec, processes=_worker_procs(n, others, "fc" if scheme == "stanza" else "server"),
-                      events=events, summary={"status": "ok", "iteration_time_s": {"mean": iter_s},
-                                              "bytes_per_iteration": {"host_links": 2 * n * (fc_bytes + other_bytes)}})
+        events["worker0"] += [
+            {
+                "proc": "worker0",
+                "role": "worker",
+                "kind": "eval",
+                "ts": T0 + t,
+                "dur": 0.0,
+                "iteration": 3,
+                "accuracy": a,
+                "final": True,
+            }
+            for t, a in evals
+        ]
+    spec = {
+        "scale": 1,
+        "topology": {"kind": "rack", "racks": 1, "host_bw_mbps": 1000.0},
+        "workload": {
+            "scheme": scheme,
+            "model": model,
+            "dataset": "digits",
+            "batch_size": K,
+            "warmup_iterations": 1,
+            "seed": 0,
+            "compute": compute,
+        },
+    }
+    return _write_run(
+        run,
+        spec,
+        processes=_worker_procs(n, others, "fc" if scheme == "stanza" else "server"),
+        events=events,
+        summary={
+            "status": "ok",
+            "iteration_time_s": {"mean": iter_s},
+            "bytes_per_iteration": {"host_links": 2 * n * (fc_bytes + other_bytes)},
+        },
+    )
 
 
 #: (scheme, workers) -> (iteration s, FC bytes per worker and iteration); 8 workers: no PS run
-STANZA_POINTS = {("stanza", 2): (0.5, 1_000_000), ("ps", 2): (1.0, 8_000_000), ("stanza", 4): (0.6, 1_000_000),
-                 ("ps", 4): (1.5, 8_000_000), ("stanza", 8): (0.8, 1_000_000)}
+STANZA_POINTS = {
+    ("stanza", 2): (0.5, 1_000_000),
+    ("ps", 2): (1.0, 8_000_000),
+    ("stanza", 4): (0.6, 1_000_000),
+    ("ps", 4): (1.5, 8_000_000),
+    ("stanza", 8): (0.8, 1_000_000),
+}
 
 
 def build_stanza(root: Path) -> Path:
@@ -291,7 +542,9 @@ def build_stanza_accuracy(root: Path) -> Path:
     d = root / "stanza_accuracy"
     real = {"mode": "real"}
     rows = []
-    for i, (scheme, t, evals) in enumerate((("stanza", 0.2, [(0.5, 0.5), (0.9, 0.9)]), ("ps", 0.4, [(1.0, 0.5), (1.7, 0.89)]))):
+    for i, (scheme, t, evals) in enumerate(
+        (("stanza", 0.2, [(0.5, 0.5), (0.9, 0.9)]), ("ps", 0.4, [(1.0, 0.5), (1.7, 0.89)]))
+    ):
         run = _stanza_run(d / f"{i:03d}_{scheme}", scheme, "digits_cnn", 4, t, 20_000, 1_000, real, evals)
         rows.append(_headline(run, 128 / t, variant=scheme, scheme=scheme))
     return _sweep(root, d.name, {"name": "stanza_accuracy"}, rows)
@@ -300,8 +553,18 @@ def build_stanza_accuracy(root: Path) -> Path:
 # ----------------------------------------------------------------------------- pipe_sgd
 
 
-def _pipe_sgd_run(run: Path, scheme: str, K: int | None, compression: str, period: float, allreduce_s: float,
-                  accuracy: float | None, model: str = "resnet50", p: int = 4, iterations: int = 5) -> Path:
+def _pipe_sgd_run(
+    run: Path,
+    scheme: str,
+    K: int | None,
+    compression: str,
+    period: float,
+    allreduce_s: float,
+    accuracy: float | None,
+    model: str = "resnet50",
+    p: int = 4,
+    iterations: int = 5,
+) -> Path:
     """p workers; iteration i of every worker starts at i x ``period``; forward 0.02 s,
     backward 0.04 s, pack 0.002 s, update 0.003 s, the allreduce ``allreduce_s`` (with
     compress/decompress spans of 0.001 s each when compressing, reduce spans of 0.004 s)."""
@@ -311,33 +574,86 @@ def _pipe_sgd_run(run: Path, scheme: str, K: int | None, compression: str, perio
         evs = []
         for it in range(iterations):
             t = T0 + it * period
-            ev = lambda kind, ts, dur, **kw: {"proc": proc, "role": "worker", "kind": kind, "ts": ts, "dur": dur,
-                                              "iteration": it, **kw}
-            evs += [ev("iteration", t, period, samples=32), ev("forward", t, 0.02), ev("backward", t + 0.02, 0.04),
-                    ev("pack", t + 0.06, 0.002), ev("update", t + 0.062, 0.003)]
+
+            def ev(kind, ts, dur, **kw):
+                return {
+                    "proc": proc,
+                    "role": "worker",
+                    "kind": kind,
+                    "ts": ts,
+                    "dur": dur,
+                    "iteration": it,
+                    **kw,
+                }
+
+            evs += [
+                ev("iteration", t, period, samples=32),
+                ev("forward", t, 0.02),
+                ev("backward", t + 0.02, 0.04),
+                ev("pack", t + 0.06, 0.002),
+                ev("update", t + 0.062, 0.003),
+            ]
             if scheme == "pipe_sgd":
-                evs += [ev("allreduce", t + 0.065, allreduce_s, bytes=1_000_000, wire_bytes=600_000),
-                        ev("reduce", t + 0.07, 0.004, bytes=250_000)]
+                evs += [
+                    ev("allreduce", t + 0.065, allreduce_s, bytes=1_000_000, wire_bytes=600_000),
+                    ev("reduce", t + 0.07, 0.004, bytes=250_000),
+                ]
                 if compression != "none":
-                    evs += [ev("compress", t + 0.066, 0.001, bytes=250_000), ev("decompress", t + 0.08, 0.001, bytes=250_000)]
+                    evs += [
+                        ev("compress", t + 0.066, 0.001, bytes=250_000),
+                        ev("decompress", t + 0.08, 0.001, bytes=250_000),
+                    ]
             else:
-                evs += [ev("push", t + 0.065, allreduce_s / 2, bytes=1_000_000),
-                        ev("pull", t + 0.065 + allreduce_s / 2, allreduce_s / 2, bytes=1_000_000)]
+                evs += [
+                    ev("push", t + 0.065, allreduce_s / 2, bytes=1_000_000),
+                    ev("pull", t + 0.065 + allreduce_s / 2, allreduce_s / 2, bytes=1_000_000),
+                ]
         events[proc] = evs
     if accuracy is not None:
-        events["worker0"] += [{"proc": "worker0", "role": "worker", "kind": "eval", "ts": T0 + (iterations - 1) * period,
-                               "dur": 0.01, "iteration": iterations - 1, "accuracy": a} for a in (accuracy / 2, accuracy)]
+        events["worker0"] += [
+            {
+                "proc": "worker0",
+                "role": "worker",
+                "kind": "eval",
+                "ts": T0 + (iterations - 1) * period,
+                "dur": 0.01,
+                "iteration": iterations - 1,
+                "accuracy": a,
+            }
+            for a in (accuracy / 2, accuracy)
+        ]
     options = {"K": K, "compression": compression} if scheme == "pipe_sgd" else {}
-    spec = {"scale": 1, "topology": {"kind": "rack", "racks": 1, "host_bw_mbps": 10000.0},
-            "workload": {"scheme": scheme, "model": model, "dataset": "digits", "batch_size": 32, "warmup_iterations": 1,
-                         "seed": 0, "compute": {"mode": "emulated", "profile": "titanxp"}, "options": options}}
-    return _write_run(run, spec, processes=_worker_procs(p), events=events,
-                      results={"worker0": {"final_accuracy": accuracy}}, summary={"status": "ok"})
+    spec = {
+        "scale": 1,
+        "topology": {"kind": "rack", "racks": 1, "host_bw_mbps": 10000.0},
+        "workload": {
+            "scheme": scheme,
+            "model": model,
+            "dataset": "digits",
+            "batch_size": 32,
+            "warmup_iterations": 1,
+            "seed": 0,
+            "compute": {"mode": "emulated", "profile": "titanxp"},
+            "options": options,
+        },
+    }
+    return _write_run(
+        run,
+        spec,
+        processes=_worker_procs(p),
+        events=events,
+        results={"worker0": {"final_accuracy": accuracy}},
+        summary={"status": "ok"},
+    )
 
 
 #: variant -> (scheme, K, compression, period s, allreduce s)
-PIPE_SGD_POINTS = {"PS-Sync": ("ps", None, "none", 0.4, 0.3), "D-Sync": ("pipe_sgd", 1, "none", 0.2, 0.13),
-                   "Pipe-SGD": ("pipe_sgd", 2, "none", 0.1, 0.13), "Pipe-SGD+T": ("pipe_sgd", 2, "truncation", 0.08, 0.07)}
+PIPE_SGD_POINTS = {
+    "PS-Sync": ("ps", None, "none", 0.4, 0.3),
+    "D-Sync": ("pipe_sgd", 1, "none", 0.2, 0.13),
+    "Pipe-SGD": ("pipe_sgd", 2, "none", 0.1, 0.13),
+    "Pipe-SGD+T": ("pipe_sgd", 2, "truncation", 0.08, 0.07),
+}
 
 
 def build_pipe_sgd(root: Path, evaluations: bool = True) -> Path:
@@ -346,7 +662,9 @@ def build_pipe_sgd(root: Path, evaluations: bool = True) -> Path:
     d = root / "pipe_sgd_timing"
     rows = []
     for i, (variant, (scheme, K, comp, period, ar)) in enumerate(PIPE_SGD_POINTS.items()):
-        run = _pipe_sgd_run(d / f"{i:03d}_{variant}", scheme, K, comp, period, ar, accuracy=0.9 + 0.01 * i if evaluations else None)
+        run = _pipe_sgd_run(
+            d / f"{i:03d}_{variant}", scheme, K, comp, period, ar, accuracy=0.9 + 0.01 * i if evaluations else None
+        )
         rows.append(_headline(run, 128 / period, variant=variant, scheme=scheme))
     _pipe_sgd_run(d / "004_short", "pipe_sgd", 2, "none", 0.1, 0.1, None, iterations=1)
     (d / "004_short" / "iterations.csv").write_text("iteration,worker,start,end,duration_s,samples\n")
@@ -354,8 +672,13 @@ def build_pipe_sgd(root: Path, evaluations: bool = True) -> Path:
     return _sweep(root, d.name, {"name": "pipe_sgd_timing"}, rows)
 
 
-BUILDERS = {"p3": [build_p3], "phub": [build_phub, build_phub_jobs], "ibatch": [build_ibatch],
-            "stanza": [build_stanza, build_stanza_accuracy], "pipe_sgd": [build_pipe_sgd]}
+BUILDERS = {
+    "p3": [build_p3],
+    "phub": [build_phub, build_phub_jobs],
+    "ibatch": [build_ibatch],
+    "stanza": [build_stanza, build_stanza_accuracy],
+    "pipe_sgd": [build_pipe_sgd],
+}
 
 
 # ----------------------------------------------------------------------------- rundir, skeleton
@@ -409,17 +732,23 @@ def test_p3_speedups_per_bandwidth_and_idle_fractions(tmp_path):
     assert t.loc[("baseline", 8000), "status"] == "failed" and pd.isna(t.loc[("baseline", 8000), "tx_idle"])
 
 
-@pytest.mark.parametrize("model, sweep, paper", [("resnet50", {P3_X: [2000]}, "Fig. 7a"),
-                                                  ("vgg19", {P3_X: [2000]}, "Fig. 7c"),
-                                                  ("vgg19", {"topology.hosts_per_rack": [2, 8]}, "Fig. 10b"),
-                                                  ("resnet50", {"topology.racks": [2, 4]}, "Fig. 10a"),
-                                                  ("vgg19", {"workload.options.slice_params": [5000]}, "Fig. 12")])
+@pytest.mark.parametrize(
+    "model, sweep, paper",
+    [
+        ("resnet50", {P3_X: [2000]}, "Fig. 7a"),
+        ("vgg19", {P3_X: [2000]}, "Fig. 7c"),
+        ("vgg19", {"topology.hosts_per_rack": [2, 8]}, "Fig. 10b"),
+        ("resnet50", {"topology.racks": [2, 4]}, "Fig. 10a"),
+        ("vgg19", {"workload.options.slice_params": [5000]}, "Fig. 12"),
+    ],
+)
 def test_p3_report_names_the_figure_of_what_the_sweep_varies(tmp_path, model, sweep, paper):
     """A sweep over bandwidth is read against Fig. 7 (by model), over the cluster's size
     against Fig. 10, over the slice size against Fig. 12."""
     d = build_p3(tmp_path)
-    (d / "sweep.yaml").write_text(yaml.safe_dump({"name": d.name, "scale": 1, "workload": {"model": model},
-                                                  "sweep": sweep}))
+    (d / "sweep.yaml").write_text(
+        yaml.safe_dump({"name": d.name, "scale": 1, "workload": {"model": model}, "sweep": sweep})
+    )
     (line,) = [x for x in p3_report.table([d]).splitlines() if x.startswith("paper: ")]
     assert line.startswith(f"paper: P3 {paper}:"), line
 
@@ -431,6 +760,7 @@ def test_sweep_tables_and_plots_read_the_spread_under_either_name(tmp_path):
     the interval as its error bars, or the spread without it."""
     from analysis import plots
     from analysis.load import read_sweep_csv
+
     d = build_p3(tmp_path / "old")
     assert "samples_per_s_spread95" in read_sweep_csv(d / "sweep.csv").columns
     old = p3_report.sweep_table(d)
@@ -466,7 +796,8 @@ def test_phub_ratios_per_point_from_the_plain_spec(tmp_path):
     assert t.loc[("phub_hier", 2, True), "one_over_N"] == pytest.approx(0.25)
     # Sec. 3.4 from the spec: B_PBox = 2 x 10 Gbit/s, B_Core = 4 x 10 / 3 Gbit/s, 2 racks of 4
     assert t.loc[("phub_hier", 2, False), "sec34_hier_pays"] == hierarchical_pays(
-        b_pbox=20000.0, b_core=40000.0 / 3, b_wkr=10000.0, racks=2, n=4)
+        b_pbox=20000.0, b_core=40000.0 / 3, b_wkr=10000.0, racks=2, n=4
+    )
     assert pd.isna(t.loc[("ps_cs", 1, False), "sec34_hier_pays"])
     jobs = phub_report.sweep_table(build_phub_jobs(tmp_path), baseline=None, flat=None).set_index("variant")
     assert jobs.loc["2jobs", "per_job_drop_pct"] == pytest.approx(5.0) and jobs.loc["1job", "per_job_drop_pct"] == 0
@@ -475,7 +806,9 @@ def test_phub_ratios_per_point_from_the_plain_spec(tmp_path):
 def test_ibatch_speedup_over_one_node(tmp_path):
     t = ibatch_report.report([build_ibatch(tmp_path)]).set_index(["model", "pull", "nodes"])
     base = IBATCH_POINTS[("googlenet", "default", 1)]
-    assert t.loc[("googlenet", "ibatch", 4), "speedup"] == pytest.approx(IBATCH_POINTS[("googlenet", "ibatch", 4)] / base)
+    assert t.loc[("googlenet", "ibatch", 4), "speedup"] == pytest.approx(
+        IBATCH_POINTS[("googlenet", "ibatch", 4)] / base
+    )
     assert t.loc[("googlenet", "layer_by_layer", 2), "speedup"] == pytest.approx(1.613, abs=1e-3)
     # vgg19 has no 1-node default run: over its 1-node ibatch run
     assert t.loc[("vgg19", "ibatch", 4), "speedup"] == pytest.approx(2.5)
@@ -501,10 +834,21 @@ def test_stanza_pairs_each_compute_profile_with_its_own_ps(tmp_path):
     """A sweep over compute profiles (the band: PHub-derived against Table 1) pairs each
     Stanza run with the PS run of the same profile, not the last PS run of its worker count."""
     d = tmp_path / "band"
-    runs = [_stanza_run(d / f"{i:03d}_{profile}_{scheme}", scheme, "alexnet", 2, t, 1_000_000, 4_000_000,
-                        {"mode": "emulated", "profile": profile})
-            for i, (profile, scheme, t) in enumerate((("v100", "stanza", 0.5), ("v100", "ps", 1.0),
-                                                      ("titanxp", "stanza", 0.8), ("titanxp", "ps", 1.2)))]
+    runs = [
+        _stanza_run(
+            d / f"{i:03d}_{profile}_{scheme}",
+            scheme,
+            "alexnet",
+            2,
+            t,
+            1_000_000,
+            4_000_000,
+            {"mode": "emulated", "profile": profile},
+        )
+        for i, (profile, scheme, t) in enumerate(
+            (("v100", "stanza", 0.5), ("v100", "ps", 1.0), ("titanxp", "stanza", 0.8), ("titanxp", "ps", 1.2))
+        )
+    ]
     rows = [stanza_report.run_figures(r) for r in runs]
     assert [r["profile"] for r in rows] == ["v100", "v100", "titanxp", "titanxp"]
     j = stanza_report.pair(rows).set_index("profile")
@@ -518,8 +862,18 @@ def test_stanza_accuracy_curves_without_prediction(tmp_path):
     assert _cell(text, {"scheme": "stanza"}, "acc") == "90.0" and _cell(text, {"scheme": "ps"}, "acc") == "89.0"
     assert _cell(text, {"scheme": "stanza"}, "predicted") == "-"  # real compute: no prediction
     pairs = _tables(text)[1]
-    assert pairs == [{"model": "digits_cnn", "n": "4", "profile": "real", "speedup": "2.00", "predicted": "nan", "FC-data ps/stanza": "1.0",
-                      "epoch-data ps/stanza": "1.0", "flags": ""}]
+    assert pairs == [
+        {
+            "model": "digits_cnn",
+            "n": "4",
+            "profile": "real",
+            "speedup": "2.00",
+            "predicted": "nan",
+            "FC-data ps/stanza": "1.0",
+            "epoch-data ps/stanza": "1.0",
+            "flags": "",
+        }
+    ]
 
 
 def test_pipe_sgd_speedups_and_skipped_run(tmp_path):
@@ -545,21 +899,48 @@ def _cell(text: str, where: dict, column: str) -> str:
 
 
 #: paper -> (extra arguments, lines its output must hold, [(row, column, value)] of its tables)
-CLI = {"p3": ([], ["## p3_resnet50 (resnet50, scale 1)"],
-              [({"variant": "p3", P3_X: "2000"}, "speedup", "1.3"), ({"variant": "p3", P3_X: "4000"}, "speedup", "1.25")]),
-       "phub": (["--baseline", "ps_cs", "--table2"], ["## phub_oversub", "## phub_multitenant", "## The paper"],
-                [({"variant": "phub_hier", "racks": "2", "background": "True"}, "speedup", "2"),
-                 ({"variant": "phub_hier", "racks": "2", "background": "False"}, "core_vs_flat", "0.25"),
-                 ({"variant": "2jobs"}, "per_job_drop_pct", "5")]),
-       "ibatch": ([], ["Throughput and speedup over one node (iBatch Fig. 5):"],
-                  [({"model": "vgg19", "pull": "ibatch", "nodes": "4"}, "speedup", "2.5"),
-                   ({"model": "googlenet", "pull": "ibatch", "nodes": "2"}, "measured_ms", "150.0")]),
-       "stanza": ([], ["stanza vs ps (same model, workers, global batch):", "stanza: 0.5s 50.0%, 0.9s 90.0%"],
-                  [({"model": "alexnet", "n": "4"}, "speedup", "2.50"), ({"model": "digits_cnn", "n": "4"}, "speedup", "2.00"),
-                   ({"scheme": "stanza", "n": "2", "model": "alexnet"}, "FC MB/it", "2.0")]),
-       "pipe_sgd": (["--alpha-us", "5"], ["per variant (times in ms per iteration, emulated time):"],
-                    [({"variant": "Pipe-SGD"}, "vs_dsync", "2"), ({"variant": "Pipe-SGD+T"}, "vs_ps", "5"),
-                     ({"variant": "D-Sync"}, "period_ms", "200")])}
+CLI = {
+    "p3": (
+        [],
+        ["## p3_resnet50 (resnet50, scale 1)"],
+        [({"variant": "p3", P3_X: "2000"}, "speedup", "1.3"), ({"variant": "p3", P3_X: "4000"}, "speedup", "1.25")],
+    ),
+    "phub": (
+        ["--baseline", "ps_cs", "--table2"],
+        ["## phub_oversub", "## phub_multitenant", "## The paper"],
+        [
+            ({"variant": "phub_hier", "racks": "2", "background": "True"}, "speedup", "2"),
+            ({"variant": "phub_hier", "racks": "2", "background": "False"}, "core_vs_flat", "0.25"),
+            ({"variant": "2jobs"}, "per_job_drop_pct", "5"),
+        ],
+    ),
+    "ibatch": (
+        [],
+        ["Throughput and speedup over one node (iBatch Fig. 5):"],
+        [
+            ({"model": "vgg19", "pull": "ibatch", "nodes": "4"}, "speedup", "2.5"),
+            ({"model": "googlenet", "pull": "ibatch", "nodes": "2"}, "measured_ms", "150.0"),
+        ],
+    ),
+    "stanza": (
+        [],
+        ["stanza vs ps (same model, workers, global batch):", "stanza: 0.5s 50.0%, 0.9s 90.0%"],
+        [
+            ({"model": "alexnet", "n": "4"}, "speedup", "2.50"),
+            ({"model": "digits_cnn", "n": "4"}, "speedup", "2.00"),
+            ({"scheme": "stanza", "n": "2", "model": "alexnet"}, "FC MB/it", "2.0"),
+        ],
+    ),
+    "pipe_sgd": (
+        ["--alpha-us", "5"],
+        ["per variant (times in ms per iteration, emulated time):"],
+        [
+            ({"variant": "Pipe-SGD"}, "vs_dsync", "2"),
+            ({"variant": "Pipe-SGD+T"}, "vs_ps", "5"),
+            ({"variant": "D-Sync"}, "period_ms", "200"),
+        ],
+    ),
+}
 
 
 @pytest.mark.parametrize("paper", list(CLI))
@@ -607,25 +988,48 @@ BOTH = {"cpu_starved": True, "host_cost_overrun": True}
 #: paper -> (the runs flagged: (builder index, run directory, flags), [(row, the flags cell of
 #: every table row that matches, in the order printed)], tables with a flagged row)
 FLAGGED = {
-    "p3": ([(0, "005_host_bw_mbps=4000_p3", HOST)],
-           [({"variant": "p3", P3_X: "4000"}, ["host-overrun"]), ({"variant": "baseline", P3_X: "4000"}, [""])], 1),
-    "phub": ([(0, "005_racks=2_bg=True_phub_hier", BOTH)],
-             [({"variant": "phub_hier", "racks": "2", "background": "True"}, ["cpu-starved+host-overrun"]),
-              ({"variant": "phub_hier", "racks": "2", "background": "False"}, [""]),
-              ({"variant": "2jobs"}, [""])], 1),
-    "ibatch": ([(0, "004_googlenet_ibatch_4", HOST)],  # both tables are per run
-               [({"model": "googlenet", "pull": "ibatch", "nodes": "4"}, ["host-overrun", "host-overrun"]),
-                ({"model": "googlenet", "pull": "ibatch", "nodes": "2"}, ["", ""])], 2),
-    "stanza": ([(0, "003_workers=4_ps", HOST), (0, "002_workers=4_stanza", {"cpu_starved": True})],
-               [({"scheme": "ps", "model": "alexnet", "n": "4"}, ["host-overrun"]),
-                ({"scheme": "stanza", "model": "alexnet", "n": "4"}, ["cpu-starved"]),
-                ({"model": "alexnet", "n": "4", "speedup": "2.50"}, ["cpu-starved+host-overrun"]),  # the pair
-                ({"model": "alexnet", "n": "2"}, ["", "", ""])], 2),  # stanza run, ps run, their pair
+    "p3": (
+        [(0, "005_host_bw_mbps=4000_p3", HOST)],
+        [({"variant": "p3", P3_X: "4000"}, ["host-overrun"]), ({"variant": "baseline", P3_X: "4000"}, [""])],
+        1,
+    ),
+    "phub": (
+        [(0, "005_racks=2_bg=True_phub_hier", BOTH)],
+        [
+            ({"variant": "phub_hier", "racks": "2", "background": "True"}, ["cpu-starved+host-overrun"]),
+            ({"variant": "phub_hier", "racks": "2", "background": "False"}, [""]),
+            ({"variant": "2jobs"}, [""]),
+        ],
+        1,
+    ),
+    "ibatch": (
+        [(0, "004_googlenet_ibatch_4", HOST)],  # both tables are per run
+        [
+            ({"model": "googlenet", "pull": "ibatch", "nodes": "4"}, ["host-overrun", "host-overrun"]),
+            ({"model": "googlenet", "pull": "ibatch", "nodes": "2"}, ["", ""]),
+        ],
+        2,
+    ),
+    "stanza": (
+        [(0, "003_workers=4_ps", HOST), (0, "002_workers=4_stanza", {"cpu_starved": True})],
+        [
+            ({"scheme": "ps", "model": "alexnet", "n": "4"}, ["host-overrun"]),
+            ({"scheme": "stanza", "model": "alexnet", "n": "4"}, ["cpu-starved"]),
+            ({"model": "alexnet", "n": "4", "speedup": "2.50"}, ["cpu-starved+host-overrun"]),  # the pair
+            ({"model": "alexnet", "n": "2"}, ["", "", ""]),
+        ],
+        2,
+    ),  # stanza run, ps run, their pair
     # per variant, then speed-ups: every variant is divided by D-Sync, and Pipe-SGD is cpu-starved
-    "pipe_sgd": ([(0, "001_D-Sync", HOST), (0, "002_Pipe-SGD", {"cpu_starved": True})],
-                 [({"variant": "D-Sync"}, ["host-overrun", "host-overrun"]),
-                  ({"variant": "Pipe-SGD"}, ["cpu-starved", "cpu-starved+host-overrun"]),
-                  ({"variant": "PS-Sync"}, ["", "host-overrun"])], 2),
+    "pipe_sgd": (
+        [(0, "001_D-Sync", HOST), (0, "002_Pipe-SGD", {"cpu_starved": True})],
+        [
+            ({"variant": "D-Sync"}, ["host-overrun", "host-overrun"]),
+            ({"variant": "Pipe-SGD"}, ["cpu-starved", "cpu-starved+host-overrun"]),
+            ({"variant": "PS-Sync"}, ["", "host-overrun"]),
+        ],
+        2,
+    ),
 }
 
 
@@ -639,8 +1043,9 @@ def test_reports_flag_the_rows_of_flagged_runs(paper, tmp_path, capsys):
     assert cli_main(["report", paper, *map(str, dirs), *extra]) == 0
     out = capsys.readouterr().out
     for where, values in cells:
-        hits = [r["flags"] for t in _tables(out) for r in t
-                if "flags" in r and all(r.get(k) == v for k, v in where.items())]
+        hits = [
+            r["flags"] for t in _tables(out) for r in t if "flags" in r and all(r.get(k) == v for k, v in where.items())
+        ]
         assert hits == values, where
     # the note, once under each table with a flagged row, after a blank line
     assert out.count(skeleton.FLAGS_NOTE) == noted
@@ -665,13 +1070,38 @@ def test_flags_from_summary_and_sweep_rows(tmp_path):
 
 def test_ls_and_show_flag_a_host_cost_overrun(tmp_path, capsys):
     fidelity = {"cpu_starved": False, "host_cost_overrun": True}
-    over = _write_run(tmp_path / "runs" / "over", {"scale": 4}, summary={
-        "status": "ok", "scheme": "ps", "throughput": {"mean": 12.5}, "fidelity": fidelity,
-        "host_costs": {"aggregate": {"count": 3, "modelled": True, "emulated_s": 0.3, "budget_s": 1.2, "real_s": 1.5,
-                                     "overruns": 2, "overrun_s": 0.3, "overrun_fraction": 0.25}}})
-    _write_run(tmp_path / "runs" / "clean", {"scale": 4}, summary={
-        "status": "ok", "scheme": "ps", "throughput": {"mean": 20.0},
-        "fidelity": {"cpu_starved": False, "host_cost_overrun": False}})
+    over = _write_run(
+        tmp_path / "runs" / "over",
+        {"scale": 4},
+        summary={
+            "status": "ok",
+            "scheme": "ps",
+            "throughput": {"mean": 12.5},
+            "fidelity": fidelity,
+            "host_costs": {
+                "aggregate": {
+                    "count": 3,
+                    "modelled": True,
+                    "emulated_s": 0.3,
+                    "budget_s": 1.2,
+                    "real_s": 1.5,
+                    "overruns": 2,
+                    "overrun_s": 0.3,
+                    "overrun_fraction": 0.25,
+                }
+            },
+        },
+    )
+    _write_run(
+        tmp_path / "runs" / "clean",
+        {"scale": 4},
+        summary={
+            "status": "ok",
+            "scheme": "ps",
+            "throughput": {"mean": 20.0},
+            "fidelity": {"cpu_starved": False, "host_cost_overrun": False},
+        },
+    )
     assert cli_main(["ls", str(tmp_path / "runs")]) == 0
     lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
     assert lines["over"].endswith("12.5 samples/s  [host-cost overrun]")
@@ -684,18 +1114,35 @@ def test_ls_and_show_flag_a_host_cost_overrun(tmp_path, capsys):
     assert shown["fidelity"] == fidelity and shown["host_costs"]["aggregate"]["overruns"] == 2
 
 
-@pytest.mark.parametrize("module, args", [("analysis.p3_report", ["--baseline", "baseline"]), ("analysis.phub_report", ["--table2"]),
-                                          ("analysis.ibatch_report", []), ("analysis.stanza_report", []),
-                                          ("analysis.pipe_sgd_report", ["--alpha-us", "0"])])
+@pytest.mark.parametrize(
+    "module, args",
+    [
+        ("analysis.p3_report", ["--baseline", "baseline"]),
+        ("analysis.phub_report", ["--table2"]),
+        ("analysis.ibatch_report", []),
+        ("analysis.stanza_report", []),
+        ("analysis.pipe_sgd_report", ["--alpha-us", "0"]),
+    ],
+)
 def test_python_m_aliases_still_work(module, args, tmp_path):
     paper = module.split(".")[1].removesuffix("_report")
     dirs = [str(b(tmp_path)) for b in BUILDERS[paper]]
-    r = subprocess.run([sys.executable, "-m", module, *dirs, *args], capture_output=True, text=True, timeout=300,
-                       cwd=Path(__file__).parents[1])
+    r = subprocess.run(
+        [sys.executable, "-m", module, *dirs, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).parents[1],
+    )
     assert r.returncode == 0, r.stderr
     assert _tables(r.stdout)
-    r = subprocess.run([sys.executable, "-m", module, str(tmp_path / "missing")], capture_output=True, text=True,
-                       timeout=300, cwd=Path(__file__).parents[1])
+    r = subprocess.run(
+        [sys.executable, "-m", module, str(tmp_path / "missing")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).parents[1],
+    )
     assert r.returncode == 2 and "does not exist" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -723,14 +1170,21 @@ def test_every_report_reads_every_archived_run_without_a_traceback(paper, capsys
         out, err = capsys.readouterr()
         assert code in (0, 2), (paper, d.name, err[-2000:])
         assert "Traceback" not in err, (paper, d.name, err[-2000:])
-        assert (out.strip() if code == 0 else err.strip()), (paper, d.name)
+        assert out.strip() if code == 0 else err.strip(), (paper, d.name)
 
 
 def test_sec34_prediction_needs_a_worker_in_every_rack():
     """PHub Sec. 3.4's hierarchical-reduction prediction is for N >= 1 workers per rack: a
     run with fewer workers than racks (a 1-node run on the blades) gets none, not an error."""
-    spec = {"topology": {"kind": "rack_core", "racks": 8, "hosts_per_rack": 4, "host_bw_mbps": 10000,
-                         "oversubscription": 1},
-            "workload": {"servers": {"interfaces": 8}}}
+    spec = {
+        "topology": {
+            "kind": "rack_core",
+            "racks": 8,
+            "hosts_per_rack": 4,
+            "host_bw_mbps": 10000,
+            "oversubscription": 1,
+        },
+        "workload": {"servers": {"interfaces": 8}},
+    }
     assert phub_report._sec34(spec, 1) is None
     assert phub_report._sec34(spec, 16) in (True, False)

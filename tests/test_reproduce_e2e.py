@@ -4,6 +4,7 @@ left on the machine.
 
 Marked ``slow`` and root-only: each case runs 2-4 emulated points (about a minute and a half).
 """
+
 import subprocess
 import sys
 from pathlib import Path
@@ -31,8 +32,13 @@ def test_every_paper_has_a_quick_entry():
 @pytest.mark.parametrize("entry", list(QUICK.values()), ids=list(QUICK))
 def test_reproduce_quick_prints_the_paper_beside_the_measured(entry, tmp_path):
     assert leftovers() == []
-    proc = subprocess.run([sys.executable, "-m", "testbed.cli", "reproduce", entry.id, "--quick",
-                           "--runs-dir", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-m", "testbed.cli", "reproduce", entry.id, "--quick", "--runs-dir", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     out = proc.stdout
     assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
     assert MEASURED_HEADING in out

@@ -1,6 +1,7 @@
 """The reproduction catalogue (analysis/data/reproduction.yaml, analysis.reproduction) and
 ``testbed reproduce --list``: the shipped catalogue is complete and consistent with the specs
 and the papers; a malformed catalogue is refused with errors naming the entry and the field."""
+
 from __future__ import annotations
 
 import copy
@@ -10,8 +11,20 @@ from pathlib import Path
 import pytest
 import yaml
 
-from analysis.reproduction import (CATALOGUE, PAPERS, QUICK_MAX_MINUTES, REPO_ROOT, STATUSES, CatalogueError,
-                                   UnknownEntry, find_quote, format_list, get_entry, load_catalogue, missing_quotes)
+from analysis.reproduction import (
+    CATALOGUE,
+    PAPERS,
+    QUICK_MAX_MINUTES,
+    REPO_ROOT,
+    STATUSES,
+    CatalogueError,
+    UnknownEntry,
+    find_quote,
+    format_list,
+    get_entry,
+    load_catalogue,
+    missing_quotes,
+)
 from testbed.cli import main as cli_main
 from testbed.reproduce import MEASURED_HEADING, PAPER_HEADING, describe, paper_block, report_argv, reproduce
 from testbed.spec import expand_sweep, load_spec
@@ -31,9 +44,22 @@ def test_the_shipped_catalogue_covers_the_five_papers():
     assert all(n >= 5 for n in counts.values()), counts
     assert {e.status for e in ENTRIES} <= set(STATUSES)
     # figures that lack a spec or a run are listed, each with a spec or a reason why it has none
-    for ident in ["p3.fig7b", "p3.fig7d", "p3.fig10a", "p3.fig12_resnet50", "ibatch.fig5_vgg19_22k", "ibatch.fig7",
-                  "phub.fig13", "phub.fig15", "phub.fig20_left", "phub.table5", "stanza.table1", "stanza.table7",
-                  "stanza.fig8", "pipe_sgd.fig4_cifar100_accuracy"]:
+    for ident in [
+        "p3.fig7b",
+        "p3.fig7d",
+        "p3.fig10a",
+        "p3.fig12_resnet50",
+        "ibatch.fig5_vgg19_22k",
+        "ibatch.fig7",
+        "phub.fig13",
+        "phub.fig15",
+        "phub.fig20_left",
+        "phub.table5",
+        "stanza.table1",
+        "stanza.table7",
+        "stanza.fig8",
+        "pipe_sgd.fig4_cifar100_accuracy",
+    ]:
         e = get_entry(ENTRIES, ident)
         assert e.status != "reproduced" and e.reason
         assert e.spec is not None or e.status in ("not", "not possible here") or e.report is not None, ident
@@ -85,21 +111,33 @@ def test_a_changed_quote_is_reported(tmp_path):
     entries = [get_entry(ENTRIES, "p3.fig7c")]
     bad = entries[0].model_copy(deep=True)
     bad.paper_values[1].quote = "much as 67% at 15Gbps"
-    (tmp_path / "p3.txt").write_text((PAPERS_DIR / "p3.txt").read_text() if PAPERS_DIR.is_dir() else
-                                     "30Gbps, parameter slicing can provide 49% speedup on VGG-19 much as 66% at 15Gbps")
+    (tmp_path / "p3.txt").write_text(
+        (PAPERS_DIR / "p3.txt").read_text()
+        if PAPERS_DIR.is_dir()
+        else "30Gbps, parameter slicing can provide 49% speedup on VGG-19 much as 66% at 15Gbps"
+    )
     assert missing_quotes(entries, tmp_path) == []
-    assert missing_quotes([bad], tmp_path) == ["p3.fig7c: paper_values[1].quote: 'much as 67% at 15Gbps' is not in p3.txt"]
+    assert missing_quotes([bad], tmp_path) == [
+        "p3.fig7c: paper_values[1].quote: 'much as 67% at 15Gbps' is not in p3.txt"
+    ]
 
 
 # ------------------------------------------------------------------ a malformed catalogue
 
+
 def _entry(**over) -> dict:
-    e = {"id": "p3.fig7c", "title": "VGG-19 throughput against bandwidth",
-         "paper_values": [{"value": "+66 %", "where": "Sec. 5.2, Fig. 7(c)", "quote": "much as 66% at 15Gbps"}],
-         "spec": {"path": "experiments/quickstart.yaml", "set": ["sweep={}"]},
-         "report": "testbed report p3 SWEEP", "status": "partly", "reason": "one point only",
-         "measured": [{"value": "+41 %", "source": "runs/x"}],
-         "run_minutes": 3, "run_minutes_source": "measured"}
+    e = {
+        "id": "p3.fig7c",
+        "title": "VGG-19 throughput against bandwidth",
+        "paper_values": [{"value": "+66 %", "where": "Sec. 5.2, Fig. 7(c)", "quote": "much as 66% at 15Gbps"}],
+        "spec": {"path": "experiments/quickstart.yaml", "set": ["sweep={}"]},
+        "report": "testbed report p3 SWEEP",
+        "status": "partly",
+        "reason": "one point only",
+        "measured": [{"value": "+41 %", "source": "runs/x"}],
+        "run_minutes": 3,
+        "run_minutes_source": "measured",
+    }
     e.update(over)
     return e
 
@@ -122,26 +160,29 @@ def test_a_valid_small_catalogue_loads(tmp_path):
     assert es[0].spec.command() == "testbed run experiments/quickstart.yaml --set 'sweep={}'"
 
 
-@pytest.mark.parametrize("over, field, allowed", [
-    ({"colour": "red"}, "colour", "a field of an entry: id, title, paper_values"),
-    ({"status": "done"}, "status", "'not possible here'"),
-    ({"reason": None}, "reason", "a reason (required when status is 'partly')"),
-    ({"reason": "   "}, "reason", "a reason"),
-    ({"id": "P3.Fig7c"}, "id", "lowercase id"),
-    ({"id": "p3.speedup"}, "id", "<fig|table>"),
-    ({"report": "testbed report phub SWEEP"}, "report", "'testbed report p3 ...'"),
-    ({"spec": {"path": "../elsewhere/x.yaml"}}, "spec.path", "relative path experiments/"),
-    ({"spec": {"path": "experiments/quickstart.yaml", "set": ["no-equals"]}}, "spec.set", "FIELD=VALUE"),
-    ({"run_minutes": None}, "run_minutes", "required with a spec"),
-    ({"run_minutes": -1}, "run_minutes", "> 0"),
-    ({"run_minutes_source": None}, "run_minutes_source", "required with run_minutes"),
-    ({"spec": None}, "run_minutes", "null (there is no spec to run)"),
-    ({"paper_values": []}, "paper_values_note", "why paper_values is empty"),
-    ({"paper_values": [], "paper_values_note": "a trace", "status": "reproduced"}, "status", "other than"),
-    ({"status": "reproduced", "measured": []}, "measured", "at least one measurement"),
-    ({"paper_values": [{"value": "+66 %", "where": "Fig. 7"}]}, "paper_values[0].quote", "required"),
-    ({"title": 7}, "title", "a string"),
-])
+@pytest.mark.parametrize(
+    "over, field, allowed",
+    [
+        ({"colour": "red"}, "colour", "a field of an entry: id, title, paper_values"),
+        ({"status": "done"}, "status", "'not possible here'"),
+        ({"reason": None}, "reason", "a reason (required when status is 'partly')"),
+        ({"reason": "   "}, "reason", "a reason"),
+        ({"id": "P3.Fig7c"}, "id", "lowercase id"),
+        ({"id": "p3.speedup"}, "id", "<fig|table>"),
+        ({"report": "testbed report phub SWEEP"}, "report", "'testbed report p3 ...'"),
+        ({"spec": {"path": "../elsewhere/x.yaml"}}, "spec.path", "relative path experiments/"),
+        ({"spec": {"path": "experiments/quickstart.yaml", "set": ["no-equals"]}}, "spec.set", "FIELD=VALUE"),
+        ({"run_minutes": None}, "run_minutes", "required with a spec"),
+        ({"run_minutes": -1}, "run_minutes", "> 0"),
+        ({"run_minutes_source": None}, "run_minutes_source", "required with run_minutes"),
+        ({"spec": None}, "run_minutes", "null (there is no spec to run)"),
+        ({"paper_values": []}, "paper_values_note", "why paper_values is empty"),
+        ({"paper_values": [], "paper_values_note": "a trace", "status": "reproduced"}, "status", "other than"),
+        ({"status": "reproduced", "measured": []}, "measured", "at least one measurement"),
+        ({"paper_values": [{"value": "+66 %", "where": "Fig. 7"}]}, "paper_values[0].quote", "required"),
+        ({"title": 7}, "title", "a string"),
+    ],
+)
 def test_a_malformed_entry_is_named_with_its_field(tmp_path, over, field, allowed):
     errors = _errors(tmp_path, [_entry(id="p3.fig7a"), _entry(**over)])
     assert len(errors) == 1, errors
@@ -151,8 +192,13 @@ def test_a_malformed_entry_is_named_with_its_field(tmp_path, over, field, allowe
 
 
 def test_every_problem_is_reported_at_once(tmp_path):
-    entries = [_entry(), _entry(status="done"), _entry(id="p3.fig7b", reason=None),
-               _entry(id="p3.fig7d", spec={"path": "experiments/no_such_spec.yaml"}), "not a mapping"]
+    entries = [
+        _entry(),
+        _entry(status="done"),
+        _entry(id="p3.fig7b", reason=None),
+        _entry(id="p3.fig7d", spec={"path": "experiments/no_such_spec.yaml"}),
+        "not a mapping",
+    ]
     with pytest.raises(CatalogueError) as ei:
         _load(tmp_path, entries)
     errs = ei.value.errors
@@ -166,12 +212,14 @@ def test_every_problem_is_reported_at_once(tmp_path):
 
 def test_a_duplicate_id_names_both_entries(tmp_path):
     errors = _errors(tmp_path, [_entry(), _entry(id="p3.fig7a"), _entry()])
-    assert errors == ["entry 3 (p3.fig7c): field 'id': got 'p3.fig7c'; allowed: an id no other entry has "
-                      "(entry 1 has it)"]
+    assert errors == [
+        "entry 3 (p3.fig7c): field 'id': got 'p3.fig7c'; allowed: an id no other entry has (entry 1 has it)"
+    ]
 
 
-@pytest.mark.parametrize("text, says", [("", "a non-empty list"), ("{a: 1}", "a non-empty list"),
-                                        ("[unclosed", "not valid YAML")])
+@pytest.mark.parametrize(
+    "text, says", [("", "a non-empty list"), ("{a: 1}", "a non-empty list"), ("[unclosed", "not valid YAML")]
+)
 def test_a_file_that_is_not_a_list_of_entries_is_refused(tmp_path, text, says):
     f = tmp_path / "c.yaml"
     f.write_text(text)
@@ -189,6 +237,7 @@ def test_the_shipped_entries_stay_valid_when_copied(tmp_path):
 
 
 # ------------------------------------------------------------------ listing and the CLI
+
 
 def test_format_list_has_every_entry_its_reason_and_the_counts():
     text = format_list(ENTRIES)
@@ -229,6 +278,7 @@ def test_every_paper_with_a_spec_has_a_quick_entry():
 @pytest.mark.parametrize("entry", QUICK, ids=[e.id for e in QUICK])
 def test_every_quick_version_loads_plans_and_is_smaller(entry):
     from testbed.runner import plan_experiment  # lazy: Mininet
+
     full = load_spec(REPO_ROOT / entry.spec.path, overrides=entry.spec.set)
     quick = load_spec(REPO_ROOT / entry.spec.path, overrides=entry.overrides(quick=True))
     assert entry.overrides(quick=True) == entry.spec.set + entry.quick.set
@@ -250,15 +300,21 @@ def test_overrides_without_a_quick_version_are_refused():
 _QUICK = {"set": ["workload.iterations=3"], "minutes": 1.5, "note": "3 iterations"}
 
 
-@pytest.mark.parametrize("over, field, allowed", [
-    ({"quick": {**_QUICK, "set": ["iterations"]}}, "quick.set", "FIELD=VALUE"),
-    ({"quick": {**_QUICK, "set": []}}, "quick.set", "at least one --set override"),
-    ({"quick": {**_QUICK, "minutes": 6}}, "quick.minutes", "<= 5"),
-    ({"quick": {**_QUICK, "note": " "}}, "quick.note", "a non-empty text"),
-    ({"quick": {**_QUICK, "colour": 1}}, "quick.colour", "a known field of quick: set, minutes, note"),
-    ({"spec": None, "run_minutes": None, "run_minutes_source": None, "quick": _QUICK}, "quick",
-     "null (there is no spec to reduce)"),
-])
+@pytest.mark.parametrize(
+    "over, field, allowed",
+    [
+        ({"quick": {**_QUICK, "set": ["iterations"]}}, "quick.set", "FIELD=VALUE"),
+        ({"quick": {**_QUICK, "set": []}}, "quick.set", "at least one --set override"),
+        ({"quick": {**_QUICK, "minutes": 6}}, "quick.minutes", "<= 5"),
+        ({"quick": {**_QUICK, "note": " "}}, "quick.note", "a non-empty text"),
+        ({"quick": {**_QUICK, "colour": 1}}, "quick.colour", "a known field of quick: set, minutes, note"),
+        (
+            {"spec": None, "run_minutes": None, "run_minutes_source": None, "quick": _QUICK},
+            "quick",
+            "null (there is no spec to reduce)",
+        ),
+    ],
+)
 def test_a_malformed_quick_section_is_named_with_its_field(tmp_path, over, field, allowed):
     errors = _errors(tmp_path, [_entry(id="p3.fig7a", quick=_QUICK), _entry(**over)])
     assert len(errors) == 1, errors
@@ -297,8 +353,10 @@ def test_cli_reproduce_refuses_what_it_cannot_run(capsys):
     nospec = next(e for e in ENTRIES if e.spec is None)
     assert cli_main(["reproduce", nospec.id]) == 2
     captured = capsys.readouterr()
-    assert f"{nospec.id} has no spec to run (status: {nospec.status}; reason: {' '.join(nospec.reason.split())[:60]}" \
+    assert (
+        f"{nospec.id} has no spec to run (status: {nospec.status}; reason: {' '.join(nospec.reason.split())[:60]}"
         in captured.err
+    )
     assert captured.out == ""
     # --quick without a quick section
     assert cli_main(["reproduce", "p3.fig7c", "--quick"]) == 2
@@ -309,6 +367,7 @@ def test_cli_reproduce_refuses_what_it_cannot_run(capsys):
 
 def test_reproduce_exits_1_and_still_prints_the_paper_when_a_run_fails(tmp_path, monkeypatch, capsys):
     import testbed.runner  # lazy: Mininet
+
     seen = {}
 
     def failing_run(exp, progress=True, say=None):
@@ -329,8 +388,13 @@ def test_reproduce_exits_1_and_still_prints_the_paper_when_a_run_fails(tmp_path,
         assert out.count(pv.value) == 2
 
 
-_RATIO = {"claim": "P3 over the baseline", "paper": [1.26], "where": "Fig. 7(a)", "numerator": {"variant": "p3"},
-          "denominator": {"variant": "baseline"}}
+_RATIO = {
+    "claim": "P3 over the baseline",
+    "paper": [1.26],
+    "where": "Fig. 7(a)",
+    "numerator": {"variant": "p3"},
+    "denominator": {"variant": "baseline"},
+}
 _HEADLINE = {"set": ["workload.iterations=10"], "minutes": 4, "note": "the 4 Gbit/s point", "ratios": [_RATIO]}
 
 
@@ -344,20 +408,39 @@ def test_a_headline_section_loads_and_adds_its_overrides(tmp_path):
         _load(tmp_path, [_entry()])[0].overrides(headline=True)
 
 
-@pytest.mark.parametrize("over, field, allowed", [
-    ({"headline": {**_HEADLINE, "ratios": []}}, "headline.ratios", "at least 1 item"),
-    ({"headline": {**_HEADLINE, "set": ["x"]}}, "headline.set", "FIELD=VALUE"),
-    ({"headline": {**_HEADLINE, "minutes": 0}}, "headline.minutes", "> 0"),
-    ({"headline": {**_HEADLINE, "ratios": [{**_RATIO, "paper": [3.2, 2.0]}]}}, "headline.ratios[0].paper",
-     "[ratio] or [low, high] with 0 < low <= high"),
-    ({"headline": {**_HEADLINE, "ratios": [{**_RATIO, "paper": []}]}}, "headline.ratios[0].paper", "at least 1 item"),
-    ({"headline": {**_HEADLINE, "ratios": [{**_RATIO, "numerator": {}}]}}, "headline.ratios[0].numerator",
-     "at least one sweep.csv column"),
-    ({"headline": {**_HEADLINE, "ratios": [{**_RATIO, "metric": "bytes"}]}}, "headline.ratios[0].metric",
-     "a known field of headline.ratios: claim, paper, where, numerator, denominator"),
-    ({"spec": None, "run_minutes": None, "run_minutes_source": None, "headline": _HEADLINE}, "headline",
-     "null (there is no spec to run)"),
-])
+@pytest.mark.parametrize(
+    "over, field, allowed",
+    [
+        ({"headline": {**_HEADLINE, "ratios": []}}, "headline.ratios", "at least 1 item"),
+        ({"headline": {**_HEADLINE, "set": ["x"]}}, "headline.set", "FIELD=VALUE"),
+        ({"headline": {**_HEADLINE, "minutes": 0}}, "headline.minutes", "> 0"),
+        (
+            {"headline": {**_HEADLINE, "ratios": [{**_RATIO, "paper": [3.2, 2.0]}]}},
+            "headline.ratios[0].paper",
+            "[ratio] or [low, high] with 0 < low <= high",
+        ),
+        (
+            {"headline": {**_HEADLINE, "ratios": [{**_RATIO, "paper": []}]}},
+            "headline.ratios[0].paper",
+            "at least 1 item",
+        ),
+        (
+            {"headline": {**_HEADLINE, "ratios": [{**_RATIO, "numerator": {}}]}},
+            "headline.ratios[0].numerator",
+            "at least one sweep.csv column",
+        ),
+        (
+            {"headline": {**_HEADLINE, "ratios": [{**_RATIO, "metric": "bytes"}]}},
+            "headline.ratios[0].metric",
+            "a known field of headline.ratios: claim, paper, where, numerator, denominator",
+        ),
+        (
+            {"spec": None, "run_minutes": None, "run_minutes_source": None, "headline": _HEADLINE},
+            "headline",
+            "null (there is no spec to run)",
+        ),
+    ],
+)
 def test_a_malformed_headline_section_is_named_with_its_field(tmp_path, over, field, allowed):
     errors = _errors(tmp_path, [_entry(id="p3.fig7a"), _entry(**over)])
     assert len(errors) == 1, errors

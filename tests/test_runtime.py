@@ -3,6 +3,7 @@
 Everything here runs on loopback (127.0.0.1, iface lo) without Mininet; only
 ``test_crashing_worker_fails_the_run`` starts processes (4 workers).
 """
+
 from __future__ import annotations
 
 import threading
@@ -16,14 +17,14 @@ import torch
 
 from common.errors import RunFailed
 from testbed.launch import write_processes
-from traffic.runtime.__main__ import leave_together, run_process
+from testbed.loopback import run_local
 from testbed.spec import dump_spec, from_dict, with_scale
 from traffic.data import GlobalBatches, available_datasets, digits_raw, load_dataset
 from traffic.models import LayeredModel, available_models, build_model
+from traffic.runtime.__main__ import leave_together, run_process
 from traffic.runtime.comm import CommThread, PriorityCommThread
 from traffic.runtime.context import parse_crash_at
 from traffic.runtime.events import EventLog, read_events
-from testbed.loopback import run_local
 
 REQUIRED = {"proc", "role", "rank", "thread", "kind", "ts", "dur", "iteration", "layer"}
 
@@ -61,6 +62,7 @@ def test_digits_mlp_layers_and_determinism():
 
 def test_digits_matches_sklearn_and_is_standardized():
     from sklearn.datasets import load_digits
+
     x, y = digits_raw()
     sx, sy = load_digits(return_X_y=True)
     assert np.array_equal(x, sx) and np.array_equal(y, sy)
@@ -97,8 +99,8 @@ def test_global_batches_shards_and_epochs():
     per_epoch = -(-n // 64) + 1
     stream = torch.cat([gb.indices(t) for t in range(2 * per_epoch)])
     assert sorted(stream[:n].tolist()) == list(range(n))
-    assert sorted(stream[n:2 * n].tolist()) == list(range(n))
-    assert not torch.equal(stream[:n], stream[n:2 * n])
+    assert sorted(stream[n : 2 * n].tolist()) == list(range(n))
+    assert not torch.equal(stream[:n], stream[n : 2 * n])
     # a global batch larger than the training set still works
     big = GlobalBatches(d, batch_size=1000, workers=2, seed=0)
     assert big.indices(0).shape == (2000,)
@@ -127,7 +129,7 @@ def test_event_log_threads_spans_and_errors(tmp_path):
         time.sleep(0.01)
     with pytest.raises(ZeroDivisionError):
         with log.span("update", iteration=1):
-            1 / 0
+            1 / 0  # noqa: B018 (the error the span must record)
     for t in threads:
         t.join()
     log.instant("eval", iteration=1, accuracy=0.5, loss=1.0)
@@ -191,21 +193,32 @@ def test_parse_crash_at():
 def _spec(scheme="allreduce", **workload):
     w = {"scheme": scheme, "workers": 4, "iterations": 6, "warmup_iterations": 1, "batch_size": 16}
     w.update(workload)
-    return from_dict({"topology": {"kind": "rack", "racks": 1, "hosts_per_rack": 4},
-                      "workload": w, "run": {"timeout_s": 300}})
+    return from_dict(
+        {"topology": {"kind": "rack", "racks": 1, "hosts_per_rack": 4}, "workload": w, "run": {"timeout_s": 300}}
+    )
 
 
 def test_runtime_rejects_unknown_process(tmp_path):
     (tmp_path / "spec.yaml").write_text(dump_spec(with_scale(_spec(), 1.0)))
-    write_processes(tmp_path, [{"name": "worker0", "role": "worker", "index": 0, "host": "h1", "rack": 0,
-                                "ip": "127.0.0.1", "iface": "lo"}], "127.0.0.1", 29999, timeout_s=60)
+    write_processes(
+        tmp_path,
+        [{"name": "worker0", "role": "worker", "index": 0, "host": "h1", "rack": 0, "ip": "127.0.0.1", "iface": "lo"}],
+        "127.0.0.1",
+        29999,
+        timeout_s=60,
+    )
     assert run_process(tmp_path, "worker9") == 2
 
 
 def test_runtime_refuses_an_unresolved_scale_clearly(tmp_path, capsys):
     (tmp_path / "spec.yaml").write_text(dump_spec(_spec()))  # scale: auto, as no harness writes it
-    write_processes(tmp_path, [{"name": "worker0", "role": "worker", "index": 0, "host": "h1", "rack": 0,
-                                "ip": "127.0.0.1", "iface": "lo"}], "127.0.0.1", 29999, timeout_s=60)
+    write_processes(
+        tmp_path,
+        [{"name": "worker0", "role": "worker", "index": 0, "host": "h1", "rack": 0, "ip": "127.0.0.1", "iface": "lo"}],
+        "127.0.0.1",
+        29999,
+        timeout_s=60,
+    )
     assert run_process(tmp_path, "worker0") == 2
     assert "scale 'auto': a number > 0 is needed" in capsys.readouterr().out
 
@@ -213,10 +226,11 @@ def test_runtime_refuses_an_unresolved_scale_clearly(tmp_path, capsys):
 def _stores(world: int) -> list:
     """``world`` TCPStore handles on one store (rank 0's hosts it), as the processes of a run hold them."""
     import torch.distributed as dist
-    master = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False,
-                           timeout=timedelta(seconds=30))
-    return [master] + [dist.TCPStore("127.0.0.1", master.port, world, timeout=timedelta(seconds=30))
-                       for _ in range(world - 1)]
+
+    master = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    return [master] + [
+        dist.TCPStore("127.0.0.1", master.port, world, timeout=timedelta(seconds=30)) for _ in range(world - 1)
+    ]
 
 
 def test_processes_leave_together_and_rank_0_with_its_store_last():
@@ -263,8 +277,12 @@ def test_crashing_worker_fails_the_run(tmp_path):
     started = []
     t0 = time.monotonic()
     with pytest.raises(RunFailed) as err:
-        run_local(_spec(iterations=50), run_dir, env={"TESTBED_CRASH_AT": "worker1:2"},
-                  on_start=lambda l: started.append(l.popen.pid))
+        run_local(
+            _spec(iterations=50),
+            run_dir,
+            env={"TESTBED_CRASH_AT": "worker1:2"},
+            on_start=lambda l: started.append(l.popen.pid),
+        )
     raised_at = time.time()
     assert time.monotonic() - t0 < 60
     msg = str(err.value)
@@ -278,8 +296,9 @@ def test_crashing_worker_fails_the_run(tmp_path):
     assert raised_at - last < 5.0
     assert not (run_dir / "results" / "worker1.json").exists()
     assert len(started) == 4
-    assert not [pid for pid in started if psutil.pid_exists(pid)
-                and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert not [
+        pid for pid in started if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    ]
     assert _runtime_procs(tmp_path) == []
 
 
@@ -287,6 +306,7 @@ def test_crashing_worker_fails_the_run(tmp_path):
 def test_tensor_sgd_equals_torch_sgd_bit_for_bit(momentum, weight_decay):
     from traffic.runtime.trainer import TensorSGD, make_optimizer
     from traffic.spec import OptimizerSpec
+
     spec = OptimizerSpec(lr=0.05, momentum=momentum, weight_decay=weight_decay)
     g = torch.Generator().manual_seed(3)
     start = torch.randn(5000, generator=g)

@@ -1,5 +1,6 @@
 """benchmarks/scale_hosts.py's rows, computed from a synthetic run directory with known
 answers (nothing is run), and its spec file at other sizes."""
+
 from __future__ import annotations
 
 import datetime
@@ -20,7 +21,7 @@ import scale_hosts  # noqa: E402
 
 B = 1_700_000_000.0  # the run's wall clock starts near here
 WORKERS = {"worker0": "h1", "worker1": "h2", "worker2": "h3", "worker3": "h4"}
-GIB, MIB = 2 ** 30, 2 ** 20
+GIB, MIB = 2**30, 2**20
 
 
 def stamp(t: float) -> str:
@@ -37,43 +38,101 @@ def synthetic_run(root: Path, scheme: str = "allreduce", status: str = "ok") -> 
     d = root / f"run-{scheme}-{status}"
     for sub in ("events", "results", "logs", "traces"):
         (d / sub).mkdir(parents=True)
-    (d / "spec.yaml").write_text(yaml.safe_dump({
-        "name": "scale_vgg19-4", "scale": 2,
-        "topology": {"kind": "rack_core", "racks": 2, "hosts_per_rack": 2, "host_bw_mbps": 1000},
-        "workload": {"scheme": scheme, "model": "vgg19", "iterations": 2, "warmup_iterations": 1,
-                     "compute": {"mode": "emulated", "profile": "gtx1080ti", "memory": "light"}}}))
+    (d / "spec.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "scale_vgg19-4",
+                "scale": 2,
+                "topology": {"kind": "rack_core", "racks": 2, "hosts_per_rack": 2, "host_bw_mbps": 1000},
+                "workload": {
+                    "scheme": scheme,
+                    "model": "vgg19",
+                    "iterations": 2,
+                    "warmup_iterations": 1,
+                    "compute": {"mode": "emulated", "profile": "gtx1080ti", "memory": "light"},
+                },
+            }
+        )
+    )
     (d / "topology.json").write_text(json.dumps(topology(host_bw=1000.0)))
-    (d / "processes.json").write_text(json.dumps({"world_size": 4, "processes": [
-        {"name": n, "role": "worker", "index": i, "rank": i, "host": h} for i, (n, h) in enumerate(WORKERS.items())]}))
-    (d / "logs" / "harness.log").write_text("".join(f"{stamp(B + t)} INFO {what}\n" for t, what in (
-        (90.0, "building network"), (92.5, "network up in 2.5 s"), (95.0, "launching 4 processes"),
-        (103.0, "all processes done after 13.0 s"), (104.0, "torn down in 1.0 s"))))
+    (d / "processes.json").write_text(
+        json.dumps(
+            {
+                "world_size": 4,
+                "processes": [
+                    {"name": n, "role": "worker", "index": i, "rank": i, "host": h}
+                    for i, (n, h) in enumerate(WORKERS.items())
+                ],
+            }
+        )
+    )
+    (d / "logs" / "harness.log").write_text(
+        "".join(
+            f"{stamp(B + t)} INFO {what}\n"
+            for t, what in (
+                (90.0, "building network"),
+                (92.5, "network up in 2.5 s"),
+                (95.0, "launching 4 processes"),
+                (103.0, "all processes done after 13.0 s"),
+                (104.0, "torn down in 1.0 s"),
+            )
+        )
+    )
     for w, (name, _) in enumerate(WORKERS.items()):
-        ev = [{"proc": name, "role": "worker", "rank": w, "thread": "main", "kind": "init", "ts": B + 96.0,
-               "dur": 2.0, "world_size": 4}]
+        ev = [
+            {
+                "proc": name,
+                "role": "worker",
+                "rank": w,
+                "thread": "main",
+                "kind": "init",
+                "ts": B + 96.0,
+                "dur": 2.0,
+                "world_size": 4,
+            }
+        ]
         for it in (0, 1):
             s = B + 100.005 + it
             base = {"proc": name, "role": "worker", "rank": w, "iteration": it, "layer": None}
-            ev += [{**base, "thread": "main", "kind": "iteration", "ts": s, "dur": 0.3, "samples": 32},
-                   {**base, "thread": "comm", "kind": "allreduce", "ts": s + 0.1, "dur": 0.08, "bytes": 4_000_000},
-                   {**base, "thread": "comm", "kind": "allreduce", "ts": s + 0.18,
-                    "dur": 0.07 if w == 3 else 0.05, "bytes": 1_000_000}]
+            ev += [
+                {**base, "thread": "main", "kind": "iteration", "ts": s, "dur": 0.3, "samples": 32},
+                {**base, "thread": "comm", "kind": "allreduce", "ts": s + 0.1, "dur": 0.08, "bytes": 4_000_000},
+                {
+                    **base,
+                    "thread": "comm",
+                    "kind": "allreduce",
+                    "ts": s + 0.18,
+                    "dur": 0.07 if w == 3 else 0.05,
+                    "bytes": 1_000_000,
+                },
+            ]
         (d / "events" / f"{name}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in ev))
     host_ports = ["tor1-eth1", "tor1-eth2", "tor2-eth1", "tor2-eth2"]
-    (d / "traces" / "bwm-ng.csv").write_text("".join(
-        bwm_line(B + 99.0 + 0.01 * k, port, 250_000, 250_000) for k in range(301) for port in host_ports))
-    RunSummary.model_validate({
-        "status": status, "scale": 2.0, "fidelity": {"cpu_starved": False, "idle_pct_mean": 52.4},
-        "memory": {"machine_growth_bytes": 3 * GIB,
-                   "process_uss_peak_bytes": {"median": 100 * MIB, "max": 120 * MIB, "sum": 430 * MIB,
-                                              "processes": 4}}}).write(d)
+    (d / "traces" / "bwm-ng.csv").write_text(
+        "".join(bwm_line(B + 99.0 + 0.01 * k, port, 250_000, 250_000) for k in range(301) for port in host_ports)
+    )
+    RunSummary.model_validate(
+        {
+            "status": status,
+            "scale": 2.0,
+            "fidelity": {"cpu_starved": False, "idle_pct_mean": 52.4},
+            "memory": {
+                "machine_growth_bytes": 3 * GIB,
+                "process_uss_peak_bytes": {"median": 100 * MIB, "max": 120 * MIB, "sum": 430 * MIB, "processes": 4},
+            },
+        }
+    ).write(d)
     return d
 
 
 def test_the_row_of_a_run_directory(tmp_path):
     r = scale_hosts.row(synthetic_run(tmp_path))
-    assert {k: r[k] for k in ("hosts", "scale", "status", "starved")} == {"hosts": 4, "scale": 2.0, "status": "ok",
-                                                                         "starved": False}
+    assert {k: r[k] for k in ("hosts", "scale", "status", "starved")} == {
+        "hosts": 4,
+        "scale": 2.0,
+        "status": "ok",
+        "starved": False,
+    }
     assert r["idle%"] == pytest.approx(52.4)
     # the capacity model's idle for the run's own spec at its scale, as `testbed run --dry-run` gives it
     exp = scale_hosts.load_spec(tmp_path / "run-allreduce-ok" / "spec.yaml")

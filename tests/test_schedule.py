@@ -1,6 +1,7 @@
 """Scheduled events without a network: the spec's checks, the plan-time
 check, the schedule's triggers on synthetic event logs, the runtime's straggler, the summary's
 segments, plots and timeline. The emulated network's behaviour is tests/test_schedule_e2e.py."""
+
 from __future__ import annotations
 
 import json
@@ -10,37 +11,39 @@ import sys
 import time
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import numpy as np
 import psutil
 import pytest
 import yaml
 
-import matplotlib.pyplot as plt
-
 import analysis
 from analysis import metrics, plots, timeline
-from testbed import cgroups
-from testbed.capture.pcap import topo_links
-from testbed.ledger import Ledger, lock_holder
-from testbed.loopback import run_local
-from testbed.event_applier import SCHEDULE_FILE, Schedule, check, resolve_link
-from testbed.spec import dump_spec, from_dict
-from topologies import build_topo, hosts_of
 from common.errors import SpecError
 from common.validation import load_yaml
+from testbed import cgroups
+from testbed.capture.pcap import topo_links
+from testbed.event_applier import SCHEDULE_FILE, Schedule, check, resolve_link
+from testbed.ledger import Ledger, lock_holder
+from testbed.loopback import run_local
+from testbed.spec import dump_spec, from_dict
+from topologies import build_topo, hosts_of
 from traffic import schemes
-from traffic.runtime.emulation import EmulatedCompute
-from traffic.runtime.events import EventLog, read_events
+from traffic.event_spec import ComputeSlowdown, parse_events
 from traffic.hostmodel.costs import HostCosts
 from traffic.models import build_model
-from traffic.event_spec import ComputeSlowdown, parse_events
+from traffic.runtime.emulation import EmulatedCompute
+from traffic.runtime.events import EventLog, read_events
 
 RACK_CORE = {"kind": "rack_core", "racks": 2, "hosts_per_rack": 2, "host_bw_mbps": 100, "oversubscription": 2}
 
 
 def spec(events, **over) -> dict:
-    d = {"topology": dict(RACK_CORE), "workload": {"scheme": "allreduce", "iterations": 20, "warmup_iterations": 2},
-         "events": events}
+    d = {
+        "topology": dict(RACK_CORE),
+        "workload": {"scheme": "allreduce", "iterations": 20, "warmup_iterations": 2},
+        "events": events,
+    }
     for k, v in over.items():
         d[k] = v
     return d
@@ -56,46 +59,63 @@ def spec_error(events, **over) -> SpecError:
 
 
 def test_a_valid_schedule_is_kept_as_written_in_spec_yaml():
-    events = [{"at_s": 10, "link": "uplink:tor1", "bw_mbps": 50}, {"at_s": 20, "link": "host:h3", "down": True},
-              {"at_s": 22, "link": "host:h3", "up": True},
-              {"at_iteration": 10, "host": "h4", "compute_slowdown": 2.0}, {"at_iteration": 15, "kill": "worker3"}]
+    events = [
+        {"at_s": 10, "link": "uplink:tor1", "bw_mbps": 50},
+        {"at_s": 20, "link": "host:h3", "down": True},
+        {"at_s": 22, "link": "host:h3", "up": True},
+        {"at_iteration": 10, "host": "h4", "compute_slowdown": 2.0},
+        {"at_iteration": 15, "kill": "worker3"},
+    ]
     exp = from_dict(spec(events))
     assert [e.kind for e in exp.events] == ["link_rate", "link_down", "link_up", "compute_slowdown", "kill"]
     assert [e.target for e in exp.events] == ["uplink:tor1", "host:h3", "host:h3", "h4", "worker3"]
     assert exp.events[0].trigger == ("at_s", 10.0) and exp.events[3].trigger == ("at_iteration", 10)
     written = load_yaml(dump_spec(exp))["events"]
-    assert written == [{"at_s": 10.0, "link": "uplink:tor1", "bw_mbps": 50.0}, {"at_s": 20.0, "link": "host:h3",
-                       "down": True}, {"at_s": 22.0, "link": "host:h3", "up": True},
-                       {"at_iteration": 10, "host": "h4", "compute_slowdown": 2.0},
-                       {"at_iteration": 15, "kill": "worker3"}]
+    assert written == [
+        {"at_s": 10.0, "link": "uplink:tor1", "bw_mbps": 50.0},
+        {"at_s": 20.0, "link": "host:h3", "down": True},
+        {"at_s": 22.0, "link": "host:h3", "up": True},
+        {"at_iteration": 10, "host": "h4", "compute_slowdown": 2.0},
+        {"at_iteration": 15, "kill": "worker3"},
+    ]
     # what the runtime reads back from spec.yaml, and a spec without events
     assert parse_events(written) == exp.events
     assert from_dict({}).events == [] and load_yaml(dump_spec(from_dict({})))["events"] == []
 
 
-@pytest.mark.parametrize("event, field, words", [
-    ({"at_s": -1, "link": "uplink:tor1", "bw_mbps": 5}, "events[0].at_s", "a time >= 0"),
-    ({"at_iteration": -2, "kill": "worker0"}, "events[0].at_iteration", "an iteration index >= 0"),
-    ({"at_s": 1, "link": "uplink:tor1", "bw_mbps": 0}, "events[0].bw_mbps", "a rate > 0"),
-    ({"at_s": 1, "link": "uplink:tor1", "bw_mbps": -3.5}, "events[0].bw_mbps", "a rate > 0"),
-    ({"at_s": 1, "host": "h1", "compute_slowdown": 0}, "events[0].compute_slowdown", "a factor in (0, 1000]"),
-    ({"at_s": 1, "link": "tor1-eth3", "down": True}, "events[0].link", "uplink:<tor>"),
-    ({"at_s": 1, "link": "host:", "down": True}, "events[0].link", "host:<host>"),
-    ({"link": "host:h1", "down": True}, "events[0]", "one trigger"),
-    ({"at_s": 1, "at_iteration": 2, "kill": "worker0"}, "events[0].at_iteration", "left out when at_s is given"),
-    ({"at_s": 1}, "events[0]", "one action"),
-    ({"at_s": 1, "link": "host:h1", "bw_mbps": 5, "down": True}, "events[0].down", "bw_mbps is this event's action"),
-    ({"at_s": 1, "kill": "worker0", "host": "h1", "compute_slowdown": 2}, "events[0].kill",
-     "compute_slowdown is this event's action"),
-    ({"at_s": 1, "bw_mbps": 5}, "events[0].link", "the link to act on"),
-    ({"at_s": 1, "link": "host:h1"}, "events[0]", "an action on link host:h1"),
-    ({"at_s": 1, "host": "h1"}, "events[0].compute_slowdown", "the factor on host h1's compute"),
-    ({"at_s": 1, "compute_slowdown": 2}, "events[0].host", "the host whose compute slows down"),
-    ({"at_s": 1, "link": "host:h1", "down": False}, "events[0].down", "true, or leave it out"),
-    ({"at_iteration": 20, "kill": "worker0"}, "events[0].at_iteration", "below workload.iterations (20)"),
-    ({"at_s": 1, "kill": "worker0", "what": 1}, "events[0].what", "a known field of events"),
-    ({"at_s": "1", "kill": "worker0"}, "events[0].at_s", "a number"),
-])
+@pytest.mark.parametrize(
+    "event, field, words",
+    [
+        ({"at_s": -1, "link": "uplink:tor1", "bw_mbps": 5}, "events[0].at_s", "a time >= 0"),
+        ({"at_iteration": -2, "kill": "worker0"}, "events[0].at_iteration", "an iteration index >= 0"),
+        ({"at_s": 1, "link": "uplink:tor1", "bw_mbps": 0}, "events[0].bw_mbps", "a rate > 0"),
+        ({"at_s": 1, "link": "uplink:tor1", "bw_mbps": -3.5}, "events[0].bw_mbps", "a rate > 0"),
+        ({"at_s": 1, "host": "h1", "compute_slowdown": 0}, "events[0].compute_slowdown", "a factor in (0, 1000]"),
+        ({"at_s": 1, "link": "tor1-eth3", "down": True}, "events[0].link", "uplink:<tor>"),
+        ({"at_s": 1, "link": "host:", "down": True}, "events[0].link", "host:<host>"),
+        ({"link": "host:h1", "down": True}, "events[0]", "one trigger"),
+        ({"at_s": 1, "at_iteration": 2, "kill": "worker0"}, "events[0].at_iteration", "left out when at_s is given"),
+        ({"at_s": 1}, "events[0]", "one action"),
+        (
+            {"at_s": 1, "link": "host:h1", "bw_mbps": 5, "down": True},
+            "events[0].down",
+            "bw_mbps is this event's action",
+        ),
+        (
+            {"at_s": 1, "kill": "worker0", "host": "h1", "compute_slowdown": 2},
+            "events[0].kill",
+            "compute_slowdown is this event's action",
+        ),
+        ({"at_s": 1, "bw_mbps": 5}, "events[0].link", "the link to act on"),
+        ({"at_s": 1, "link": "host:h1"}, "events[0]", "an action on link host:h1"),
+        ({"at_s": 1, "host": "h1"}, "events[0].compute_slowdown", "the factor on host h1's compute"),
+        ({"at_s": 1, "compute_slowdown": 2}, "events[0].host", "the host whose compute slows down"),
+        ({"at_s": 1, "link": "host:h1", "down": False}, "events[0].down", "true, or leave it out"),
+        ({"at_iteration": 20, "kill": "worker0"}, "events[0].at_iteration", "below workload.iterations (20)"),
+        ({"at_s": 1, "kill": "worker0", "what": 1}, "events[0].what", "a known field of events"),
+        ({"at_s": "1", "kill": "worker0"}, "events[0].at_s", "a number"),
+    ],
+)
 def test_each_bad_event_is_a_spec_error_naming_field_value_and_what_is_allowed(event, field, words):
     err = spec_error([event])
     got = {e.field: e for e in err.errors}
@@ -110,13 +130,25 @@ def test_uplinks_only_in_rack_core_and_conflicts_at_one_trigger():
     # the same part of the same target at the same trigger: an error naming both events
     err = spec_error([{"at_s": 5, "link": "host:h1", "down": True}, {"at_s": 5, "link": "host:h1", "up": True}])
     assert err.field == "events[1]" and "state (up or down) of host:h1" in err.allowed and "events[0]" in err.allowed
-    err = spec_error([{"at_iteration": 3, "link": "uplink:tor1", "bw_mbps": 5},
-                      {"at_iteration": 3, "link": "uplink:tor1", "bw_mbps": 7}])
+    err = spec_error(
+        [
+            {"at_iteration": 3, "link": "uplink:tor1", "bw_mbps": 5},
+            {"at_iteration": 3, "link": "uplink:tor1", "bw_mbps": 7},
+        ]
+    )
     assert err.field == "events[1]" and "rate of uplink:tor1" in err.allowed
     # not a conflict: other triggers, other targets, other parts, unsorted
-    exp = from_dict(spec([{"at_s": 9, "link": "host:h1", "up": True}, {"at_s": 5, "link": "host:h1", "down": True},
-                          {"at_s": 5, "link": "host:h1", "bw_mbps": 5}, {"at_s": 5, "link": "host:h2", "down": True},
-                          {"at_iteration": 5, "link": "host:h1", "up": True}]))
+    exp = from_dict(
+        spec(
+            [
+                {"at_s": 9, "link": "host:h1", "up": True},
+                {"at_s": 5, "link": "host:h1", "down": True},
+                {"at_s": 5, "link": "host:h1", "bw_mbps": 5},
+                {"at_s": 5, "link": "host:h2", "down": True},
+                {"at_iteration": 5, "link": "host:h1", "up": True},
+            ]
+        )
+    )
     assert len(exp.events) == 5
 
 
@@ -146,12 +178,18 @@ def check_error(events, **over) -> SpecError:
 
 
 def test_check_accepts_what_the_planned_network_has():
-    exp = from_dict(spec([{"at_s": 1, "link": "uplink:tor2", "bw_mbps": 20}, {"at_s": 2, "link": "host:bg2",
-                                                                            "down": True},
-                          {"at_iteration": 3, "host": "h4", "compute_slowdown": 3},
-                          {"at_iteration": 4, "kill": "worker1"}],
-                         topology={**RACK_CORE, "background_hosts_per_rack": 1},
-                         workload={"scheme": "allreduce", "iterations": 20, "compute": {"mode": "emulated"}}))
+    exp = from_dict(
+        spec(
+            [
+                {"at_s": 1, "link": "uplink:tor2", "bw_mbps": 20},
+                {"at_s": 2, "link": "host:bg2", "down": True},
+                {"at_iteration": 3, "host": "h4", "compute_slowdown": 3},
+                {"at_iteration": 4, "kill": "worker1"},
+            ],
+            topology={**RACK_CORE, "background_hosts_per_rack": 1},
+            workload={"scheme": "allreduce", "iterations": 20, "compute": {"mode": "emulated"}},
+        )
+    )
     links, switches, hosts, plan = planned(exp)
     check(exp.events, links, switches, hosts, plan, compute_mode="emulated", scale=2.0)
     # the links a token names, as topology.json lists them
@@ -162,9 +200,15 @@ def test_check_accepts_what_the_planned_network_has():
 
 
 def test_check_names_what_exists_for_an_unknown_link_host_or_process():
-    err = check_error([{"at_s": 1, "link": "uplink:tor3", "bw_mbps": 20}, {"at_s": 1, "link": "host:h9", "down": True},
-                       {"at_s": 1, "link": "uplink:core1", "bw_mbps": 20},
-                       {"at_s": 1, "host": "h7", "compute_slowdown": 2}, {"at_s": 1, "kill": "worker9"}])
+    err = check_error(
+        [
+            {"at_s": 1, "link": "uplink:tor3", "bw_mbps": 20},
+            {"at_s": 1, "link": "host:h9", "down": True},
+            {"at_s": 1, "link": "uplink:core1", "bw_mbps": 20},
+            {"at_s": 1, "host": "h7", "compute_slowdown": 2},
+            {"at_s": 1, "kill": "worker9"},
+        ]
+    )
     by = {e.field: e for e in err.errors}
     assert set(by) == {"events[0].link", "events[1].link", "events[2].link", "events[3].host", "events[4].kill"}
     tokens = "host:h1, host:h2, host:h3, host:h4, uplink:tor1, uplink:tor2"
@@ -176,11 +220,14 @@ def test_check_names_what_exists_for_an_unknown_link_host_or_process():
 
 def test_check_refuses_a_slowdown_where_nothing_computes_and_a_rate_beyond_shaping():
     # bg1 carries background flows only; ps1 runs the parameter server
-    err = check_error([{"at_s": 1, "host": "bg1", "compute_slowdown": 2}],
-                      topology={**RACK_CORE, "background_hosts_per_rack": 1})
+    err = check_error(
+        [{"at_s": 1, "host": "bg1", "compute_slowdown": 2}], topology={**RACK_CORE, "background_hosts_per_rack": 1}
+    )
     assert err.field == "events[0].host" and "a host that runs a worker" in err.allowed
-    err = check_error([{"at_s": 1, "host": "ps1", "compute_slowdown": 2}],
-                      workload={"scheme": "ps", "iterations": 20, "servers": {"config": "NCC"}})
+    err = check_error(
+        [{"at_s": 1, "host": "ps1", "compute_slowdown": 2}],
+        workload={"scheme": "ps", "iterations": 20, "servers": {"config": "NCC"}},
+    )
     assert err.field == "events[0].host" and "h1, h2, h3, h4" in err.allowed
     err = check_error([{"at_s": 1, "link": "host:h1", "bw_mbps": 50_000}])
     assert err.field == "events[0].bw_mbps" and "at most 40000 Mbit/s" in err.allowed
@@ -229,11 +276,14 @@ class Logs:
 
     def __init__(self, run_dir: Path, workers=2):
         (run_dir / "events").mkdir(parents=True, exist_ok=True)
-        procs = [{"name": f"worker{i}", "role": "worker", "index": i, "rank": i, "host": f"h{i + 1}"} for i in
-                 range(workers)]
+        procs = [
+            {"name": f"worker{i}", "role": "worker", "index": i, "rank": i, "host": f"h{i + 1}"} for i in range(workers)
+        ]
         (run_dir / "processes.json").write_text(json.dumps({"world_size": workers, "processes": procs}))
-        self.logs = {p["name"]: EventLog(run_dir / "events" / f"{p['name']}.jsonl", p["name"], "worker", p["rank"])
-                     for p in procs}
+        self.logs = {
+            p["name"]: EventLog(run_dir / "events" / f"{p['name']}.jsonl", p["name"], "worker", p["rank"])
+            for p in procs
+        }
 
     def iteration(self, worker: str, it: int, start: float, dur: float) -> None:
         self.logs[worker].record("iteration", start, dur, iteration=it, samples=32)
@@ -241,12 +291,31 @@ class Logs:
 
 
 def new_schedule(tmp_path, events, scale=1.0, warmup=2, **kw):
-    exp = from_dict(spec(events, workload={"scheme": "allreduce", "iterations": 20, "warmup_iterations": warmup,
-                                           "compute": {"mode": "emulated"}}))
+    exp = from_dict(
+        spec(
+            events,
+            workload={
+                "scheme": "allreduce",
+                "iterations": 20,
+                "warmup_iterations": warmup,
+                "compute": {"mode": "emulated"},
+            },
+        )
+    )
     killed = []
     shaper = kw.pop("shaper", FakeShaper())
-    s = Schedule(exp.events, topology_json(), tmp_path, scale, warmup, {"h1": 1, "h2": 2}, killed.append,
-                 shaper=shaper, compute_mode=kw.pop("compute_mode", "emulated"), **kw)
+    s = Schedule(
+        exp.events,
+        topology_json(),
+        tmp_path,
+        scale,
+        warmup,
+        {"h1": 1, "h2": 2},
+        killed.append,
+        shaper=shaper,
+        compute_mode=kw.pop("compute_mode", "emulated"),
+        **kw,
+    )
     return s, shaper, killed
 
 
@@ -256,8 +325,13 @@ def lines(tmp_path) -> list[dict]:
 
 def test_at_iteration_fires_once_every_worker_has_finished_the_iteration_before(tmp_path):
     logs = Logs(tmp_path)
-    s, shaper, _ = new_schedule(tmp_path, [{"at_iteration": 3, "link": "uplink:tor1", "bw_mbps": 50},
-                                           {"at_iteration": 0, "link": "host:h1", "down": True}])
+    s, shaper, _ = new_schedule(
+        tmp_path,
+        [
+            {"at_iteration": 3, "link": "uplink:tor1", "bw_mbps": 50},
+            {"at_iteration": 0, "link": "host:h1", "down": True},
+        ],
+    )
     assert [r["index"] for r in s.poll(now=100.0)] == [1]  # iteration 0: at once
     for it in range(3):
         logs.iteration("worker0", it, 100 + it, 1.0)
@@ -268,8 +342,11 @@ def test_at_iteration_fires_once_every_worker_has_finished_the_iteration_before(
     (rec,) = s.poll(now=103.6)
     assert rec["index"] == 0 and rec["iteration"] == 3 and rec["kind"] == "link_rate"
     assert shaper.calls == [("down", ["tor1-eth1"]), ("rate", ["tor1-eth3"], 50.0)]
-    assert rec["bw_mbps"] == 50 and rec["shaped_mbps"] == 50 and rec["readback_mbps"] == {"tor1-eth3": 50,
-                                                                                          "core1-eth1": 50}
+    assert (
+        rec["bw_mbps"] == 50
+        and rec["shaped_mbps"] == 50
+        and rec["readback_mbps"] == {"tor1-eth3": 50, "core1-eth1": 50}
+    )
     assert rec["ifaces"] == ["tor1-eth3", "core1-eth1"] and rec["applied"] and "error" not in rec
     assert s.poll(now=200) == []  # once only
     assert [r["index"] for r in lines(tmp_path)] == [1, 0]
@@ -295,25 +372,31 @@ def test_at_s_counts_emulated_seconds_from_the_first_measured_iteration(tmp_path
 
 def test_failures_are_recorded_and_the_next_events_still_apply(tmp_path):
     Logs(tmp_path)
-    s, shaper, killed = new_schedule(tmp_path, [{"at_iteration": 0, "link": "uplink:tor2", "bw_mbps": 30},
-                                                {"at_iteration": 0, "kill": "worker1"}],
-                                     shaper=FakeShaper(fail="netlink says no"))
+    s, shaper, killed = new_schedule(
+        tmp_path,
+        [{"at_iteration": 0, "link": "uplink:tor2", "bw_mbps": 30}, {"at_iteration": 0, "kill": "worker1"}],
+        shaper=FakeShaper(fail="netlink says no"),
+    )
     recs = s.poll(now=1.0)
     assert [r["index"] for r in recs] == [0, 1]
     assert recs[0]["error"] == "RuntimeError: netlink says no" and recs[0]["applied"]
     assert killed == ["worker1"] and "error" not in recs[1]
     # a read-back that is off is an error of the event too
     (tmp_path / "b").mkdir()
-    s2, _, _ = new_schedule(tmp_path / "b", [{"at_iteration": 0, "link": "host:h1", "bw_mbps": 30}],
-                            shaper=FakeShaper(readback={"tor1-eth1": 33.0}))
+    s2, _, _ = new_schedule(
+        tmp_path / "b",
+        [{"at_iteration": 0, "link": "host:h1", "bw_mbps": 30}],
+        shaper=FakeShaper(readback={"tor1-eth1": 33.0}),
+    )
     (rec,) = s2.poll(now=1.0)
     assert "tor1-eth1: 33.0" in rec["error"] and rec["readback_mbps"]["h1-eth0"] == 30
 
 
 def test_a_killed_worker_no_longer_holds_back_the_iteration_count(tmp_path):
     logs = Logs(tmp_path, workers=3)
-    s, _, killed = new_schedule(tmp_path, [{"at_iteration": 1, "kill": "worker2"},
-                                           {"at_iteration": 3, "host": "h1", "compute_slowdown": 2.5}])
+    s, _, killed = new_schedule(
+        tmp_path, [{"at_iteration": 1, "kill": "worker2"}, {"at_iteration": 3, "host": "h1", "compute_slowdown": 2.5}]
+    )
     for w in ("worker0", "worker1", "worker2"):
         logs.iteration(w, 0, 10, 1)
     assert [r["index"] for r in s.poll(now=11.5)] == [0] and killed == ["worker2"]
@@ -327,9 +410,16 @@ def test_a_killed_worker_no_longer_holds_back_the_iteration_count(tmp_path):
 
 def test_stop_records_what_never_came_is_idempotent_and_the_thread_applies_on_time(tmp_path):
     logs = Logs(tmp_path)
-    s, shaper, _ = new_schedule(tmp_path, [{"at_s": 0.3, "link": "host:h1", "down": True},
-                                           {"at_s": 0.6, "link": "host:h1", "up": True},
-                                           {"at_iteration": 19, "kill": "worker0"}], warmup=0, poll_s=0.02)
+    s, shaper, _ = new_schedule(
+        tmp_path,
+        [
+            {"at_s": 0.3, "link": "host:h1", "down": True},
+            {"at_s": 0.6, "link": "host:h1", "up": True},
+            {"at_iteration": 19, "kill": "worker0"},
+        ],
+        warmup=0,
+        poll_s=0.02,
+    )
     s.start()
     now = time.time()
     logs.logs["worker0"].record("setup", now - 0.5, 0.5)  # iteration 0 starts when setup ends
@@ -368,9 +458,15 @@ def test_a_real_compute_straggler_throttles_the_hosts_processes_in_a_cgroup(tmp_
     monkeypatch.setattr("testbed.event_applier.CpuThrottle", Throttle)
     monkeypatch.setattr("testbed.event_applier.netns_pids", lambda pid: [pid, pid * 10])
     made = []
-    s, _, _ = new_schedule(tmp_path, [{"at_iteration": 0, "host": "h2", "compute_slowdown": 2},
-                                      {"at_iteration": 5, "host": "h2", "compute_slowdown": 1}],
-                           compute_mode="real", on_cgroup=made.append)
+    s, _, _ = new_schedule(
+        tmp_path,
+        [
+            {"at_iteration": 0, "host": "h2", "compute_slowdown": 2},
+            {"at_iteration": 5, "host": "h2", "compute_slowdown": 1},
+        ],
+        compute_mode="real",
+        on_cgroup=made.append,
+    )
     (rec,) = s.poll(now=1.0)
     assert calls == [("apply", 2, [2, 20])] and made == [f"/cg/testbed-{tmp_path.name}-h2"]
     assert rec["cgroup"] == made[0] and rec["pids"] == 2
@@ -392,8 +488,10 @@ def test_quota_and_controller_detection(tmp_path):
     (v1 / "cpu.cfs_quota_us").write_text("-1\n")
     (v2 / "cgroup.controllers").write_text("memory pids\n")
     mounts = tmp_path / "mounts"
-    mounts.write_text(f"cgroup {tmp_path / 'acct'} cgroup rw,cpuacct 0 0\ncgroup {v1} cgroup rw,relatime,cpu 0 0\n"
-                      f"cgroup2 {v2} cgroup2 rw 0 0\n")
+    mounts.write_text(
+        f"cgroup {tmp_path / 'acct'} cgroup rw,cpuacct 0 0\ncgroup {v1} cgroup rw,relatime,cpu 0 0\n"
+        f"cgroup2 {v2} cgroup2 rw 0 0\n"
+    )
     assert cgroups.cpu_controller(mounts) == cgroups.CpuController(1, v1)  # v2 lacks cpu here
     (v2 / "cgroup.controllers").write_text("cpu memory pids\n")
     assert cgroups.cpu_controller(mounts) == cgroups.CpuController(2, v2)  # preferred when it has it
@@ -444,9 +542,13 @@ class Clock:
 
 
 def test_compute_slowdown_takes_effect_at_its_iteration_or_time_and_is_recorded(tmp_path):
-    events = parse_events([{"at_iteration": 3, "host": "h2", "compute_slowdown": 2.0},
-                           {"at_s": 1.5, "host": "h2", "compute_slowdown": 3.0},
-                           {"at_iteration": 1, "host": "h1", "compute_slowdown": 5.0}])
+    events = parse_events(
+        [
+            {"at_iteration": 3, "host": "h2", "compute_slowdown": 2.0},
+            {"at_s": 1.5, "host": "h2", "compute_slowdown": 3.0},
+            {"at_iteration": 1, "host": "h1", "compute_slowdown": 5.0},
+        ]
+    )
     assert ComputeSlowdown.for_host(events, "h3", 2.0, 2) is None
     log = EventLog(tmp_path / "w.jsonl", "worker1", "worker", 1)
     clock = Clock()
@@ -479,20 +581,39 @@ def test_emulated_compute_is_charged_the_slowed_times():
     assert costs.stats["compute"]["count"] == 3
 
 
-PROFILE = {"model": "digits_mlp", "device": "test", "batch_size": 16, "source": "unit test", "method": "measured",
-           "derived": False, "layers": [{"index": i, "name": f"l{i}", "forward_s": f, "backward_s": b}
-                                        for i, (f, b) in enumerate([(0.002, 0.004), (0.002, 0.004), (0.001, 0.002)])]}
+PROFILE = {
+    "model": "digits_mlp",
+    "device": "test",
+    "batch_size": 16,
+    "source": "unit test",
+    "method": "measured",
+    "derived": False,
+    "layers": [
+        {"index": i, "name": f"l{i}", "forward_s": f, "backward_s": b}
+        for i, (f, b) in enumerate([(0.002, 0.004), (0.002, 0.004), (0.001, 0.002)])
+    ],
+}
 
 
 def test_a_straggler_host_doubles_its_processes_compute_from_its_iteration_on(tmp_path):
     """Loopback (no network): the runtime reads the events from spec.yaml; worker1 on h2 asks for
     twice the profiled compute from iteration 4 on, worker0 never."""
     (tmp_path / "p.json").write_text(json.dumps(PROFILE))
-    exp = from_dict({"topology": {"kind": "rack", "hosts_per_rack": 2},
-                     "workload": {"scheme": "allreduce", "iterations": 8, "warmup_iterations": 2, "batch_size": 16,
-                                  "compute": {"mode": "emulated", "profile": str(tmp_path / "p.json")}},
-                     "scale": 1, "events": [{"at_iteration": 4, "host": "h2", "compute_slowdown": 2.0}],
-                     "run": {"timeout_s": 120}})
+    exp = from_dict(
+        {
+            "topology": {"kind": "rack", "hosts_per_rack": 2},
+            "workload": {
+                "scheme": "allreduce",
+                "iterations": 8,
+                "warmup_iterations": 2,
+                "batch_size": 16,
+                "compute": {"mode": "emulated", "profile": str(tmp_path / "p.json")},
+            },
+            "scale": 1,
+            "events": [{"at_iteration": 4, "host": "h2", "compute_slowdown": 2.0}],
+            "run": {"timeout_s": 120},
+        }
+    )
     run_dir = run_local(exp, tmp_path / "run")
     per_iteration = sum(l["forward_s"] + l["backward_s"] for l in PROFILE["layers"])
     for w, slowed in (("worker0", False), ("worker1", True)):
@@ -521,11 +642,16 @@ def synthetic_run(root: Path, schedule: list[dict], scale=2.0, program=False, it
     (d / "events").mkdir(parents=True)
     wl = {"scheme": "allreduce", "iterations": len(TIMES), "warmup_iterations": 2, "batch_size": BATCH}
     if program:
-        wl = {"scheme": "program", "program": {"command": ["python", "x.py"]}, "iterations": len(TIMES),
-              "warmup_iterations": 2}
+        wl = {
+            "scheme": "program",
+            "program": {"command": ["python", "x.py"]},
+            "iterations": len(TIMES),
+            "warmup_iterations": 2,
+        }
     (d / "spec.yaml").write_text(yaml.safe_dump({"scale": scale, "workload": wl}))
-    procs = [{"name": f"worker{i}", "role": "worker", "index": i, "rank": i, "host": f"h{i + 1}"}
-             for i in range(WORKERS)]
+    procs = [
+        {"name": f"worker{i}", "role": "worker", "index": i, "rank": i, "host": f"h{i + 1}"} for i in range(WORKERS)
+    ]
     (d / "processes.json").write_text(json.dumps({"world_size": WORKERS, "processes": procs}))
     t = 1000.0
     starts = []
@@ -548,17 +674,50 @@ def synthetic_run(root: Path, schedule: list[dict], scale=2.0, program=False, it
     return d
 
 
-RECORDS = [{"index": 0, "kind": "link_rate", "target": "uplink:tor1", "at_s": 3.0, "applied": True,
-            "ts": "start of", "iteration": 5, "bw_mbps": 50.0},
-           {"index": 1, "kind": "compute_slowdown", "target": "h2", "at_iteration": 9, "applied": True,
-            "ts": "start of", "iteration": 9, "slowdown": 2.0},
-           {"index": 2, "kind": "kill", "target": "worker1", "at_iteration": 9, "applied": True, "ts": "start of",
-            "iteration": 9, "error": "ProcessLookupError: gone"},
-           {"index": 3, "kind": "link_up", "target": "host:h1", "at_s": 99.0, "applied": False, "ts": None,
-            "iteration": 10}]
+RECORDS = [
+    {
+        "index": 0,
+        "kind": "link_rate",
+        "target": "uplink:tor1",
+        "at_s": 3.0,
+        "applied": True,
+        "ts": "start of",
+        "iteration": 5,
+        "bw_mbps": 50.0,
+    },
+    {
+        "index": 1,
+        "kind": "compute_slowdown",
+        "target": "h2",
+        "at_iteration": 9,
+        "applied": True,
+        "ts": "start of",
+        "iteration": 9,
+        "slowdown": 2.0,
+    },
+    {
+        "index": 2,
+        "kind": "kill",
+        "target": "worker1",
+        "at_iteration": 9,
+        "applied": True,
+        "ts": "start of",
+        "iteration": 9,
+        "error": "ProcessLookupError: gone",
+    },
+    {"index": 3, "kind": "link_up", "target": "host:h1", "at_s": 99.0, "applied": False, "ts": None, "iteration": 10},
+]
 #: a second uplink changed at the same moment as record 0
-SAME_TIME = {"index": 4, "kind": "link_rate", "target": "uplink:tor2", "at_s": 3.0, "applied": True,
-             "ts": "start of", "iteration": 5, "bw_mbps": 50.0}
+SAME_TIME = {
+    "index": 4,
+    "kind": "link_rate",
+    "target": "uplink:tor2",
+    "at_s": 3.0,
+    "applied": True,
+    "ts": "start of",
+    "iteration": 5,
+    "bw_mbps": 50.0,
+}
 
 
 def test_summary_gives_throughput_and_iteration_time_between_consecutive_events(tmp_path):
@@ -569,7 +728,10 @@ def test_summary_gives_throughput_and_iteration_time_between_consecutive_events(
     seg = s.segments
     # both uplinks changed at iteration 5 open one segment together
     assert [(g.from_event, g.events, g.kind, g.iterations, g.n) for g in seg] == [
-        (None, [], None, [0, 4], 3), (0, [0, 4], "link_rate", [5, 8], 4), (1, [1], "compute_slowdown", [9, None], 1)]
+        (None, [], None, [0, 4], 3),
+        (0, [0, 4], "link_rate", [5, 8], 4),
+        (1, [1], "compute_slowdown", [9, None], 1),
+    ]
     # emulated time: real seconds / scale 2; the failed kill is no boundary
     assert seg[0].iteration_time_s.mean == pytest.approx(0.5)
     assert seg[1].iteration_time_s.mean == pytest.approx(1.0) and seg[1].iteration_time_s.p95 == 1.0

@@ -4,6 +4,7 @@ until it is brought up, a straggler at 2x lengthens a synchronous iteration by i
 time, a real-compute straggler's cgroup holds the host's processes and is gone afterwards;
 nothing is left behind. Needs root and Mininet; slow (each case builds a network and trains
 for tens of seconds)."""
+
 from __future__ import annotations
 
 import json
@@ -24,10 +25,22 @@ root_only = pytest.mark.skipif(needs_root, reason="needs root")
 def profile(tmp_path: Path, forward_s, backward_s, batch=16) -> str:
     """A compute profile of digits_mlp (3 layers) with the given per-layer times, as a file."""
     p = tmp_path / "profile.json"
-    p.write_text(json.dumps({"model": "digits_mlp", "device": "test", "batch_size": batch, "method": "measured",
-                             "source": "tests/test_schedule_e2e.py", "derived": False,
-                             "layers": [{"index": i, "name": f"l{i}", "forward_s": f, "backward_s": b}
-                                        for i, (f, b) in enumerate(zip(forward_s, backward_s))]}))
+    p.write_text(
+        json.dumps(
+            {
+                "model": "digits_mlp",
+                "device": "test",
+                "batch_size": batch,
+                "method": "measured",
+                "source": "tests/test_schedule_e2e.py",
+                "derived": False,
+                "layers": [
+                    {"index": i, "name": f"l{i}", "forward_s": f, "backward_s": b}
+                    for i, (f, b) in enumerate(zip(forward_s, backward_s))
+                ],
+            }
+        )
+    )
     return str(p)
 
 
@@ -50,14 +63,27 @@ def uplink_halving_spec(tmp_path: Path, tor: str = "tor1", src: str = "bg1", dst
     sends, an allreduce iteration takes seconds (its small messages queue behind the
     flow's), after it 0.5 s: 20 iterations outlast the flow."""
     return {
-        "name": "sched-rate", "scale": 1,
-        "topology": {"kind": "rack_core", "racks": 2, "hosts_per_rack": 2, "host_bw_mbps": 100, "uplink_bw_mbps": 80,
-                     "background_hosts_per_rack": 1},
-        "workload": {"scheme": "allreduce", "iterations": 20, "warmup_iterations": 0, "batch_size": 16,
-                     "compute": {"mode": "emulated", "profile": profile(tmp_path, [0.005] * 3, [0.005] * 3)}},
+        "name": "sched-rate",
+        "scale": 1,
+        "topology": {
+            "kind": "rack_core",
+            "racks": 2,
+            "hosts_per_rack": 2,
+            "host_bw_mbps": 100,
+            "uplink_bw_mbps": 80,
+            "background_hosts_per_rack": 1,
+        },
+        "workload": {
+            "scheme": "allreduce",
+            "iterations": 20,
+            "warmup_iterations": 0,
+            "batch_size": 16,
+            "compute": {"mode": "emulated", "profile": profile(tmp_path, [0.005] * 3, [0.005] * 3)},
+        },
         "background": [{"src": src, "dst": dst, "rate_mbps": 300, "duration_s": 25, "protocol": "tcp"}],
         "events": [{"at_s": 5, "link": f"uplink:{tor}", "bw_mbps": 40}],
-        "run": {"runs_dir": str(tmp_path / "runs"), "timeout_s": 300}}
+        "run": {"runs_dir": str(tmp_path / "runs"), "timeout_s": 300},
+    }
 
 
 def flow_end(run) -> float:
@@ -70,12 +96,19 @@ def flow_end(run) -> float:
 def kill_spec(tmp_path: Path, victim: str) -> dict:
     """Allreduce on 2 racks x 2 hosts, ``victim`` killed at iteration 10 of 40."""
     return {
-        "name": "sched-kill", "scale": 1,
+        "name": "sched-kill",
+        "scale": 1,
         "topology": {"kind": "rack_core", "racks": 2, "hosts_per_rack": 2, "host_bw_mbps": 100},
-        "workload": {"scheme": "allreduce", "iterations": 40, "warmup_iterations": 3, "batch_size": 16,
-                     "compute": {"mode": "emulated", "profile": profile(tmp_path, [0.005] * 3, [0.005] * 3)}},
+        "workload": {
+            "scheme": "allreduce",
+            "iterations": 40,
+            "warmup_iterations": 3,
+            "batch_size": 16,
+            "compute": {"mode": "emulated", "profile": profile(tmp_path, [0.005] * 3, [0.005] * 3)},
+        },
         "events": [{"at_iteration": 10, "kill": victim}],
-        "run": {"runs_dir": str(tmp_path / "runs"), "timeout_s": 300}}
+        "run": {"runs_dir": str(tmp_path / "runs"), "timeout_s": 300},
+    }
 
 
 def applied(run, index: int) -> dict:
@@ -117,13 +150,28 @@ def test_an_uplink_halved_at_a_scheduled_time_runs_at_the_new_rate(tmp_path):
 @root_only
 def test_a_host_link_taken_down_carries_no_bytes_until_it_is_brought_up(tmp_path):
     assert leftovers() == []
-    exp = from_dict({
-        "name": "sched-down", "scale": 1,
-        "topology": {"kind": "rack_core", "racks": 2, "hosts_per_rack": 2, "host_bw_mbps": 100, "oversubscription": 1},
-        "workload": {"scheme": "allreduce", "iterations": 60, "warmup_iterations": 3, "batch_size": 16,
-                     "compute": {"mode": "emulated", "profile": profile(tmp_path, [0.005] * 3, [0.005] * 3)}},
-        "events": [{"at_s": 3, "link": "host:h2", "down": True}, {"at_s": 5, "link": "host:h2", "up": True}],
-        "run": {"runs_dir": str(tmp_path / "runs"), "timeout_s": 300}})
+    exp = from_dict(
+        {
+            "name": "sched-down",
+            "scale": 1,
+            "topology": {
+                "kind": "rack_core",
+                "racks": 2,
+                "hosts_per_rack": 2,
+                "host_bw_mbps": 100,
+                "oversubscription": 1,
+            },
+            "workload": {
+                "scheme": "allreduce",
+                "iterations": 60,
+                "warmup_iterations": 3,
+                "batch_size": 16,
+                "compute": {"mode": "emulated", "profile": profile(tmp_path, [0.005] * 3, [0.005] * 3)},
+            },
+            "events": [{"at_s": 3, "link": "host:h2", "down": True}, {"at_s": 5, "link": "host:h2", "up": True}],
+            "run": {"runs_dir": str(tmp_path / "runs"), "timeout_s": 300},
+        }
+    )
     (res,) = run_experiment(exp, progress=False)
     assert res.ok, res.summary.error  # training survives a 2 s outage
     run = analysis.load(res.run_dir)
@@ -156,13 +204,22 @@ def test_a_straggler_at_2x_lengthens_a_synchronous_iteration_by_its_compute_time
     assert leftovers() == []
     fwd, bwd = [0.03, 0.03, 0.01], [0.06, 0.06, 0.01]
     compute = sum(fwd) + sum(bwd)  # C = 0.2 s per iteration
-    exp = from_dict({
-        "name": "sched-straggler", "scale": 1,
-        "topology": {"kind": "rack", "hosts_per_rack": 4, "host_bw_mbps": 400},
-        "workload": {"scheme": "allreduce", "iterations": 60, "warmup_iterations": 5, "batch_size": 16,
-                     "compute": {"mode": "emulated", "profile": profile(tmp_path, fwd, bwd)}},
-        "events": [{"at_iteration": 30, "host": "h2", "compute_slowdown": 2.0}],
-        "run": {"runs_dir": str(tmp_path / "runs"), "timeout_s": 300}})
+    exp = from_dict(
+        {
+            "name": "sched-straggler",
+            "scale": 1,
+            "topology": {"kind": "rack", "hosts_per_rack": 4, "host_bw_mbps": 400},
+            "workload": {
+                "scheme": "allreduce",
+                "iterations": 60,
+                "warmup_iterations": 5,
+                "batch_size": 16,
+                "compute": {"mode": "emulated", "profile": profile(tmp_path, fwd, bwd)},
+            },
+            "events": [{"at_iteration": 30, "host": "h2", "compute_slowdown": 2.0}],
+            "run": {"runs_dir": str(tmp_path / "runs"), "timeout_s": 300},
+        }
+    )
     (res,) = run_experiment(exp, progress=False)
     assert res.ok, res.summary.error
     run = analysis.load(res.run_dir)
@@ -185,12 +242,15 @@ def test_a_straggler_at_2x_lengthens_a_synchronous_iteration_by_its_compute_time
 @pytest.mark.skipif(cpu_controller() is None, reason="needs the cpu cgroup controller")
 def test_a_real_compute_straggler_is_throttled_in_a_cgroup_that_is_gone_afterwards(tmp_path):
     assert leftovers() == []
-    exp = from_dict({
-        "name": "sched-cgroup",
-        "topology": {"kind": "rack", "hosts_per_rack": 2, "host_bw_mbps": 100},
-        "workload": {"scheme": "allreduce", "iterations": 30, "warmup_iterations": 2, "model": "digits_mlp"},
-        "events": [{"at_iteration": 10, "host": "h2", "compute_slowdown": 4.0}],
-        "run": {"runs_dir": str(tmp_path / "runs"), "timeout_s": 300}})
+    exp = from_dict(
+        {
+            "name": "sched-cgroup",
+            "topology": {"kind": "rack", "hosts_per_rack": 2, "host_bw_mbps": 100},
+            "workload": {"scheme": "allreduce", "iterations": 30, "warmup_iterations": 2, "model": "digits_mlp"},
+            "events": [{"at_iteration": 10, "host": "h2", "compute_slowdown": 4.0}],
+            "run": {"runs_dir": str(tmp_path / "runs"), "timeout_s": 300},
+        }
+    )
     (res,) = run_experiment(exp, progress=False)
     assert res.ok, res.summary.error
     run = analysis.load(res.run_dir)
@@ -226,12 +286,15 @@ def test_a_programs_uplink_degrades_from_launch_time_even_without_marks(tmp_path
     rate is changed and read back."""
     assert leftovers() == []
     (tmp_path / "idle.py").write_text("import time\ntime.sleep(4)\n")
-    exp = from_dict({
-        "name": "sched-program",
-        "topology": {"kind": "rack_core", "racks": 2, "hosts_per_rack": 1, "host_bw_mbps": 100},
-        "workload": {"program": {"command": ["python", "idle.py"], "cwd": str(tmp_path)}},
-        "events": [{"at_s": 1, "link": "uplink:tor2", "bw_mbps": 25}],
-        "run": {"runs_dir": str(tmp_path / "runs"), "timeout_s": 60}})
+    exp = from_dict(
+        {
+            "name": "sched-program",
+            "topology": {"kind": "rack_core", "racks": 2, "hosts_per_rack": 1, "host_bw_mbps": 100},
+            "workload": {"program": {"command": ["python", "idle.py"], "cwd": str(tmp_path)}},
+            "events": [{"at_s": 1, "link": "uplink:tor2", "bw_mbps": 25}],
+            "run": {"runs_dir": str(tmp_path / "runs"), "timeout_s": 60},
+        }
+    )
     (res,) = run_experiment(exp, progress=False)
     assert res.ok, res.summary.error
     rec = applied(analysis.load(res.run_dir), 0)

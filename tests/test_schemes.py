@@ -4,21 +4,22 @@ End-to-end cases run 4 workers (plus servers) on loopback with real gloo communi
 for a few iterations and compare every worker's final parameters with a single process
 trained on the same global batches (:mod:`traffic.reference`).
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
 
 from common.errors import SpecError
+from testbed.loopback import local_entries, run_local
 from testbed.spec import from_dict
+from tests.conftest import assert_server_shards_match, experiment
+from topologies import HostInfo, TopologySpec
 from traffic.reference import reference_train
 from traffic.runtime.events import read_events
-from testbed.loopback import local_entries, run_local
-from topologies import HostInfo, TopologySpec
 from traffic.schemes import available, get
 from traffic.schemes.allreduce import make_buckets
 from traffic.schemes.ps import assign_keys
-from tests.conftest import assert_server_shards_match, experiment
 
 REQUIRED = {"proc", "role", "rank", "thread", "kind", "ts", "dur", "iteration", "layer"}
 COMM_KINDS = {"push", "pull", "allreduce", "send", "recv", "broadcast", "all_gather"}
@@ -73,10 +74,14 @@ def test_plan_per_rack_and_dedicated():
     w = _workload(servers={"count": 2, "placement": "dedicated", "scope": "per_rack"})
     assert [r.rack for r in ps.hosts(w, TopologySpec(racks=2))] == [0, 0, 1, 1]
     # the local launcher builds the same hosts from the topology
-    exp = from_dict({"workload": {"scheme": "ps", "servers": {"count": 1, "placement": "dedicated",
-                                                             "scope": "per_rack"}}})
+    exp = from_dict(
+        {"workload": {"scheme": "ps", "servers": {"count": 1, "placement": "dedicated", "scope": "per_rack"}}}
+    )
     entries = local_entries(exp)
-    assert [(e["name"], e["host"]) for e in entries if e["role"] == "server"] == [("server0", "ps1"), ("server1", "ps2")]
+    assert [(e["name"], e["host"]) for e in entries if e["role"] == "server"] == [
+        ("server0", "ps1"),
+        ("server1", "ps2"),
+    ]
     assert all(e["ip"] == "127.0.0.1" and e["iface"] == "lo" for e in entries)
     # schemes without servers ignore the servers section
     ar = get("allreduce")
@@ -122,8 +127,8 @@ def test_make_buckets():
     sizes = [400, 100, 300, 200]
     assert make_buckets(sizes, 0) == [[3], [2], [1], [0]]
     assert make_buckets(sizes, 1) == [[3, 2, 1, 0]]
-    assert make_buckets(sizes, 500 / 2 ** 20) == [[3, 2], [1, 0]]
-    assert make_buckets(sizes, 450 / 2 ** 20) == [[3], [2, 1], [0]]
+    assert make_buckets(sizes, 500 / 2**20) == [[3, 2], [1, 0]]
+    assert make_buckets(sizes, 450 / 2**20) == [[3], [2, 1], [0]]
     with pytest.raises(ValueError):
         make_buckets(sizes, -1)
 
@@ -150,6 +155,7 @@ def reference():
     exp = _experiment("ps", {})
     from traffic.data import load_dataset
     from traffic.models import build_model
+
     d = load_dataset("digits", 3)
     init = build_model("digits_mlp", 3, d.input_shape, d.num_classes).state_dict()
     return reference_train(exp.workload, W), init
@@ -165,8 +171,9 @@ def _check_events(run_dir, exp, n_servers):
         assert [e["iteration"] for e in its] == list(range(ITERS))
         assert all(e["samples"] == BATCH and e["dur"] > 0 for e in its)
         for kind in ("forward", "backward"):
-            assert sorted((e["iteration"], e["layer"]) for e in events if e["kind"] == kind) == \
-                [(i, l) for i in range(ITERS) for l in range(3)]
+            assert sorted((e["iteration"], e["layer"]) for e in events if e["kind"] == kind) == [
+                (i, l) for i in range(ITERS) for l in range(3)
+            ]
         comm = [e for e in events if e["kind"] in COMM_KINDS]
         assert comm and all(isinstance(e["bytes"], int) and e["bytes"] > 0 for e in comm)
         for it in range(ITERS):
@@ -208,12 +215,12 @@ def test_scheme_matches_reference(case, tmp_path, reference):
             torch.testing.assert_close(state[k], ref[k], rtol=1e-4, atol=1e-5, msg=f"{case} worker{w} {k}")
 
     n_servers = sum(1 for e in local_entries(exp) if e["role"] == "server")
-    assert n_servers == {"ps-1server": 1, "ps-2servers-split": 2, "ps-server-per-worker": W,
-                         "allreduce": 0}[case]
+    assert n_servers == {"ps-1server": 1, "ps-2servers-split": 2, "ps-server-per-worker": W, "allreduce": 0}[case]
     if n_servers:  # the servers' shards reassemble into the reference too
         assert_server_shards_match(run_dir, ref, n_servers)
 
     from traffic.rundir import read_json
+
     res = read_json(run_dir / "results" / "worker0.json")
     assert res["proc"] == "worker0" and res["iterations"] == ITERS and res["wall_s"] > 0
     assert 0 <= res["final_accuracy"] <= 1 and res["final_loss"] > 0

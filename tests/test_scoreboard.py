@@ -2,6 +2,7 @@
 ``--headline --repeat``): headline ratios from marked sweeps, their median, range and
 tolerance, the archive that never overwrites, and REPRODUCTION.md equal, byte for byte, to
 what the documented command prints from the archived runs."""
+
 from __future__ import annotations
 
 import csv
@@ -13,20 +14,55 @@ import pytest
 import yaml
 
 from analysis.reproduction import MARKER, REPO_ROOT, get_entry, load_catalogue
-from analysis.scoreboard import (ScoreboardError, archive, find_marked, headline_table, headlines, measure_ratio,
-                                 ratio_result, scoreboard)
+from analysis.scoreboard import (
+    ScoreboardError,
+    archive,
+    find_marked,
+    headline_table,
+    headlines,
+    measure_ratio,
+    ratio_result,
+    scoreboard,
+)
 from testbed.cli import main as cli_main
 
 ENTRIES = load_catalogue()
-PIPE = get_entry(ENTRIES, "pipe_sgd.fig4_resnet18_timing")  # ratios: Pipe-SGD+T / D-Sync [2.0, 3.2], / PS-Sync [4.0, 5.4]
-COLUMNS = ["variant", "workload.scheme", "workload.model", "scheme", "status", "samples_per_s", "samples_per_s_ci95",
-           "iter_mean_s", "iter_p95_s", "core_bytes", "accuracy", "cpu_starved", "host_cost_overrun", "run_dir"]
+PIPE = get_entry(
+    ENTRIES, "pipe_sgd.fig4_resnet18_timing"
+)  # ratios: Pipe-SGD+T / D-Sync [2.0, 3.2], / PS-Sync [4.0, 5.4]
+COLUMNS = [
+    "variant",
+    "workload.scheme",
+    "workload.model",
+    "scheme",
+    "status",
+    "samples_per_s",
+    "samples_per_s_ci95",
+    "iter_mean_s",
+    "iter_p95_s",
+    "core_bytes",
+    "accuracy",
+    "cpu_starved",
+    "host_cost_overrun",
+    "run_dir",
+]
 
 
-def _sweep(root: Path, name: str, rates: dict[str, float], entry_id: str = PIPE.id, mode: str = "headline",
-           repeat: int = 1, repeats: int = 3, status: dict[str, str] | None = None, starved: tuple[str, ...] = (),
-           ci: float = 1.0, finished: str = "2026-11-23T05:00:00Z", dilation: int = 1,
-           overrides: list[str] | None = None) -> Path:
+def _sweep(
+    root: Path,
+    name: str,
+    rates: dict[str, float],
+    entry_id: str = PIPE.id,
+    mode: str = "headline",
+    repeat: int = 1,
+    repeats: int = 3,
+    status: dict[str, str] | None = None,
+    starved: tuple[str, ...] = (),
+    ci: float = 1.0,
+    finished: str = "2026-11-23T05:00:00Z",
+    dilation: int = 1,
+    overrides: list[str] | None = None,
+) -> Path:
     """A sweep directory as the runner writes it: sweep.csv, sweep.yaml, one run directory
     per variant (spec.yaml, summary.json, a trace file the archive must leave out), and the
     marker ``testbed reproduce`` writes (``overrides``: default the headline's of the
@@ -40,25 +76,63 @@ def _sweep(root: Path, name: str, rates: dict[str, float], entry_id: str = PIPE.
             run = d / f"{i:03d}_{variant}_model=resnet18"
             (run / "traces").mkdir(parents=True)
             (run / "traces" / "bwm.csv").write_text("t,bytes\n0,0\n")
-            spec = {"name": "pipe_sgd_timing", "scale": 10.0 * dilation, "topology": {"host_bw_mbps": 10000.0},
-                    "host": {"profile": "pipe_sgd_node"},
-                    "workload": {"model": "resnet18", "compute": {"mode": "emulated", "profile": "titanxp"}}}
+            spec = {
+                "name": "pipe_sgd_timing",
+                "scale": 10.0 * dilation,
+                "topology": {"host_bw_mbps": 10000.0},
+                "host": {"profile": "pipe_sgd_node"},
+                "workload": {"model": "resnet18", "compute": {"mode": "emulated", "profile": "titanxp"}},
+            }
             (run / "spec.yaml").write_text(yaml.safe_dump(spec))
             (run / "summary.json").write_text(json.dumps({"status": "ok", "throughput": {"mean": rate}}))
             st = (status or {}).get(variant, "ok")
-            w.writerow([variant, "pipe_sgd", "resnet18", "pipe_sgd", st, rate if st == "ok" else "", ci, 0.1, 0.1, 0,
-                        "", variant in starved, False, f"runs/{name}/{run.name}"])
+            w.writerow(
+                [
+                    variant,
+                    "pipe_sgd",
+                    "resnet18",
+                    "pipe_sgd",
+                    st,
+                    rate if st == "ok" else "",
+                    ci,
+                    0.1,
+                    0.1,
+                    0,
+                    "",
+                    variant in starved,
+                    False,
+                    f"runs/{name}/{run.name}",
+                ]
+            )
     (d / "sweep.yaml").write_text("name: pipe_sgd_timing\n")
-    (d / MARKER).write_text(json.dumps({"id": entry_id, "mode": mode, "spec": "experiments/pipe_sgd_timing.yaml",
-                                        "overrides": PIPE.overrides(headline=True) if overrides is None else overrides,
-                                        "repeat": repeat, "repeats": repeats,
-                                        "started": finished, "finished": finished, "dilation": dilation}))
+    (d / MARKER).write_text(
+        json.dumps(
+            {
+                "id": entry_id,
+                "mode": mode,
+                "spec": "experiments/pipe_sgd_timing.yaml",
+                "overrides": PIPE.overrides(headline=True) if overrides is None else overrides,
+                "repeat": repeat,
+                "repeats": repeats,
+                "started": finished,
+                "finished": finished,
+                "dilation": dilation,
+            }
+        )
+    )
     return d
 
 
 def _three(root: Path, ratios=(1.9, 2.1, 2.4)) -> list[Path]:
-    return [_sweep(root, f"pipe_sgd_timing-2026112{i}-050000", {"PS-Sync": 100.0, "D-Sync": 200.0, "Pipe-SGD+T": 200.0 * r},
-                   repeat=i + 1) for i, r in enumerate(ratios)]
+    return [
+        _sweep(
+            root,
+            f"pipe_sgd_timing-2026112{i}-050000",
+            {"PS-Sync": 100.0, "D-Sync": 200.0, "Pipe-SGD+T": 200.0 * r},
+            repeat=i + 1,
+        )
+        for i, r in enumerate(ratios)
+    ]
 
 
 def test_a_ratio_is_the_metric_of_one_row_over_another(tmp_path):
@@ -123,9 +197,15 @@ def test_failed_and_flagged_runs_are_counted_not_hidden(tmp_path):
     assert "| 2.50, 1 run, 1 flagged |" in table
 
 
-@pytest.mark.parametrize("rates, says", [
-    ({"PS-Sync": 1.0, "D-Sync": 2.0}, "the numerator {'variant': 'Pipe-SGD+T'} matches 0 rows of sweep.csv, not one"),
-])
+@pytest.mark.parametrize(
+    "rates, says",
+    [
+        (
+            {"PS-Sync": 1.0, "D-Sync": 2.0},
+            "the numerator {'variant': 'Pipe-SGD+T'} matches 0 rows of sweep.csv, not one",
+        ),
+    ],
+)
 def test_a_selector_must_pick_exactly_one_row(tmp_path, rates, says):
     d = _sweep(tmp_path, "s", rates)
     with pytest.raises(ScoreboardError, match="matches 0 rows") as e:
@@ -137,19 +217,24 @@ def test_a_bad_marker_or_missing_directory_is_a_clear_error(tmp_path):
     with pytest.raises(ScoreboardError, match="not a directory"):
         find_marked(tmp_path / "nowhere")
     (tmp_path / "x").mkdir()
-    (tmp_path / "x" / MARKER).write_text("{\"id\": \"p3.fig7a\"}")
+    (tmp_path / "x" / MARKER).write_text('{"id": "p3.fig7a"}')
     with pytest.raises(ScoreboardError, match=f"{MARKER}: not a readable marker"):
         find_marked(tmp_path)
 
 
 def test_the_protocol_names_what_a_measurement_lacks(tmp_path):
     from analysis.scoreboard import counted, protocol_problems
+
     dirs = _three(tmp_path / "a")
     res = ratio_result(PIPE, PIPE.headline.ratios[0], find_marked(tmp_path / "a"))
     # the synthetic runs state no warm-up, measured no iteration and recorded no iteration times
     unknown = "steadiness of 6 runs not known (no iteration times to test, samples/s spread over 5%)"
-    assert protocol_problems(res) == ["0 warm-up iterations (at least 2)", "0 measured iterations (at least 5)",
-                                      unknown, "no dilation check"]
+    assert protocol_problems(res) == [
+        "0 warm-up iterations (at least 2)",
+        "0 measured iterations (at least 5)",
+        unknown,
+        "no dilation check",
+    ]
     for d in dirs:
         for run in d.glob("0*"):
             spec = yaml.safe_load((run / "spec.yaml").read_text())
@@ -197,10 +282,18 @@ def _at_rate(run: Path, times) -> list[float]:
 
 def test_a_run_whose_iteration_time_still_moves_is_not_steady(tmp_path):
     from analysis.scoreboard import counted, protocol_problems
+
     base = _three(tmp_path)
-    checks = [_sweep(tmp_path, f"pipe_sgd_timing-2026112{i}-060000",
-                     {"PS-Sync": 100.0, "D-Sync": 200.0, "Pipe-SGD+T": 200.0 * r}, repeat=i + 1, dilation=2)
-              for i, r in enumerate((1.9, 2.1, 2.4))]
+    checks = [
+        _sweep(
+            tmp_path,
+            f"pipe_sgd_timing-2026112{i}-060000",
+            {"PS-Sync": 100.0, "D-Sync": 200.0, "Pipe-SGD+T": 200.0 * r},
+            repeat=i + 1,
+            dilation=2,
+        )
+        for i, r in enumerate((1.9, 2.1, 2.4))
+    ]
     _protocol_runs(base + checks)
     res = ratio_result(PIPE, PIPE.headline.ratios[0], find_marked(tmp_path))
     assert protocol_problems(res) == [] and counted(res)
@@ -209,29 +302,44 @@ def test_a_run_whose_iteration_time_still_moves_is_not_steady(tmp_path):
     _iterations(run, _at_rate(run, [1.5, 1.5, 1.0, 1.0, 1.0, 0.9, 0.9, 0.9]))
     res = ratio_result(PIPE, PIPE.headline.ratios[0], find_marked(tmp_path))
     # (its samples/s, from these times, moves the ratio too: the dilation check may say so)
-    assert ("1 run not steady (the iteration time moved -10.0% within the measured iterations)"
-            in protocol_problems(res)) and not counted(res)
+    assert (
+        "1 run not steady (the iteration time moved -10.0% within the measured iterations)" in protocol_problems(res)
+    ) and not counted(res)
     # the same move inside the run's own noise is steady
     _iterations(run, _at_rate(run, [1.5, 1.5, 1.3, 0.8, 1.0, 0.9, 1.2, 0.7]))
-    assert not [p for p in protocol_problems(ratio_result(PIPE, PIPE.headline.ratios[0], find_marked(tmp_path)))
-                if "steady" in p]
+    assert not [
+        p
+        for p in protocol_problems(ratio_result(PIPE, PIPE.headline.ratios[0], find_marked(tmp_path)))
+        if "steady" in p
+    ]
     # without iteration times: steady when no two iterations' samples/s differ by more than 5 %
     (run / "iterations.csv").unlink()
     s = json.loads((run / "summary.json").read_text())
-    for spread, problems in ((1.04, []), (1.2, ["steadiness of 1 run not known (no iteration times to test, "
-                                                 "samples/s spread over 5%)"])):
-        (run / "summary.json").write_text(json.dumps({**s, "throughput": {"mean": 420.0, "min": 400.0,
-                                                                           "max": 400.0 * spread}}))
+    for spread, problems in (
+        (1.04, []),
+        (1.2, ["steadiness of 1 run not known (no iteration times to test, samples/s spread over 5%)"]),
+    ):
+        (run / "summary.json").write_text(
+            json.dumps({**s, "throughput": {"mean": 420.0, "min": 400.0, "max": 400.0 * spread}})
+        )
         assert protocol_problems(ratio_result(PIPE, PIPE.headline.ratios[0], find_marked(tmp_path))) == problems
 
 
 @pytest.mark.parametrize("check_ratios, moved", [((1.95, 2.15, 2.3), None), ((2.4, 2.5, 2.6), "+19.0%")])
 def test_a_dilation_check_holds_or_names_how_far_the_ratio_moved(tmp_path, check_ratios, moved):
     from analysis.scoreboard import counted, protocol_problems
+
     base = _three(tmp_path)
-    checks = [_sweep(tmp_path, f"pipe_sgd_timing-2026112{i}-060000",
-                     {"PS-Sync": 100.0, "D-Sync": 200.0, "Pipe-SGD+T": 200.0 * r}, repeat=i + 1, dilation=2)
-              for i, r in enumerate(check_ratios)]
+    checks = [
+        _sweep(
+            tmp_path,
+            f"pipe_sgd_timing-2026112{i}-060000",
+            {"PS-Sync": 100.0, "D-Sync": 200.0, "Pipe-SGD+T": 200.0 * r},
+            repeat=i + 1,
+            dilation=2,
+        )
+        for i, r in enumerate(check_ratios)
+    ]
     _protocol_runs(base + checks)
     res = ratio_result(PIPE, PIPE.headline.ratios[0], find_marked(tmp_path))
     assert res.values == pytest.approx([1.9, 2.1, 2.4]) and res.check_values == pytest.approx(list(check_ratios))
@@ -242,8 +350,11 @@ def test_a_dilation_check_holds_or_names_how_far_the_ratio_moved(tmp_path, check
         assert protocol_problems(res) == [f"the ratio moves {moved} at twice the dilation (at most 5%)"]
     # on the paper's setting (batch 64, truncation): it counts exactly when the check holds
     assert counted(res) == (moved is None)
-    row = next(line for line in scoreboard(tmp_path, ENTRIES).splitlines()
-               if line.startswith(f"| `{PIPE.id}` | Pipe-SGD with truncation over D-Sync"))
+    row = next(
+        line
+        for line in scoreboard(tmp_path, ENTRIES).splitlines()
+        if line.startswith(f"| `{PIPE.id}` | Pipe-SGD with truncation over D-Sync")
+    )
     cell = f"{sorted(check_ratios)[1]:.2f} ({min(check_ratios):.2f}-{max(check_ratios):.2f}), 3 runs, "
     assert cell in row and f"`{checks[0].name}` (2x the dilation)" in row
     # a check whose variants ran at different dilations is named as such
@@ -258,16 +369,21 @@ def test_the_scoreboard_is_deterministic_and_counts_the_headlines(tmp_path):
     _three(tmp_path)
     text = scoreboard(tmp_path, ENTRIES)
     assert text == scoreboard(tmp_path, ENTRIES)
-    heads = headlines([ratio_result(e, r, []) for e in ENTRIES if e.headline for r in e.headline.ratios
-                       if not r.sensitivity])
+    heads = headlines(
+        [ratio_result(e, r, []) for e in ENTRIES if e.headline for r in e.headline.ratios if not r.sensitivity]
+    )
     bands = sum(len(g) > 1 for g in heads)
     assert bands >= 1  # Stanza Fig. 6a's compute band
     # both of Pipe-SGD's ratios are within, on the paper's setting (batch 64, truncation)
     # none counts: measured without the protocol's warm-up and dilation check
-    assert (f"**0 of {len(heads)} headlines count: within +-25 % of the paper's, on its setting, by the "
-            f"protocol.** 2 of {len(heads)} are within +-25 % as measured (2 measured; {bands} of the {len(heads)} "
-            "a band, two rows); the column") in text
-    row = next(line for line in text.splitlines() if line.startswith(f"| `{PIPE.id}` | Pipe-SGD with truncation over D-Sync"))
+    assert (
+        f"**0 of {len(heads)} headlines count: within +-25 % of the paper's, on its setting, by the "
+        f"protocol.** 2 of {len(heads)} are within +-25 % as measured (2 measured; {bands} of the {len(heads)} "
+        "a band, two rows); the column"
+    ) in text
+    row = next(
+        line for line in text.splitlines() if line.startswith(f"| `{PIPE.id}` | Pipe-SGD with truncation over D-Sync")
+    )
     assert "| 2.00-3.20 | 2.10 (1.90-2.40), 3 runs | 1.00 | yes | yes |" in row
     assert "host pipe_sgd_node, compute emulated titanxp, scale 10, 10 Gbit/s, TCP the machine's default" in row
     for e in ENTRIES:  # every figure and table has its row, with the catalogue's status
@@ -279,18 +395,28 @@ def _band_entry(paper: float):
     """PIPE with one headline measured as a band: over D-Sync (ratio r) at its low end, over
     PS-Sync (2 r) at its high end, both against the paper's ``paper``."""
     over_d, over_ps = PIPE.headline.ratios
-    ratios = [over_d.model_copy(update={"paper": [paper], "band": "low"}),
-              over_ps.model_copy(update={"paper": [paper], "where": over_d.where, "band": "high"})]
+    ratios = [
+        over_d.model_copy(update={"paper": [paper], "band": "low"}),
+        over_ps.model_copy(update={"paper": [paper], "where": over_d.where, "band": "high"}),
+    ]
     return PIPE.model_copy(update={"headline": PIPE.headline.model_copy(update={"ratios": ratios})})
 
 
 @pytest.mark.parametrize("paper, within", [(3.0, True), (5.5, True), (6.0, False), (1.5, False)])
 def test_a_band_is_one_headline_within_when_its_range_reaches_the_paper(tmp_path, paper, within):
     from analysis.scoreboard import counted, headline_counted, headline_within
+
     base = _three(tmp_path)  # the band's ends: 2.1 (1.9-2.4) over D-Sync, 4.2 (3.8-4.8) over PS-Sync
-    checks = [_sweep(tmp_path, f"pipe_sgd_timing-2026112{i}-060000",
-                     {"PS-Sync": 100.0, "D-Sync": 200.0, "Pipe-SGD+T": 200.0 * r}, repeat=i + 1, dilation=2)
-              for i, r in enumerate((1.9, 2.1, 2.4))]
+    checks = [
+        _sweep(
+            tmp_path,
+            f"pipe_sgd_timing-2026112{i}-060000",
+            {"PS-Sync": 100.0, "D-Sync": 200.0, "Pipe-SGD+T": 200.0 * r},
+            repeat=i + 1,
+            dilation=2,
+        )
+        for i, r in enumerate((1.9, 2.1, 2.4))
+    ]
     _protocol_runs(base + checks)
     entry = _band_entry(paper)
     low, high = (ratio_result(entry, r, find_marked(tmp_path)) for r in entry.headline.ratios)
@@ -301,26 +427,39 @@ def test_a_band_is_one_headline_within_when_its_range_reaches_the_paper(tmp_path
     others = _band_entry(paper).model_copy(update={"id": "pipe_sgd.other"})
     assert len(headlines([low, ratio_result(others, others.headline.ratios[1], [])])) == 2  # ends of one entry only
     text = scoreboard(tmp_path, [entry] + [e for e in ENTRIES if e.id != PIPE.id])
-    n = len(headlines([ratio_result(e, r, []) for e in ENTRIES if e.headline for r in e.headline.ratios
-                       if not r.sensitivity])) - 1  # the two Pipe-SGD ratios are one headline here
+    n = (
+        len(
+            headlines(
+                [ratio_result(e, r, []) for e in ENTRIES if e.headline for r in e.headline.ratios if not r.sensitivity]
+            )
+        )
+        - 1
+    )  # the two Pipe-SGD ratios are one headline here
     assert f"**{int(within)} of {n} headlines count: within +-25 % of the paper's" in text
     rows = [line for line in text.splitlines() if line.startswith(f"| `{PIPE.id}` | Pipe-SGD with truncation over")]
-    verdict = (f"{'yes' if within else 'no'} (one headline with the other end of the band: 2.10-4.20 "
-               f"{'reaches' if within else 'does not reach'} within +-25 % of the paper's)")
+    verdict = (
+        f"{'yes' if within else 'no'} (one headline with the other end of the band: 2.10-4.20 "
+        f"{'reaches' if within else 'does not reach'} within +-25 % of the paper's)"
+    )
     assert len(rows) == 2 and all(f"| {verdict} |" in r for r in rows)
     # an end with no run leaves the band unjudged: not within
     (lone,) = headlines([low, ratio_result(entry, entry.headline.ratios[1], [])])
     assert not headline_within(lone) and not headline_counted(lone)
 
 
-@pytest.mark.parametrize("bands, says", [
-    (("high", "low"), "band: low then band: high"),
-    (("low", None), "band: low then band: high"),
-    (("low", "high", "other where"), "the same paper and where"),
-])
+@pytest.mark.parametrize(
+    "bands, says",
+    [
+        (("high", "low"), "band: low then band: high"),
+        (("low", None), "band: low then band: high"),
+        (("low", "high", "other where"), "the same paper and where"),
+    ],
+)
 def test_a_band_is_two_adjacent_ends_of_one_ratio(bands, says):
     from pydantic import ValidationError
+
     from analysis.reproduction import Headline
+
     doc = PIPE.headline.model_dump(exclude_none=True)
     for r, b in zip(doc["ratios"], bands[:2]):
         r["paper"] = [3.0]
@@ -342,36 +481,54 @@ def test_the_setting_names_the_congestion_control_the_runs_asked_for(tmp_path):
         spec = yaml.safe_load((run / "spec.yaml").read_text())
         spec["topology"]["tcp_congestion_control"] = "cubic"
         (run / "spec.yaml").write_text(yaml.safe_dump(spec))
-    row = next(line for line in scoreboard(tmp_path, ENTRIES).splitlines()
-               if line.startswith(f"| `{PIPE.id}` | Pipe-SGD with truncation over D-Sync"))
+    row = next(
+        line
+        for line in scoreboard(tmp_path, ENTRIES).splitlines()
+        if line.startswith(f"| `{PIPE.id}` | Pipe-SGD with truncation over D-Sync")
+    )
     # one sweep with cubic, two with the machine's default (null or absent): both listed
-    assert ("scale 10, 10 Gbit/s, TCP cubic; host pipe_sgd_node, compute emulated titanxp, scale 10, 10 Gbit/s, "
-            "TCP the machine's default") in row
+    assert (
+        "scale 10, 10 Gbit/s, TCP cubic; host pipe_sgd_node, compute emulated titanxp, scale 10, 10 Gbit/s, "
+        "TCP the machine's default"
+    ) in row
 
 
 def test_a_headline_sweep_with_other_overrides_is_left_out_of_the_ratios(tmp_path):
     _three(tmp_path)
-    _sweep(tmp_path, "pipe_sgd_timing-20261130-050000", {"PS-Sync": 100.0, "D-Sync": 200.0, "Pipe-SGD+T": 2000.0},
-           overrides=["workload.iterations=3"], finished="2026-11-30T05:00:00Z")
+    _sweep(
+        tmp_path,
+        "pipe_sgd_timing-20261130-050000",
+        {"PS-Sync": 100.0, "D-Sync": 200.0, "Pipe-SGD+T": 2000.0},
+        overrides=["workload.iterations=3"],
+        finished="2026-11-30T05:00:00Z",
+    )
     marked = find_marked(tmp_path)
     assert marked[-1].overrides == ("workload.iterations=3",) and not marked[-1].is_headline_of(PIPE)
     assert all(m.is_headline_of(PIPE) for m in marked[:3])
     # testbed reproduce puts every point of a headline at one dilation: a last scale= is its own
     from dataclasses import replace
+
     assert replace(marked[0], overrides=marked[0].overrides + ("scale=10",)).is_headline_of(PIPE)
     assert not replace(marked[0], overrides=marked[0].overrides + ("workload.iterations=3",)).is_headline_of(PIPE)
     text = scoreboard(tmp_path, ENTRIES)
-    row = next(line for line in text.splitlines() if line.startswith(f"| `{PIPE.id}` | Pipe-SGD with truncation over D-Sync"))
+    row = next(
+        line for line in text.splitlines() if line.startswith(f"| `{PIPE.id}` | Pipe-SGD with truncation over D-Sync")
+    )
     assert "| 2.10 (1.90-2.40), 3 runs |" in row and "20261130" not in row
     # listed apart among what the entry's directories hold
-    assert ("headline with other overrides than the catalogue's headline (`pipe_sgd_timing-20261130-050000`, "
-            "2026-11-30): samples/s: PS-Sync@model=resnet18 100.0; D-Sync@model=resnet18 200.0; "
-            "Pipe-SGD+T@model=resnet18 2000.0") in text
+    assert (
+        "headline with other overrides than the catalogue's headline (`pipe_sgd_timing-20261130-050000`, "
+        "2026-11-30): samples/s: PS-Sync@model=resnet18 100.0; D-Sync@model=resnet18 200.0; "
+        "Pipe-SGD+T@model=resnet18 2000.0"
+    ) in text
     # with none of the catalogue's overrides, the ratio says so
     only = tmp_path / "only"
     _sweep(only, "s", {"PS-Sync": 1.0, "D-Sync": 1.0, "Pipe-SGD+T": 1.0}, overrides=[])
-    row = next(line for line in scoreboard(only, ENTRIES).splitlines()
-               if line.startswith(f"| `{PIPE.id}` | Pipe-SGD with truncation over D-Sync"))
+    row = next(
+        line
+        for line in scoreboard(only, ENTRIES).splitlines()
+        if line.startswith(f"| `{PIPE.id}` | Pipe-SGD with truncation over D-Sync")
+    )
     assert "| not run with the catalogue's headline overrides | - | - | - |" in row
 
 
@@ -383,7 +540,9 @@ def test_archive_keeps_the_small_files_and_never_overwrites(tmp_path):
     assert sorted(p.name for p in made) == sorted(p.name for p in runs.iterdir() if (p / MARKER).exists())
     files = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
     assert not any("traces" in f for f in files) and len(files) == 3 * (3 + 3 * 2)
-    assert scoreboard(dest, ENTRIES, command="c") == scoreboard(runs, ENTRIES, command="c").replace(str(runs), str(dest))
+    assert scoreboard(dest, ENTRIES, command="c") == scoreboard(runs, ENTRIES, command="c").replace(
+        str(runs), str(dest)
+    )
     assert archive(runs, dest) == []  # the same files again: nothing new
     first = next(dest.rglob("summary.json"))
     first.write_text("{}")
@@ -399,12 +558,16 @@ def test_reproduction_md_is_what_the_documented_command_prints(monkeypatch):
     md = REPO_ROOT / "REPRODUCTION.md"
     assert md.read_text() == scoreboard("reproduction/runs")
     assert "testbed reproduce --scoreboard reproduction/runs > REPRODUCTION.md" in md.read_text()
-    assert "testbed reproduce --scoreboard reproduction/runs > REPRODUCTION.md" in (REPO_ROOT / "docs" / "reproduction.md").read_text()
+    assert (
+        "testbed reproduce --scoreboard reproduction/runs > REPRODUCTION.md"
+        in (REPO_ROOT / "docs" / "reproduction.md").read_text()
+    )
 
 
 def test_every_headline_run_plans_and_its_ratios_name_its_variants():
     from testbed.runner import plan_experiment  # lazy: Mininet
     from testbed.spec import load_spec  # lazy: torch
+
     for e in (e for e in ENTRIES if e.headline is not None):
         exp = load_spec(REPO_ROOT / e.spec.path, overrides=e.overrides(headline=True))
         names = {v.get("name") for v in exp.variants}
@@ -436,14 +599,18 @@ def _fake_runs(monkeypatch, truncated=lambda n: 100.0 + 100 * n, stop_at: int | 
     takes ``times(n)`` s per iteration (its iterations.csv). Returns the list of the
     experiments run."""
     import testbed.runner  # lazy: Mininet
+
     calls = []
 
     def fake_run(exp, progress=True, say=None):
         if stop_at is not None and len(calls) == stop_at:
             raise RuntimeError("the sitting ended")
         calls.append(exp)
-        d = _sweep(Path(exp.run.runs_dir), f"pipe_sgd_timing-x{len(calls)}",
-                   {"PS-Sync": 50.0, "D-Sync": 100.0, "Pipe-SGD+T": truncated(len(calls))})
+        d = _sweep(
+            Path(exp.run.runs_dir),
+            f"pipe_sgd_timing-x{len(calls)}",
+            {"PS-Sync": 50.0, "D-Sync": 100.0, "Pipe-SGD+T": truncated(len(calls))},
+        )
         (d / MARKER).unlink()
         if times is not None:
             _protocol_runs([d], times(len(calls)))
@@ -456,6 +623,7 @@ def _fake_runs(monkeypatch, truncated=lambda n: 100.0 + 100 * n, stop_at: int | 
 
 def test_headline_repeats_mark_each_sweep_and_print_the_ratios(tmp_path, monkeypatch, capsys):
     from testbed.reproduce import reproduce  # lazy: the runner
+
     calls = _fake_runs(monkeypatch)
     assert reproduce(PIPE, headline=True, repeat=3, runs_dir=tmp_path, progress=False) == 0
     assert [len(c.variants) for c in calls] == [3, 3, 3] and calls[0].workload.iterations == 11  # the headline's
@@ -465,11 +633,14 @@ def test_headline_repeats_mark_each_sweep_and_print_the_ratios(tmp_path, monkeyp
     out = capsys.readouterr().out
     assert "# pipe_sgd.fig4_resnet18_timing: repeat 3 of 3" in out
     assert len({c.scale for c in calls}) == 1 and isinstance(calls[0].scale, float)  # one dilation for every variant
-    assert "| Pipe-SGD with truncation over D-Sync, ResNet-18, samples/s | 2.00-3.20 | 3.00 (2.00-4.00), 3 runs |" in out
+    assert (
+        "| Pipe-SGD with truncation over D-Sync, ResNet-18, samples/s | 2.00-3.20 | 3.00 (2.00-4.00), 3 runs |" in out
+    )
 
 
 def test_a_dilation_check_runs_each_repeat_again_at_twice_the_dilation(tmp_path, monkeypatch, capsys):
     from testbed.reproduce import CHECK_FACTOR, NotRunnable, headline_scale, reproduce  # lazy: the runner
+
     calls = _fake_runs(monkeypatch, truncated=lambda n: 250.0)
     with pytest.raises(NotRunnable, match="--headline"):
         reproduce(PIPE, dilation_check=True, runs_dir=tmp_path, progress=False)
@@ -486,9 +657,9 @@ def test_a_dilation_check_runs_each_repeat_again_at_twice_the_dilation(tmp_path,
     assert "give --headline too" in capsys.readouterr().err
 
 
-def test_a_headline_campaign_says_which_runs_had_not_settled_and_can_stop_at_the_first(tmp_path, monkeypatch,
-                                                                                          capsys):
+def test_a_headline_campaign_says_which_runs_had_not_settled_and_can_stop_at_the_first(tmp_path, monkeypatch, capsys):
     from testbed.reproduce import reproduce  # lazy: the runner
+
     # sweep 2's runs settle from 1.0 to 0.9 s within their measured iterations, beyond their noise
     settling = [1.5, 1.5, 1.0, 1.0, 1.0, 0.9, 0.9, 0.9]
     calls = _fake_runs(monkeypatch, times=lambda n: settling if n == 2 else [1.0] * 8)
@@ -499,8 +670,10 @@ def test_a_headline_campaign_says_which_runs_had_not_settled_and_can_stop_at_the
     assert out.count(": moved -10.0% (noise 6.1%): NOT steady") == 3
     assert "stopping the campaign" not in out and "3 runs |" in out
     calls.clear()
-    assert reproduce(PIPE, headline=True, repeat=3, runs_dir=tmp_path / "stop", progress=False,
-                     stop_when_unsteady=True) == 1
+    assert (
+        reproduce(PIPE, headline=True, repeat=3, runs_dir=tmp_path / "stop", progress=False, stop_when_unsteady=True)
+        == 1
+    )
     out = capsys.readouterr().out
     assert len(calls) == 2 and [m.repeat for m in find_marked(tmp_path / "stop")] == [1, 2]
     assert "stopping the campaign after repeat 2: a ratio counts only when every run it compares had settled" in out
@@ -509,8 +682,10 @@ def test_a_headline_campaign_says_which_runs_had_not_settled_and_can_stop_at_the
     calls.clear()
     monkeypatch.undo()
     calls = _fake_runs(monkeypatch)
-    assert reproduce(PIPE, headline=True, repeat=2, runs_dir=tmp_path / "unknown", progress=False,
-                     stop_when_unsteady=True) == 1
+    assert (
+        reproduce(PIPE, headline=True, repeat=2, runs_dir=tmp_path / "unknown", progress=False, stop_when_unsteady=True)
+        == 1
+    )
     out = capsys.readouterr().out
     assert len(calls) == 1 and "000_PS-Sync_model=resnet18: not known (no iteration times" in out
     assert cli_main(["reproduce", PIPE.id, "--stop-when-unsteady"]) == 2
@@ -521,12 +696,16 @@ def test_a_campaign_judges_a_run_without_iteration_times_as_the_scoreboard_does(
     """By the spread of its measured iterations' samples/s (as the scoreboard's protocol
     column, tested above): within 5 % it is steady, wider it is not known."""
     from testbed.reproduce import steadiness_lines  # lazy: the runner
-    for top, verdict, settled in ((104.0, ": steady (no iteration times to test", True),
-                                  (110.0, ": not known (no iteration times", False)):
+
+    for top, verdict, settled in (
+        (104.0, ": steady (no iteration times to test", True),
+        (110.0, ": not known (no iteration times", False),
+    ):
         d = _sweep(tmp_path / str(top), "pipe_sgd_timing-x", {"PS-Sync": 100.0})
         run = next(d.glob("*/summary.json")).parent
-        (run / "summary.json").write_text(json.dumps({"status": "ok", "throughput": {"mean": 102.0, "min": 100.0,
-                                                                                     "max": top}}))
+        (run / "summary.json").write_text(
+            json.dumps({"status": "ok", "throughput": {"mean": 102.0, "min": 100.0, "max": top}})
+        )
         lines, ok = steadiness_lines(d)
         assert ok is settled and any(verdict in line for line in lines), lines
 
@@ -534,6 +713,7 @@ def test_a_campaign_judges_a_run_without_iteration_times_as_the_scoreboard_does(
 def test_a_campaign_goes_on_in_another_sitting_and_pools_only_runs_of_the_same_code(tmp_path, monkeypatch, capsys):
     from analysis.scoreboard import last_campaign, protocol_problems
     from testbed.reproduce import reproduce  # lazy: the runner
+
     calls = _fake_runs(monkeypatch, stop_at=2)
     with pytest.raises(RuntimeError, match="sitting ended"):
         reproduce(PIPE, headline=True, repeat=3, runs_dir=tmp_path, progress=False)
@@ -560,8 +740,9 @@ def test_a_campaign_goes_on_in_another_sitting_and_pools_only_runs_of_the_same_c
     assert "the code of some runs is not recorded" in problems and "repeat 2 run more than once" in problems
     (again / MARKER).unlink()
     marks = last_campaign([m for m in find_marked(tmp_path) if m.is_headline_of(PIPE)])
-    assert "its runs executed 2 versions of the code" in protocol_problems(ratio_result(PIPE, PIPE.headline.ratios[0],
-                                                                                         marks))
+    assert "its runs executed 2 versions of the code" in protocol_problems(
+        ratio_result(PIPE, PIPE.headline.ratios[0], marks)
+    )
     assert cli_main(["reproduce", PIPE.id, "--headline", "--repeat", "3", "--from-repeat", "4"]) == 2
     assert "--from-repeat must be within 1 to --repeat (3) (got 4)" in capsys.readouterr().err
     assert cli_main(["reproduce", PIPE.id, "--repeat", "3", "--from-repeat", "2"]) == 2
@@ -570,14 +751,20 @@ def test_a_campaign_goes_on_in_another_sitting_and_pools_only_runs_of_the_same_c
 
 def test_only_the_last_set_of_repeats_is_pooled(tmp_path):
     from analysis.scoreboard import last_campaign
+
     old = _three(tmp_path, ratios=(1.0, 1.0, 1.0))
-    new = [_sweep(tmp_path, f"pipe_sgd_timing-2026113{i}-050000", {"PS-Sync": 100.0, "D-Sync": 200.0,
-                                                                    "Pipe-SGD+T": 200.0 * r}, repeat=i + 1)
-           for i, r in enumerate((2.0, 2.2, 2.4))]
+    new = [
+        _sweep(
+            tmp_path,
+            f"pipe_sgd_timing-2026113{i}-050000",
+            {"PS-Sync": 100.0, "D-Sync": 200.0, "Pipe-SGD+T": 200.0 * r},
+            repeat=i + 1,
+        )
+        for i, r in enumerate((2.0, 2.2, 2.4))
+    ]
     marked = find_marked(tmp_path)
     assert [m.path for m in last_campaign(marked)] == new and last_campaign(marked[:3]) == marked[:3]
-    row = next(line for line in scoreboard(tmp_path, ENTRIES).splitlines()
-               if line.startswith(f"| `{PIPE.id}` | "))
+    row = next(line for line in scoreboard(tmp_path, ENTRIES).splitlines() if line.startswith(f"| `{PIPE.id}` | "))
     assert "2.20 (2.00-2.40), 3 runs" in row and old[0].name not in row
 
 
@@ -585,15 +772,27 @@ def test_a_full_run_counts_for_every_entry_with_the_same_command(tmp_path):
     """A full sweep marked for one entry gives its values to every entry whose spec and
     overrides are the same; a headline sweep, or another command, does not."""
     alexnet = get_entry(ENTRIES, "pipe_sgd.fig4_alexnet_timing")
-    same = [e for e in ENTRIES if e.spec is not None and e.id != PIPE.id and e.spec.path == PIPE.spec.path
-            and e.overrides() == PIPE.overrides()]
+    same = [
+        e
+        for e in ENTRIES
+        if e.spec is not None
+        and e.id != PIPE.id
+        and e.spec.path == PIPE.spec.path
+        and e.overrides() == PIPE.overrides()
+    ]
     assert alexnet.overrides() != PIPE.overrides()
-    _sweep(tmp_path, "pipe_sgd_timing-20261124-050000", {"PS-Sync": 100.0, "D-Sync": 200.0}, mode="full",
-           overrides=PIPE.overrides())
+    _sweep(
+        tmp_path,
+        "pipe_sgd_timing-20261124-050000",
+        {"PS-Sync": 100.0, "D-Sync": 200.0},
+        mode="full",
+        overrides=PIPE.overrides(),
+    )
     (full,) = find_marked(tmp_path)
     assert full.spec == "experiments/pipe_sgd_timing.yaml" and full.measures(PIPE) and not full.measures(alexnet)
     assert all(full.measures(e) for e in same)
     from dataclasses import replace
+
     assert not replace(full, id=alexnet.id, mode="headline").measures(PIPE)
     assert not replace(full, id=alexnet.id, spec="experiments/other.yaml").measures(PIPE)
     assert replace(full, id=alexnet.id).measures(PIPE)
@@ -601,9 +800,20 @@ def test_a_full_run_counts_for_every_entry_with_the_same_command(tmp_path):
     assert f"{1 + len(same)} of {len(ENTRIES)} carry values measured here" in text
     # the entry whose command it shares lists it, naming whose run it is
     shared = replace(full, id=alexnet.id)
-    (tmp_path / "pipe_sgd_timing-20261124-050000" / MARKER).write_text(json.dumps(
-        {"id": alexnet.id, "mode": "full", "spec": shared.spec, "overrides": list(shared.overrides), "repeat": 1,
-         "repeats": 1, "started": shared.started, "finished": shared.finished}))
+    (tmp_path / "pipe_sgd_timing-20261124-050000" / MARKER).write_text(
+        json.dumps(
+            {
+                "id": alexnet.id,
+                "mode": "full",
+                "spec": shared.spec,
+                "overrides": list(shared.overrides),
+                "repeat": 1,
+                "repeats": 1,
+                "started": shared.started,
+                "finished": shared.finished,
+            }
+        )
+    )
     text = scoreboard(tmp_path, ENTRIES)
     row = next(line for line in text.splitlines() if line.startswith(f"| `{PIPE.id}` | {PIPE.title} |"))
     assert f"full (the run of `{alexnet.id}`, the same command) (`pipe_sgd_timing-20261124-050000`" in row

@@ -4,23 +4,37 @@ netem leaf's delay and loss read from its netlink message (this machine's kernel
 so the message is built here), and the build's verdict in shaping.json.
 (Building and reading back real links: tests/test_network.py; changing them while a run
 trains: tests/test_schedule_e2e.py and tests/test_cluster_e2e.py.)"""
+
 import io
 import json
 
 import pytest
-
 from pyroute2.netlink.rtnl.tcmsg import tcmsg
 from pyroute2.netlink.rtnl.tcmsg.common import percent2u32, time2tick
 
 from common.errors import SpecError, TestbedError
-from testbed.shaping import (HTB_CLASS, HTB_ROOT, MAX_RATE_MBPS, RemoteLinkShaper, ShapedIntf, link_ends,
-                             netem_errors, netem_options, read_shaping, serve, shaping_errors, switch_ends,
-                             tc_handle)
+from testbed.shaping import (
+    HTB_CLASS,
+    HTB_ROOT,
+    MAX_RATE_MBPS,
+    RemoteLinkShaper,
+    ShapedIntf,
+    link_ends,
+    netem_errors,
+    netem_options,
+    read_shaping,
+    serve,
+    shaping_errors,
+    switch_ends,
+    tc_handle,
+)
 from testbed.spec import from_dict
 from topologies import spec as topology_spec
 
-LINKS = [{"node1": "h1", "intf1": "h1-eth0", "node2": "tor1", "intf2": "tor1-eth1"},
-         {"node1": "tor1", "intf1": "tor1-eth2", "node2": "core1", "intf2": "core1-eth1"}]
+LINKS = [
+    {"node1": "h1", "intf1": "h1-eth0", "node2": "tor1", "intf2": "tor1-eth1"},
+    {"node1": "tor1", "intf1": "tor1-eth2", "node2": "core1", "intf2": "core1-eth1"},
+]
 
 
 def test_the_htb_handles_are_written_once_and_read_as_tc_writes_them():
@@ -50,8 +64,12 @@ def test_the_build_and_the_spec_refuse_the_same_rate():
 
 
 def test_link_and_switch_ends():
-    assert link_ends(LINKS) == [("h1", "h1-eth0"), ("tor1", "tor1-eth1"), ("tor1", "tor1-eth2"),
-                                ("core1", "core1-eth1")]
+    assert link_ends(LINKS) == [
+        ("h1", "h1-eth0"),
+        ("tor1", "tor1-eth1"),
+        ("tor1", "tor1-eth2"),
+        ("core1", "core1-eth1"),
+    ]
     assert switch_ends(LINKS[:1], {"h1": 7}) == [("tor1", "tor1-eth1")]
 
 
@@ -77,9 +95,19 @@ def qdisc_message(kind: str, parent: int, options: dict | None = None) -> tcmsg:
 
 def netem_message(delay_us: float, loss_pct: float) -> tcmsg:
     """A netem leaf under the htb class, as tc (``netem delay <us>us loss <pct>``) leaves it."""
-    return qdisc_message("netem", HTB_CLASS, {"delay": time2tick(delay_us), "limit": 1000,
-                                              "loss": percent2u32(loss_pct), "gap": 0, "duplicate": 0, "jitter": 0,
-                                              "attrs": []})
+    return qdisc_message(
+        "netem",
+        HTB_CLASS,
+        {
+            "delay": time2tick(delay_us),
+            "limit": 1000,
+            "loss": percent2u32(loss_pct),
+            "gap": 0,
+            "duplicate": 0,
+            "jitter": 0,
+            "attrs": [],
+        },
+    )
 
 
 def test_netem_options_give_the_delay_in_ms_and_the_loss_in_percent():
@@ -109,15 +137,23 @@ def test_read_shaping_reads_a_netem_leafs_delay_and_loss():
     # 2.5 ms is 39062.5 ticks of 64 ns: the kernel keeps 39062, 2.499968 ms
     assert got["leaf"] == "netem" and got["delay_ms"] == pytest.approx(2.5, abs=1e-4)
     assert got["loss_pct"] == pytest.approx(0.1)
-    assert netem_errors({"intf1": "eth0", "intf2": "eth0", "shaped_delay_ms": 2.5, "loss_pct": 0.1}, {"eth0": got}) == []
+    assert (
+        netem_errors({"intf1": "eth0", "intf2": "eth0", "shaped_delay_ms": 2.5, "loss_pct": 0.1}, {"eth0": got}) == []
+    )
     plain = read_shaping(FakeIpr([qdisc_message("pfifo", HTB_CLASS, {"limit": 8})]), "eth0")
     assert plain["leaf"] == "pfifo" and plain["delay_ms"] is None and plain["loss_pct"] is None
     assert read_shaping(FakeIpr([]), "eth9")["error"] == "no such interface"
 
 
 def test_netem_errors_name_each_end_whose_delay_or_loss_differs():
-    link = {"intf1": "a", "intf2": "b", "shaped_mbps": 100.0, "mtu_bytes": [1500, 1500], "shaped_delay_ms": 4.0,
-            "loss_pct": 0.5}
+    link = {
+        "intf1": "a",
+        "intf2": "b",
+        "shaped_mbps": 100.0,
+        "mtu_bytes": [1500, 1500],
+        "shaped_delay_ms": 4.0,
+        "loss_pct": 0.5,
+    }
     good = {"qdisc": "htb", "rate_mbps": 100.0, "leaf": "netem", "delay_ms": 4.0, "loss_pct": 0.50000001}
     assert netem_errors(link, {"a": good, "b": good}) == [] == shaping_errors(link, {"a": good, "b": good}, 1500, None)
     slow = {**good, "delay_ms": 8.0}
@@ -140,11 +176,16 @@ def test_the_remote_shaper_asks_each_machine_for_its_own_ends():
 
     placement = {"h1": "m1", "tor1": "m1", "core1": "m2"}
     shaper = RemoteLinkShaper({"h1": 11}, placement, call)
-    assert shaper.set_rate(link_ends(LINKS), 5.0) == {"h1-eth0": 1.0, "tor1-eth1": 1.0, "tor1-eth2": 1.0,
-                                                      "core1-eth1": 1.0}
+    assert shaper.set_rate(link_ends(LINKS), 5.0) == {
+        "h1-eth0": 1.0,
+        "tor1-eth1": 1.0,
+        "tor1-eth2": 1.0,
+        "core1-eth1": 1.0,
+    }
     assert [(a, q["ends"], q["pids"]) for a, q in asked] == [
         ("m1", [["h1", "h1-eth0"], ["tor1", "tor1-eth1"], ["tor1", "tor1-eth2"]], {"h1": 11}),
-        ("m2", [["core1", "core1-eth1"]], {})]
+        ("m2", [["core1", "core1-eth1"]], {}),
+    ]
     assert asked[0][1]["mbps"] == 5.0
     assert shaper.set_state([("core1", "core1-eth1")], up=False) == ["core1-eth1"]
 
@@ -176,6 +217,7 @@ def test_the_build_records_its_read_back_verdict_in_shaping_json_before_failing(
     from types import SimpleNamespace
 
     from testbed import network
+
     monkeypatch.setattr(network, "kernel_qdiscs", lambda: {"htb": True, "netem": False})
     link = {**LINKS[0], "shaped_mbps": 50.0, "mtu_bytes": [1500, 1500], "shaped_delay_ms": 0.0, "loss_pct": 0.0}
     good = {"qdisc": "htb", "rate_mbps": 50.0, "leaf": None, "delay_ms": None, "loss_pct": None}
@@ -188,8 +230,12 @@ def test_the_build_records_its_read_back_verdict_in_shaping_json_before_failing(
 
     built({"h1-eth0": good, "tor1-eth1": good})._verify_shaping()
     doc = json.loads((tmp_path / "shaping.json").read_text())
-    assert doc == {"ends": 2, "rate_tolerance": 0.01, "errors": [],
-                   "netem": {"available": False, "delay_ms": 0.0, "loss_pct": 0.0, "ends": 0, "errors": []}}
+    assert doc == {
+        "ends": 2,
+        "rate_tolerance": 0.01,
+        "errors": [],
+        "netem": {"available": False, "delay_ms": 0.0, "loss_pct": 0.0, "ends": 0, "errors": []},
+    }
     with pytest.raises(TestbedError, match="not shaped as asked"):
         built({"h1-eth0": good, "tor1-eth1": {**good, "rate_mbps": 25.0}})._verify_shaping()
     doc = json.loads((tmp_path / "shaping.json").read_text())

@@ -1,4 +1,5 @@
 """Spec validation: every malformed field is named with its value and what is allowed."""
+
 from pathlib import Path
 
 import pytest
@@ -24,25 +25,28 @@ def test_quickstart_is_a_sweep_over_both_schemes():
     assert exp.topology.uplink_mbps() == 200.0  # 4 hosts x 100 Mbit/s / 2
 
 
-@pytest.mark.parametrize("data, field, fragment", [
-    ({"topology": {"host_bw_mbps": -5}}, "topology.host_bw_mbps", "> 0"),
-    ({"topology": {"host_bw_mbps": "fast"}}, "topology.host_bw_mbps", "a number"),
-    ({"topology": {"kind": "torus"}}, "topology.kind", "'rack', 'rack_core'"),
-    ({"topology": {"oversubscription": 0.5}}, "topology.oversubscription", ">= 1"),
-    ({"topology": {"racks": 3, "kind": "rack"}}, "topology.racks", "1 for topology.kind 'rack'"),
-    ({"topology": {"bandwidth": 3}}, "topology.bandwidth", "host_bw_mbps"),
-    ({"workload": {"scheme": "magic"}}, "workload.scheme", "allreduce"),
-    ({"workload": {"model": "gpt9"}}, "workload.model", "digits_mlp"),
-    ({"workload": {"iterations": 0}}, "workload.iterations", "> 0"),
-    ({"workload": {"iterations": 5, "warmup_iterations": 5}}, "workload.warmup_iterations", "fewer than"),
-    ({"workload": {"servers": {"placement": "somewhere"}}}, "workload.servers.placement", "dedicated"),
-    ({"workload": {"options": {"nonsense": 1}}}, "workload.options.nonsense", "options of scheme"),
-    ({"workload": {"save_params": "yes"}}, "workload.save_params", "true or false"),
-    ({"capture": {"interval_ms": 0}}, "capture.interval_ms", "> 0"),
-    ({"topology": 5}, "topology", "a mapping"),
-    ({"sweep": {"workload.scheme": "ps"}}, "sweep.workload.scheme", "non-empty list"),
-    ({"sweep": {"topology.host_bw_mbps": [100, -1]}}, "topology.host_bw_mbps", "> 0"),
-])
+@pytest.mark.parametrize(
+    "data, field, fragment",
+    [
+        ({"topology": {"host_bw_mbps": -5}}, "topology.host_bw_mbps", "> 0"),
+        ({"topology": {"host_bw_mbps": "fast"}}, "topology.host_bw_mbps", "a number"),
+        ({"topology": {"kind": "torus"}}, "topology.kind", "'rack', 'rack_core'"),
+        ({"topology": {"oversubscription": 0.5}}, "topology.oversubscription", ">= 1"),
+        ({"topology": {"racks": 3, "kind": "rack"}}, "topology.racks", "1 for topology.kind 'rack'"),
+        ({"topology": {"bandwidth": 3}}, "topology.bandwidth", "host_bw_mbps"),
+        ({"workload": {"scheme": "magic"}}, "workload.scheme", "allreduce"),
+        ({"workload": {"model": "gpt9"}}, "workload.model", "digits_mlp"),
+        ({"workload": {"iterations": 0}}, "workload.iterations", "> 0"),
+        ({"workload": {"iterations": 5, "warmup_iterations": 5}}, "workload.warmup_iterations", "fewer than"),
+        ({"workload": {"servers": {"placement": "somewhere"}}}, "workload.servers.placement", "dedicated"),
+        ({"workload": {"options": {"nonsense": 1}}}, "workload.options.nonsense", "options of scheme"),
+        ({"workload": {"save_params": "yes"}}, "workload.save_params", "true or false"),
+        ({"capture": {"interval_ms": 0}}, "capture.interval_ms", "> 0"),
+        ({"topology": 5}, "topology", "a mapping"),
+        ({"sweep": {"workload.scheme": "ps"}}, "sweep.workload.scheme", "non-empty list"),
+        ({"sweep": {"topology.host_bw_mbps": [100, -1]}}, "topology.host_bw_mbps", "> 0"),
+    ],
+)
 def test_bad_fields_are_named(data, field, fragment):
     with pytest.raises(SpecError) as e:
         from_dict(data)
@@ -63,12 +67,17 @@ def test_overrides_parse_yaml_values_and_apply():
 
 def test_sweep_is_the_cartesian_product(tmp_path):
     p = tmp_path / "s.yaml"
-    p.write_text(yaml.safe_dump({"sweep": {"workload.scheme": ["ps", "allreduce"],
-                                           "topology.host_bw_mbps": [50, 100]}}))
+    p.write_text(
+        yaml.safe_dump({"sweep": {"workload.scheme": ["ps", "allreduce"], "topology.host_bw_mbps": [50, 100]}})
+    )
     pts = expand_sweep(load_spec(p))
     assert len(pts) == 4
     assert {(e.workload.scheme, e.topology.host_bw_mbps) for _, e in pts} == {
-        ("ps", 50), ("ps", 100), ("allreduce", 50), ("allreduce", 100)}
+        ("ps", 50),
+        ("ps", 100),
+        ("allreduce", 50),
+        ("allreduce", 100),
+    }
 
 
 def test_missing_file_and_bad_yaml(tmp_path):
@@ -81,22 +90,34 @@ def test_missing_file_and_bad_yaml(tmp_path):
 
 
 def test_variants_combine_with_the_sweep():
-    exp = from_dict({"variants": [{"name": "baseline", "workload.scheme": "ps", "workload.options.overlap": True},
-                                  {"name": "p3", "workload.scheme": "p3"}],
-                     "sweep": {"topology.host_bw_mbps": [50, 100]}})
+    exp = from_dict(
+        {
+            "variants": [
+                {"name": "baseline", "workload.scheme": "ps", "workload.options.overlap": True},
+                {"name": "p3", "workload.scheme": "p3"},
+            ],
+            "sweep": {"topology.host_bw_mbps": [50, 100]},
+        }
+    )
     pts = expand_sweep(exp)
     assert [(p["variant"], e.workload.scheme, e.workload.options, e.topology.host_bw_mbps) for p, e in pts] == [
-        ("baseline", "ps", {"overlap": True}, 50), ("baseline", "ps", {"overlap": True}, 100),
-        ("p3", "p3", {}, 50), ("p3", "p3", {}, 100)]
+        ("baseline", "ps", {"overlap": True}, 50),
+        ("baseline", "ps", {"overlap": True}, 100),
+        ("p3", "p3", {}, 50),
+        ("p3", "p3", {}, 100),
+    ]
     assert all(e.variants == [] and e.sweep == {} for _, e in pts)
 
 
-@pytest.mark.parametrize("variants, field", [
-    ([{"name": "x"}], "variants[0]"),
-    (["ps"], "variants[0]"),
-    ([{"workload.scheme": "nope"}], "workload.scheme"),
-    ([{"workload.scheme": "ps", "workload.options.slice_params": 10}], "workload.options.slice_params"),
-])
+@pytest.mark.parametrize(
+    "variants, field",
+    [
+        ([{"name": "x"}], "variants[0]"),
+        (["ps"], "variants[0]"),
+        ([{"workload.scheme": "nope"}], "workload.scheme"),
+        ([{"workload.scheme": "ps", "workload.options.slice_params": 10}], "workload.options.slice_params"),
+    ],
+)
 def test_bad_variants_are_named(variants, field):
     with pytest.raises(SpecError) as e:
         from_dict({"variants": variants})
@@ -105,12 +126,21 @@ def test_bad_variants_are_named(variants, field):
 
 def test_every_bad_field_is_named_at_once():
     with pytest.raises(SpecError) as e:
-        from_dict({"topology": {"host_bw_mbps": -1, "kind": "torus"},
-                   "workload": {"iterations": "many", "options": {"nonsense": 1}},
-                   "capture": {"bogus": True}})
+        from_dict(
+            {
+                "topology": {"host_bw_mbps": -1, "kind": "torus"},
+                "workload": {"iterations": "many", "options": {"nonsense": 1}},
+                "capture": {"bogus": True},
+            }
+        )
     fields = [err.field for err in e.value.errors]
-    assert fields == ["topology.kind", "topology.host_bw_mbps", "workload.iterations", "capture.bogus",
-                      "workload.options.nonsense"]
+    assert fields == [
+        "topology.kind",
+        "topology.host_bw_mbps",
+        "workload.iterations",
+        "capture.bogus",
+        "workload.options.nonsense",
+    ]
     for f in fields:
         assert f"'{f}'" in str(e.value)
 
@@ -131,6 +161,7 @@ def test_an_override_of_a_swept_field_replaces_the_axis():
 def test_cli_reports_three_wrong_fields_in_one_message_without_traceback(tmp_path):
     import subprocess
     import sys
+
     p = tmp_path / "bad.yaml"
     p.write_text("topology: {host_bw_mbps: -5}\nworkload: {iterations: 0, scheme: nope}\n")
     out = subprocess.run([sys.executable, "-m", "testbed.cli", "run", str(p)], capture_output=True, text=True)
@@ -146,9 +177,12 @@ def test_cli_reports_three_wrong_fields_in_one_message_without_traceback(tmp_pat
 
 def test_1e12_is_a_number_in_a_file_an_override_a_sweep_a_variant_and_a_runs_spec(tmp_path):
     from traffic import rundir
+
     p = tmp_path / "s.yaml"
-    p.write_text("topology: {host_bw_mbps: 1e12}\nsweep: {topology.delay_ms: [1e-1, 2E0]}\n"
-                 "variants: [{name: big, host.aggregate_gb_per_s: 1e3}]\n")
+    p.write_text(
+        "topology: {host_bw_mbps: 1e12}\nsweep: {topology.delay_ms: [1e-1, 2E0]}\n"
+        "variants: [{name: big, host.aggregate_gb_per_s: 1e3}]\n"
+    )
     exp = load_spec(p)
     assert exp.topology.host_bw_mbps == 1e12
     assert [(e.topology.delay_ms, e.host.aggregate_gb_per_s) for _, e in expand_sweep(exp)] == [(0.1, 1e3), (2.0, 1e3)]
@@ -159,14 +193,17 @@ def test_1e12_is_a_number_in_a_file_an_override_a_sweep_a_variant_and_a_runs_spe
     assert rundir.read_spec(run)["topology"]["host_bw_mbps"] == 1e12
 
 
-@pytest.mark.parametrize("text, fragment", [
-    ("topology: {racks: 1" + "0" * 5000 + "}\n", "a value its type cannot hold"),
-    ("workload: {seed: 2001-13-01}\n", "a value its type cannot hold"),
-    ("a: " + "[" * 40 + "]" * 40 + "\n", "nested at most 32 levels"),
-    ("[" * 1000 + "]" * 1000, "valid YAML"),
-    ("a: " + "[" * 100_000 + "]" * 100_000, "nested"),  # libyaml's composer would crash on it: never given it
-    ("a: &a [*a]\n", "recursive YAML anchors"),
-])
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("topology: {racks: 1" + "0" * 5000 + "}\n", "a value its type cannot hold"),
+        ("workload: {seed: 2001-13-01}\n", "a value its type cannot hold"),
+        ("a: " + "[" * 40 + "]" * 40 + "\n", "nested at most 32 levels"),
+        ("[" * 1000 + "]" * 1000, "valid YAML"),
+        ("a: " + "[" * 100_000 + "]" * 100_000, "nested"),  # libyaml's composer would crash on it: never given it
+        ("a: &a [*a]\n", "recursive YAML anchors"),
+    ],
+)
 def test_yaml_the_loader_cannot_hold_is_a_spec_error(tmp_path, text, fragment):
     p = tmp_path / "s.yaml"
     p.write_text(text)
@@ -178,8 +215,11 @@ def test_yaml_the_loader_cannot_hold_is_a_spec_error(tmp_path, text, fragment):
     assert e.value.field == "--set"
 
 
-SHIPPED_YAML = [*sorted((ROOT / "experiments").glob("*.yaml")), ROOT / "analysis" / "data" / "reproduction.yaml",
-                *sorted((ROOT / "reproduction" / "runs").glob("*/*/spec.yaml"))]
+SHIPPED_YAML = [
+    *sorted((ROOT / "experiments").glob("*.yaml")),
+    ROOT / "analysis" / "data" / "reproduction.yaml",
+    *sorted((ROOT / "reproduction" / "runs").glob("*/*/spec.yaml")),
+]
 
 
 @pytest.mark.skipif(validation._CLoader is None, reason="PyYAML was built without libyaml")
@@ -212,17 +252,37 @@ def test_a_huge_value_is_shown_short_in_the_message():
 # ---------------------------------------------------------------- names that become paths
 
 
-EVIL_NAMES = ["../../etc/evil", "/abs", "a/b", "..", ".", ".hidden", "x\x00y", "line\nbreak", "", "-rf", "a b",
-              "é", "x" * 101, "a..b", "x\n"]
+EVIL_NAMES = [
+    "../../etc/evil",
+    "/abs",
+    "a/b",
+    "..",
+    ".",
+    ".hidden",
+    "x\x00y",
+    "line\nbreak",
+    "",
+    "-rf",
+    "a b",
+    "é",
+    "x" * 101,
+    "a..b",
+    "x\n",
+]
 
 
 @pytest.mark.parametrize("name", EVIL_NAMES)
-@pytest.mark.parametrize("where, field", [
-    (lambda n: {"name": n}, "name"),
-    (lambda n: {"run": {"id": n}}, "run.id"),
-    (lambda n: {"background": [{"src": "h1", "dst": "h2", "rate_mbps": 1, "duration_s": 1, "name": n}]},
-     "background[0].name"),
-])
+@pytest.mark.parametrize(
+    "where, field",
+    [
+        (lambda n: {"name": n}, "name"),
+        (lambda n: {"run": {"id": n}}, "run.id"),
+        (
+            lambda n: {"background": [{"src": "h1", "dst": "h2", "rate_mbps": 1, "duration_s": 1, "name": n}]},
+            "background[0].name",
+        ),
+    ],
+)
 def test_a_name_that_is_not_safe_in_a_path_is_refused(name, where, field):
     with pytest.raises(SpecError) as e:
         from_dict(where(name))
@@ -244,16 +304,28 @@ def test_a_variant_label_that_is_not_safe_is_refused(name):
 
 def test_variant_labels_may_have_the_papers_plus_and_map_to_a_safe_directory():
     from testbed.runner import _safe, point_label
-    exp = from_dict({"variants": [{"name": "D-Sync+T", "workload.scheme": "allreduce"},
-                                  {"name": "Pipe-SGD+Q", "workload.scheme": "pipe_sgd"}]})
+
+    exp = from_dict(
+        {
+            "variants": [
+                {"name": "D-Sync+T", "workload.scheme": "allreduce"},
+                {"name": "Pipe-SGD+Q", "workload.scheme": "pipe_sgd"},
+            ]
+        }
+    )
     labels = [point_label(p) for p, _ in expand_sweep(exp)]
     assert [lab.split("_")[0] for lab in labels] == ["D-Sync+T", "Pipe-SGD+Q"]
     assert _safe(labels[0]).startswith("D-Sync-T_scheme=allreduce")
 
 
 def test_a_spec_file_name_that_is_not_safe_becomes_the_name_made_safe(tmp_path):
-    for fname, name in [("my spec.yaml", "my-spec"), (".hidden.yaml", "hidden"), ("-x.yaml", "x"),
-                        ("a..b.yaml", "a.b"), ("é.yaml", "experiment")]:
+    for fname, name in [
+        ("my spec.yaml", "my-spec"),
+        (".hidden.yaml", "hidden"),
+        ("-x.yaml", "x"),
+        ("a..b.yaml", "a.b"),
+        ("é.yaml", "experiment"),
+    ]:
         (tmp_path / fname).write_text("{}")
         assert load_spec(tmp_path / fname).name == name
 
@@ -262,6 +334,7 @@ def test_a_spec_file_name_that_is_not_safe_becomes_the_name_made_safe(tmp_path):
 def test_a_run_directory_is_never_made_outside_the_runs_directory(tmp_path, run_id):
     from common.errors import TestbedError
     from traffic import rundir
+
     runs = tmp_path / "deep" / "runs"
     with pytest.raises(TestbedError, match="runs directory"):
         rundir.create(runs, run_id)
@@ -271,6 +344,7 @@ def test_a_run_directory_is_never_made_outside_the_runs_directory(tmp_path, run_
 def test_a_symlink_in_the_runs_directory_cannot_lead_a_run_outside(tmp_path):
     from common.errors import TestbedError
     from traffic import rundir
+
     runs, outside = tmp_path / "runs", tmp_path / "outside"
     runs.mkdir()
     outside.mkdir()
@@ -299,8 +373,12 @@ def test_kind_rack_without_racks_is_one_rack():
 
 
 def test_warmup_left_out_is_shorter_than_a_short_run():
-    assert [from_dict({"workload": {"iterations": n}}).workload.warmup_iterations for n in (1, 3, 6, 100)] == \
-        [0, 2, 5, 5]
+    assert [from_dict({"workload": {"iterations": n}}).workload.warmup_iterations for n in (1, 3, 6, 100)] == [
+        0,
+        2,
+        5,
+        5,
+    ]
     with pytest.raises(SpecError) as e:  # written by the user: still refused
         from_dict({"workload": {"iterations": 3, "warmup_iterations": 5}})
     assert e.value.field == "workload.warmup_iterations"
@@ -312,31 +390,44 @@ def test_warmup_left_out_is_shorter_than_a_short_run():
 # ---------------------------------------------------------------- sweep and variant axes
 
 
-@pytest.mark.parametrize("data, field, fragment", [
-    ({"sweep": 5}, "sweep", "a mapping"),
-    ({"sweep": {"workload.seed": []}}, "sweep.workload.seed", "non-empty list"),
-    ({"sweep": {"variants": [[{"workload.seed": 1}]]}}, "sweep.variants", "outside 'sweep' and 'variants'"),
-    ({"sweep": {"workload..seed": [1]}}, "workload..seed", "no empty part"),
-    ({"sweep": {"workload.seed": list(range(40)), "topology.delay_ms": list(range(30))}}, "sweep", "at most 1000 runs"),
-    ({"variants": {"a": 1}}, "variants", "a list"),
-    ({"variants": [{1: 2}]}, "variants[0]", "dotted field paths"),
-    ({"variants": [{"name": "a", "workload.seed": 1}, {"name": "a", "workload.seed": 2}]}, "variants[1].name",
-     "no other variant"),
-    ({"variants": [{"name": 5, "workload.seed": 1}]}, "variants[0].name", "letters, digits"),
-])
+@pytest.mark.parametrize(
+    "data, field, fragment",
+    [
+        ({"sweep": 5}, "sweep", "a mapping"),
+        ({"sweep": {"workload.seed": []}}, "sweep.workload.seed", "non-empty list"),
+        ({"sweep": {"variants": [[{"workload.seed": 1}]]}}, "sweep.variants", "outside 'sweep' and 'variants'"),
+        ({"sweep": {"workload..seed": [1]}}, "workload..seed", "no empty part"),
+        (
+            {"sweep": {"workload.seed": list(range(40)), "topology.delay_ms": list(range(30))}},
+            "sweep",
+            "at most 1000 runs",
+        ),
+        ({"variants": {"a": 1}}, "variants", "a list"),
+        ({"variants": [{1: 2}]}, "variants[0]", "dotted field paths"),
+        (
+            {"variants": [{"name": "a", "workload.seed": 1}, {"name": "a", "workload.seed": 2}]},
+            "variants[1].name",
+            "no other variant",
+        ),
+        ({"variants": [{"name": 5, "workload.seed": 1}]}, "variants[0].name", "letters, digits"),
+    ],
+)
 def test_bad_axes_are_named(data, field, fragment):
     with pytest.raises(SpecError) as e:
         from_dict(data)
     assert e.value.field == field and fragment in str(e.value)
 
 
-@pytest.mark.parametrize("override, field", [
-    ("workload..iterations=3", "workload..iterations"),
-    ("name.x=3", "name.x"),
-    ("topology.kind.x=3", "topology.kind.x"),
-    ("workload.scheme=:ps", "workload.scheme"),
-    ("workload.scheme=..:ps", "workload.scheme"),
-])
+@pytest.mark.parametrize(
+    "override, field",
+    [
+        ("workload..iterations=3", "workload..iterations"),
+        ("name.x=3", "name.x"),
+        ("topology.kind.x=3", "topology.kind.x"),
+        ("workload.scheme=:ps", "workload.scheme"),
+        ("workload.scheme=..:ps", "workload.scheme"),
+    ],
+)
 def test_bad_override_paths_and_values_are_named(override, field):
     with pytest.raises(SpecError) as e:
         from_dict({"name": "a", "topology": {"kind": "rack"}}, [override])

@@ -14,6 +14,7 @@ and counts the charges: one ``aggregate`` per local sum of each recursive doubli
 ``optimizer`` per FC worker iteration; an emulated-compute run counts the ``compute``
 charges of the FC layers (``g`` times their profiled time).
 """
+
 from __future__ import annotations
 
 import json
@@ -25,17 +26,17 @@ import torch
 from analysis.paper_models import stanza as model
 from analysis.stanza_report import run_figures
 from common.errors import SpecError
+from testbed.loopback import local_entries, run_local
 from testbed.spec import from_dict
+from tests.conftest import experiment
+from topologies.hosts import HostInfo
+from traffic import schemes
 from traffic.collectives.recursive_doubling import rounds, schedule, sums
+from traffic.models import build_model
 from traffic.reference import reference_accuracy, reference_train
 from traffic.rundir import read_json
 from traffic.runtime.events import read_events
-from testbed.loopback import local_entries, run_local
-from topologies.hosts import HostInfo
-from traffic import schemes
 from traffic.schemes.stanza import assignment, checkpoint_holder, fc_groups, fc_of, split_shape
-from traffic.models import build_model
-from tests.conftest import experiment
 
 ITERS, BATCH, SEED = 3, 16, 5
 
@@ -43,8 +44,9 @@ ITERS, BATCH, SEED = 3, 16, 5
 # ----------------------------------------------------------------------------- recursive doubling
 
 
-@pytest.mark.parametrize("p,expected", [(1, 0), (2, 1), (3, 3), (4, 2), (5, 4), (6, 4), (7, 4), (8, 3),
-                                        (9, 5), (16, 4)])
+@pytest.mark.parametrize(
+    "p,expected", [(1, 0), (2, 1), (3, 3), (4, 2), (5, 4), (6, 4), (7, 4), (8, 3), (9, 5), (16, 4)]
+)
 def test_recursive_doubling_rounds_as_the_paper_states(p, expected):
     # log2 p for a power of two, floor(log2 p) + 2 otherwise (Stanza §4.1.2)
     assert rounds(p) == expected == len(schedule(p)) == model.allreduce_rounds(p)
@@ -89,13 +91,13 @@ def _toy():
 
 def test_performance_model_equations():
     c, B = _toy()
-    assert model.stanza_compute_time(c, 3, 2) == 10 + 3 / 2 * 4                       # eq. (2)
-    parts = model.stanza_iteration_time(c, 3, 2, B, parts=True)                      # eq. (3)
+    assert model.stanza_compute_time(c, 3, 2) == 10 + 3 / 2 * 4  # eq. (2)
+    parts = model.stanza_iteration_time(c, 3, 2, B, parts=True)  # eq. (3)
     assert parts == {"compute": 16.0, "conv_fc": 3.0, "conv_allreduce": 9.0, "total": 28.0}
-    assert model.stanza_iteration_time(c, 4, 1, B) == 26 + 8 + 3 * 2                 # n_c power of 2
-    assert model.stanza_throughput(c, 3, 2, B) == 3 / 28                             # eq. (4)
-    assert model.ps_iteration_time(c, 4, 2, B) == 2 * 4 * 10 / 2 + 1                 # eq. (6)
-    assert model.ps_throughput(c, 4, 2, B) == 4 / 41                                 # eq. (7)
+    assert model.stanza_iteration_time(c, 4, 1, B) == 26 + 8 + 3 * 2  # n_c power of 2
+    assert model.stanza_throughput(c, 3, 2, B) == 3 / 28  # eq. (4)
+    assert model.ps_iteration_time(c, 4, 2, B) == 2 * 4 * 10 / 2 + 1  # eq. (6)
+    assert model.ps_throughput(c, 4, 2, B) == 4 / 41  # eq. (7)
     with pytest.raises(ValueError):
         model.stanza_iteration_time(c, 0, 1, B)
 
@@ -116,9 +118,10 @@ def test_node_assignment_returns_the_maximizer_of_eq4():
 
 def test_constants_from_the_zoo_and_a_profile():
     from traffic.compute_profiles import load_profile
+
     c = model.Constants.from_profile("alexnet", load_profile("v100", "alexnet", 32))
-    assert c.A == 9216 and c.K == 32                                       # Stanza §3.2: 9,216 per sample
-    assert c.P == 61_100_840 and c.P_c == 2_469_696                        # Table 2: 2.47E+06 CONV
+    assert c.A == 9216 and c.K == 32  # Stanza §3.2: 9,216 per sample
+    assert c.P == 61_100_840 and c.P_c == 2_469_696  # Table 2: 2.47E+06 CONV
     assert c.T_ps == pytest.approx(c.T_c + c.T_f) and c.T_c > 5 * c.T_f
     assert split_shape(build_model("vgg16", 0, device="meta")) == (512, 7, 7)
     assert split_shape(build_model("digits_cnn", 0)) == (32, 4, 4)
@@ -141,8 +144,16 @@ def test_option_validation():
     o = st.validate_options({"fc_workers": "auto", "nodes": 11, "bw_gbps": 10, "checkpoint_every": 2})
     assert (o.fc_workers, o.nodes, o.bw_gbps, o.checkpoint_every) == ("auto", 11, 10.0, 2)
     assert st.validate_options({"fc_workers": 3}).fc_workers == 3
-    for bad in ({"fc_workers": 0}, {"fc_workers": "many"}, {"fc_workers": True}, {"bw_gbps": 0},
-                {"nodes": 1}, {"nodes": -1}, {"x": 1}, {"checkpoint_every": -1}):
+    for bad in (
+        {"fc_workers": 0},
+        {"fc_workers": "many"},
+        {"fc_workers": True},
+        {"bw_gbps": 0},
+        {"nodes": 1},
+        {"nodes": -1},
+        {"x": 1},
+        {"checkpoint_every": -1},
+    ):
         with pytest.raises(SpecError, match="workload.options." + next(iter(bad))):
             st.validate_options(bad)
     with pytest.raises(SpecError, match="an integer >= 1 or 'auto'"):
@@ -166,10 +177,18 @@ def test_groups_plan_and_options():
     hosts = [HostInfo(f"h{i + 1}", 0) for i in range(8)]
     plan = st.plan(_workload(workers=5, options={"fc_workers": 2}), hosts)
     assert [(p.name, p.host) for p in plan] == [(f"worker{i}", f"h{i + 1}") for i in range(5)] + [
-        ("fc0", "h6"), ("fc1", "h7")]
+        ("fc0", "h6"),
+        ("fc1", "h7"),
+    ]
     assert len(st.plan(_workload(), hosts)) == 8  # workers 0: every host but the FC worker's
-    for bad in ({"fc_workers": 0}, {"fc_workers": "many"}, {"bw_gbps": 0}, {"nodes": 1}, {"x": 1},
-                {"checkpoint_every": -1}):
+    for bad in (
+        {"fc_workers": 0},
+        {"fc_workers": "many"},
+        {"bw_gbps": 0},
+        {"nodes": 1},
+        {"x": 1},
+        {"checkpoint_every": -1},
+    ):
         with pytest.raises(SpecError):
             _workload(options=bad)
     with pytest.raises(SpecError, match="workload.workers"):
@@ -181,14 +200,22 @@ def test_groups_plan_and_options():
 
 
 def test_auto_assignment_uses_the_search():
-    w = from_dict({"workload": {"scheme": "stanza", "model": "alexnet", "batch_size": 32,
-                                "compute": {"mode": "emulated", "profile": "v100"},
-                                "options": {"fc_workers": "auto", "nodes": 11, "bw_gbps": 10}}}).workload
+    w = from_dict(
+        {
+            "workload": {
+                "scheme": "stanza",
+                "model": "alexnet",
+                "batch_size": 32,
+                "compute": {"mode": "emulated", "profile": "v100"},
+                "options": {"fc_workers": "auto", "nodes": 11, "bw_gbps": 10},
+            }
+        }
+    ).workload
     hosts = [HostInfo(f"h{i + 1}", 0) for i in range(12)]
     plan = schemes.get("stanza").plan(w, hosts)
     from traffic.compute_profiles import load_profile
-    best = model.node_assignment(model.Constants.from_profile("alexnet", load_profile("v100", "alexnet", 32)),
-                                 11, 10e9)
+
+    best = model.node_assignment(model.Constants.from_profile("alexnet", load_profile("v100", "alexnet", 32)), 11, 10e9)
     assert sum(p.role == "worker" for p in plan) == best.n_c
     assert sum(p.role == "fc" for p in plan) == best.n_f == 11 - best.n_c
 
@@ -202,9 +229,18 @@ AGG_BPS, OPT_BPS = HOST["aggregate_gb_per_s"] * 1e9, HOST["optimizer_gb_per_s"] 
 
 
 def _experiment(n_c, n_f, host=None, compute=None, **options):
-    exp = experiment("stanza", hosts_per_rack=8, model="digits_cnn", workers=n_c, iterations=ITERS,
-                     batch_size=BATCH, seed=SEED, optimizer={"lr": 0.1, "momentum": 0.9, "weight_decay": 1e-4},
-                     options={"fc_workers": n_f, **options}, **({"compute": compute} if compute else {}))
+    exp = experiment(
+        "stanza",
+        hosts_per_rack=8,
+        model="digits_cnn",
+        workers=n_c,
+        iterations=ITERS,
+        batch_size=BATCH,
+        seed=SEED,
+        optimizer={"lr": 0.1, "momentum": 0.9, "weight_decay": 1e-4},
+        options={"fc_workers": n_f, **options},
+        **({"compute": compute} if compute else {}),
+    )
     return from_dict({**exp.to_dict(), "host": host}) if host else exp
 
 
@@ -253,8 +289,9 @@ def test_stanza_matches_single_process_sgd(n_c, n_f, host, tmp_path):
     def check(got, keys, who):
         assert sorted(got) == sorted(keys), who
         for k in keys:
-            assert torch.allclose(got[k], ref[k], atol=1e-5, rtol=1e-4), \
+            assert torch.allclose(got[k], ref[k], atol=1e-5, rtol=1e-4), (
                 f"{who} {k}: max diff {float((got[k] - ref[k]).abs().max()):.3g}"
+            )
 
     check(torch.load(run_dir / "params" / "worker0.pt"), list(ref), "worker0")
     for i in range(1, n_c):
@@ -268,8 +305,13 @@ def test_stanza_matches_single_process_sgd(n_c, n_f, host, tmp_path):
     # events: recursive-doubling rounds, activation sizes, who talks to whom
     names = [e["name"] for e in local_entries(exp)]
     ev = {n: read_events(run_dir / "events" / f"{n}.jsonl") for n in names}
-    conv_rounds = {e["round"] for n in names if n.startswith("worker") for e in ev[n]
-                   if e["kind"] == "allreduce" and e.get("iteration") == 0}
+    conv_rounds = {
+        e["round"]
+        for n in names
+        if n.startswith("worker")
+        for e in ev[n]
+        if e["kind"] == "allreduce" and e.get("iteration") == 0
+    }
     assert conv_rounds == set(range(rounds(n_c)))
     act_bytes = BATCH * math.prod(split_shape(build_model("digits_cnn", SEED))) * 4
     for i in range(n_c):
@@ -289,7 +331,9 @@ def test_stanza_matches_single_process_sgd(n_c, n_f, host, tmp_path):
         d = run_dir / "checkpoints"
         holder = checkpoint_holder(SEED, 0, 1, n_c)
         for name, keys in [(f"worker{i}-it1.pt", conv_keys) for i in range(n_c)] + [
-                ("fc0-it1.pt", fc_keys), (f"worker{holder}-fc0-it1.pt", fc_keys)]:
+            ("fc0-it1.pt", fc_keys),
+            (f"worker{holder}-fc0-it1.pt", fc_keys),
+        ]:
             doc = torch.load(d / name)
             assert doc["iteration"] == 1 and sorted(doc["params"]) == sorted(keys), name
             assert all(torch.allclose(doc["params"][k], ref2[k], atol=1e-5, rtol=1e-4) for k in keys), name
@@ -314,11 +358,22 @@ def test_emulated_fc_compute_is_charged_as_compute(tmp_path):
     their CONV layers' times."""
     fwd, bwd = [0.002, 0.003, 0.001, 0.0005], [0.004, 0.006, 0.002, 0.001]  # digits_cnn: conv1 conv2 | fc1 fc2
     prof = tmp_path / "p.json"
-    prof.write_text(json.dumps({
-        "model": "digits_cnn", "device": "test", "batch_size": BATCH, "source": "written by the test",
-        "method": "test", "derived": False,
-        "layers": [{"index": i, "name": f"layer{i}", "forward_s": f, "backward_s": b}
-                   for i, (f, b) in enumerate(zip(fwd, bwd))]}))
+    prof.write_text(
+        json.dumps(
+            {
+                "model": "digits_cnn",
+                "device": "test",
+                "batch_size": BATCH,
+                "source": "written by the test",
+                "method": "test",
+                "derived": False,
+                "layers": [
+                    {"index": i, "name": f"layer{i}", "forward_s": f, "backward_s": b}
+                    for i, (f, b) in enumerate(zip(fwd, bwd))
+                ],
+            }
+        )
+    )
     n_c, n_f, s = 3, 1, 2
     run_dir = run_local(_experiment(n_c, n_f, compute={"mode": "emulated", "profile": str(prof)}), tmp_path / "run")
     fc = read_json(run_dir / "results" / "fc0.json")["host_costs"]["compute"]
@@ -329,5 +384,6 @@ def test_emulated_fc_compute_is_charged_as_compute(tmp_path):
         assert conv["count"] == ITERS * 2 * s
         assert conv["emulated_s"] == pytest.approx(ITERS * (sum(fwd[:s]) + sum(bwd[:s])))
     ev = read_events(run_dir / "events" / "fc0.jsonl")
-    assert sorted(e["requested_s"] for e in ev if e["kind"] == "forward" and e["iteration"] == 0) == \
-        pytest.approx(sorted(n_c * t for t in fwd[s:]))
+    assert sorted(e["requested_s"] for e in ev if e["kind"] == "forward" and e["iteration"] == 0) == pytest.approx(
+        sorted(n_c * t for t in fwd[s:])
+    )

@@ -6,6 +6,7 @@ the profile files, and the node assignments against an exhaustive search written
 profile whose FC layers are slow makes the search pick several FC workers, so the check is
 not only of the ``n_f = 1`` corner.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,11 +18,11 @@ import pytest
 from analysis import report as skeleton
 from analysis import stanza_report
 from analysis.paper_models import stanza as sm
-from testbed.cli import main as cli_main
 from common.errors import TestbedError
-from traffic.compute_profiles import DATA_DIR, load_profile, profile_filename
+from testbed.cli import main as cli_main
 from tests.markdown import tables as _tables
 from tests.profile_scripts import assert_shipped, load_script
+from traffic.compute_profiles import DATA_DIR, load_profile, profile_filename
 
 ALEXNET = stanza_report.FIG8_PROFILES["alexnet"]  # experiments/stanza_profiles/alexnet-v100-b128.json
 BITS = 32  # a float32 value on the wire
@@ -34,8 +35,9 @@ def _rounds(n: int) -> int:
 
 def _t_stanza(c, n_c: int, n_f: int, bw_bps: float) -> float:
     """Eq. (3) with eq. (2): T_c + n_c/n_f T_f + 2 n_c A K / (n_f B) + P_c R(n_c) / B."""
-    return (c.T_c + n_c / n_f * c.T_f + 2 * n_c * c.A * c.K * BITS / (n_f * bw_bps)
-            + c.P_c * _rounds(n_c) * BITS / bw_bps)
+    return (
+        c.T_c + n_c / n_f * c.T_f + 2 * n_c * c.A * c.K * BITS / (n_f * bw_bps) + c.P_c * _rounds(n_c) * BITS / bw_bps
+    )
 
 
 def _t_ps(c, n_w: int, n_s: int, bw_bps: float) -> float:
@@ -142,8 +144,9 @@ def test_bad_fig8_input_is_refused_clearly(tmp_path):
         stanza_report.fig8_text(["alexnet"], gbps=[40, -1])
     with pytest.raises(skeleton.ReportError, match="give at least one model"):
         stanza_report.fig8_rows([])
-    with pytest.raises(skeleton.ReportError, match="is a directory, not a compute profile; give run or sweep "
-                                                   "directories before --fig8"):
+    with pytest.raises(
+        skeleton.ReportError, match="is a directory, not a compute profile; give run or sweep directories before --fig8"
+    ):
         stanza_report.fig8_constants(str(tmp_path))
     with pytest.raises(skeleton.ReportError, match="cannot read compute profile"):
         stanza_report.fig8_constants(str(tmp_path / "nope.json"))
@@ -152,8 +155,15 @@ def test_bad_fig8_input_is_refused_clearly(tmp_path):
     with pytest.raises(skeleton.ReportError, match="is not a compute profile"):
         stanza_report.fig8_constants(str(_profile(tmp_path, "nomodel.json", {"batch_size": 32, "layers": []})))
     layer = {"forward_s": 0.0, "backward_s": 0.0, "flops_forward": None, "flops_backward": None}
-    lstm = {"model": "sockeye_lstm", "device": "x", "batch_size": 32, "source": "test", "method": "zero",
-            "derived": False, "layers": [{"index": i, "name": f"l{i}", **layer} for i in range(4)]}
+    lstm = {
+        "model": "sockeye_lstm",
+        "device": "x",
+        "batch_size": 32,
+        "source": "test",
+        "method": "zero",
+        "derived": False,
+        "layers": [{"index": i, "name": f"l{i}", **layer} for i in range(4)],
+    }
     with pytest.raises(skeleton.ReportError, match="has no CONV/FC split_index; Stanza's model needs a CONV/FC"):
         stanza_report.fig8_constants(str(_profile(tmp_path, "lstm.json", lstm)))
     short = dict(json.loads(ALEXNET.read_text()))
@@ -173,8 +183,24 @@ def test_testbed_report_stanza_fig8_needs_no_run_but_something(tmp_path, capsys)
     with pytest.raises(SystemExit):
         cli_main(["report", "ibatch"])
     capsys.readouterr()
-    assert cli_main(["report", "stanza", "--fig8", "alexnet", "vgg16", "--fig8-nodes", "5", "10", "20",
-                     "--plots", str(tmp_path / "plots")]) == 0
+    assert (
+        cli_main(
+            [
+                "report",
+                "stanza",
+                "--fig8",
+                "alexnet",
+                "vgg16",
+                "--fig8-nodes",
+                "5",
+                "10",
+                "20",
+                "--plots",
+                str(tmp_path / "plots"),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert len(_tables(out)) == 2 and "run figures" not in out
     pngs = [line.split("plot: ", 1)[1] for line in out.splitlines() if line.startswith("plot: ")]

@@ -4,6 +4,7 @@ experiments/stanza_profiles/derive_batch.py scales the batch-32 V100 profiles to
 batches; derive_table1.py scales those to the compute Table 1 leaves. Every shipped file must be
 what its script derives today, so that a changed zoo, FLOP count or citation shows here.
 """
+
 from __future__ import annotations
 
 import pytest

@@ -1,6 +1,7 @@
 """The summary model (traffic.summary.RunSummary): every archived summary.json loads and is
 written back key for key and value for value, unknown and absent keys included, and a
 summary the analysis computes sets every key of the model."""
+
 from __future__ import annotations
 
 import json
@@ -9,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from analysis import metrics
-from tests.test_analysis import make_run
 from common.provenance import PROVENANCE_FILE, collect
+from tests.test_analysis import make_run
 from traffic.summary import RunSummary, Throughput
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,9 +48,16 @@ def test_every_archived_summary_loads_and_round_trips(path):
 
 
 def test_unknown_absent_and_null_keys_are_written_back_as_read(tmp_path):
-    doc = {"status": "failed", "error": None, "run_id": "r", "analysis_errors": ["load: OSError: x"],
-           "throughput": {"mean": 3.0, "from_a_newer_version": [1, 2]}, "cpu": None, "extra": {"a": 1},
-           "fidelity": {"rates": {"links": [{"iface": "tor1-eth1", "class": "host", "max_ratio": 0.5}]}}}
+    doc = {
+        "status": "failed",
+        "error": None,
+        "run_id": "r",
+        "analysis_errors": ["load: OSError: x"],
+        "throughput": {"mean": 3.0, "from_a_newer_version": [1, 2]},
+        "cpu": None,
+        "extra": {"a": 1},
+        "fidelity": {"rates": {"links": [{"iface": "tor1-eth1", "class": "host", "max_ratio": 0.5}]}},
+    }
     (tmp_path / "summary.json").write_text(json.dumps(doc))
     s = RunSummary.load(tmp_path)
     assert s.throughput.mean == 3.0 and s.cpu is None and s.bytes is None and s.segments == []
@@ -72,10 +80,17 @@ def test_a_computed_summary_sets_every_key_of_the_model(tmp_path):
     for section in ("throughput", "iteration_time_s", "bytes", "bytes_per_iteration", "fidelity"):
         model = type(getattr(s, section))
         assert set(doc[section]) == {f.alias or name for name, f in model.model_fields.items()} - read_only.get(
-            section, set()), section
+            section, set()
+        ), section
     assert set(doc["cpu"]) == set(type(s.cpu).model_fields) - {"machines", "worst_machine"}
-    assert set(doc["fidelity"]["rates"]["links"][0]) == {"iface", "class", "bw_mbps", "max_tx_mbps", "max_rx_mbps",
-                                                         "max_ratio"}
+    assert set(doc["fidelity"]["rates"]["links"][0]) == {
+        "iface",
+        "class",
+        "bw_mbps",
+        "max_tx_mbps",
+        "max_rx_mbps",
+        "max_ratio",
+    }
     assert same_json(RunSummary.load(tmp_path / "synthetic").dump(), doc) is None
 
 

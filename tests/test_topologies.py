@@ -1,4 +1,5 @@
 """Topology construction: link counts, rates, oversubscription arithmetic (no network built)."""
+
 import pytest
 
 from topologies import HostRequest, TopologySpec, build_topo, hosts_of, uplink_mbps
@@ -19,8 +20,7 @@ def test_uplink_rate_from_oversubscription():
 
 
 def test_rack_core_counts_rates_and_racks():
-    topo = build_topo(TopologySpec(kind="rack_core", racks=3, hosts_per_rack=4, host_bw_mbps=100,
-                                   oversubscription=2))
+    topo = build_topo(TopologySpec(kind="rack_core", racks=3, hosts_per_rack=4, host_bw_mbps=100, oversubscription=2))
     assert len(topo.hosts()) == 12
     assert sorted(topo.switches()) == ["core1", "tor1", "tor2", "tor3"]
     host_links, uplinks = _links(topo, "host"), _links(topo, "uplink")
@@ -35,8 +35,9 @@ def test_rack_core_counts_rates_and_racks():
 
 
 def test_rack_has_no_core_and_dedicated_servers_are_extra_hosts():
-    topo = build_topo(TopologySpec(kind="rack", racks=1, hosts_per_rack=3),
-                      [HostRequest("server", 0), HostRequest("server", 0)])
+    topo = build_topo(
+        TopologySpec(kind="rack", racks=1, hosts_per_rack=3), [HostRequest("server", 0), HostRequest("server", 0)]
+    )
     assert sorted(topo.switches()) == ["tor1"]
     kinds = {h: topo.nodeInfo(h)["kind"] for h in topo.hosts()}
     assert kinds == {"h1": "worker", "h2": "worker", "h3": "worker", "ps1": "server", "ps2": "server"}
@@ -66,12 +67,19 @@ def test_the_least_retransmission_timeout_is_dilated_like_a_delay():
 
 
 def test_hosts_of_reads_names_racks_kinds_and_interfaces_from_the_graph():
-    topo = build_topo(TopologySpec(racks=2, hosts_per_rack=2, background_hosts_per_rack=1),
-                      [HostRequest("server", 1, interfaces=3)])
+    topo = build_topo(
+        TopologySpec(racks=2, hosts_per_rack=2, background_hosts_per_rack=1), [HostRequest("server", 1, interfaces=3)]
+    )
     got = [(h.name, h.rack, h.kind, h.interfaces) for h in hosts_of(topo)]
-    assert got == [("bg1", 0, "background", 1), ("bg2", 1, "background", 1), ("h1", 0, "worker", 1),
-                   ("h2", 0, "worker", 1), ("h3", 1, "worker", 1), ("h4", 1, "worker", 1),
-                   ("ps1", 1, "server", 3)]
+    assert got == [
+        ("bg1", 0, "background", 1),
+        ("bg2", 1, "background", 1),
+        ("h1", 0, "worker", 1),
+        ("h2", 0, "worker", 1),
+        ("h3", 1, "worker", 1),
+        ("h4", 1, "worker", 1),
+        ("ps1", 1, "server", 3),
+    ]
     # the names clean removes are exactly the names a topology has
     assert all(NODE_RE.match(n) for n in topo.nodes())
     assert all(BRIDGE_RE.match(n) for n in topo.switches()) and not any(BRIDGE_RE.match(h) for h in topo.hosts())

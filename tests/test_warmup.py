@@ -1,5 +1,6 @@
 """Warm-up until steady (``workload.max_warmup_iterations``): the spec's checks, the window the
 analysis chooses, and every figure that reads the measured iterations reading that window."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,10 @@ def _iterations(times: list[float], workers: int = 2) -> pd.DataFrame:
     """An iteration table of ``workers`` workers whose iteration ``i`` takes ``times[i]`` s, back to back."""
     rows, t = [], 100.0
     for i, d in enumerate(times):
-        rows += [{"iteration": i, "worker": w, "start": t, "end": t + d, "duration_s": d, "samples": BATCH}
-                 for w in range(workers)]
+        rows += [
+            {"iteration": i, "worker": w, "start": t, "end": t + d, "duration_s": d, "samples": BATCH}
+            for w in range(workers)
+        ]
         t += d
     return pd.DataFrame(rows)
 
@@ -43,18 +46,28 @@ def test_the_warm_up_is_the_fewest_iterations_after_which_the_window_had_settled
 
 
 def test_the_summary_measures_the_settled_window_and_says_which(tmp_path):
-    spec = {"workload": {"scheme": "ps", "batch_size": BATCH, "iterations": 12, "warmup_iterations": 2,
-                         "max_warmup_iterations": 6}}
-    run = Run(path=tmp_path, spec=spec, iterations=_iterations(SETTLING),
-              processes={"processes": [{"role": "worker"}, {"role": "worker"}]})
+    spec = {
+        "workload": {
+            "scheme": "ps",
+            "batch_size": BATCH,
+            "iterations": 12,
+            "warmup_iterations": 2,
+            "max_warmup_iterations": 6,
+        }
+    }
+    run = Run(
+        path=tmp_path,
+        spec=spec,
+        iterations=_iterations(SETTLING),
+        processes={"processes": [{"role": "worker"}, {"role": "worker"}]},
+    )
     s = compute_summary(run)
     assert (s.warmup_iterations, s.max_warmup_iterations, s.measured_iterations) == (4, 6, 6)
     assert s.throughput.mean == pytest.approx((2 * BATCH / 2.0 + 5 * 2 * BATCH / 1.0) / 6)
     assert measured_span(spec, s) == (4, 10)
     # a fixed warm-up measures every iteration after it
     fixed = {"workload": {**spec["workload"], "max_warmup_iterations": None}}
-    s = compute_summary(Run(path=tmp_path, spec=fixed, iterations=_iterations(SETTLING),
-                            processes=run.processes))
+    s = compute_summary(Run(path=tmp_path, spec=fixed, iterations=_iterations(SETTLING), processes=run.processes))
     assert (s.warmup_iterations, s.max_warmup_iterations, s.measured_iterations) == (2, None, 10)
     assert measured_span(fixed, s) == (2, None) and measured_span(fixed) == (2, None)
     assert measured_span(spec) == (6, 12)  # no summary yet: the most warm-up
@@ -62,8 +75,15 @@ def test_the_summary_measures_the_settled_window_and_says_which(tmp_path):
 
 
 def test_the_scoreboard_tests_the_steadiness_of_the_window_the_summary_chose(tmp_path):
-    spec = {"workload": {"scheme": "ps", "batch_size": BATCH, "iterations": 12, "warmup_iterations": 2,
-                         "max_warmup_iterations": 6}}
+    spec = {
+        "workload": {
+            "scheme": "ps",
+            "batch_size": BATCH,
+            "iterations": 12,
+            "warmup_iterations": 2,
+            "max_warmup_iterations": 6,
+        }
+    }
     it = _iterations(SETTLING)
     run = Run(path=tmp_path, spec=spec, iterations=it, processes={"processes": [{"role": "worker"}] * 2})
     (tmp_path / "spec.yaml").write_text(yaml.safe_dump(spec))
@@ -81,13 +101,17 @@ def test_the_scoreboard_tests_the_steadiness_of_the_window_the_summary_chose(tmp
 
 
 def _spec(**workload) -> dict:
-    return {"name": "warm", "topology": {"kind": "rack", "hosts_per_rack": 2},
-            "workload": {"scheme": "allreduce", "iterations": 12, "warmup_iterations": 2, **workload}}
+    return {
+        "name": "warm",
+        "topology": {"kind": "rack", "hosts_per_rack": 2},
+        "workload": {"scheme": "allreduce", "iterations": 12, "warmup_iterations": 2, **workload},
+    }
 
 
 @pytest.mark.parametrize("most", [1, 9, 20])
 def test_a_max_warm_up_outside_its_range_is_refused_naming_the_field(most):
     from common.errors import SpecError
+
     with pytest.raises(SpecError) as e:
         from_dict(_spec(max_warmup_iterations=most))
     assert "workload.max_warmup_iterations" in str(e.value) and "from workload.warmup_iterations (2)" in str(e.value)
@@ -95,6 +119,7 @@ def test_a_max_warm_up_outside_its_range_is_refused_naming_the_field(most):
 
 def test_a_warm_up_until_steady_is_refused_with_scheduled_events():
     from common.errors import SpecError
+
     assert from_dict(_spec(max_warmup_iterations=8)).workload.max_warmup_iterations == 8
     assert from_dict({**_spec(), "events": [{"at_iteration": 9, "kill": "worker1"}]}).events
     with pytest.raises(SpecError) as e:

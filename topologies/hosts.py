@@ -10,6 +10,7 @@ request order; ``bg1..`` are background hosts (rack by rack) that carry only bac
 flows. Switches: ``tor1..torR`` (one per rack) and ``core1``. Interfaces are Mininet's
 ``<node>-eth<i>``.
 """
+
 from __future__ import annotations
 
 import re
@@ -72,6 +73,7 @@ class HostRequest:
     the ToR, each shaped like a host link with its own address (a PBox has k > 1, PHub
     Sec. 3.3); a host has at least ``topology.interfaces_per_host``.
     """
+
     kind: str
     rack: int
     interfaces: int = 1
@@ -91,6 +93,7 @@ class HostInfo:
     ``background`` (only background flows: a plan must not use it). ``rack`` counts from 0.
     ``interfaces``: its links to its ToR (``ProcessPlan.iface`` indexes them).
     """
+
     name: str
     rack: int
     kind: str = "worker"
@@ -107,5 +110,7 @@ def hosts_of(topo) -> list[HostInfo]:
     for a, b in topo.links():  # once, not once per host: planning 4096 hosts was quadratic
         links[a] = links.get(a, 0) + 1
         links[b] = links.get(b, 0) + 1
-    return [HostInfo(name, topo.nodeInfo(name)["rack"], topo.nodeInfo(name)["kind"], links.get(name, 0))
-            for name in topo.hosts()]
+    return [
+        HostInfo(name, topo.nodeInfo(name)["rack"], topo.nodeInfo(name)["kind"], links.get(name, 0))
+        for name in topo.hosts()
+    ]

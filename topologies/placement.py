@@ -12,6 +12,7 @@ traffic, the least of any link of the rack. Racks go to machines in contiguous b
 evenly as their count allows (``R`` racks on ``M`` machines: rack ``r`` on machine
 ``floor(r * M / R)``); nodes without a rack (the core switch) go on the first machine.
 """
+
 from __future__ import annotations
 
 __all__ = ["PlacementError", "links_between_machines", "place_racks"]
@@ -41,12 +42,16 @@ def place_racks(topo, machines: list[str]) -> dict[str, str]:
         raise PlacementError(f"machines repeated: {', '.join(repeated)} (each machine once)")
     racks = sorted({topo.nodeInfo(n).get("rack") for n in topo.nodes()} - {None})
     if len(machines) > len(racks):
-        raise PlacementError(f"{len(machines)} machines for {len(racks)} racks: placement 'rack' keeps each rack "
-                             f"whole on one machine, so give at most {len(racks)} machines or more racks")
+        raise PlacementError(
+            f"{len(machines)} machines for {len(racks)} racks: placement 'rack' keeps each rack "
+            f"whole on one machine, so give at most {len(racks)} machines or more racks"
+        )
     has_core = any(topo.nodeInfo(n).get("rack") is None for n in topo.nodes())
     if len(machines) > 1 and not has_core:
-        raise PlacementError("a topology without a core switch (kind 'rack') cannot span machines: its racks "
-                             "are not connected to each other; use kind 'rack_core'")
+        raise PlacementError(
+            "a topology without a core switch (kind 'rack') cannot span machines: its racks "
+            "are not connected to each other; use kind 'rack_core'"
+        )
     index = {r: i for i, r in enumerate(racks)}
     out = {}
     for n in topo.nodes():

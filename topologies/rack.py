@@ -1,4 +1,5 @@
 """``rack``: N hosts behind one top-of-rack (ToR) switch (Mininet Topo)."""
+
 from __future__ import annotations
 
 from mininet.topo import Topo
@@ -26,9 +27,17 @@ class RackTopo(Topo):
         link_opts: extra link parameters for every link (delay, loss, max_queue_size).
     """
 
-    def build(self, racks: int = 1, hosts_per_rack: int = 4, host_bw_mbps: float = 100.0,
-              extra_hosts: tuple[HostRequest, ...] = (), interfaces_per_host: int = 1,
-              background_hosts_per_rack: int = 0, link_opts: dict | None = None, **_):
+    def build(
+        self,
+        racks: int = 1,
+        hosts_per_rack: int = 4,
+        host_bw_mbps: float = 100.0,
+        extra_hosts: tuple[HostRequest, ...] = (),
+        interfaces_per_host: int = 1,
+        background_hosts_per_rack: int = 0,
+        link_opts: dict | None = None,
+        **_,
+    ):
         self.link_opts = dict(link_opts or {})
         self.tors = []
         n = 0
@@ -41,14 +50,21 @@ class RackTopo(Topo):
         numbers: dict[str, int] = {}
         for req in extra_hosts:
             numbers[req.kind] = numbers.get(req.kind, 0) + 1
-            self._add_host(host_name(req.kind, numbers[req.kind]), req.rack, req.kind, self.tors[req.rack],
-                           host_bw_mbps, max(interfaces_per_host, req.interfaces))
+            self._add_host(
+                host_name(req.kind, numbers[req.kind]),
+                req.rack,
+                req.kind,
+                self.tors[req.rack],
+                host_bw_mbps,
+                max(interfaces_per_host, req.interfaces),
+            )
         n = 0
         for r in range(racks):
             for _b in range(background_hosts_per_rack):
                 n += 1
-                self._add_host(host_name("background", n), r, "background", self.tors[r], host_bw_mbps,
-                               interfaces_per_host)
+                self._add_host(
+                    host_name("background", n), r, "background", self.tors[r], host_bw_mbps, interfaces_per_host
+                )
 
     def _add_host(self, name, rack, kind, tor, bw, k):
         self.addHost(name, rack=rack, kind=kind)

@@ -1,4 +1,5 @@
 """``rack_core``: R racks of H hosts, each ToR with one uplink to a core switch."""
+
 from __future__ import annotations
 
 from topologies.hosts import CORE
@@ -14,5 +15,6 @@ class RackCoreTopo(RackTopo):
         super().build(**kw)
         core = self.addSwitch(CORE, role="core", rack=None)
         for r, tor in enumerate(self.tors):
-            self.addLink(tor, core, bw=uplink_bw_mbps, link_class="uplink", rack=r,
-                         bw_mbps=uplink_bw_mbps, **self.link_opts)
+            self.addLink(
+                tor, core, bw=uplink_bw_mbps, link_class="uplink", rack=r, bw_mbps=uplink_bw_mbps, **self.link_opts
+            )

@@ -1,14 +1,14 @@
 """The topology section of an experiment spec (``topology:``), owned by this package."""
+
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from common.errors import FieldError
-from topologies.hosts import uplink_mbps
 from common.validation import SpecModel
-
+from topologies.hosts import uplink_mbps
 
 #: the most hosts (worker, background and scheme-requested) a spec may ask for, and the most
 #: links from one host to its ToR: far beyond what one machine emulates (each host is a
@@ -41,10 +41,10 @@ MIN_RATE_MBPS = 0.0008
 MAX_DELAY_MS = 274_877.906944
 #: the largest queue limit, packets: tc's ``pfifo limit`` and netem's ``limit`` are 32-bit
 #: (measured: tc takes 4294967295 and refuses 4294967296, "Illegal value for limit")
-MAX_QUEUE_PACKETS = 2 ** 32 - 1
+MAX_QUEUE_PACKETS = 2**32 - 1
 #: the largest ``net.ipv4.tcp_notsent_lowat``: an unsigned int the kernel reads with
 #: ``proc_douintvec`` (net/ipv4/sysctl_net_ipv4.c), which refuses more with EINVAL
-MAX_NOTSENT_LOWAT_BYTES = 2 ** 32 - 1
+MAX_NOTSENT_LOWAT_BYTES = 2**32 - 1
 #: the largest ``net.ipv4.tcp_min_tso_segs``: the kernel keeps it in one byte and refuses 0
 #: (measured in a namespace, kernel 6.18: 1 and 255 are taken, 0 and 256 refused, EINVAL)
 MAX_MIN_TSO_SEGS = 255
@@ -68,11 +68,14 @@ def rate_error(field: str, bw: float, scale: float, upper: bool = True) -> Field
     if MIN_RATE_MBPS <= shaped and (not upper or shaped <= MAX_RATE_MBPS):
         return None
     low = shaped < MIN_RATE_MBPS
-    return FieldError(field, bw, f"a rate whose shaped rate ({bw:g} / scale {scale:g} = {shaped:g} Mbit/s) is "
-                                 f"{'at least' if low else 'at most'} {MIN_RATE_MBPS if low else MAX_RATE_MBPS:g} Mbit/s "
-                                 f"(htb shapes [{MIN_RATE_MBPS:g}, {MAX_RATE_MBPS:g}] Mbit/s on this machine): "
-                                 + ("raise it" + (" or lower scale" if scale > 1 else "") if low else
-                                    "lower it or raise scale"))
+    return FieldError(
+        field,
+        bw,
+        f"a rate whose shaped rate ({bw:g} / scale {scale:g} = {shaped:g} Mbit/s) is "
+        f"{'at least' if low else 'at most'} {MIN_RATE_MBPS if low else MAX_RATE_MBPS:g} Mbit/s "
+        f"(htb shapes [{MIN_RATE_MBPS:g}, {MAX_RATE_MBPS:g}] Mbit/s on this machine): "
+        + ("raise it" + (" or lower scale" if scale > 1 else "") if low else "lower it or raise scale"),
+    )
 
 
 class TopologySpec(SpecModel):
@@ -81,9 +84,11 @@ class TopologySpec(SpecModel):
     ``rack``: ``hosts_per_rack`` hosts on one top-of-rack (ToR) switch (``racks`` is 1, its
     default for this kind). ``rack_core``: ``racks`` racks (default 2) of ``hosts_per_rack``
     hosts; each ToR has one uplink to a core switch of ``uplink_bw_mbps``, by default
-    ``hosts_per_rack * host_bw_mbps / oversubscription`` (Mbit/s). Hosts a scheme asks for (parameter-server hosts, PBoxes)
+    ``hosts_per_rack * host_bw_mbps / oversubscription`` (Mbit/s). Hosts a scheme asks for (parameter-server hosts,
+    PBoxes)
     are added to their racks (:class:`topologies.hosts.HostRequest`).
     """
+
     kind: Literal["rack", "rack_core"] = "rack_core"
     """``rack`` (one ToR) or ``rack_core`` (racks under a core switch)."""
     racks: int = Field(2, gt=0)
@@ -92,7 +97,7 @@ class TopologySpec(SpecModel):
     """Worker hosts per rack."""
     host_bw_mbps: float = Field(100.0, gt=0)
     """Rate of every host link, Mbit/s of the emulated network."""
-    uplink_bw_mbps: Optional[float] = Field(None, gt=0)
+    uplink_bw_mbps: float | None = Field(None, gt=0)
     """ToR->core uplink rate, Mbit/s; null: derived from ``oversubscription``."""
     oversubscription: float = 1.0
     """(hosts_per_rack x host_bw_mbps) / uplink rate, a ratio >= 1."""
@@ -101,7 +106,7 @@ class TopologySpec(SpecModel):
     :data:`MAX_DELAY_MS` (274,877 ms, netem's limit) and below ``run.timeout_s``."""
     loss_pct: float = 0.0
     """Packet loss of every link, % in [0, 100) (needs the netem qdisc)."""
-    max_queue_packets: Optional[int] = Field(None, gt=0, le=MAX_QUEUE_PACKETS)
+    max_queue_packets: int | None = Field(None, gt=0, le=MAX_QUEUE_PACKETS)
     """Queue limit of every shaped interface, packets (a pfifo leaf); null: the kernel's. At
     most 4294967295 (:data:`MAX_QUEUE_PACKETS`: tc's limits are 32-bit)."""
     interfaces_per_host: int = Field(1, gt=0)
@@ -111,14 +116,14 @@ class TopologySpec(SpecModel):
     so that a busy core can be emulated without loading the workers' own links."""
     mtu_bytes: int = 1500
     """MTU of every interface, bytes in [576, 9000] (9000: jumbo frames, less per-packet overhead)."""
-    tcp_notsent_lowat_bytes: Optional[int] = Field(None, gt=0, le=MAX_NOTSENT_LOWAT_BYTES)
+    tcp_notsent_lowat_bytes: int | None = Field(None, gt=0, le=MAX_NOTSENT_LOWAT_BYTES)
     """The hosts' ``net.ipv4.tcp_notsent_lowat``: unsent bytes a TCP socket accepts before a
     sender blocks. null keeps the kernel's default (unlimited: a send "completes" once it is
     in a socket buffer that autotuning grows to 16 MB, 32 ms of a 4 Gbit/s link); a small
     value (e.g. 131072) makes a blocking send follow the network's pace, which P3's
     application-level priority queue relies on (P3 Sec. 4.3). At most 4294967295
     (:data:`MAX_NOTSENT_LOWAT_BYTES`: the kernel's sysctl is an unsigned int)."""
-    tcp_congestion_control: Optional[Literal["cubic", "reno", "bbr"]] = "cubic"
+    tcp_congestion_control: Literal["cubic", "reno", "bbr"] | None = "cubic"
     """The hosts' TCP congestion control, set on every route of a host (``ip route ... congctl``),
     which selects it for each connection whatever the namespace's sysctl allows. The default,
     cubic, is Linux's default congestion control, so that a run does not depend on the
@@ -129,7 +134,7 @@ class TopologySpec(SpecModel):
     238-250 ms under cubic, and a 60-process iBatch run stalled when one flow's pacing rate
     fell to 680 bit/s. The congestion control each host used is recorded in
     ``topology.json``."""
-    tcp_min_tso_segs: Optional[int] = Field(None, ge=1, le=MAX_MIN_TSO_SEGS)
+    tcp_min_tso_segs: int | None = Field(None, ge=1, le=MAX_MIN_TSO_SEGS)
     """The hosts' ``net.ipv4.tcp_min_tso_segs``: the fewest MSS-sized segments Linux puts in
     one TSO/GSO packet. Linux sizes those packets to about 1 ms of a connection's pacing rate
     (``tcp_tso_autosize``), which time dilation divides by ``scale``: a host shaped at
@@ -150,7 +155,7 @@ class TopologySpec(SpecModel):
     default) turns the restart off, which matches the emulated network for every idle below
     its real timeout; true keeps the kernel's default."""
 
-    tcp_rto_min_ms: Optional[float] = Field(TCP_RTO_MIN_MS, gt=0, le=MAX_RTO_MIN_MS)
+    tcp_rto_min_ms: float | None = Field(TCP_RTO_MIN_MS, gt=0, le=MAX_RTO_MIN_MS)
     """The hosts' least TCP retransmission timeout, emulated ms, set on every route of a host
     (``ip route ... rto_min``, which iproute2 locks) and dilated (x ``scale``). The default,
     200, is Linux's own least (``TCP_RTO_MIN``, HZ/5 in ``include/net/tcp.h``), the value the
@@ -208,21 +213,37 @@ class TopologySpec(SpecModel):
         ``kind: rack``; at most :data:`MAX_HOSTS` hosts and :data:`MAX_INTERFACES` links per host."""
         out = []
         if self.kind == "rack" and self.racks != 1:
-            out.append(FieldError(f"{prefix}.racks", self.racks,
-                                  "1 for topology.kind 'rack' (use 'rack_core' for several racks)"))
+            out.append(
+                FieldError(
+                    f"{prefix}.racks", self.racks, "1 for topology.kind 'rack' (use 'rack_core' for several racks)"
+                )
+            )
         hosts = self.racks * (self.hosts_per_rack + self.background_hosts_per_rack)
         if hosts > MAX_HOSTS:
-            out.append(FieldError(prefix, {"racks": self.racks, "hosts_per_rack": self.hosts_per_rack,
-                                           "background_hosts_per_rack": self.background_hosts_per_rack},
-                                  f"at most {MAX_HOSTS} hosts in all (racks x (hosts_per_rack + "
-                                  f"background_hosts_per_rack) = {hosts})"))
+            out.append(
+                FieldError(
+                    prefix,
+                    {
+                        "racks": self.racks,
+                        "hosts_per_rack": self.hosts_per_rack,
+                        "background_hosts_per_rack": self.background_hosts_per_rack,
+                    },
+                    f"at most {MAX_HOSTS} hosts in all (racks x (hosts_per_rack + "
+                    f"background_hosts_per_rack) = {hosts})",
+                )
+            )
         if self.tcp_min_tso_segs is not None and self.tcp_congestion_control == "bbr":
-            out.append(FieldError(f"{prefix}.tcp_min_tso_segs", self.tcp_min_tso_segs,
-                                  "null with tcp_congestion_control 'bbr' (BBR sizes its packets itself; "
-                                  "use cubic or reno)"))
+            out.append(
+                FieldError(
+                    f"{prefix}.tcp_min_tso_segs",
+                    self.tcp_min_tso_segs,
+                    "null with tcp_congestion_control 'bbr' (BBR sizes its packets itself; use cubic or reno)",
+                )
+            )
         if self.interfaces_per_host > MAX_INTERFACES:
-            out.append(FieldError(f"{prefix}.interfaces_per_host", self.interfaces_per_host,
-                                  f"at most {MAX_INTERFACES}"))
+            out.append(
+                FieldError(f"{prefix}.interfaces_per_host", self.interfaces_per_host, f"at most {MAX_INTERFACES}")
+            )
         return out
 
     def rate_errors(self, scale: float, prefix: str = "topology", upper: bool = True) -> list[FieldError]:
@@ -241,21 +262,39 @@ class TopologySpec(SpecModel):
             err = rate_error(f"{prefix}.{name}", bw, scale, upper)
             if err is not None:
                 derived = name == "uplink_bw_mbps" and self.uplink_bw_mbps is None
-                out.append(FieldError(err.field, err.value, err.allowed + (
-                    " (this uplink is derived: hosts_per_rack x host_bw_mbps / oversubscription)" if derived else "")))
+                out.append(
+                    FieldError(
+                        err.field,
+                        err.value,
+                        err.allowed
+                        + (
+                            " (this uplink is derived: hosts_per_rack x host_bw_mbps / oversubscription)"
+                            if derived
+                            else ""
+                        ),
+                    )
+                )
         if self.delay_ms * scale > MAX_DELAY_MS:
-            out.append(FieldError(f"{prefix}.delay_ms", self.delay_ms,
-                                  f"a delay whose dilated value (delay_ms x scale {scale:g} = {self.delay_ms * scale:g} "
-                                  f"ms) is at most {MAX_DELAY_MS:g} ms (netem's latency is a 32-bit count of ticks)"))
+            out.append(
+                FieldError(
+                    f"{prefix}.delay_ms",
+                    self.delay_ms,
+                    f"a delay whose dilated value (delay_ms x scale {scale:g} = {self.delay_ms * scale:g} "
+                    f"ms) is at most {MAX_DELAY_MS:g} ms (netem's latency is a 32-bit count of ticks)",
+                )
+            )
         return out
 
-    def dilated(self, scale: float) -> "TopologySpec":
+    def dilated(self, scale: float) -> TopologySpec:
         """The topology as shaped on this machine under time dilation ``scale``: every rate
         divided by ``scale``, every delay and the least retransmission timeout multiplied by it."""
         if scale == 1:
             return self
-        return self.model_copy(update={"host_bw_mbps": self.host_bw_mbps / scale,
-                                       "uplink_bw_mbps": self.uplink_mbps() / scale,
-                                       "delay_ms": self.delay_ms * scale,
-                                       "tcp_rto_min_ms": (None if self.tcp_rto_min_ms is None
-                                                          else self.tcp_rto_min_ms * scale)})
+        return self.model_copy(
+            update={
+                "host_bw_mbps": self.host_bw_mbps / scale,
+                "uplink_bw_mbps": self.uplink_mbps() / scale,
+                "delay_ms": self.delay_ms * scale,
+                "tcp_rto_min_ms": (None if self.tcp_rto_min_ms is None else self.tcp_rto_min_ms * scale),
+            }
+        )

@@ -20,6 +20,7 @@ before the data arrives, and back. :class:`Identity` sends the float32 values un
 The element-wise error bounds (``|decode(encode(x)) - x| <= error_bound(x)``) are in each
 class's docstring and :meth:`Codec.error_bound`; ``tests/test_pipe_sgd.py`` checks them.
 """
+
 from __future__ import annotations
 
 import sys
@@ -39,6 +40,7 @@ class Codec:
         name: registry name (``workload.options.compression`` of ``pipe_sgd``).
         payload_dtype: dtype of the payload tensor sent on the wire.
     """
+
     name = ""
     payload_dtype = torch.float32
 
@@ -75,6 +77,7 @@ class Codec:
 
 class Identity(Codec):
     """No compression: the float32 values themselves (4 bytes per element); error 0."""
+
     name = "none"
     payload_dtype = torch.float32
 
@@ -105,10 +108,11 @@ class Truncation(Codec):
     ``x``); for subnormal ``x`` the dropped bits are worth less than ``2^16 * 2^-149``. So
     ``|x - T(x)| <= |x| * 2^-7 + 2^-133``. Infinities are kept; NaN stays NaN.
     """
+
     name = "truncation"
     payload_dtype = torch.int16
-    REL_ERROR = 2.0 ** -7
-    ABS_ERROR = 2.0 ** -133
+    REL_ERROR = 2.0**-7
+    ABS_ERROR = 2.0**-133
 
     def payload_numel(self, n: int) -> int:
         return n
@@ -141,10 +145,11 @@ class Quantization(Codec):
     place of ``max|x|``, so ``|x - Q(x)| <= max|x| * (1/254 + 2^-21)``. The bound is the same
     for every element of the vector (it depends on the vector's largest magnitude).
     """
+
     name = "quantization"
     payload_dtype = torch.uint8
     LEVELS = 127
-    ROUNDING = 2.0 ** -21
+    ROUNDING = 2.0**-21
 
     def payload_numel(self, n: int) -> int:
         return n + 4
@@ -163,7 +168,7 @@ class Quantization(Codec):
         return out
 
     def decode(self, payload: torch.Tensor, n: int, out: torch.Tensor | None = None) -> torch.Tensor:
-        scale = payload[n:n + 4].clone().view(torch.float32)
+        scale = payload[n : n + 4].clone().view(torch.float32)
         codes = payload[:n].view(torch.int8)
         return codes.to(torch.float32).mul_(scale) if out is None else torch.mul(codes, scale, out=out)
 

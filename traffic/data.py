@@ -11,13 +11,14 @@ data as ``W`` workers together.
 download) straight from its CSV, so that importing this module and loading the data does not
 import scikit-learn (which takes seconds in each of the run's processes).
 """
+
 from __future__ import annotations
 
 import gzip
 import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -37,6 +38,7 @@ class Dataset:
         y_test: ``(n_test,)`` int64.
         num_classes: number of classes.
     """
+
     name: str
     x_train: torch.Tensor
     y_train: torch.Tensor
@@ -60,9 +62,11 @@ _DATASETS: dict[str, Loader] = {}
 
 def register_dataset(name: str) -> Callable[[Loader], Loader]:
     """Decorator: register ``loader(seed) -> Dataset`` as ``name``."""
+
     def deco(fn: Loader) -> Loader:
         _DATASETS[name] = fn
         return fn
+
     return deco
 
 
@@ -83,8 +87,9 @@ def load_dataset(name: str, seed: int = 0) -> Dataset:
     return _DATASETS[name](seed)
 
 
-def split_standardize(name: str, x: np.ndarray, y: np.ndarray, num_classes: int, seed: int,
-                      test_fraction: float = 0.2) -> Dataset:
+def split_standardize(
+    name: str, x: np.ndarray, y: np.ndarray, num_classes: int, seed: int, test_fraction: float = 0.2
+) -> Dataset:
     """Shuffle-split ``(x, y)`` into train/test by ``seed`` and standardize each feature.
 
     ``x``: ``(n, *shape)``; the mean and standard deviation come from the training rows
@@ -101,8 +106,14 @@ def split_standardize(name: str, x: np.ndarray, y: np.ndarray, num_classes: int,
     std[std == 0] = 1.0
     x = ((x - mean) / std).astype(np.float32)
     y = y.astype(np.int64)
-    return Dataset(name, torch.from_numpy(x[train].copy()), torch.from_numpy(y[train].copy()),
-                   torch.from_numpy(x[test].copy()), torch.from_numpy(y[test].copy()), num_classes)
+    return Dataset(
+        name,
+        torch.from_numpy(x[train].copy()),
+        torch.from_numpy(y[train].copy()),
+        torch.from_numpy(x[test].copy()),
+        torch.from_numpy(y[test].copy()),
+        num_classes,
+    )
 
 
 def _sklearn_data_file(fname: str) -> Path:
@@ -132,6 +143,7 @@ def digits_raw() -> tuple[np.ndarray, np.ndarray]:
             raw = np.loadtxt(f, delimiter=",")
         return raw[:, :-1], raw[:, -1].astype(int)
     from sklearn.datasets import load_digits  # layout changed in some version: use its loader
+
     return load_digits(return_X_y=True)
 
 
@@ -210,5 +222,5 @@ class GlobalBatches:
         """
         if not 0 <= worker < self.workers:
             raise ValueError(f"worker index {worker} not in [0, {self.workers})")
-        idx = self.indices(it)[worker * self.batch_size:(worker + 1) * self.batch_size]
+        idx = self.indices(it)[worker * self.batch_size : (worker + 1) * self.batch_size]
         return self.dataset.x_train[idx], self.dataset.y_train[idx]

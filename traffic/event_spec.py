@@ -25,12 +25,14 @@ straggler of emulated compute); the harness applies the rest (:mod:`testbed.even
 checks what needs the built topology (unknown links, hosts, processes) before anything is
 built. :func:`event_errors` holds the checks that need only the spec.
 """
+
 from __future__ import annotations
 
 import math
 import threading
 import time
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from pydantic import field_validator
 
@@ -38,8 +40,17 @@ from common.errors import FieldError, SpecError
 from common.validation import SpecModel, validate
 from topologies.spec import rate_error
 
-__all__ = ["ScheduledEvent", "KINDS", "TRIGGERS", "LINK_PREFIXES", "COMPUTE_ROLES", "MAX_SLOWDOWN",
-           "event_errors", "parse_events", "ComputeSlowdown"]
+__all__ = [
+    "ScheduledEvent",
+    "KINDS",
+    "TRIGGERS",
+    "LINK_PREFIXES",
+    "COMPUTE_ROLES",
+    "MAX_SLOWDOWN",
+    "event_errors",
+    "parse_events",
+    "ComputeSlowdown",
+]
 
 #: the kinds of action, as recorded in ``schedule.jsonl``
 KINDS = ("link_rate", "link_down", "link_up", "compute_slowdown", "kill")
@@ -54,47 +65,56 @@ COMPUTE_ROLES = ("worker", "fc")
 #: core; cgroup v1 takes at least 1 ms of quota per period of at most 1 s)
 MAX_SLOWDOWN = 1000.0
 
-_ACTIONS = ("one action: {link, bw_mbps} (a link's rate), {link, down: true}, {link, up: true}, "
-            "{host, compute_slowdown} (a straggler) or {kill: <process name>}")
-_TRIGGER = ("one trigger: at_s (emulated seconds >= 0 from the start of the first measured iteration) or "
-            "at_iteration (a global iteration index >= 0)")
-_LINK = ("uplink:<tor> (the ToR-core link of that ToR, e.g. uplink:tor1) or host:<host> (that host's access "
-         "link, e.g. host:h3)")
+_ACTIONS = (
+    "one action: {link, bw_mbps} (a link's rate), {link, down: true}, {link, up: true}, "
+    "{host, compute_slowdown} (a straggler) or {kill: <process name>}"
+)
+_TRIGGER = (
+    "one trigger: at_s (emulated seconds >= 0 from the start of the first measured iteration) or "
+    "at_iteration (a global iteration index >= 0)"
+)
+_LINK = (
+    "uplink:<tor> (the ToR-core link of that ToR, e.g. uplink:tor1) or host:<host> (that host's access "
+    "link, e.g. host:h3)"
+)
 
 
 class ScheduledEvent(SpecModel):
     """One scheduled event: one trigger (``at_s`` or ``at_iteration``) and one action (see
     the module doc). Which fields go together is checked by :func:`event_errors`."""
-    at_s: Optional[float] = None
+
+    at_s: float | None = None
     """Trigger: emulated seconds from the start of the first measured iteration (global
     iteration ``workload.warmup_iterations``), a number >= 0 with ``at_s x scale`` below
     ``run.timeout_s`` (the run is stopped before a later one comes)."""
-    at_iteration: Optional[int] = None
+    at_iteration: int | None = None
     """Trigger: a global iteration index (from 0), below ``workload.iterations``."""
-    link: Optional[str] = None
+    link: str | None = None
     """The link of a ``bw_mbps``, ``down`` or ``up`` action: ``uplink:<tor>`` or ``host:<host>``."""
-    bw_mbps: Optional[float] = None
+    bw_mbps: float | None = None
     """The link's new rate, emulated Mbit/s > 0 (shaped at ``bw_mbps / scale`` on both ends)."""
-    down: Optional[bool] = None
+    down: bool | None = None
     """``true``: take the link down (its switch-side ends), until an ``up`` event."""
-    up: Optional[bool] = None
+    up: bool | None = None
     """``true``: bring the link back up."""
-    host: Optional[str] = None
+    host: str | None = None
     """The host of a ``compute_slowdown``."""
-    compute_slowdown: Optional[float] = None
+    compute_slowdown: float | None = None
     """Factor on the host's compute from the trigger on (2: twice as slow; 1: back to
     normal), in (0, 1000]. Emulated compute: each process on the host multiplies its
     per-layer times by it; real compute: the harness throttles the host's processes to
     1/factor of a core with the cpu cgroup controller."""
-    kill: Optional[str] = None
+    kill: str | None = None
     """Action: kill this process (a name of ``processes.json``, e.g. ``worker3``)."""
 
     @field_validator("at_s")
     @classmethod
     def _at_s(cls, v):
         if v is not None and v < 0:
-            raise ValueError("a time >= 0: emulated seconds from the start of the first measured iteration "
-                             "(a time in the past is not possible)")
+            raise ValueError(
+                "a time >= 0: emulated seconds from the start of the first measured iteration "
+                "(a time in the past is not possible)"
+            )
         return v
 
     @field_validator("at_iteration")
@@ -169,34 +189,47 @@ def _shape_errors(e: ScheduledEvent, path: str) -> list[FieldError]:
     if not triggers:
         out.append(FieldError(path, e.given(), _TRIGGER))
     elif len(triggers) > 1:
-        out.append(FieldError(f"{path}.at_iteration", e.at_iteration,
-                              f"left out when at_s is given ({_TRIGGER})"))
+        out.append(FieldError(f"{path}.at_iteration", e.at_iteration, f"left out when at_s is given ({_TRIGGER})"))
     for flag in ("down", "up"):
         if getattr(e, flag) is False:
             out.append(FieldError(f"{path}.{flag}", False, f"true, or leave it out ({_ACTIONS})"))
-    actions = [f for f in ("bw_mbps", "down", "up", "compute_slowdown", "kill")
-               if getattr(e, f) is not None and getattr(e, f) is not False]
+    actions = [
+        f
+        for f in ("bw_mbps", "down", "up", "compute_slowdown", "kill")
+        if getattr(e, f) is not None and getattr(e, f) is not False
+    ]
     if not actions:
         if any(getattr(e, f) is False for f in ("down", "up")):
             pass  # reported above
         elif e.link is not None:
             out.append(FieldError(path, e.given(), f"an action on link {e.link}: bw_mbps, down: true or up: true"))
         elif e.host is not None:
-            out.append(FieldError(f"{path}.compute_slowdown", None, f"the factor on host {e.host}'s compute "
-                                  f"(> 0, e.g. 2.0: twice as slow), the one action that acts on a host"))
+            out.append(
+                FieldError(
+                    f"{path}.compute_slowdown",
+                    None,
+                    f"the factor on host {e.host}'s compute "
+                    f"(> 0, e.g. 2.0: twice as slow), the one action that acts on a host",
+                )
+            )
         else:
             out.append(FieldError(path, e.given(), _ACTIONS))
         return out
     elif len(actions) > 1:
-        out.append(FieldError(f"{path}.{actions[1]}", getattr(e, actions[1]),
-                              f"left out: {actions[0]} is this event's action ({_ACTIONS}; several actions "
-                              f"need several events)"))
+        out.append(
+            FieldError(
+                f"{path}.{actions[1]}",
+                getattr(e, actions[1]),
+                f"left out: {actions[0]} is this event's action ({_ACTIONS}; several actions need several events)",
+            )
+        )
     link_action = bool(set(actions) & {"bw_mbps", "down", "up"})
     if link_action and e.link is None:
         out.append(FieldError(f"{path}.link", None, f"the link to act on: {_LINK}"))
     if e.link is not None and not link_action and actions:
-        out.append(FieldError(f"{path}.link", e.link, f"left out: only bw_mbps, down and up act on a link "
-                                                      f"({_ACTIONS})"))
+        out.append(
+            FieldError(f"{path}.link", e.link, f"left out: only bw_mbps, down and up act on a link ({_ACTIONS})")
+        )
     if "compute_slowdown" in actions and e.host is None:
         out.append(FieldError(f"{path}.host", None, "the host whose compute slows down, e.g. h4"))
     if e.host is not None and "compute_slowdown" not in actions:
@@ -208,12 +241,24 @@ def _shape_errors(e: ScheduledEvent, path: str) -> list[FieldError]:
 
 #: which part of its target an action changes: two events changing the same part of the
 #: same target at the same trigger conflict (their order would be undefined)
-_ASPECT = {"link_rate": "rate", "link_down": "state (up or down)", "link_up": "state (up or down)",
-           "compute_slowdown": "compute", "kill": "life"}
+_ASPECT = {
+    "link_rate": "rate",
+    "link_down": "state (up or down)",
+    "link_up": "state (up or down)",
+    "compute_slowdown": "compute",
+    "kill": "life",
+}
 
 
-def event_errors(events: list[ScheduledEvent], *, iterations: int, topology_kind: str, scale: float | str = 1.0,
-                 timeout_s: float = math.inf, prefix: str = "events") -> list[FieldError]:
+def event_errors(
+    events: list[ScheduledEvent],
+    *,
+    iterations: int,
+    topology_kind: str,
+    scale: float | str = 1.0,
+    timeout_s: float = math.inf,
+    prefix: str = "events",
+) -> list[FieldError]:
     """The checks of ``events`` that need only the spec (each event's fields being valid).
 
     Args:
@@ -244,26 +289,49 @@ def event_errors(events: list[ScheduledEvent], *, iterations: int, topology_kind
         shape = _shape_errors(e, path)
         out += shape
         if e.at_iteration is not None and e.at_iteration >= iterations:
-            out.append(FieldError(f"{path}.at_iteration", e.at_iteration,
-                                  f"an iteration index below workload.iterations ({iterations}): iterations are "
-                                  f"numbered from 0, and a later one never comes"))
+            out.append(
+                FieldError(
+                    f"{path}.at_iteration",
+                    e.at_iteration,
+                    f"an iteration index below workload.iterations ({iterations}): iterations are "
+                    f"numbered from 0, and a later one never comes",
+                )
+            )
         if e.at_s is not None and not e.at_s * s < timeout_s:
-            out.append(FieldError(f"{path}.at_s", e.at_s, f"a time whose dilated value (at_s x scale {s:g} = "
-                                  f"{e.at_s * s:g} s) is below run.timeout_s ({timeout_s:g} s): the run is stopped "
-                                  f"before it comes"))
+            out.append(
+                FieldError(
+                    f"{path}.at_s",
+                    e.at_s,
+                    f"a time whose dilated value (at_s x scale {s:g} = "
+                    f"{e.at_s * s:g} s) is below run.timeout_s ({timeout_s:g} s): the run is stopped "
+                    f"before it comes",
+                )
+            )
         if e.bw_mbps is not None and (err := rate_error(f"{path}.bw_mbps", e.bw_mbps, s, upper=not auto)):
             out.append(err)
         if e.link is not None and e.link.startswith("uplink:") and topology_kind != "rack_core":
-            out.append(FieldError(f"{path}.link", e.link, f"host:<host>: uplinks exist only with topology.kind "
-                                                         f"'rack_core' (this topology is {topology_kind!r})"))
+            out.append(
+                FieldError(
+                    f"{path}.link",
+                    e.link,
+                    f"host:<host>: uplinks exist only with topology.kind "
+                    f"'rack_core' (this topology is {topology_kind!r})",
+                )
+            )
         if shape:
             continue
         key = (e.trigger, e.target, _ASPECT[e.kind])
         if key in seen:
             j = seen[key]
-            out.append(FieldError(path, e.given(), f"an event that does not change the {_ASPECT[e.kind]} of "
-                                  f"{e.target} at the same trigger as {prefix}[{j}] ({events[j].given()}): "
-                                  f"their order would be undefined"))
+            out.append(
+                FieldError(
+                    path,
+                    e.given(),
+                    f"an event that does not change the {_ASPECT[e.kind]} of "
+                    f"{e.target} at the same trigger as {prefix}[{j}] ({events[j].given()}): "
+                    f"their order would be undefined",
+                )
+            )
         else:
             seen[key] = i
     return out
@@ -309,8 +377,14 @@ class ComputeSlowdown:
         clock: seconds of a monotonic clock (for tests).
     """
 
-    def __init__(self, events: list[tuple[int, ScheduledEvent]], scale: float, warmup_iterations: int,
-                 log=None, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        events: list[tuple[int, ScheduledEvent]],
+        scale: float,
+        warmup_iterations: int,
+        log=None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.pending = list(events)
         self.scale, self.warmup, self.log, self.clock = float(scale), int(warmup_iterations), log, clock
         self.current = 1.0
@@ -320,8 +394,9 @@ class ComputeSlowdown:
         self._lock = threading.Lock()
 
     @classmethod
-    def for_host(cls, events: list[ScheduledEvent], host: str | None, scale: float, warmup_iterations: int,
-                 log=None) -> "ComputeSlowdown | None":
+    def for_host(
+        cls, events: list[ScheduledEvent], host: str | None, scale: float, warmup_iterations: int, log=None
+    ) -> ComputeSlowdown | None:
         """The slowdown of ``host``'s processes, or None when no event slows it."""
         mine = [(i, e) for i, e in enumerate(events) if e.kind == "compute_slowdown" and e.host == host]
         return cls(mine, scale, warmup_iterations, log) if mine and host is not None else None

@@ -10,14 +10,15 @@ worker host of the emulated network, each with the variables ``torchrun`` would 
 own rendezvous there, so :func:`launcher_refusal` turns such a command into a spec error that
 gives the command the launcher would have run.
 """
+
 from __future__ import annotations
 
 import contextlib
 import io
 import re
 import shlex
+from collections.abc import Sequence
 from pathlib import PurePath
-from typing import Sequence
 
 __all__ = ["launcher_of", "unwrap", "launcher_refusal"]
 
@@ -82,6 +83,7 @@ def unwrap(command: Sequence[str]) -> tuple[list[str] | None, int | None]:
         script = next((i for i, a in enumerate(args) if a.endswith(".py")), None)
         return (None, None) if script is None else (["python", *args[script:]], None)
     from torch.distributed.run import get_args_parser  # lazy: torch's elastic launcher, only for its command
+
     try:
         with contextlib.redirect_stderr(io.StringIO()):  # its usage message: the refusal says what to do
             ns, _ = get_args_parser().parse_known_args(args)
@@ -101,12 +103,19 @@ def launcher_refusal(command: Sequence[str]) -> str | None:
     if launcher is None:
         return None
     inner, per_host = unwrap(command)
-    instead = (f"give the command {launcher} would run in each process: {shlex.join(inner)}" if inner else
-               f"give the command {launcher} would run in each process (e.g. python train.py)")
+    instead = (
+        f"give the command {launcher} would run in each process: {shlex.join(inner)}"
+        if inner
+        else f"give the command {launcher} would run in each process (e.g. python train.py)"
+    )
     if per_host and per_host > 1:
-        instead += (f", and {per_host} processes per host with workload.program.processes_per_host: {per_host} "
-                    f"(--set workload.program.processes_per_host={per_host})")
-    return (f"a command without a distributed launcher: {launcher} starts its own processes and rendezvous on one "
-            "host, while the testbed already starts the program on every worker host (processes_per_host times) "
-            "with the variables torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR on the "
-            f"emulated network, MASTER_PORT); {instead}")
+        instead += (
+            f", and {per_host} processes per host with workload.program.processes_per_host: {per_host} "
+            f"(--set workload.program.processes_per_host={per_host})"
+        )
+    return (
+        f"a command without a distributed launcher: {launcher} starts its own processes and rendezvous on one "
+        "host, while the testbed already starts the program on every worker host (processes_per_host times) "
+        "with the variables torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR on the "
+        f"emulated network, MASTER_PORT); {instead}"
+    )

@@ -15,12 +15,13 @@ Each mark is one ``iteration`` event in ``events/<process>.jsonl`` (the format o
 (the variable unset) every call does nothing, so the program runs unchanged elsewhere. This
 module needs only the standard library.
 """
+
 from __future__ import annotations
 
 import contextlib
 import os
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 from traffic.runtime.events import EventLog
 
@@ -35,8 +36,7 @@ def _events() -> EventLog | None:
     if not path:
         return None
     if _log is None or str(_log.path) != path:
-        _log = EventLog(path, os.environ.get("TESTBED_PROC", "worker0"), "worker",
-                        int(os.environ.get("RANK", "0")))
+        _log = EventLog(path, os.environ.get("TESTBED_PROC", "worker0"), "worker", int(os.environ.get("RANK", "0")))
     return _log
 
 

@@ -8,6 +8,7 @@ mean cross entropy over the global batch, which equals the mean of the workers' 
 losses, so a correct synchronous scheme (``ps``, ``allreduce``) ends with the same
 parameters up to floating-point rounding.
 """
+
 from __future__ import annotations
 
 import torch

@@ -56,7 +56,8 @@ seconds of wall clock, unless a name says otherwise.
     ``{"world_size": N, "master_addr": ip of the first process, "master_port": int,
     "timeout_s": the run's time limit, "processes": [{"name": "worker0", "role": "worker",
     "index": 0, "rank": 0, "host": "h1", "rack": 0, "ip": "10.0.0.1", "iface": "h1-eth0",
-    "iface_index": 0}, ...]}``; ranks follow list order; ``rack`` counts from 0. ``iface_index`` is the planned interface of the host (``ProcessPlan.iface``; 0 is
+    "iface_index": 0}, ...]}``; ranks follow list order; ``rack`` counts from 0. ``iface_index`` is the planned
+    interface of the host (``ProcessPlan.iface``; 0 is
     ``<host>-eth0``), ``ip``/``iface`` its address and name (``127.0.0.1``/``lo`` in a
     loopback run). Each process runs ``python -u -m traffic.runtime RUN_DIR NAME`` on its
     host with ``GLOO_SOCKET_IFNAME=<iface>`` and ``OMP_NUM_THREADS=MKL_NUM_THREADS=1``; on a
@@ -202,6 +203,7 @@ written by :func:`analysis.metrics.summarize`, which defines every figure)
     value that cannot be computed is null; a run whose files cannot be loaded gets only
     ``status, error, run_id, analysis_errors``.
 """
+
 from __future__ import annotations
 
 import json
@@ -217,9 +219,21 @@ from common.validation import load_yaml
 
 SUBDIRS = ("events", "results", "params", "logs", "traces")
 #: the columns of ``sweep.csv`` after the swept values and ``variant``, in order
-SWEEP_FIGURES = ("scheme", "status", "samples_per_s", "samples_per_s_spread95", "samples_per_s_mean_ci95_low",
-                 "samples_per_s_mean_ci95_high", "iter_mean_s", "iter_p95_s", "core_bytes", "accuracy", "cpu_starved",
-                 "host_cost_overrun", "run_dir")
+SWEEP_FIGURES = (
+    "scheme",
+    "status",
+    "samples_per_s",
+    "samples_per_s_spread95",
+    "samples_per_s_mean_ci95_low",
+    "samples_per_s_mean_ci95_high",
+    "iter_mean_s",
+    "iter_p95_s",
+    "core_bytes",
+    "accuracy",
+    "cpu_starved",
+    "host_cost_overrun",
+    "run_dir",
+)
 #: a ``sweep.csv`` column under the name an older file gives it -> its name in :data:`SWEEP_FIGURES`
 SWEEP_RENAMED = {"samples_per_s_ci95": "samples_per_s_spread95"}
 
@@ -236,14 +250,22 @@ def _contained(parent: Path, name: str) -> Path:
         TestbedError: ``name`` is not one path component (empty, ``.``, ``..``, a ``/`` or a
             NUL in it, longer than 255 bytes), or ``parent / name`` resolves outside ``parent``.
     """
-    if (not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\0" in name
-            or len(name.encode("utf-8", "surrogateescape")) > 255):
-        raise TestbedError(f"run id {name!r} is not a directory name: a run's output never goes outside "
-                           f"the runs directory {parent}")
+    if (
+        not isinstance(name, str)
+        or name in ("", ".", "..")
+        or "/" in name
+        or "\0" in name
+        or len(name.encode("utf-8", "surrogateescape")) > 255
+    ):
+        raise TestbedError(
+            f"run id {name!r} is not a directory name: a run's output never goes outside the runs directory {parent}"
+        )
     path = parent / name
     if path.resolve().parent != parent.resolve():
-        raise TestbedError(f"run directory {path} resolves to {path.resolve()}, outside the runs directory "
-                           f"{parent.resolve()}: a run's output never goes outside it")
+        raise TestbedError(
+            f"run directory {path} resolves to {path.resolve()}, outside the runs directory "
+            f"{parent.resolve()}: a run's output never goes outside it"
+        )
     return path
 
 
@@ -273,8 +295,10 @@ def create(parent: str | Path, run_id: str, exclusive_id: bool = True, subdirs=S
             break
         except FileExistsError:
             if exclusive_id:
-                raise TestbedError(f"run directory {path} already exists; earlier results are never "
-                                   f"overwritten: choose another run.id or remove it yourself") from None
+                raise TestbedError(
+                    f"run directory {path} already exists; earlier results are never "
+                    f"overwritten: choose another run.id or remove it yourself"
+                ) from None
             n += 1
             path = _contained(parent, f"{run_id}-{n}")
         except OSError as e:
@@ -384,8 +408,9 @@ def find_runs(paths) -> list[Path]:
         try:
             exists, is_dir = p.exists(), p.is_dir()
         except OSError as e:  # e.g. a name too long for the file system
-            raise NotARunError(f"{p} cannot be looked at ({e.strerror or e}); give run or sweep directories "
-                               f"(see 'testbed ls')") from None
+            raise NotARunError(
+                f"{p} cannot be looked at ({e.strerror or e}); give run or sweep directories (see 'testbed ls')"
+            ) from None
         if is_run(p):
             out.append(p)
         elif is_dir and is_sweep(p):
@@ -396,9 +421,11 @@ def find_runs(paths) -> list[Path]:
         elif not exists:
             raise NotARunError(f"{p} does not exist; give run or sweep directories (see 'testbed ls')")
         else:
-            raise NotARunError(f"{p} is neither a run directory (spec.yaml with summary.json or "
-                               f"processes.json) nor a sweep directory (sweep.yaml or sweep.csv); "
-                               f"see 'testbed ls'")
+            raise NotARunError(
+                f"{p} is neither a run directory (spec.yaml with summary.json or "
+                f"processes.json) nor a sweep directory (sweep.yaml or sweep.csv); "
+                f"see 'testbed ls'"
+            )
     return out
 
 

@@ -4,11 +4,12 @@
 :class:`~traffic.schemes.base.SchemeOptions` model); :func:`workload_errors` checks them
 with the rest of the section.
 """
+
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
@@ -16,10 +17,10 @@ from common.errors import FieldError, SpecError, TestbedError
 from common.validation import SpecModel, did_you_mean, one_of
 from traffic import schemes
 from traffic.chakra import load_trace
+from traffic.compute_profiles import load_profile
 from traffic.data import available_datasets
 from traffic.launchers import launcher_refusal
 from traffic.models import available_models
-from traffic.compute_profiles import load_profile
 
 #: the scheme name of a researcher's own program (``workload.program``)
 PROGRAM_SCHEME = "program"
@@ -28,8 +29,12 @@ TRACE_SCHEME = "trace"
 
 #: PS configurations of PHub (Section 2.1, Figure 4): placement and whether the
 #: keys are centralized on one server process or sharded over several.
-PS_CONFIGS = {"CC": ("colocated", "centralized"), "CS": ("colocated", "sharded"),
-              "NCC": ("dedicated", "centralized"), "NCS": ("dedicated", "sharded")}
+PS_CONFIGS = {
+    "CC": ("colocated", "centralized"),
+    "CS": ("colocated", "sharded"),
+    "NCC": ("dedicated", "centralized"),
+    "NCS": ("dedicated", "sharded"),
+}
 
 
 class ServersSpec(SpecModel):
@@ -56,9 +61,10 @@ class ServersSpec(SpecModel):
     PHub Section 3.4). ``count`` and ``placement`` may be given with ``config`` only if
     they agree with it; left out, they take what ``config`` implies (else 1, colocated).
     """
-    count: Optional[int] = Field(None, ge=0)
+
+    count: int | None = Field(None, ge=0)
     """Servers per scope (per rack if ``scope: per_rack``); 0: one per worker."""
-    placement: Optional[Literal["colocated", "dedicated"]] = None
+    placement: Literal["colocated", "dedicated"] | None = None
     """``colocated`` (a server process on a worker's host) or ``dedicated`` (extra hosts
     ``ps1..`` that run only servers)."""
     scope: Literal["global", "per_rack"] = "global"
@@ -67,7 +73,7 @@ class ServersSpec(SpecModel):
     """Links of each dedicated server host to its ToR, each shaped like a host link with its
     own address; k > 1 makes a PBox (PHub Section 3.3, Figure 9). More than 1 needs
     ``placement: dedicated``."""
-    config: Optional[Literal["CC", "CS", "NCC", "NCS"]] = None
+    config: Literal["CC", "CS", "NCC", "NCS"] | None = None
     """One of PHub's four PS configurations (table above)."""
 
     _given: dict = PrivateAttr(default_factory=dict)
@@ -100,19 +106,40 @@ class ServersSpec(SpecModel):
         if self.config is not None:
             placement, kind = PS_CONFIGS[self.config]
             if given.get("placement") not in (None, placement):
-                out.append(FieldError(f"{prefix}.placement", given["placement"],
-                                      f"{placement!r} for servers.config {self.config} (PHub Figure 4), or leave it out"))
+                out.append(
+                    FieldError(
+                        f"{prefix}.placement",
+                        given["placement"],
+                        f"{placement!r} for servers.config {self.config} (PHub Figure 4), or leave it out",
+                    )
+                )
             c = given.get("count")
             if c is not None and kind == "centralized" and c != 1:
-                out.append(FieldError(f"{prefix}.count", c, f"1 for servers.config {self.config} "
-                                      "(centralized: one server process), or leave it out"))
+                out.append(
+                    FieldError(
+                        f"{prefix}.count",
+                        c,
+                        f"1 for servers.config {self.config} (centralized: one server process), or leave it out",
+                    )
+                )
             if c is not None and kind == "sharded" and c == 1:
-                out.append(FieldError(f"{prefix}.count", c, f"0 (one per worker) or >= 2 for servers.config "
-                                      f"{self.config} (sharded: several server processes), or leave it out"))
+                out.append(
+                    FieldError(
+                        f"{prefix}.count",
+                        c,
+                        f"0 (one per worker) or >= 2 for servers.config "
+                        f"{self.config} (sharded: several server processes), or leave it out",
+                    )
+                )
         if self.interfaces > 1 and self.placement != "dedicated":
-            out.append(FieldError(f"{prefix}.interfaces", self.interfaces,
-                                  "1 unless workload.servers.placement is 'dedicated' (colocated servers use "
-                                  "their worker host's links; topology.interfaces_per_host sets those)"))
+            out.append(
+                FieldError(
+                    f"{prefix}.interfaces",
+                    self.interfaces,
+                    "1 unless workload.servers.placement is 'dedicated' (colocated servers use "
+                    "their worker host's links; topology.interfaces_per_host sets those)",
+                )
+            )
         return out
 
 
@@ -129,11 +156,12 @@ MAX_ITERATIONS = 1_000_000
 #: the largest seed: numpy's ``RandomState`` takes seeds in [0, 2**32 - 1]; the data order
 #: (``numpy.random.default_rng``) refuses a negative seed with ValueError, and torch one
 #: beyond 2**64 - 1 (emulated compute seeds its gradients with seed x 100,003 + rank)
-MAX_SEED = 2 ** 32 - 1
+MAX_SEED = 2**32 - 1
 
 
 class OptimizerSpec(SpecModel):
     """SGD with momentum (torch.optim.SGD semantics): v = m*v + g + wd*p; p -= lr*v."""
+
     lr: float = Field(0.05, gt=0)
     """Learning rate."""
     momentum: float = 0.9
@@ -158,6 +186,7 @@ class ComputeSpec(SpecModel):
     parameters and gradients stay real tensors of the layers' true sizes (throughput
     experiments).
     """
+
     mode: Literal["real", "emulated"] = "real"
     """``real`` or ``emulated``."""
     memory: Literal["full", "light"] = "full"
@@ -189,6 +218,7 @@ class ProgramSpec(SpecModel):
     script that calls ``torch.distributed.init_process_group("gloo")`` with the default
     ``env://`` runs as it is; it may mark iterations with :mod:`traffic.marks`.
     """
+
     command: list[str] = Field(min_length=1)
     """The command line, e.g. ``[python, train.py, --epochs, "1"]``; ``python`` is the
     testbed's interpreter (the one with torch). Not a distributed launcher (``torchrun``,
@@ -196,7 +226,7 @@ class ProgramSpec(SpecModel):
     (:mod:`traffic.launchers`)."""
     processes_per_host: int = Field(1, ge=1, le=64)
     """Processes started on each worker host (``LOCAL_WORLD_SIZE``)."""
-    cwd: Optional[str] = None
+    cwd: str | None = None
     """Working directory: in a spec file, relative to the file's folder; else relative to the
     current directory; left out: the spec file's folder (the current directory)."""
     env: dict[str, str] = Field(default_factory=dict)
@@ -219,20 +249,36 @@ class ProgramSpec(SpecModel):
         cwd = Path(self.cwd or ".")
         try:
             if not cwd.is_dir():
-                return [FieldError(f"{prefix}.cwd", self.cwd, "an existing folder (relative to the spec file's "
-                                                               "folder)")]
+                return [
+                    FieldError(f"{prefix}.cwd", self.cwd, "an existing folder (relative to the spec file's folder)")
+                ]
             name = self.command[0]
-            found = (name in ("python", "python3") or (("/" in name) and (cwd / name).is_file())
-                     or ("/" not in name and shutil.which(name) is not None))
+            found = (
+                name in ("python", "python3")
+                or (("/" in name) and (cwd / name).is_file())
+                or ("/" not in name and shutil.which(name) is not None)
+            )
         except (OSError, ValueError) as e:  # a path the OS refuses
             return [FieldError(f"{prefix}.cwd", self.cwd, f"a usable folder ({type(e).__name__}: {e})")]
         if not found:
-            return [FieldError(f"{prefix}.command", self.command, f"a command whose program exists: {name!r} is not "
-                               f"on PATH" + (f" nor a file under {cwd}" if "/" in name else ""))]
+            return [
+                FieldError(
+                    f"{prefix}.command",
+                    self.command,
+                    f"a command whose program exists: {name!r} is not "
+                    f"on PATH" + (f" nor a file under {cwd}" if "/" in name else ""),
+                )
+            ]
         script = self.command[1] if name in ("python", "python3") and len(self.command) > 1 else None
         if script is not None and script.endswith(".py") and not (cwd / script).is_file():
-            return [FieldError(f"{prefix}.command", self.command, f"a script that exists: no {script} under {cwd.resolve()} "
-                               f"(workload.program.cwd, relative to the spec file's folder)")]
+            return [
+                FieldError(
+                    f"{prefix}.command",
+                    self.command,
+                    f"a script that exists: no {script} under {cwd.resolve()} "
+                    f"(workload.program.cwd, relative to the spec file's folder)",
+                )
+            ]
         return []
 
 
@@ -247,6 +293,7 @@ class TraceSpec(SpecModel):
     again from its first iteration. ``batch_size`` is the samples each iteration counts (for
     samples/s); ``model``, ``dataset``, ``optimizer`` and the servers are unused.
     """
+
     path: str = Field(min_length=1)
     """The trace's prefix: its files are ``<path>.0.et``, ``<path>.1.et``, ... (one per rank).
     In a spec file, relative to the file's folder; on the command line (``--trace``), to the
@@ -262,6 +309,7 @@ class WorkloadSpec(SpecModel):
     (progress display, ``at_iteration`` events); ``model``, ``dataset``, ``optimizer`` and
     the servers are unused.
     """
+
     scheme: str = "ps"
     """A registered scheme name, ``package.module:ClassName``, or an entry point of the group
     ``dl_netbed.schemes`` (:func:`traffic.schemes.get`)."""
@@ -279,7 +327,7 @@ class WorkloadSpec(SpecModel):
     """First iterations left out of the measured figures; left out: 5, or ``iterations - 1``
     when the run is shorter (a default never contradicts the ``iterations`` written). With
     ``max_warmup_iterations``, the fewest."""
-    max_warmup_iterations: Optional[int] = Field(None, ge=0)
+    max_warmup_iterations: int | None = Field(None, ge=0)
     """Warm up until steady: the warm-up is the fewest iterations, from ``warmup_iterations``
     to this many, after which the next ``iterations - max_warmup_iterations`` iterations had
     settled (the steadiness rule of :func:`analysis.metrics.settled_warmup`, chosen when the
@@ -301,9 +349,9 @@ class WorkloadSpec(SpecModel):
     """Parameter-server placement (PS-family schemes)."""
     options: dict[str, Any] = Field(default_factory=dict)
     """The scheme's own options (its ``Options`` model says which)."""
-    program: Optional[ProgramSpec] = None
+    program: ProgramSpec | None = None
     """A researcher's own program instead of a scheme (:class:`ProgramSpec`)."""
-    trace: Optional[TraceSpec] = None
+    trace: TraceSpec | None = None
     """A Chakra execution trace replayed instead of a scheme (:class:`TraceSpec`)."""
 
     @field_validator("scheme")
@@ -352,38 +400,69 @@ class WorkloadSpec(SpecModel):
         shorter than the run, the servers' configuration, a loadable compute profile."""
         out = []
         if self.program is not None and self.scheme != PROGRAM_SCHEME:
-            out.append(FieldError(f"{prefix}.scheme", self.scheme, f"left out, or {PROGRAM_SCHEME!r}, with "
-                                  f"workload.program (the program runs instead of a scheme)"))
+            out.append(
+                FieldError(
+                    f"{prefix}.scheme",
+                    self.scheme,
+                    f"left out, or {PROGRAM_SCHEME!r}, with workload.program (the program runs instead of a scheme)",
+                )
+            )
         if self.program is None and self.scheme == PROGRAM_SCHEME:
-            out.append(FieldError(f"{prefix}.program", None, f"a program (command, ...) with scheme "
-                                  f"{PROGRAM_SCHEME!r}"))
+            out.append(
+                FieldError(f"{prefix}.program", None, f"a program (command, ...) with scheme {PROGRAM_SCHEME!r}")
+            )
         if self.program is not None:
             out += self.program.cross_errors(f"{prefix}.program")
         if self.trace is not None and self.scheme != TRACE_SCHEME:
-            out.append(FieldError(f"{prefix}.scheme", self.scheme, f"left out, or {TRACE_SCHEME!r}, with "
-                                  f"workload.trace (the trace is replayed instead of a scheme)"))
+            out.append(
+                FieldError(
+                    f"{prefix}.scheme",
+                    self.scheme,
+                    f"left out, or {TRACE_SCHEME!r}, with workload.trace (the trace is replayed instead of a scheme)",
+                )
+            )
         if self.trace is None and self.scheme == TRACE_SCHEME:
             out.append(FieldError(f"{prefix}.trace", None, f"a trace (path: PREFIX) with scheme {TRACE_SCHEME!r}"))
         if self.trace is not None and self.program is not None:
-            out.append(FieldError(f"{prefix}.trace", self.trace.path, "left out with workload.program (one of a "
-                                  "program or a trace runs)"))
+            out.append(
+                FieldError(
+                    f"{prefix}.trace",
+                    self.trace.path,
+                    "left out with workload.program (one of a program or a trace runs)",
+                )
+            )
         if self.trace is not None:
             try:
                 trace_of(self)
             except TestbedError as e:
                 out.append(FieldError(f"{prefix}.trace.path", self.trace.path, f"a readable Chakra trace: {e}"))
         if self.program is not None and self.compute.mode != "real":
-            out.append(FieldError(f"{prefix}.compute.mode", self.compute.mode, "'real' with workload.program (the "
-                                  "program computes for itself)"))
+            out.append(
+                FieldError(
+                    f"{prefix}.compute.mode",
+                    self.compute.mode,
+                    "'real' with workload.program (the program computes for itself)",
+                )
+            )
         if self.warmup_iterations >= self.iterations:
-            out.append(FieldError(f"{prefix}.warmup_iterations", self.warmup_iterations,
-                                  f"fewer than workload.iterations ({self.iterations})"))
+            out.append(
+                FieldError(
+                    f"{prefix}.warmup_iterations",
+                    self.warmup_iterations,
+                    f"fewer than workload.iterations ({self.iterations})",
+                )
+            )
         most = self.max_warmup_iterations
         if most is not None and not self.warmup_iterations <= most <= self.iterations - MIN_SETTLE_ITERATIONS:
-            out.append(FieldError(f"{prefix}.max_warmup_iterations", most,
-                                  f"from workload.warmup_iterations ({self.warmup_iterations}) to workload.iterations "
-                                  f"({self.iterations}) - {MIN_SETTLE_ITERATIONS} (the steadiness rule compares two "
-                                  f"halves of at least {MIN_SETTLE_ITERATIONS} measured iterations), or left out"))
+            out.append(
+                FieldError(
+                    f"{prefix}.max_warmup_iterations",
+                    most,
+                    f"from workload.warmup_iterations ({self.warmup_iterations}) to workload.iterations "
+                    f"({self.iterations}) - {MIN_SETTLE_ITERATIONS} (the steadiness rule compares two "
+                    f"halves of at least {MIN_SETTLE_ITERATIONS} measured iterations), or left out",
+                )
+            )
         out += self.servers.cross_errors(f"{prefix}.servers")
         out += self._memory_errors(prefix)
         if self.compute.mode == "emulated":
@@ -392,11 +471,15 @@ class WorkloadSpec(SpecModel):
             except TestbedError as e:
                 out.append(FieldError(f"{prefix}.compute.profile", self.compute.profile, str(e)))
             except (OSError, ValueError) as e:  # a path the OS refuses (too long), a file not UTF-8
-                out.append(FieldError(f"{prefix}.compute.profile", self.compute.profile,
-                                      f"'zero', a device with a shipped profile, or the path of a readable "
-                                      f"profile JSON file ({type(e).__name__}: {e})"))
+                out.append(
+                    FieldError(
+                        f"{prefix}.compute.profile",
+                        self.compute.profile,
+                        f"'zero', a device with a shipped profile, or the path of a readable "
+                        f"profile JSON file ({type(e).__name__}: {e})",
+                    )
+                )
         return out
-
 
     def _memory_errors(self, prefix: str) -> list[FieldError]:
         """``compute.memory: light`` needs emulated compute, no saved parameters and a scheme
@@ -405,12 +488,20 @@ class WorkloadSpec(SpecModel):
             return []
         field = f"{prefix}.compute.memory"
         if self.compute.mode != "emulated":
-            return [FieldError(field, "light", "'full' with workload.compute.mode: real (real compute needs the "
-                               "model's values)")]
+            return [
+                FieldError(
+                    field, "light", "'full' with workload.compute.mode: real (real compute needs the model's values)"
+                )
+            ]
         out = []
         if self.save_params:
-            out.append(FieldError(field, "light", "'full' with workload.save_params: true (a light process holds "
-                                  "no parameter values to save)"))
+            out.append(
+                FieldError(
+                    field,
+                    "light",
+                    "'full' with workload.save_params: true (a light process holds no parameter values to save)",
+                )
+            )
         if self.program is None:
             refusal = schemes.get(self.scheme).light_memory_refusal()
             if refusal:
@@ -448,9 +539,11 @@ _BAD_SCHEME_NAME = (TestbedError, ImportError, ValueError, TypeError)
 def _scheme_not_found(name: str, e: Exception) -> str:
     if isinstance(e, TestbedError):
         return str(e)
-    return (f"one of {', '.join(schemes.available())}, a package.module:ClassName or an entry point "
-            f"of the group {schemes.ENTRY_POINT_GROUP} (cannot import {name!r}: {type(e).__name__}: {e})"
-            f"{did_you_mean(name, schemes.available())}")
+    return (
+        f"one of {', '.join(schemes.available())}, a package.module:ClassName or an entry point "
+        f"of the group {schemes.ENTRY_POINT_GROUP} (cannot import {name!r}: {type(e).__name__}: {e})"
+        f"{did_you_mean(name, schemes.available())}"
+    )
 
 
 def option_errors(raw_workload: Any) -> list[FieldError]:

@@ -25,11 +25,25 @@ Its modules, each building on the ones before it:
 is ``importlib.import_module("analysis.flows")``. :data:`CHUNK_PACKETS` is read from
 :mod:`analysis.flows.decode` (set it there).
 """
+
 from analysis.flows.counters import CHECK_COLUMNS, check_against_counters
 from analysis.flows.decode import CHUNK_PACKETS, PcapWarning
 from analysis.flows.owners import CaptureError, ports_behind, read_endpoints, read_ports
 from analysis.flows.table import FLOW_COLUMNS, flow_labels, flow_rates, flows, flows_and_rates, retransmissions
 
-__all__ = ["flows", "retransmissions", "flow_rates", "flows_and_rates", "flow_labels", "check_against_counters", "read_ports",
-           "read_endpoints", "ports_behind", "FLOW_COLUMNS", "CHECK_COLUMNS", "CaptureError", "PcapWarning",
-           "CHUNK_PACKETS"]
+__all__ = [
+    "flows",
+    "retransmissions",
+    "flow_rates",
+    "flows_and_rates",
+    "flow_labels",
+    "check_against_counters",
+    "read_ports",
+    "read_endpoints",
+    "ports_behind",
+    "FLOW_COLUMNS",
+    "CHECK_COLUMNS",
+    "CaptureError",
+    "PcapWarning",
+    "CHUNK_PACKETS",
+]

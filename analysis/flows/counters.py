@@ -1,5 +1,6 @@
 """Each captured port's bytes checked against its bwm-ng byte counters over the same interval
 (:func:`check_against_counters`)."""
+
 from __future__ import annotations
 
 import math
@@ -14,9 +15,26 @@ from analysis.flows.table import _context, _emu, _scan
 __all__ = ["check_against_counters", "CHECK_COLUMNS"]
 
 CHECK_COLUMNS = [
-    "port", "start", "end", "samples", "flow_packets", "flow_bytes", "flow_frame_bytes", "other_frames",
-    "other_frame_bytes", "counter_packets", "counter_bytes", "ratio", "ratio_ip", "ratio_all",
-    "flow_frame_bytes_out", "counter_bytes_out", "ratio_out", "flow_frame_bytes_in", "counter_bytes_in", "ratio_in",
+    "port",
+    "start",
+    "end",
+    "samples",
+    "flow_packets",
+    "flow_bytes",
+    "flow_frame_bytes",
+    "other_frames",
+    "other_frame_bytes",
+    "counter_packets",
+    "counter_bytes",
+    "ratio",
+    "ratio_ip",
+    "ratio_all",
+    "flow_frame_bytes_out",
+    "counter_bytes_out",
+    "ratio_out",
+    "flow_frame_bytes_in",
+    "counter_bytes_in",
+    "ratio_in",
 ]
 """Columns of :func:`check_against_counters` (see there)."""
 
@@ -92,8 +110,8 @@ def check_against_counters(run_dir) -> pd.DataFrame:
         hi = float(e["stopped"]) if isinstance(e.get("stopped"), (int, float)) else span[1]
         i, j = _window(t, lo, hi)
         n = max(j - i, 0)
-        tot = {q: int(bins[q][i + 1:j + 1].sum()) if n else 0 for q in names}
-        sel = g.iloc[i + 1:j + 1] if n else g.iloc[0:0]
+        tot = {q: int(bins[q][i + 1 : j + 1].sum()) if n else 0 for q in names}
+        sel = g.iloc[i + 1 : j + 1] if n else g.iloc[0:0]
         cin, cout = int(sel["bytes_in"].sum()), int(sel["bytes_out"].sum())
         cpk = int(sel["packets_in"].sum() + sel["packets_out"].sum())
 
@@ -102,16 +120,30 @@ def check_against_counters(run_dir) -> pd.DataFrame:
         def ratio(x, y):
             return x / y if y else math.nan
 
-        out.append({"port": port, "start": _emu(ctx, float(t[i])) if n else math.nan,
-                    "end": _emu(ctx, float(t[j])) if n else math.nan, "samples": n,
-                    "flow_packets": tot["fp"], "flow_bytes": tot["fb"], "flow_frame_bytes": tot["ffb"],
-                    "other_frames": tot["of"], "other_frame_bytes": tot["ob"], "counter_packets": cpk,
-                    "counter_bytes": cin + cout, "ratio": ratio(tot["ffb"], cin + cout),
-                    "ratio_ip": ratio(tot["fb"], cin + cout), "ratio_all": ratio(tot["ffb"] + tot["ob"], cin + cout),
-                    "flow_frame_bytes_out": tot["out"], "counter_bytes_out": cout,
-                    "ratio_out": ratio(tot["out"], cout) if split else math.nan,
-                    "flow_frame_bytes_in": tot["in"], "counter_bytes_in": cin,
-                    "ratio_in": ratio(tot["in"], cin) if split else math.nan})
+        out.append(
+            {
+                "port": port,
+                "start": _emu(ctx, float(t[i])) if n else math.nan,
+                "end": _emu(ctx, float(t[j])) if n else math.nan,
+                "samples": n,
+                "flow_packets": tot["fp"],
+                "flow_bytes": tot["fb"],
+                "flow_frame_bytes": tot["ffb"],
+                "other_frames": tot["of"],
+                "other_frame_bytes": tot["ob"],
+                "counter_packets": cpk,
+                "counter_bytes": cin + cout,
+                "ratio": ratio(tot["ffb"], cin + cout),
+                "ratio_ip": ratio(tot["fb"], cin + cout),
+                "ratio_all": ratio(tot["ffb"] + tot["ob"], cin + cout),
+                "flow_frame_bytes_out": tot["out"],
+                "counter_bytes_out": cout,
+                "ratio_out": ratio(tot["out"], cout) if split else math.nan,
+                "flow_frame_bytes_in": tot["in"],
+                "counter_bytes_in": cin,
+                "ratio_in": ratio(tot["in"], cin) if split else math.nan,
+            }
+        )
     return pd.DataFrame(out, columns=CHECK_COLUMNS)
 
 
@@ -120,6 +152,6 @@ def _window(t: np.ndarray, lo: float, hi: float) -> tuple[int, int]:
     inside [lo, hi]: intervals i+1 .. j (none when j <= i)."""
     if len(t) < 2 or not (math.isfinite(lo) and math.isfinite(hi)):
         return 0, 0
-    i = int(np.searchsorted(t, lo, "left"))       # first sample at or after lo: an interval starts there
+    i = int(np.searchsorted(t, lo, "left"))  # first sample at or after lo: an interval starts there
     j = int(np.searchsorted(t, hi, "right")) - 1  # last sample at or before hi: an interval ends there
     return (i, j) if j > i else (0, 0)

@@ -24,6 +24,7 @@ capture keeps only the headers. A "packet" is what the port's tap saw: with segm
 offload on the veth pair it can be one GSO super-segment of many MSS (its IP length is the
 whole of it; an IP length of 0, as for BIG TCP, is taken from the record's wire length).
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -56,20 +57,21 @@ class PcapWarning(UserWarning):
 @dataclass
 class _Space:
     """One direction's sequence space of one flow (its data, and the ACKs of it)."""
-    ref: int | None = None              # last unwrapped value seen (seq or ack)
-    max_end: int = _NEG                 # highest unwrapped end of data seen
+
+    ref: int | None = None  # last unwrapped value seen (seq or ack)
+    max_end: int = _NEG  # highest unwrapped end of data seen
     holes: list = field(default_factory=list)  # [lo, hi) below max_end never seen, sorted
     retransmits: int = 0
     retransmit_ns: list = field(default_factory=list)  # capture time of each retransmitted segment
-    pend: tuple | None = None           # (start, end, ts_ns, pos) awaiting their first ACK
+    pend: tuple | None = None  # (start, end, ts_ns, pos) awaiting their first ACK
     rtt_ns: list = field(default_factory=list)
 
 
 @dataclass
 class _Flow:
-    ends: tuple                         # ((ip, port) of end 0, (ip, port) of end 1): dir d is sent by end d
+    ends: tuple  # ((ip, port) of end 0, (ip, port) of end 1): dir d is sent by end d
     key: int
-    port_dir0: str | None               # "in"/"out": direction 0 on the port (None: unknown)
+    port_dir0: str | None  # "in"/"out": direction 0 on the port (None: unknown)
     syn_isn: int | None = None
     syn_dir: int | None = None
     synack_dir: int | None = None
@@ -87,11 +89,15 @@ def _be16(b, rows, off):
 
 
 def _be32(b, rows, off):
-    return ((b[rows, off].astype(np.int64) << 24) | (b[rows, off + 1].astype(np.int64) << 16)
-            | (b[rows, off + 2].astype(np.int64) << 8) | b[rows, off + 3])
+    return (
+        (b[rows, off].astype(np.int64) << 24)
+        | (b[rows, off + 1].astype(np.int64) << 16)
+        | (b[rows, off + 2].astype(np.int64) << 8)
+        | b[rows, off + 3]
+    )
 
 
-def _port_dirs(scan: "_PortScan", fid: np.ndarray, d: np.ndarray) -> np.ndarray:
+def _port_dirs(scan: _PortScan, fid: np.ndarray, d: np.ndarray) -> np.ndarray:
     """Direction on the port of packets (flow ``fid``, flow direction ``d``): 1 in, 2 out,
     0 unknown (or not a flow: ``fid`` < 0)."""
     code0 = np.array([{"in": 1, "out": 2}.get(f.port_dir0, 0) for f in scan.flows] + [0], dtype=np.int64)
@@ -122,16 +128,17 @@ class _PortScan:
         self.path, self.behind, self.front, self.sink = path, behind, front, sink
         self.flows: list[_Flow] = []
         self._dirkeys: dict[bytes, tuple[int, int]] = {}  # directed 36-byte key -> (key id, dir)
-        self._keys: dict[tuple, int] = {}                   # canonical ends -> key id
-        self._current: list[int] = []                       # key id -> its current flow
+        self._keys: dict[tuple, int] = {}  # canonical ends -> key id
+        self._current: list[int] = []  # key id -> its current flow
         self.packets = 0
         self.other_frames = 0
         self.warnings: list[str] = []
 
     # -- reading
-    def run(self) -> "_PortScan":
+    def run(self) -> _PortScan:
         from scapy.error import Scapy_Exception  # lazy: scapy is needed only when a capture is read
         from scapy.utils import MTU, RawPcapNgReader, RawPcapReader  # lazy: as above
+
         try:
             size = self.path.stat().st_size
             rd = RawPcapReader(str(self.path))
@@ -140,8 +147,10 @@ class _PortScan:
             return self
         with rd:
             if isinstance(rd, RawPcapNgReader):  # tcpdump -w writes pcap; a pcapng came from elsewhere
-                self._warn(f"{self.path}: a pcapng file, not pcap: skipped (convert it with "
-                           f"'tcpdump -r {self.path.name} -w out.pcap')")
+                self._warn(
+                    f"{self.path}: a pcapng file, not pcap: skipped (convert it with "
+                    f"'tcpdump -r {self.path.name} -w out.pcap')"
+                )
                 return self
             if rd.linktype != 1:
                 self._warn(f"{self.path}: link type {rd.linktype}, not Ethernet (1); skipped")
@@ -159,9 +168,11 @@ class _PortScan:
                 n = len(rows)
                 if n and len(data) < min(meta[3], MTU):
                     # only the last record of the file can be short: tcpdump stopped mid-write
-                    self._warn(f"{self.path}: truncated in the middle of a record (packet {pos0 + n} holds "
-                               f"{len(data)} of {meta[3]} captured bytes): read the {pos0 + n - 1} whole "
-                               f"packets before it")
+                    self._warn(
+                        f"{self.path}: truncated in the middle of a record (packet {pos0 + n} holds "
+                        f"{len(data)} of {meta[3]} captured bytes): read the {pos0 + n - 1} whole "
+                        f"packets before it"
+                    )
                     rows.pop()
                     del metas[-4:]
                     n -= 1
@@ -179,8 +190,10 @@ class _PortScan:
                     break
             compressed = type(rd.f).__name__ == "GzipFile"  # scapy also reads .pcap.gz: sizes differ
             if not cut and not compressed and 0 < size - consumed < 16:
-                self._warn(f"{self.path}: {size - consumed} bytes after the last whole packet (a record "
-                           f"header cut short, tcpdump stopped mid-write): ignored; read {pos0} packets")
+                self._warn(
+                    f"{self.path}: {size - consumed} bytes after the last whole packet (a record "
+                    f"header cut short, tcpdump stopped mid-write): ignored; read {pos0} packets"
+                )
         self.packets = pos0
         return self
 
@@ -320,8 +333,13 @@ class _PortScan:
             if k is None:
                 k = self._keys[ends] = len(self._current)
                 ip0, ip1 = ends[0][0], ends[1][0]
-                pd0 = ("in" if ip0 in self.behind and ip1 in self.front else
-                       "out" if ip0 in self.front and ip1 in self.behind else None)
+                pd0 = (
+                    "in"
+                    if ip0 in self.behind and ip1 in self.front
+                    else "out"
+                    if ip0 in self.front and ip1 in self.behind
+                    else None
+                )
                 self._current.append(-1)
                 self._current[k] = self._new_flow(ends, k, pd0)
             hit = self._dirkeys[raw] = (k, 0 if src == a else 1)
@@ -356,8 +374,10 @@ class _PortScan:
         dd[starts] = 0
         cs = np.cumsum(dd)
         spaces = [self.flows[s >> 1].spaces[s & 1] for s in S[starts]]
-        u0 = np.array([V[a] if sp.ref is None else sp.ref + int(_signed32(V[a] - sp.ref))
-                       for sp, a in zip(spaces, starts)], dtype=np.int64)
+        u0 = np.array(
+            [V[a] if sp.ref is None else sp.ref + int(_signed32(V[a] - sp.ref)) for sp, a in zip(spaces, starts)],
+            dtype=np.int64,
+        )
         grp = np.repeat(np.arange(len(starts)), ends - starts)
         U = cs - cs[starts][grp] + u0[grp]
         for sp, a, e in zip(spaces, starts, ends):
@@ -366,7 +386,8 @@ class _PortScan:
 
     @staticmethod
     def _space(sp: _Space, U, KIND, PL, TS, P) -> None:
-        """Retransmissions and RTT samples of one space's events in one chunk (see :func:`analysis.flows.table.flows`)."""
+        """Retransmissions and RTT samples of one space's events in one chunk (see
+        :func:`analysis.flows.table.flows`)."""
         isseq = KIND == 0
         data = isseq & (PL > 0)
         st = U[data]
@@ -439,4 +460,3 @@ class _PortScan:
             sp.rtt_ns.append(ta[j1[take]] - o_ts[take])
         keep = ~found & valid
         sp.pend = (o_st[keep], o_en[keep], o_ts[keep], o_pos[keep]) if keep.any() else None
-

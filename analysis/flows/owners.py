@@ -2,6 +2,7 @@
 training process owning each TCP endpoint (``traces/endpoints.csv``), and from
 ``topology.json`` the host owning each address and the hosts on either side of a switch port.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -31,8 +32,10 @@ def read_ports(run_dir: str | Path) -> list[dict]:
     try:
         doc = json.loads(p.read_text())
     except FileNotFoundError:
-        raise CaptureError(f"{Path(run_dir)} has no packet capture ({p} is missing): run with capture.pcap, "
-                           f"e.g. --set 'capture.pcap={{ports: [uplinks]}}'") from None
+        raise CaptureError(
+            f"{Path(run_dir)} has no packet capture ({p} is missing): run with capture.pcap, "
+            f"e.g. --set 'capture.pcap={{ports: [uplinks]}}'"
+        ) from None
     except (OSError, ValueError) as e:
         raise CaptureError(f"cannot read {p}: {e}") from None
     if not isinstance(doc, list) or not all(isinstance(e, dict) and e.get("port") for e in doc):
@@ -44,8 +47,19 @@ def read_endpoints(run_dir: str | Path) -> pd.DataFrame:
     """``traces/endpoints.csv`` (``time, proc, role, rank, host, pid, local_ip, local_port,
     remote_ip, remote_port, state``); an empty frame with these columns if it is missing.
     Ports are ints, addresses strings; a truncated last line is dropped."""
-    cols = ["time", "proc", "role", "rank", "host", "pid", "local_ip", "local_port", "remote_ip", "remote_port",
-            "state"]
+    cols = [
+        "time",
+        "proc",
+        "role",
+        "rank",
+        "host",
+        "pid",
+        "local_ip",
+        "local_port",
+        "remote_ip",
+        "remote_port",
+        "state",
+    ]
     df = tr.read_table(Path(run_dir) / "traces" / "endpoints.csv", cols)
     df = df[cols].copy()
     for c in ("local_port", "remote_port", "time"):
@@ -94,8 +108,11 @@ class _Owners:
         return min(items, key=lambda it: abs(it[0] - t))[1] if items else None
 
     def owner(self, ip, port, peer_ip, peer_port, t) -> str | None:
-        for items in (self.conn.get((ip, port, peer_ip, peer_port)), self.local.get((ip, port)),
-                      (self.listen.get((ip, port)) or []) + (self.listen.get(("*", port)) or [])):
+        for items in (
+            self.conn.get((ip, port, peer_ip, peer_port)),
+            self.local.get((ip, port)),
+            (self.listen.get((ip, port)) or []) + (self.listen.get(("*", port)) or []),
+        ):
             if items:
                 return self._nearest(items, t)
         return None
@@ -164,4 +181,3 @@ def ports_behind(topology: dict, port: str) -> tuple[set[str], set[str]]:
 
     behind, front = reach(peer_node), reach(sw_node)
     return behind - front, front - behind
-

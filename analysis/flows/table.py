@@ -12,6 +12,7 @@ also the converted run's ``t0``). A run that recorded none of them uses the earl
 ``started`` of ``ports.json``, else the earliest captured packet. Durations (RTT, bins) are
 divided by ``scale``; rates are then in the emulated network's units.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,11 +30,39 @@ from analysis.load import Run, load
 __all__ = ["flows", "retransmissions", "flow_labels", "flows_and_rates", "flow_rates", "FLOW_COLUMNS"]
 
 FLOW_COLUMNS = [
-    "port", "flow_id", "proto", "src_ip", "src_port", "dst_ip", "dst_port", "initiator",
-    "src_host", "dst_host", "src_proc", "dst_proc", "src_role", "src_rank", "dst_role", "dst_rank",
-    "fwd_on_port", "bytes_fwd", "bytes_rev", "packets_fwd", "packets_rev", "payload_bytes_fwd", "payload_bytes_rev",
-    "first_ts", "last_ts", "duration_s", "retransmits_fwd", "retransmits_rev",
-    "rtt_ms", "rtt_ms_fwd", "rtt_ms_rev", "rtt_samples_fwd", "rtt_samples_rev",
+    "port",
+    "flow_id",
+    "proto",
+    "src_ip",
+    "src_port",
+    "dst_ip",
+    "dst_port",
+    "initiator",
+    "src_host",
+    "dst_host",
+    "src_proc",
+    "dst_proc",
+    "src_role",
+    "src_rank",
+    "dst_role",
+    "dst_rank",
+    "fwd_on_port",
+    "bytes_fwd",
+    "bytes_rev",
+    "packets_fwd",
+    "packets_rev",
+    "payload_bytes_fwd",
+    "payload_bytes_rev",
+    "first_ts",
+    "last_ts",
+    "duration_s",
+    "retransmits_fwd",
+    "retransmits_rev",
+    "rtt_ms",
+    "rtt_ms_fwd",
+    "rtt_ms_rev",
+    "rtt_samples_fwd",
+    "rtt_samples_rev",
 ]
 """Columns of :func:`flows` (see there)."""
 
@@ -62,8 +91,10 @@ def _select(ctx: _Ctx, port: str | None) -> list[dict]:
         return ctx.ports
     sel = [p for p in ctx.ports if p["port"] == port]
     if not sel:
-        raise CaptureError(f"port {port!r} was not captured in {ctx.run.path}; captured: "
-                           + (", ".join(p["port"] for p in ctx.ports) or "none"))
+        raise CaptureError(
+            f"port {port!r} was not captured in {ctx.run.path}; captured: "
+            + (", ".join(p["port"] for p in ctx.ports) or "none")
+        )
     return sel
 
 
@@ -116,26 +147,65 @@ def _rows(ctx: _Ctx, port: str, scan: _PortScan, owners: _Owners, host_of: dict,
         r_r, n_r = _median_ms(f.spaces[rev].rtt_ns, ctx.scale)
         pdir = f.port_dir0 if fwd == 0 else {"in": "out", "out": "in"}.get(f.port_dir0)
         first, last = _emu(ctx, f.first_ns / 1e9), _emu(ctx, f.last_ns / 1e9)
-        out.append({
-            "port": port, "flow_id": fid, "proto": "tcp", "src_ip": sip, "src_port": sport, "dst_ip": dip,
-            "dst_port": dport, "initiator": how, "src_host": host_of.get(sip), "dst_host": host_of.get(dip),
-            "src_proc": sproc, "dst_proc": dproc, "src_role": sp.get("role"), "src_rank": sp.get("rank"),
-            "dst_role": dp.get("role"), "dst_rank": dp.get("rank"), "fwd_on_port": pdir,
-            "bytes_fwd": f.bytes[fwd], "bytes_rev": f.bytes[rev], "packets_fwd": f.packets[fwd],
-            "packets_rev": f.packets[rev], "payload_bytes_fwd": f.payload[fwd], "payload_bytes_rev": f.payload[rev],
-            "first_ts": first, "last_ts": last, "duration_s": last - first,
-            "retransmits_fwd": f.spaces[fwd].retransmits, "retransmits_rev": f.spaces[rev].retransmits,
-            "rtt_ms": r_f if n_f >= n_r else r_r, "rtt_ms_fwd": r_f, "rtt_ms_rev": r_r,
-            "rtt_samples_fwd": n_f, "rtt_samples_rev": n_r, "_fwd": fwd, "_first_raw": t_raw,
-        })
+        out.append(
+            {
+                "port": port,
+                "flow_id": fid,
+                "proto": "tcp",
+                "src_ip": sip,
+                "src_port": sport,
+                "dst_ip": dip,
+                "dst_port": dport,
+                "initiator": how,
+                "src_host": host_of.get(sip),
+                "dst_host": host_of.get(dip),
+                "src_proc": sproc,
+                "dst_proc": dproc,
+                "src_role": sp.get("role"),
+                "src_rank": sp.get("rank"),
+                "dst_role": dp.get("role"),
+                "dst_rank": dp.get("rank"),
+                "fwd_on_port": pdir,
+                "bytes_fwd": f.bytes[fwd],
+                "bytes_rev": f.bytes[rev],
+                "packets_fwd": f.packets[fwd],
+                "packets_rev": f.packets[rev],
+                "payload_bytes_fwd": f.payload[fwd],
+                "payload_bytes_rev": f.payload[rev],
+                "first_ts": first,
+                "last_ts": last,
+                "duration_s": last - first,
+                "retransmits_fwd": f.spaces[fwd].retransmits,
+                "retransmits_rev": f.spaces[rev].retransmits,
+                "rtt_ms": r_f if n_f >= n_r else r_r,
+                "rtt_ms_fwd": r_f,
+                "rtt_ms_rev": r_r,
+                "rtt_samples_fwd": n_f,
+                "rtt_samples_rev": n_r,
+                "_fwd": fwd,
+                "_first_raw": t_raw,
+            }
+        )
     return out
 
 
 def _frame(rows: list[dict]) -> pd.DataFrame:
     df = pd.DataFrame(rows, columns=FLOW_COLUMNS + ["_fwd", "_first_raw"])
-    for c in ("src_port", "dst_port", "bytes_fwd", "bytes_rev", "packets_fwd", "packets_rev", "payload_bytes_fwd",
-              "payload_bytes_rev", "retransmits_fwd", "retransmits_rev", "rtt_samples_fwd", "rtt_samples_rev",
-              "flow_id"):
+    for c in (
+        "src_port",
+        "dst_port",
+        "bytes_fwd",
+        "bytes_rev",
+        "packets_fwd",
+        "packets_rev",
+        "payload_bytes_fwd",
+        "payload_bytes_rev",
+        "retransmits_fwd",
+        "retransmits_rev",
+        "rtt_samples_fwd",
+        "rtt_samples_rev",
+        "flow_id",
+    ):
         df[c] = df[c].astype("int64")
     for c in ("src_rank", "dst_rank"):
         df[c] = pd.array(df[c].tolist(), dtype="Int64")
@@ -255,8 +325,16 @@ def retransmissions(run_dir, port: str | None = None) -> pd.DataFrame:
         for fid, f in enumerate(scan.flows):
             for d, sp in enumerate(f.spaces):
                 ip, sport = f.ends[d]
-                rows += [{"port": e["port"], "flow_id": fid, "sender_ip": ip, "sender_port": sport,
-                          "time": _emu(ctx, ns / 1e9)} for ns in sp.retransmit_ns]
+                rows += [
+                    {
+                        "port": e["port"],
+                        "flow_id": fid,
+                        "sender_ip": ip,
+                        "sender_port": sport,
+                        "time": _emu(ctx, ns / 1e9),
+                    }
+                    for ns in sp.retransmit_ns
+                ]
     df = pd.DataFrame(rows, columns=["port", "flow_id", "sender_ip", "sender_port", "time"])
     return df.sort_values(["port", "time"], kind="stable").reset_index(drop=True)
 
@@ -265,8 +343,9 @@ def flow_labels(df: pd.DataFrame) -> list[str]:
     """``src_proc->dst_proc`` for each row of a :func:`flows` frame; an end whose process is
     unknown is named ``ip:port``."""
     out = []
-    for sp, dp, si, so, di, do in zip(df["src_proc"], df["dst_proc"], df["src_ip"], df["src_port"], df["dst_ip"],
-                                      df["dst_port"]):
+    for sp, dp, si, so, di, do in zip(
+        df["src_proc"], df["dst_proc"], df["src_ip"], df["src_port"], df["dst_ip"], df["dst_port"]
+    ):
         a = sp if isinstance(sp, str) and sp else f"{si}:{so}"
         b = dp if isinstance(dp, str) and dp else f"{di}:{do}"
         out.append(f"{a}->{b}")
@@ -274,8 +353,11 @@ def flow_labels(df: pd.DataFrame) -> list[str]:
 
 
 def _auto_bin_s(ctx: _Ctx, entries: list[dict]) -> float:
-    spans = [float(e["stopped"]) - float(e["started"]) for e in entries
-             if isinstance(e.get("started"), (int, float)) and isinstance(e.get("stopped"), (int, float))]
+    spans = [
+        float(e["stopped"]) - float(e["started"])
+        for e in entries
+        if isinstance(e.get("started"), (int, float)) and isinstance(e.get("stopped"), (int, float))
+    ]
     span = max(spans) / ctx.scale if spans and max(spans) > 0 else 20.0
     raw = span / 200.0
     exp = 10.0 ** math.floor(math.log10(raw))
@@ -314,8 +396,11 @@ def flows_and_rates(run_dir, port: str, bin_s: float | None = None) -> tuple[pd.
         pdir = np.array(["", "in", "out"], dtype=object)[_port_dirs(scan, f, chunk["dir"][idx])]
         t = chunk["ts_ns"][idx] / 1e9
         k = np.floor((t - state["origin"]) / ctx.scale / bin_s).astype(np.int64)
-        acc.append(pd.DataFrame({"bin": k, "flow": f, "dir": pdir, "bytes": chunk["iplen"][idx]})
-                   .groupby(["bin", "flow", "dir"], sort=False)["bytes"].sum())
+        acc.append(
+            pd.DataFrame({"bin": k, "flow": f, "dir": pdir, "bytes": chunk["iplen"][idx]})
+            .groupby(["bin", "flow", "dir"], sort=False)["bytes"]
+            .sum()
+        )
 
     fl = _analyse(ctx, entries, sink_for=lambda e: sink)
     s = pd.concat(acc).groupby(level=[0, 1, 2]).sum() if acc else None
@@ -332,8 +417,9 @@ def flows_and_rates(run_dir, port: str, bin_s: float | None = None) -> tuple[pd.
             rates.index = np.round(rates.index.to_numpy(np.float64) * bin_s, 9)  # bin starts, to the ns
         rates.index.name = "time_s"
         rates.columns.name = "flow_id"
-        rates.attrs.update({"bin_s": bin_s, "direction": direction, "port": port, "t0": state["origin"],
-                            "unit": "bytes/s (emulated)"})
+        rates.attrs.update(
+            {"bin_s": bin_s, "direction": direction, "port": port, "t0": state["origin"], "unit": "bytes/s (emulated)"}
+        )
         out[direction] = rates
     return fl[FLOW_COLUMNS], out
 
@@ -364,4 +450,3 @@ def flow_rates(run_dir, port: str, bin_s: float | None = None, direction: str = 
     if direction not in ("both", "in", "out"):
         raise ValueError(f"direction must be both, in or out, got {direction!r}")
     return flows_and_rates(run_dir, port, bin_s=bin_s)[1][direction]
-

@@ -9,16 +9,42 @@ the paper leaves open are documented there); this module re-exports them for rep
 tests, and adds what only analysis needs: :func:`brute_force_batching`, the minimum of
 eq. (4) over every one of the ``2^(L-1)`` contiguous batchings, to check the algorithms.
 """
+
 from __future__ import annotations
 
-from traffic.schemes.ibatch.batching import (STRATEGIES, PullProfile, algorithm1, algorithm2, batch_ranges,
-                                             choose_batching, exe_parts, exe_time, optimal_batching,
-                                             pipeline_time, satisfies_constraint, strategy_ends,
-                                             validate_ends)
+from traffic.schemes.ibatch.batching import (
+    STRATEGIES,
+    PullProfile,
+    algorithm1,
+    algorithm2,
+    batch_ranges,
+    choose_batching,
+    exe_parts,
+    exe_time,
+    optimal_batching,
+    pipeline_time,
+    satisfies_constraint,
+    strategy_ends,
+    validate_ends,
+)
 
-__all__ = ["PullProfile", "batch_ranges", "validate_ends", "exe_parts", "exe_time", "satisfies_constraint",
-           "pipeline_time", "algorithm1", "algorithm2", "choose_batching", "optimal_batching",
-           "brute_force_batching", "strategy_ends", "STRATEGIES", "BRUTE_FORCE_MAX_LAYERS"]
+__all__ = [
+    "PullProfile",
+    "batch_ranges",
+    "validate_ends",
+    "exe_parts",
+    "exe_time",
+    "satisfies_constraint",
+    "pipeline_time",
+    "algorithm1",
+    "algorithm2",
+    "choose_batching",
+    "optimal_batching",
+    "brute_force_batching",
+    "strategy_ends",
+    "STRATEGIES",
+    "BRUTE_FORCE_MAX_LAYERS",
+]
 
 BRUTE_FORCE_MAX_LAYERS = 22
 

@@ -30,11 +30,12 @@ largest where ``W = F + B``: ``1 + F / (F + B)`` (:attr:`Bounds.max_gain`), what
 bandwidth. A larger ratio measured against the paper's baseline means that baseline spent time
 neither on the wire nor in compute: :meth:`Bounds.implied_excess_s`.
 """
+
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from functools import lru_cache
-import heapq
 
 from traffic.compute_profiles import load_profile
 from traffic.models import build_model
@@ -61,8 +62,9 @@ def p3_lower_bound(forward_s: float, backward_s: float, wire_s: float) -> float:
     return max(forward_s + backward_s, wire_s)
 
 
-def fifo_baseline_period(forward_s: list[float], backward_s: list[float], layer_bytes: list[float],
-                         bw_bps: float, workers: int) -> float:
+def fifo_baseline_period(
+    forward_s: list[float], backward_s: list[float], layer_bytes: list[float], bw_bps: float, workers: int
+) -> float:
     """Period (s) of the link-busy layer-wise baseline of the module docstring.
 
     Args:
@@ -81,8 +83,9 @@ def fifo_baseline_period(forward_s: list[float], backward_s: list[float], layer_
     """
     n = len(layer_bytes)
     if not n or len(forward_s) != n or len(backward_s) != n:
-        raise ValueError(f"need one forward time, backward time and size per layer; got "
-                         f"{len(forward_s)}, {len(backward_s)} and {n}")
+        raise ValueError(
+            f"need one forward time, backward time and size per layer; got {len(forward_s)}, {len(backward_s)} and {n}"
+        )
     if bw_bps <= 0 or workers < 1 or min(*forward_s, *backward_s, *layer_bytes) < 0:
         raise ValueError(f"need bw_bps > 0, N >= 1 and no negative time or size; got bw_bps={bw_bps}, N={workers}")
     rate = bw_bps / 8.0  # bytes/s
@@ -143,8 +146,9 @@ class Bounds:
         return ratio * self.p3_s - self.baseline_s
 
 
-def bounds(forward_s: list[float], backward_s: list[float], layer_bytes: list[float], bw_bps: float,
-           workers: int) -> Bounds:
+def bounds(
+    forward_s: list[float], backward_s: list[float], layer_bytes: list[float], bw_bps: float, workers: int
+) -> Bounds:
     """The bounds of the module docstring for per-layer times and sizes (as
     :func:`fifo_baseline_period`, which raises the same errors)."""
     period = fifo_baseline_period(forward_s, backward_s, layer_bytes, bw_bps, workers)

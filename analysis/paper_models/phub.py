@@ -38,20 +38,36 @@ The inequality's functions (:func:`inter_rack_cost`, :class:`HierarchicalTerms`,
 it for ``hierarchical: auto``, :mod:`traffic.schemes.phub.hierarchy`, and are re-exported
 here with PHub's other models.
 """
+
 from __future__ import annotations
 
-from traffic.models import build_model
 from traffic.compute_profiles import load_profile
+from traffic.models import build_model
 from traffic.schemes.phub.hierarchy import HierarchicalTerms, hierarchical_pays, hierarchical_terms, inter_rack_cost
 
-__all__ = ["PAPER_TABLE2", "PAPER_TABLE3", "ZOO_MODELS", "bandwidth_lower_bounds", "table2",
-           "inter_rack_cost", "HierarchicalTerms", "hierarchical_terms", "hierarchical_pays",
-           "cross_rack_bytes"]
+__all__ = [
+    "PAPER_TABLE2",
+    "PAPER_TABLE3",
+    "ZOO_MODELS",
+    "bandwidth_lower_bounds",
+    "table2",
+    "inter_rack_cost",
+    "HierarchicalTerms",
+    "hierarchical_terms",
+    "hierarchical_pays",
+    "cross_rack_bytes",
+]
 
 PAPER_TABLE3 = {  # PHub Table 3: model size (MB), forward+backward time per batch (ms), batch
-    "AlexNet": (194, 16, 32), "VGG 11": (505, 121, 32), "VGG 19": (548, 268, 32),
-    "GoogleNet": (38, 100, 32), "Inception V3": (91, 225, 32), "ResNet 18": (45, 54, 32),
-    "ResNet 50": (97, 161, 32), "ResNet 269": (390, 350, 16), "ResNext 269": (390, 386, 8),
+    "AlexNet": (194, 16, 32),
+    "VGG 11": (505, 121, 32),
+    "VGG 19": (548, 268, 32),
+    "GoogleNet": (38, 100, 32),
+    "Inception V3": (91, 225, 32),
+    "ResNet 18": (45, 54, 32),
+    "ResNet 50": (97, 161, 32),
+    "ResNet 269": (390, 350, 16),
+    "ResNext 269": (390, 386, 8),
 }
 PAPER_TABLE2 = {  # PHub Table 2: PS-side bandwidth lower bound, Gbit/s, 8 workers
     "ResNet 269": {"CC": 122, "CS": 31, "NCC": 140, "NCS": 17},
@@ -60,8 +76,12 @@ PAPER_TABLE2 = {  # PHub Table 2: PS-side bandwidth lower bound, Gbit/s, 8 worke
     "AlexNet": {"CC": 1232, "CS": 308, "NCC": 1408, "NCS": 176},
 }
 ZOO_MODELS = {  # paper name -> traffic.models name (models of Table 3 the zoo has)
-    "AlexNet": "alexnet", "VGG 19": "vgg19", "GoogleNet": "googlenet", "Inception V3": "inception_v3",
-    "ResNet 18": "resnet18", "ResNet 50": "resnet50",
+    "AlexNet": "alexnet",
+    "VGG 19": "vgg19",
+    "GoogleNet": "googlenet",
+    "Inception V3": "inception_v3",
+    "ResNet 18": "resnet18",
+    "ResNet 50": "resnet50",
 }
 CONFIGS = ("CC", "CS", "NCC", "NCS")
 
@@ -121,8 +141,15 @@ def table2(workers: int = 8, source: str = "paper", profile: str = "gtx1080ti") 
         else:
             raise ValueError(f"source must be 'paper' or 'zoo', got {source!r}")
         b = bandwidth_lower_bounds(m, t, workers)
-        rows.append({"network": net, "model_bytes": m, "time_s": t, **{k: v / 1e9 for k, v in b.items()},
-                     "paper": PAPER_TABLE2.get(net)})
+        rows.append(
+            {
+                "network": net,
+                "model_bytes": m,
+                "time_s": t,
+                **{k: v / 1e9 for k, v in b.items()},
+                "paper": PAPER_TABLE2.get(net),
+            }
+        )
     return rows
 
 

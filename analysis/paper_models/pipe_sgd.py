@@ -28,13 +28,26 @@ where they appear:
 * the synchronous parameter server with one server node (PS-Sync, the paper's centralized
   baseline, which it measures but does not model): :func:`ps_sync_comm_s`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Network", "beta_from_mbps", "ring_allreduce_s", "ring_codec_s", "ps_sync_comm_s",
-           "sync_total_s", "pipe_ideal_total_s", "pipe_total_s", "pipe_sequential_total_s",
-           "pipe_pipelined_total_s", "scaling_efficiency", "IterationModel", "iteration_model"]
+__all__ = [
+    "Network",
+    "beta_from_mbps",
+    "ring_allreduce_s",
+    "ring_codec_s",
+    "ps_sync_comm_s",
+    "sync_total_s",
+    "pipe_ideal_total_s",
+    "pipe_total_s",
+    "pipe_sequential_total_s",
+    "pipe_pipelined_total_s",
+    "scaling_efficiency",
+    "IterationModel",
+    "iteration_model",
+]
 
 
 @dataclass(frozen=True)
@@ -47,6 +60,7 @@ class Network:
         gamma_s_per_byte: byte sum-reduction time (seconds per float32 byte summed).
         sync_s: global synchronization time ``S`` (seconds).
     """
+
     alpha_s: float = 0.0
     beta_s_per_byte: float = 0.0
     gamma_s_per_byte: float = 0.0
@@ -89,8 +103,12 @@ def ring_allreduce_s(n_bytes: float, p: int, net: Network, segments: int = 1, wi
     if p == 1:
         return 0.0
     f = (p - 1) / p
-    return (2 * (p - 1) * segments * net.alpha_s + 2 * f * n_bytes * wire_ratio * net.beta_s_per_byte
-            + f * n_bytes * net.gamma_s_per_byte + segments * net.sync_s)
+    return (
+        2 * (p - 1) * segments * net.alpha_s
+        + 2 * f * n_bytes * wire_ratio * net.beta_s_per_byte
+        + f * n_bytes * net.gamma_s_per_byte
+        + segments * net.sync_s
+    )
 
 
 def ring_codec_s(n_bytes: float, p: int, encode_s_per_byte: float, decode_s_per_byte: float) -> float:
@@ -133,14 +151,16 @@ def pipe_total_s(T: int, l_up: float, l_comp: float, l_comm: float) -> float:
     return T * max(l_up + l_comp, l_comm)
 
 
-def pipe_sequential_total_s(T: int, l_up: float, l_for: float, l_back: float, n_bytes: float, p: int,
-                            net: Network) -> float:
+def pipe_sequential_total_s(
+    T: int, l_up: float, l_for: float, l_back: float, n_bytes: float, p: int, net: Network
+) -> float:
     """Eq. (5): Pipe-SGD with sequential gradient communication (one allreduce after backward)."""
     return T * max(l_up + l_for + l_back, ring_allreduce_s(n_bytes, p, net))
 
 
-def pipe_pipelined_total_s(T: int, l_up: float, l_for: float, l_b: float, n_bytes: float, p: int,
-                           segments: int, net: Network) -> float:
+def pipe_pipelined_total_s(
+    T: int, l_up: float, l_for: float, l_b: float, n_bytes: float, p: int, segments: int, net: Network
+) -> float:
     """Eq. (6): Pipe-SGD with pipelined gradient communication in ``segments`` = ``L`` parts;
     ``l_b`` is the backward time of the first segment."""
     return T * max(l_up + l_for + l_b, ring_allreduce_s(n_bytes, p, net, segments))
@@ -164,6 +184,7 @@ class IterationModel:
             ``max(l_up + l_comp, l_comm + l_codec)`` (K >= 2, eq. (4)/(5); the codec runs on
             the communication thread).
     """
+
     variant: str
     l_up: float
     l_comp: float
@@ -172,9 +193,20 @@ class IterationModel:
     iteration_s: float
 
 
-def iteration_model(variant: str, *, K: int, n_bytes: float, p: int, net: Network, l_comp: float,
-                    l_up: float = 0.0, wire_ratio: float = 1.0, encode_s_per_byte: float = 0.0,
-                    decode_s_per_byte: float = 0.0, ps: bool = False) -> IterationModel:
+def iteration_model(
+    variant: str,
+    *,
+    K: int,
+    n_bytes: float,
+    p: int,
+    net: Network,
+    l_comp: float,
+    l_up: float = 0.0,
+    wire_ratio: float = 1.0,
+    encode_s_per_byte: float = 0.0,
+    decode_s_per_byte: float = 0.0,
+    ps: bool = False,
+) -> IterationModel:
     """Seconds per iteration of one variant from eqs. (2), (4) and (5).
 
     Args:

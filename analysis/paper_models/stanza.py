@@ -14,18 +14,42 @@ module re-exports it and adds the parameter server's model that §7 compares aga
 :func:`stanza_vs_ps`, one point of §7.2's numerical simulation (Fig. 8): both systems on
 the same ``N`` nodes, each with its throughput-maximizing node assignment.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from traffic.schemes.stanza.assignment import (BYTES_PER_VALUE, Assignment, Constants, allreduce_rounds,
-                                               best_split, check_counts, node_assignment, split_activations,
-                                               stanza_compute_time, stanza_iteration_time, stanza_throughput,
-                                               transfer_seconds)
+from traffic.schemes.stanza.assignment import (
+    BYTES_PER_VALUE,
+    Assignment,
+    Constants,
+    allreduce_rounds,
+    best_split,
+    check_counts,
+    node_assignment,
+    split_activations,
+    stanza_compute_time,
+    stanza_iteration_time,
+    stanza_throughput,
+    transfer_seconds,
+)
 
-__all__ = ["BYTES_PER_VALUE", "Constants", "Assignment", "Comparison", "allreduce_rounds", "stanza_compute_time",
-           "stanza_iteration_time", "stanza_throughput", "ps_iteration_time", "ps_throughput",
-           "node_assignment", "ps_node_assignment", "split_activations", "stanza_vs_ps"]
+__all__ = [
+    "BYTES_PER_VALUE",
+    "Constants",
+    "Assignment",
+    "Comparison",
+    "allreduce_rounds",
+    "stanza_compute_time",
+    "stanza_iteration_time",
+    "stanza_throughput",
+    "ps_iteration_time",
+    "ps_throughput",
+    "node_assignment",
+    "ps_node_assignment",
+    "split_activations",
+    "stanza_vs_ps",
+]
 
 
 def ps_iteration_time(c: Constants, n_w: int, n_s: int, bw_bps: float) -> float:
@@ -51,8 +75,7 @@ def ps_node_assignment(c: Constants, N: int, bw_bps: float) -> Assignment:
     """
     if N < 2:
         raise ValueError(f"PS needs at least 2 nodes, got N={N}")
-    return best_split(N, lambda a, b: ps_iteration_time(c, a, b, bw_bps),
-                      lambda a, b: ps_throughput(c, a, b, bw_bps))
+    return best_split(N, lambda a, b: ps_iteration_time(c, a, b, bw_bps), lambda a, b: ps_throughput(c, a, b, bw_bps))
 
 
 @dataclass(frozen=True)
@@ -67,6 +90,7 @@ class Comparison:
         ps: §7.2's PS assignment: ``n_c`` = workers ``n_w``, ``n_f`` = servers ``n_s``,
             eq. (6)'s ``time_s``, eq. (7)'s ``throughput`` (samples/s).
     """
+
     N: int
     bw_bps: float
     stanza: Assignment

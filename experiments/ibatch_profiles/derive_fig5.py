@@ -25,6 +25,7 @@ Usage (from the repository root; never overwrites)::
     .venv/bin/python experiments/ibatch_profiles/derive_fig5.py            # print and write
     .venv/bin/python experiments/ibatch_profiles/derive_fig5.py --print    # print only
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,15 +70,19 @@ def derive(reference: Path = REFERENCE) -> tuple[Profile, str]:
     t_c = (PAPER_SPEEDUP * b - NODES * a) / (NODES - PAPER_SPEEDUP)
     factor = t_c / compute
     rel = reference.relative_to(ROOT)
-    text = (f"reference {rel}: 1 node {t1:.4f} s, {NODES} nodes (default) {tn:.4f} s an iteration; "
-            f"{BASE_DEVICE} compute {compute:.4f} s, so a = {a:.4f} s and b = {b:.4f} s\n"
-            f"T_c = ({PAPER_SPEEDUP:g} x {b:.4f} - {NODES} x {a:.4f}) / ({NODES} - {PAPER_SPEEDUP:g})"
-            f" = {t_c:.4f} s per batch of {BATCH}: {BASE_DEVICE} x {factor:.4f}")
-    method = (f"derived: {MODEL}-{BASE_DEVICE}-b{BATCH} x {factor:.4f}, the compute time at which the "
-              f"default PS's communication on 30 nodes on the emulated blades ({rel}: a = {a:.4f} s, "
-              f"b = {b:.4f} s beyond compute on 1 and 30 nodes) gives the paper's 26x: T_c = (26 b - 30 a) / 4 "
-              f"= {t_c:.4f} s; the per-layer shape of the {BASE_DEVICE} profile kept; "
-              "experiments/ibatch_profiles/derive_fig5.py")
+    text = (
+        f"reference {rel}: 1 node {t1:.4f} s, {NODES} nodes (default) {tn:.4f} s an iteration; "
+        f"{BASE_DEVICE} compute {compute:.4f} s, so a = {a:.4f} s and b = {b:.4f} s\n"
+        f"T_c = ({PAPER_SPEEDUP:g} x {b:.4f} - {NODES} x {a:.4f}) / ({NODES} - {PAPER_SPEEDUP:g})"
+        f" = {t_c:.4f} s per batch of {BATCH}: {BASE_DEVICE} x {factor:.4f}"
+    )
+    method = (
+        f"derived: {MODEL}-{BASE_DEVICE}-b{BATCH} x {factor:.4f}, the compute time at which the "
+        f"default PS's communication on 30 nodes on the emulated blades ({rel}: a = {a:.4f} s, "
+        f"b = {b:.4f} s beyond compute on 1 and 30 nodes) gives the paper's 26x: T_c = (26 b - 30 a) / 4 "
+        f"= {t_c:.4f} s; the per-layer shape of the {BASE_DEVICE} profile kept; "
+        "experiments/ibatch_profiles/derive_fig5.py"
+    )
     source = f'iBatch (Evaluation, Scalability, Fig. 5): "{QUOTE}"; the paper\'s nodes are BigDL on CPUs'
     return base.scaled(factor, DEVICE, method, source), text
 

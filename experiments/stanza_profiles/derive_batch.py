@@ -12,6 +12,7 @@ Usage (from the repository root; never overwrites)::
 
     .venv/bin/python experiments/stanza_profiles/derive_batch.py
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -30,13 +31,29 @@ def derive(model: str) -> Profile:
     batch = BATCH[model]
     base = load_profile("v100", model, BASE_BATCH)
     factor = batch // BASE_BATCH
-    method = (f"derived: v100 batch-32 profile x {factor} (batch {batch}, Stanza Table 5), assuming "
-              f"per-layer time linear in batch size; the v100 b32 profile is itself derived ({base.method})")
-    return Profile(model=model, device="v100", batch_size=batch, source=base.source, method=method,
-                   derived=True,
-                   layers=[LayerProfile(l.index, l.name, l.forward_s * factor, l.backward_s * factor,
-                                        _times(l.flops_forward, factor), _times(l.flops_backward, factor))
-                           for l in base.layers])
+    method = (
+        f"derived: v100 batch-32 profile x {factor} (batch {batch}, Stanza Table 5), assuming "
+        f"per-layer time linear in batch size; the v100 b32 profile is itself derived ({base.method})"
+    )
+    return Profile(
+        model=model,
+        device="v100",
+        batch_size=batch,
+        source=base.source,
+        method=method,
+        derived=True,
+        layers=[
+            LayerProfile(
+                l.index,
+                l.name,
+                l.forward_s * factor,
+                l.backward_s * factor,
+                _times(l.flops_forward, factor),
+                _times(l.flops_backward, factor),
+            )
+            for l in base.layers
+        ],
+    )
 
 
 def _times(flops: float | None, factor: int) -> float | None:

@@ -22,6 +22,7 @@ Usage (from the repository root; never overwrites)::
 
     .venv/bin/python experiments/stanza_profiles/derive_table1.py
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -36,10 +37,12 @@ TABLE1 = {  # model: (lower-end profile file, batch (Table 5), measured s, estim
     "vgg19": ("vgg19-v100-b64.json", 64, 5.15, 3.66),
 }
 
-SOURCE = ("Stanza (Wu et al., \"Stanza: Layer Separation for Distributed Training in Deep Learning\"), "
-          "Table 1 (Sec. 2.2): PyTorch PS, 4 workers and 1 server, p3.2xlarge (Tesla V100, 10 Gbit/s); "
-          "\"Training time results are averaged over 100 iterations\"; \"Comm. time is estimated by "
-          "dividing total data size over 10G\"")
+SOURCE = (
+    'Stanza (Wu et al., "Stanza: Layer Separation for Distributed Training in Deep Learning"), '
+    "Table 1 (Sec. 2.2): PyTorch PS, 4 workers and 1 server, p3.2xlarge (Tesla V100, 10 Gbit/s); "
+    '"Training time results are averaged over 100 iterations"; "Comm. time is estimated by '
+    'dividing total data size over 10G"'
+)
 
 
 def derive(model: str) -> Profile:
@@ -50,9 +53,11 @@ def derive(model: str) -> Profile:
     low = load_profile(str(HERE / name), model, batch)
     residual = measured - comm
     factor = residual / low.total_s()
-    method = (f"derived: {name} x {factor:.4f} = (Table 1 measured {measured} s - estimated "
-              f"communication {comm} s) / that profile's total {low.total_s():.4f} s; an upper bound "
-              "on compute (the residual also holds the PS server's update and framework overheads)")
+    method = (
+        f"derived: {name} x {factor:.4f} = (Table 1 measured {measured} s - estimated "
+        f"communication {comm} s) / that profile's total {low.total_s():.4f} s; an upper bound "
+        "on compute (the residual also holds the PS server's update and framework overheads)"
+    )
     return low.scaled(factor, "v100table1", method, source=SOURCE)
 
 

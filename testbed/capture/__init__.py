@@ -57,6 +57,7 @@ grows with the qdiscs there, not with the interfaces sampled): 4 shaped ports (1
 sample, 22-28 % of a core, all of it in the harness process (the ``harness`` row of
 ``cpu.csv``).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -64,8 +65,8 @@ import logging
 import os
 import subprocess
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from common.errors import TestbedError
 from testbed.capture.bwmng import BwmNgRecorder, bwm_ng_command, find_bwm_ng
@@ -77,8 +78,21 @@ from testbed.capture.periodic import Periodic, SampledCsv
 from testbed.capture.qdisc import QDISC_FIELDS, QdiscSampler
 from testbed.spec import CaptureSpec
 
-__all__ = ["Capture", "BwmNgRecorder", "CpuSampler", "MemorySampler", "QdiscSampler", "SampledCsv", "CPU_FIELDS",
-           "MEMORY_FIELDS", "QDISC_FIELDS", "bwm_ng_command", "find_bwm_ng", "keep_errors", "memory_recorder"]
+__all__ = [
+    "Capture",
+    "BwmNgRecorder",
+    "CpuSampler",
+    "MemorySampler",
+    "QdiscSampler",
+    "SampledCsv",
+    "CPU_FIELDS",
+    "MEMORY_FIELDS",
+    "QDISC_FIELDS",
+    "bwm_ng_command",
+    "find_bwm_ng",
+    "keep_errors",
+    "memory_recorder",
+]
 
 log = logging.getLogger(__name__)
 
@@ -135,11 +149,19 @@ class Capture:
     ``logs/capture.log``.
     """
 
-    def __init__(self, run_dir, ports: list[str], qdisc_ifaces: list[str] | None = None,
-                 pids: Callable[[], dict] | None = None, spec: CaptureSpec | None = None,
-                 on_pid: Callable[[int, str], None] | None = None,
-                 procs: Callable[[], list[tuple[dict, int]]] | None = None, pcap_ports: list[str] | None = None,
-                 scale: float = 1.0, memory: bool = False):
+    def __init__(
+        self,
+        run_dir,
+        ports: list[str],
+        qdisc_ifaces: list[str] | None = None,
+        pids: Callable[[], dict] | None = None,
+        spec: CaptureSpec | None = None,
+        on_pid: Callable[[int, str], None] | None = None,
+        procs: Callable[[], list[tuple[dict, int]]] | None = None,
+        pcap_ports: list[str] | None = None,
+        scale: float = 1.0,
+        memory: bool = False,
+    ):
         self.run_dir = Path(run_dir)
         self.ports = list(dict.fromkeys(ports))
         self.qdisc_ifaces = list(dict.fromkeys(qdisc_ifaces or []))
@@ -173,7 +195,7 @@ class Capture:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self) -> "Capture":
+    def start(self) -> Capture:
         """Start bwm-ng (waiting for its first line) and the samplers.
 
         Raises:
@@ -187,39 +209,76 @@ class Capture:
         links = _root_ns_links()
         missing = [p for p in self.ports + self.qdisc_ifaces if p not in links]
         if missing:
-            raise TestbedError(f"capture: interface(s) {', '.join(missing)} not found in the root network "
-                               f"namespace; capture samples switch ports, which Mininet creates there")
+            raise TestbedError(
+                f"capture: interface(s) {', '.join(missing)} not found in the root network "
+                f"namespace; capture samples switch ports, which Mininet creates there"
+            )
         if not self.ports:
             raise TestbedError("capture: no switch ports to sample")
         self._started = True
         self.traces_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         try:  # a recorder that fails to start stops what it started itself; stop() stops the others
-            self._bwm_ng = BwmNgRecorder(self.ports, self.spec.interval_ms, self.bwm_path,
-                                         self.run_dir / "logs" / "bwm-ng.log", self.errors, on_pid=self.on_pid,
-                                         binary=binary)
+            self._bwm_ng = BwmNgRecorder(
+                self.ports,
+                self.spec.interval_ms,
+                self.bwm_path,
+                self.run_dir / "logs" / "bwm-ng.log",
+                self.errors,
+                on_pid=self.on_pid,
+                binary=binary,
+            )
             self._recorders.enter_context(self._bwm_ng)
             if self.spec.qdisc and self.qdisc_ifaces:
-                self._start_sampler(SampledCsv(
-                    "qdisc", QdiscSampler({links[n]: n for n in self.qdisc_ifaces}), self.qdisc_path, QDISC_FIELDS,
-                    self.spec.qdisc_interval_ms / 1000.0, self.errors))
+                self._start_sampler(
+                    SampledCsv(
+                        "qdisc",
+                        QdiscSampler({links[n]: n for n in self.qdisc_ifaces}),
+                        self.qdisc_path,
+                        QDISC_FIELDS,
+                        self.spec.qdisc_interval_ms / 1000.0,
+                        self.errors,
+                    )
+                )
             if self.spec.cpu:
-                self._start_sampler(SampledCsv(
-                    "cpu", CpuSampler(self._named_pids), self.cpu_path, CPU_FIELDS, self.spec.cpu_interval_ms / 1000.0,
-                    self.errors, row_format=CpuSampler.csv_row, first_after_period=True))
+                self._start_sampler(
+                    SampledCsv(
+                        "cpu",
+                        CpuSampler(self._named_pids),
+                        self.cpu_path,
+                        CPU_FIELDS,
+                        self.spec.cpu_interval_ms / 1000.0,
+                        self.errors,
+                        row_format=CpuSampler.csv_row,
+                        first_after_period=True,
+                    )
+                )
             if self.memory:
-                self._start_sampler(memory_recorder(self.traces_dir, self.pids, self.spec.cpu_interval_ms / 1000.0,
-                                                    self.errors))
+                self._start_sampler(
+                    memory_recorder(self.traces_dir, self.pids, self.spec.cpu_interval_ms / 1000.0, self.errors)
+                )
             if self.spec.endpoints and self.procs is not None:
-                self._start_sampler(SampledCsv(
-                    "endpoints", EndpointSampler(self.procs), self.traces_dir / "endpoints.csv", ENDPOINT_FIELDS,
-                    self.spec.endpoints_interval_ms / 1000.0, self.errors))
+                self._start_sampler(
+                    SampledCsv(
+                        "endpoints",
+                        EndpointSampler(self.procs),
+                        self.traces_dir / "endpoints.csv",
+                        ENDPOINT_FIELDS,
+                        self.spec.endpoints_interval_ms / 1000.0,
+                        self.errors,
+                    )
+                )
             if self.spec.pcap is not None and self.pcap_ports:
                 pc = self.spec.pcap
-                pcap = PcapRecorder(self.pcap_ports, self.run_dir, pc, start_after_s=pc.start_s * self.scale,
-                                    duration_s=None if pc.duration_s is None else pc.duration_s * self.scale,
-                                    on_pid=self.on_pid,
-                                    errors=self.errors)
+                pcap = PcapRecorder(
+                    self.pcap_ports,
+                    self.run_dir,
+                    pc,
+                    start_after_s=pc.start_s * self.scale,
+                    duration_s=None if pc.duration_s is None else pc.duration_s * self.scale,
+                    on_pid=self.on_pid,
+                    errors=self.errors,
+                )
                 self._recorders.enter_context(pcap)
         except BaseException:
             self.stop()
@@ -236,7 +295,7 @@ class Capture:
         self._recorders.close()
         keep_errors(self.run_dir, self.errors)
 
-    def __enter__(self) -> "Capture":
+    def __enter__(self) -> Capture:
         return self.start()
 
     def __exit__(self, *exc) -> bool:

@@ -38,6 +38,7 @@ SIGKILL of the agent cannot be handled: bwm-ng (in its own session) would then b
 running, and ``testbed clean`` on that machine removes it (a bwm-ng writing into a
 ``traces/`` directory).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,8 +49,8 @@ import select
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import psutil
 
@@ -133,14 +134,17 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="python -m testbed.capture.agent",
-                 description="Capture this machine's switch ports for a cluster run until stdin closes.")
+    ap = _Parser(
+        prog="python -m testbed.capture.agent",
+        description="Capture this machine's switch ports for a cluster run until stdin closes.",
+    )
     ap.add_argument("run_dir", type=Path, help="staging directory (traces/ and logs/ are written there)")
     ap.add_argument("--ports", required=True, help="switch ports bwm-ng samples, comma-separated")
     ap.add_argument("--qdisc", default="", help="interfaces whose root qdisc is sampled, comma-separated")
     ap.add_argument("--capture", required=True, help="the experiment's capture section as JSON")
-    ap.add_argument("--match", default=None,
-                    help="training processes are those whose command line contains this (default: RUN_DIR)")
+    ap.add_argument(
+        "--match", default=None, help="training processes are those whose command line contains this (default: RUN_DIR)"
+    )
     return ap
 
 
@@ -232,8 +236,9 @@ class _StopWatch:
 def main(argv: list[str] | None = None) -> int:
     """Run the agent (see module doc); returns the exit status: 0 stopped, 1 the capture
     could not start, 2 a malformed command line."""
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
-                        format="capture agent %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.WARNING, stream=sys.stderr, format="capture agent %(levelname)s %(name)s: %(message)s"
+    )
     watch = _StopWatch()  # before anything starts: a stop asked for during the start is kept
     try:
         try:
@@ -245,8 +250,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             spec = _capture_spec(args.capture)
             match = str(args.run_dir) if args.match is None else args.match
-            capture = Capture(args.run_dir, _names(args.ports), _names(args.qdisc), pids=RuntimePids(match),
-                              spec=spec, memory=True)
+            capture = Capture(
+                args.run_dir, _names(args.ports), _names(args.qdisc), pids=RuntimePids(match), spec=spec, memory=True
+            )
             capture.start()
         except Exception as e:  # noqa: BLE001 -- every failure to start is reported in the protocol
             if capture is not None:

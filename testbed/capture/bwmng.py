@@ -38,6 +38,7 @@ capture):
 
 Measured cost (2-core machine, 10 ms period): ~1 % of a core.
 """
+
 from __future__ import annotations
 
 import logging
@@ -46,21 +47,36 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
+from common.errors import MissingRequirement, TestbedError
 from testbed.interrupts import deferred_signals
 from testbed.lifetime import tied_preexec
 from traffic.rundir import open_private
-from common.errors import MissingRequirement, TestbedError
 
 log = logging.getLogger(__name__)
 
 
 def bwm_ng_command(ports: list[str], interval_ms: int, out_file: str | Path, binary: str = "bwm-ng") -> list[str]:
     """The bwm-ng command line that samples exactly ``ports`` every ``interval_ms`` into ``out_file``."""
-    return [binary, "-o", "csv", "-T", "rate", "-t", str(int(interval_ms)), "-I", ",".join(ports),
-            "-a", "0", "-c", "0", "-F", str(out_file)]
+    return [
+        binary,
+        "-o",
+        "csv",
+        "-T",
+        "rate",
+        "-t",
+        str(int(interval_ms)),
+        "-I",
+        ",".join(ports),
+        "-a",
+        "0",
+        "-c",
+        "0",
+        "-F",
+        str(out_file),
+    ]
 
 
 def find_bwm_ng() -> str:
@@ -71,8 +87,10 @@ def find_bwm_ng() -> str:
     """
     path = shutil.which("bwm-ng") or ("/usr/bin/bwm-ng" if os.access("/usr/bin/bwm-ng", os.X_OK) else None)
     if not path:
-        raise MissingRequirement("bwm-ng is not installed; the testbed records every switch port with it. "
-                                 "Install it with `apt-get install bwm-ng` (scripts/setup.sh does this).")
+        raise MissingRequirement(
+            "bwm-ng is not installed; the testbed records every switch port with it. "
+            "Install it with `apt-get install bwm-ng` (scripts/setup.sh does this)."
+        )
     return path
 
 
@@ -94,8 +112,16 @@ class BwmNgRecorder:
     bwm-ng process (None before :meth:`start`).
     """
 
-    def __init__(self, ports: list[str], interval_ms: int, out_file: str | Path, log_file: str | Path,
-                 errors: list[str], on_pid: Callable[[int, str], None] | None = None, binary: str = "bwm-ng"):
+    def __init__(
+        self,
+        ports: list[str],
+        interval_ms: int,
+        out_file: str | Path,
+        log_file: str | Path,
+        errors: list[str],
+        on_pid: Callable[[int, str], None] | None = None,
+        binary: str = "bwm-ng",
+    ):
         self.ports = list(ports)
         self.interval_ms = interval_ms
         self.out_file, self.log_file = Path(out_file), Path(log_file)
@@ -106,7 +132,7 @@ class BwmNgRecorder:
         self._log = None
         self._stopped = False
 
-    def start(self) -> "BwmNgRecorder":
+    def start(self) -> BwmNgRecorder:
         """Start bwm-ng and wait for its first line, so that the capture covers what the
         caller starts next (a warning, not an error, if nothing comes within
         max(2 s, 20 periods)).
@@ -120,9 +146,14 @@ class BwmNgRecorder:
             self._log.write((" ".join(cmd) + "\n").encode())
             self._log.flush()
             with deferred_signals():  # recorded before a Ctrl-C can interrupt
-                self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log,
-                                             stderr=subprocess.STDOUT, start_new_session=True,
-                                             preexec_fn=tied_preexec())  # ends with the harness
+                self.proc = subprocess.Popen(
+                    cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=self._log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=tied_preexec(),
+                )  # ends with the harness
                 if self.on_pid:
                     self.on_pid(self.proc.pid, "bwm-ng")
             self._wait_first_line()
@@ -154,8 +185,9 @@ class BwmNgRecorder:
         self._stopped = True
         p = self.proc
         if p is not None and p.poll() is not None:
-            self.errors.append(f"bwm-ng ended before the capture was stopped (exit code {p.returncode}); "
-                               f"see {self.log_file}")
+            self.errors.append(
+                f"bwm-ng ended before the capture was stopped (exit code {p.returncode}); see {self.log_file}"
+            )
         elif p is not None:
             for sig, wait_s in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 5.0)):
                 try:
@@ -171,7 +203,7 @@ class BwmNgRecorder:
             self._log.close()
             self._log = None
 
-    def __enter__(self) -> "BwmNgRecorder":
+    def __enter__(self) -> BwmNgRecorder:
         return self.start()
 
     def __exit__(self, *exc) -> bool:

@@ -22,11 +22,12 @@ over the time since its previous row, so its mean is unchanged; the cores keep e
 
 Measured cost (2-core machine): the CPU sampler at 100 ms ~2.5 % of a core.
 """
+
 from __future__ import annotations
 
 import math
 import os
-from typing import Callable
+from collections.abc import Callable
 
 import psutil
 
@@ -60,7 +61,7 @@ class CpuSampler:
         self._tree_age = 0  # samples since the last scan of /proc for descendants
         self._calls = 0  # samples taken (process rows come every ceil(processes / 16) of them)
 
-    def open(self) -> "CpuSampler":
+    def open(self) -> CpuSampler:
         """Take the baselines of the cores and of this process."""
         self._prev_cores = psutil.cpu_times(percpu=True)
         self._me = psutil.Process(os.getpid())
@@ -75,7 +76,7 @@ class CpuSampler:
         self._tree_age = 0
         self._calls = 0
 
-    def __enter__(self) -> "CpuSampler":
+    def __enter__(self) -> CpuSampler:
         return self.open()
 
     def __exit__(self, *exc) -> None:

@@ -14,30 +14,55 @@ connect), so after its first 20 samples the sampler backs off: it reads every 10
 each read that finds no new socket doubles the gap, up to every 120th period (a minute at the
 default 500 ms); a read that finds one returns to every 10th. At 128 processes with gloo's
 full mesh (about 33,000 sockets) one read cost the harness 1.6 s of CPU: every 10th period,
-37 % of a core, which the back-off brings under 3 %.) A socket is written once, when first seen: ``time, proc, role, rank, host, pid, local_ip, local_port, remote_ip,
+37 % of a core, which the back-off brings under 3 %.) A socket is written once, when first seen: ``time, proc, role,
+rank, host, pid, local_ip, local_port, remote_ip,
 remote_port, state`` (``remote`` ``0.0.0.0:0`` for a listener; ``state`` the kernel's TCP
 state name). Connections that open and close between two samples (the rendezvous store's
 short ones) can be missed; gloo's and the schemes' connections live for the whole run.
 """
+
 from __future__ import annotations
 
 import ipaddress
 import os
 import socket
 import struct
-from typing import Callable
+from collections.abc import Callable
 
 from pyroute2 import DiagSocket
 from pyroute2.netns import setns
 
 __all__ = ["EndpointSampler", "ENDPOINT_FIELDS", "read_tcp_table"]
 
-ENDPOINT_FIELDS = ["time", "proc", "role", "rank", "host", "pid", "local_ip", "local_port", "remote_ip",
-                   "remote_port", "state"]
+ENDPOINT_FIELDS = [
+    "time",
+    "proc",
+    "role",
+    "rank",
+    "host",
+    "pid",
+    "local_ip",
+    "local_port",
+    "remote_ip",
+    "remote_port",
+    "state",
+]
 
 #: include/net/tcp_states.h
-TCP_STATES = {1: "ESTABLISHED", 2: "SYN_SENT", 3: "SYN_RECV", 4: "FIN_WAIT1", 5: "FIN_WAIT2", 6: "TIME_WAIT",
-              7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK", 10: "LISTEN", 11: "CLOSING", 12: "NEW_SYN_RECV"}
+TCP_STATES = {
+    1: "ESTABLISHED",
+    2: "SYN_SENT",
+    3: "SYN_RECV",
+    4: "FIN_WAIT1",
+    5: "FIN_WAIT2",
+    6: "TIME_WAIT",
+    7: "CLOSE",
+    8: "CLOSE_WAIT",
+    9: "LAST_ACK",
+    10: "LISTEN",
+    11: "CLOSING",
+    12: "NEW_SYN_RECV",
+}
 
 
 def _addr(hex_addr: str) -> tuple[str, int]:
@@ -45,7 +70,7 @@ def _addr(hex_addr: str) -> tuple[str, int]:
     an IPv4-mapped IPv6 address is given as IPv4."""
     ip_hex, port_hex = hex_addr.split(":")
     raw = bytes.fromhex(ip_hex)
-    raw = b"".join(struct.pack("<I", struct.unpack(">I", raw[i:i + 4])[0]) for i in range(0, len(raw), 4))
+    raw = b"".join(struct.pack("<I", struct.unpack(">I", raw[i : i + 4])[0]) for i in range(0, len(raw), 4))
     if len(raw) == 4:
         ip = socket.inet_ntop(socket.AF_INET, raw)
     else:
@@ -113,9 +138,13 @@ def diag_table(ds: DiagSocket) -> dict[int, tuple]:
     out = {}
     for family in (socket.AF_INET, socket.AF_INET6):
         for m in ds.get_sock_stats(family=family):
-            out[int(m["idiag_inode"])] = (_ip(m["idiag_src"]), int(m["idiag_sport"]), _ip(m["idiag_dst"]),
-                                          int(m["idiag_dport"]), TCP_STATES.get(int(m["idiag_state"]),
-                                                                                str(m["idiag_state"])))
+            out[int(m["idiag_inode"])] = (
+                _ip(m["idiag_src"]),
+                int(m["idiag_sport"]),
+                _ip(m["idiag_dst"]),
+                int(m["idiag_dport"]),
+                TCP_STATES.get(int(m["idiag_state"]), str(m["idiag_state"])),
+            )
     return out
 
 
@@ -144,7 +173,7 @@ class EndpointSampler:
         self._every = self.SLOW_EVERY  # the current gap, in periods, once past FAST_SAMPLES
         self._next = 0  # the call that reads next, once past FAST_SAMPLES
 
-    def open(self) -> "EndpointSampler":
+    def open(self) -> EndpointSampler:
         self._seen.clear()
         self._calls = 0
         self._every, self._next = self.SLOW_EVERY, 0

@@ -38,6 +38,7 @@ every part is not created. Files are read completely before any is written, and 
 written to a temporary file then renamed, so the output directory may be one of the
 parts' own directories (the controller's ``traces/``).
 """
+
 from __future__ import annotations
 
 import io
@@ -86,6 +87,7 @@ class TracePart:
     Raises:
         ValueError: ``machine`` is an empty string, or ``offset_s`` is not a finite number.
     """
+
     machine: str | None
     traces_dir: Path
     offset_s: float = 0.0
@@ -121,9 +123,10 @@ def merge_traces(out_traces_dir: str | Path, parts: list[TracePart]) -> dict[str
     if dup:
         raise ValueError(f"merge_traces: machine(s) {sorted(dup, key=str)} given in more than one part")
     bwm = _read_bwm_parts(parts)
-    tables = {name: _read_table_parts(parts, name, fields)
-              for name, fields in (("qdisc.csv", QDISC_FIELDS), ("cpu.csv", CPU_FIELDS),
-                                   ("memory.csv", MEMORY_FIELDS))}
+    tables = {
+        name: _read_table_parts(parts, name, fields)
+        for name, fields in (("qdisc.csv", QDISC_FIELDS), ("cpu.csv", CPU_FIELDS), ("memory.csv", MEMORY_FIELDS))
+    }
     written: dict[str, int] = {}
     if bwm is not None or any(df is not None for df in tables.values()):
         out.mkdir(parents=True, exist_ok=True)
@@ -196,7 +199,7 @@ def _read_bwm_parts(parts: list[TracePart]) -> list[str] | None:
                 continue
             if m.group(3) == "total":
                 continue
-            rows.append((_to_us(m.group(1), m.group(2)) - off, line[line.index(";"):], m.group(5) is None))
+            rows.append((_to_us(m.group(1), m.group(2)) - off, line[line.index(";") :], m.group(5) is None))
     if not found:
         return None
     if dropped:
@@ -220,8 +223,9 @@ def _read_table_parts(parts: list[TracePart], name: str, fields: list[str]) -> p
             continue
         lines = _complete_lines(path)
         if lines and lines[0].strip():
-            df = pd.read_csv(io.StringIO("\n".join(lines) + "\n"), dtype=str, keep_default_na=False,
-                             on_bad_lines="skip")
+            df = pd.read_csv(
+                io.StringIO("\n".join(lines) + "\n"), dtype=str, keep_default_na=False, on_bad_lines="skip"
+            )
         else:  # empty file (the writer died before its header)
             df = pd.DataFrame({c: pd.Series(dtype=object) for c in fields})
         df = df.reindex(columns=fields, fill_value="")

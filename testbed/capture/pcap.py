@@ -12,7 +12,8 @@ turns its tokens into switch-side interfaces of the root namespace:
 
 Each port gets ``tcpdump -i <port> -s <snaplen> -n -U --immediate-mode -w
 traces/pcap/<port>.pcap [-- filter]`` (every packet handed over and written as it is captured,
-so a stopped or killed capture leaves whole packets up to its last moments), started when the capture starts (just before the training processes
+so a stopped or killed capture leaves whole packets up to its last moments), started when the capture starts (just
+before the training processes
 are launched) or ``start_after_s`` later, and stopped with the capture or after
 ``duration_s``. ``traces/pcap/ports.json`` lists ``{port, file, snaplen_bytes, filter,
 started, stopped, packets_captured, packets_dropped, exit_code, terminated, error}`` (unix s;
@@ -23,6 +24,7 @@ on its own; ``error`` why it never started, e.g. a start too far away to schedul
 tcpdump's messages go to ``logs/tcpdump-<port>.log``. The analysis is :func:`analysis.flows`;
 :mod:`analysis.effects` judges from ``ports.json`` whether each port was captured.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,16 +34,16 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from mininet.util import natural
 
-from testbed.lifetime import tied_preexec
+from common.errors import FieldError, MissingRequirement, SpecError
 from testbed.interrupts import deferred_signals
+from testbed.lifetime import tied_preexec
 from testbed.spec import PcapSpec
 from traffic.rundir import open_private
-from common.errors import FieldError, MissingRequirement, SpecError
 
 __all__ = ["PcapRecorder", "resolve_ports", "topo_links", "find_tcpdump", "tcpdump_command"]
 
@@ -64,8 +66,16 @@ def topo_links(topo) -> list[dict]:
     """The links of a Mininet Topo graph as ``topology.json`` lists them (``class, node1, intf1,
     node2, intf2``), with the interface names the network will give them: what
     :func:`resolve_ports` reads before anything is built."""
-    return [{"class": info.get("link_class"), "node1": n1, "intf1": f"{n1}-eth{info['port1']}",
-             "node2": n2, "intf2": f"{n2}-eth{info['port2']}"} for n1, n2, info in topo.links(withInfo=True)]
+    return [
+        {
+            "class": info.get("link_class"),
+            "node1": n1,
+            "intf1": f"{n1}-eth{info['port1']}",
+            "node2": n2,
+            "intf2": f"{n2}-eth{info['port2']}",
+        }
+        for n1, n2, info in topo.links(withInfo=True)
+    ]
 
 
 def resolve_ports(tokens: list[str], links: list[dict], switches: set[str]) -> list[str]:
@@ -90,21 +100,30 @@ def resolve_ports(tokens: list[str], links: list[dict], switches: set[str]) -> l
     for t in tokens:
         if t == "uplinks":
             if not uplinks:
-                bad.append(FieldError(_FIELD, t, "uplinks exist only in a rack_core topology; name a port or "
-                                                 "host:<name>"))
+                bad.append(
+                    FieldError(_FIELD, t, "uplinks exist only in a rack_core topology; name a port or host:<name>")
+                )
             out += uplinks
         elif t.startswith("host:"):
-            name = t[len("host:"):]
+            name = t[len("host:") :]
             if name not in host_port:
-                bad.append(FieldError(_FIELD, t, "host:<name> of a host of the topology: " +
-                                      ", ".join(sorted(host_port, key=natural))))
+                bad.append(
+                    FieldError(
+                        _FIELD, t, "host:<name> of a host of the topology: " + ", ".join(sorted(host_port, key=natural))
+                    )
+                )
             else:
                 out.append(host_port[name])
         elif t in switch_ports:
             out.append(t)
         else:
-            bad.append(FieldError(_FIELD, t, "'uplinks', 'host:<name>' or a switch port: " +
-                                  ", ".join(sorted(switch_ports, key=natural))))
+            bad.append(
+                FieldError(
+                    _FIELD,
+                    t,
+                    "'uplinks', 'host:<name>' or a switch port: " + ", ".join(sorted(switch_ports, key=natural)),
+                )
+            )
     if bad:
         raise SpecError.of(bad)
     return list(dict.fromkeys(out))
@@ -120,9 +139,20 @@ def tcpdump_command(binary: str, port: str, snaplen: int, out_file: Path, bpf: s
     a second late, and a tcpdump stopped with SIGTERM drops the block it holds: measured on
     this machine, 323 of 11689 packets of a 40 s capture missing at the end. ``-Z root``: the
     file stays root's."""
-    return [binary, "-i", port, "-s", str(snaplen), "-n", "-U", "--immediate-mode", "-Z", "root",
-            "-w", str(out_file)] + \
-        (["--", bpf] if bpf else [])
+    return [
+        binary,
+        "-i",
+        port,
+        "-s",
+        str(snaplen),
+        "-n",
+        "-U",
+        "--immediate-mode",
+        "-Z",
+        "root",
+        "-w",
+        str(out_file),
+    ] + (["--", bpf] if bpf else [])
 
 
 _REPORT = re.compile(r"(\d+) packets? captured.*?(\d+) packets? dropped by kernel", re.S)
@@ -150,9 +180,16 @@ class PcapRecorder:
         MissingRequirement: tcpdump is not installed (at construction).
     """
 
-    def __init__(self, ports: list[str], run_dir: str | Path, spec: PcapSpec, start_after_s: float = 0.0,
-                 duration_s: float | None = None, on_pid: Callable[[int, str], None] | None = None,
-                 errors: list[str] | None = None):
+    def __init__(
+        self,
+        ports: list[str],
+        run_dir: str | Path,
+        spec: PcapSpec,
+        start_after_s: float = 0.0,
+        duration_s: float | None = None,
+        on_pid: Callable[[int, str], None] | None = None,
+        errors: list[str] | None = None,
+    ):
         self.binary = find_tcpdump()
         self.ports, self.spec = list(ports), spec
         self.start_after_s, self.duration_s = start_after_s, duration_s
@@ -166,13 +203,22 @@ class PcapRecorder:
         self._stopped = False
         self._timers: list[threading.Timer] = []
 
-    def start(self) -> "PcapRecorder":
+    def start(self) -> PcapRecorder:
         self.dir.mkdir(parents=True, exist_ok=True)
         for port in self.ports:
-            self.entries[port] = {"port": port, "file": f"{port}.pcap", "snaplen_bytes": self.spec.snaplen_bytes,
-                                  "filter": self.spec.filter, "started": None, "stopped": None,
-                                  "packets_captured": None, "packets_dropped": None, "exit_code": None,
-                                  "terminated": None, "error": None}
+            self.entries[port] = {
+                "port": port,
+                "file": f"{port}.pcap",
+                "snaplen_bytes": self.spec.snaplen_bytes,
+                "filter": self.spec.filter,
+                "started": None,
+                "stopped": None,
+                "packets_captured": None,
+                "packets_dropped": None,
+                "exit_code": None,
+                "terminated": None,
+                "error": None,
+            }
         self._write_index()
         if self.start_after_s > 0:
             self._timer(self.start_after_s, self._start_all, "start", "tcpdump was not started")
@@ -186,8 +232,10 @@ class PcapRecorder:
         :attr:`errors` and in the ``error`` of every port not started, instead of a timer
         thread dying with a traceback: "the ``what`` ... cannot be scheduled ...: ``otherwise``"."""
         if not delay_s <= threading.TIMEOUT_MAX:
-            msg = (f"capture.pcap: the {what} {delay_s:g} s away cannot be scheduled (a timer waits at most "
-                   f"{threading.TIMEOUT_MAX:.0f} s): {otherwise}")
+            msg = (
+                f"capture.pcap: the {what} {delay_s:g} s away cannot be scheduled (a timer waits at most "
+                f"{threading.TIMEOUT_MAX:.0f} s): {otherwise}"
+            )
             self.errors.append(msg)
             for e in self.entries.values():
                 if e["started"] is None:
@@ -205,8 +253,9 @@ class PcapRecorder:
             with self._lock:
                 if self._stopped:
                     return
-                cmd = tcpdump_command(self.binary, port, self.spec.snaplen_bytes, self.dir / f"{port}.pcap",
-                                      self.spec.filter)
+                cmd = tcpdump_command(
+                    self.binary, port, self.spec.snaplen_bytes, self.dir / f"{port}.pcap", self.spec.filter
+                )
                 log = open_private(self.logs / f"tcpdump-{port}.log")
                 try:
                     log.write((" ".join(cmd) + "\n").encode())
@@ -214,8 +263,14 @@ class PcapRecorder:
                     with deferred_signals():  # recorded before a Ctrl-C can interrupt
                         # tied to the harness when started from its main thread (a window's timer
                         # thread would end it early); in the run's cgroup either way (on_pid)
-                        p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                             start_new_session=True, preexec_fn=tied_preexec())
+                        p = subprocess.Popen(
+                            cmd,
+                            stdin=subprocess.DEVNULL,
+                            stdout=log,
+                            stderr=subprocess.STDOUT,
+                            start_new_session=True,
+                            preexec_fn=tied_preexec(),
+                        )
                         self.procs[port] = p
                         self.on_pid(p.pid, f"tcpdump:{port}")
                 finally:
@@ -271,8 +326,10 @@ class PcapRecorder:
             if m:
                 e["packets_captured"], e["packets_dropped"] = int(m.group(1)), int(m.group(2))
                 if e["packets_dropped"]:
-                    self.errors.append(f"tcpdump on {port}: the kernel dropped {e['packets_dropped']} packets "
-                                       f"of the capture (not of the network): narrow capture.pcap")
+                    self.errors.append(
+                        f"tcpdump on {port}: the kernel dropped {e['packets_dropped']} packets "
+                        f"of the capture (not of the network): narrow capture.pcap"
+                    )
         try:
             self._write_index()
         except OSError as e:
@@ -283,7 +340,7 @@ class PcapRecorder:
         tmp.write_text(json.dumps(list(self.entries.values()), indent=1))
         tmp.replace(self.dir / "ports.json")
 
-    def __enter__(self) -> "PcapRecorder":
+    def __enter__(self) -> PcapRecorder:
         return self.start()
 
     def __exit__(self, *exc) -> bool:

@@ -9,14 +9,16 @@ A sampler (:class:`testbed.capture.qdisc.QdiscSampler`, :class:`testbed.capture.
 has ``open()``, ``read()`` (a list of rows, the CSV columns after ``time``) and ``close()``,
 all three called from the sampling thread.
 """
+
 from __future__ import annotations
 
 import csv
 import logging
 import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Protocol, Sequence
+from typing import Protocol
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +42,16 @@ class Periodic(threading.Thread):
     next step starts on the next free slot, so a slow step lowers the rate, never piles up.
     """
 
-    def __init__(self, name: str, period_s: float, step: Callable[[], None], errors: list,
-                 on_start: Callable[[], None] | None = None, on_exit: Callable[[], None] | None = None,
-                 first_after_period: bool = False):
+    def __init__(
+        self,
+        name: str,
+        period_s: float,
+        step: Callable[[], None],
+        errors: list,
+        on_start: Callable[[], None] | None = None,
+        on_exit: Callable[[], None] | None = None,
+        first_after_period: bool = False,
+    ):
         super().__init__(name=f"capture-{name}", daemon=True)
         self.period_s, self.step, self.errors = period_s, step, errors
         self.on_start, self.on_exit = on_start, on_exit
@@ -85,8 +94,11 @@ class Periodic(threading.Thread):
             if nxt < now:  # overran: skip the missed slots
                 self.overruns += 1
                 if self.overruns == 1:
-                    log.info("%s sampler: a step took longer than the %.1f ms period; skipping missed slots",
-                             self.name, 1000 * self.period_s)
+                    log.info(
+                        "%s sampler: a step took longer than the %.1f ms period; skipping missed slots",
+                        self.name,
+                        1000 * self.period_s,
+                    )
                 k = int((now - t0) / self.period_s) + 1
                 nxt = t0 + k * self.period_s
             self.stop_event.wait(nxt - now)
@@ -114,9 +126,17 @@ class SampledCsv:
     and safe without a :meth:`start`.
     """
 
-    def __init__(self, name: str, sampler: Sampler, path: str | Path, fields: Sequence[str], period_s: float,
-                 errors: list[str], row_format: Callable[[tuple], Sequence] = tuple,
-                 first_after_period: bool = False):
+    def __init__(
+        self,
+        name: str,
+        sampler: Sampler,
+        path: str | Path,
+        fields: Sequence[str],
+        period_s: float,
+        errors: list[str],
+        row_format: Callable[[tuple], Sequence] = tuple,
+        first_after_period: bool = False,
+    ):
         self.name, self.sampler, self.path, self.fields = name, sampler, Path(path), list(fields)
         self.period_s, self.errors = period_s, errors
         self.row_format, self.first_after_period = row_format, first_after_period
@@ -126,7 +146,7 @@ class SampledCsv:
         self._writer = None
         self._stopped = False
 
-    def start(self) -> "SampledCsv":
+    def start(self) -> SampledCsv:
         """Create the file, write its header and start the sampling thread (a start that
         fails closes the file)."""
         self._file = open(self.path, "w", newline="")
@@ -134,8 +154,15 @@ class SampledCsv:
             self._writer = csv.writer(self._file)
             self._writer.writerow(self.fields)
             self._file.flush()
-            t = Periodic(self.name, self.period_s, self._step, self.errors, on_start=self.sampler.open,
-                         on_exit=self.sampler.close, first_after_period=self.first_after_period)
+            t = Periodic(
+                self.name,
+                self.period_s,
+                self._step,
+                self.errors,
+                on_start=self.sampler.open,
+                on_exit=self.sampler.close,
+                first_after_period=self.first_after_period,
+            )
             t.start()
             self.thread = t
         except BaseException:
@@ -169,7 +196,7 @@ class SampledCsv:
                 pass
             self._file = None
 
-    def __enter__(self) -> "SampledCsv":
+    def __enter__(self) -> SampledCsv:
         return self.start()
 
     def __exit__(self, *exc) -> bool:

@@ -16,6 +16,7 @@ grows with the qdiscs there, not with the interfaces sampled): 4 shaped ports (1
 2.2-3 ms per sample, 22-28 % of a core, all of it in the harness process (the ``harness`` row
 of ``cpu.csv``).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -25,8 +26,17 @@ from pyroute2.netlink.rtnl import TC_H_ROOT
 
 from common.errors import TestbedError
 
-QDISC_FIELDS = ["time", "iface", "qdisc", "backlog_bytes", "backlog_packets", "drops", "overlimits",
-                "sent_bytes", "sent_packets"]
+QDISC_FIELDS = [
+    "time",
+    "iface",
+    "qdisc",
+    "backlog_bytes",
+    "backlog_packets",
+    "drops",
+    "overlimits",
+    "sent_bytes",
+    "sent_packets",
+]
 
 
 class QdiscSampler:
@@ -49,7 +59,7 @@ class QdiscSampler:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ipr: AsyncIPRoute | None = None
 
-    def open(self) -> "QdiscSampler":
+    def open(self) -> QdiscSampler:
         """Open the netlink socket (raises OSError if it cannot)."""
         self._loop = asyncio.new_event_loop()
         self._ipr = self._loop.run_until_complete(self._connect())
@@ -71,7 +81,7 @@ class QdiscSampler:
             self._loop.close()
             self._loop = None
 
-    def __enter__(self) -> "QdiscSampler":
+    def __enter__(self) -> QdiscSampler:
         return self.open()
 
     def __exit__(self, *exc) -> None:
@@ -107,8 +117,14 @@ def _qdisc_counters(msg) -> tuple:
     if stats2 is not None:
         basic, queue = stats2.get_attr("TCA_STATS_BASIC"), stats2.get_attr("TCA_STATS_QUEUE")
         if basic is not None and queue is not None:
-            return (queue["backlog"], queue["qlen"], queue["drops"], queue["overlimits"], basic["bytes"],
-                    basic["packets"])
+            return (
+                queue["backlog"],
+                queue["qlen"],
+                queue["drops"],
+                queue["overlimits"],
+                basic["bytes"],
+                basic["packets"],
+            )
     st = msg.get_attr("TCA_STATS")
     if st is not None:
         return st["backlog"], st["qlen"], st["drop"], st["overlimits"], st["bytes"], st["packets"]

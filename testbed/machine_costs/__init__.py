@@ -32,13 +32,14 @@ approximate estimates: ``testbed run`` and ``testbed check`` say so in one line,
 command that measures this machine. Importing this module imports neither torch nor Mininet
 (``testbed check`` reads it).
 """
+
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 import psutil
 import yaml
@@ -47,10 +48,24 @@ from common.errors import CapacityError, MissingRequirement, TestbedError
 from common.provenance import CostModelSource, cpu_model
 from common.validation import load_yaml
 
-__all__ = ["COST_KEYS", "COSTS_ENV", "COSTS_PATH", "MEASURE_COMMAND", "MEMORY_TOLERANCE", "OPTIONAL_KEYS",
-           "SCHEME_MESSAGE_UNIT",
-           "STEP_NAMES", "Cost", "CostModel", "Machine", "check_target", "costs_path", "in_use", "scheme_message_key",
-           "user_costs_path"]
+__all__ = [
+    "COST_KEYS",
+    "COSTS_ENV",
+    "COSTS_PATH",
+    "MEASURE_COMMAND",
+    "MEMORY_TOLERANCE",
+    "OPTIONAL_KEYS",
+    "SCHEME_MESSAGE_UNIT",
+    "STEP_NAMES",
+    "Cost",
+    "CostModel",
+    "Machine",
+    "check_target",
+    "costs_path",
+    "in_use",
+    "scheme_message_key",
+    "user_costs_path",
+]
 
 #: the measured cost model shipped with the package (the development machine's)
 COSTS_PATH = Path(__file__).resolve().parents[1] / "data" / "machine_costs.yaml"
@@ -65,7 +80,7 @@ STEP_NAMES = ("base", "loopback", "networks", "forwarding", "message", "scheme")
 #: a recorded total memory this far from this machine's (a fraction of it) is another machine's
 MEMORY_TOLERANCE = 0.1
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 def user_costs_path() -> Path:
@@ -115,18 +130,23 @@ def check_target(out: Path, *, merge: bool = False, replace: bool = False, needs
     if merge and not out.is_file():
         raise TestbedError(f"--only merges into an existing cost model; {out} does not exist")
     if not merge and not replace and out.exists():
-        raise TestbedError(f"{out} exists; earlier measurements are never overwritten: name another file, or "
-                           f"pass --force to replace it")
+        raise TestbedError(
+            f"{out} exists; earlier measurements are never overwritten: name another file, or "
+            f"pass --force to replace it"
+        )
     if needs_root and os.geteuid() != 0:
-        raise MissingRequirement("measuring the cost model builds Mininet networks (steps networks and forwarding): "
-                                 "run as root (sudo)")
+        raise MissingRequirement(
+            "measuring the cost model builds Mininet networks (steps networks and forwarding): run as root (sudo)"
+        )
 
 
 def _remedy(path: Path) -> str:
     """What to do about a cost model file that cannot be used."""
     named = f"{COSTS_ENV} names it; " if os.environ.get(COSTS_ENV) and path == user_costs_path() else ""
-    return (f"{named}measure this machine with `{MEASURE_COMMAND}` (as root): it writes {user_costs_path()} "
-            f"(--force replaces an existing file)")
+    return (
+        f"{named}measure this machine with `{MEASURE_COMMAND}` (as root): it writes {user_costs_path()} "
+        f"(--force replaces an existing file)"
+    )
 
 
 #: every value of the cost model: key -> (unit, what it is)
@@ -135,8 +155,11 @@ COST_KEYS: dict[str, tuple[str, str]] = {
     "process_pss_bytes": ("bytes", "PSS of the same process with 3 such processes alive (reference)"),
     "process_shared_bytes": ("bytes", "RSS - USS of that process: library pages every process maps, resident once"),
     "zygote_bytes": ("bytes", "RSS of the zygote: pages every process it forks shares, resident once"),
-    "worker_base_uss_bytes": ("bytes", "USS of a running worker at zero model size, forked by the zygote "
-                              "(schemes without their own figures: the larger of the measured schemes')"),
+    "worker_base_uss_bytes": (
+        "bytes",
+        "USS of a running worker at zero model size, forked by the zygote "
+        "(schemes without their own figures: the larger of the measured schemes')",
+    ),
     "worker_exec_base_uss_bytes": ("bytes", "the same for a worker started with exec"),
     "worker_bytes_per_param_byte": ("bytes/byte", "a worker's USS per byte of model parameters"),
     "ps_worker_base_uss_bytes": ("bytes", "worker_base_uss_bytes of scheme ps"),
@@ -155,8 +178,11 @@ COST_KEYS: dict[str, tuple[str, str]] = {
     "network_link_bytes": ("bytes", "memory per further shaped link of a host"),
     "process_idle_cores": ("cores", "CPU of a runtime process waiting (emulated compute, small messages)"),
     "runtime_user_cpu_s_per_byte": ("cpu-s/byte", "runtime processes' user CPU per byte they send"),
-    "runtime_message_cpu_s": ("cpu-s/message", "runtime CPU per point-to-point message, sender and receiver "
-                              "together (Transport over gloo, no emulated per-message cost)"),
+    "runtime_message_cpu_s": (
+        "cpu-s/message",
+        "runtime CPU per point-to-point message, sender and receiver "
+        "together (Transport over gloo, no emulated per-message cost)",
+    ),
     "path_cpu_s_per_byte": ("cpu-s/byte", "busy CPU per byte between two namespaces over one htb-shaped bridge"),
     "extra_bridge_cpu_s_per_byte": ("cpu-s/byte", "busy CPU per byte for each further bridge of a path"),
     "bwm_ng_cpu_s_per_sample": ("cpu-s/sample", "bwm-ng CPU per sample, fixed part"),
@@ -170,8 +196,11 @@ COST_KEYS: dict[str, tuple[str, str]] = {
 #: are not measured by ``testbed profile --machine`` but fitted to finished runs by the
 #: benchmark each one's source names.
 OPTIONAL_KEYS: dict[str, tuple[str, str]] = {
-    "path_cpu_s_per_byte_per_host": ("cpu-s/byte/host", "busy CPU per byte sent, for each host sending at once, "
-                                     "beyond path_cpu_s_per_byte (benchmarks/fit_host_cost.py)"),
+    "path_cpu_s_per_byte_per_host": (
+        "cpu-s/byte/host",
+        "busy CPU per byte sent, for each host sending at once, "
+        "beyond path_cpu_s_per_byte (benchmarks/fit_host_cost.py)",
+    ),
 }
 
 #: unit of a scheme's own CPU per message (:func:`scheme_message_key`)
@@ -194,6 +223,7 @@ def _is_scheme_message_key(key: str) -> bool:
 class Cost:
     """One measured value: ``value`` in ``unit``, and ``source``: the command that measured it,
     the date and the machine (cores, RAM, kernel)."""
+
     value: float
     unit: str
     source: str
@@ -242,7 +272,7 @@ class CostModel:
         return c.value if c is not None else 0.0
 
     @classmethod
-    def load(cls, path: str | Path | None = None) -> "CostModel":
+    def load(cls, path: str | Path | None = None) -> CostModel:
         """Read and check a cost model (default :func:`costs_path`: ``$TESTBED_MACHINE_COSTS``,
         else the user's file when it exists, else the shipped :data:`COSTS_PATH`).
 
@@ -260,8 +290,9 @@ class CostModel:
         try:
             doc = load_yaml(path.read_text(), source=str(path))
         except (OSError, ValueError, yaml.YAMLError) as e:
-            raise CapacityError(f"cannot read the machine cost model {path} ({type(e).__name__}: {e}); {remedy}") \
-                from None
+            raise CapacityError(
+                f"cannot read the machine cost model {path} ({type(e).__name__}: {e}); {remedy}"
+            ) from None
         if not isinstance(doc, dict) or not isinstance(doc.get("values"), dict):
             raise CapacityError(f"the machine cost model {path} has no 'values' mapping; {remedy}")
         costs, bad = {}, []
@@ -288,7 +319,7 @@ class CostModel:
         machine = doc.get("machine") if isinstance(doc.get("machine"), dict) else {}
         return cls(costs, machine, path)
 
-    def measured_elsewhere(self, here: "Machine | None" = None) -> str | None:
+    def measured_elsewhere(self, here: Machine | None = None) -> str | None:
         """One line when this model was measured on another machine than ``here`` (default
         :meth:`Machine.current`), else None.
 
@@ -304,22 +335,25 @@ class CostModel:
         if not diffs:
             return None
         which = f"shipped with dl-netbed ({self.path})" if self.path == str(COSTS_PATH) else self.path
-        return (f"the cost model {which} was measured on another machine ({'; '.join(diffs)}): its memory and CPU "
-                f"estimates and scale: auto are approximate here; measure this machine with `{MEASURE_COMMAND}` "
-                f"(as root)")
+        return (
+            f"the cost model {which} was measured on another machine ({'; '.join(diffs)}): its memory and CPU "
+            f"estimates and scale: auto are approximate here; measure this machine with `{MEASURE_COMMAND}` "
+            f"(as root)"
+        )
 
 
 @dataclass(frozen=True)
 class Machine:
     """What this machine offers: logical cores, total and available memory (bytes), and its
     CPU model (``None``: unknown, not compared with a cost model's)."""
+
     cores: int
     total_bytes: int
     available_bytes: int
     cpu: str | None = None
 
     @classmethod
-    def current(cls) -> "Machine":
+    def current(cls) -> Machine:
         """This machine now (``psutil.cpu_count()``, ``psutil.virtual_memory()``,
         :func:`common.provenance.cpu_model`)."""
         vm = psutil.virtual_memory()
@@ -337,8 +371,13 @@ def _differences(recorded: Mapping, here: Machine) -> list[str]:
     if isinstance(cores, int) and not isinstance(cores, bool) and cores != here.cores:
         out.append(f"{cores} cores there, {here.cores} here")
     total = recorded.get("memory_total_bytes")
-    if (isinstance(total, (int, float)) and not isinstance(total, bool) and math.isfinite(total)
-            and here.total_bytes > 0 and abs(total - here.total_bytes) > MEMORY_TOLERANCE * here.total_bytes):
+    if (
+        isinstance(total, (int, float))
+        and not isinstance(total, bool)
+        and math.isfinite(total)
+        and here.total_bytes > 0
+        and abs(total - here.total_bytes) > MEMORY_TOLERANCE * here.total_bytes
+    ):
         out.append(f"{total / GIB:.1f} GiB there, {here.total_bytes / GIB:.1f} GiB here")
     return out
 

@@ -95,6 +95,7 @@ are; each new value's source names its own command, date and machine.
     sudo .venv/bin/python benchmarks/machine_costs.py OUT.yaml [--quiet-flag FILE] [--seconds 10] [--resume]
     .venv/bin/python benchmarks/machine_costs.py OUT.yaml --only message
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -110,8 +111,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import psutil
@@ -124,17 +125,16 @@ from common.provenance import PROJECT_DIR
 from testbed.capture import Capture
 from testbed.ledger import Ledger, NetworkLock
 from testbed.loopback import local_entries, local_hosts, run_local
-from testbed.machine_costs import (COST_KEYS, SCHEME_MESSAGE_UNIT, STEP_NAMES, Machine, check_target,
-                                   scheme_message_key)
+from testbed.machine_costs import COST_KEYS, SCHEME_MESSAGE_UNIT, STEP_NAMES, Machine, check_target, scheme_message_key
 from testbed.network import Network
 from testbed.site import switch_ports
 from testbed.spec import CaptureSpec, from_dict
 from topologies import TopologySpec
+from traffic.compute_profiles.profile import LayerProfile, Profile, load_profile
 from traffic.hostmodel import HostModel
 from traffic.hostmodel.costs import HostCosts
 from traffic.hostmodel.measure import run_pair
 from traffic.models import model_info
-from traffic.compute_profiles.profile import LayerProfile, Profile, load_profile
 from traffic.rundir import read_json
 from traffic.runtime.events import EventLog
 from traffic.runtime.transport import Transport
@@ -184,10 +184,15 @@ class Bench:
 
     def __init__(self, out: Path, command: str, seconds: float = 10.0, quiet_flag: str | None = None):
         self.out, self.command, self.seconds, self.quiet_flag = Path(out), command, seconds, quiet_flag
-        self.date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        self.date = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
         here = Machine.current()
-        self.machine = {"cores": here.cores, "cpu": here.cpu, "memory_total_bytes": here.total_bytes,
-                        "kernel": platform.release(), "date": self.date}
+        self.machine = {
+            "cores": here.cores,
+            "cpu": here.cpu,
+            "memory_total_bytes": here.total_bytes,
+            "kernel": platform.release(),
+            "date": self.date,
+        }
         self.values: dict[str, dict] = {}
         self.transport_per_byte: float | None = None  # step 5's b (CPU per byte), for step 6
         self._absent_at = -1.0  # time.monotonic() when the quiet flag was last seen missing
@@ -230,9 +235,11 @@ class Bench:
         unit = COST_KEYS[key][0] if key in COST_KEYS else SCHEME_MESSAGE_UNIT
         m = self.machine
         self.values[key] = {
-            "value": float(value), "unit": unit,
+            "value": float(value),
+            "unit": unit,
             "source": f"{self.command} [{step}] on {self.date}; machine: {m['cores']} cores ({m['cpu']}), "
-                      f"{m['memory_total_bytes'] / 2**30:.1f} GiB RAM, kernel {m['kernel']}"}
+            f"{m['memory_total_bytes'] / 2**30:.1f} GiB RAM, kernel {m['kernel']}",
+        }
         print(f"  {key} = {value:.6g} {unit}", flush=True)
 
 
@@ -249,8 +256,11 @@ def idle_processes(code: str, n: int) -> list[dict]:
     procs = []
     try:
         for _ in range(n):
-            procs.append(subprocess.Popen([sys.executable, "-c", code], cwd=PROJECT_DIR, stdout=subprocess.PIPE,
-                                          start_new_session=True))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", code], cwd=PROJECT_DIR, stdout=subprocess.PIPE, start_new_session=True
+                )
+            )
         for p in procs:
             if p.stdout.readline().strip() != b"ready":
                 raise RunFailed(f"probe process failed: {code}")
@@ -274,8 +284,10 @@ def base_process(b: Bench) -> None:
     uss = sum(r["uss"] for r in rt) / len(rt)
     pss = sum(r["pss"] for r in rt) / len(rt)
     shared = sum(r["rss"] - r["uss"] for r in rt) / len(rt)
-    how = ("3 processes 'python -c \"import traffic.runtime.__main__\"' (torch + the project) idle; "
-           "psutil memory_full_info, mean of the 3")
+    how = (
+        "3 processes 'python -c \"import traffic.runtime.__main__\"' (torch + the project) idle; "
+        "psutil memory_full_info, mean of the 3"
+    )
     b.put("process_uss_bytes", uss, f"step 1: {how}: USS")
     b.put("process_pss_bytes", pss, f"step 1: {how}: PSS (3 sharers)")
     b.put("process_shared_bytes", shared, f"step 1: {how}: RSS - USS")
@@ -339,12 +351,24 @@ def _loopback(spec: dict, label: str, tmp: Path) -> dict:
     lo1 = psutil.net_io_counters(pernic=True)["lo"].bytes_sent
     results = [read_json(p) for p in sorted((run_dir / "results").glob("*.json"))]
     events = [json.loads(l) for l in (run_dir / "events" / "worker0.jsonl").read_text().splitlines() if l.strip()]
-    out = {"peaks": peaks, "cpu": cpu, "user_s": r1.ru_utime - r0.ru_utime, "system_s": r1.ru_stime - r0.ru_stime,
-           "wall_s": wall, "bytes_sent": sum(r["bytes_sent"] for r in results), "lo_bytes": lo1 - lo0, "events": events}
-    roles = ", ".join(f"{n} USS {mib(p['uss'])} PSS {mib(p['pss'])} RSS {mib(p['rss'])}"
-                      for n, p in sorted(peaks.items()))
-    print(f"  {label} ({exp.run.launcher}): {wall:.1f} s, user {out['user_s']:.1f} s, system {out['system_s']:.1f} s, "
-          f"sent {out['bytes_sent'] / 1e6:.1f} MB (lo {out['lo_bytes'] / 1e6:.1f} MB); peaks: {roles}", flush=True)
+    out = {
+        "peaks": peaks,
+        "cpu": cpu,
+        "user_s": r1.ru_utime - r0.ru_utime,
+        "system_s": r1.ru_stime - r0.ru_stime,
+        "wall_s": wall,
+        "bytes_sent": sum(r["bytes_sent"] for r in results),
+        "lo_bytes": lo1 - lo0,
+        "events": events,
+    }
+    roles = ", ".join(
+        f"{n} USS {mib(p['uss'])} PSS {mib(p['pss'])} RSS {mib(p['rss'])}" for n, p in sorted(peaks.items())
+    )
+    print(
+        f"  {label} ({exp.run.launcher}): {wall:.1f} s, user {out['user_s']:.1f} s, system {out['system_s']:.1f} s, "
+        f"sent {out['bytes_sent'] / 1e6:.1f} MB (lo {out['lo_bytes'] / 1e6:.1f} MB); peaks: {roles}",
+        flush=True,
+    )
     return out
 
 
@@ -354,31 +378,48 @@ def role_peak(run: dict, role: str) -> float:
     return sum(v) / len(v)
 
 
-def workload(scheme: str, model: str, iterations: int, mode: str = "emulated", profile: str = "zero",
-             launcher: str = "zygote") -> dict:
-    w = {"scheme": scheme, "model": model, "iterations": iterations, "workers": 2,
-         "compute": {"mode": mode} if mode == "real" else {"mode": mode, "profile": profile}}
-    return {"name": "machine-costs", "topology": {"kind": "rack", "hosts_per_rack": 2}, "workload": w,
-            "run": {"timeout_s": 900, "launcher": launcher}}
+def workload(
+    scheme: str, model: str, iterations: int, mode: str = "emulated", profile: str = "zero", launcher: str = "zygote"
+) -> dict:
+    w = {
+        "scheme": scheme,
+        "model": model,
+        "iterations": iterations,
+        "workers": 2,
+        "compute": {"mode": mode} if mode == "real" else {"mode": mode, "profile": profile},
+    }
+    return {
+        "name": "machine-costs",
+        "topology": {"kind": "rack", "hosts_per_rack": 2},
+        "workload": w,
+        "run": {"timeout_s": 900, "launcher": launcher},
+    }
 
 
 def slow_profile(path: Path) -> str:
     """A profile of SMALL at batch 32: SLOW_LAYER_S per layer forward and backward."""
     zero = load_profile("zero", SMALL, 32)
-    Profile(model=SMALL, device="slow", batch_size=32, derived=False,
-            method="synthetic: a fixed time per layer (a temporary profile of this benchmark)",
-            source=f"testbed.machine_costs.measure: {SLOW_LAYER_S} s per layer, to keep processes waiting",
-            layers=[LayerProfile(l.index, l.name, SLOW_LAYER_S, SLOW_LAYER_S) for l in zero.layers]).save(path)
+    Profile(
+        model=SMALL,
+        device="slow",
+        batch_size=32,
+        derived=False,
+        method="synthetic: a fixed time per layer (a temporary profile of this benchmark)",
+        source=f"testbed.machine_costs.measure: {SLOW_LAYER_S} s per layer, to keep processes waiting",
+        layers=[LayerProfile(l.index, l.name, SLOW_LAYER_S, SLOW_LAYER_S) for l in zero.layers],
+    ).save(path)
     return str(path)
 
 
 def cpu_in_window(samples: list[tuple[float, float]], ta: float, tb: float) -> float | None:
     """CPU seconds between ``ta`` and ``tb`` from (t, cumulative cpu s) samples (interpolated)."""
+
     def at(t):
         for (t0, c0), (t1, c1) in zip(samples, samples[1:]):
             if t0 <= t <= t1:
                 return c0 + (c1 - c0) * (t - t0) / (t1 - t0) if t1 > t0 else c0
         return None
+
     a, z = at(ta), at(tb)
     return None if a is None or z is None else z - a
 
@@ -389,8 +430,9 @@ def loopback_runs(b: Bench, tmp: Path) -> None:
     runs = {}
     for scheme in ("ps", "allreduce"):
         for launcher in ("zygote", "exec"):
-            runs[(scheme, SMALL, launcher)] = loopback(b, workload(scheme, SMALL, 5, launcher=launcher),
-                                                       f"{scheme}-{SMALL}-5-{launcher}", tmp)
+            runs[(scheme, SMALL, launcher)] = loopback(
+                b, workload(scheme, SMALL, 5, launcher=launcher), f"{scheme}-{SMALL}-5-{launcher}", tmp
+            )
         for it in (3, LONG):
             runs[(scheme, BIG, it)] = loopback(b, workload(scheme, BIG, it), f"{scheme}-{BIG}-{it}", tmp)
     real = loopback(b, workload("ps", SMALL, 5, mode="real"), f"ps-{SMALL}-5-real", tmp)
@@ -398,11 +440,13 @@ def loopback_runs(b: Bench, tmp: Path) -> None:
     n_it = 10
     slow = loopback(b, workload("ps", SMALL, n_it, profile=prof), f"ps-{SMALL}-{n_it}-slow", tmp)
 
-    run_desc = ("run_local of {workload: {scheme: %s, model: M, workers: 2, iterations: 5 (alexnet: 3 and "
-                f"{LONG}), "
-                "compute: {mode: emulated, profile: zero}}, topology: {kind: rack, hosts_per_rack: 2}, run: {launcher: "
-                f"L}}}} for M = {SMALL} ({small} parameter bytes, L = zygote and exec) and {BIG} ({big}, L = zygote); "
-                "peak USS of each process sampled every 0.2 s (psutil memory_full_info)")
+    run_desc = (
+        "run_local of {workload: {scheme: %s, model: M, workers: 2, iterations: 5 (alexnet: 3 and "
+        f"{LONG}), "
+        "compute: {mode: emulated, profile: zero}}, topology: {kind: rack, hosts_per_rack: 2}, run: {launcher: "
+        f"L}}}} for M = {SMALL} ({small} parameter bytes, L = zygote and exec) and {BIG} ({big}, L = zygote); "
+        "peak USS of each process sampled every 0.2 s (psutil memory_full_info)"
+    )
     fits = {}
     for scheme, role in (("ps", "worker"), ("ps", "server"), ("allreduce", "worker")):
         lo = role_peak(runs[(scheme, SMALL, "zygote")], role)
@@ -410,45 +454,72 @@ def loopback_runs(b: Bench, tmp: Path) -> None:
         hi = max(role_peak(runs[(scheme, BIG, 3)], role), role_peak(runs[(scheme, BIG, LONG)], role))
         slope = (hi - lo) / (big - small)
         fits[(scheme, role)] = {"per": slope, "base": lo - slope * small, "exec": lo_exec - slope * small}
-        print(f"  {scheme} {role}: USS {mib(lo)} ({SMALL}; exec {mib(lo_exec)}), {mib(hi)} ({BIG}): {slope:.3f} bytes "
-              f"per parameter byte; at 0 parameters {mib(lo - slope * small)} (exec {mib(lo_exec - slope * small)})")
+        print(
+            f"  {scheme} {role}: USS {mib(lo)} ({SMALL}; exec {mib(lo_exec)}), {mib(hi)} ({BIG}): {slope:.3f} bytes "
+            f"per parameter byte; at 0 parameters {mib(lo - slope * small)} (exec {mib(lo_exec - slope * small)})"
+        )
 
     def put_role(prefix: str, f: dict, scheme: str, role: str, note: str = "") -> None:
         d = run_desc % scheme
         b.put(f"{prefix}_bytes_per_param_byte", f["per"], f"step 2: {d}: {role} slope (M = {BIG} vs {SMALL}){note}")
-        b.put(f"{prefix}_base_uss_bytes", f["base"], f"step 2: {d}: {role} intercept at 0 parameter bytes, "
-              f"L = zygote{note}")
-        b.put(f"{prefix}_exec_base_uss_bytes", f["exec"], f"step 2: {d}: {role} intercept at 0 parameter bytes, "
-              f"L = exec (USS at {SMALL} minus the slope's share){note}")
+        b.put(
+            f"{prefix}_base_uss_bytes",
+            f["base"],
+            f"step 2: {d}: {role} intercept at 0 parameter bytes, L = zygote{note}",
+        )
+        b.put(
+            f"{prefix}_exec_base_uss_bytes",
+            f["exec"],
+            f"step 2: {d}: {role} intercept at 0 parameter bytes, "
+            f"L = exec (USS at {SMALL} minus the slope's share){note}",
+        )
 
     put_role("ps_worker", fits[("ps", "worker")], "ps", "worker")
     put_role("allreduce_worker", fits[("allreduce", "worker")], "allreduce", "worker")
     put_role("server", fits[("ps", "server")], "ps", "server (1, holding the whole model)")
     pw, aw = fits[("ps", "worker")], fits[("allreduce", "worker")]
-    put_role("worker", {k: max(pw[k], aw[k]) for k in pw}, "ps|allreduce", "worker",
-             " (for schemes not measured on their own: the larger of ps's and allreduce's)")
+    put_role(
+        "worker",
+        {k: max(pw[k], aw[k]) for k in pw},
+        "ps|allreduce",
+        "worker",
+        " (for schemes not measured on their own: the larger of ps's and allreduce's)",
+    )
     zyg = max(r["peaks"]["zygote"]["rss"] for r in runs.values() if "zygote" in r["peaks"])
-    b.put("zygote_bytes", zyg, f"step 2: {run_desc % 'ps|allreduce'}: RSS of the zygote (largest of the L = zygote "
-          f"runs): its pages, shared with every process it forks, resident once")
+    b.put(
+        "zygote_bytes",
+        zyg,
+        f"step 2: {run_desc % 'ps|allreduce'}: RSS of the zygote (largest of the L = zygote "
+        f"runs): its pages, shared with every process it forks, resident once",
+    )
     extra = role_peak(real, "worker") - role_peak(runs[("ps", SMALL, "zygote")], "worker")
-    b.put("real_compute_worker_bytes", max(extra, 0.0),
-          f"step 2: peak worker USS of run_local {{scheme: ps, model: {SMALL}, workers: 2, iterations: 5, compute: "
-          f"{{mode: real}}, dataset: digits, batch_size: 32}} minus that of the same run with emulated compute "
-          f"(launcher zygote): measured {extra:.0f}; a negative value is floored at 0")
+    b.put(
+        "real_compute_worker_bytes",
+        max(extra, 0.0),
+        f"step 2: peak worker USS of run_local {{scheme: ps, model: {SMALL}, workers: 2, iterations: 5, compute: "
+        f"{{mode: real}}, dataset: digits, batch_size: 32}} minus that of the same run with emulated compute "
+        f"(launcher zygote): measured {extra:.0f}; a negative value is floored at 0",
+    )
 
     per_byte = []
     for scheme in ("ps", "allreduce"):
         a, z = runs[(scheme, BIG, 3)], runs[(scheme, BIG, LONG)]
         u = (z["user_s"] - a["user_s"]) / (z["lo_bytes"] - a["lo_bytes"])
         per_byte.append((u, scheme))
-        print(f"  {scheme}: runtime user CPU {u * 1e9:.3f} ns per byte sent "
-              f"({z['user_s'] - a['user_s']:.2f} s for {(z['lo_bytes'] - a['lo_bytes']) / 1e6:.0f} MB on lo)")
+        print(
+            f"  {scheme}: runtime user CPU {u * 1e9:.3f} ns per byte sent "
+            f"({z['user_s'] - a['user_s']:.2f} s for {(z['lo_bytes'] - a['lo_bytes']) / 1e6:.0f} MB on lo)"
+        )
     u, which = max(per_byte)
-    b.put("runtime_user_cpu_s_per_byte", u,
-          f"step 2: run_local of {{scheme: S, model: {BIG}, workers: 2, compute: {{mode: emulated, profile: zero}}}} "
-          f"at 3 and {LONG} iterations: (children user CPU, getrusage, of the {LONG}-iteration run - the 3-iteration "
-          f"run) / (bytes sent on lo, psutil.net_io_counters, difference); the larger of S = ps, allreduce ({which}; "
-          + ", ".join(f"{s} {v:.3g}" for v, s in per_byte) + ")")
+    b.put(
+        "runtime_user_cpu_s_per_byte",
+        u,
+        f"step 2: run_local of {{scheme: S, model: {BIG}, workers: 2, compute: {{mode: emulated, profile: zero}}}} "
+        f"at 3 and {LONG} iterations: (children user CPU, getrusage, of the {LONG}-iteration run - the 3-iteration "
+        f"run) / (bytes sent on lo, psutil.net_io_counters, difference); the larger of S = ps, allreduce ({which}; "
+        + ", ".join(f"{s} {v:.3g}" for v, s in per_byte)
+        + ")",
+    )
 
     its = [e for e in slow["events"] if e["kind"] == "iteration"]
     first = next(e for e in its if e["iteration"] == 1)
@@ -460,10 +531,13 @@ def loopback_runs(b: Bench, tmp: Path) -> None:
         if c is not None and name != "zygote":
             rates[name] = c / (tb - ta)
     print(f"  waiting processes over {tb - ta:.1f} s: " + ", ".join(f"{n} {r * 100:.2f}%" for n, r in rates.items()))
-    b.put("process_idle_cores", sum(rates.values()) / len(rates),
-          f"step 2: run_local of {{scheme: ps, model: {SMALL}, workers: 2, iterations: {n_it}, compute: {{mode: "
-          f"emulated, profile: {SLOW_LAYER_S} s per layer forward and backward}}}}: mean over its 3 processes of "
-          f"(user + system CPU, psutil cpu_times sampled every 0.2 s) / wall time over iterations 1..{n_it - 2}")
+    b.put(
+        "process_idle_cores",
+        sum(rates.values()) / len(rates),
+        f"step 2: run_local of {{scheme: ps, model: {SMALL}, workers: 2, iterations: {n_it}, compute: {{mode: "
+        f"emulated, profile: {SLOW_LAYER_S} s per layer forward and backward}}}}: mean over its 3 processes of "
+        f"(user + system CPU, psutil cpu_times sampled every 0.2 s) / wall time over iterations 1..{n_it - 2}",
+    )
 
 
 # ------------------------------------------------------------------------------ 3-4. networks
@@ -516,19 +590,25 @@ def capture_cost(net, label: str, tmp: Path, seconds: float, qdisc: bool) -> dic
         """Samples per second of a trace: distinct timestamps (first field) over their span
         (``only``: of the lines whose second field is that)."""
         p = traces / name
-        lines = p.read_text().splitlines()[1 if header else 0:] if p.exists() else []
-        ts = sorted({float(l.split(sep)[0]) for l in lines
-                     if sep in l and (only is None or l.split(sep)[1] == only)})
+        lines = p.read_text().splitlines()[1 if header else 0 :] if p.exists() else []
+        ts = sorted({float(l.split(sep)[0]) for l in lines if sep in l and (only is None or l.split(sep)[1] == only)})
         return (len(ts) - 1) / (ts[-1] - ts[0]) if len(ts) > 1 else 0.0
 
-    out = {"ports": len(ports), "bwm_cores": bwm_cpu, "harness_cores": me_cpu, "bwm_uss": uss,
-           "bwm_samples_per_s": per_s("bwm-ng.csv", ";", False, only="total"),
-           "qdisc_samples_per_s": per_s("qdisc.csv", ",", True),
-           "cpu_samples_per_s": per_s("cpu.csv", ",", True)}
-    print(f"  capture {label}: {len(ports)} ports, qdisc {qdisc}: bwm-ng {bwm_cpu * 100:.2f}% of a core "
-          f"({out['bwm_samples_per_s']:.0f} samples/s), harness {me_cpu * 100:.2f}% "
-          f"(qdisc {out['qdisc_samples_per_s']:.1f}/s, cpu {out['cpu_samples_per_s']:.1f}/s), bwm-ng USS {mib(uss)}",
-          flush=True)
+    out = {
+        "ports": len(ports),
+        "bwm_cores": bwm_cpu,
+        "harness_cores": me_cpu,
+        "bwm_uss": uss,
+        "bwm_samples_per_s": per_s("bwm-ng.csv", ";", False, only="total"),
+        "qdisc_samples_per_s": per_s("qdisc.csv", ",", True),
+        "cpu_samples_per_s": per_s("cpu.csv", ",", True),
+    }
+    print(
+        f"  capture {label}: {len(ports)} ports, qdisc {qdisc}: bwm-ng {bwm_cpu * 100:.2f}% of a core "
+        f"({out['bwm_samples_per_s']:.0f} samples/s), harness {me_cpu * 100:.2f}% "
+        f"(qdisc {out['qdisc_samples_per_s']:.1f}/s, cpu {out['cpu_samples_per_s']:.1f}/s), bwm-ng USS {mib(uss)}",
+        flush=True,
+    )
     return out
 
 
@@ -566,49 +646,86 @@ def fit(points: list[tuple[float, float]]) -> tuple[float, float]:
 def networks(b: Bench, tmp: Path) -> None:
     print("3. network memory and capture CPU", flush=True)
     small, big = 10, 100
-    mem = {(n, k): b.quiet(f"network of {n} hosts x {k} links", lambda n=n, k=k: network_memory(b, n, k, tmp))[0]
-           for n, k in ((small, 1), (big, 1), (big, 2))}
-    how = ("testbed.network.Network of TopologySpec(kind=rack, hosts_per_rack=N, host_bw_mbps=100, "
-           "interfaces_per_host=K); psutil.virtual_memory().used once settled (5 one-second samples within 2 MiB) "
-           "after the build minus before it")
-    b.put("network_host_bytes", (mem[(big, 1)] - mem[(small, 1)]) / (big - small),
-          f"step 3: {how}: (N={big} - N={small}, K=1) / {big - small} (+{mem[(small, 1)]} bytes for {small} hosts, "
-          f"+{mem[(big, 1)]} for {big})")
+    mem = {
+        (n, k): b.quiet(f"network of {n} hosts x {k} links", lambda n=n, k=k: network_memory(b, n, k, tmp))[0]
+        for n, k in ((small, 1), (big, 1), (big, 2))
+    }
+    how = (
+        "testbed.network.Network of TopologySpec(kind=rack, hosts_per_rack=N, host_bw_mbps=100, "
+        "interfaces_per_host=K); psutil.virtual_memory().used once settled (5 one-second samples within 2 MiB) "
+        "after the build minus before it"
+    )
+    b.put(
+        "network_host_bytes",
+        (mem[(big, 1)] - mem[(small, 1)]) / (big - small),
+        f"step 3: {how}: (N={big} - N={small}, K=1) / {big - small} (+{mem[(small, 1)]} bytes for {small} hosts, "
+        f"+{mem[(big, 1)]} for {big})",
+    )
     link = (mem[(big, 2)] - mem[(big, 1)]) / big
-    b.put("network_link_bytes", max(link, 0.0),
-          f"step 3: {how}: (K=2 - K=1 at N={big}) / {big} (+{mem[(big, 2)]} bytes with K=2; measured {link:.0f} "
-          f"per link; a negative value is floored at 0)")
+    b.put(
+        "network_link_bytes",
+        max(link, 0.0),
+        f"step 3: {how}: (K=2 - K=1 at N={big}) / {big} (+{mem[(big, 2)]} bytes with K=2; measured {link:.0f} "
+        f"per link; a negative value is floored at 0)",
+    )
     cap = {}
     for n in (small, big):
         spec = TopologySpec(kind="rack", hosts_per_rack=n, host_bw_mbps=100)
         with network(spec, b.label(f"capnet{n}"), tmp) as net:
             for q in (True, False):
-                cap[(n, q)] = b.quiet(f"capture on {n} hosts, qdisc {q}", lambda q=q: capture_cost(
-                    net, b.label(f"cap{n}{'q' if q else ''}"), tmp, b.seconds, q))
-    b.put("bwm_ng_uss_bytes", max(c["bwm_uss"] for c in cap.values()),
-          "step 3: USS of bwm-ng sampling the switch ports every 10 ms (largest of the capture runs)")
-    capd = ("testbed.capture.Capture(ports=switch ports, qdisc_ifaces=switch ports, CaptureSpec(qdisc=Q)) on the "
-            f"Network of N hosts (kind rack, 1 link each), {b.seconds:g} s, no training processes; CPU from "
-            "psutil cpu_times of bwm-ng and of this process (the samplers' threads); samples per second from the "
-            "traces' timestamps (bwm-ng: its 'total' lines)")
-    bwm = [(cap[(n, True)]["ports"], cap[(n, q)]["bwm_cores"] / cap[(n, q)]["bwm_samples_per_s"])
-           for n in (small, big) for q in (True, False)]
+                cap[(n, q)] = b.quiet(
+                    f"capture on {n} hosts, qdisc {q}",
+                    lambda q=q: capture_cost(net, b.label(f"cap{n}{'q' if q else ''}"), tmp, b.seconds, q),
+                )
+    b.put(
+        "bwm_ng_uss_bytes",
+        max(c["bwm_uss"] for c in cap.values()),
+        "step 3: USS of bwm-ng sampling the switch ports every 10 ms (largest of the capture runs)",
+    )
+    capd = (
+        "testbed.capture.Capture(ports=switch ports, qdisc_ifaces=switch ports, CaptureSpec(qdisc=Q)) on the "
+        f"Network of N hosts (kind rack, 1 link each), {b.seconds:g} s, no training processes; CPU from "
+        "psutil cpu_times of bwm-ng and of this process (the samplers' threads); samples per second from the "
+        "traces' timestamps (bwm-ng: its 'total' lines)"
+    )
+    bwm = [
+        (cap[(n, True)]["ports"], cap[(n, q)]["bwm_cores"] / cap[(n, q)]["bwm_samples_per_s"])
+        for n in (small, big)
+        for q in (True, False)
+    ]
     icpt, slope = fit(bwm)
     listing = ", ".join(f"{p} ports: {v:.3g}" for p, v in bwm)
-    b.put("bwm_ng_cpu_s_per_sample_port", max(slope, 0.0), f"step 3: {capd}: bwm-ng CPU per sample, "
-          f"least-squares slope over ports, N={small} and N={big}, Q both ({listing} s per sample)")
+    b.put(
+        "bwm_ng_cpu_s_per_sample_port",
+        max(slope, 0.0),
+        f"step 3: {capd}: bwm-ng CPU per sample, "
+        f"least-squares slope over ports, N={small} and N={big}, Q both ({listing} s per sample)",
+    )
     b.put("bwm_ng_cpu_s_per_sample", max(icpt, 0.0), f"step 3: {capd}: bwm-ng CPU per sample, intercept at 0 ports")
-    q = [(cap[(n, True)]["ports"], (cap[(n, True)]["harness_cores"] - cap[(n, False)]["harness_cores"])
-          / cap[(n, True)]["qdisc_samples_per_s"]) for n in (small, big)]
+    q = [
+        (
+            cap[(n, True)]["ports"],
+            (cap[(n, True)]["harness_cores"] - cap[(n, False)]["harness_cores"])
+            / cap[(n, True)]["qdisc_samples_per_s"],
+        )
+        for n in (small, big)
+    ]
     qi, qs = fit(q)
-    b.put("qdisc_cpu_s_per_sample_port", max(qs, 0.0), f"step 3: {capd}: (harness CPU with Q=true - with Q=false) "
-          f"per qdisc sample, slope over ports between N={small} and N={big} ({q[0][1]:.3g} and {q[1][1]:.3g} s per "
-          f"sample)")
+    b.put(
+        "qdisc_cpu_s_per_sample_port",
+        max(qs, 0.0),
+        f"step 3: {capd}: (harness CPU with Q=true - with Q=false) "
+        f"per qdisc sample, slope over ports between N={small} and N={big} ({q[0][1]:.3g} and {q[1][1]:.3g} s per "
+        f"sample)",
+    )
     b.put("qdisc_cpu_s_per_sample", max(qi, 0.0), f"step 3: {capd}: qdisc sampler CPU per sample, intercept at 0 ports")
     cs = [cap[(n, False)]["harness_cores"] / cap[(n, False)]["cpu_samples_per_s"] for n in (small, big)]
-    b.put("cpu_sampler_cpu_s_per_sample", sum(cs) / 2,
-          f"step 3: {capd}: harness CPU with Q=false per CPU sample (mean of N={small} and N={big}: {cs[0]:.3g}, "
-          f"{cs[1]:.3g})")
+    b.put(
+        "cpu_sampler_cpu_s_per_sample",
+        sum(cs) / 2,
+        f"step 3: {capd}: harness CPU with Q=false per CPU sample (mean of N={small} and N={big}: {cs[0]:.3g}, "
+        f"{cs[1]:.3g})",
+    )
 
 
 def iperf_busy(net, src: str, dst: str, seconds: float) -> tuple[float, float]:
@@ -616,8 +733,11 @@ def iperf_busy(net, src: str, dst: str, seconds: float) -> tuple[float, float]:
     server = net.hosts[dst].popen(["iperf3", "-s", "-1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         time.sleep(1)
-        client = net.hosts[src].popen(["iperf3", "-c", net.hosts[dst].IP(), "-t", str(int(seconds)), "-J"],
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        client = net.hosts[src].popen(
+            ["iperf3", "-c", net.hosts[dst].IP(), "-t", str(int(seconds)), "-J"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         b0, t0 = busy_s(), time.perf_counter()
         out, err = client.communicate(timeout=seconds + 60)
         b1, t1 = busy_s(), time.perf_counter()
@@ -640,31 +760,50 @@ def forwarding(b: Bench, tmp: Path) -> None:
     print("4. forwarding CPU", flush=True)
     rates = (1000.0, 3000.0, 6000.0)
     slopes = {}
-    for bridges, spec_kw in ((1, dict(kind="rack", hosts_per_rack=2)), (3, dict(kind="rack_core", racks=2,
-                                                                                   hosts_per_rack=1))):
+    for bridges, spec_kw in (
+        (1, dict(kind="rack", hosts_per_rack=2)),
+        (3, dict(kind="rack_core", racks=2, hosts_per_rack=1)),
+    ):
         pts = []
         for rate in rates:
             spec = TopologySpec(host_bw_mbps=rate, **spec_kw)
             with network(spec, b.label(f"fwd{bridges}-{rate:g}"), tmp) as net:
-                base, (bps, busy) = b.quiet(f"iperf3 over {bridges} bridge(s) at {rate:g} Mbit/s", lambda net=net: (
-                    idle_busy(5), iperf_busy(net, "h1", "h2", b.seconds)))
+                base, (bps, busy) = b.quiet(
+                    f"iperf3 over {bridges} bridge(s) at {rate:g} Mbit/s",
+                    lambda net=net: (idle_busy(5), iperf_busy(net, "h1", "h2", b.seconds)),
+                )
             pts.append((bps, busy, base))
-            print(f"  {bridges} bridge(s), {rate:g} Mbit/s: received {bps * 8 / 1e6:.1f} Mbit/s, busy {busy:.3f} cores "
-                  f"(idle network {base:.3f}): {(busy - base) / bps * 1e9:.3f} ns per byte above idle", flush=True)
+            print(
+                f"  {bridges} bridge(s), {rate:g} Mbit/s: received {bps * 8 / 1e6:.1f} Mbit/s, busy {busy:.3f} cores "
+                f"(idle network {base:.3f}): {(busy - base) / bps * 1e9:.3f} ns per byte above idle",
+                flush=True,
+            )
         slopes[bridges] = (fit([(x, y) for x, y, _ in pts])[1], pts)
-    how = ("iperf3 -c (TCP, {s:g} s) from h1 to h2 of a testbed.network.Network ({desc}) with host_bw_mbps "
-           + ", ".join(f"{r:g}" for r in rates) + "; busy cores from psutil.cpu_times deltas over the client's run "
-           "(busy = all but idle and iowait); least-squares slope of busy cores over received bytes/s")
+    how = (
+        "iperf3 -c (TCP, {s:g} s) from h1 to h2 of a testbed.network.Network ({desc}) with host_bw_mbps "
+        + ", ".join(f"{r:g}" for r in rates)
+        + "; busy cores from psutil.cpu_times deltas over the client's run "
+        "(busy = all but idle and iowait); least-squares slope of busy cores over received bytes/s"
+    )
     one, three = slopes[1][0], slopes[3][0]
-    fmt = lambda pts: "; ".join(f"{x * 8 / 1e6:.0f} Mbit/s: {y:.3f} cores (idle {z:.3f})" for x, y, z in pts)
-    b.put("path_cpu_s_per_byte", one, "step 4: " + how.format(s=b.seconds, desc="kind rack, 2 hosts: 1 bridge")
-          + f" ({fmt(slopes[1][1])})")
-    extra = (three - one) / 2
-    b.put("extra_bridge_cpu_s_per_byte", max(extra, 0.0),
-          "step 4: " + how.format(s=b.seconds, desc="kind rack_core, 2 racks of 1 host: 3 bridges")
-          + f" ({fmt(slopes[3][1])}): (3-bridge slope {three:.4g} - 1-bridge slope {one:.4g}) / 2"
-          + ("" if extra >= 0 else " floored at 0"))
 
+    def fmt(pts):
+        return "; ".join(f"{x * 8 / 1e6:.0f} Mbit/s: {y:.3f} cores (idle {z:.3f})" for x, y, z in pts)
+
+    b.put(
+        "path_cpu_s_per_byte",
+        one,
+        "step 4: " + how.format(s=b.seconds, desc="kind rack, 2 hosts: 1 bridge") + f" ({fmt(slopes[1][1])})",
+    )
+    extra = (three - one) / 2
+    b.put(
+        "extra_bridge_cpu_s_per_byte",
+        max(extra, 0.0),
+        "step 4: "
+        + how.format(s=b.seconds, desc="kind rack_core, 2 racks of 1 host: 3 bridges")
+        + f" ({fmt(slopes[3][1])}): (3-bridge slope {three:.4g} - 1-bridge slope {one:.4g}) / 2"
+        + ("" if extra >= 0 else " floored at 0"),
+    )
 
 
 # ------------------------------------------------------------------------------ 5. per-message CPU
@@ -692,14 +831,18 @@ def _message_stream(rank: int, plan: list[tuple[int, int]], log_dir: str) -> lis
     out = []
     for nbytes, n in plan:
         bufs = [torch.zeros(nbytes // 4) for _ in range(MESSAGE_WINDOW)]
-        pending = ([tr.irecv(bufs[k], 0, tag=MESSAGE_TAG, kind="push") for k in range(min(MESSAGE_WINDOW, n))]
-                   if rank == 1 else [])
+        pending = (
+            [tr.irecv(bufs[k], 0, tag=MESSAGE_TAG, kind="push") for k in range(min(MESSAGE_WINDOW, n))]
+            if rank == 1
+            else []
+        )
         dist.barrier()
         c0, t0 = _cpu_s(), time.perf_counter()
         if rank == 0:
             for lo in range(0, n, MESSAGE_WINDOW):
-                tr.wait_all([tr.isend(bufs[k], 1, tag=MESSAGE_TAG, kind="push")
-                             for k in range(min(MESSAGE_WINDOW, n - lo))])
+                tr.wait_all(
+                    [tr.isend(bufs[k], 1, tag=MESSAGE_TAG, kind="push") for k in range(min(MESSAGE_WINDOW, n - lo))]
+                )
         else:
             for i in range(n):
                 k = i % MESSAGE_WINDOW
@@ -714,8 +857,14 @@ def _message_stream(rank: int, plan: list[tuple[int, int]], log_dir: str) -> lis
         else:
             other = torch.empty(2, dtype=torch.float64)
             dist.recv(other, 1)
-            out.append({"nbytes": nbytes, "n": n, "cpu_s": [float(mine[0]), float(other[0])],
-                        "wall_s": max(float(mine[1]), float(other[1]))})
+            out.append(
+                {
+                    "nbytes": nbytes,
+                    "n": n,
+                    "cpu_s": [float(mine[0]), float(other[0])],
+                    "wall_s": max(float(mine[1]), float(other[1])),
+                }
+            )
     events.close()
     return out if rank == 0 else None
 
@@ -743,8 +892,9 @@ def message_cpu(b: Bench, tmp: Path) -> None:
     log_dir.mkdir(parents=True)
 
     def measure():
-        return run_pair(_message_stream, (warm + configs * MESSAGE_REPEATS, str(log_dir)), threads=1,
-                        timeout_s=900)[len(warm):]
+        return run_pair(_message_stream, (warm + configs * MESSAGE_REPEATS, str(log_dir)), threads=1, timeout_s=900)[
+            len(warm) :
+        ]
 
     load = os.getloadavg()[0]
     raw = b.quiet("per-message CPU", measure)
@@ -754,27 +904,35 @@ def message_cpu(b: Bench, tmp: Path) -> None:
         tot = sorted(mine, key=lambda r: sum(r["cpu_s"]))
         m = tot[len(tot) // 2]  # the median run (by summed CPU)
         med.append(m)
-        print(f"  {n} x {nb // KIB} KiB: CPU {sum(m['cpu_s']):.3f} s (sender {m['cpu_s'][0]:.3f}, receiver "
-              f"{m['cpu_s'][1]:.3f}) in {m['wall_s']:.2f} s; runs: "
-              + ", ".join(f"{sum(r['cpu_s']):.3f}" for r in mine), flush=True)
+        print(
+            f"  {n} x {nb // KIB} KiB: CPU {sum(m['cpu_s']):.3f} s (sender {m['cpu_s'][0]:.3f}, receiver "
+            f"{m['cpu_s'][1]:.3f}) in {m['wall_s']:.2f} s; runs: " + ", ".join(f"{sum(r['cpu_s']):.3f}" for r in mine),
+            flush=True,
+        )
     a, per_byte, c = fit_messages(med)
     resid = [sum(r["cpu_s"]) - (a * r["n"] + per_byte * r["n"] * r["nbytes"] + c) for r in med]
-    print(f"  fit: {a * 1e6:.1f} us per message + {per_byte * 1e9:.3f} ns per byte + {c * 1e3:.1f} ms per run "
-          f"(largest residual {max(abs(x) for x in resid) * 1e3:.1f} ms)", flush=True)
+    print(
+        f"  fit: {a * 1e6:.1f} us per message + {per_byte * 1e9:.3f} ns per byte + {c * 1e3:.1f} ms per run "
+        f"(largest residual {max(abs(x) for x in resid) * 1e3:.1f} ms)",
+        flush=True,
+    )
     if a <= 0:
         raise RunFailed(f"per-message CPU fit is not positive ({a:.3g} s): the machine was too noisy; run again")
     b.transport_per_byte = per_byte
     listing = "; ".join(f"{r['n']} x {r['nbytes']} B: {sum(r['cpu_s']):.3f} s" for r in med)
-    b.put("runtime_message_cpu_s", a,
-          "step 5: traffic.hostmodel.measure.run_pair (2 processes, gloo over TCP on 127.0.0.1, 1 torch thread each), "
-          "traffic.runtime.transport.Transport with an EventLog and HostCosts(HostModel()) (per-message overhead 0: "
-          f"nothing charged, nothing waited); rank 0 isends N float32 messages to rank 1 in windows of "
-          f"{MESSAGE_WINDOW} (wait each), rank 1 keeps {MESSAGE_WINDOW} irecvs posted ahead; CPU = user + system "
-          f"of both processes (psutil cpu_times, all threads) between barriers; sizes and counts "
-          + ", ".join(f"{nb} B x {MESSAGE_COUNTS[nb]}" for nb in MESSAGE_SIZES)
-          + f", each {MESSAGE_REPEATS} times interleaved, median; least-squares CPU = a x messages + b x bytes "
-          f"+ c: a (this value, both ends), b = {per_byte:.4g} s/byte, c = {c:.4g} s ({listing}); 1-minute load "
-          f"average {load:.2f} at the start")
+    b.put(
+        "runtime_message_cpu_s",
+        a,
+        "step 5: traffic.hostmodel.measure.run_pair (2 processes, gloo over TCP on 127.0.0.1, 1 torch thread each), "
+        "traffic.runtime.transport.Transport with an EventLog and HostCosts(HostModel()) (per-message overhead 0: "
+        f"nothing charged, nothing waited); rank 0 isends N float32 messages to rank 1 in windows of "
+        f"{MESSAGE_WINDOW} (wait each), rank 1 keeps {MESSAGE_WINDOW} irecvs posted ahead; CPU = user + system "
+        f"of both processes (psutil cpu_times, all threads) between barriers; sizes and counts "
+        + ", ".join(f"{nb} B x {MESSAGE_COUNTS[nb]}" for nb in MESSAGE_SIZES)
+        + f", each {MESSAGE_REPEATS} times interleaved, median; least-squares CPU = a x messages + b x bytes "
+        f"+ c: a (this value, both ends), b = {per_byte:.4g} s/byte, c = {c:.4g} s ({listing}); 1-minute load "
+        f"average {load:.2f} at the start",
+    )
 
 
 # ------------------------------------------------------------------------------ 6. schemes' own CPU per message
@@ -785,10 +943,22 @@ def scheme_spec(scheme: str, iterations: int) -> dict:
     emulated compute of profile ``zero``, a host model stating no cost (``host: {}``: no
     per-message overhead, aggregation and optimizer not modelled: real work, nothing waited),
     scale 1, a server colocated with each worker for the schemes that have servers."""
-    w = {"scheme": scheme, "model": SCHEME_MODEL, "workers": SCHEME_WORKERS, "iterations": iterations,
-         "warmup_iterations": 0, "compute": {"mode": "emulated", "profile": "zero"}}
-    spec = {"name": "machine-costs", "scale": 1, "host": {}, "topology": {"kind": "rack", "hosts_per_rack": 8},
-            "workload": w, "run": {"timeout_s": 600, "launcher": "zygote"}}
+    w = {
+        "scheme": scheme,
+        "model": SCHEME_MODEL,
+        "workers": SCHEME_WORKERS,
+        "iterations": iterations,
+        "warmup_iterations": 0,
+        "compute": {"mode": "emulated", "profile": "zero"},
+    }
+    spec = {
+        "name": "machine-costs",
+        "scale": 1,
+        "host": {},
+        "topology": {"kind": "rack", "hosts_per_rack": 8},
+        "workload": w,
+        "run": {"timeout_s": 600, "launcher": "zygote"},
+    }
     if any(e["role"] == "server" for e in local_entries(from_dict(spec))):
         w["servers"] = {"count": 0, "placement": "colocated"}
     return spec
@@ -796,8 +966,12 @@ def scheme_spec(scheme: str, iterations: int) -> dict:
 
 def read_run_events(run_dir: Path) -> list[dict]:
     """Every event of a run (all ``events/*.jsonl``)."""
-    return [json.loads(line) for f in sorted((run_dir / "events").glob("*.jsonl"))
-            for line in f.read_text().splitlines() if line.strip()]
+    return [
+        json.loads(line)
+        for f in sorted((run_dir / "events").glob("*.jsonl"))
+        for line in f.read_text().splitlines()
+        if line.strip()
+    ]
 
 
 def iteration_window(events: list[dict], first: int, last: int) -> tuple[float, float]:
@@ -893,13 +1067,20 @@ def scheme_run(b: Bench, scheme: str, tmp: Path) -> dict:
         events = read_run_events(run_dir)
         ta, tb = iteration_window(events, SCHEME_FIRST, SCHEME_ITERATIONS - 2)
         user = system = 0.0
-        for name, smp in samples.items():
+        for _name, smp in samples.items():
             (ua, sa), (ub, sb) = cpu_at(smp, ta), cpu_at(smp, tb)
             user, system = user + ub - ua, system + sb - sa
         msgs, sent = count_messages(events, ta, tb)
         shutil.rmtree(run_dir, ignore_errors=True)
-        return {"user_s": user, "system_s": system, "window_s": tb - ta, "messages": msgs, "bytes": sent,
-                "processes": len(samples)}
+        return {
+            "user_s": user,
+            "system_s": system,
+            "window_s": tb - ta,
+            "messages": msgs,
+            "bytes": sent,
+            "processes": len(samples),
+        }
+
     return b.quiet(f"{scheme}, {SCHEME_ITERATIONS} iterations", run)
 
 
@@ -927,8 +1108,10 @@ def _transport_per_byte(b: Bench) -> float:
         src = ((doc.get("values") or {}).get("runtime_message_cpu_s") or {}).get("source", "")
     m = re.search(r"\bb = ([0-9.eE+-]+) s/byte", src)
     if m is None:
-        raise TestbedError("step scheme needs step message's per-byte fit (b = ... s/byte in the source of "
-                           "runtime_message_cpu_s): run --only message --only scheme")
+        raise TestbedError(
+            "step scheme needs step message's per-byte fit (b = ... s/byte in the source of "
+            "runtime_message_cpu_s): run --only message --only scheme"
+        )
     return float(m.group(1))
 
 
@@ -947,15 +1130,23 @@ def scheme_message_cpu(b: Bench, tmp: Path) -> None:
             transport = a * msgs + per_byte_lo * sent
             math_bytes = per_byte_rt * sent
             waiting = idle * r["processes"] * wall
-            r.update(cpu=cpu, transport=transport, math=math_bytes, waiting=waiting,
-                     own=(cpu - transport - math_bytes - waiting) / msgs,
-                     own_no_lo=(cpu - a * msgs - math_bytes - waiting) / msgs)
+            r.update(
+                cpu=cpu,
+                transport=transport,
+                math=math_bytes,
+                waiting=waiting,
+                own=(cpu - transport - math_bytes - waiting) / msgs,
+                own_no_lo=(cpu - a * msgs - math_bytes - waiting) / msgs,
+            )
             runs[scheme].append(r)
-            print(f"  {scheme} (repeat {rep + 1}): {wall:.2f} s window: CPU {cpu:.3f} s (user {r['user_s']:.3f}, "
-                  f"system {r['system_s']:.3f}), {msgs:.0f} messages, {sent / 1e6:.1f} MB ({sent / msgs / 1e3:.1f} kB "
-                  f"each); transport {transport:.3f} s, per-byte runtime {math_bytes:.3f} s, waiting {waiting:.3f} s: "
-                  f"own {r['own'] * 1e6:.1f} us per message ({r['own_no_lo'] * 1e6:.1f} without the loopback "
-                  f"per-byte part)", flush=True)
+            print(
+                f"  {scheme} (repeat {rep + 1}): {wall:.2f} s window: CPU {cpu:.3f} s (user {r['user_s']:.3f}, "
+                f"system {r['system_s']:.3f}), {msgs:.0f} messages, {sent / 1e6:.1f} MB ({sent / msgs / 1e3:.1f} kB "
+                f"each); transport {transport:.3f} s, per-byte runtime {math_bytes:.3f} s, waiting {waiting:.3f} s: "
+                f"own {r['own'] * 1e6:.1f} us per message ({r['own_no_lo'] * 1e6:.1f} without the loopback "
+                f"per-byte part)",
+                flush=True,
+            )
     for scheme in SCHEMES:
         rs = sorted(runs[scheme], key=lambda r: r["own"])
         m = rs[len(rs) // 2]
@@ -965,23 +1156,26 @@ def scheme_message_cpu(b: Bench, tmp: Path) -> None:
         servers = ", servers: {count: 0, placement: colocated}" if "servers" in spec["workload"] else ""
         floored = "" if m["own"] >= 0 else f" (measured {m['own']:.4g}, floored at 0)"
         listing = ", ".join(f"{r['own'] * 1e6:.1f}" for r in runs[scheme])
-        b.put(scheme_message_key(scheme), max(m["own"], 0.0),
-              f"step 6: run_local of {{scheme: {scheme}, model: {SCHEME_MODEL}, workers: {SCHEME_WORKERS}{servers}, "
-              f"iterations: {SCHEME_ITERATIONS}, compute: {{mode: emulated, profile: zero}}}}, scale 1, host: {{}} "
-              f"(no per-message overhead; aggregation and optimizer real, not waited), launcher zygote; window from "
-              f"the last process's start of iteration {SCHEME_FIRST} to the first one's end of iteration "
-              f"{SCHEME_ITERATIONS - 2}: C = user + system CPU of every process (psutil cpu_times, all threads, "
-              f"sampled every {SCHEME_SAMPLE_S:g} s, interpolated), M = transport messages and B = payload bytes "
-              f"sent (events by ts: each dir tx; an all_reduce as gloo's ring sends); own = (C - "
-              f"runtime_message_cpu_s {a:.4g} x M - step 5's loopback transport {per_byte_lo:.4g} s/byte x B (what a "
-              f"network run counts in path_cpu_s_per_byte) - runtime_user_cpu_s_per_byte {per_byte_rt:.4g} x B (the "
-              f"per-byte work: gloo's copies and sums, aggregation and optimizer on real tensors) - "
-              f"process_idle_cores {idle:.4g} x {m['processes']} processes x window) / M: median of "
-              f"{SCHEME_REPEATS} runs interleaved with the other schemes' ({listing} us){floored}; median run: "
-              f"{m['window_s']:.2f} s, C {m['cpu']:.3f} s (user {m['user_s']:.3f}), M {m['messages']:.0f} "
-              f"({m['bytes'] / m['messages']:.0f} B each; Scheme.message_bytes {model_bytes:.0f}), B "
-              f"{m['bytes'] / 1e6:.1f} MB; without subtracting the loopback per-byte part "
-              f"{m['own_no_lo'] * 1e6:.1f} us; 1-minute load average {load:.2f} at the start")
+        b.put(
+            scheme_message_key(scheme),
+            max(m["own"], 0.0),
+            f"step 6: run_local of {{scheme: {scheme}, model: {SCHEME_MODEL}, workers: {SCHEME_WORKERS}{servers}, "
+            f"iterations: {SCHEME_ITERATIONS}, compute: {{mode: emulated, profile: zero}}}}, scale 1, host: {{}} "
+            f"(no per-message overhead; aggregation and optimizer real, not waited), launcher zygote; window from "
+            f"the last process's start of iteration {SCHEME_FIRST} to the first one's end of iteration "
+            f"{SCHEME_ITERATIONS - 2}: C = user + system CPU of every process (psutil cpu_times, all threads, "
+            f"sampled every {SCHEME_SAMPLE_S:g} s, interpolated), M = transport messages and B = payload bytes "
+            f"sent (events by ts: each dir tx; an all_reduce as gloo's ring sends); own = (C - "
+            f"runtime_message_cpu_s {a:.4g} x M - step 5's loopback transport {per_byte_lo:.4g} s/byte x B (what a "
+            f"network run counts in path_cpu_s_per_byte) - runtime_user_cpu_s_per_byte {per_byte_rt:.4g} x B (the "
+            f"per-byte work: gloo's copies and sums, aggregation and optimizer on real tensors) - "
+            f"process_idle_cores {idle:.4g} x {m['processes']} processes x window) / M: median of "
+            f"{SCHEME_REPEATS} runs interleaved with the other schemes' ({listing} us){floored}; median run: "
+            f"{m['window_s']:.2f} s, C {m['cpu']:.3f} s (user {m['user_s']:.3f}), M {m['messages']:.0f} "
+            f"({m['bytes'] / m['messages']:.0f} B each; Scheme.message_bytes {model_bytes:.0f}), B "
+            f"{m['bytes'] / 1e6:.1f} MB; without subtracting the loopback per-byte part "
+            f"{m['own_no_lo'] * 1e6:.1f} us; 1-minute load average {load:.2f} at the start",
+        )
 
 
 def _plan_of(exp):
@@ -991,12 +1185,14 @@ def _plan_of(exp):
 
 #: the steps: name (:data:`testbed.machine_costs.STEP_NAMES`, in that order), function, whether it
 #: needs root, keys that show it is done (``resume``)
-STEPS = (("base", base_process, False, ("process_uss_bytes", "harness_uss_bytes")),
-         ("loopback", loopback_runs, False, ("worker_bytes_per_param_byte", "process_idle_cores")),
-         ("networks", networks, True, ("network_host_bytes", "cpu_sampler_cpu_s_per_sample")),
-         ("forwarding", forwarding, True, ("path_cpu_s_per_byte", "extra_bridge_cpu_s_per_byte")),
-         ("message", message_cpu, False, ("runtime_message_cpu_s",)),
-         ("scheme", scheme_message_cpu, False, tuple(scheme_message_key(s) for s in SCHEMES)))
+STEPS = (
+    ("base", base_process, False, ("process_uss_bytes", "harness_uss_bytes")),
+    ("loopback", loopback_runs, False, ("worker_bytes_per_param_byte", "process_idle_cores")),
+    ("networks", networks, True, ("network_host_bytes", "cpu_sampler_cpu_s_per_sample")),
+    ("forwarding", forwarding, True, ("path_cpu_s_per_byte", "extra_bridge_cpu_s_per_byte")),
+    ("message", message_cpu, False, ("runtime_message_cpu_s",)),
+    ("scheme", scheme_message_cpu, False, tuple(scheme_message_key(s) for s in SCHEMES)),
+)
 HEADER = "# Measured cost model of this machine for testbed.capacity; written by testbed profile --machine.\n"
 
 
@@ -1006,8 +1202,10 @@ def merge(out: Path, values: dict[str, dict]) -> None:
     doc = yaml.safe_load(out.read_text())
     old = doc.get("values") or {}
     merged = {**old, **values}
-    doc["values"] = {**{k: merged[k] for k in COST_KEYS if k in merged},
-                     **{k: v for k, v in merged.items() if k not in COST_KEYS}}
+    doc["values"] = {
+        **{k: merged[k] for k in COST_KEYS if k in merged},
+        **{k: v for k, v in merged.items() if k not in COST_KEYS},
+    }
     _write(out, doc, replace=True)
 
 
@@ -1024,8 +1222,16 @@ def _write(out: Path, doc: dict, replace: bool) -> None:
     tmp.replace(out)
 
 
-def measure(out: str | Path, *, command: str, only: Sequence[str] = (), resume: bool = False,
-            replace: bool = False, seconds: float = 10.0, quiet_flag: str | None = None) -> Path:
+def measure(
+    out: str | Path,
+    *,
+    command: str,
+    only: Sequence[str] = (),
+    resume: bool = False,
+    replace: bool = False,
+    seconds: float = 10.0,
+    quiet_flag: str | None = None,
+) -> Path:
     """Measure this machine's cost model (module docstring) and write it to ``out``, printing
     each step's figures as it goes.
 
@@ -1085,8 +1291,10 @@ def measure(out: str | Path, *, command: str, only: Sequence[str] = (), resume: 
     missing = [k for k in COST_KEYS if k not in b.values]
     if missing:
         raise RunFailed(f"not measured: {', '.join(missing)} (the values measured so far are in {partial})")
-    doc = {"machine": b.machine, "values": {**{k: b.values[k] for k in COST_KEYS},
-                                            **{k: v for k, v in b.values.items() if k not in COST_KEYS}}}
+    doc = {
+        "machine": b.machine,
+        "values": {**{k: b.values[k] for k in COST_KEYS}, **{k: v for k, v in b.values.items() if k not in COST_KEYS}},
+    }
     _write(out, doc, replace)
     partial.unlink(missing_ok=True)
     print(f"wrote {out}")

@@ -18,6 +18,7 @@ reads as the phases of a run whatever the site:
 Every start registers its undo on the run's teardown stack (an ``ExitStack``, unwound last
 in first out), as Mininet's cluster support hides local and remote behind one node class.
 """
+
 from __future__ import annotations
 
 from contextlib import ExitStack
@@ -33,11 +34,11 @@ from testbed.spec import Experiment
 __all__ = ["Site", "LocalSite", "ClusterSite", "open_site", "switch_ports", "uplink_ports", "log_leftovers"]
 
 
-def open_site(exp: Experiment, run_dir: Path, ledger: Ledger, teardown: ExitStack,
-              zygote: launch.Zygote | None = None) -> Site:
+def open_site(
+    exp: Experiment, run_dir: Path, ledger: Ledger, teardown: ExitStack, zygote: launch.Zygote | None = None
+) -> Site:
     """The site of a run: a :class:`ClusterSite` when ``exp`` has a ``cluster`` section, else
     a :class:`LocalSite` (``zygote``: a live zygote of the caller's, used and left running)."""
     if exp.cluster is not None:
         return ClusterSite(exp, run_dir, ledger, teardown)
     return LocalSite(exp, run_dir, ledger, teardown, zygote=zygote)
-

@@ -1,4 +1,5 @@
 """The interface every site offers (see :mod:`testbed.site`) and what all sites share."""
+
 from __future__ import annotations
 
 import logging
@@ -62,8 +63,9 @@ class Site:
         ledger.set_process_cgroup(str(self.cgroup.path))
         # after every other stop (last in, first out): what is still in the cgroup then was
         # left behind (a program's daemon, a crashed worker's children) and is killed
-        teardown.callback(lambda: log_leftovers([f"process {line} (left in the run's cgroup)"
-                                                 for line in self.cgroup.close()]))
+        teardown.callback(
+            lambda: log_leftovers([f"process {line} (left in the run's cgroup)" for line in self.cgroup.close()])
+        )
 
     def adopt(self, what: str, pid: int) -> None:
         """Record process ``what`` (started by the harness itself, e.g. bwm-ng) in the ledger
@@ -128,8 +130,13 @@ class Site:
 
     def run_in(self, host: str, cmd: list[str], log_file) -> subprocess.Popen:
         """Start ``cmd`` in ``host`` (stdin closed, output to ``log_file``)."""
-        return self.hosts[host].popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                      preexec_fn=tied_preexec(self.cgroup.preexec))
+        return self.hosts[host].popen(
+            cmd,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=tied_preexec(self.cgroup.preexec),
+        )
 
     def listening(self, host: str, port: int) -> bool:
         """Whether a TCP socket of ``host`` listens on ``port``."""

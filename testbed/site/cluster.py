@@ -18,6 +18,7 @@ core on the first, tunnels between machines):
   puts the processes' events and results where a one-machine run has them (events' ``ts``
   corrected) and merges the traces into ``traces/`` (:func:`testbed.capture.merge.merge_traces`).
 """
+
 from __future__ import annotations
 
 import csv
@@ -30,9 +31,8 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
-
 from contextlib import ExitStack
+from pathlib import Path
 
 from common.errors import TestbedError
 from testbed import launch
@@ -67,16 +67,25 @@ class ClusterSite(Site):
         self.machines = Machine.of(cluster)
         self.project_dir = cluster.project_dir or str(PROJECT_DIR)
         self.python = str(Path(self.project_dir) / ".venv" / "bin" / "python")
-        self.staging = {m.addr: str(self.run_dir.parent.resolve() / f".{self.run_dir.name}@{m.addr}")
-                        for m in self.machines}
+        self.staging = {
+            m.addr: str(self.run_dir.parent.resolve() / f".{self.run_dir.name}@{m.addr}") for m in self.machines
+        }
         self.offsets: dict[str, tuple[float, float]] = {}
         self._agents: dict[str, subprocess.Popen] = {}
         self._mirrors: list[tuple[subprocess.Popen, threading.Thread]] = []
         teardown.callback(self.merge)  # after the ledger has gathered every machine's files
         scheme = schemes.get(exp.workload.scheme)
-        self.network = ClusterNetwork(exp.topology, scheme.hosts(exp.workload, exp.topology), run_dir, ledger,
-                                      scale=exp.scale, machines=self.machines, tunnel=cluster.tunnel,
-                                      staging=self.staging, project_dir=self.project_dir)
+        self.network = ClusterNetwork(
+            exp.topology,
+            scheme.hosts(exp.workload, exp.topology),
+            run_dir,
+            ledger,
+            scale=exp.scale,
+            machines=self.machines,
+            tunnel=cluster.tunnel,
+            staging=self.staging,
+            project_dir=self.project_dir,
+        )
         teardown.callback(lambda: log_leftovers(self.network.stop()))
 
     def _on_pid(self, what: str, pid: int) -> None:
@@ -194,10 +203,13 @@ class ClusterSite(Site):
         staging, here = self.staging[node.server], str(self.run_dir)
 
         def there(text: str) -> str:
-            return staging + text[len(here):] if text == here or text.startswith(here + "/") else text
+            return staging + text[len(here) :] if text == here or text.startswith(here + "/") else text
 
-        settings = {k: there(v) for k, v in env.items()
-                    if (os.environ.get(k) != v or k.startswith("TESTBED_")) and k != "PYTHONPATH"}
+        settings = {
+            k: there(v)
+            for k, v in env.items()
+            if (os.environ.get(k) != v or k.startswith("TESTBED_")) and k != "PYTHONPATH"
+        }
         settings["PYTHONPATH"] = self.project_dir
         # what kill() finds the process by, whatever its command line
         settings.setdefault("TESTBED_PROC", info["name"])
@@ -206,8 +218,9 @@ class ClusterSite(Site):
         line = shlex.join(["env", *[f"{k}={v}" for k, v in sorted(settings.items())], *argv])
         if info.get("cwd"):
             line = f"cd {shlex.quote(info['cwd'])} && exec {line}"
-        return node.popen(["sh", "-c", shlex.quote(line)], stdout=log, stderr=subprocess.STDOUT,
-                          stdin=subprocess.DEVNULL)
+        return node.popen(
+            ["sh", "-c", shlex.quote(line)], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
 
     def kill_remote(self, addr: str, name: str) -> list[int]:
         """SIGKILL process ``name`` of this run on machine ``addr`` (found by the
@@ -216,9 +229,12 @@ class ClusterSite(Site):
         m = self.machine(addr)
         proc = shlex.quote(f"TESTBED_PROC={name}")
         rd = shlex.quote(f"TESTBED_RUN_DIR={self.staging[addr]}")
-        r = m.run("for d in /proc/[0-9]*; do e=$( (tr '\\0' '\\n' < $d/environ) 2>/dev/null) || continue; "
-                  f"printf '%s\\n' \"$e\" | grep -qxF {proc} && printf '%s\\n' \"$e\" | grep -qxF {rd} && "
-                  "kill -KILL ${d#/proc/} 2>/dev/null && echo ${d#/proc/}; done; true", timeout_s=60)
+        r = m.run(
+            "for d in /proc/[0-9]*; do e=$( (tr '\\0' '\\n' < $d/environ) 2>/dev/null) || continue; "
+            f"printf '%s\\n' \"$e\" | grep -qxF {proc} && printf '%s\\n' \"$e\" | grep -qxF {rd} && "
+            "kill -KILL ${d#/proc/} 2>/dev/null && echo ${d#/proc/}; done; true",
+            timeout_s=60,
+        )
         return [int(x) for x in r.stdout.split() if x.isdigit()]
 
     def terminate_matching(self, part: str, grace_s: float = 2.0) -> None:
@@ -227,8 +243,10 @@ class ClusterSite(Site):
         ``grace_s``: a process ends as its own signal handler decides (iperf3 writes its JSON)."""
         for m in self.machines:
             pattern = shlex.quote(own_pattern(self.staging[m.addr] + "/" + part))
-            m.run(f"pkill -TERM -f -- {pattern}; sleep {grace_s:g}; pkill -KILL -f -- {pattern}; true",
-                  timeout_s=grace_s + 30)
+            m.run(
+                f"pkill -TERM -f -- {pattern}; sleep {grace_s:g}; pkill -KILL -f -- {pattern}; true",
+                timeout_s=grace_s + 30,
+            )
 
     def read_file(self, addr: str, path: str) -> str | None:
         """The text of ``path`` on machine ``addr``, or None if it cannot be read."""
@@ -256,11 +274,20 @@ class ClusterSite(Site):
             r = m.run(f"touch {quoted}", timeout_s=60)
             if r.returncode != 0:
                 raise TestbedError(f"cannot create the event logs on {m.addr}: {r.stderr.strip()}")
-            p = subprocess.Popen(m.ssh_argv(f"exec tail -q -n +1 -F {quoted}"), stdin=subprocess.DEVNULL,
-                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+            p = subprocess.Popen(
+                m.ssh_argv(f"exec tail -q -n +1 -F {quoted}"),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
             self._on_pid(f"events:{m.addr}", p.pid)
-            t = threading.Thread(target=self._mirror, args=(p, self.offsets.get(m.addr, (0.0, 0.0))[0]),
-                                 name=f"events-{m.addr}", daemon=True)
+            t = threading.Thread(
+                target=self._mirror,
+                args=(p, self.offsets.get(m.addr, (0.0, 0.0))[0]),
+                name=f"events-{m.addr}",
+                daemon=True,
+            )
             t.start()
             self._mirrors.append((p, t))
 
@@ -279,8 +306,9 @@ class ClusterSite(Site):
                     ev["ts"] = ev["ts"] - offset_s
                 f = files.get(proc)
                 if f is None:
-                    f = files[proc] = open(self.run_dir / "events" / f"{proc}.jsonl", "a", buffering=1,
-                                           encoding="utf-8")
+                    f = files[proc] = open(
+                        self.run_dir / "events" / f"{proc}.jsonl", "a", buffering=1, encoding="utf-8"
+                    )
                 f.write(json.dumps(ev, separators=(",", ":")) + "\n")
         except (OSError, ValueError):
             pass
@@ -355,13 +383,20 @@ class ClusterSite(Site):
             if not ports.get(m.addr):
                 continue
             s = self.staging[m.addr]
-            cmd = (f"cd {shlex.quote(self.project_dir)} && PYTHONPATH={shlex.quote(self.project_dir)} "
-                   f"{shlex.quote(self.python)} -m testbed.capture.agent {shlex.quote(s)} "
-                   f"--ports {shlex.quote(','.join(ports[m.addr]))} "
-                   + (f"--qdisc {shlex.quote(','.join(qdisc_ifaces[m.addr]))} " if qdisc_ifaces.get(m.addr) else "")
-                   + f"--capture {shlex.quote(spec)} --match {shlex.quote(s)}")
-            p = subprocess.Popen(m.ssh_argv(cmd), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
+            cmd = (
+                f"cd {shlex.quote(self.project_dir)} && PYTHONPATH={shlex.quote(self.project_dir)} "
+                f"{shlex.quote(self.python)} -m testbed.capture.agent {shlex.quote(s)} "
+                f"--ports {shlex.quote(','.join(ports[m.addr]))} "
+                + (f"--qdisc {shlex.quote(','.join(qdisc_ifaces[m.addr]))} " if qdisc_ifaces.get(m.addr) else "")
+                + f"--capture {shlex.quote(spec)} --match {shlex.quote(s)}"
+            )
+            p = subprocess.Popen(
+                m.ssh_argv(cmd),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
             self._agents[m.addr] = p
             self._on_pid(f"capture:{m.addr}", p.pid)
             line = _read_line(p, AGENT_START_S)
@@ -408,10 +443,16 @@ class ClusterSite(Site):
             parts.insert(0, TracePart(None, self.run_dir / "traces", 0.0))
         if parts:
             merge_traces(self.run_dir / "traces", parts)
-        write_json(self.run_dir / "cluster.json", {
-            "machines": [m.addr for m in self.machines], "tunnel": self.spec.tunnel,
-            "clock_offset_s": {a: {"offset": o, "uncertainty": u} for a, (o, u) in self.offsets.items()},
-            "staging": self.staging, "timings_s": self.timings})
+        write_json(
+            self.run_dir / "cluster.json",
+            {
+                "machines": [m.addr for m in self.machines],
+                "tunnel": self.spec.tunnel,
+                "clock_offset_s": {a: {"offset": o, "uncertainty": u} for a, (o, u) in self.offsets.items()},
+                "staging": self.staging,
+                "timings_s": self.timings,
+            },
+        )
 
 
 def _read_line(p: subprocess.Popen, timeout_s: float) -> str:

@@ -1,5 +1,6 @@
 """A run on this machine: one Mininet network, processes in its hosts (forked from a
 zygote where the run allows), one :class:`testbed.capture.Capture`."""
+
 from __future__ import annotations
 
 import logging
@@ -41,12 +42,14 @@ class LocalSite(Site):
             now, so that its imports overlap the network's build, and ends it at teardown.
     """
 
-    def __init__(self, exp: Experiment, run_dir: Path, ledger: Ledger, teardown: ExitStack,
-                 zygote: launch.Zygote | None = None):
+    def __init__(
+        self, exp: Experiment, run_dir: Path, ledger: Ledger, teardown: ExitStack, zygote: launch.Zygote | None = None
+    ):
         super().__init__(exp, run_dir, ledger, teardown)
         scheme = schemes.get(exp.workload.scheme)
-        self.network = Network(exp.topology, scheme.hosts(exp.workload, exp.topology), run_dir, ledger,
-                               scale=exp.scale, cgroup=self.cgroup)
+        self.network = Network(
+            exp.topology, scheme.hosts(exp.workload, exp.topology), run_dir, ledger, scale=exp.scale, cgroup=self.cgroup
+        )
         teardown.callback(lambda: log_leftovers(self.network.stop()))
         self.zygote = None
         if not forks(exp):
@@ -68,14 +71,22 @@ class LocalSite(Site):
         if self.zygote is None:
             return None
         procs = str(self.cgroup.path / "cgroup.procs")
-        return launch.Fork(self.zygote, lambda info: (self.network.hosts[info["host"]].pid, procs)
-                           if info.get("iface_index", 0) == 0 else None)
+        return launch.Fork(
+            self.zygote,
+            lambda info: (self.network.hosts[info["host"]].pid, procs) if info.get("iface_index", 0) == 0 else None,
+        )
 
     def popen(self, info, cmd, env, log_file):
         node = self.network.hosts[info["host"]]
-        return node.popen(bind_to_interface(cmd, info.get("iface_index", 0)), env=env, stdout=log_file,
-                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=info.get("cwd"),
-                          preexec_fn=tied_preexec(self.cgroup.preexec))
+        return node.popen(
+            bind_to_interface(cmd, info.get("iface_index", 0)),
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=info.get("cwd"),
+            preexec_fn=tied_preexec(self.cgroup.preexec),
+        )
 
     def listening(self, host: str, port: int) -> bool:
         return listening(self.hosts[host].pid, port)
@@ -85,24 +96,36 @@ class LocalSite(Site):
         a first sample taken before this returns (waiting up to :data:`MEMORY_START_WAIT_S`)
         until teardown; its problems go to ``logs/capture.log``."""
         errors: list[str] = []
-        recorder = memory_recorder(self.run_dir / "traces", lambda: {l.info["name"]: l.popen.pid for l in list(procs)},
-                                   self.exp.capture.cpu_interval_ms / 1000.0, errors)
+        recorder = memory_recorder(
+            self.run_dir / "traces",
+            lambda: {l.info["name"]: l.popen.pid for l in list(procs)},
+            self.exp.capture.cpu_interval_ms / 1000.0,
+            errors,
+        )
 
         def stop() -> None:
             recorder.stop()
             keep_errors(self.run_dir, errors)
+
         self.teardown.callback(stop)
         recorder.start()
         recorder.first_sample.wait(MEMORY_START_WAIT_S)  # the first row is the machine before the build
 
     def start_capture(self, procs: list[launch.Launched]) -> None:
         spec, topo = self.exp.capture, self.topology
-        pcap_ports = resolve_ports(spec.pcap.ports, topo["links"], {s["name"] for s in topo["switches"]}) \
-            if spec.pcap else []
-        capture = Capture(self.run_dir, ports=switch_ports(topo), qdisc_ifaces=uplink_ports(topo) or switch_ports(topo),
-                          pids=lambda: {l.info["name"]: l.popen.pid for l in procs},
-                          spec=spec, on_pid=lambda pid, what: self.adopt(what, pid),
-                          procs=lambda: [(l.info, l.popen.pid) for l in list(procs)], pcap_ports=pcap_ports,
-                          scale=self.exp.scale)
+        pcap_ports = (
+            resolve_ports(spec.pcap.ports, topo["links"], {s["name"] for s in topo["switches"]}) if spec.pcap else []
+        )
+        capture = Capture(
+            self.run_dir,
+            ports=switch_ports(topo),
+            qdisc_ifaces=uplink_ports(topo) or switch_ports(topo),
+            pids=lambda: {l.info["name"]: l.popen.pid for l in procs},
+            spec=spec,
+            on_pid=lambda pid, what: self.adopt(what, pid),
+            procs=lambda: [(l.info, l.popen.pid) for l in list(procs)],
+            pcap_ports=pcap_ports,
+            scale=self.exp.scale,
+        )
         self.teardown.callback(capture.stop)
         capture.start()

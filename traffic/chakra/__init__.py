@@ -8,6 +8,7 @@
 * :mod:`traffic.chakra.export`: one trace per rank from a run directory's events
   (``testbed export chakra``).
 """
+
 from traffic.chakra.proto import TraceFileError
 from traffic.chakra.trace import COLLECTIVES, Op, RankTrace, Trace, load_trace, trace_files
 

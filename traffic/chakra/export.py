@@ -30,6 +30,7 @@ process's training iterations (its ``iteration`` spans) is exported:
 A replay runs every step of a rank one after another: what a scheme overlapped (a
 communication thread beside the compute) is replayed in sequence.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -47,10 +48,19 @@ TRACE_NAME = "trace"
 #: event kinds that are not part of the exported program (containers and set-up)
 _SKIP = frozenset({"iteration", "init", "setup", "finish", "eval"})
 #: event kind -> Chakra collective name (``CollectiveCommType``)
-_COLLECTIVE_KINDS = {"allreduce": "ALL_REDUCE", "all_reduce": "ALL_REDUCE", "all_gather": "ALL_GATHER",
-                     "allgather": "ALL_GATHER", "broadcast": "BROADCAST", "reduce": "REDUCE",
-                     "reduce_scatter": "REDUCE_SCATTER", "all_to_all": "ALL_TO_ALL", "gather": "GATHER",
-                     "scatter": "SCATTER", "barrier": "BARRIER"}
+_COLLECTIVE_KINDS = {
+    "allreduce": "ALL_REDUCE",
+    "all_reduce": "ALL_REDUCE",
+    "all_gather": "ALL_GATHER",
+    "allgather": "ALL_GATHER",
+    "broadcast": "BROADCAST",
+    "reduce": "REDUCE",
+    "reduce_scatter": "REDUCE_SCATTER",
+    "all_to_all": "ALL_TO_ALL",
+    "gather": "GATHER",
+    "scatter": "SCATTER",
+    "barrier": "BARRIER",
+}
 #: collectives whose comm_size is group_size x the event's bytes (the event's is one part)
 _PART_EVENTS = frozenset({"ALL_GATHER", "GATHER", "SCATTER"})
 
@@ -78,8 +88,7 @@ def export_run(run_dir: str | Path, out: str | Path, name: str = TRACE_NAME) -> 
     """
     run_dir, out = Path(run_dir), Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ExportError(f"{out} exists and is not an empty directory: the export never overwrites; give a new "
-                          f"--out")
+        raise ExportError(f"{out} exists and is not an empty directory: the export never overwrites; give a new --out")
     if not is_run(run_dir):
         raise ExportError(f"{run_dir} is not a run directory (no spec.yaml and processes.json); see 'testbed ls'")
     procs = sorted(read_json(run_dir / "processes.json")["processes"], key=lambda p: p["rank"])
@@ -101,11 +110,17 @@ def export_run(run_dir: str | Path, out: str | Path, name: str = TRACE_NAME) -> 
         ranks.append(nodes)
     pb = et_def()
     out.mkdir(parents=True, exist_ok=True)
-    meta = pb.GlobalMetadata(version="0.0.4", attr=[
-        pb.AttributeProto(name="source", string_val=f"dl-netbed run {run_dir.name}"),
-        pb.AttributeProto(name="scale", double_val=scale)])
-    return [write_trace_file(out / f"{name}.{p['rank']}.et", meta, [n.proto(pb) for n in nodes])
-            for p, nodes in zip(procs, ranks)]
+    meta = pb.GlobalMetadata(
+        version="0.0.4",
+        attr=[
+            pb.AttributeProto(name="source", string_val=f"dl-netbed run {run_dir.name}"),
+            pb.AttributeProto(name="scale", double_val=scale),
+        ],
+    )
+    return [
+        write_trace_file(out / f"{name}.{p['rank']}.et", meta, [n.proto(pb) for n in nodes])
+        for p, nodes in zip(procs, ranks)
+    ]
 
 
 @dataclass
@@ -120,8 +135,14 @@ class _Node:
     deps: list[int] = field(default_factory=list)
 
     def proto(self, pb):
-        n = pb.Node(id=self.id, name=self.name, type=pb.NodeType.Value(self.type), start_time_micros=self.start_us,
-                    duration_micros=self.duration_us, data_deps=self.deps)
+        n = pb.Node(
+            id=self.id,
+            name=self.name,
+            type=pb.NodeType.Value(self.type),
+            start_time_micros=self.start_us,
+            duration_micros=self.duration_us,
+            data_deps=self.deps,
+        )
         n.attr.append(pb.AttributeProto(name="iteration", int64_val=self.iteration))
         for k, v in self.attrs.items():
             if isinstance(v, str):
@@ -141,8 +162,11 @@ def _is_comm(e: dict) -> bool:
 
 def _rank_nodes(events: list[dict], scale: float, world: int) -> list[_Node] | None:
     """The nodes of one process, program order; None without iterations."""
-    windows = {e["iteration"]: (e["ts"], e["ts"] + e["dur"]) for e in events
-               if e["kind"] == "iteration" and e.get("thread", "main") == "main" and e.get("iteration") is not None}
+    windows = {
+        e["iteration"]: (e["ts"], e["ts"] + e["dur"])
+        for e in events
+        if e["kind"] == "iteration" and e.get("thread", "main") == "main" and e.get("iteration") is not None
+    }
     if not windows:
         return None
 
@@ -174,8 +198,10 @@ def _rank_nodes(events: list[dict], scale: float, world: int) -> list[_Node] | N
         last_on[thread] = node
         nodes.append(node)
 
-    comm = sorted((e for e in events if e["kind"] not in _SKIP and _is_comm(e) and iteration_of(e) is not None),
-                  key=lambda e: e["ts"])
+    comm = sorted(
+        (e for e in events if e["kind"] not in _SKIP and _is_comm(e) and iteration_of(e) is not None),
+        key=lambda e: e["ts"],
+    )
     others = [e for e in events if e["kind"] not in _SKIP and not _is_comm(e) and e.get("thread", "main") == "main"]
     items: list[tuple[float, int, str, _Node]] = []  # (start, order, thread, node) before ids
     for it in sorted(windows):
@@ -216,16 +242,21 @@ def _comm(e: dict, it: int, world: int, us) -> _Node:
     nbytes = int(e.get("bytes") or 0)
     if "dir" in e and "group_size" not in e:
         send = e["dir"] == "tx"
-        attrs = {"comm_dst" if send else "comm_src": int(e["peer"]), "comm_size": nbytes,
-                 "comm_tag": int(e.get("tag") or 0)}
+        attrs = {
+            "comm_dst" if send else "comm_src": int(e["peer"]),
+            "comm_size": nbytes,
+            "comm_tag": int(e.get("tag") or 0),
+        }
         return _Node(0, e["kind"], "COMM_SEND_NODE" if send else "COMM_RECV_NODE", it, start, dur, attrs)
     coll = _COLLECTIVE_KINDS.get(e["kind"])
     if coll is None:
         coll = ("REDUCE" if "dst" in e else "ALL_REDUCE") if "op" in e else "BROADCAST" if "src" in e else "ALL_GATHER"
     size = e.get("group_size") or world
     pb = et_def()
-    attrs: dict = {"comm_type": pb.CollectiveCommType.Value(coll),
-                   "comm_size": nbytes * size if coll in _PART_EVENTS else nbytes}
+    attrs: dict = {
+        "comm_type": pb.CollectiveCommType.Value(coll),
+        "comm_size": nbytes * size if coll in _PART_EVENTS else nbytes,
+    }
     members = e.get("group")
     if isinstance(members, list) and members:
         attrs["pg_name"] = "ranks " + ",".join(map(str, sorted(members)))

@@ -7,12 +7,13 @@ each framed by ``encodeMessage``/``decodeMessage`` of
 ``chakra``: ``pip install -e '.[chakra]'``, which ``scripts/setup.sh`` installs); it is imported
 on first use, so that importing this package, and every scheme, stays light.
 """
+
 from __future__ import annotations
 
 import io
+from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
-from typing import Iterable
 
 from common.errors import MissingRequirement, TestbedError
 
@@ -34,8 +35,10 @@ def _chakra():
         from chakra.schema.protobuf import et_def_pb2  # lazy: optional dependency (extra 'chakra')
         from chakra.src.third_party.utils import protolib  # lazy: optional dependency (extra 'chakra')
     except ImportError as e:
-        raise MissingRequirement(f"Chakra traces need mlc-chakra ({e}): install the extra 'chakra' "
-                                 f"(.venv/bin/pip install -e '.[chakra]', or run scripts/setup.sh)") from None
+        raise MissingRequirement(
+            f"Chakra traces need mlc-chakra ({e}): install the extra 'chakra' "
+            f"(.venv/bin/pip install -e '.[chakra]', or run scripts/setup.sh)"
+        ) from None
     return et_def_pb2, protolib
 
 
@@ -78,6 +81,7 @@ def read_trace_file(path: str | Path):
     """
     pb, protolib = _chakra()
     from google.protobuf.message import DecodeError  # lazy: protobuf comes with the extra 'chakra'
+
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -99,17 +103,23 @@ def read_trace_file(path: str | Path):
             got = protolib.decodeMessage(f, msg)
         except (DecodeError, ValueError, RuntimeError) as e:
             if f.short_at is not None:
-                raise TraceFileError(f"{path}: truncated: the file ends inside the message at byte {start}, "
-                                     f"{where()} ({len(data)} bytes)") from None
-            raise TraceFileError(f"{path}: malformed at byte {start} {where()} (not a Chakra "
-                                 f"{type(msg).__name__} message: {e})") from None
+                raise TraceFileError(
+                    f"{path}: truncated: the file ends inside the message at byte {start}, "
+                    f"{where()} ({len(data)} bytes)"
+                ) from None
+            raise TraceFileError(
+                f"{path}: malformed at byte {start} {where()} (not a Chakra {type(msg).__name__} message: {e})"
+            ) from None
         if f.short_at is not None and not (not got and f.short_at == start == len(data)):
-            raise TraceFileError(f"{path}: truncated: the file ends inside the message at byte {start}, "
-                                 f"{where()} ({len(data)} bytes)")
+            raise TraceFileError(
+                f"{path}: truncated: the file ends inside the message at byte {start}, {where()} ({len(data)} bytes)"
+            )
         if not got:
             if start != len(data):
-                raise TraceFileError(f"{path}: malformed at byte {start} {where()}: an empty or unreadable "
-                                     f"message before the end of the file ({len(data)} bytes)")
+                raise TraceFileError(
+                    f"{path}: malformed at byte {start} {where()}: an empty or unreadable "
+                    f"message before the end of the file ({len(data)} bytes)"
+                )
             break
         if msg is not meta:
             nodes.append(msg)

@@ -40,6 +40,7 @@ node the file does not have, a dependency cycle, a dependency on a later iterati
 whose iteration counts differ, a group whose members do not issue the same collectives in the
 same order, and a send without its receive (or the reverse).
 """
+
 from __future__ import annotations
 
 import heapq
@@ -53,9 +54,18 @@ from traffic.chakra.proto import TraceFileError, attr_value, et_def, read_trace_
 __all__ = ["Op", "RankTrace", "Trace", "load_trace", "trace_files", "COLLECTIVES", "TraceFileError"]
 
 #: Chakra's ``CollectiveCommType`` names the replay runs, and the name it runs them as
-COLLECTIVES = {"ALL_REDUCE": "all_reduce", "ALL_GATHER": "all_gather", "REDUCE_SCATTER": "reduce_scatter",
-               "REDUCE_SCATTER_BLOCK": "reduce_scatter", "ALL_TO_ALL": "all_to_all", "BROADCAST": "broadcast",
-               "REDUCE": "reduce", "GATHER": "gather", "SCATTER": "scatter", "BARRIER": "barrier"}
+COLLECTIVES = {
+    "ALL_REDUCE": "all_reduce",
+    "ALL_GATHER": "all_gather",
+    "REDUCE_SCATTER": "reduce_scatter",
+    "REDUCE_SCATTER_BLOCK": "reduce_scatter",
+    "ALL_TO_ALL": "all_to_all",
+    "BROADCAST": "broadcast",
+    "REDUCE": "reduce",
+    "GATHER": "gather",
+    "SCATTER": "scatter",
+    "BARRIER": "barrier",
+}
 #: collectives whose ``comm_size`` is the whole buffer, ``group size x`` each member's part
 PARTS = frozenset({"all_gather", "gather", "reduce_scatter", "scatter", "all_to_all"})
 #: collectives with a root rank
@@ -63,7 +73,7 @@ ROOTED = frozenset({"broadcast", "reduce", "gather", "scatter"})
 
 _STEP = re.compile(r"ProfilerStep#(\d+)$")
 #: the last traces loaded, by their files' names, modification times and sizes
-_LOADED: dict[tuple, "Trace"] = {}
+_LOADED: dict[tuple, Trace] = {}
 
 
 @dataclass(frozen=True)
@@ -82,6 +92,7 @@ class Op:
         peer: the other end's rank (``send``, ``recv``).
         tag: the message's tag.
     """
+
     kind: str
     nodes: tuple[int, ...]
     name: str
@@ -97,6 +108,7 @@ class Op:
 @dataclass
 class RankTrace:
     """One rank's trace: its file and its steps, iteration by iteration (replay order)."""
+
     rank: int
     path: Path
     iterations: list[list[Op]] = field(default_factory=list)
@@ -109,6 +121,7 @@ class RankTrace:
 @dataclass
 class Trace:
     """A whole trace: ``ranks[r]`` is rank ``r``'s."""
+
     prefix: str
     ranks: list[RankTrace]
 
@@ -137,12 +150,16 @@ def trace_files(prefix: str | Path) -> list[Path]:
     except OSError as e:
         raise TraceFileError(f"{folder}: cannot list the trace's folder ({e.strerror or e})") from None
     if not found:
-        raise TraceFileError(f"{prefix}.<rank>.et: no such files (a Chakra trace is one file per rank, "
-                             f"{prefix.name}.0.et, {prefix.name}.1.et, ... in {folder})")
+        raise TraceFileError(
+            f"{prefix}.<rank>.et: no such files (a Chakra trace is one file per rank, "
+            f"{prefix.name}.0.et, {prefix.name}.1.et, ... in {folder})"
+        )
     missing = [r for r in range(max(found) + 1) if r not in found]
     if missing:
-        raise TraceFileError(f"{prefix}.{missing[0]}.et: missing (the trace has files up to rank {max(found)}; "
-                             f"ranks {', '.join(map(str, missing[:8]))} have none)")
+        raise TraceFileError(
+            f"{prefix}.{missing[0]}.et: missing (the trace has files up to rank {max(found)}; "
+            f"ranks {', '.join(map(str, missing[:8]))} have none)"
+        )
     return [found[r] for r in range(len(found))]
 
 
@@ -207,9 +224,16 @@ def _read_rank(rank: int, path: Path) -> dict[int, _Node]:
     out: dict[int, _Node] = {}
     for n in nodes:
         kind = pb.NodeType.Name(n.type) if n.type in pb.NodeType.values() else f"type {n.type}"
-        node = _Node(n.id, n.name, kind, tuple(dict.fromkeys([*n.data_deps, *n.ctrl_deps])), tuple(n.ctrl_deps),
-                     n.duration_micros,
-                     {a.name: attr_value(a) for a in n.attr}, path)
+        node = _Node(
+            n.id,
+            n.name,
+            kind,
+            tuple(dict.fromkeys([*n.data_deps, *n.ctrl_deps])),
+            tuple(n.ctrl_deps),
+            n.duration_micros,
+            {a.name: attr_value(a) for a in n.attr},
+            path,
+        )
         if n.id in out:
             raise node.error(f"a second node with id {n.id} (the first is {out[n.id].label()})")
         if kind not in _RUN:
@@ -220,8 +244,9 @@ def _read_rank(rank: int, path: Path) -> dict[int, _Node]:
             if ct is None:
                 raise node.error("a collective without the attribute comm_type")
             if names.get(ct) not in COLLECTIVES:
-                raise node.error(f"collective {names.get(ct, ct)} is not replayed (replayed: "
-                                 f"{', '.join(sorted(COLLECTIVES))})")
+                raise node.error(
+                    f"collective {names.get(ct, ct)} is not replayed (replayed: {', '.join(sorted(COLLECTIVES))})"
+                )
             node.attrs["comm_type"] = COLLECTIVES[names[ct]]
         if kind.startswith("COMM_"):
             size = node.attrs.get("comm_size")
@@ -337,13 +362,14 @@ def _cycle_error(nodes: dict[int, _Node], stuck: set[int]) -> TraceFileError:
     while True:
         nxt = next(d for d in nodes[path[-1]].deps if d in stuck)
         if nxt in seen:
-            cycle = path[seen[nxt]:] + [nxt]
+            cycle = path[seen[nxt] :] + [nxt]
             break
         seen[nxt] = len(path)
         path.append(nxt)
     first = nodes[cycle[0]]
-    return first.error("a dependency cycle: " + " -> ".join(nodes[i].label() for i in cycle)
-                       + " (each depends on the next)")
+    return first.error(
+        "a dependency cycle: " + " -> ".join(nodes[i].label() for i in cycle) + " (each depends on the next)"
+    )
 
 
 def _op(n: _Node, rank: int, groups: dict[str, tuple[int, ...]], world: int) -> Op | None:
@@ -358,8 +384,10 @@ def _op(n: _Node, rank: int, groups: dict[str, tuple[int, ...]], world: int) -> 
         send = n.type == "COMM_SEND_NODE"
         peer = n.attrs["comm_dst" if send else "comm_src"]
         if not 0 <= peer < world or peer == rank:
-            raise n.error(f"{'comm_dst' if send else 'comm_src'} {peer}: another rank of the trace's {world} "
-                          f"(0 to {world - 1}, not {rank} itself)")
+            raise n.error(
+                f"{'comm_dst' if send else 'comm_src'} {peer}: another rank of the trace's {world} "
+                f"(0 to {world - 1}, not {rank} itself)"
+            )
         return Op("send" if send else "recv", (n.id,), n.name, nbytes=size, peer=peer, tag=tag)
     coll = n.attrs["comm_type"]
     explicit = n.attrs.get("pg_ranks")
@@ -377,8 +405,10 @@ def _op(n: _Node, rank: int, groups: dict[str, tuple[int, ...]], world: int) -> 
         if root not in group:
             raise n.error(f"root {root!r}: a rank of the collective's group {list(group)}")
     if coll in PARTS and size % len(group):
-        raise n.error(f"comm_size {size} of {coll}: a multiple of the group's {len(group)} ranks (the whole "
-                      f"buffer, one equal part per rank)")
+        raise n.error(
+            f"comm_size {size} of {coll}: a multiple of the group's {len(group)} ranks (the whole "
+            f"buffer, one equal part per rank)"
+        )
     return Op("collective", (n.id,), n.name, collective=coll, nbytes=size, group=group, root=root, tag=tag)
 
 
@@ -401,14 +431,20 @@ def _check_collectives(ranks: list[RankTrace]) -> None:
                 a = ref[k] if k < len(ref) else None
                 b = mine[k] if k < len(mine) else None
                 if a is None or b is None or (a.collective, a.nbytes, a.root) != (b.collective, b.nbytes, b.root):
+
                     def say(rank, op):
                         if op is None:
                             return f"{ranks[rank].path} has no collective #{k + 1} on that group"
-                        return (f"{ranks[rank].path}: node {op.nodes[0]} ({op.name!r}) is {op.collective} of "
-                                f"{op.nbytes} bytes")
-                    raise TraceFileError(f"collective #{k + 1} of group {list(group)} differs between ranks: "
-                                         f"{say(ref_rank, a)}; {say(r, b)} (every member must issue the same "
-                                         f"collectives in the same order)")
+                        return (
+                            f"{ranks[rank].path}: node {op.nodes[0]} ({op.name!r}) is {op.collective} of "
+                            f"{op.nbytes} bytes"
+                        )
+
+                    raise TraceFileError(
+                        f"collective #{k + 1} of group {list(group)} differs between ranks: "
+                        f"{say(ref_rank, a)}; {say(r, b)} (every member must issue the same "
+                        f"collectives in the same order)"
+                    )
 
 
 def _check_messages(ranks: list[RankTrace]) -> None:
@@ -435,4 +471,5 @@ def _check_messages(ranks: list[RankTrace]) -> None:
             other = dst if kind == "send" else src
             raise TraceFileError(
                 f"{rt.path}: node {op.nodes[0]} ({op.name!r}): {sent[key]} sends of {nbytes} bytes from rank {src} "
-                f"to rank {dst} (tag {tag}) but {received[key]} receives of them in {ranks[other].path}")
+                f"to rank {dst} (tag {tag}) but {received[key]} receives of them in {ranks[other].path}"
+            )

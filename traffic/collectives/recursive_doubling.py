@@ -28,10 +28,11 @@ once, then one per ``exchange`` round; a surplus process sums nothing) is charge
 caller passes its host-cost accountant, as host cost ``aggregate`` of the tensor's bytes
 (:func:`sums`): ``log2 p`` sums per process when ``p`` is a power of two.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import nullcontext
-from typing import Sequence
 
 import torch
 
@@ -99,8 +100,16 @@ def sums(p: int, i: int) -> int:
     return (q.bit_length() - 1) + (1 if i < p - q else 0)
 
 
-def allreduce(transport: Transport, tensor: torch.Tensor, ranks: Sequence[int], *, tag: int = 0,
-              kind: str = "allreduce", costs: HostCosts | None = None, **fields) -> int:
+def allreduce(
+    transport: Transport,
+    tensor: torch.Tensor,
+    ranks: Sequence[int],
+    *,
+    tag: int = 0,
+    kind: str = "allreduce",
+    costs: HostCosts | None = None,
+    **fields,
+) -> int:
     """Sum ``tensor`` over the processes ``ranks`` in place by recursive doubling.
 
     Every process of ``ranks`` must call it with a tensor of the same shape and dtype, the

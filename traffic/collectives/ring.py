@@ -35,12 +35,13 @@ payload's real size on the wire, ``peer``, ``step``, ``block``); spans ``compres
 bytes summed), each with ``step``; every event also carries the caller's ``fields``
 (``iteration``, ``bucket`` ...).
 """
+
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -61,6 +62,7 @@ class RingStats:
         compress_s / decompress_s / reduce_s: seconds spent encoding, decoding and summing.
         comm_s: seconds spent waiting for transfers.
     """
+
     steps: int = 0
     bytes_sent: int = 0
     compress_s: float = 0.0
@@ -81,9 +83,16 @@ def ring_blocks(tensor: torch.Tensor, p: int) -> list[torch.Tensor]:
     return list(torch.tensor_split(tensor, p))
 
 
-def ring_allreduce(transport: "Transport", tensor: torch.Tensor, ranks: Sequence[int],
-                   codec: Codec | None = None, *, tag: int = 0, costs: HostCosts | None = None,
-                   **fields) -> RingStats:
+def ring_allreduce(
+    transport: Transport,
+    tensor: torch.Tensor,
+    ranks: Sequence[int],
+    codec: Codec | None = None,
+    *,
+    tag: int = 0,
+    costs: HostCosts | None = None,
+    **fields,
+) -> RingStats:
     """Sum ``tensor`` over the members ``ranks`` in place (see the module docstring).
 
     Args:
@@ -110,8 +119,10 @@ def ring_allreduce(transport: "Transport", tensor: torch.Tensor, ranks: Sequence
         RuntimeError / DistBackendError: a neighbour died or a transfer timed out.
     """
     if tensor.dim() != 1 or not tensor.is_contiguous() or tensor.dtype != torch.float32:
-        raise ValueError(f"ring_allreduce needs a 1-D contiguous float32 tensor, got {tuple(tensor.shape)} "
-                         f"{tensor.dtype} contiguous={tensor.is_contiguous()}")
+        raise ValueError(
+            f"ring_allreduce needs a 1-D contiguous float32 tensor, got {tuple(tensor.shape)} "
+            f"{tensor.dtype} contiguous={tensor.is_contiguous()}"
+        )
     ranks = [int(r) for r in ranks]
     if transport.rank not in ranks:
         raise ValueError(f"rank {transport.rank} is not a member of the ring {ranks}")
@@ -130,16 +141,19 @@ def ring_allreduce(transport: "Transport", tensor: torch.Tensor, ranks: Sequence
         if ev is not None:
             ev.record(kind, ts, time.perf_counter() - t0, **{**fields, **f})
 
-    def exchange(kind: str, step: int, send: torch.Tensor, recv: torch.Tensor, send_block: int,
-                 recv_block: int) -> None:
+    def exchange(
+        kind: str, step: int, send: torch.Tensor, recv: torch.Tensor, send_block: int, recv_block: int
+    ) -> None:
         t0 = time.perf_counter()
         pend = []
         if recv.numel():
-            pend.append(transport.irecv(recv, left, tag=tag + step, kind=kind,
-                                        **{**fields, "step": step, "block": recv_block}))
+            pend.append(
+                transport.irecv(recv, left, tag=tag + step, kind=kind, **{**fields, "step": step, "block": recv_block})
+            )
         if send.numel():
-            pend.append(transport.isend(send, right, tag=tag + step, kind=kind,
-                                        **{**fields, "step": step, "block": send_block}))
+            pend.append(
+                transport.isend(send, right, tag=tag + step, kind=kind, **{**fields, "step": step, "block": send_block})
+            )
             stats.bytes_sent += send.numel() * send.element_size()
         transport.wait_all(pend)
         stats.comm_s += time.perf_counter() - t0

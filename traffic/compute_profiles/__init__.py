@@ -27,14 +27,39 @@ File format (JSON)::
 
 Data files are named ``<model>-<device>-b<batch>.json``.
 """
+
 from __future__ import annotations
 
 from traffic.compute_profiles.flops import flops_per_layer, layer_flops, split_published
 from traffic.compute_profiles.measure import measure_profile
-from traffic.compute_profiles.profile import (DATA_DIR, METHOD_MEASURED, METHOD_PUBLISHED, LayerProfile, Profile,
-                                      available_profiles, build_for_profile, example_input, layer_names,
-                                      load_profile, profile_filename)
+from traffic.compute_profiles.profile import (
+    DATA_DIR,
+    METHOD_MEASURED,
+    METHOD_PUBLISHED,
+    LayerProfile,
+    Profile,
+    available_profiles,
+    build_for_profile,
+    example_input,
+    layer_names,
+    load_profile,
+    profile_filename,
+)
 
-__all__ = ["DATA_DIR", "LayerProfile", "Profile", "load_profile", "available_profiles",
-           "profile_filename", "layer_names", "build_for_profile", "example_input",
-           "flops_per_layer", "layer_flops", "split_published", "measure_profile"]
+__all__ = [
+    "DATA_DIR",
+    "METHOD_MEASURED",
+    "METHOD_PUBLISHED",
+    "LayerProfile",
+    "Profile",
+    "load_profile",
+    "available_profiles",
+    "profile_filename",
+    "layer_names",
+    "build_for_profile",
+    "example_input",
+    "flops_per_layer",
+    "layer_flops",
+    "split_published",
+    "measure_profile",
+]

@@ -18,6 +18,7 @@ What the counter counts: matrix products and convolutions (``mm``, ``addmm``, ``
 operations (ReLU, batch norm, pooling, dropout, the loss) and embedding look-ups count 0: a
 layer made only of those gets zero time in a FLOPs split.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -28,19 +29,29 @@ from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.flop_counter import FlopCounterMode
 
 from common.errors import TestbedError
-from traffic.compute_profiles.profile import (DATA_DIR, METHOD_PUBLISHED, LayerProfile, Profile, build_for_profile,
-                              example_input, layer_names, profile_filename)
+from traffic.compute_profiles.profile import (
+    DATA_DIR,
+    METHOD_PUBLISHED,
+    LayerProfile,
+    Profile,
+    build_for_profile,
+    example_input,
+    layer_names,
+    profile_filename,
+)
 
 __all__ = ["layer_flops", "flops_per_layer", "split_published", "take_aux_logits"]
 
 
 def _detach(x, requires_grad: bool):
     """``x`` (a tensor or a nest of them) cut from its graph; float tensors get ``requires_grad``."""
+
     def one(t):
         if not isinstance(t, torch.Tensor):
             return t
         t = t.detach()
         return t.requires_grad_(requires_grad) if t.is_floating_point() else t
+
     return tree_map(one, x)
 
 
@@ -85,9 +96,12 @@ def layer_flops(net, x) -> list[tuple[int, int]]:
             bwd = int(bc.get_total_flops())
         except (RuntimeError, NotImplementedError) as e:
             bwd = fwd * (1 if i == 0 else 2)
-            warnings.warn(f"{getattr(net, 'name', 'model')} layer {i}/{n}: backward failed on "
-                          f"{inp.device if isinstance(inp, torch.Tensor) else 'its device'} ({e}); "
-                          "taking backward FLOPs as 2x forward (1x for layer 0)")
+            warnings.warn(
+                f"{getattr(net, 'name', 'model')} layer {i}/{n}: backward failed on "
+                f"{inp.device if isinstance(inp, torch.Tensor) else 'its device'} ({e}); "
+                "taking backward FLOPs as 2x forward (1x for layer 0)",
+                stacklevel=2,
+            )
         out.append((fwd, bwd))
         x = _detach(y, requires_grad=False)
     return out
@@ -105,9 +119,17 @@ def flops_per_layer(model_name: str, batch_size: int) -> list[tuple[int, int]]:
     return layer_flops(net, example_input(net, int(batch_size), "meta"))
 
 
-def split_published(model: str, device: str, batch_size: int, total_s: float, source: str, *,
-                    method: str = METHOD_PUBLISHED, derived: bool = False,
-                    out_dir: str | Path | None = DATA_DIR) -> Profile:
+def split_published(
+    model: str,
+    device: str,
+    batch_size: int,
+    total_s: float,
+    source: str,
+    *,
+    method: str = METHOD_PUBLISHED,
+    derived: bool = False,
+    out_dir: str | Path | None = DATA_DIR,
+) -> Profile:
     """Split a published forward+backward time per batch over the layers of ``model`` by FLOPs.
 
     Layer ``l`` gets ``forward_s = total_s * F_l / S`` and ``backward_s = total_s * B_l / S``
@@ -136,11 +158,26 @@ def split_published(model: str, device: str, batch_size: int, total_s: float, so
     total_flops = sum(f + b for f, b in flops)
     if total_flops <= 0:
         raise TestbedError(f"no FLOPs counted in {model!r}: cannot split a time over its layers by FLOPs")
-    layers = [LayerProfile(index=i, name=name, forward_s=total_s * f / total_flops,
-                           backward_s=total_s * b / total_flops, flops_forward=f, flops_backward=b)
-              for i, (name, (f, b)) in enumerate(zip(layer_names(net), flops))]
-    prof = Profile(model=model, device=device, batch_size=int(batch_size), source=source,
-                   method=method, derived=derived, layers=layers)
+    layers = [
+        LayerProfile(
+            index=i,
+            name=name,
+            forward_s=total_s * f / total_flops,
+            backward_s=total_s * b / total_flops,
+            flops_forward=f,
+            flops_backward=b,
+        )
+        for i, (name, (f, b)) in enumerate(zip(layer_names(net), flops))
+    ]
+    prof = Profile(
+        model=model,
+        device=device,
+        batch_size=int(batch_size),
+        source=source,
+        method=method,
+        derived=derived,
+        layers=layers,
+    )
     if out_dir is not None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         prof.save(Path(out_dir) / profile_filename(model, device, batch_size), overwrite=True)

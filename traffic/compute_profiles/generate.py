@@ -20,21 +20,24 @@ Four kinds of files, each labelled in its ``method`` and ``source`` fields:
 A model that is not registered (``traffic.models``) is skipped with a message. Existing
 files of the same names are replaced; nothing else in the directory is touched.
 """
+
 from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from traffic.models import available_models
 from traffic.compute_profiles.flops import flops_per_layer, split_published
 from traffic.compute_profiles.profile import DATA_DIR, Profile, profile_filename
+from traffic.models import available_models
 
 __all__ = ["Published", "PUBLISHED", "SIBLINGS", "DEVICES", "BATCHES", "generate"]
 
-_PHUB = ("PHub (Luo et al., \"Parameter Hub: a Rack-Scale Parameter Server for Distributed Deep "
-         "Neural Network Training\", SoCC 2018), Table 3 (Section 4.2): forward and backward compute "
-         "time per batch of 32 on one GTX 1080 Ti (MXNet): {ms} ms")
+_PHUB = (
+    'PHub (Luo et al., "Parameter Hub: a Rack-Scale Parameter Server for Distributed Deep '
+    'Neural Network Training", SoCC 2018), Table 3 (Section 4.2): forward and backward compute '
+    "time per batch of 32 on one GTX 1080 Ti (MXNet): {ms} ms"
+)
 
 
 @dataclass(frozen=True)
@@ -63,12 +66,17 @@ PUBLISHED: list[Published] = [
     # workers an epoch is floor(50000 / (4 * 128)) = 97 iterations (remainder dropped, footnote 5):
     # 0.47 h * 3600 / (40 * 97) = 0.436 s per batch. (8 workers: 0.25 h * 3600 / (40 * 48) =
     # 0.469 s; the 4-worker figure is used, its two significant digits being the more precise.)
-    Published("vgg16_cifar10", "k80", 128, 0.47 * 3600 / (40 * 97),
-              "Stanza (Wu et al., \"Stanza: Layer Separation for Distributed Training in Deep "
-              "Learning\"), Section 6.2 after Table 6: PS computation time 0.47 h over 40 epochs with "
-              "4 workers, VGG-16 on CIFAR-10, per-node batch 128, Azure standard_NC6 (half a Tesla "
-              "K80); 50000/(4*128) -> 97 iterations per epoch (footnote 5): 0.47*3600/(40*97) = "
-              "0.436 s per batch"),
+    Published(
+        "vgg16_cifar10",
+        "k80",
+        128,
+        0.47 * 3600 / (40 * 97),
+        'Stanza (Wu et al., "Stanza: Layer Separation for Distributed Training in Deep '
+        'Learning"), Section 6.2 after Table 6: PS computation time 0.47 h over 40 epochs with '
+        "4 workers, VGG-16 on CIFAR-10, per-node batch 128, Azure standard_NC6 (half a Tesla "
+        "K80); 50000/(4*128) -> 97 iterations per epoch (footnote 5): 0.47*3600/(40*97) = "
+        "0.436 s per batch",
+    ),
 ]
 """Published forward+backward times per batch used for the shipped profiles.
 
@@ -88,16 +96,21 @@ DEVICES: dict[str, tuple[float, str]] = {
     "v100": (15.7, "Tesla V100 SXM2 (EC2 p3.2xlarge, Stanza Section 6.1)"),
     "titanxp": (12.1, "TITAN Xp (Pipe-SGD Section 4)"),
     "p4000": (5.3, "Quadro P4000 (P3 Section 5.1)"),
-    "m60": (4.825, "Tesla M60, one of the board's two GPUs (AWS g3.4xlarge, P3 Section 5.1, has one; "
-                   "2,048 CUDA cores x 2 FLOPs per cycle x 1,178 MHz boost clock, half the board's 9.65 TFLOPS)"),
+    "m60": (
+        4.825,
+        "Tesla M60, one of the board's two GPUs (AWS g3.4xlarge, P3 Section 5.1, has one; "
+        "2,048 CUDA cores x 2 FLOPs per cycle x 1,178 MHz boost clock, half the board's 9.65 TFLOPS)",
+    ),
 }
 """Device name -> (peak FP32 TFLOPS from the NVIDIA datasheet, which GPU and where it is used).
 GTX 1080 Ti: 11.3 TFLOPS. A board of two GPUs (Tesla M60) counts one GPU: a cloud instance's
 "GPU" is one of them (the Tesla M60's peak is its per-GPU CUDA cores x 2 FLOPs x the boost
 clock, the product of the datasheet's figures)."""
 
-_PIPE_SGD_BATCH = ("Pipe-SGD Sec. 4 trains AlexNet and ResNet-18 \"both with a global batch size of 256\" on \"a "
-                   "cluster of four nodes\": 256 / 4 = 64 per worker")
+_PIPE_SGD_BATCH = (
+    'Pipe-SGD Sec. 4 trains AlexNet and ResNet-18 "both with a global batch size of 256" on "a '
+    'cluster of four nodes": 256 / 4 = 64 per worker'
+)
 BATCHES: list[tuple[str, str, int, str]] = [
     ("alexnet", "titanxp", 64, _PIPE_SGD_BATCH),
     ("resnet18", "titanxp", 64, _PIPE_SGD_BATCH),
@@ -121,8 +134,8 @@ def generate(out_dir: str | Path = DATA_DIR, log=print) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     have = _registered()
     written: list[Path] = []
-    base: dict[str, Profile] = {}   # model -> its gtx1080ti b32 profile
-    made: dict[tuple[str, str], Profile] = {}   # (model, device) -> its b32 profile scaled by peak FP32
+    base: dict[str, Profile] = {}  # model -> its gtx1080ti b32 profile
+    made: dict[tuple[str, str], Profile] = {}  # (model, device) -> its b32 profile scaled by peak FP32
 
     def save(p: Profile) -> None:
         path = p.save(out_dir / profile_filename(p.model, p.device, p.batch_size), overwrite=True)
@@ -145,19 +158,24 @@ def generate(out_dir: str | Path = DATA_DIR, log=print) -> list[Path]:
         ref = base[sibling]
         ratio = _total_flops(model, 32) / _total_flops(sibling, 32)
         total = ref.total_s() * ratio
-        method = (f"derived: {sibling}'s published {ref.total_s() * 1e3:g} ms x forward+backward FLOPs "
-                  f"ratio {model}/{sibling} = {ratio:.4f} (FLOPs counted by traffic.compute_profiles.flops), "
-                  "split by FLOPs")
-        p = split_published(model, "gtx1080ti", 32, total, f"{ref.source} (for {sibling})",
-                            method=method, derived=True, out_dir=None)
+        method = (
+            f"derived: {sibling}'s published {ref.total_s() * 1e3:g} ms x forward+backward FLOPs "
+            f"ratio {model}/{sibling} = {ratio:.4f} (FLOPs counted by traffic.compute_profiles.flops), "
+            "split by FLOPs"
+        )
+        p = split_published(
+            model, "gtx1080ti", 32, total, f"{ref.source} (for {sibling})", method=method, derived=True, out_dir=None
+        )
         save(p)
         base[model] = p
 
     for device, (peak, what) in DEVICES.items():
         factor = _PEAK_1080TI / peak
         for model, ref in base.items():
-            how = (f"derived: GTX 1080 Ti profile x {factor:.4f} = ratio of peak FP32 throughput, GTX "
-                   f"1080 Ti {_PEAK_1080TI} TFLOPS / {what} {peak} TFLOPS (NVIDIA datasheets)")
+            how = (
+                f"derived: GTX 1080 Ti profile x {factor:.4f} = ratio of peak FP32 throughput, GTX "
+                f"1080 Ti {_PEAK_1080TI} TFLOPS / {what} {peak} TFLOPS (NVIDIA datasheets)"
+            )
             if ref.derived:
                 how += f"; the GTX 1080 Ti profile is itself {ref.method}"
             made[(model, device)] = ref.scaled(factor, device, how)
@@ -170,12 +188,17 @@ def generate(out_dir: str | Path = DATA_DIR, log=print) -> list[Path]:
         ref = made[(model, device)]
         f32, fb = _total_flops(model, ref.batch_size), _total_flops(model, batch)
         ratio = fb / f32
-        method = (f"derived: {device} batch-{ref.batch_size} profile {ref.total_s() * 1e3:.4f} ms x {ratio:.4f} = "
-                  f"forward+backward FLOPs at batch {batch} / at batch {ref.batch_size} ({fb:,} / {f32:,}, counted "
-                  f"by traffic.compute_profiles.flops; time taken as proportional to FLOPs), split by FLOPs; batch "
-                  f"{batch}: {why}; the batch-{ref.batch_size} profile is itself {ref.method}")
-        save(split_published(model, device, batch, ref.total_s() * ratio, ref.source, method=method, derived=True,
-                             out_dir=None))
+        method = (
+            f"derived: {device} batch-{ref.batch_size} profile {ref.total_s() * 1e3:.4f} ms x {ratio:.4f} = "
+            f"forward+backward FLOPs at batch {batch} / at batch {ref.batch_size} ({fb:,} / {f32:,}, counted "
+            f"by traffic.compute_profiles.flops; time taken as proportional to FLOPs), split by FLOPs; batch "
+            f"{batch}: {why}; the batch-{ref.batch_size} profile is itself {ref.method}"
+        )
+        save(
+            split_published(
+                model, device, batch, ref.total_s() * ratio, ref.source, method=method, derived=True, out_dir=None
+            )
+        )
     return written
 
 

@@ -18,6 +18,7 @@ On CUDA the device is synchronised before and after every timed piece. Each iter
 starts with ``zero_grad(set_to_none=True)`` like the trainer. After ``warmup`` untimed
 iterations, the reported time of each layer is the median over ``iterations`` iterations.
 """
+
 from __future__ import annotations
 
 import platform
@@ -30,9 +31,15 @@ import torch.nn.functional as F
 from torch.utils._pytree import tree_leaves
 
 from common.errors import TestbedError
-from traffic.compute_profiles.profile import (METHOD_MEASURED, LayerProfile, Profile, build_for_profile,
-                              example_input, layer_names)
 from traffic.compute_profiles.flops import _detach, flops_per_layer, take_aux_logits
+from traffic.compute_profiles.profile import (
+    METHOD_MEASURED,
+    LayerProfile,
+    Profile,
+    build_for_profile,
+    example_input,
+    layer_names,
+)
 
 __all__ = ["time_layers", "measure_profile", "format_table", "device_name"]
 
@@ -82,8 +89,11 @@ def _one_iteration(net, x, target, dev) -> tuple[list[float], list[float]]:
             ys, grads = [loss], [torch.ones_like(loss)]
         else:
             # the gradient layer i+1's backward left on its (detached) input, leaf by leaf
-            pairs = [(o, nxt.grad) for o, nxt in zip(_leaves(outputs[i]), _leaves(inputs[i + 1]))
-                     if o is not None and o.requires_grad and nxt is not None and nxt.grad is not None]
+            pairs = [
+                (o, nxt.grad)
+                for o, nxt in zip(_leaves(outputs[i]), _leaves(inputs[i + 1]))
+                if o is not None and o.requires_grad and nxt is not None and nxt.grad is not None
+            ]
             ys, grads = [p[0] for p in pairs], [p[1] for p in pairs]
         if auxes[i] is not None and auxes[i][1].grad is not None:
             ys.append(auxes[i][0])
@@ -146,8 +156,9 @@ def device_name(dev: torch.device) -> str:
     return f"{name or platform.processor() or 'unknown CPU'} ({torch.get_num_threads()} torch threads)"
 
 
-def measure_profile(model: str, batch_size: int, device: str = "cpu", iterations: int = 20,
-                    warmup: int = 3, seed: int = 0) -> Profile:
+def measure_profile(
+    model: str, batch_size: int, device: str = "cpu", iterations: int = 20, warmup: int = 3, seed: int = 0
+) -> Profile:
     """Measure a :class:`Profile` (``method="measured"``) of the registered ``model``.
 
     Args:
@@ -178,22 +189,36 @@ def measure_profile(model: str, batch_size: int, device: str = "cpu", iterations
     except Exception:  # FLOPs are informative here; a model the meta device cannot run still gets times
         flops = [(None, None)] * len(fwd)
     when = datetime.now().astimezone().isoformat(timespec="seconds")
-    layers = [LayerProfile(i, name, f, b, fl[0], fl[1])
-              for i, (name, f, b, fl) in enumerate(zip(layer_names(net), fwd, bwd, flops))]
-    return Profile(model=model, device=device, batch_size=int(batch_size),
-                   source=f"measured on {device_name(dev)} by testbed profile at {when}",
-                   method=METHOD_MEASURED, derived=False, layers=layers)
+    layers = [
+        LayerProfile(i, name, f, b, fl[0], fl[1])
+        for i, (name, f, b, fl) in enumerate(zip(layer_names(net), fwd, bwd, flops))
+    ]
+    return Profile(
+        model=model,
+        device=device,
+        batch_size=int(batch_size),
+        source=f"measured on {device_name(dev)} by testbed profile at {when}",
+        method=METHOD_MEASURED,
+        derived=False,
+        layers=layers,
+    )
 
 
 def format_table(prof: Profile) -> str:
     """Per-layer table: index, name, forward/backward ms, forward/backward GFLOP; a total line."""
+
     def gf(v):
         return "" if v is None else f"{v / 1e9:.3f}"
+
     rows = [f"{'layer':>5}  {'name':32s} {'fwd ms':>10} {'bwd ms':>10} {'fwd GFLOP':>10} {'bwd GFLOP':>10}"]
     for l in prof.layers:
-        rows.append(f"{l.index:5d}  {l.name[:32]:32s} {l.forward_s * 1e3:10.3f} {l.backward_s * 1e3:10.3f} "
-                    f"{gf(l.flops_forward):>10} {gf(l.flops_backward):>10}")
+        rows.append(
+            f"{l.index:5d}  {l.name[:32]:32s} {l.forward_s * 1e3:10.3f} {l.backward_s * 1e3:10.3f} "
+            f"{gf(l.flops_forward):>10} {gf(l.flops_backward):>10}"
+        )
     fwd, bwd = sum(prof.forward_s()), sum(prof.backward_s())
-    rows.append(f"{'total':>5}  {'':32s} {fwd * 1e3:10.3f} {bwd * 1e3:10.3f}   "
-                f"(forward+backward {prof.total_s() * 1e3:.3f} ms per batch of {prof.batch_size})")
+    rows.append(
+        f"{'total':>5}  {'':32s} {fwd * 1e3:10.3f} {bwd * 1e3:10.3f}   "
+        f"(forward+backward {prof.total_s() * 1e3:.3f} ms per batch of {prof.batch_size})"
+    )
     return "\n".join(rows)

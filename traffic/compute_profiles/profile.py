@@ -1,4 +1,5 @@
 """Compute profiles: per-layer forward/backward times, their files and loading (see :mod:`traffic.compute_profiles`)."""
+
 from __future__ import annotations
 
 import json
@@ -10,9 +11,19 @@ from typing import Any
 from common.errors import TestbedError
 from traffic import models
 
-__all__ = ["DATA_DIR", "LayerProfile", "Profile", "load_profile", "available_profiles",
-           "profile_filename", "layer_names", "build_for_profile", "example_input",
-           "METHOD_PUBLISHED", "METHOD_MEASURED"]
+__all__ = [
+    "DATA_DIR",
+    "LayerProfile",
+    "Profile",
+    "load_profile",
+    "available_profiles",
+    "profile_filename",
+    "layer_names",
+    "build_for_profile",
+    "example_input",
+    "METHOD_PUBLISHED",
+    "METHOD_MEASURED",
+]
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 """Directory of the shipped profile files ``<model>-<device>-b<batch>.json``."""
@@ -71,36 +82,61 @@ class Profile:
         """Forward plus backward time of the whole model, seconds per batch."""
         return sum(self.forward_s()) + sum(self.backward_s())
 
-    def scaled(self, factor: float, device: str, method: str, source: str | None = None) -> "Profile":
+    def scaled(self, factor: float, device: str, method: str, source: str | None = None) -> Profile:
         """A derived copy: every time multiplied by ``factor`` (FLOPs kept), for ``device``.
 
         ``method`` should state the ratio and its source (``"derived: ..."``); ``derived`` is
         set. ``source`` defaults to this profile's source.
         """
-        return Profile(model=self.model, device=device, batch_size=self.batch_size,
-                       source=self.source if source is None else source, method=method, derived=True,
-                       layers=[LayerProfile(l.index, l.name, l.forward_s * factor, l.backward_s * factor,
-                                            l.flops_forward, l.flops_backward) for l in self.layers])
+        return Profile(
+            model=self.model,
+            device=device,
+            batch_size=self.batch_size,
+            source=self.source if source is None else source,
+            method=method,
+            derived=True,
+            layers=[
+                LayerProfile(
+                    l.index, l.name, l.forward_s * factor, l.backward_s * factor, l.flops_forward, l.flops_backward
+                )
+                for l in self.layers
+            ],
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready dictionary (the file format in the module docstring)."""
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], origin: str = "profile") -> "Profile":
+    def from_dict(cls, d: dict[str, Any], origin: str = "profile") -> Profile:
         """Parse the file format; raises :class:`TestbedError` naming ``origin`` when malformed."""
         try:
-            layers = [LayerProfile(index=int(l["index"]), name=str(l["name"]),
-                                   forward_s=float(l["forward_s"]), backward_s=float(l["backward_s"]),
-                                   flops_forward=l.get("flops_forward"), flops_backward=l.get("flops_backward"))
-                      for l in d["layers"]]
-            p = cls(model=str(d["model"]), device=str(d["device"]), batch_size=int(d["batch_size"]),
-                    source=str(d["source"]), method=str(d["method"]), derived=bool(d["derived"]),
-                    layers=layers)
+            layers = [
+                LayerProfile(
+                    index=int(l["index"]),
+                    name=str(l["name"]),
+                    forward_s=float(l["forward_s"]),
+                    backward_s=float(l["backward_s"]),
+                    flops_forward=l.get("flops_forward"),
+                    flops_backward=l.get("flops_backward"),
+                )
+                for l in d["layers"]
+            ]
+            p = cls(
+                model=str(d["model"]),
+                device=str(d["device"]),
+                batch_size=int(d["batch_size"]),
+                source=str(d["source"]),
+                method=str(d["method"]),
+                derived=bool(d["derived"]),
+                layers=layers,
+            )
         except (KeyError, TypeError, ValueError) as e:
-            raise TestbedError(f"{origin} is not a valid profile ({type(e).__name__}: {e}); expected keys "
-                               "model, device, batch_size, source, method, derived, layers[index, name, "
-                               "forward_s, backward_s, flops_forward, flops_backward]") from None
+            raise TestbedError(
+                f"{origin} is not a valid profile ({type(e).__name__}: {e}); expected keys "
+                "model, device, batch_size, source, method, derived, layers[index, name, "
+                "forward_s, backward_s, flops_forward, flops_backward]"
+            ) from None
         if [l.index for l in layers] != list(range(len(layers))):
             raise TestbedError(f"{origin}: layer indices must be 0..{len(layers) - 1} in order")
         if any(l.forward_s < 0 or l.backward_s < 0 for l in layers):
@@ -119,8 +155,9 @@ class Profile:
             with open(path, "w" if overwrite else "x") as f:
                 f.write(text)
         except FileExistsError:
-            raise TestbedError(f"{path} exists; profiles are never overwritten: remove it or pass "
-                               "another --out") from None
+            raise TestbedError(
+                f"{path} exists; profiles are never overwritten: remove it or pass another --out"
+            ) from None
         except OSError as e:
             raise TestbedError(f"cannot write profile {path}: {e}") from None
         return path
@@ -169,11 +206,14 @@ def available_profiles(data_dir: str | os.PathLike | None = None) -> list[tuple[
 def _available_text(model: str) -> str:
     have = [f"{dev} b{b}" for m, dev, b in available_profiles() if m == model]
     listed = ", ".join(have) if have else "no shipped profiles"
-    return (f"available for {model!r}: {listed}; or 'zero' (infinitely fast compute), or the path of "
-            f"a JSON file written by 'testbed profile {model} --batch B'")
+    return (
+        f"available for {model!r}: {listed}; or 'zero' (infinitely fast compute), or the path of "
+        f"a JSON file written by 'testbed profile {model} --batch B'"
+    )
 
 
 # ----------------------------------------------------------------------- models
+
 
 def build_for_profile(model: str, device: str | None = None, seed: int = 0):
     """Build the registered model ``model`` at its native input (``device="meta"``: shapes
@@ -208,6 +248,7 @@ def _model_layers(model: str) -> list[str]:
 
 # ----------------------------------------------------------------------- lookup
 
+
 def zero_profile(model: str, batch_size: int, n_layers: int | None = None) -> Profile:
     """All-zero times for every layer of ``model`` (PHub's ``ZeroComputeEngine``, Section 4.4).
 
@@ -215,10 +256,15 @@ def zero_profile(model: str, batch_size: int, n_layers: int | None = None) -> Pr
     registered model's layers.
     """
     names = _model_layers(model) if n_layers is None else [f"layer{i}" for i in range(n_layers)]
-    return Profile(model=model, device="zero", batch_size=int(batch_size),
-                   source="infinitely fast compute (PHub ZeroComputeEngine, PHub Section 4.4)",
-                   method=METHOD_ZERO, derived=False,
-                   layers=[LayerProfile(i, n, 0.0, 0.0, None, None) for i, n in enumerate(names)])
+    return Profile(
+        model=model,
+        device="zero",
+        batch_size=int(batch_size),
+        source="infinitely fast compute (PHub ZeroComputeEngine, PHub Section 4.4)",
+        method=METHOD_ZERO,
+        derived=False,
+        layers=[LayerProfile(i, n, 0.0, 0.0, None, None) for i, n in enumerate(names)],
+    )
 
 
 def load_profile(ref: str, model: str, batch_size: int, n_layers: int | None = None) -> Profile:
@@ -251,15 +297,18 @@ def load_profile(ref: str, model: str, batch_size: int, n_layers: int | None = N
     else:
         path = DATA_DIR / profile_filename(model, ref.lower(), batch_size)
         if not path.is_file():
-            raise TestbedError(f"no profile of {model!r} on {ref!r} at batch {batch_size}; "
-                               f"{_available_text(model)}")
+            raise TestbedError(f"no profile of {model!r} on {ref!r} at batch {batch_size}; {_available_text(model)}")
     prof = _read(path)
     if prof.model != model or prof.batch_size != batch_size:
-        raise TestbedError(f"profile {path} is for {prof.model!r} at batch {prof.batch_size}, not "
-                           f"{model!r} at batch {batch_size}; {_available_text(model)}")
+        raise TestbedError(
+            f"profile {path} is for {prof.model!r} at batch {prof.batch_size}, not "
+            f"{model!r} at batch {batch_size}; {_available_text(model)}"
+        )
     expected = n_layers if n_layers is not None else len(_model_layers(model))
     if len(prof.layers) != expected:
-        raise TestbedError(f"profile {path} has {len(prof.layers)} layers but model {model!r} has "
-                           f"{expected}: the model changed since the profile was made; regenerate it "
-                           "(python -m traffic.compute_profiles.generate, or testbed profile)")
+        raise TestbedError(
+            f"profile {path} has {len(prof.layers)} layers but model {model!r} has "
+            f"{expected}: the model changed since the profile was made; regenerate it "
+            "(python -m traffic.compute_profiles.generate, or testbed profile)"
+        )
     return prof

@@ -29,11 +29,12 @@ Host profile file format (YAML)::
     optimizer_gb_per_s: {...}
     codec_gb_per_s: {...}
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal
 
 import yaml
 from pydantic import Field, field_validator
@@ -44,8 +45,13 @@ from common.validation import SpecModel, load_yaml, validate
 DATA_DIR = Path(__file__).resolve().parent / "data"
 """Directory of the shipped host profiles ``<name>.yaml``."""
 
-RATE_FIELDS = ("message_overhead_us", "request_startup_ms", "aggregate_gb_per_s", "optimizer_gb_per_s",
-               "codec_gb_per_s")
+RATE_FIELDS = (
+    "message_overhead_us",
+    "request_startup_ms",
+    "aggregate_gb_per_s",
+    "optimizer_gb_per_s",
+    "codec_gb_per_s",
+)
 
 REFERENCE_PROFILE = "reference"
 """The shipped profile every value that neither a spec nor its profile states resolves to:
@@ -53,8 +59,7 @@ REFERENCE_PROFILE = "reference"
 
 #: the fields that may be machine-scoped (``scope: machine``, ``host.machine_rates``) and the
 #: kind of cost (:meth:`HostModel.cost_s`) each one is the rate of
-MACHINE_RATE_KINDS = {"aggregate_gb_per_s": "aggregate", "optimizer_gb_per_s": "optimizer",
-                      "codec_gb_per_s": "codec"}
+MACHINE_RATE_KINDS = {"aggregate_gb_per_s": "aggregate", "optimizer_gb_per_s": "optimizer", "codec_gb_per_s": "codec"}
 
 MachineRate = Literal["aggregate_gb_per_s", "optimizer_gb_per_s", "codec_gb_per_s"]
 
@@ -67,23 +72,24 @@ class HostSpec(SpecModel):
     request, and one float32 element (4 bytes) at each rate. A run that sends, sums, updates
     or codes anything pays at least one of them, waiting in ``time.sleep``; with more, the
     run could never end in time (and a wait beyond ``threading.TIMEOUT_MAX`` would raise)."""
-    profile: Optional[str] = None
+
+    profile: str | None = None
     """A host profile: a name in ``traffic/hostmodel/data/`` or the path of a profile file; the
     fields below, when written, override its values."""
-    message_overhead_us: Optional[float] = Field(None, ge=0)
+    message_overhead_us: float | None = Field(None, ge=0)
     """Software cost per message sent and per message received, microseconds (null: the
     profile's, else the reference profile's)."""
-    request_startup_ms: Optional[float] = Field(None, ge=0)
+    request_startup_ms: float | None = Field(None, ge=0)
     """What a server pays before answering each pull request (iBatch's T_s), milliseconds
     (null: the profile's, else the reference profile's)."""
-    aggregate_gb_per_s: Optional[float] = Field(None, gt=0)
+    aggregate_gb_per_s: float | None = Field(None, gt=0)
     """Server summation, GB of incoming gradient per second; null: the profile's, else the reference's."""
-    optimizer_gb_per_s: Optional[float] = Field(None, gt=0)
+    optimizer_gb_per_s: float | None = Field(None, gt=0)
     """Optimizer update, GB of parameters per second; null: the profile's, else the reference's."""
-    codec_gb_per_s: Optional[float] = Field(None, gt=0)
+    codec_gb_per_s: float | None = Field(None, gt=0)
     """Compression and decompression, GB of uncompressed data per second; null: the profile's,
     else the reference's."""
-    machine_rates: Optional[list[MachineRate]] = None
+    machine_rates: list[MachineRate] | None = None
     """Which of the three rates are the whole emulated host's (``scope: machine``: shared by
     every process and thread on the host), e.g. ``[aggregate_gb_per_s, optimizer_gb_per_s]``;
     the others are each process's. When written (``[]`` too) it replaces every scope; null:
@@ -127,10 +133,14 @@ class HostSpec(SpecModel):
             by = "the spec" if self.profile is None else f"the spec or profile {self.profile}"
             for f in unstated:
                 values[f], scopes[f] = ref[f].value, ref[f].scope
-                sources[f] = (f"reference measurement (profile {REFERENCE_PROFILE}, as {by} states no value): "
-                              f"{ref[f].source}")
-        machine = set(self.machine_rates) if self.machine_rates is not None else \
-            {f for f in RATE_FIELDS if scopes[f] == "machine"}
+                sources[f] = (
+                    f"reference measurement (profile {REFERENCE_PROFILE}, as {by} states no value): {ref[f].source}"
+                )
+        machine = (
+            set(self.machine_rates)
+            if self.machine_rates is not None
+            else {f for f in RATE_FIELDS if scopes[f] == "machine"}
+        )
         return values, sources, [f for f in RATE_FIELDS if f in machine]
 
     def pinned(self) -> dict:
@@ -145,7 +155,7 @@ class HostSpec(SpecModel):
         values, _, machine = self._values()
         return {"profile": self.profile, **values, "machine_rates": machine}
 
-    def resolve(self) -> "HostModel":
+    def resolve(self) -> HostModel:
         """The rates in force: the profile's, overridden by the fields written inline.
 
         Raises:
@@ -160,12 +170,14 @@ class HostSpec(SpecModel):
             optimizer_bytes_per_s=values["optimizer_gb_per_s"] and values["optimizer_gb_per_s"] * gb,
             codec_bytes_per_s=values["codec_gb_per_s"] and values["codec_gb_per_s"] * gb,
             sources=sources,
-            machine_kinds=frozenset(MACHINE_RATE_KINDS[f] for f in machine if values[f] is not None))
+            machine_kinds=frozenset(MACHINE_RATE_KINDS[f] for f in machine if values[f] is not None),
+        )
 
 
 class SourcedValue(SpecModel):
     """One value of a host profile and where it comes from."""
-    value: Optional[float] = None
+
+    value: float | None = None
     """The value in the field's unit; null: not stated (resolves to the reference profile's)."""
     source: str
     """A paper's table, figure or sentence (quoted), or a measurement with its command, or why
@@ -192,6 +204,7 @@ class SourcedValue(SpecModel):
 
 class HostProfile(SpecModel):
     """A host profile file: a description and every rate with its source."""
+
     description: str
     """What system this is (which paper, which hosts)."""
     message_overhead_us: SourcedValue
@@ -204,8 +217,10 @@ class HostProfile(SpecModel):
     @classmethod
     def _process_scoped(cls, v: SourcedValue) -> SourcedValue:
         if v.scope != "process":
-            raise ValueError("scope: process (a per-message or per-request cost is each process's; only "
-                             f"{', '.join(MACHINE_RATE_KINDS)} may be scope: machine)")
+            raise ValueError(
+                "scope: process (a per-message or per-request cost is each process's; only "
+                f"{', '.join(MACHINE_RATE_KINDS)} may be scope: machine)"
+            )
         return v
 
     def __getitem__(self, name: str) -> SourcedValue:
@@ -227,8 +242,10 @@ def load_host_profile(ref: str) -> HostProfile:
     if not path.is_file():
         path = Path(ref)
     if not path.is_file():
-        raise TestbedError(f"no host profile {ref!r}: one of {', '.join(available_host_profiles()) or 'none'}, "
-                           "or the path of a host profile file (testbed profile --host writes one)")
+        raise TestbedError(
+            f"no host profile {ref!r}: one of {', '.join(available_host_profiles()) or 'none'}, "
+            "or the path of a host profile file (testbed profile --host writes one)"
+        )
     # the messages name the file, the place and the fields, never the file's content: a
     # path is read with the tool's privileges (root), so its lines must not be echoed
     try:
@@ -246,8 +263,10 @@ def load_host_profile(ref: str) -> HostProfile:
         lines = [f"{x.field}: {x.allowed}" for x in e.errors if x.field.split(".")[0] in known]
         other = len(e.errors) - len(lines)
         if other:  # a key that is no field (or no mapping at all) is the file's content: not shown
-            lines.append(f"{other} key(s) or value(s) that are not fields of a host profile (not shown); a profile "
-                         f"is a mapping of {', '.join(HostProfile.model_fields)}")
+            lines.append(
+                f"{other} key(s) or value(s) that are not fields of a host profile (not shown); a profile "
+                f"is a mapping of {', '.join(HostProfile.model_fields)}"
+            )
         raise TestbedError(f"host profile {path} is not a host profile: {'; '.join(lines)}") from None
 
 
@@ -262,6 +281,7 @@ class HostModel:
             is the whole host's: charged on the host's one shared clock
             (:class:`traffic.hostmodel.machine.HostMachine`), not per process.
     """
+
     message_overhead_s: float = 0.0
     request_startup_s: float = 0.0
     aggregate_bytes_per_s: float | None = None
@@ -286,8 +306,11 @@ class HostModel:
             return self.message_overhead_s
         if kind == "request_startup":
             return self.request_startup_s
-        rate = {"aggregate": self.aggregate_bytes_per_s, "optimizer": self.optimizer_bytes_per_s,
-                "codec": self.codec_bytes_per_s}
+        rate = {
+            "aggregate": self.aggregate_bytes_per_s,
+            "optimizer": self.optimizer_bytes_per_s,
+            "codec": self.codec_bytes_per_s,
+        }
         if kind not in rate:
             raise ValueError(f"unknown host cost kind {kind!r}")
         return None if rate[kind] is None else nbytes / rate[kind]

@@ -20,20 +20,22 @@ Usage in a scheme::
     with self.ctx.costs.charge("optimizer", nbytes=shard_bytes, iteration=it):
         optimizer.step()
 
-Waits are precise on average without burning CPU (a per-thread :class:`PreciseSleeper`). Thread-safe: a scheme's comm and server
+Waits are precise on average without burning CPU (a per-thread :class:`PreciseSleeper`). Thread-safe: a scheme's comm
+and server
 threads charge concurrently, each operation on its own clock, except the kinds whose rate is
 the whole host's (``HostModel.machine_kinds``, scope ``machine``): given the host's
 :class:`~traffic.hostmodel.machine.HostMachine`, each such operation reserves its budget on
 that one clock, shared by every process and thread of the host, and waits until the
 reservation ends; the time it queued behind the others is reported as ``queued_s``.
 """
+
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
 
 from traffic.hostmodel import HostModel
 from traffic.hostmodel.machine import HostMachine
@@ -69,6 +71,7 @@ class PreciseSleeper:
         self.debt_s = min(max(slept - want, 0.0), MAX_DEBT_S)
         return slept
 
+
 #: the kinds of cost (``compute`` is emulated compute; the rest are :meth:`HostModel.cost_s`'s)
 KINDS = ("compute", "message", "request_startup", "aggregate", "optimizer", "codec")
 
@@ -90,6 +93,7 @@ class Charge:
         queued_s: real seconds it waited for the host's clock before its own budget began
             (machine-scoped kinds; 0 otherwise).
     """
+
     emulated_s: float = 0.0
     real_s: float = 0.0
     overrun: bool = False
@@ -121,8 +125,9 @@ class HostCosts:
             its operations waited behind other operations of the host, beyond their budgets.
     """
 
-    def __init__(self, model: HostModel | None = None, scale: float = 1.0, events=None,
-                 machine: HostMachine | None = None):
+    def __init__(
+        self, model: HostModel | None = None, scale: float = 1.0, events=None, machine: HostMachine | None = None
+    ):
         self.model = model or HostModel()
         self.scale = float(scale)
         self.events = events
@@ -144,8 +149,9 @@ class HostCosts:
         return self.machine is not None and kind in self.model.machine_kinds
 
     @contextmanager
-    def charge(self, kind: str, *, nbytes: int = 0, seconds: float | None = None, span: bool = True,
-               ops: int = 1, **fields) -> Iterator[Charge]:
+    def charge(
+        self, kind: str, *, nbytes: int = 0, seconds: float | None = None, span: bool = True, ops: int = 1, **fields
+    ) -> Iterator[Charge]:
         """Run the block (the real work), then wait out ``scale x`` the emulated cost. Yields
         a :class:`Charge` that holds the outcome once the block has run.
 
@@ -208,8 +214,18 @@ class HostCosts:
             cost, budget = real / self.scale, real
         outcome.emulated_s, outcome.real_s, outcome.overrun = cost, real, overrun > 0
         with self._lock:
-            s = self.stats.setdefault(kind, {"count": 0, "modelled": modelled, "emulated_s": 0.0, "budget_s": 0.0,
-                                             "real_s": 0.0, "overruns": 0, "overrun_s": 0.0})
+            s = self.stats.setdefault(
+                kind,
+                {
+                    "count": 0,
+                    "modelled": modelled,
+                    "emulated_s": 0.0,
+                    "budget_s": 0.0,
+                    "real_s": 0.0,
+                    "overruns": 0,
+                    "overrun_s": 0.0,
+                },
+            )
             s["count"] += ops
             s["modelled"] = s["modelled"] and modelled
             s["emulated_s"] += cost
@@ -221,10 +237,18 @@ class HostCosts:
             if slot is not None:
                 s["queued_s"] = s.get("queued_s", 0.0) + slot.queued_s
         if span and self.events is not None:
-            self.events.record(f"host_{kind}", ts, time.perf_counter() - t0, emulated_s=cost, real_s=real,
-                               overrun=overrun > 0, bytes=nbytes or None,
-                               **({"ops": ops} if ops > 1 else {}),
-                               **({"queued_s": slot.queued_s} if slot is not None else {}), **fields)
+            self.events.record(
+                f"host_{kind}",
+                ts,
+                time.perf_counter() - t0,
+                emulated_s=cost,
+                real_s=real,
+                overrun=overrun > 0,
+                bytes=nbytes or None,
+                **({"ops": ops} if ops > 1 else {}),
+                **({"queued_s": slot.queued_s} if slot is not None else {}),
+                **fields,
+            )
 
     def compute_factor(self) -> float:
         """The factor on emulated compute now: 1, or :attr:`compute_slowdown`'s."""
@@ -238,5 +262,7 @@ class HostCosts:
     def summary(self) -> dict[str, dict]:
         """A copy of :attr:`stats` with ``overrun_fraction`` (overrun / budgeted real seconds)."""
         with self._lock:
-            return {k: {**v, "overrun_fraction": (v["overrun_s"] / v["budget_s"]) if v["budget_s"] > 0 else 0.0}
-                    for k, v in self.stats.items()}
+            return {
+                k: {**v, "overrun_fraction": (v["overrun_s"] / v["budget_s"]) if v["budget_s"] > 0 else 0.0}
+                for k, v in self.stats.items()
+            }

@@ -25,6 +25,7 @@ run on one machine (on a cluster, each machine's staging directory, and a host's
 all run on its machine). A thread lock serializes the threads of one process, which share
 the file's lock.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -56,6 +57,7 @@ class Reservation:
         start: when its service begins: ``max(issued, busy_until)``.
         end: ``start`` + its budget; the operation is done then.
     """
+
     issued: float
     start: float
     end: float
@@ -87,7 +89,7 @@ class HostMachine:
         self._lock = threading.Lock()
 
     @classmethod
-    def for_host(cls, run_dir: str | Path, host: str) -> "HostMachine":
+    def for_host(cls, run_dir: str | Path, host: str) -> HostMachine:
         """The clock of emulated host ``host`` of the run in ``run_dir``:
         ``<run_dir>/hostclock/<host>``, the directory and the file made if missing. Neither is
         followed if it is a symbolic link, so nothing is made outside the run directory.
@@ -149,7 +151,7 @@ class HostMachine:
                 os.close(self._fd)
                 self._fd = -1
 
-    def __enter__(self) -> "HostMachine":
+    def __enter__(self) -> HostMachine:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -35,6 +35,7 @@ The rate kinds are measured at sizes :data:`SIZES_BYTES` and reported at
 4MB", PHub Sec. 3.2.3); each source lists the rates at every size, since small operations
 pay a fixed Python cost that a single rate does not model.
 """
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -42,10 +43,10 @@ import os
 import socket
 import statistics
 import time
-from datetime import datetime, timezone
-from datetime import timedelta
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -59,8 +60,16 @@ from traffic.hostmodel import RATE_FIELDS, HostProfile
 from traffic.runtime.trainer import make_optimizer
 from traffic.spec import OptimizerSpec
 
-__all__ = ["SIZES_BYTES", "REPORT_BYTES", "WARMUP", "measure_host_profile", "write_host_profile",
-           "time_calls", "run_pair", "machine"]
+__all__ = [
+    "SIZES_BYTES",
+    "REPORT_BYTES",
+    "WARMUP",
+    "measure_host_profile",
+    "write_host_profile",
+    "time_calls",
+    "run_pair",
+    "machine",
+]
 
 KIB, MIB = 1024, 1024 * 1024
 #: tensor sizes (bytes of float32) at which the rate kinds are timed
@@ -100,6 +109,7 @@ def time_calls(fn: Callable[[], Any], repeats: int, warmup: int = WARMUP) -> lis
 
 # ---------------------------------------------------------------------------- two processes
 
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -112,8 +122,9 @@ def _pair_child(rank: int, port: int, threads: int, timeout_s: float, target, ar
     try:
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"
         torch.set_num_threads(threads)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                                timeout=timedelta(seconds=timeout_s))
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=timedelta(seconds=timeout_s)
+        )
         try:
             result = target(rank, *args)
         finally:
@@ -139,8 +150,15 @@ def run_pair(target: Callable[..., Any], args: Sequence = (), *, threads: int = 
     ctx = mp.get_context("spawn")
     port = _free_port()
     pipes = [ctx.Pipe(duplex=False) for _ in range(2)]
-    procs = [ctx.Process(target=_pair_child, args=(r, port, threads, timeout_s, target, tuple(args), pipes[r][1]),
-                         name=f"host-measure-{r}", daemon=True) for r in range(2)]
+    procs = [
+        ctx.Process(
+            target=_pair_child,
+            args=(r, port, threads, timeout_s, target, tuple(args), pipes[r][1]),
+            name=f"host-measure-{r}",
+            daemon=True,
+        )
+        for r in range(2)
+    ]
     for p in procs:
         p.start()
     for _, w in pipes:
@@ -150,13 +168,15 @@ def run_pair(target: Callable[..., Any], args: Sequence = (), *, threads: int = 
         deadline = time.monotonic() + timeout_s
         for r, (rd, _) in enumerate(pipes):
             if not rd.poll(max(0.0, deadline - time.monotonic())):
-                raise TestbedError(f"host measurement: process {r} of the loopback pair did not finish in "
-                                   f"{timeout_s:.0f} s")
+                raise TestbedError(
+                    f"host measurement: process {r} of the loopback pair did not finish in {timeout_s:.0f} s"
+                )
             try:
                 answers.append(rd.recv())
             except EOFError:
-                raise TestbedError(f"host measurement: process {r} of the loopback pair died "
-                                   f"(exit code {procs[r].exitcode})") from None
+                raise TestbedError(
+                    f"host measurement: process {r} of the loopback pair died (exit code {procs[r].exitcode})"
+                ) from None
         for r, (status, value) in enumerate(answers):
             if status != "ok":
                 raise TestbedError(f"host measurement: process {r} of the loopback pair failed: {value}")
@@ -190,6 +210,7 @@ def _ping_pong(rank: int, n: int, nbytes: int) -> list[float] | None:
 
 # ---------------------------------------------------------------------------- the rate kinds
 
+
 def _aggregate_s(nbytes: int, repeats: int) -> float:
     n = nbytes // 4
     g = torch.Generator().manual_seed(0)
@@ -197,6 +218,7 @@ def _aggregate_s(nbytes: int, repeats: int) -> float:
 
     def op():
         acc.add_(grad)  # acc += grad
+
     return statistics.median(time_calls(op, repeats))
 
 
@@ -214,8 +236,10 @@ def _codec_s(codec, nbytes: int, repeats: int) -> tuple[float, float]:
     n = nbytes // 4
     x = torch.randn(n, generator=torch.Generator().manual_seed(0))
     payload = codec.encode(x)
-    return (statistics.median(time_calls(lambda: codec.encode(x), repeats)),
-            statistics.median(time_calls(lambda: codec.decode(payload, n), repeats)))
+    return (
+        statistics.median(time_calls(lambda: codec.encode(x), repeats)),
+        statistics.median(time_calls(lambda: codec.decode(payload, n), repeats)),
+    )
 
 
 def _gbps(nbytes: float, seconds: float) -> float:
@@ -234,8 +258,13 @@ def _at_sizes(rates: dict[int, float]) -> str:
     return ", ".join(f"{_size(b)}: {r:.3g} GB/s" for b, r in rates.items())
 
 
-def measure_host_profile(threads: int = 1, repeats: int = 50, round_trips: int = 2000,
-                         sizes: Sequence[int] = SIZES_BYTES, timeout_s: float = 120.0) -> dict:
+def measure_host_profile(
+    threads: int = 1,
+    repeats: int = 50,
+    round_trips: int = 2000,
+    sizes: Sequence[int] = SIZES_BYTES,
+    timeout_s: float = 120.0,
+) -> dict:
     """Measure this machine's host rates (the module docstring says what is timed).
 
     Args:
@@ -279,43 +308,48 @@ def measure_host_profile(threads: int = 1, repeats: int = 50, round_trips: int =
 
     by = f"measured on {machine(threads)} by `testbed profile --host`"
     at = _size(REPORT_BYTES)
-    fixed = ("; small operations pay a fixed Python cost a rate does not model")
+    fixed = "; small operations pay a fixed Python cost a rate does not model"
     return {
         "description": f"this machine, {socket.gethostname()} ({cpu_model()}, {os.cpu_count()} CPUs), "
-                       f"single process with {threads} torch thread(s): host rates measured by "
-                       f"`testbed profile --host` on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC "
-                       f"(1-minute load average {load:.2f} when it started)",
+        f"single process with {threads} torch thread(s): host rates measured by "
+        f"`testbed profile --host` on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC "
+        f"(1-minute load average {load:.2f} when it started)",
         "message_overhead_us": {
             "value": _sig(msg_us),
             "source": f"{by}: half the round trip of a {MESSAGE_BYTES}-byte tensor between two processes, "
-                      "torch.distributed gloo over TCP on 127.0.0.1 (process 0 send then recv, process 1 recv "
-                      "then send); nothing subtracted: it includes both ends' Python and gloo software and the "
-                      f"kernel's loopback TCP path (no wire); median of {round_trips} round trips"},
+            "torch.distributed gloo over TCP on 127.0.0.1 (process 0 send then recv, process 1 recv "
+            "then send); nothing subtracted: it includes both ends' Python and gloo software and the "
+            f"kernel's loopback TCP path (no wire); median of {round_trips} round trips",
+        },
         "request_startup_ms": {
             "value": None,
             "source": "not measured: a per-request start-up (iBatch's T_s) is a property of a server software "
-                      "stack, not of this machine's arithmetic (iBatch, Case Study: \"searching the servers "
-                      "that store parameters and handling TCP connections\"); measure it on the stack to be "
-                      "emulated, e.g. BigDL's getWeights minus fetchBlockSync (iBatch, Implementation), and "
-                      "write it with its command"},
+            "stack, not of this machine's arithmetic (iBatch, Case Study: \"searching the servers "
+            'that store parameters and handling TCP connections"); measure it on the stack to be '
+            "emulated, e.g. BigDL's getWeights minus fetchBlockSync (iBatch, Implementation), and "
+            "write it with its command",
+        },
         "aggregate_gb_per_s": {
             "value": _sig(agg[REPORT_BYTES]),
             "source": f"{by}: `acc += grad` (Tensor.add_) on float32 tensors of {at}, GB of grad per second, "
-                      f"median of {repeats}; at every size measured: {_at_sizes(agg)}{fixed}"},
+            f"median of {repeats}; at every size measured: {_at_sizes(agg)}{fixed}",
+        },
         "optimizer_gb_per_s": {
             "value": _sig(opt[REPORT_BYTES]),
             "source": f"{by}: one step() of make_optimizer's torch.optim.SGD (lr 0.05, momentum 0.9, weight "
-                      f"decay 0: OptimizerSpec's defaults) on one float32 parameter of {at} with its gradient "
-                      f"set, momentum buffer allocated, GB of parameters per second, median of {repeats}; at "
-                      f"every size measured: {_at_sizes(opt)}{fixed}"},
+            f"decay 0: OptimizerSpec's defaults) on one float32 parameter of {at} with its gradient "
+            f"set, momentum buffer allocated, GB of parameters per second, median of {repeats}; at "
+            f"every size measured: {_at_sizes(opt)}{fixed}",
+        },
         "codec_gb_per_s": {
             "value": _sig(trunc[REPORT_BYTES]),
-            "source": f"{by}: traffic.compression.Truncation (16-bit truncation, Pipe-SGD's \"T\"; the "
-                      f"pipe_sgd spec's default codec, none, charges no codec operation) on {at} of float32, "
-                      f"encode and decode timed separately, 2 x the uncompressed bytes / (encode + decode "
-                      f"seconds), as each encode and each decode is charged its uncompressed bytes; median of "
-                      f"{repeats}; at every size measured: {_at_sizes(trunc)}; for comparison "
-                      f"Quantization (8-bit, \"Q\") at {at}: {quant[REPORT_BYTES]:.3g} GB/s"},
+            "source": f'{by}: traffic.compression.Truncation (16-bit truncation, Pipe-SGD\'s "T"; the '
+            f"pipe_sgd spec's default codec, none, charges no codec operation) on {at} of float32, "
+            f"encode and decode timed separately, 2 x the uncompressed bytes / (encode + decode "
+            f"seconds), as each encode and each decode is charged its uncompressed bytes; median of "
+            f"{repeats}; at every size measured: {_at_sizes(trunc)}; for comparison "
+            f'Quantization (8-bit, "Q") at {at}: {quant[REPORT_BYTES]:.3g} GB/s',
+        },
     }
 
 
@@ -344,14 +378,16 @@ def write_host_profile(profile: dict, path: str | Path) -> Path:
         "# profile's, traffic/hostmodel/data/reference.yaml): a start-up per request belongs to a server",
         "# software stack, not to the machine.",
     ]
-    body = yaml.safe_dump({k: profile[k] for k in ("description", *RATE_FIELDS)}, sort_keys=False,
-                          allow_unicode=True, width=100)
+    body = yaml.safe_dump(
+        {k: profile[k] for k in ("description", *RATE_FIELDS)}, sort_keys=False, allow_unicode=True, width=100
+    )
     try:
         with open(path, "x", encoding="utf-8") as f:
             f.write("\n".join(header) + "\n" + body)
     except FileExistsError:
-        raise TestbedError(f"{path} exists; host profiles are never overwritten: remove it or name another "
-                           "file") from None
+        raise TestbedError(
+            f"{path} exists; host profiles are never overwritten: remove it or name another file"
+        ) from None
     except OSError as e:
         raise TestbedError(f"cannot write {path}: {e}") from None
     return path

@@ -48,10 +48,11 @@ boundary: the CONV part is every layer up to and including the last pooling afte
 convolution), ``None`` for models without such a boundary. For ``stanza_mlp`` it is where
 Stanza's Table 7 separates the MLP (after the second hidden layer).
 """
+
 from __future__ import annotations
 
-from traffic.models.base import LayeredModel, available_models, build_model, model_info, register_model
 # the zoo: each module registers its models
 from traffic.models import alexnet, cnn, inception, mlp, resnet, seq2seq, vgg  # noqa: F401
+from traffic.models.base import LayeredModel, available_models, build_model, model_info, register_model
 
 __all__ = ["LayeredModel", "register_model", "available_models", "build_model", "model_info"]

@@ -1,4 +1,5 @@
 """AlexNet-style convolutional nets: ``alexnet`` (ImageNet) and ``cifar100_alexnet`` (Pipe-SGD's CIFAR-100 net)."""
+
 from __future__ import annotations
 
 from torch import nn
@@ -35,8 +36,9 @@ def alexnet(input_shape: tuple[int, ...], num_classes: int) -> LayeredModel:
         nn.Sequential(nn.Conv2d(64, 192, 5, padding=2), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2)),
         nn.Sequential(nn.Conv2d(192, 384, 3, padding=1), nn.ReLU(inplace=True)),
         nn.Sequential(nn.Conv2d(384, 256, 3, padding=1), nn.ReLU(inplace=True)),
-        nn.Sequential(nn.Conv2d(256, 256, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2),
-                      nn.AdaptiveAvgPool2d((6, 6))),
+        nn.Sequential(
+            nn.Conv2d(256, 256, 3, padding=1), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2), nn.AdaptiveAvgPool2d((6, 6))
+        ),
         nn.Sequential(nn.Flatten(), nn.Dropout(0.5), nn.Linear(256 * 6 * 6, 4096), nn.ReLU(inplace=True)),
         nn.Sequential(nn.Dropout(0.5), nn.Linear(4096, 4096), nn.ReLU(inplace=True)),
         nn.Linear(4096, num_classes),
@@ -76,5 +78,6 @@ def cifar100_alexnet(input_shape: tuple[int, ...], num_classes: int) -> LayeredM
     for _ in range(3):
         side_h, side_w = -(-(side_h - 3) // 2) + 1, -(-(side_w - 3) // 2) + 1
     layers += [nn.Sequential(nn.Flatten(), nn.Linear(64 * side_h * side_w, 64)), nn.Linear(64, num_classes)]
-    return LayeredModel(layers, name="cifar100_alexnet", split_index=3,
-                        layer_names=["conv1", "conv2", "conv3", "fc1", "fc2"])
+    return LayeredModel(
+        layers, name="cifar100_alexnet", split_index=3, layer_names=["conv1", "conv2", "conv3", "fc1", "fc2"]
+    )

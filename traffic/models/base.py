@@ -1,9 +1,11 @@
 """The layered model, the model registry and how models are built (see :mod:`traffic.models`)."""
+
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -44,8 +46,14 @@ class LayeredModel(nn.Module):
     ``aux_weight * cross_entropy(aux_logits, y)``, the way the head is trained for real.
     """
 
-    def __init__(self, layers: Sequence[nn.Module], name: str = "", split_index: int | None = None,
-                 layer_names: Sequence[str] | None = None, aux_weight: float = 0.0):
+    def __init__(
+        self,
+        layers: Sequence[nn.Module],
+        name: str = "",
+        split_index: int | None = None,
+        layer_names: Sequence[str] | None = None,
+        aux_weight: float = 0.0,
+    ):
         super().__init__()
         self.layers = nn.ModuleList(layers)
         self.name = name
@@ -173,9 +181,14 @@ class _Entry:
 _MODELS: dict[str, _Entry] = {}
 
 
-def register_model(name: str, input_shape: Sequence[int] | None = None, num_classes: int | None = None, *,
-                   input_dtype: torch.dtype = torch.float32,
-                   input_high: int | None = None) -> Callable[[Builder], Builder]:
+def register_model(
+    name: str,
+    input_shape: Sequence[int] | None = None,
+    num_classes: int | None = None,
+    *,
+    input_dtype: torch.dtype = torch.float32,
+    input_high: int | None = None,
+) -> Callable[[Builder], Builder]:
     """Decorator: register ``builder(input_shape, num_classes) -> LayeredModel`` as ``name``.
 
     Args:
@@ -186,12 +199,18 @@ def register_model(name: str, input_shape: Sequence[int] | None = None, num_clas
         input_dtype: ``torch.float32`` (images, features) or ``torch.long`` (token ids).
         input_high: for integer input, the number of distinct ids (source vocabulary).
     """
+
     def deco(fn: Builder) -> Builder:
-        _MODELS[name] = _Entry(fn, tuple(int(d) for d in input_shape) if input_shape is not None else None,
-                               int(num_classes) if num_classes is not None else None, input_dtype,
-                               int(input_high) if input_high is not None else None)
+        _MODELS[name] = _Entry(
+            fn,
+            tuple(int(d) for d in input_shape) if input_shape is not None else None,
+            int(num_classes) if num_classes is not None else None,
+            input_dtype,
+            int(input_high) if input_high is not None else None,
+        )
         _info.cache_clear()
         return fn
+
     return deco
 
 
@@ -206,8 +225,13 @@ def _entry(name: str) -> _Entry:
     return _MODELS[name]
 
 
-def build_model(name: str, seed: int, input_shape: Sequence[int] | None = None, num_classes: int | None = None,
-                device: torch.device | str | None = None) -> LayeredModel:
+def build_model(
+    name: str,
+    seed: int,
+    input_shape: Sequence[int] | None = None,
+    num_classes: int | None = None,
+    device: torch.device | str | None = None,
+) -> LayeredModel:
     """Build model ``name`` with parameters initialised deterministically from ``seed``.
 
     Args:
@@ -267,7 +291,7 @@ def model_info(name: str) -> dict[str, Any]:
     return dict(_info(name))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _info(name: str) -> tuple:
     e = _entry(name)
     m = build_model(name, 0, device="meta")
@@ -275,12 +299,23 @@ def _info(name: str) -> tuple:
         out = m.eval()(m.example_input(1))
     n = m.num_params()
     doc = (e.builder.__doc__ or "").strip().splitlines()
-    return tuple(dict(
-        name=name, input_shape=m.input_shape, input_dtype=m.input_dtype, input_high=m.input_high,
-        num_classes=m.num_classes, output_shape=tuple(out.shape[1:]), split_index=m.split_index,
-        num_layers=len(m.layers), layer_names=tuple(m.layer_names), layer_numels=tuple(m.layer_numels()),
-        num_params=n, param_bytes=4 * n, description=doc[0] if doc else "",
-    ).items())
+    return tuple(
+        dict(
+            name=name,
+            input_shape=m.input_shape,
+            input_dtype=m.input_dtype,
+            input_high=m.input_high,
+            num_classes=m.num_classes,
+            output_shape=tuple(out.shape[1:]),
+            split_index=m.split_index,
+            num_layers=len(m.layers),
+            layer_names=tuple(m.layer_names),
+            layer_numels=tuple(m.layer_numels()),
+            num_params=n,
+            param_bytes=4 * n,
+            description=doc[0] if doc else "",
+        ).items()
+    )
 
 
 # the builders register themselves on import

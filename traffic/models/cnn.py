@@ -1,4 +1,5 @@
 """Small convolutional nets for real-compute runs: ``digits_cnn`` (Stanza's accuracy check on ``digits``)."""
+
 from __future__ import annotations
 
 import math

@@ -3,6 +3,7 @@
 Each inception module is one layer (its branches run side by side, so it is not a plain
 sequence); a stem convolution is one layer, with the pooling that follows it.
 """
+
 from __future__ import annotations
 
 import torch
@@ -15,8 +16,11 @@ class BasicConv2d(nn.Sequential):
     """Convolution (no bias) + BatchNorm (eps 0.001) + ReLU."""
 
     def __init__(self, cin: int, cout: int, kernel_size, stride=1, padding=0):
-        super().__init__(nn.Conv2d(cin, cout, kernel_size, stride=stride, padding=padding, bias=False),
-                         nn.BatchNorm2d(cout, eps=0.001), nn.ReLU(inplace=True))
+        super().__init__(
+            nn.Conv2d(cin, cout, kernel_size, stride=stride, padding=padding, bias=False),
+            nn.BatchNorm2d(cout, eps=0.001),
+            nn.ReLU(inplace=True),
+        )
 
 
 def _init(model: nn.Module, std: float) -> None:
@@ -90,8 +94,21 @@ def googlenet(input_shape: tuple[int, ...], num_classes: int) -> LayeredModel:
         nn.Sequential(_inception_v1(832, 384, 192, 384, 48, 128, 128), nn.AdaptiveAvgPool2d((1, 1))),
         nn.Sequential(nn.Flatten(), nn.Dropout(0.2), nn.Linear(1024, num_classes)),
     ]
-    names = ["conv1", "conv2", "conv3", "inception3a", "inception3b", "inception4a", "inception4b",
-             "inception4c", "inception4d", "inception4e", "inception5a", "inception5b", "fc"]
+    names = [
+        "conv1",
+        "conv2",
+        "conv3",
+        "inception3a",
+        "inception3b",
+        "inception4a",
+        "inception4b",
+        "inception4c",
+        "inception4d",
+        "inception4e",
+        "inception5a",
+        "inception5b",
+        "fc",
+    ]
     model = LayeredModel(layers, name="googlenet", split_index=12, layer_names=names)
     _init(model, std=0.01)
     return model
@@ -124,11 +141,18 @@ def _inception_b(cin: int) -> _Concat:
 def _inception_c(cin: int, c7: int) -> _Concat:
     return _Concat(
         BasicConv2d(cin, 192, 1),
-        nn.Sequential(BasicConv2d(cin, c7, 1), BasicConv2d(c7, c7, (1, 7), padding=(0, 3)),
-                      BasicConv2d(c7, 192, (7, 1), padding=(3, 0))),
-        nn.Sequential(BasicConv2d(cin, c7, 1), BasicConv2d(c7, c7, (7, 1), padding=(3, 0)),
-                      BasicConv2d(c7, c7, (1, 7), padding=(0, 3)), BasicConv2d(c7, c7, (7, 1), padding=(3, 0)),
-                      BasicConv2d(c7, 192, (1, 7), padding=(0, 3))),
+        nn.Sequential(
+            BasicConv2d(cin, c7, 1),
+            BasicConv2d(c7, c7, (1, 7), padding=(0, 3)),
+            BasicConv2d(c7, 192, (7, 1), padding=(3, 0)),
+        ),
+        nn.Sequential(
+            BasicConv2d(cin, c7, 1),
+            BasicConv2d(c7, c7, (7, 1), padding=(3, 0)),
+            BasicConv2d(c7, c7, (1, 7), padding=(0, 3)),
+            BasicConv2d(c7, c7, (7, 1), padding=(3, 0)),
+            BasicConv2d(c7, 192, (1, 7), padding=(0, 3)),
+        ),
         nn.Sequential(_avg3(), BasicConv2d(cin, 192, 1)),
     )
 
@@ -136,8 +160,12 @@ def _inception_c(cin: int, c7: int) -> _Concat:
 def _inception_d(cin: int) -> _Concat:
     return _Concat(
         nn.Sequential(BasicConv2d(cin, 192, 1), BasicConv2d(192, 320, 3, stride=2)),
-        nn.Sequential(BasicConv2d(cin, 192, 1), BasicConv2d(192, 192, (1, 7), padding=(0, 3)),
-                      BasicConv2d(192, 192, (7, 1), padding=(3, 0)), BasicConv2d(192, 192, 3, stride=2)),
+        nn.Sequential(
+            BasicConv2d(cin, 192, 1),
+            BasicConv2d(192, 192, (1, 7), padding=(0, 3)),
+            BasicConv2d(192, 192, (7, 1), padding=(3, 0)),
+            BasicConv2d(192, 192, 3, stride=2),
+        ),
         nn.MaxPool2d(3, stride=2),
     )
 
@@ -226,9 +254,25 @@ def inception_v3(input_shape: tuple[int, ...], num_classes: int) -> LayeredModel
         nn.Sequential(_inception_e(2048), nn.AdaptiveAvgPool2d((1, 1))),
         nn.Sequential(nn.Dropout(0.5), nn.Flatten(), nn.Linear(2048, num_classes)),
     ]
-    names = ["Conv2d_1a_3x3", "Conv2d_2a_3x3", "Conv2d_2b_3x3", "Conv2d_3b_1x1", "Conv2d_4a_3x3",
-             "Mixed_5b", "Mixed_5c", "Mixed_5d", "Mixed_6a", "Mixed_6b", "Mixed_6c", "Mixed_6d", "Mixed_6e",
-             "Mixed_7a", "Mixed_7b", "Mixed_7c", "fc"]
+    names = [
+        "Conv2d_1a_3x3",
+        "Conv2d_2a_3x3",
+        "Conv2d_2b_3x3",
+        "Conv2d_3b_1x1",
+        "Conv2d_4a_3x3",
+        "Mixed_5b",
+        "Mixed_5c",
+        "Mixed_5d",
+        "Mixed_6a",
+        "Mixed_6b",
+        "Mixed_6c",
+        "Mixed_6d",
+        "Mixed_6e",
+        "Mixed_7a",
+        "Mixed_7b",
+        "Mixed_7c",
+        "fc",
+    ]
     model = LayeredModel(layers, name="inception_v3", split_index=16, layer_names=names, aux_weight=0.4)
     _init(model, std=0.1)
     return model

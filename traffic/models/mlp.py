@@ -1,4 +1,5 @@
 """Multi-layer perceptrons: ``digits_mlp`` (quick start), ``mnist_mlp`` (Pipe-SGD), ``stanza_mlp`` (Stanza Table 7)."""
+
 from __future__ import annotations
 
 import math
@@ -8,8 +9,9 @@ from torch import nn
 from traffic.models.base import LayeredModel, register_model
 
 
-def mlp(input_shape: tuple[int, ...], num_classes: int, hidden: list[int], name: str,
-        split_index: int | None = None) -> LayeredModel:
+def mlp(
+    input_shape: tuple[int, ...], num_classes: int, hidden: list[int], name: str, split_index: int | None = None
+) -> LayeredModel:
     """Fully-connected net: ``Flatten`` (if needed) + ``Linear``+``ReLU`` per hidden size + a ``Linear`` head.
 
     Layers: ``len(hidden) + 1`` blocks, each owning one weight and one bias (two keys),
@@ -25,8 +27,9 @@ def mlp(input_shape: tuple[int, ...], num_classes: int, hidden: list[int], name:
         layers.append(nn.Sequential(*block))
         in_features = h
     layers.append(nn.Linear(in_features, num_classes))
-    return LayeredModel(layers, name=name, split_index=split_index,
-                        layer_names=[f"fc{i + 1}" for i in range(len(layers))])
+    return LayeredModel(
+        layers, name=name, split_index=split_index, layer_names=[f"fc{i + 1}" for i in range(len(layers))]
+    )
 
 
 @register_model("digits_mlp", input_shape=(64,), num_classes=10)

@@ -4,6 +4,7 @@
 (60.2M, Stanza Table 1). A residual block is not a plain sequence, so each block is one
 layer; the stem and the classifier are layers of their own.
 """
+
 from __future__ import annotations
 
 import torch
@@ -66,8 +67,13 @@ class Bottleneck(nn.Module):
         return self.relu(out + identity)
 
 
-def resnet(block: type[BasicBlock] | type[Bottleneck], depths: list[int], input_shape: tuple[int, ...],
-           num_classes: int, name: str) -> LayeredModel:
+def resnet(
+    block: type[BasicBlock] | type[Bottleneck],
+    depths: list[int],
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    name: str,
+) -> LayeredModel:
     """ResNet with ``depths[i]`` blocks in stage ``i + 1`` (64, 128, 256, 512 planes).
 
     Layers: ``conv1`` (7x7/2 conv + BN + ReLU + 3x3/2 max pool), one layer per block
@@ -77,9 +83,14 @@ def resnet(block: type[BasicBlock] | type[Bottleneck], depths: list[int], input_
     Initialisation as torchvision: Kaiming-normal (fan_out) convolutions, BN weight 1 and
     bias 0, PyTorch's default for ``fc``.
     """
-    layers: list[nn.Module] = [nn.Sequential(
-        nn.Conv2d(input_shape[0], 64, 7, stride=2, padding=3, bias=False), _bn(64), nn.ReLU(inplace=True),
-        nn.MaxPool2d(3, stride=2, padding=1))]
+    layers: list[nn.Module] = [
+        nn.Sequential(
+            nn.Conv2d(input_shape[0], 64, 7, stride=2, padding=3, bias=False),
+            _bn(64),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(3, stride=2, padding=1),
+        )
+    ]
     names = ["conv1"]
     inplanes = 64
     for stage, (planes, n) in enumerate(zip([64, 128, 256, 512], depths), start=1):

@@ -1,4 +1,5 @@
 """An LSTM encoder-decoder with attention shaped like Sockeye's RNN models (P3 §5): ``sockeye_lstm``."""
+
 from __future__ import annotations
 
 import torch
@@ -6,12 +7,12 @@ from torch import nn
 
 from traffic.models.base import LayeredModel, register_model
 
-SRC_VOCAB = 50_000   # source vocabulary (Sockeye's default --num-words)
-TGT_VOCAB = 30_000   # target vocabulary = native num_classes
-EMBED = 512          # word embedding size (Sockeye's default --num-embed)
-HIDDEN = 1024        # encoder output (2 x 512, bidirectional) and decoder LSTM size (--rnn-num-hidden)
-ATT_HIDDEN = 512     # attentional hidden state fed to the output layer
-SEQ_LEN = 50         # native sentence length (tokens; Sockeye buckets sentences up to --max-seq-len 100)
+SRC_VOCAB = 50_000  # source vocabulary (Sockeye's default --num-words)
+TGT_VOCAB = 30_000  # target vocabulary = native num_classes
+EMBED = 512  # word embedding size (Sockeye's default --num-embed)
+HIDDEN = 1024  # encoder output (2 x 512, bidirectional) and decoder LSTM size (--rnn-num-hidden)
+ATT_HIDDEN = 512  # attentional hidden state fed to the output layer
+SEQ_LEN = 50  # native sentence length (tokens; Sockeye buckets sentences up to --max-seq-len 100)
 
 
 class Encoder(nn.Module):
@@ -38,7 +39,7 @@ class AttentionDecoder(nn.Module):
         super().__init__()
         self.lstm = nn.LSTM(hidden, hidden, batch_first=True)
         self.combine = nn.Linear(2 * hidden, att_hidden)
-        self.scale = hidden ** -0.5
+        self.scale = hidden**-0.5
 
     def forward(self, enc: torch.Tensor) -> torch.Tensor:
         dec = self.lstm(enc)[0]
@@ -47,8 +48,9 @@ class AttentionDecoder(nn.Module):
         return torch.tanh(self.combine(torch.cat([dec, ctx], dim=-1)))
 
 
-@register_model("sockeye_lstm", input_shape=(SEQ_LEN,), num_classes=TGT_VOCAB,
-                input_dtype=torch.long, input_high=SRC_VOCAB)
+@register_model(
+    "sockeye_lstm", input_shape=(SEQ_LEN,), num_classes=TGT_VOCAB, input_dtype=torch.long, input_high=SRC_VOCAB
+)
 def sockeye_lstm(input_shape: tuple[int, ...], num_classes: int) -> LayeredModel:
     """Sockeye-like LSTM sequence-to-sequence model, heaviest layer first: 54,638,384 parameters.
 
@@ -89,5 +91,6 @@ def sockeye_lstm(input_shape: tuple[int, ...], num_classes: int) -> LayeredModel
         AttentionDecoder(HIDDEN, ATT_HIDDEN),
         nn.Linear(ATT_HIDDEN, num_classes),
     ]
-    return LayeredModel(layers, name="sockeye_lstm", split_index=None,
-                        layer_names=["embed", "encoder", "decoder", "output"])
+    return LayeredModel(
+        layers, name="sockeye_lstm", split_index=None, layer_names=["embed", "encoder", "decoder", "output"]
+    )

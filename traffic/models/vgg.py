@@ -1,5 +1,6 @@
 """VGG (Simonyan & Zisserman 2014): ``vgg16``, ``vgg19`` (ImageNet), ``vgg19_22k`` (ImageNet-22K, iBatch
 Table 1) and ``vgg16_cifar10`` (Stanza Table 5)."""
+
 from __future__ import annotations
 
 from torch import nn
@@ -42,8 +43,15 @@ def _init(model: nn.Module) -> None:
             nn.init.zeros_(m.bias)
 
 
-def vgg(depth: int, input_shape: tuple[int, ...], num_classes: int, name: str, pooled: int, hidden: int = 4096,
-        dropout: float = 0.5) -> LayeredModel:
+def vgg(
+    depth: int,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    name: str,
+    pooled: int,
+    hidden: int = 4096,
+    dropout: float = 0.5,
+) -> LayeredModel:
     """VGG-``depth``: one layer per 3x3 convolution (+ReLU, +the max pooling after it), then three FC layers.
 
     The last convolutional layer ends with ``AdaptiveAvgPool2d((pooled, pooled))``
@@ -56,8 +64,9 @@ def vgg(depth: int, input_shape: tuple[int, ...], num_classes: int, name: str, p
     layers[-1].append(nn.AdaptiveAvgPool2d((pooled, pooled)))
     split = len(layers)
     layers += [
-        nn.Sequential(nn.Flatten(), nn.Linear(512 * pooled * pooled, hidden), nn.ReLU(inplace=True),
-                      nn.Dropout(dropout)),
+        nn.Sequential(
+            nn.Flatten(), nn.Linear(512 * pooled * pooled, hidden), nn.ReLU(inplace=True), nn.Dropout(dropout)
+        ),
         nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(inplace=True), nn.Dropout(dropout)),
         nn.Linear(hidden, num_classes),
     ]

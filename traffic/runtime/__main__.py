@@ -18,6 +18,7 @@ first and its log rather than a victim's.
 Debug option: ``TESTBED_CRASH_AT=<proc>:<iteration>`` makes that process raise at the start
 of that iteration (see :meth:`Context.maybe_crash`).
 """
+
 from __future__ import annotations
 
 import time
@@ -33,22 +34,22 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from topologies.spec import TopologySpec  # noqa: E402
 from common.validation import load_yaml, validate  # noqa: E402
+from topologies.spec import TopologySpec  # noqa: E402
 from traffic import schemes  # noqa: E402
-from traffic.data import GlobalBatches, load_dataset  # noqa: E402
-from traffic.models import build_model  # noqa: E402
-from traffic.hostmodel import HostSpec  # noqa: E402
 from traffic.compute_profiles import load_profile  # noqa: E402
+from traffic.data import GlobalBatches, load_dataset  # noqa: E402
+from traffic.event_spec import ComputeSlowdown, parse_events  # noqa: E402
+from traffic.hostmodel import HostSpec  # noqa: E402
+from traffic.hostmodel.costs import HostCosts  # noqa: E402
+from traffic.hostmodel.machine import HostMachine  # noqa: E402
+from traffic.models import build_model  # noqa: E402
 from traffic.rundir import read_json, write_json  # noqa: E402
 from traffic.runtime.buffers import Buffers  # noqa: E402
 from traffic.runtime.comm import CommThread  # noqa: E402
 from traffic.runtime.context import Context, InjectedCrash  # noqa: E402
 from traffic.runtime.events import EventLog  # noqa: E402
-from traffic.hostmodel.costs import HostCosts  # noqa: E402
-from traffic.hostmodel.machine import HostMachine  # noqa: E402
 from traffic.runtime.transport import Transport  # noqa: E402
-from traffic.event_spec import ComputeSlowdown, parse_events  # noqa: E402
 from traffic.spec import WorkloadSpec  # noqa: E402
 
 SECONDARY_FAILURE_DELAY_S = 1.5
@@ -59,8 +60,16 @@ def _is_peer_failure(e: BaseException) -> bool:
         return True
     msg = str(e)
     return isinstance(e, RuntimeError) and any(
-        s in msg for s in ("Connection closed by peer", "Connection reset by peer", "gloo", "Broken pipe",
-                           "Timed out", "timed out"))
+        s in msg
+        for s in (
+            "Connection closed by peer",
+            "Connection reset by peer",
+            "gloo",
+            "Broken pipe",
+            "Timed out",
+            "timed out",
+        )
+    )
 
 
 def rendezvous(master_addr: str, master_port: int, rank: int, world: int, timeout: timedelta) -> dist.TCPStore:
@@ -120,8 +129,11 @@ def run_process(run_dir: str | Path, name: str) -> int:
     topology = validate(TopologySpec, spec.get("topology", {}), "topology")
     scale = spec.get("scale", 1.0)
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
-        print(f"traffic.runtime: {run_dir / 'spec.yaml'} has scale {scale!r}: a number > 0 is needed (the harness "
-              f"resolves 'auto' before it writes spec.yaml)", flush=True)
+        print(
+            f"traffic.runtime: {run_dir / 'spec.yaml'} has scale {scale!r}: a number > 0 is needed (the harness "
+            f"resolves 'auto' before it writes spec.yaml)",
+            flush=True,
+        )
         return 2
     scale = float(scale)
     host = validate(HostSpec, spec.get("host") or {}, "host").resolve()
@@ -132,8 +144,11 @@ def run_process(run_dir: str | Path, name: str) -> int:
         return 2
     role, index, rank, world = entry["role"], entry["index"], entry["rank"], doc["world_size"]
     events = EventLog(run_dir / "events" / f"{name}.jsonl", name, role, rank)
-    print(f"traffic.runtime: {name} (role {role}, rank {rank}/{world}) on host {entry.get('host')} "
-          f"ip {entry.get('ip')} iface {os.environ.get('GLOO_SOCKET_IFNAME')}; scheme {w.scheme}", flush=True)
+    print(
+        f"traffic.runtime: {name} (role {role}, rank {rank}/{world}) on host {entry.get('host')} "
+        f"ip {entry.get('ip')} iface {os.environ.get('GLOO_SOCKET_IFNAME')}; scheme {w.scheme}",
+        flush=True,
+    )
     ctx = machine = None
     try:
         if host.machine_kinds:  # before the rendezvous: a clock that cannot be made fails fast
@@ -155,16 +170,34 @@ def run_process(run_dir: str | Path, name: str) -> int:
         costs = HostCosts(host, scale, events, machine)  # one accountant: the scheme's and the transport's messages
         slowdown = None
         if w.compute.mode == "emulated":  # real compute: the harness throttles the host (testbed.event_applier)
-            slowdown = ComputeSlowdown.for_host(parse_events(spec.get("events")), entry.get("host"), scale,
-                                                w.warmup_iterations, log=events)
+            slowdown = ComputeSlowdown.for_host(
+                parse_events(spec.get("events")), entry.get("host"), scale, w.warmup_iterations, log=events
+            )
             if slowdown is not None:
                 costs.compute_slowdown = slowdown.factor
         ctx = Context(
-            run_dir=run_dir, workload=w, topology=topology, scale=scale, name=name, role=role, index=index, rank=rank, world_size=world,
-            processes=doc["processes"], model=model, data=data, batches=batches,
-            transport=Transport(events, rank, world, costs=costs), events=events, comm=CommThread("comm"),
-            crash_at=Context.crash_iteration(name), profile=profile, costs=costs, slowdown=slowdown,
-            buffers=Buffers(light))
+            run_dir=run_dir,
+            workload=w,
+            topology=topology,
+            scale=scale,
+            name=name,
+            role=role,
+            index=index,
+            rank=rank,
+            world_size=world,
+            processes=doc["processes"],
+            model=model,
+            data=data,
+            batches=batches,
+            transport=Transport(events, rank, world, costs=costs),
+            events=events,
+            comm=CommThread("comm"),
+            crash_at=Context.crash_iteration(name),
+            profile=profile,
+            costs=costs,
+            slowdown=slowdown,
+            buffers=Buffers(light),
+        )
         scheme = scheme_cls(ctx)
         t0 = time.perf_counter()
         scheme.main()
@@ -172,14 +205,24 @@ def run_process(run_dir: str | Path, name: str) -> int:
         ctx.comm.check()
         wall = time.perf_counter() - t0
         tr = ctx.transport
-        write_json(run_dir / "results" / f"{name}.json", {
-            "proc": name, "role": role, "rank": rank,
-            "final_accuracy": ctx.results.pop("final_accuracy", None),
-            "final_loss": ctx.results.pop("final_loss", None),
-            "iterations": w.iterations, "wall_s": wall, "startup_s": round(time.time() - t_start - wall, 3),
-            "bytes_sent": tr.bytes_sent, "bytes_received": tr.bytes_received, "bytes_reduced": tr.bytes_reduced,
-            "host_costs": ctx.costs.summary(),
-            **ctx.results})
+        write_json(
+            run_dir / "results" / f"{name}.json",
+            {
+                "proc": name,
+                "role": role,
+                "rank": rank,
+                "final_accuracy": ctx.results.pop("final_accuracy", None),
+                "final_loss": ctx.results.pop("final_loss", None),
+                "iterations": w.iterations,
+                "wall_s": wall,
+                "startup_s": round(time.time() - t_start - wall, 3),
+                "bytes_sent": tr.bytes_sent,
+                "bytes_received": tr.bytes_received,
+                "bytes_reduced": tr.bytes_reduced,
+                "host_costs": ctx.costs.summary(),
+                **ctx.results,
+            },
+        )
         if w.save_params:
             state = scheme.final_state()
             if state is not None:

@@ -21,7 +21,8 @@ its model on the meta device (shapes only) and its payload tensors come from two
   at its offset 0, so buffers in flight at the same time alias. That is harmless because no
   light payload value is ever read; a buffer whose values *are* read (a message carrying an
   id or a token) must not come from here: :meth:`Buffers.ordered_rows` gives receive rows
-  whose first elements (ids) survive in light memory, in the process's own memory. The scratch is the region the zygote reserved
+  whose first elements (ids) survive in light memory, in the process's own memory. The scratch is the region the
+  zygote reserved
   before it forked (:func:`reserve_shared`: a shared anonymous mapping, so every process
   forked from that zygote uses the same pages, resident once per machine) when the request
   fits in it, else the process's own, grown to its largest request. Its size is the largest
@@ -45,25 +46,32 @@ Example (a scheme)::
     if not b.light:
         ...                                           # use the values
 """
+
 from __future__ import annotations
 
 import mmap
 import threading
 import warnings
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch.optim.sgd import sgd
 
-__all__ = ["Buffers", "reserve_shared", "shared_scratch_bytes", "SHARED_SCRATCH_BYTES", "REPLAY_CHUNK_ELEMENTS",
-           "ELEMENT_BYTES"]
+__all__ = [
+    "Buffers",
+    "reserve_shared",
+    "shared_scratch_bytes",
+    "SHARED_SCRATCH_BYTES",
+    "REPLAY_CHUNK_ELEMENTS",
+    "ELEMENT_BYTES",
+]
 
 #: bytes of one float32 element
 ELEMENT_BYTES = 4
 
 #: address space the zygote reserves for the shared scratch (bytes): pages take memory only
 #: once a process touches them, so this bounds the largest shared buffer, not the memory used
-SHARED_SCRATCH_BYTES = 8 * 1024 ** 3
+SHARED_SCRATCH_BYTES = 8 * 1024**3
 
 #: elements per chunk of :meth:`Buffers.replay_sgd` (three chunks of scratch: 12 MiB)
 REPLAY_CHUNK_ELEMENTS = 1 << 20
@@ -129,8 +137,9 @@ class Buffers:
     def _zeros_region(self, numel: int) -> torch.Tensor:
         with self._lock:
             if self._source is None or self._source.numel() < numel:
-                self._source_map = mmap.mmap(-1, max(numel, 1) * ELEMENT_BYTES,
-                                             flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, prot=mmap.PROT_READ)
+                self._source_map = mmap.mmap(
+                    -1, max(numel, 1) * ELEMENT_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, prot=mmap.PROT_READ
+                )
                 self._source = _float_view(self._source_map, max(numel, 1))
             return self._source[:numel]
 
@@ -228,14 +237,23 @@ class Buffers:
             return
         c = min(numel, REPLAY_CHUNK_ELEMENTS)
         region = self._scratch(3 * c)
-        p, g, m = region[:c], region[c:2 * c], region[2 * c:]
+        p, g, m = region[:c], region[c : 2 * c], region[2 * c :]
         momentum = [m] if spec.momentum else [None]
         with torch.no_grad():
             for lo in range(0, numel, c):
                 n = min(c, numel - lo)
-                sgd([p[:n]], [g[:n]], [b[:n] if b is not None else None for b in momentum], foreach=False,
-                    weight_decay=spec.weight_decay, momentum=spec.momentum, lr=spec.lr, dampening=0.0,
-                    nesterov=False, maximize=False)
+                sgd(
+                    [p[:n]],
+                    [g[:n]],
+                    [b[:n] if b is not None else None for b in momentum],
+                    foreach=False,
+                    weight_decay=spec.weight_decay,
+                    momentum=spec.momentum,
+                    lr=spec.lr,
+                    dampening=0.0,
+                    nesterov=False,
+                    maximize=False,
+                )
 
 
 def _numel(shape: Sequence[int]) -> int:

@@ -14,13 +14,15 @@ forward pass needs first go out first, and a queued low-priority slice waits beh
 newly submitted high-priority one (preemption at slice granularity). A running job is never
 interrupted.
 """
+
 from __future__ import annotations
 
 import itertools
 import queue
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, Callable
+from typing import Any
 
 __all__ = ["CommThread", "PriorityCommThread"]
 

@@ -1,4 +1,5 @@
 """What a scheme's process gets from the runtime: :class:`Context`."""
+
 from __future__ import annotations
 
 import os
@@ -8,11 +9,11 @@ from typing import Any
 
 from topologies.spec import TopologySpec
 from traffic.data import Dataset, GlobalBatches
+from traffic.hostmodel.costs import HostCosts
 from traffic.models import LayeredModel
 from traffic.runtime.buffers import Buffers
 from traffic.runtime.comm import CommThread
 from traffic.runtime.events import EventLog
-from traffic.hostmodel.costs import HostCosts
 from traffic.runtime.transport import Transport
 from traffic.spec import WorkloadSpec
 
@@ -79,6 +80,7 @@ class Context:
             from the spec's ``events``) or None; :meth:`maybe_crash` tells it where each
             iteration starts, and ``costs`` takes its factor.
     """
+
     run_dir: Path
     workload: WorkloadSpec
     topology: TopologySpec

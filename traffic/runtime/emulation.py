@@ -14,6 +14,7 @@ precise on average without burning CPU: :class:`PreciseSleeper` carries each sle
 overshoot (``time.sleep`` wakes up tens of microseconds late) into the next request, so over
 an iteration the slept total tracks the requested total.
 """
+
 from __future__ import annotations
 
 import torch
@@ -21,6 +22,7 @@ import torch
 from traffic.hostmodel.costs import HostCosts, PreciseSleeper
 
 __all__ = ["PreciseSleeper", "EmulatedCompute"]
+
 
 class EmulatedCompute:
     """Per-layer waits from a profile, and real gradient tensors of the true sizes.
@@ -44,8 +46,15 @@ class EmulatedCompute:
         ValueError: the profile's layer count differs from the model's.
     """
 
-    def __init__(self, model, forward_s: list[float], backward_s: list[float], seed: int,
-                 costs: HostCosts | None = None, gradients: bool = True):
+    def __init__(
+        self,
+        model,
+        forward_s: list[float],
+        backward_s: list[float],
+        seed: int,
+        costs: HostCosts | None = None,
+        gradients: bool = True,
+    ):
         n = len(model.layers)
         if len(forward_s) != n or len(backward_s) != n:
             raise ValueError(f"profile has {len(forward_s)} layers, model {getattr(model, 'name', '')} has {n}")

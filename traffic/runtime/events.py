@@ -9,14 +9,15 @@ iteration, layer`` always present (``iteration``/``layer`` may be null), ``bytes
 Every event is written and flushed as soon as it ends, under a lock, so the log is
 complete up to the moment a process crashes and lines from several threads never mix.
 """
+
 from __future__ import annotations
 
 import json
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 __all__ = ["EventLog", "thread_name"]
 
@@ -57,8 +58,17 @@ class EventLog:
         self._lock = threading.Lock()
         self.count = 0
 
-    def record(self, kind: str, ts: float, dur: float = 0.0, *, iteration: int | None = None,
-               layer: int | None = None, thread: str | None = None, **fields) -> None:
+    def record(
+        self,
+        kind: str,
+        ts: float,
+        dur: float = 0.0,
+        *,
+        iteration: int | None = None,
+        layer: int | None = None,
+        thread: str | None = None,
+        **fields,
+    ) -> None:
         """Write one event that started at unix time ``ts`` and lasted ``dur`` seconds.
 
         ``fields`` become extra keys (``bytes``, ``peer``, ``samples`` ...); values should be
@@ -66,9 +76,17 @@ class EventLog:
         with ``tolist()``, anything else is written as its ``str``. Writing to a closed log
         is a no-op (events of a thread still running during shutdown are dropped).
         """
-        ev = {"proc": self.proc, "role": self.role, "rank": self.rank,
-              "thread": thread or thread_name(), "kind": kind, "ts": ts, "dur": dur,
-              "iteration": iteration, "layer": layer}
+        ev = {
+            "proc": self.proc,
+            "role": self.role,
+            "rank": self.rank,
+            "thread": thread or thread_name(),
+            "kind": kind,
+            "ts": ts,
+            "dur": dur,
+            "iteration": iteration,
+            "layer": layer,
+        }
         ev.update(fields)
         line = json.dumps(ev, separators=(",", ":"), default=_jsonable) + "\n"
         with self._lock:
@@ -105,7 +123,7 @@ class EventLog:
             if not self._f.closed:
                 self._f.close()
 
-    def __enter__(self) -> "EventLog":
+    def __enter__(self) -> EventLog:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -24,6 +24,7 @@ The scheme's optimizer step is the scheme's business (``on_backward_end`` typica
 the updated parameters in the model); :meth:`Scheme.finish` must leave the final parameters
 in the model, since the final evaluation and ``params/<proc>.pt`` read them.
 """
+
 from __future__ import annotations
 
 import time
@@ -55,7 +56,8 @@ class TensorSGD:
     ``Optimizer.step``'s per-call machinery (step hooks, profiler record, param-group
     bookkeeping). Measured on the reference machine with torch 2.13.0, one thread, momentum
     0.9 and weight decay 1e-4 (``benchmarks/optimizer_step.py``): 106 us a step of 50,000
-    float32 elements through ``torch.optim.SGD.step``, 63 us here; 90 and 29 us at 1,000. That overhead is Python's, not the emulated host's:
+    float32 elements through ``torch.optim.SGD.step``, 63 us here; 90 and 29 us at 1,000. That overhead is Python's,
+    not the emulated host's:
     a host model charges the step by its bytes (``optimizer``), and every microsecond of it
     spent here is real time that must fit the step's dilated budget.
 
@@ -77,8 +79,18 @@ class TensorSGD:
     def step(self, grad: torch.Tensor) -> None:
         """One update of :attr:`param` with ``grad`` (same shape)."""
         buffers = [self.momentum_buffer]
-        sgd([self.param], [grad], buffers, foreach=False, weight_decay=self.weight_decay,
-            momentum=self.momentum, lr=self.lr, dampening=0.0, nesterov=False, maximize=False)
+        sgd(
+            [self.param],
+            [grad],
+            buffers,
+            foreach=False,
+            weight_decay=self.weight_decay,
+            momentum=self.momentum,
+            lr=self.lr,
+            dampening=0.0,
+            nesterov=False,
+            maximize=False,
+        )
         if self.momentum:
             self.momentum_buffer = buffers[0]
 
@@ -96,8 +108,8 @@ def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch: in
     correct, loss_sum, n = 0, 0.0, 0
     try:
         for i in range(0, len(x), batch):
-            out = model(x[i:i + batch])
-            yb = y[i:i + batch]
+            out = model(x[i : i + batch])
+            yb = y[i : i + batch]
             if out.dim() == 3:  # sequence model: per-token accuracy and loss
                 out, yb = out.reshape(-1, out.shape[-1]), yb.reshape(-1)
             loss_sum += float(F.cross_entropy(out, yb, reduction="sum"))
@@ -123,12 +135,12 @@ class Trainer:
         scheme: the scheme whose hooks are called.
     """
 
-    def __init__(self, ctx: "Context", scheme: "Scheme"):
+    def __init__(self, ctx, scheme):  # a traffic.runtime.context.Context, a traffic.schemes.base.Scheme
         self.ctx, self.scheme = ctx, scheme
         self.model = ctx.model
         self.layers = list(self.model.layers)
         self.it: int | None = None
-        self._active = False       # hooks act only during a training step (not during eval)
+        self._active = False  # hooks act only during a training step (not during eval)
         self._handles = []
         self._fwd_start: tuple[float, float] | None = None
         self._bwd_mark: tuple[float, float] = (0.0, 0.0)
@@ -143,9 +155,14 @@ class Trainer:
         self._missing = [0] * len(self.layers)
         self.emulated = None
         if ctx.workload.compute.mode == "emulated":
-            self.emulated = EmulatedCompute(self.model, ctx.profile.forward_s(), ctx.profile.backward_s(),
-                                            seed=ctx.workload.seed * 100_003 + ctx.rank, costs=ctx.costs,
-                                            gradients=not ctx.buffers.light)
+            self.emulated = EmulatedCompute(
+                self.model,
+                ctx.profile.forward_s(),
+                ctx.profile.backward_s(),
+                seed=ctx.workload.seed * 100_003 + ctx.rank,
+                costs=ctx.costs,
+                gradients=not ctx.buffers.light,
+            )
 
     # ---------------------------------------------------------------- hooks
 
@@ -240,8 +257,9 @@ class Trainer:
             self.scheme.before_forward(it, l)
             ts, t0 = time.time(), time.perf_counter()
             seconds = em.forward(l)
-            ev.record("forward", ts, time.perf_counter() - t0, iteration=it, layer=l,
-                      requested_s=seconds * em.costs.scale)
+            ev.record(
+                "forward", ts, time.perf_counter() - t0, iteration=it, layer=l, requested_s=seconds * em.costs.scale
+            )
 
     def _backward_emulated(self) -> None:
         """Backward of every layer, last first, as profiled sleeps (``after_backward`` hooks)."""

@@ -11,7 +11,8 @@ by default; schemes pass their own, e.g. ``push``, ``pull``, ``allreduce``), ``b
 payload: ``numel * element_size`` of the tensor sent, received or reduced -- not the bytes on
 the wire, which for a ring all_reduce are ``2(p-1)/p`` times that per process), ``peer`` (the
 other end's rank, point-to-point only), ``dir`` (``tx``/``rx``, point-to-point only) and
-``group_size`` and, on a group other than the default, ``group`` (its members' global ranks; collectives only), plus whatever fields the caller passes (``iteration``,
+``group_size`` and, on a group other than the default, ``group`` (its members' global ranks; collectives only), plus
+whatever fields the caller passes (``iteration``,
 ``layer``, ``key`` ...). A blocking call's event spans the call; an asynchronous one's spans
 from posting to the return of :meth:`Pending.wait` -- call ``wait`` to get the event.
 
@@ -34,22 +35,22 @@ order sent; a ``recv`` with ``src=None`` takes a message from any rank (with tha
 Collectives must be issued in the same order by every member of the group: issue them from
 one thread (e.g. the comm thread) when several threads communicate.
 """
+
 from __future__ import annotations
 
 import threading
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
 
-from traffic.runtime.events import EventLog, thread_name
 from traffic.hostmodel.costs import HostCosts
+from traffic.runtime.events import EventLog, thread_name
 
 __all__ = ["Transport", "Pending", "nbytes"]
 
-_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,
-        "product": dist.ReduceOp.PRODUCT}
+_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN, "product": dist.ReduceOp.PRODUCT}
 
 
 def nbytes(t: torch.Tensor) -> int:
@@ -64,8 +65,16 @@ class Pending:
     operation completes (a received message), or ``None``.
     """
 
-    def __init__(self, log: EventLog | None, work, kind: str, fields: dict, on_done=None,
-                 charge: HostCosts | None = None, on_arrival=None):
+    def __init__(
+        self,
+        log: EventLog | None,
+        work,
+        kind: str,
+        fields: dict,
+        on_done=None,
+        charge: HostCosts | None = None,
+        on_arrival=None,
+    ):
         self._log, self._work, self._kind, self._fields = log, work, kind, fields
         self._on_arrival = on_arrival
         self._ts, self._t0 = time.time(), time.perf_counter()
@@ -99,8 +108,7 @@ class Pending:
         if self._on_done:
             self._on_done(self._fields)
         if self._log is not None:
-            self._log.record(self._kind, self._ts, time.perf_counter() - self._t0,
-                             thread=self._thread, **self._fields)
+            self._log.record(self._kind, self._ts, time.perf_counter() - self._t0, thread=self._thread, **self._fields)
         return self.source if self._fields.get("dir") == "rx" else None
 
     def is_completed(self) -> bool:
@@ -167,8 +175,17 @@ class Transport:
     def _costs_of(self, message: bool) -> HostCosts | None:
         return self._message_costs if message else None
 
-    def send(self, tensor: torch.Tensor, dst: int, *, tag: int = 0, kind: str = "send",
-             group=None, message: bool = True, **fields) -> None:
+    def send(
+        self,
+        tensor: torch.Tensor,
+        dst: int,
+        *,
+        tag: int = 0,
+        kind: str = "send",
+        group=None,
+        message: bool = True,
+        **fields,
+    ) -> None:
         """Send ``tensor`` to rank ``dst``; blocks until gloo has sent it.
 
         ``message``: the transfer is a message of the emulated system (charged its host cost
@@ -186,8 +203,17 @@ class Transport:
         dist.send(tensor, dst, group=group, tag=tag)
         self._log(kind, ts, t0, f)
 
-    def recv(self, tensor: torch.Tensor, src: int | None = None, *, tag: int = 0,
-             kind: str = "recv", group=None, message: bool = True, **fields) -> int:
+    def recv(
+        self,
+        tensor: torch.Tensor,
+        src: int | None = None,
+        *,
+        tag: int = 0,
+        kind: str = "recv",
+        group=None,
+        message: bool = True,
+        **fields,
+    ) -> int:
         """Receive into ``tensor`` (contiguous, of the sent size) from ``src`` (``None``: any rank).
 
         ``message``: as :meth:`send` (charged once the data is in).
@@ -209,8 +235,17 @@ class Transport:
         self._log(kind, ts, t0, f)
         return int(source)
 
-    def isend(self, tensor: torch.Tensor, dst: int, *, tag: int = 0, kind: str = "send",
-              group=None, message: bool = True, **fields) -> Pending:
+    def isend(
+        self,
+        tensor: torch.Tensor,
+        dst: int,
+        *,
+        tag: int = 0,
+        kind: str = "send",
+        group=None,
+        message: bool = True,
+        **fields,
+    ) -> Pending:
         """Start sending ``tensor`` to ``dst``; do not modify it before ``wait()`` returns.
 
         ``message``: as :meth:`send` (the calling thread pays the charge before posting).
@@ -225,8 +260,18 @@ class Transport:
         p._keep = tensor  # keep a contiguous copy alive until sent
         return p
 
-    def irecv(self, tensor: torch.Tensor, src: int | None = None, *, tag: int = 0,
-              kind: str = "recv", group=None, message: bool = True, on_arrival=None, **fields) -> Pending:
+    def irecv(
+        self,
+        tensor: torch.Tensor,
+        src: int | None = None,
+        *,
+        tag: int = 0,
+        kind: str = "recv",
+        group=None,
+        message: bool = True,
+        on_arrival=None,
+        **fields,
+    ) -> Pending:
         """Start receiving into ``tensor`` from ``src`` (``None``: any rank).
 
         ``Pending.wait()`` returns the sender's rank. ``message``: as :meth:`send` (charged
@@ -241,11 +286,11 @@ class Transport:
             ValueError: ``tensor`` is not contiguous.
         """
         self._check_recv_buffer(tensor)
-        f = {**fields, "bytes": nbytes(tensor), "peer": None if src is None else int(src),
-             "dir": "rx", "tag": tag}
+        f = {**fields, "bytes": nbytes(tensor), "peer": None if src is None else int(src), "dir": "rx", "tag": tag}
         work = dist.irecv(tensor, src, group=group, tag=tag)
-        return Pending(self.events, work, kind, f, on_done=self._count, charge=self._costs_of(message),
-                       on_arrival=on_arrival)
+        return Pending(
+            self.events, work, kind, f, on_done=self._count, charge=self._costs_of(message), on_arrival=on_arrival
+        )
 
     @staticmethod
     def wait_all(pendings: Sequence[Pending]) -> None:
@@ -263,8 +308,16 @@ class Transport:
             return {"group_size": dist.get_world_size()}
         return {"group_size": dist.get_world_size(group), "group": sorted(dist.get_process_group_ranks(group))}
 
-    def all_reduce(self, tensor: torch.Tensor, *, op: str = "sum", group=None, async_op: bool = False,
-                   kind: str = "allreduce", **fields) -> Pending | None:
+    def all_reduce(
+        self,
+        tensor: torch.Tensor,
+        *,
+        op: str = "sum",
+        group=None,
+        async_op: bool = False,
+        kind: str = "allreduce",
+        **fields,
+    ) -> Pending | None:
         """Reduce ``tensor`` in place over ``group`` (default: all processes); gloo's ring algorithm.
 
         ``op``: ``sum``, ``max``, ``min`` or ``product``. With ``async_op`` returns a
@@ -275,64 +328,121 @@ class Transport:
             RuntimeError / DistBackendError: a member is gone or the op timed out.
         """
         f = {**fields, "bytes": nbytes(tensor), **self._group_of(group), "op": op}
-        return self._collective(kind, f, async_op,
-                                lambda: dist.all_reduce(tensor, op=_OPS[op], group=group, async_op=async_op))
+        return self._collective(
+            kind, f, async_op, lambda: dist.all_reduce(tensor, op=_OPS[op], group=group, async_op=async_op)
+        )
 
-    def broadcast(self, tensor: torch.Tensor, src: int, *, group=None, async_op: bool = False,
-                  kind: str = "broadcast", **fields) -> Pending | None:
+    def broadcast(
+        self, tensor: torch.Tensor, src: int, *, group=None, async_op: bool = False, kind: str = "broadcast", **fields
+    ) -> Pending | None:
         """Copy ``tensor`` of global rank ``src`` into ``tensor`` of every member of ``group``."""
         f = {**fields, "bytes": nbytes(tensor), **self._group_of(group), "src": int(src)}
-        return self._collective(kind, f, async_op,
-                                lambda: dist.broadcast(tensor, src, group=group, async_op=async_op))
+        return self._collective(kind, f, async_op, lambda: dist.broadcast(tensor, src, group=group, async_op=async_op))
 
-    def all_gather(self, out: list[torch.Tensor], tensor: torch.Tensor, *, group=None,
-                   async_op: bool = False, kind: str = "all_gather", **fields) -> Pending | None:
+    def all_gather(
+        self,
+        out: list[torch.Tensor],
+        tensor: torch.Tensor,
+        *,
+        group=None,
+        async_op: bool = False,
+        kind: str = "all_gather",
+        **fields,
+    ) -> Pending | None:
         """Gather every member's ``tensor`` into ``out`` (one tensor per member, group order).
 
         ``bytes`` is the size of this process's contribution.
         """
         f = {**fields, "bytes": nbytes(tensor), **self._group_of(group)}
-        return self._collective(kind, f, async_op,
-                                lambda: dist.all_gather(out, tensor, group=group, async_op=async_op))
+        return self._collective(kind, f, async_op, lambda: dist.all_gather(out, tensor, group=group, async_op=async_op))
 
-    def reduce(self, tensor: torch.Tensor, dst: int, *, op: str = "sum", group=None, async_op: bool = False,
-               kind: str = "reduce", **fields) -> Pending | None:
+    def reduce(
+        self,
+        tensor: torch.Tensor,
+        dst: int,
+        *,
+        op: str = "sum",
+        group=None,
+        async_op: bool = False,
+        kind: str = "reduce",
+        **fields,
+    ) -> Pending | None:
         """Reduce ``tensor`` of every member into ``tensor`` of global rank ``dst``."""
         f = {**fields, "bytes": nbytes(tensor), **self._group_of(group), "op": op, "dst": int(dst)}
-        return self._collective(kind, f, async_op, lambda: dist.reduce(tensor, dst, op=_OPS[op], group=group,
-                                                                       async_op=async_op))
+        return self._collective(
+            kind, f, async_op, lambda: dist.reduce(tensor, dst, op=_OPS[op], group=group, async_op=async_op)
+        )
 
-    def reduce_scatter(self, out: torch.Tensor, inputs: list[torch.Tensor], *, op: str = "sum", group=None,
-                       async_op: bool = False, kind: str = "reduce_scatter", **fields) -> Pending | None:
+    def reduce_scatter(
+        self,
+        out: torch.Tensor,
+        inputs: list[torch.Tensor],
+        *,
+        op: str = "sum",
+        group=None,
+        async_op: bool = False,
+        kind: str = "reduce_scatter",
+        **fields,
+    ) -> Pending | None:
         """Reduce ``inputs[i]`` of every member into ``out`` of the ``i``-th member (group
         order). ``bytes`` is the whole buffer reduced (the sum of ``inputs``)."""
         f = {**fields, "bytes": sum(nbytes(t) for t in inputs), **self._group_of(group), "op": op}
-        return self._collective(kind, f, async_op, lambda: dist.reduce_scatter(out, inputs, op=_OPS[op], group=group,
-                                                                               async_op=async_op))
+        return self._collective(
+            kind, f, async_op, lambda: dist.reduce_scatter(out, inputs, op=_OPS[op], group=group, async_op=async_op)
+        )
 
-    def all_to_all(self, out: torch.Tensor, tensor: torch.Tensor, *, group=None, async_op: bool = False,
-                   kind: str = "all_to_all", **fields) -> Pending | None:
+    def all_to_all(
+        self,
+        out: torch.Tensor,
+        tensor: torch.Tensor,
+        *,
+        group=None,
+        async_op: bool = False,
+        kind: str = "all_to_all",
+        **fields,
+    ) -> Pending | None:
         """Member ``j`` gets the ``i``-th equal part of ``tensor`` of member ``i`` as the ``j``-th part of
         ``out`` (``torch.distributed.all_to_all_single``). ``bytes`` is ``tensor``'s whole size."""
         f = {**fields, "bytes": nbytes(tensor), **self._group_of(group)}
-        return self._collective(kind, f, async_op, lambda: dist.all_to_all_single(out, tensor, group=group,
-                                                                                  async_op=async_op))
+        return self._collective(
+            kind, f, async_op, lambda: dist.all_to_all_single(out, tensor, group=group, async_op=async_op)
+        )
 
-    def gather(self, tensor: torch.Tensor, out: list[torch.Tensor] | None, dst: int, *, group=None,
-               async_op: bool = False, kind: str = "gather", **fields) -> Pending | None:
+    def gather(
+        self,
+        tensor: torch.Tensor,
+        out: list[torch.Tensor] | None,
+        dst: int,
+        *,
+        group=None,
+        async_op: bool = False,
+        kind: str = "gather",
+        **fields,
+    ) -> Pending | None:
         """Gather every member's ``tensor`` into ``out`` (one per member) on global rank ``dst``
         (``out`` None elsewhere). ``bytes`` is this process's contribution."""
         f = {**fields, "bytes": nbytes(tensor), **self._group_of(group), "dst": int(dst)}
-        return self._collective(kind, f, async_op, lambda: dist.gather(tensor, out, dst, group=group,
-                                                                       async_op=async_op))
+        return self._collective(
+            kind, f, async_op, lambda: dist.gather(tensor, out, dst, group=group, async_op=async_op)
+        )
 
-    def scatter(self, tensor: torch.Tensor, parts: list[torch.Tensor] | None, src: int, *, group=None,
-                async_op: bool = False, kind: str = "scatter", **fields) -> Pending | None:
+    def scatter(
+        self,
+        tensor: torch.Tensor,
+        parts: list[torch.Tensor] | None,
+        src: int,
+        *,
+        group=None,
+        async_op: bool = False,
+        kind: str = "scatter",
+        **fields,
+    ) -> Pending | None:
         """Give the ``i``-th of ``parts`` of global rank ``src`` (None elsewhere) to the ``i``-th
         member, into ``tensor``. ``bytes`` is the part this process gets."""
         f = {**fields, "bytes": nbytes(tensor), **self._group_of(group), "src": int(src)}
-        return self._collective(kind, f, async_op, lambda: dist.scatter(tensor, parts, src, group=group,
-                                                                        async_op=async_op))
+        return self._collective(
+            kind, f, async_op, lambda: dist.scatter(tensor, parts, src, group=group, async_op=async_op)
+        )
 
     def _collective(self, kind: str, fields: dict, async_op: bool, call) -> Pending | None:
         """Run ``call()`` (a torch.distributed collective) and log it: now if synchronous,

@@ -10,7 +10,8 @@ so the harness's ``killpg`` reaches it), enters the network namespace of its Min
 (``setns`` on ``/proc/<host shell pid>/ns/net``, through pyroute2), points stdout and stderr
 at its log, takes the environment the harness gives it, waits until its batch is started
 (below), then runs :func:`traffic.runtime.__main__.run_process` and leaves through
-``os._exit`` like a process started with ``python -m traffic.runtime``. The zygote itself starts no thread, so forking it
+``os._exit`` like a process started with ``python -m traffic.runtime``. The zygote itself starts no thread, so
+forking it
 is safe (checked: one OS thread after the imports). Before serving it reserves the shared
 scratch of ``workload.compute.memory: light`` (:func:`traffic.runtime.buffers.reserve_shared`:
 address space only; pages take memory once a light child touches them, once per machine).
@@ -38,6 +39,7 @@ processes over loopback): the batch was forked, recorded and started 1.7-1.8 s a
 launch began (a fork costs 5 ms after :func:`prepare_to_fork`), where one request per child
 had taken 0.09 s each (11.8 s at 128).
 """
+
 from __future__ import annotations
 
 import os
@@ -56,13 +58,11 @@ import signal  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
 
+import torch  # noqa: E402
 from pyroute2.netns import setns  # noqa: E402
 
-from common.process import die_with_parent  # noqa: E402
-
-import torch  # noqa: E402
-
 import traffic.runtime.__main__ as runtime  # noqa: E402  (torch and the whole runtime)
+from common.process import die_with_parent  # noqa: E402
 from traffic import schemes  # noqa: E402
 from traffic.runtime import buffers  # noqa: E402
 
@@ -217,8 +217,10 @@ class _Batches:
         except Exception as e:  # noqa: BLE001 - a failed fork is reported; the forked ones never start
             os.close(opener)
             os.close(gate)
-            _send(self.out, {"op": "error", "name": reqs[len(pids)].get("name"), "error": f"{type(e).__name__}: {e}",
-                             "pids": pids})
+            _send(
+                self.out,
+                {"op": "error", "name": reqs[len(pids)].get("name"), "error": f"{type(e).__name__}: {e}", "pids": pids},
+            )
             return
         os.close(gate)
         self._next += 1

@@ -13,6 +13,7 @@ A scheme is found by :func:`get` from ``workload.scheme``, which may be
 Adding a scheme touches no harness code: the harness asks the class for the hosts it needs
 (:meth:`Scheme.hosts`) and for its process plan (:meth:`Scheme.plan`).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -54,6 +55,7 @@ def register(name: str):
         cls.name = name
         _REGISTRY[name] = cls
         return cls
+
     return deco
 
 
@@ -91,8 +93,9 @@ def get(name: str) -> type[Scheme]:
         try:
             cls = getattr(importlib.import_module(module), attr)
         except ImportError as e:
-            raise SchemeNotFound(f"cannot import module {module!r} of scheme {name!r} ({e}); "
-                                 "is its folder on PYTHONPATH?") from None
+            raise SchemeNotFound(
+                f"cannot import module {module!r} of scheme {name!r} ({e}); is its folder on PYTHONPATH?"
+            ) from None
         except AttributeError:
             raise SchemeNotFound(f"module {module!r} has no class {attr!r}") from None
         return _checked(cls, name)
@@ -102,8 +105,10 @@ def get(name: str) -> type[Scheme]:
             return _checked(eps[name].load(), name)
         except ImportError as e:
             raise SchemeNotFound(f"entry point {name!r} of {ENTRY_POINT_GROUP} failed to load: {e}") from None
-    raise SchemeNotFound(f"one of {', '.join(available())}, a package.module:ClassName, "
-                         f"or an entry point of the group {ENTRY_POINT_GROUP}{did_you_mean(name, available())}")
+    raise SchemeNotFound(
+        f"one of {', '.join(available())}, a package.module:ClassName, "
+        f"or an entry point of the group {ENTRY_POINT_GROUP}{did_you_mean(name, available())}"
+    )
 
 
 def _checked(cls, name: str) -> type[Scheme]:
@@ -112,5 +117,15 @@ def _checked(cls, name: str) -> type[Scheme]:
     return cls
 
 
-__all__ = ["HostInfo", "HostRequest", "ProcessPlan", "Scheme", "SchemeOptions", "SchemeNotFound", "register",
-           "available", "get", "ENTRY_POINT_GROUP"]
+__all__ = [
+    "HostInfo",
+    "HostRequest",
+    "ProcessPlan",
+    "Scheme",
+    "SchemeOptions",
+    "SchemeNotFound",
+    "register",
+    "available",
+    "get",
+    "ENTRY_POINT_GROUP",
+]

@@ -45,17 +45,25 @@ process sends ``numSegments - numSegments / p`` of them in the reduce-scatter an
 the all-gather, skipping those past the tensor's end: messages of at most 1 MiB and at most
 ``n / 2p``, not ``n / p``.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 from pydantic import Field
 
 from traffic.runtime.trainer import make_optimizer
 from traffic.schemes import register
-from traffic.schemes.base import (ELEMENT_BYTES, ProcessPlan, Scheme, SchemeOptions, count_roles, gradient_sync_bytes,
-                                  model_keys)
+from traffic.schemes.base import (
+    ELEMENT_BYTES,
+    ProcessPlan,
+    Scheme,
+    SchemeOptions,
+    count_roles,
+    gradient_sync_bytes,
+    model_keys,
+)
 
 __all__ = ["AllReduce", "make_buckets", "ring_reduced_bytes", "gloo_ring_sends", "GLOO_MAX_SEGMENT_BYTES"]
 
@@ -78,7 +86,7 @@ def make_buckets(key_bytes: list[int], bucket_mb: float) -> list[list[int]]:
     """
     if bucket_mb < 0:
         raise ValueError(f"bucket_mb must be >= 0, got {bucket_mb}")
-    cap = bucket_mb * 2 ** 20
+    cap = bucket_mb * 2**20
     buckets: list[list[int]] = []
     cur, size = [], 0
     for k in reversed(range(len(key_bytes))):
@@ -135,6 +143,7 @@ def gloo_ring_sends(nbytes: int, p: int, element_bytes: int = ELEMENT_BYTES) -> 
 
 class AllReduceOptions(SchemeOptions):
     """Options of ``allreduce``."""
+
     bucket_mb: float = Field(25.0, ge=0)
     """Bucket capacity in MiB (25, as torch DDP's ``bucket_cap_mb``; 0: one bucket per tensor)."""
 
@@ -143,6 +152,7 @@ class AllReduceOptions(SchemeOptions):
 class AllReduce(Scheme):
     """All_reduce of the gradients after backward, then a local SGD step (module docstring).
     Options: :class:`AllReduceOptions`."""
+
     roles = ("worker",)
     Options = AllReduceOptions
 
@@ -182,15 +192,16 @@ class AllReduce(Scheme):
             KeyError: unknown model.
         """
         key_bytes = [ELEMENT_BYTES * n for n, _ in model_keys(workload.model)]
-        return max(sum(key_bytes[k] for k in keys) for keys in make_buckets(key_bytes, cls.options_of(workload).bucket_mb))
+        return max(
+            sum(key_bytes[k] for k in keys) for keys in make_buckets(key_bytes, cls.options_of(workload).bucket_mb)
+        )
 
     def setup(self) -> None:
         ctx = self.ctx
         self.params = [p for p in ctx.model.parameters() if p.requires_grad]
         # light memory: no optimizer state; its step is replayed on scratch (traffic.runtime.buffers)
         self.optimizer = None if ctx.buffers.light else make_optimizer(self.params, ctx.workload.optimizer)
-        self.buckets = make_buckets([p.numel() * p.element_size() for p in self.params],
-                                    self.opts.bucket_mb)
+        self.buckets = make_buckets([p.numel() * p.element_size() for p in self.params], self.opts.bucket_mb)
         worker_ranks = ctx.ranks("worker")
         # every process is a worker for this scheme; a group only if others share the job
         self.group = None if len(worker_ranks) == ctx.world_size else ctx.transport.new_group(worker_ranks)
@@ -205,14 +216,18 @@ class AllReduce(Scheme):
             flat = buffers.flat(grads)
             tr.all_reduce(flat, group=self.group, kind="allreduce", iteration=it, bucket=b, keys=keys)
             # gloo summed inside the collective; charge that sum here (module docstring)
-            with self.ctx.costs.charge("aggregate", nbytes=ring_reduced_bytes(flat.numel() * flat.element_size(),
-                                                                              self.W), iteration=it, bucket=b):
+            with self.ctx.costs.charge(
+                "aggregate",
+                nbytes=ring_reduced_bytes(flat.numel() * flat.element_size(), self.W),
+                iteration=it,
+                bucket=b,
+            ):
                 flat /= self.W
             if buffers.light:
                 continue
             off = 0
             for g in grads:
-                g.copy_(flat[off:off + g.numel()].view_as(g))
+                g.copy_(flat[off : off + g.numel()].view_as(g))
                 off += g.numel()
         self.step(it)
 

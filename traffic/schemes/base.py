@@ -34,16 +34,18 @@ Hooks run on the compute thread; a scheme that overlaps communication with compu
 hands work to ``ctx.comm`` (a :class:`~traffic.runtime.comm.CommThread`) and waits on the
 returned futures where it must.
 """
+
 from __future__ import annotations
 
-from dataclasses import dataclass
 import functools
 import sys
-from typing import ClassVar, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
 
 from common.errors import SpecError
-from topologies.hosts import HostInfo, HostRequest
 from common.validation import SpecModel, validate
+from topologies.hosts import HostInfo, HostRequest
 from traffic.data import load_dataset
 from traffic.models import build_model
 from traffic.runtime.trainer import Trainer
@@ -64,6 +66,7 @@ class ProcessPlan:
     ``GLOO_SOCKET_IFNAME`` are that interface's. The harness assigns ``rank``
     (torch.distributed global rank) in plan order.
     """
+
     role: str
     index: int
     host: str
@@ -93,6 +96,7 @@ class Scheme:
             ``ctx.buffers`` (:mod:`traffic.runtime.buffers`); read from the class's own
             attributes only (not inherited).
     """
+
     name: ClassVar[str] = ""
     roles: ClassVar[tuple[str, ...]] = ("worker",)
     Options: ClassVar[type[SchemeOptions]] = SchemeOptions
@@ -198,8 +202,10 @@ class Scheme:
         """
         if "light_refusal" in vars(cls):
             return cls.light_refusal
-        return (f"{cls.__name__} does not state that its tensors go through traffic.runtime.buffers "
-                f"(a scheme that does sets light_refusal = None in its own class)")
+        return (
+            f"{cls.__name__} does not state that its tensors go through traffic.runtime.buffers "
+            f"(a scheme that does sets light_refusal = None in its own class)"
+        )
 
     @classmethod
     def light_buffer_bytes(cls, workload, processes: Sequence[ProcessPlan]) -> float:
@@ -264,7 +270,7 @@ class Scheme:
 ELEMENT_BYTES = 4
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def model_keys(model: str) -> tuple[tuple[int, int], ...]:
     """``(elements, layer)`` of every parameter tensor (key) of registry model ``model``, in
     ``parameters()`` order (built once on the meta device: no memory; cached per name).
@@ -285,7 +291,7 @@ def trained_layer_numels(workload) -> tuple[int, ...] | None:
     return _layer_numels(workload.model, workload.dataset if workload.compute.mode == "real" else None)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _layer_numels(model: str, dataset: str | None) -> tuple[int, ...] | None:
     try:
         if dataset is None:
@@ -311,8 +317,13 @@ def sync_sent_bytes(groups: Sequence[Sequence[str]], gradient_bytes: float) -> f
     return gradient_bytes * sum(max(len(set(g)) - 1, 0) for g in groups)
 
 
-def gradient_sync_bytes(workload, processes: Sequence[ProcessPlan], element_bytes: float = ELEMENT_BYTES,
-                        layers: slice = slice(None), groups: Sequence[Sequence[int]] | None = None) -> float | None:
+def gradient_sync_bytes(
+    workload,
+    processes: Sequence[ProcessPlan],
+    element_bytes: float = ELEMENT_BYTES,
+    layers: slice = slice(None),
+    groups: Sequence[Sequence[int]] | None = None,
+) -> float | None:
     """:func:`sync_sent_bytes` of the plan's ``worker`` processes summing the gradient of the
     model's ``layers`` (as trained: :func:`trained_layer_numels`) every iteration,
     ``element_bytes`` per element on the wire (4: float32). ``groups``: worker indices (in
@@ -343,6 +354,7 @@ def worker_hosts(workload, hosts: list[HostInfo]) -> list[HostInfo]:
     all_workers = [h for h in hosts if h.kind == "worker"]
     n = workload.workers or len(all_workers)
     if n > len(all_workers):
-        raise SpecError("workload.workers", workload.workers,
-                        f"at most {len(all_workers)} (the topology's worker hosts)")
+        raise SpecError(
+            "workload.workers", workload.workers, f"at most {len(all_workers)} (the topology's worker hosts)"
+        )
     return all_workers[:n]

@@ -17,7 +17,8 @@ Worker (per iteration ``it``):
 * ``after_backward(it, l)`` on the compute thread (the *producer*): post the receives of
   every slice of layer ``l`` straight into the model's parameters (one batch per layer),
   then submit one job per slice -- copy the slice into the one send buffer behind its id
-  and ``send`` it, blocking, to its server -- to the comm thread (the *consumer*), a :class:`~traffic.runtime.comm.PriorityCommThread` keyed
+  and ``send`` it, blocking, to its server -- to the comm thread (the *consumer*), a
+  :class:`~traffic.runtime.comm.PriorityCommThread` keyed
   by the slice's priority. The consumer always starts the queued slice of highest priority
   (lowest number; equal priorities in production order); a slice being sent is never
   interrupted, so a later-produced higher-priority slice preempts the queued lower-priority
@@ -101,13 +102,15 @@ worker's, posted at the round's start, ends when the receiver thread ``recv<j>``
 ``j`` finds it complete), ``update`` and ``broadcast`` (dir tx, starts when the send is
 posted, after the update).
 """
+
 from __future__ import annotations
 
 import itertools
 import queue
 import threading
+from collections.abc import Iterator, Sequence
 from functools import partial
-from typing import ClassVar, Iterator, Sequence
+from typing import ClassVar
 
 import torch
 from pydantic import Field
@@ -118,8 +121,17 @@ from traffic.schemes import register
 from traffic.schemes.base import ProcessPlan, SchemeOptions, count_roles, model_keys
 from traffic.schemes.ps import ELEMENT_BYTES, ParameterServer, Shard
 
-__all__ = ["SLICE_PARAMS", "PUSH_TAG", "ID_ELEMENTS", "MAX_SLICE_ID", "SWITCH_INTERVAL_S",
-           "assign_slices", "pack_slice", "slice_id_of", "P3"]
+__all__ = [
+    "SLICE_PARAMS",
+    "PUSH_TAG",
+    "ID_ELEMENTS",
+    "MAX_SLICE_ID",
+    "SWITCH_INTERVAL_S",
+    "assign_slices",
+    "pack_slice",
+    "slice_id_of",
+    "P3",
+]
 
 SLICE_PARAMS = 50_000
 #: tag of every push message (slice ids, the init and broadcast tags, stay below it)
@@ -132,8 +144,9 @@ MAX_SLICE_ID = (1 << 31) - 1
 SWITCH_INTERVAL_S = 0.0005
 
 
-def assign_slices(numels: Sequence[int], num_servers: int, slice_params: int = SLICE_PARAMS,
-                  names: Sequence[str] | None = None) -> list[Shard]:
+def assign_slices(
+    numels: Sequence[int], num_servers: int, slice_params: int = SLICE_PARAMS, names: Sequence[str] | None = None
+) -> list[Shard]:
     """Cut keys into slices of at most ``slice_params`` elements, servers round robin.
 
     Args:
@@ -183,13 +196,15 @@ def pack_slice(buf: torch.Tensor, slice_id: int, grad: torch.Tensor) -> torch.Te
     if not 0 <= slice_id <= MAX_SLICE_ID:
         raise ValueError(f"slice id {slice_id} outside 0..{MAX_SLICE_ID}")
     if buf.dtype != torch.float32 or grad.dtype != torch.float32 or buf.dim() != 1 or not buf.is_contiguous():
-        raise ValueError(f"need a contiguous 1-D float32 buffer and a float32 gradient, got "
-                         f"{buf.dtype} {tuple(buf.shape)} and {grad.dtype}")
+        raise ValueError(
+            f"need a contiguous 1-D float32 buffer and a float32 gradient, got "
+            f"{buf.dtype} {tuple(buf.shape)} and {grad.dtype}"
+        )
     if buf.numel() < n + ID_ELEMENTS:
         raise ValueError(f"buffer of {buf.numel()} elements cannot hold a slice of {n} and its id")
     buf.view(torch.int32)[0] = slice_id
-    buf[ID_ELEMENTS:ID_ELEMENTS + n].copy_(grad.reshape(-1))
-    return buf[:ID_ELEMENTS + n]
+    buf[ID_ELEMENTS : ID_ELEMENTS + n].copy_(grad.reshape(-1))
+    return buf[: ID_ELEMENTS + n]
 
 
 def slice_id_of(message: torch.Tensor) -> int:
@@ -200,6 +215,7 @@ def slice_id_of(message: torch.Tensor) -> int:
 
 class P3Options(SchemeOptions):
     """Options of ``p3`` (P3 always overlaps, and slices replace ``ps``'s key split)."""
+
     slice_params: int = Field(SLICE_PARAMS, gt=0)
     """Maximum parameters per slice (P3 Sec. 4.1: 50,000)."""
     priority: bool = True
@@ -209,6 +225,7 @@ class P3Options(SchemeOptions):
 @register("p3")
 class P3(ParameterServer):
     """Priority-based parameter propagation (see the module docstring). Options: :class:`P3Options`."""
+
     light_refusal = None  # ids survive in Buffers.ordered_rows (module docstring, "Light memory")
     Options = P3Options
     push_kind = "push"
@@ -228,8 +245,9 @@ class P3(ParameterServer):
             KeyError: unknown model.
         """
         servers = max(count_roles(processes).get("server", 0), 1)
-        slices = assign_slices([n for n, _ in model_keys(workload.model)], servers,
-                               cls.options_of(workload).slice_params)
+        slices = assign_slices(
+            [n for n, _ in model_keys(workload.model)], servers, cls.options_of(workload).slice_params
+        )
         # per slice and worker: a push of numel + 1 elements and a broadcast of numel
         return ELEMENT_BYTES * sum(2 * s.numel + ID_ELEMENTS for s in slices) / (2 * len(slices))
 
@@ -243,8 +261,9 @@ class P3(ParameterServer):
             KeyError: unknown model.
         """
         servers = max(count_roles(processes).get("server", 0), 1)
-        slices = assign_slices([n for n, _ in model_keys(workload.model)], servers,
-                               cls.options_of(workload).slice_params)
+        slices = assign_slices(
+            [n for n, _ in model_keys(workload.model)], servers, cls.options_of(workload).slice_params
+        )
         return ELEMENT_BYTES * max(s.numel for s in slices)
 
     @property
@@ -258,8 +277,9 @@ class P3(ParameterServer):
 
     def _make_shards(self) -> list[Shard]:
         named = list(self.ctx.model.named_parameters())
-        return assign_slices([p.numel() for _, p in named], len(self.server_ranks),
-                             self.opts.slice_params, [n for n, _ in named])
+        return assign_slices(
+            [p.numel() for _, p in named], len(self.server_ranks), self.opts.slice_params, [n for n, _ in named]
+        )
 
     # ---------------------------------------------------------------- worker
 
@@ -279,15 +299,20 @@ class P3(ParameterServer):
         for s, g in items:
             f = self._fields(it, s)
             comm.submit(partial(self._send_slice, g, s, f), priority=f["priority"])
-            ev.instant("enqueue", bytes=(s.numel + ID_ELEMENTS) * ELEMENT_BYTES,  # after the put: queued by now
-                       grad_bytes=s.numel * ELEMENT_BYTES, **f)
+            ev.instant(
+                "enqueue",
+                bytes=(s.numel + ID_ELEMENTS) * ELEMENT_BYTES,  # after the put: queued by now
+                grad_bytes=s.numel * ELEMENT_BYTES,
+                **f,
+            )
 
     def _send_slice(self, g: torch.Tensor, s: Shard, f: dict) -> None:
         """Consumer job: the slice's push message ``[id | gradient]`` (:func:`pack_slice`),
         tag :data:`PUSH_TAG`; the send buffer is free again when the blocking send returns."""
         msg = pack_slice(self._send_buf, s.id, g)
-        self.ctx.transport.send(msg, self.server_ranks[s.server], tag=PUSH_TAG, kind=self.push_kind,
-                                grad_bytes=nbytes(g), **f)
+        self.ctx.transport.send(
+            msg, self.server_ranks[s.server], tag=PUSH_TAG, kind=self.push_kind, grad_bytes=nbytes(g), **f
+        )
 
     # ---------------------------------------------------------------- server
 
@@ -327,12 +352,16 @@ class P3(ParameterServer):
 
         def post(j: int, k: int) -> Pending:
             row = self._rows[j][k]
+
             def fill() -> dict:  # the slice's fields and real size, before the event is logged
                 s = self.mine[slice_in(row)]
-                return {**self._fields(it, s), "bytes": (s.numel + ID_ELEMENTS) * ELEMENT_BYTES,
-                        "grad_bytes": s.numel * ELEMENT_BYTES}
-            return tr.irecv(row, self.worker_ranks[j], tag=PUSH_TAG, kind=self.push_kind, iteration=it,
-                            on_arrival=fill)
+                return {
+                    **self._fields(it, s),
+                    "bytes": (s.numel + ID_ELEMENTS) * ELEMENT_BYTES,
+                    "grad_bytes": s.numel * ELEMENT_BYTES,
+                }
+
+            return tr.irecv(row, self.worker_ranks[j], tag=PUSH_TAG, kind=self.push_kind, iteration=it, on_arrival=fill)
 
         pushes = [[post(j, k) for k in range(n)] for j in range(W)]
         left = [W] * n
@@ -350,7 +379,7 @@ class P3(ParameterServer):
                     if got[i][j]:
                         raise RuntimeError(f"worker {j} pushed slice {s.id} twice in round {it}")
                     got[i][j] = True
-                    self._bufs[i][j] = self._rows[j][k, ID_ELEMENTS:ID_ELEMENTS + s.numel]
+                    self._bufs[i][j] = self._rows[j][k, ID_ELEMENTS : ID_ELEMENTS + s.numel]
                     with lock:
                         left[i] -= 1
                         if left[i] == 0:
@@ -359,8 +388,7 @@ class P3(ParameterServer):
             except BaseException as e:  # noqa: BLE001 - handed to the server loop
                 ready.put(((-1,), e))
 
-        threads = [threading.Thread(target=receive, args=(j,), name=f"recv{j}", daemon=True)
-                   for j in range(W)]
+        threads = [threading.Thread(target=receive, args=(j,), name=f"recv{j}", daemon=True) for j in range(W)]
         for t in threads:
             t.start()
         for _ in range(n):

@@ -62,11 +62,13 @@ local gradient), ``wait_gradient`` (blocked on ``g_sum[t-K+1]``; ``grad_iteratio
 ``update`` (``grad_iteration``: the iteration whose aggregated gradient was applied, ``None``
 for a zero gradient; ``staleness`` = ``K - 1``).
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import Literal, Optional, Sequence
+from typing import Literal
 
 import torch
 from pydantic import Field
@@ -76,8 +78,15 @@ from traffic.compression import make_codec
 from traffic.runtime.trainer import make_optimizer
 from traffic.schemes import register
 from traffic.schemes.allreduce import make_buckets
-from traffic.schemes.base import (ELEMENT_BYTES, ProcessPlan, Scheme, SchemeOptions, count_roles, gradient_sync_bytes,
-                                  model_keys)
+from traffic.schemes.base import (
+    ELEMENT_BYTES,
+    ProcessPlan,
+    Scheme,
+    SchemeOptions,
+    count_roles,
+    gradient_sync_bytes,
+    model_keys,
+)
 
 __all__ = ["PipeSGD", "PipeSGDOptions", "Compression", "grad_iteration", "SWITCH_INTERVAL_S"]
 
@@ -98,13 +107,14 @@ def grad_iteration(t: int, K: int) -> int | None:
 
 class PipeSGDOptions(SchemeOptions):
     """Options of ``pipe_sgd``."""
+
     K: int = Field(2, ge=1)
     """Iteration dependency: the update at the end of iteration ``t`` applies the aggregated
     gradient of iteration ``t - (K - 1)`` (1 = D-Sync; 2 = Pipe-SGD, the paper's choice)."""
     compression: Compression = "none"
     """Codec applied at every transmit-and-reduce step of the ring allreduce: ``none``,
     ``truncation`` (16-bit) or ``quantization`` (8-bit)."""
-    bucket_mb: Optional[float] = Field(None, ge=0)
+    bucket_mb: float | None = Field(None, ge=0)
     """``null``: the whole gradient in one ring allreduce (the paper's sequential gradient
     communication); a number of MiB: buckets as ``allreduce``'s (0 = one per parameter tensor)."""
 
@@ -112,6 +122,7 @@ class PipeSGDOptions(SchemeOptions):
 @register("pipe_sgd")
 class PipeSGD(Scheme):
     """Pipe-SGD worker (see the module docstring). Options: :class:`PipeSGDOptions`."""
+
     roles = ("worker",)
     Options = PipeSGDOptions
     # A thread that gets a transfer back must not wait CPython's default 5 ms switch
@@ -153,10 +164,17 @@ class PipeSGD(Scheme):
             return math.inf
         codec = make_codec(o.compression)
         numels = [n for n, _ in model_keys(workload.model)]
-        buckets = ([list(range(len(numels)))] if o.bucket_mb is None
-                   else make_buckets([ELEMENT_BYTES * n for n in numels], float(o.bucket_mb)))
-        blocks = [n // p + (1 if b < n % p else 0) for keys in buckets for n in [sum(numels[k] for k in keys)]
-                  for b in range(p)]
+        buckets = (
+            [list(range(len(numels)))]
+            if o.bucket_mb is None
+            else make_buckets([ELEMENT_BYTES * n for n in numels], float(o.bucket_mb))
+        )
+        blocks = [
+            n // p + (1 if b < n % p else 0)
+            for keys in buckets
+            for n in [sum(numels[k] for k in keys)]
+            for b in range(p)
+        ]
         sent = [codec.payload_bytes(n) for n in blocks if n > 0]
         return sum(sent) / len(sent) if sent else math.inf
 
@@ -185,7 +203,7 @@ class PipeSGD(Scheme):
             self.buckets = make_buckets([p.numel() * p.element_size() for p in self.params], float(b))
         self.ring = ctx.ranks("worker")
         self.W = len(self.ring)
-        self._sums: dict[int, Future] = {}   # iteration -> future of its aggregated buckets
+        self._sums: dict[int, Future] = {}  # iteration -> future of its aggregated buckets
         ctx.results.update(K=self.K, compression=self.codec.name)
 
     # ---------------------------------------------------------------- communication thread
@@ -194,12 +212,24 @@ class PipeSGD(Scheme):
         """Ring-allreduce each bucket of iteration ``it`` in place (runs on ``ctx.comm``)."""
         ev = self.ctx.events
         for b, flat in enumerate(flats):
-            with ev.span("allreduce", iteration=it, bucket=b, keys=self.buckets[b], bytes=flat.numel() * 4,
-                         group_size=self.W, compression=self.codec.name) as f:
-                st = ring_allreduce(self.ctx.transport, flat, self.ring, self.codec, costs=self.ctx.costs,
-                                    iteration=it, bucket=b)
-                f.update(wire_bytes=st.bytes_sent, compress_s=st.compress_s, decompress_s=st.decompress_s,
-                         reduce_s=st.reduce_s)
+            with ev.span(
+                "allreduce",
+                iteration=it,
+                bucket=b,
+                keys=self.buckets[b],
+                bytes=flat.numel() * 4,
+                group_size=self.W,
+                compression=self.codec.name,
+            ) as f:
+                st = ring_allreduce(
+                    self.ctx.transport, flat, self.ring, self.codec, costs=self.ctx.costs, iteration=it, bucket=b
+                )
+                f.update(
+                    wire_bytes=st.bytes_sent,
+                    compress_s=st.compress_s,
+                    decompress_s=st.decompress_s,
+                    reduce_s=st.reduce_s,
+                )
         return flats
 
     # ---------------------------------------------------------------- computation thread
@@ -230,7 +260,7 @@ class PipeSGD(Scheme):
                 off = 0
                 for k in keys:
                     p = self.params[k]
-                    p.grad = flat[off:off + p.numel()].view_as(p)
+                    p.grad = flat[off : off + p.numel()].view_as(p)
                     off += p.numel()
         with ev.span("update", iteration=it, grad_iteration=j, staleness=self.K - 1):
             self.optimizer.step()

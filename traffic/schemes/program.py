@@ -7,10 +7,11 @@ inside those processes: the runtime (:mod:`traffic.runtime`) is not used, so thi
 only plans. A program may mark its iterations with :mod:`traffic.marks` for iteration-level
 figures; without marks the run's summary still has bytes per link, CPU and duration.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 from traffic.schemes import register
 from traffic.schemes.base import ProcessPlan, Scheme, worker_hosts
@@ -32,8 +33,11 @@ class Program(Scheme):
             SpecError: more workers asked for than there are worker hosts.
         """
         per_host = workload.program.processes_per_host
-        return [ProcessPlan("worker", i * per_host + j, h.name)
-                for i, h in enumerate(worker_hosts(workload, hosts)) for j in range(per_host)]
+        return [
+            ProcessPlan("worker", i * per_host + j, h.name)
+            for i, h in enumerate(worker_hosts(workload, hosts))
+            for j in range(per_host)
+        ]
 
     @classmethod
     def message_bytes(cls, workload, processes: Sequence[ProcessPlan]) -> float:
@@ -61,11 +65,19 @@ def torchrun_env(info: dict, doc: dict, processes_per_host: int) -> dict[str, st
         emulated interface, which gloo binds to).
     """
     world = doc["world_size"]
-    return {"RANK": str(info["rank"]), "WORLD_SIZE": str(world),
-            "LOCAL_RANK": str(info["index"] % processes_per_host), "LOCAL_WORLD_SIZE": str(processes_per_host),
-            "GROUP_RANK": str(info["index"] // processes_per_host),
-            "GROUP_WORLD_SIZE": str(math.ceil(world / processes_per_host)),
-            "ROLE_RANK": str(info["rank"]), "ROLE_WORLD_SIZE": str(world), "ROLE_NAME": "default",
-            "MASTER_ADDR": str(doc["master_addr"]), "MASTER_PORT": str(doc["master_port"]),
-            "TORCHELASTIC_RUN_ID": "testbed",
-            "GLOO_SOCKET_IFNAME": info["iface"], "TP_SOCKET_IFNAME": info["iface"]}
+    return {
+        "RANK": str(info["rank"]),
+        "WORLD_SIZE": str(world),
+        "LOCAL_RANK": str(info["index"] % processes_per_host),
+        "LOCAL_WORLD_SIZE": str(processes_per_host),
+        "GROUP_RANK": str(info["index"] // processes_per_host),
+        "GROUP_WORLD_SIZE": str(math.ceil(world / processes_per_host)),
+        "ROLE_RANK": str(info["rank"]),
+        "ROLE_WORLD_SIZE": str(world),
+        "ROLE_NAME": "default",
+        "MASTER_ADDR": str(doc["master_addr"]),
+        "MASTER_PORT": str(doc["master_port"]),
+        "TORCHELASTIC_RUN_ID": "testbed",
+        "GLOO_SOCKET_IFNAME": info["iface"],
+        "TP_SOCKET_IFNAME": info["iface"],
+    }

@@ -76,21 +76,29 @@ server's processing order (:meth:`ParameterServer._aggregated`); ``ibatch`` chan
 updated shards reach the workers (:meth:`ParameterServer._publish`, ``_round_start``,
 ``_round_end``: answered pull requests instead of unasked sends).
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
 import torch
 from pydantic import Field
 
 from common.errors import SpecError
 from topologies.hosts import HostInfo, HostRequest
-from traffic.runtime.transport import Pending
 from traffic.runtime.trainer import TensorSGD
+from traffic.runtime.transport import Pending
 from traffic.schemes import register
-from traffic.schemes.base import (ProcessPlan, Scheme, SchemeOptions, count_roles, gradient_sync_bytes, model_keys,
-                                  worker_hosts)
+from traffic.schemes.base import (
+    ProcessPlan,
+    Scheme,
+    SchemeOptions,
+    count_roles,
+    gradient_sync_bytes,
+    model_keys,
+    worker_hosts,
+)
 from traffic.schemes.ps_pull_request import CONTROL_BYTES, NotifiedPuller, RequestResponder
 
 __all__ = ["BIGARRAY_BOUND", "Shard", "assign_keys", "model_shards", "ParameterServer"]
@@ -109,6 +117,7 @@ class Shard:
     tag of the shard's push and pull messages. ``name`` is the parameter's name in the
     model's state dict.
     """
+
     id: int
     key: int
     name: str
@@ -122,8 +131,9 @@ class Shard:
         return self.hi - self.lo
 
 
-def assign_keys(numels: Sequence[int], num_servers: int, bigarray_bound: int = BIGARRAY_BOUND,
-                names: Sequence[str] | None = None) -> list[Shard]:
+def assign_keys(
+    numels: Sequence[int], num_servers: int, bigarray_bound: int = BIGARRAY_BOUND, names: Sequence[str] | None = None
+) -> list[Shard]:
     """Cut keys into shards and give each shard a server (the rule in the module docstring).
 
     Args:
@@ -168,6 +178,7 @@ def model_shards(model: torch.nn.Module, num_servers: int, bigarray_bound: int =
 
 class PSOptions(SchemeOptions):
     """Options of ``ps`` (and of ``ibatch``, which adds its own)."""
+
     bigarray_bound: int = Field(BIGARRAY_BOUND, gt=0)
     """Keys with at least this many elements are split over all servers (MXNet's
     ``MXNET_KVSTORE_BIGARRAY_BOUND``)."""
@@ -196,10 +207,11 @@ class ParameterServer(Scheme):
     (:class:`traffic.spec.ServersSpec`), shared by every PS-family scheme (``p3``,
     ``ibatch``, ``phub``), which asks for dedicated server hosts through :meth:`hosts`.
     """
+
     roles = ("worker", "server")
     Options = PSOptions
-    push_kind = "push"    # event kind of a gradient message
-    pull_kind = "pull"    # event kind of an updated-parameter message (server -> worker)
+    push_kind = "push"  # event kind of a gradient message
+    pull_kind = "pull"  # event kind of an updated-parameter message (server -> worker)
     # with pull_request: the worker's puller (setup) and the server's responder (run_server)
     _notified: NotifiedPuller | None = None
     _responder: RequestResponder | None = None
@@ -253,22 +265,28 @@ class ParameterServer(Scheme):
         procs = [ProcessPlan("worker", i, h.name) for i, h in enumerate(workers)]
         s = workload.servers
         if s.placement == "dedicated":
-            return procs + [ProcessPlan("server", j, h, i) for j, (h, i) in enumerate(
-                (h.name, i) for h in hosts if h.kind == "server" for i in range(h.interfaces))]
+            return procs + [
+                ProcessPlan("server", j, h, i)
+                for j, (h, i) in enumerate(
+                    (h.name, i) for h in hosts if h.kind == "server" for i in range(h.interfaces)
+                )
+            ]
         if s.scope == "per_rack":
             server_hosts = []
             for r in sorted({h.rack for h in workers}):
                 in_rack = [h.name for h in workers if h.rack == r]
                 count = s.count or len(in_rack)
                 if count > len(in_rack):
-                    raise SpecError("workload.servers.count", s.count,
-                                    f"at most {len(in_rack)} colocated servers per rack")
+                    raise SpecError(
+                        "workload.servers.count", s.count, f"at most {len(in_rack)} colocated servers per rack"
+                    )
                 server_hosts += _spread(in_rack, count)
         else:
             count = s.count or len(workers)
             if count > len(workers):
-                raise SpecError("workload.servers.count", s.count,
-                                f"at most {len(workers)} colocated servers (one per worker host)")
+                raise SpecError(
+                    "workload.servers.count", s.count, f"at most {len(workers)} colocated servers (one per worker host)"
+                )
             # spread over racks: take hosts in an order that alternates racks
             by_rack: dict[int, list[str]] = {}
             for h in workers:
@@ -345,8 +363,10 @@ class ParameterServer(Scheme):
         self.server_ranks = ctx.ranks("server")
         self.worker_ranks = ctx.ranks("worker")
         if not self.server_ranks or not self.worker_ranks:
-            raise RuntimeError(f"scheme {self.name} needs workers and servers; processes.json has "
-                               f"{len(self.worker_ranks)} workers, {len(self.server_ranks)} servers")
+            raise RuntimeError(
+                f"scheme {self.name} needs workers and servers; processes.json has "
+                f"{len(self.worker_ranks)} workers, {len(self.server_ranks)} servers"
+            )
         self.params = list(ctx.model.parameters())
         self.key_layer = ctx.model.param_layers()
         self.shards = self._make_shards()
@@ -359,34 +379,55 @@ class ParameterServer(Scheme):
         return self.key_layer[s.key]
 
     def _fields(self, it: int, s: Shard) -> dict:
-        return {"iteration": it, "layer": self.key_layer[s.key], "key": s.key, "shard": s.id,
-                "slice": s.id, "priority": self._priority(s)}
+        return {
+            "iteration": it,
+            "layer": self.key_layer[s.key],
+            "key": s.key,
+            "shard": s.id,
+            "slice": s.id,
+            "priority": self._priority(s),
+        }
 
     # ---------------------------------------------------------------- worker
 
     def setup(self) -> None:
         """Lay out the shards; worker 0 sends every shard's initial values to its server."""
         self._layout()
-        self._pulls: dict[int, list[Pending]] = {}   # layer -> pulls in flight
+        self._pulls: dict[int, list[Pending]] = {}  # layer -> pulls in flight
         if self.ctx.index == 0:
             tr = self.ctx.transport
             flat = [self.ctx.buffers.values(p).view(-1) for p in self.params]
-            tr.wait_all([tr.isend(flat[s.key][s.lo:s.hi], self.server_ranks[s.server], tag=s.id,
-                                  kind="init", **self._fields(-1, s)) for s in self.shards])
+            tr.wait_all(
+                [
+                    tr.isend(
+                        flat[s.key][s.lo : s.hi],
+                        self.server_ranks[s.server],
+                        tag=s.id,
+                        kind="init",
+                        **self._fields(-1, s),
+                    )
+                    for s in self.shards
+                ]
+            )
         if self.pull_requested:
-            self._notified = NotifiedPuller(self.ctx.transport, self.shards, self.key_layer, self.server_ranks,
-                                          self.ctx.iterations, self._post_pull)
+            self._notified = NotifiedPuller(
+                self.ctx.transport, self.shards, self.key_layer, self.server_ranks, self.ctx.iterations, self._post_pull
+            )
             self._notified.start()
 
     def _grad_slice(self, s: Shard) -> torch.Tensor:
-        return self.ctx.buffers.grad(self.params[s.key]).view(-1)[s.lo:s.hi]
+        return self.ctx.buffers.grad(self.params[s.key]).view(-1)[s.lo : s.hi]
 
     def _post_pull(self, it: int, s: Shard) -> Pending:
         """Post the receive of shard ``s``'s updated values straight into the model (light
         memory: onto scratch of the shard's size)."""
-        return self.ctx.transport.irecv(self.ctx.buffers.landing_range(self.params[s.key], s.lo, s.hi),
-                                        self.server_ranks[s.server],
-                                        tag=s.id, kind=self.pull_kind, **self._fields(it, s))
+        return self.ctx.transport.irecv(
+            self.ctx.buffers.landing_range(self.params[s.key], s.lo, s.hi),
+            self.server_ranks[s.server],
+            tag=s.id,
+            kind=self.pull_kind,
+            **self._fields(it, s),
+        )
 
     def on_backward_end(self, it: int) -> None:
         """Bulk: push every shard of the gradient, pull every shard of the new parameters.
@@ -403,13 +444,27 @@ class ParameterServer(Scheme):
             return
         tr = self.ctx.transport
         if self._notified is not None:
-            tr.wait_all([tr.isend(self._grad_slice(s), self.server_ranks[s.server], tag=s.id,
-                                  kind=self.push_kind, **self._fields(it, s)) for s in self.shards])
+            tr.wait_all(
+                [
+                    tr.isend(
+                        self._grad_slice(s),
+                        self.server_ranks[s.server],
+                        tag=s.id,
+                        kind=self.push_kind,
+                        **self._fields(it, s),
+                    )
+                    for s in self.shards
+                ]
+            )
             self._notified.wait_round(it)
             return
         pulls = [self._post_pull(it, s) for s in self.shards]
-        pushes = [tr.isend(self._grad_slice(s), self.server_ranks[s.server], tag=s.id,
-                           kind=self.push_kind, **self._fields(it, s)) for s in self.shards]
+        pushes = [
+            tr.isend(
+                self._grad_slice(s), self.server_ranks[s.server], tag=s.id, kind=self.push_kind, **self._fields(it, s)
+            )
+            for s in self.shards
+        ]
         tr.wait_all(pushes)
         tr.wait_all(pulls)
 
@@ -427,8 +482,13 @@ class ParameterServer(Scheme):
         tr = self.ctx.transport
 
         def push() -> None:
-            tr.wait_all([tr.isend(g, self.server_ranks[s.server], tag=s.id, kind=self.push_kind,
-                                  **self._fields(it, s)) for s, g in items])
+            tr.wait_all(
+                [
+                    tr.isend(g, self.server_ranks[s.server], tag=s.id, kind=self.push_kind, **self._fields(it, s))
+                    for s, g in items
+                ]
+            )
+
         self.ctx.comm.submit(push)
 
     def before_forward(self, it: int, layer: int) -> None:
@@ -463,8 +523,13 @@ class ParameterServer(Scheme):
         ps: receives posted at once; bulk in key order, with ``overlap`` in the order the
         workers push (last layer first, key order within a layer)."""
         tr = self.ctx.transport
-        pushes = [[tr.irecv(self._bufs[i][j], wr, tag=s.id, kind=self.push_kind, **self._fields(it, s))
-                   for j, wr in enumerate(self.worker_ranks)] for i, s in enumerate(self.mine)]
+        pushes = [
+            [
+                tr.irecv(self._bufs[i][j], wr, tag=s.id, kind=self.push_kind, **self._fields(it, s))
+                for j, wr in enumerate(self.worker_ranks)
+            ]
+            for i, s in enumerate(self.mine)
+        ]
         order = range(len(self.mine))
         if self.overlapped:
             order = sorted(order, key=lambda i: (-self._priority(self.mine[i]), self.mine[i].id))
@@ -489,14 +554,25 @@ class ParameterServer(Scheme):
         self.mine = [s for s in self.shards if s.server == ctx.index]
         # light memory: the values sent are zeros (no memory), what arrives lands on scratch
         self.values = [torch.nn.Parameter(ctx.buffers.zeros(s.numel), requires_grad=not light) for s in self.mine]
-        tr.wait_all([tr.irecv(v.data if not light else ctx.buffers.empty(s.numel), self.worker_ranks[0], tag=s.id,
-                              kind="init", **self._fields(-1, s)) for s, v in zip(self.mine, self.values)])
+        tr.wait_all(
+            [
+                tr.irecv(
+                    v.data if not light else ctx.buffers.empty(s.numel),
+                    self.worker_ranks[0],
+                    tag=s.id,
+                    kind="init",
+                    **self._fields(-1, s),
+                )
+                for s, v in zip(self.mine, self.values)
+            ]
+        )
         opts = [TensorSGD(v, ctx.workload.optimizer) for v in self.values] if not light else []
         bufs = self._bufs = [[ctx.buffers.empty(s.numel) for _ in range(W)] for s in self.mine]
         ev.instant("server_keys", shards=[s.id for s in self.mine], numel=sum(s.numel for s in self.mine))
         if self.pull_requested:
-            self._responder = RequestResponder(tr, ctx.costs, self.mine, self.values, self.key_layer,
-                                               self.worker_ranks, self.pull_kind, self._fields)
+            self._responder = RequestResponder(
+                tr, ctx.costs, self.mine, self.values, self.key_layer, self.worker_ranks, self.pull_kind, self._fields
+            )
         for it in range(ctx.iterations):
             ctx.maybe_crash(it)
             self._round_start(it)
@@ -533,8 +609,10 @@ class ParameterServer(Scheme):
         if self._responder is not None:
             return self._responder.notify(it, i)
         s, v = self.mine[i], self.values[i].detach()
-        return [self.ctx.transport.isend(v, wr, tag=s.id, kind=self.pull_kind, **self._fields(it, s))
-                for wr in self.worker_ranks]
+        return [
+            self.ctx.transport.isend(v, wr, tag=s.id, kind=self.pull_kind, **self._fields(it, s))
+            for wr in self.worker_ranks
+        ]
 
     def _round_end(self, it: int) -> None:
         """Server hook after round ``it``'s sends completed, before the next round's updates (ps:

@@ -54,22 +54,30 @@ Events: worker ``notify`` (rx, thread ``notify<s>``: ``iteration``, ``server``),
 ``worker``), ``host_request_startup`` (the charge: ``iteration``, ``layer``, ``worker``,
 ``request="pull"``), ``pull`` (tx, per shard).
 """
+
 from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Callable, Sequence
 
 import torch
 
 from traffic.hostmodel.costs import HostCosts
 from traffic.runtime.transport import Pending, Transport
 
-__all__ = ["NOTIFY_TAG", "PULL_REQUEST_TAG", "NOTIFY_KIND", "REQUEST_KIND", "CONTROL_BYTES", "NotifiedPuller",
-           "RequestResponder"]
+__all__ = [
+    "NOTIFY_TAG",
+    "PULL_REQUEST_TAG",
+    "NOTIFY_KIND",
+    "REQUEST_KIND",
+    "CONTROL_BYTES",
+    "NotifiedPuller",
+    "RequestResponder",
+]
 
-NOTIFY_TAG = (1 << 30) + 21        # server -> worker update notifications
+NOTIFY_TAG = (1 << 30) + 21  # server -> worker update notifications
 PULL_REQUEST_TAG = (1 << 30) + 22  # worker -> server pull requests (ibatch uses + 11 .. + 14, p3 + 0)
 NOTIFY_KIND = "notify"
 REQUEST_KIND = "pull_request"
@@ -104,8 +112,15 @@ class NotifiedPuller:
     compute thread), and :meth:`close` at the end.
     """
 
-    def __init__(self, transport: Transport, shards: Sequence, key_layer: Sequence[int],
-                 server_ranks: Sequence[int], rounds: int, post_pull: Callable[[int, object], Pending]):
+    def __init__(
+        self,
+        transport: Transport,
+        shards: Sequence,
+        key_layer: Sequence[int],
+        server_ranks: Sequence[int],
+        rounds: int,
+        post_pull: Callable[[int, object], Pending],
+    ):
         self.tr, self.rounds, self.post_pull = transport, rounds, post_pull
         self.server_ranks = list(server_ranks)
         self.layer_of = {s.id: key_layer[s.key] for s in shards}
@@ -116,15 +131,17 @@ class NotifiedPuller:
             self.per_server[s.server] = self.per_server.get(s.server, 0) + 1
         self._notes: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
-        self._ready: dict[tuple[int, int], Future] = {}   # (round, layer) -> Future of its pulls
-        self._waited: dict[int, set[int]] = {}            # round -> layers waited for
+        self._ready: dict[tuple[int, int], Future] = {}  # (round, layer) -> Future of its pulls
+        self._waited: dict[int, set[int]] = {}  # round -> layers waited for
         self._error: BaseException | None = None
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
         """Start the ``notify<s>`` receiver threads and the ``pull`` thread."""
-        self._threads = [threading.Thread(target=self._receive, args=(s,), name=f"notify{s}", daemon=True)
-                         for s in sorted(self.per_server)]
+        self._threads = [
+            threading.Thread(target=self._receive, args=(s,), name=f"notify{s}", daemon=True)
+            for s in sorted(self.per_server)
+        ]
         self._threads.append(threading.Thread(target=self._pull, name="pull", daemon=True))
         for t in self._threads:
             t.start()
@@ -137,8 +154,9 @@ class NotifiedPuller:
         try:
             for it in range(self.rounds):
                 for _ in range(self.per_server[server]):
-                    self.tr.recv(buf, self.server_ranks[server], tag=NOTIFY_TAG, kind=NOTIFY_KIND,
-                                 iteration=it, server=server)
+                    self.tr.recv(
+                        buf, self.server_ranks[server], tag=NOTIFY_TAG, kind=NOTIFY_KIND, iteration=it, server=server
+                    )
                     self._notes.put((int(buf[0]), int(buf[1]), server))
         except BaseException as e:  # noqa: BLE001 - handed to the pull thread
             self._notes.put(e)
@@ -155,8 +173,10 @@ class NotifiedPuller:
                     sid, rit, server = note
                     l = self.layer_of.get(sid)
                     if rit != it or l not in left:
-                        raise RuntimeError(f"ps pull_request: unexpected notification of shard {sid}, iteration "
-                                           f"{rit} from server {server} in round {it}")
+                        raise RuntimeError(
+                            f"ps pull_request: unexpected notification of shard {sid}, iteration "
+                            f"{rit} from server {server} in round {it}"
+                        )
                     left[l] -= 1
                     if left[l] == 0:
                         del left[l]
@@ -173,9 +193,21 @@ class NotifiedPuller:
         tr, shards = self.tr, self.layer_shards[layer]
         pulls = [self.post_pull(it, s) for s in shards]
         msg = torch.tensor([layer, it], dtype=torch.int64)
-        tr.wait_all([tr.isend(msg, self.server_ranks[srv], tag=PULL_REQUEST_TAG, kind=REQUEST_KIND, iteration=it,
-                              layer=layer, server=srv, shards=sum(1 for s in shards if s.server == srv))
-                     for srv in self.layer_servers[layer]])
+        tr.wait_all(
+            [
+                tr.isend(
+                    msg,
+                    self.server_ranks[srv],
+                    tag=PULL_REQUEST_TAG,
+                    kind=REQUEST_KIND,
+                    iteration=it,
+                    layer=layer,
+                    server=srv,
+                    shards=sum(1 for s in shards if s.server == srv),
+                )
+                for srv in self.layer_servers[layer]
+            ]
+        )
         return pulls
 
     def _future(self, it: int, layer: int) -> Future:
@@ -241,12 +273,20 @@ class RequestResponder:
     the next round changes ``values``.
     """
 
-    def __init__(self, transport: Transport, costs: HostCosts, mine: Sequence, values: Sequence[torch.Tensor],
-                 key_layer: Sequence[int], worker_ranks: Sequence[int], pull_kind: str,
-                 fields: Callable[[int, object], dict]):
+    def __init__(
+        self,
+        transport: Transport,
+        costs: HostCosts,
+        mine: Sequence,
+        values: Sequence[torch.Tensor],
+        key_layer: Sequence[int],
+        worker_ranks: Sequence[int],
+        pull_kind: str,
+        fields: Callable[[int, object], dict],
+    ):
         self.tr, self.costs, self.mine, self.values = transport, costs, list(mine), list(values)
         self.worker_ranks, self.pull_kind, self.fields = list(worker_ranks), pull_kind, fields
-        self.own_layers: dict[int, list[int]] = {}   # layer -> indices into mine
+        self.own_layers: dict[int, list[int]] = {}  # layer -> indices into mine
         for i, s in enumerate(self.mine):
             self.own_layers.setdefault(key_layer[s.key], []).append(i)
         self._updated: list[threading.Event] = []
@@ -257,8 +297,10 @@ class RequestResponder:
         """Start one ``respond<j>`` thread per worker for round ``it``."""
         self._updated = [threading.Event() for _ in self.mine]
         self._errors = []
-        self._threads = [threading.Thread(target=self._serve, args=(it, j, wr), name=f"respond{j}", daemon=True)
-                         for j, wr in enumerate(self.worker_ranks)]
+        self._threads = [
+            threading.Thread(target=self._serve, args=(it, j, wr), name=f"respond{j}", daemon=True)
+            for j, wr in enumerate(self.worker_ranks)
+        ]
         for t in self._threads:
             t.start()
 
@@ -268,8 +310,9 @@ class RequestResponder:
         self._updated[i].set()
         s = self.mine[i]
         msg = torch.tensor([s.id, it], dtype=torch.int64)
-        return [self.tr.isend(msg, wr, tag=NOTIFY_TAG, kind=NOTIFY_KIND, **self.fields(it, s))
-                for wr in self.worker_ranks]
+        return [
+            self.tr.isend(msg, wr, tag=NOTIFY_TAG, kind=NOTIFY_KIND, **self.fields(it, s)) for wr in self.worker_ranks
+        ]
 
     def end_round(self, it: int) -> None:
         """Wait until every worker has pulled every own shard of round ``it``.
@@ -294,14 +337,26 @@ class RequestResponder:
                 with self.costs.charge("request_startup", iteration=it, layer=layer, worker=j, request="pull"):
                     idx = left.pop(layer, None)  # the lookup of the requested shards
                 if rit != it or idx is None:
-                    raise RuntimeError(f"ps pull_request server: request of layer {layer}, iteration {rit} from "
-                                       f"worker {j} in round {it} (layers still to answer: {sorted(left)})")
+                    raise RuntimeError(
+                        f"ps pull_request server: request of layer {layer}, iteration {rit} from "
+                        f"worker {j} in round {it} (layers still to answer: {sorted(left)})"
+                    )
                 late = [self.mine[i].id for i in idx if not self._updated[i].is_set()]
                 if late:
-                    raise RuntimeError(f"ps pull_request server: worker {j} asked for shards {late} of round {it} "
-                                       "before their update notification")
-                sends += [tr.isend(self.values[i].detach(), wr, tag=self.mine[i].id, kind=self.pull_kind,
-                                   **self.fields(it, self.mine[i])) for i in idx]
+                    raise RuntimeError(
+                        f"ps pull_request server: worker {j} asked for shards {late} of round {it} "
+                        "before their update notification"
+                    )
+                sends += [
+                    tr.isend(
+                        self.values[i].detach(),
+                        wr,
+                        tag=self.mine[i].id,
+                        kind=self.pull_kind,
+                        **self.fields(it, self.mine[i]),
+                    )
+                    for i in idx
+                ]
             tr.wait_all(sends)
         except BaseException as e:  # noqa: BLE001 - raised by end_round
             self._errors.append(e)

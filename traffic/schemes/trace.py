@@ -29,11 +29,12 @@ The trace is read and checked before anything is built (:func:`traffic.spec.trac
 the spec's validation and from :meth:`TraceReplay.plan`); each process reads it again from
 the same path, so the path must be readable from the emulated hosts (on one machine it is).
 """
+
 from __future__ import annotations
 
 import math
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -48,14 +49,23 @@ from traffic.spec import TRACE_SCHEME, trace_of
 __all__ = ["TraceReplay"]
 
 #: the event kind of each collective (the transport's own names)
-EVENT_KINDS = {"all_reduce": "allreduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
-               "all_to_all": "all_to_all", "broadcast": "broadcast", "reduce": "reduce", "gather": "gather",
-               "scatter": "scatter", "barrier": "barrier"}
+EVENT_KINDS = {
+    "all_reduce": "allreduce",
+    "all_gather": "all_gather",
+    "reduce_scatter": "reduce_scatter",
+    "all_to_all": "all_to_all",
+    "broadcast": "broadcast",
+    "reduce": "reduce",
+    "gather": "gather",
+    "scatter": "scatter",
+    "barrier": "barrier",
+}
 
 
 @register(TRACE_SCHEME)
 class TraceReplay(Scheme):
     """Replays ``workload.trace`` (module docstring)."""
+
     roles = ("worker",)
 
     @classmethod
@@ -70,14 +80,22 @@ class TraceReplay(Scheme):
         try:
             trace = trace_of(workload)
         except TestbedError as e:
-            raise SpecError("workload.trace.path", getattr(workload.trace, "path", None), f"a readable Chakra trace: {e}")
+            raise SpecError(
+                "workload.trace.path", getattr(workload.trace, "path", None), f"a readable Chakra trace: {e}"
+            ) from e
         if trace.world_size != len(procs):
-            hint = (f"; to use the first {trace.world_size} worker hosts only, set workload.workers: "
-                    f"{trace.world_size}" if trace.world_size < len(procs) else "; use a topology with as many worker hosts")
-            raise SpecError("workload.trace.path", workload.trace.path,
-                            f"a trace with as many ranks as worker processes: it has {trace.world_size} "
-                            f"({trace.prefix}.0.et to .{trace.world_size - 1}.et), the run {len(procs)} "
-                            f"(workload.workers: {workload.workers or 'one per worker host'}){hint}")
+            hint = (
+                f"; to use the first {trace.world_size} worker hosts only, set workload.workers: {trace.world_size}"
+                if trace.world_size < len(procs)
+                else "; use a topology with as many worker hosts"
+            )
+            raise SpecError(
+                "workload.trace.path",
+                workload.trace.path,
+                f"a trace with as many ranks as worker processes: it has {trace.world_size} "
+                f"({trace.prefix}.0.et to .{trace.world_size - 1}.et), the run {len(procs)} "
+                f"(workload.workers: {workload.workers or 'one per worker host'}){hint}",
+            )
         return procs
 
     @classmethod
@@ -161,8 +179,9 @@ class TraceReplay(Scheme):
             seconds = op.seconds * ctx.costs.compute_factor()
             ts, t0 = time.time(), time.perf_counter()
             ctx.costs.wait("compute", seconds, span=False)
-            ctx.events.record("compute", ts, time.perf_counter() - t0, nodes=len(op.nodes),
-                              requested_s=seconds * ctx.costs.scale, **f)
+            ctx.events.record(
+                "compute", ts, time.perf_counter() - t0, nodes=len(op.nodes), requested_s=seconds * ctx.costs.scale, **f
+            )
         elif op.kind == "send":
             self.sends.append(tr.isend(self.buffer(op.nbytes, 1), self.global_rank[op.peer], tag=op.tag, **f))
         elif op.kind == "recv":

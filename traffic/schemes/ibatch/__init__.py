@@ -93,13 +93,14 @@ Results: ``pull``, ``batch_ends``, ``ibatch_profile`` (this worker's measured pr
 Timing model and algorithms: :mod:`traffic.schemes.ibatch.batching` (eqs. (1)-(5), Algorithms 1-2),
 which :mod:`analysis.paper_models.ibatch` re-exports for the analysis.
 """
+
 from __future__ import annotations
 
 import statistics
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import Sequence
 
 import torch
 from pydantic import Field, field_validator
@@ -109,16 +110,24 @@ from traffic.runtime.comm import CommThread
 from traffic.runtime.events import read_events
 from traffic.schemes import register
 from traffic.schemes.base import ProcessPlan
-from traffic.schemes.ibatch.batching import (STRATEGIES, PullProfile, Strategy, choose_batching, exe_time,
-                                             optimal_batching, pipeline_time, satisfies_constraint,
-                                             strategy_ends)
+from traffic.schemes.ibatch.batching import (
+    STRATEGIES,
+    PullProfile,
+    Strategy,
+    choose_batching,
+    exe_time,
+    optimal_batching,
+    pipeline_time,
+    satisfies_constraint,
+    strategy_ends,
+)
 from traffic.schemes.ps import ELEMENT_BYTES, ParameterServer, PSOptions
 
 __all__ = ["IBatch", "IBatchOptions", "STRATEGIES", "REQUEST_TAG", "REPLY_TAG"]
 
-REQUEST_TAG = (1 << 30) + 11   # worker -> server pull requests
-REPLY_TAG = (1 << 30) + 12     # server -> worker one-element answers to sync and probe
-PROFILE_TAG = (1 << 30) + 13   # worker j -> worker 0: measured profile
+REQUEST_TAG = (1 << 30) + 11  # worker -> server pull requests
+REPLY_TAG = (1 << 30) + 12  # server -> worker one-element answers to sync and probe
+PROFILE_TAG = (1 << 30) + 13  # worker j -> worker 0: measured profile
 BATCHING_TAG = (1 << 30) + 14  # worker 0 -> worker j: batch ends
 
 PULL, PROBE, SYNC = 0, 1, 2
@@ -130,6 +139,7 @@ PROFILE_FILE = "ibatch.json"
 
 class IBatchOptions(PSOptions):
     """Options of ``ibatch``: ``ps``'s (``bigarray_bound``, ``overlap``) and the pull strategy."""
+
     pull: Strategy = "ibatch"
     """How a worker pulls the parameters: ``default`` (one pull of every layer, then the
     forward pass), ``layer_by_layer`` (one pull per layer, forward of layer ``l`` as soon as
@@ -151,6 +161,7 @@ class IBatchOptions(PSOptions):
 class IBatch(ParameterServer):
     """Parameter server with pulls on request: default, layer by layer or iBatch batches
     (see the module docstring). Options: :class:`IBatchOptions`."""
+
     Options = IBatchOptions
     light_refusal = None  # its payloads are ps's (module docstring, "Light memory")
 
@@ -176,8 +187,9 @@ class IBatch(ParameterServer):
         else:
             requests = len({(keys[s.key][1], s.server) for s in shards})
         data = ELEMENT_BYTES * sum(s.numel for s in shards)
-        return ((2 * data + active * (REQUEST_BYTES + REPLY_BYTES) + requests * REQUEST_BYTES)
-                / (2 * len(shards) + 2 * active + requests))
+        return (2 * data + active * (REQUEST_BYTES + REPLY_BYTES) + requests * REQUEST_BYTES) / (
+            2 * len(shards) + 2 * active + requests
+        )
 
     @property
     def strategy(self) -> str:
@@ -196,7 +208,7 @@ class IBatch(ParameterServer):
         self.active_servers = sorted({s.server for s in self.shards})
         self._puller = CommThread("pull")
         self._started: set[int] = set()
-        self._ready: list[Future] = []      # per layer: the pull that brings it, current iteration
+        self._ready: list[Future] = []  # per layer: the pull that brings it, current iteration
         self._ends: tuple[int, ...] | None = None
         self._probe_s: list[float] = []
         self._layer_pull_s: list[list[float]] = [[] for _ in range(self.L)]
@@ -204,9 +216,16 @@ class IBatch(ParameterServer):
 
     def _request(self, server: int, kind: int, lo: int, hi: int, it: int):
         t = torch.tensor([kind, lo, hi, it], dtype=torch.int64)
-        return self.ctx.transport.isend(t, self.server_ranks[server], tag=REQUEST_TAG, kind="pull_request",
-                                        iteration=it, request=_REQUEST_NAMES[kind], first_layer=lo,
-                                        last_layer=hi - 1)
+        return self.ctx.transport.isend(
+            t,
+            self.server_ranks[server],
+            tag=REQUEST_TAG,
+            kind="pull_request",
+            iteration=it,
+            request=_REQUEST_NAMES[kind],
+            first_layer=lo,
+            last_layer=hi - 1,
+        )
 
     def _ask_all(self, it: int, kind: int) -> float:
         """Pull-thread job: a ``sync`` or ``probe`` request to every server holding shards;
@@ -215,8 +234,10 @@ class IBatch(ParameterServer):
         t0 = time.perf_counter()
         with self.ctx.events.span(name, iteration=it, servers=len(self.active_servers)):
             bufs = [torch.empty(1) for _ in self.active_servers]
-            replies = [tr.irecv(b, self.server_ranks[s], tag=REPLY_TAG, kind="pull_reply", iteration=it,
-                                request=name) for b, s in zip(bufs, self.active_servers)]
+            replies = [
+                tr.irecv(b, self.server_ranks[s], tag=REPLY_TAG, kind="pull_reply", iteration=it, request=name)
+                for b, s in zip(bufs, self.active_servers)
+            ]
             tr.wait_all([self._request(s, kind, 0, 0, it) for s in self.active_servers])
             tr.wait_all(replies)
         return time.perf_counter() - t0
@@ -232,9 +253,16 @@ class IBatch(ParameterServer):
         tr = self.ctx.transport
         servers = sorted({s.server for s in shards})
         t0 = time.perf_counter()
-        with self.ctx.events.span("pull_batch", iteration=it, batch=b, first_layer=lo, last_layer=hi - 1,
-                                  servers=len(servers), payload_bytes=4 * sum(s.numel for s in shards),
-                                  profiling=profiling):
+        with self.ctx.events.span(
+            "pull_batch",
+            iteration=it,
+            batch=b,
+            first_layer=lo,
+            last_layer=hi - 1,
+            servers=len(servers),
+            payload_bytes=4 * sum(s.numel for s in shards),
+            profiling=profiling,
+        ):
             pulls = [self._post_pull(it, s) for s in shards]
             tr.wait_all([self._request(srv, PULL, lo, hi, it) for srv in servers])
             tr.wait_all(pulls)
@@ -289,8 +317,18 @@ class IBatch(ParameterServer):
         ``it + 1``'s parameters now, so that it evaluates the updated model."""
         tr = self.ctx.transport
         if not self.overlapped:
-            tr.wait_all([tr.isend(self._grad_slice(s), self.server_ranks[s.server], tag=s.id, kind=self.push_kind,
-                                  **self._fields(it, s)) for s in self.shards])
+            tr.wait_all(
+                [
+                    tr.isend(
+                        self._grad_slice(s),
+                        self.server_ranks[s.server],
+                        tag=s.id,
+                        kind=self.push_kind,
+                        **self._fields(it, s),
+                    )
+                    for s in self.shards
+                ]
+            )
         every, n = self.ctx.workload.eval_every, self.ctx.iterations
         evaluates = self.ctx.index == 0 and self.ctx.workload.compute.mode != "emulated"
         if evaluates and every > 0 and (it + 1) % every == 0 and it + 1 < n:
@@ -341,16 +379,16 @@ class IBatch(ParameterServer):
         if self.ctx.index != 0:
             tr.send(vec, w0, tag=PROFILE_TAG, kind="profile")
             tr.recv(ends_t, w0, tag=BATCHING_TAG, kind="batching")
-            ends = tuple(int(x) for x in ends_t[1:1 + int(ends_t[0])])
+            ends = tuple(int(x) for x in ends_t[1 : 1 + int(ends_t[0])])
         else:
             vecs = [vec]
             for wr in self.worker_ranks[1:]:
                 v = torch.empty_like(vec)
                 tr.recv(v, wr, tag=PROFILE_TAG, kind="profile")
                 vecs.append(v)
-            ends = self._choose([PullProfile(v[1:1 + L].tolist(), v[1 + L:].tolist(), float(v[0])) for v in vecs])
+            ends = self._choose([PullProfile(v[1 : 1 + L].tolist(), v[1 + L :].tolist(), float(v[0])) for v in vecs])
             ends_t[0] = len(ends)
-            ends_t[1:1 + len(ends)] = torch.tensor(ends, dtype=torch.int64)
+            ends_t[1 : 1 + len(ends)] = torch.tensor(ends, dtype=torch.int64)
             for wr in self.worker_ranks[1:]:
                 tr.send(ends_t, wr, tag=BATCHING_TAG, kind="batching")
         self._ends = strategy_ends(self.strategy, L, ends)
@@ -360,32 +398,47 @@ class IBatch(ParameterServer):
         """Worker 0: mean profile over workers, the batches (Algorithms 1, 2, eq. (4)), and
         ``ibatch.json``; returns the batch ends of the configured strategy."""
         n = len(profiles)
-        mean = PullProfile([sum(p.forward_s[l] for p in profiles) / n for l in range(self.L)],
-                           [sum(p.transfer_s[l] for p in profiles) / n for l in range(self.L)],
-                           sum(p.startup_s for p in profiles) / n)
+        mean = PullProfile(
+            [sum(p.forward_s[l] for p in profiles) / n for l in range(self.L)],
+            [sum(p.transfer_s[l] for p in profiles) / n for l in range(self.L)],
+            sum(p.startup_s for p in profiles) / n,
+        )
         choice = choose_batching(mean)
         opt_ends, opt_s = optimal_batching(mean)
         used = strategy_ends(self.strategy, self.L, choice["ends"])
 
         def describe(ends):
             ends = tuple(ends)
-            return {"ends": list(ends), "batches": [[lo, hi - 1] for lo, hi in zip((0,) + ends[:-1], ends)],
-                    "exe_s": exe_time(mean, ends), "pipeline_s": pipeline_time(mean, ends),
-                    "meets_constraint": satisfies_constraint(mean, ends)}
+            return {
+                "ends": list(ends),
+                "batches": [[lo, hi - 1] for lo, hi in zip((0,) + ends[:-1], ends)],
+                "exe_s": exe_time(mean, ends),
+                "pipeline_s": pipeline_time(mean, ends),
+                "meets_constraint": satisfies_constraint(mean, ends),
+            }
 
         model = self.ctx.model
-        write_json(self.ctx.run_dir / PROFILE_FILE, {
-            "strategy": self.strategy, "profile_iterations": self.profile_iterations,
-            "scale": self.ctx.scale,
-            "time_unit": "seconds of wall clock in this run (divide by scale for the emulated network)",
-            "workers": len(self.worker_ranks), "servers": len(self.server_ranks),
-            "layers": self.L, "layer_names": list(getattr(model, "layer_names", [])),
-            "layer_params": model.layer_numels(),
-            "profile": mean.to_dict(), "per_worker": [p.to_dict() for p in profiles],
-            "candidates": {k: describe(choice[k]) for k in ("algorithm1", "algorithm2")},
-            "chosen": choice["chosen"], "optimal": {**describe(opt_ends), "exe_s": opt_s},
-            "strategies": {s: describe(strategy_ends(s, self.L, choice["ends"])) for s in STRATEGIES},
-            "used": describe(used)})
+        write_json(
+            self.ctx.run_dir / PROFILE_FILE,
+            {
+                "strategy": self.strategy,
+                "profile_iterations": self.profile_iterations,
+                "scale": self.ctx.scale,
+                "time_unit": "seconds of wall clock in this run (divide by scale for the emulated network)",
+                "workers": len(self.worker_ranks),
+                "servers": len(self.server_ranks),
+                "layers": self.L,
+                "layer_names": list(getattr(model, "layer_names", [])),
+                "layer_params": model.layer_numels(),
+                "profile": mean.to_dict(),
+                "per_worker": [p.to_dict() for p in profiles],
+                "candidates": {k: describe(choice[k]) for k in ("algorithm1", "algorithm2")},
+                "chosen": choice["chosen"],
+                "optimal": {**describe(opt_ends), "exe_s": opt_s},
+                "strategies": {s: describe(strategy_ends(s, self.L, choice["ends"])) for s in STRATEGIES},
+                "used": describe(used),
+            },
+        )
         return used
 
     # ---------------------------------------------------------------- server
@@ -395,8 +448,10 @@ class IBatch(ParameterServer):
         pulls of iteration ``it + 1``, or the final pull)."""
         self._updated = [threading.Event() for _ in self.mine]
         self._serve_errors: list[BaseException] = []
-        self._serving = [threading.Thread(target=self._serve, args=(it, j, wr), name=f"serve{j}", daemon=True)
-                         for j, wr in enumerate(self.worker_ranks)]
+        self._serving = [
+            threading.Thread(target=self._serve, args=(it, j, wr), name=f"serve{j}", daemon=True)
+            for j, wr in enumerate(self.worker_ranks)
+        ]
         for t in self._serving:
             t.start()
 
@@ -435,17 +490,27 @@ class IBatch(ParameterServer):
                     else:
                         with costs.charge("request_startup", iteration=rit, request="probe", worker=j):
                             pass
-                    sends.append(tr.isend(torch.zeros(1), wr, tag=REPLY_TAG, kind="pull_reply", iteration=rit,
-                                          request=_REQUEST_NAMES[kind]))
+                    sends.append(
+                        tr.isend(
+                            torch.zeros(1),
+                            wr,
+                            tag=REPLY_TAG,
+                            kind="pull_reply",
+                            iteration=rit,
+                            request=_REQUEST_NAMES[kind],
+                        )
+                    )
                     continue
-                with costs.charge("request_startup", iteration=rit, request="pull", worker=j, first_layer=lo,
-                                  last_layer=hi - 1):
+                with costs.charge(
+                    "request_startup", iteration=rit, request="pull", worker=j, first_layer=lo, last_layer=hi - 1
+                ):
                     now = [i for i in left if lo <= self.key_layer[self.mine[i].key] < hi]  # the shard lookup
                 for i in now:
                     self._updated[i].wait()
                     s = self.mine[i]
-                    sends.append(tr.isend(self.values[i].detach(), wr, tag=s.id, kind=self.pull_kind,
-                                          **self._fields(rit, s)))
+                    sends.append(
+                        tr.isend(self.values[i].detach(), wr, tag=s.id, kind=self.pull_kind, **self._fields(rit, s))
+                    )
                 left = [i for i in left if i not in now]
             tr.wait_all(sends)
         except BaseException as e:  # noqa: BLE001 - raised by _round_end

@@ -35,15 +35,30 @@ For comparison (the scheme records it in ``ibatch.json``): :func:`optimal_batchi
 exact minimum of eq. (4) under (5) by dynamic programming. Plain Python arithmetic on
 lists (the module itself uses neither torch nor pandas).
 """
+
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Sequence, get_args
+from typing import Literal, get_args
 
-__all__ = ["PullProfile", "batch_ranges", "validate_ends", "exe_parts", "exe_time", "satisfies_constraint",
-           "pipeline_time", "algorithm1", "algorithm2", "choose_batching", "optimal_batching",
-           "strategy_ends", "Strategy", "STRATEGIES"]
+__all__ = [
+    "PullProfile",
+    "batch_ranges",
+    "validate_ends",
+    "exe_parts",
+    "exe_time",
+    "satisfies_constraint",
+    "pipeline_time",
+    "algorithm1",
+    "algorithm2",
+    "choose_batching",
+    "optimal_batching",
+    "strategy_ends",
+    "Strategy",
+    "STRATEGIES",
+]
 
 Strategy = Literal["default", "layer_by_layer", "ibatch"]
 """A pull strategy: one pull of every layer, one pull per layer, or iBatch's batches."""
@@ -62,6 +77,7 @@ class PullProfile:
     Raises:
         ValueError: lengths differ, no layer, or a negative time.
     """
+
     forward_s: Sequence[float]
     transfer_s: Sequence[float]
     startup_s: float
@@ -73,8 +89,10 @@ class PullProfile:
         self.transfer_s = [float(x) for x in self.transfer_s]
         self.startup_s = float(self.startup_s)
         if not self.forward_s or len(self.forward_s) != len(self.transfer_s):
-            raise ValueError(f"need as many forward times as transfer times (>= 1 layer); got "
-                             f"{len(self.forward_s)} and {len(self.transfer_s)}")
+            raise ValueError(
+                f"need as many forward times as transfer times (>= 1 layer); got "
+                f"{len(self.forward_s)} and {len(self.transfer_s)}"
+            )
         if min(self.forward_s) < 0 or min(self.transfer_s) < 0 or self.startup_s < 0:
             raise ValueError("profile times must be >= 0")
         self._c = [0.0] + list(itertools.accumulate(self.forward_s))
@@ -219,8 +237,8 @@ def algorithm2(p: PullProfile) -> tuple[int, ...]:
     """
     L = p.layers
     best, key = None, None
-    for a in range(1, L):           # a = l_{N-1}
-        for b in range(0, a):       # b = l_{N-2}
+    for a in range(1, L):  # a = l_{N-1}
+        for b in range(0, a):  # b = l_{N-2}
             if p.pull(a, L) >= p.compute(b, a):
                 k = (-p.compute(b, a), p.compute(a, L), -b, -a)
                 if key is None or k < key:
@@ -229,7 +247,7 @@ def algorithm2(p: PullProfile) -> tuple[int, ...]:
         return (L,)
     a, b = best
     ends = {L, a}
-    nxt1, nxt2 = b, a               # l_{k+1}, l_{k+2}
+    nxt1, nxt2 = b, a  # l_{k+1}, l_{k+2}
     while nxt1 > 0:
         ends.add(nxt1)
         comm = p.pull(nxt1, nxt2)
@@ -276,8 +294,9 @@ def optimal_batching(p: PullProfile) -> tuple[tuple[int, ...], float]:
             for c in range(0, a):
                 if g[c][a] + 1 < g[a][b] and comm >= p.compute(c, a):
                     g[a][b], parent[(a, b)] = g[c][a] + 1, c
-    best = min((g[a][L] * p.startup_s + p.transfer(0, L) + p.compute(a, L), g[a][L], a)
-               for a in range(L) if g[a][L] < INF)
+    best = min(
+        (g[a][L] * p.startup_s + p.transfer(0, L) + p.compute(a, L), g[a][L], a) for a in range(L) if g[a][L] < INF
+    )
     ends, a, b = [L], best[2], L
     while a:
         ends.append(a)

@@ -134,13 +134,14 @@ Modules: :mod:`~traffic.schemes.phub.chunks` (chunks and their placement),
 :mod:`~traffic.schemes.phub.hierarchy` (cross-rack ring, Sec. 3.4's inequality); this
 module holds the scheme (:class:`PHub`, options :class:`PHubOptions`).
 """
+
 from __future__ import annotations
 
 import math
 import threading
 import time
 from functools import partial
-from typing import Literal, Optional, Union
+from typing import Literal
 
 import torch
 from pydantic import Field, field_validator
@@ -148,23 +149,49 @@ from pydantic import Field, field_validator
 from common.errors import SpecError
 from topologies.hosts import HostInfo
 from traffic.data import GlobalBatches
-from traffic.runtime.transport import Pending
 from traffic.runtime.trainer import make_optimizer
+from traffic.runtime.transport import Pending
 from traffic.schemes import register
 from traffic.schemes.base import ProcessPlan, SchemeOptions, count_roles, gradient_sync_bytes, model_keys
 from traffic.schemes.phub.aggregation import RECV_WINDOW_BYTES, recv_window, tall_aggregate
 from traffic.schemes.phub.charges import charge_messages
 from traffic.schemes.phub.chunks import CHUNK_BYTES, ELEMENT_BYTES, Chunk, assign_chunks, lpt
 from traffic.schemes.phub.frames import FRAME_BYTES, Frame, pack_frames, refused_reply
-from traffic.schemes.phub.update import step_frame
 from traffic.schemes.phub.hierarchy import RING_TAG, hierarchical_pays, host_racks, ring_messages, ring_reduce
-from traffic.schemes.phub.tenancy import (ACCEPTED, META, REJECTED, SETUP_TAG, JobShards, job_groups, new_token,
-                                          token_meta)
+from traffic.schemes.phub.tenancy import (
+    ACCEPTED,
+    META,
+    REJECTED,
+    SETUP_TAG,
+    JobShards,
+    job_groups,
+    new_token,
+    token_meta,
+)
+from traffic.schemes.phub.update import step_frame
 from traffic.schemes.ps import ParameterServer
 
-__all__ = ["CHUNK_BYTES", "FRAME_BYTES", "ELEMENT_BYTES", "META", "ACCEPTED", "REJECTED", "RING_TAG", "SETUP_TAG",
-           "RECV_WINDOW_BYTES", "Chunk", "Frame", "assign_chunks", "pack_frames", "lpt", "job_groups", "host_racks",
-           "hierarchical_pays", "PHubOptions", "PHub"]
+__all__ = [
+    "CHUNK_BYTES",
+    "FRAME_BYTES",
+    "ELEMENT_BYTES",
+    "META",
+    "ACCEPTED",
+    "REJECTED",
+    "RING_TAG",
+    "SETUP_TAG",
+    "RECV_WINDOW_BYTES",
+    "Chunk",
+    "Frame",
+    "assign_chunks",
+    "pack_frames",
+    "lpt",
+    "job_groups",
+    "host_racks",
+    "hierarchical_pays",
+    "PHubOptions",
+    "PHub",
+]
 
 
 class PHubOptions(SchemeOptions):
@@ -174,19 +201,20 @@ class PHubOptions(SchemeOptions):
     real message costs Python and gloo CPU time at both ends on this 2-core machine (about
     100-150 us per message at the server, measured in the module docstring); the chunks
     inside are still handled and charged one by one, as PHub's messages."""
+
     chunk_bytes: int = Field(CHUNK_BYTES, gt=0)
     """Bytes per chunk, a multiple of 4 (float32 elements); the last chunk of a key holds
     the rest (PHub Sec. 3.2.3: PHub's default 32 KB; MXNet uses 4 MB)."""
     server_threads: int = Field(2, gt=0)
     """Aggregation threads per server process; chunks are balanced over them (Sec. 3.2.4)."""
-    hierarchical: Union[bool, Literal["auto"]] = False
+    hierarchical: bool | Literal["auto"] = False
     """``false`` (flat: chunks over every server process), ``true`` (one PBox per rack, ring
     across racks, Sec. 3.4) or ``auto`` (Sec. 3.4's inequality on the topology's bandwidths
     decides)."""
     jobs: int = Field(1, gt=0)
     """Training jobs sharing the servers: the workers split into this many equal groups,
     each with its own key namespace and token (Sec. 3.1)."""
-    bad_token_worker: Optional[int] = Field(None, ge=0)
+    bad_token_worker: int | None = Field(None, ge=0)
     """Index of a worker that intrudes on job 0 with a made-up token (tests of access
     control), or null."""
     overlap: bool = True
@@ -230,11 +258,14 @@ class PHub(ParameterServer):
     Options: :class:`PHubOptions`. Dedicated server hosts (PBoxes of
     ``workload.servers.interfaces`` links) come from :meth:`ParameterServer.hosts`.
     """
+
     Options = PHubOptions
     push_kind = "push"
     pull_kind = "pull"
-    light_refusal = ("its frames carry a job token in their payload, read on arrival, so frames in flight cannot "
-                     "share light memory's scratch; not supported yet")
+    light_refusal = (
+        "its frames carry a job token in their payload, read on arrival, so frames in flight cannot "
+        "share light memory's scratch; not supported yet"
+    )
 
     # ---------------------------------------------------------------- harness side
 
@@ -263,12 +294,16 @@ class PHub(ParameterServer):
             server_hosts = list(dict.fromkeys(p.host for p in servers))
             worker_racks = sorted({rack[p.host] for p in workers})
             if sorted(rack[h] for h in server_hosts) != worker_racks:
-                raise SpecError("workload.servers", f"server hosts {server_hosts}",
-                                "exactly one server host (PBox) in every rack with workers for "
-                                "hierarchical reduction: {placement: dedicated, scope: per_rack, count: 1}")
+                raise SpecError(
+                    "workload.servers",
+                    f"server hosts {server_hosts}",
+                    "exactly one server host (PBox) in every rack with workers for "
+                    "hierarchical reduction: {placement: dedicated, scope: per_rack, count: 1}",
+                )
             if o.bad_token_worker is not None:
-                raise SpecError("workload.options.bad_token_worker", o.bad_token_worker,
-                                "null with hierarchical reduction")
+                raise SpecError(
+                    "workload.options.bad_token_worker", o.bad_token_worker, "null with hierarchical reduction"
+                )
         return workers + servers
 
     @classmethod
@@ -329,8 +364,13 @@ class PHub(ParameterServer):
         if racks_with_workers < 2 or len(self.pboxes) != racks_with_workers:
             return False
         t = self.ctx.topology
-        return hierarchical_pays(b_pbox=k * t.host_bw_mbps, b_core=t.uplink_mbps(), b_wkr=t.host_bw_mbps,
-                                 racks=racks_with_workers, n=per_rack)
+        return hierarchical_pays(
+            b_pbox=k * t.host_bw_mbps,
+            b_core=t.uplink_mbps(),
+            b_wkr=t.host_bw_mbps,
+            racks=racks_with_workers,
+            n=per_rack,
+        )
 
     def _make_shards(self) -> list[Chunk]:
         """The cut of the keys into chunks (called by :meth:`ParameterServer._layout` once the
@@ -356,17 +396,25 @@ class PHub(ParameterServer):
         k = len(self.pboxes[0])
         self.hier = self._decide_hierarchical(len(set(worker_racks)), per_rack, k)
         if self.hier:
-            if len({len(p) for p in self.pboxes}) != 1 or \
-                    sorted(self.rack_of[p[0]] for p in self.pboxes) != sorted(set(worker_racks)):
-                raise RuntimeError("hierarchical reduction needs one PBox (server host) per rack with workers, "
-                                   "all with the same number of interfaces")
+            if len({len(p) for p in self.pboxes}) != 1 or sorted(self.rack_of[p[0]] for p in self.pboxes) != sorted(
+                set(worker_racks)
+            ):
+                raise RuntimeError(
+                    "hierarchical reduction needs one PBox (server host) per rack with workers, "
+                    "all with the same number of interfaces"
+                )
             self.pbox_of_rack = {self.rack_of[p[0]]: p for p in self.pboxes}
         interfaces = k if self.hier else len(self.server_ranks)
         named = list(ctx.model.named_parameters())
-        self.chunks = assign_chunks([p.numel() for _, p in named], self.opts.chunk_bytes // ELEMENT_BYTES, interfaces,
-                                    self.opts.server_threads, [n for n, _ in named], jobs=len(self.jobs))
-        self.frames = pack_frames(self.chunks, self.opts.frame_bytes // ELEMENT_BYTES,
-                                  lambda c: self.key_layer[c.key])
+        self.chunks = assign_chunks(
+            [p.numel() for _, p in named],
+            self.opts.chunk_bytes // ELEMENT_BYTES,
+            interfaces,
+            self.opts.server_threads,
+            [n for n, _ in named],
+            jobs=len(self.jobs),
+        )
+        self.frames = pack_frames(self.chunks, self.opts.frame_bytes // ELEMENT_BYTES, lambda c: self.key_layer[c.key])
         return self.chunks
 
     def _namespace(self, widx: int) -> int:
@@ -389,17 +437,27 @@ class PHub(ParameterServer):
         return list(self.pbox_of_rack[self.rack_of[worker_rank]]) if self.hier else list(self.server_ranks)
 
     def _fields(self, it: int, f: Frame) -> dict:
-        return {"iteration": it, "layer": f.layer, "frame": f.id, "shard": f.id, "slice": f.id,
-                "chunks": [c.id for c in f.chunks], "job": f.job, "iface": f.server, "server_thread": f.thread,
-                "priority": f.layer}
+        return {
+            "iteration": it,
+            "layer": f.layer,
+            "frame": f.id,
+            "shard": f.id,
+            "slice": f.id,
+            "chunks": [c.id for c in f.chunks],
+            "job": f.job,
+            "iface": f.server,
+            "server_thread": f.thread,
+            "priority": f.layer,
+        }
 
     @staticmethod
     def _message_sizes(f: Frame) -> list[int]:
         """Bytes of each chunk's message in frame ``f`` (payload and metadata)."""
         return [(c.numel + META) * ELEMENT_BYTES for c in f.chunks]
 
-    def _send_frame(self, buf: torch.Tensor, f: Frame, dst: int, kind: str, fields: dict,
-                    sizes: list[int] | None = None) -> Pending:
+    def _send_frame(
+        self, buf: torch.Tensor, f: Frame, dst: int, kind: str, fields: dict, sizes: list[int] | None = None
+    ) -> Pending:
         """Send frame ``f`` (``buf``) to ``dst`` as one transfer that is not a message of the
         emulated system; its chunks are charged one ``message`` each first (the sender pays
         before posting, as the transport does)."""
@@ -436,28 +494,40 @@ class PHub(ParameterServer):
         elif me == members[0]:
             self.token = new_token()
             tok[:] = torch.tensor([self.job, self.token])
-            tr.wait_all([tr.isend(tok, self.worker_ranks[w], tag=SETUP_TAG, kind="token", job=self.job)
-                         for w in members[1:]] +
-                        [tr.isend(tok, s, tag=SETUP_TAG + 1, kind="create_service", job=self.job)
-                         for s in self.server_ranks])
+            tr.wait_all(
+                [tr.isend(tok, self.worker_ranks[w], tag=SETUP_TAG, kind="token", job=self.job) for w in members[1:]]
+                + [tr.isend(tok, s, tag=SETUP_TAG + 1, kind="create_service", job=self.job) for s in self.server_ranks]
+            )
         else:
             tr.recv(tok, self.worker_ranks[members[0]], tag=SETUP_TAG, kind="token", job=self.job)
             self.token = int(tok[1])
         self._meta = token_meta(self.token)
         # ConnectService: name the namespace and present the token to every server process used
         hello = torch.tensor([self.job, self.token], dtype=torch.int64)
-        tr.wait_all([tr.isend(hello, s, tag=SETUP_TAG + 2, kind="connect", job=self.job)
-                     for s in self._servers_used(ctx.rank)])
+        tr.wait_all(
+            [tr.isend(hello, s, tag=SETUP_TAG + 2, kind="connect", job=self.job) for s in self._servers_used(ctx.rank)]
+        )
         # initial values: the job's first worker (per rack with hierarchical reduction) sends them
         if not self.is_intruder:
             my_rank = ctx.rank
-            same_rack = [w for w in members if not self.hier or
-                         self.rack_of[self.worker_ranks[w]] == self.rack_of[my_rank]]
+            same_rack = [
+                w for w in members if not self.hier or self.rack_of[self.worker_ranks[w]] == self.rack_of[my_rank]
+            ]
             if me == same_rack[0]:
                 flat = [p.data.view(-1) for p in self.params]
-                tr.wait_all([self._send_frame(torch.cat([flat[c.key][c.lo:c.hi] for c in f.chunks]), f,
-                                              self._server_of(f, my_rank), "init", self._fields(-1, f),
-                                              [c.numel * ELEMENT_BYTES for c in f.chunks]) for f in self.mine])
+                tr.wait_all(
+                    [
+                        self._send_frame(
+                            torch.cat([flat[c.key][c.lo : c.hi] for c in f.chunks]),
+                            f,
+                            self._server_of(f, my_rank),
+                            "init",
+                            self._fields(-1, f),
+                            [c.numel * ELEMENT_BYTES for c in f.chunks],
+                        )
+                        for f in self.mine
+                    ]
+                )
         # data: the job's own global batches (a job of m workers trains as the reference of m)
         if ctx.batches is not None and (len(self.jobs) > 1 or self.intruder is not None):
             m = len(members)
@@ -479,10 +549,11 @@ class PHub(ParameterServer):
             sends = []
             for f, gs in grads:
                 msg = torch.empty(f.size)
-                torch.cat(gs, out=msg[:f.numel])
-                msg[f.numel:].copy_(self._meta.repeat(len(f.chunks)))
+                torch.cat(gs, out=msg[: f.numel])
+                msg[f.numel :].copy_(self._meta.repeat(len(f.chunks)))
                 sends.append(self._send_frame(msg, f, self._server_of(f, me), self.push_kind, self._fields(it, f)))
             self.ctx.transport.wait_all(sends)
+
         self.ctx.comm.submit(push)
         return pulls
 
@@ -494,7 +565,7 @@ class PHub(ParameterServer):
             charge_messages(self.ctx.costs, self._message_sizes(f), **fields)
             for j, c in enumerate(f.chunks):
                 if f.meta(buf, j) == ACCEPTED:
-                    self.params[c.key].data.view(-1)[c.lo:c.hi].copy_(f.payload(buf, j))
+                    self.params[c.key].data.view(-1)[c.lo : c.hi].copy_(f.payload(buf, j))
                 else:
                     self.rejected_pulls += 1
 
@@ -524,8 +595,12 @@ class PHub(ParameterServer):
         throughput is the analysis's, from ``iterations.csv``: ``analysis.phub_report``)."""
         self._wait_pulls()
         self.ctx.comm.drain()
-        self.ctx.results.update(job=None if self.is_intruder else self.job, job_workers=len(self.jobs[self.job]),
-                                rejected_pulls=self.rejected_pulls, intruder=self.is_intruder)
+        self.ctx.results.update(
+            job=None if self.is_intruder else self.job,
+            job_workers=len(self.jobs[self.job]),
+            rejected_pulls=self.rejected_pulls,
+            intruder=self.is_intruder,
+        )
 
     # ---------------------------------------------------------------- server
 
@@ -556,7 +631,7 @@ class PHub(ParameterServer):
         self.senders: dict[int, list[int]] = {g: [] for g in range(len(self.jobs))}
         self.rejected_connects = self.rejected_pushes = 0
         hello = torch.zeros(2, dtype=torch.int64)
-        for w, r in served:
+        for _w, r in served:
             tr.recv(hello, r, tag=SETUP_TAG + 2, kind="connect")
             g, token = int(hello[0]), int(hello[1])
             if tokens.get(g) != token:
@@ -569,22 +644,29 @@ class PHub(ParameterServer):
         self.mine = [f for f in self.frames if f.server == my_iface and self._legit(f.job, my_rack)]
         self.stores = [torch.empty(f.size) for f in self.mine]
         for f, st in zip(self.mine, self.stores):
-            st[f.numel:].copy_(token_meta(ACCEPTED).repeat(len(f.chunks)))
+            st[f.numel :].copy_(token_meta(ACCEPTED).repeat(len(f.chunks)))
         # one Parameter per frame (its chunks' values, contiguous): one real optimizer step per
         # frame, charged per chunk (:func:`step_frame`)
-        self.values = [torch.nn.Parameter(st[:f.numel]) for f, st in zip(self.mine, self.stores)]
+        self.values = [torch.nn.Parameter(st[: f.numel]) for f, st in zip(self.mine, self.stores)]
         inits = []
         for f, st in zip(self.mine, self.stores):
             fields = self._fields(-1, f)
-            inits.append((f, fields, self._recv_frame(st[:f.numel], f, self._legit(f.job, my_rack)[0], "init",
-                                                      fields)))
+            inits.append(
+                (f, fields, self._recv_frame(st[: f.numel], f, self._legit(f.job, my_rack)[0], "init", fields))
+            )
         for f, fields, p in inits:
             p.wait()
             charge_messages(ctx.costs, [c.numel * ELEMENT_BYTES for c in f.chunks], **fields)
         self.optimizers = [make_optimizer([v], ctx.workload.optimizer) for v in self.values]
         chunks = [c for f in self.mine for c in f.chunks]
-        ev.instant("server_keys", chunks=[c.id for c in chunks], frames=[f.id for f in self.mine],
-                   numel=sum(c.numel for c in chunks), iface=my_iface, hierarchical=self.hier)
+        ev.instant(
+            "server_keys",
+            chunks=[c.id for c in chunks],
+            frames=[f.id for f in self.mine],
+            numel=sum(c.numel for c in chunks),
+            iface=my_iface,
+            hierarchical=self.hier,
+        )
         T = self.opts.server_threads
         jobs_here = sorted({f.job for f in self.mine})
         self._count_lock = threading.Lock()
@@ -595,9 +677,14 @@ class PHub(ParameterServer):
                 self._serve_thread(t, g, len(jobs_here), my_iface, my_rack)
             except BaseException as e:  # noqa: BLE001 - re-raised by the main thread
                 errors.append(e)
-        threads = [threading.Thread(target=serve, args=(t, g), daemon=True,
-                                    name=f"srv{t}" if len(self.jobs) == 1 else f"srv{t}-job{g}")
-                   for t in range(T) for g in jobs_here]
+
+        threads = [
+            threading.Thread(
+                target=serve, args=(t, g), daemon=True, name=f"srv{t}" if len(self.jobs) == 1 else f"srv{t}-job{g}"
+            )
+            for t in range(T)
+            for g in jobs_here
+        ]
         cpu0 = time.process_time()
         for th in threads:
             th.start()
@@ -606,10 +693,17 @@ class PHub(ParameterServer):
                 th.join(timeout=0.2)
         if errors:
             raise errors[0]
-        ctx.results.update(rejected_pushes=self.rejected_pushes, rejected_connects=self.rejected_connects,
-                           chunks=len(chunks), frames=len(self.mine), chunk_bytes=self.opts.chunk_bytes,
-                           frame_bytes=self.opts.frame_bytes, hierarchical=self.hier, iface=my_iface,
-                           serve_cpu_s=time.process_time() - cpu0)
+        ctx.results.update(
+            rejected_pushes=self.rejected_pushes,
+            rejected_connects=self.rejected_connects,
+            chunks=len(chunks),
+            frames=len(self.mine),
+            chunk_bytes=self.opts.chunk_bytes,
+            frame_bytes=self.opts.frame_bytes,
+            hierarchical=self.hier,
+            iface=my_iface,
+            serve_cpu_s=time.process_time() - cpu0,
+        )
 
     def _legit(self, g: int, rack: int | None) -> list[int]:
         """Global ranks of job ``g``'s workers (in ``rack`` only, if given)."""
@@ -663,13 +757,20 @@ class PHub(ParameterServer):
                     posted[j] = post(it, j)
                 f = self.mine[i]
                 fields = self._fields(it, f)
-                agg, accepted, refused = tall_aggregate(posted.pop(i), f, self.tokens.get(f.job),
-                                                        partial(self._reject_push, fields=fields), ctx.costs, fields)
+                agg, accepted, refused = tall_aggregate(
+                    posted.pop(i),
+                    f,
+                    self.tokens.get(f.job),
+                    partial(self._reject_push, fields=fields),
+                    ctx.costs,
+                    fields,
+                )
                 with ev.span("update", copies=max(len(a) for a in accepted), **fields):
                     if self.hier:
                         ring = [box[f.server] for box in self.pboxes if self._legit(f.job, self.rack_of[box[0]])]
-                        ring_reduce(tr, agg, ring, f.id, R, chunk_numels=[c.numel for c in f.chunks],
-                                    costs=ctx.costs, **fields)
+                        ring_reduce(
+                            tr, agg, ring, f.id, R, chunk_numels=[c.numel for c in f.chunks], costs=ctx.costs, **fields
+                        )
                         counts = [len(self._legit(f.job, None))] * len(f.chunks)
                     else:
                         counts = [len(a) for a in accepted]
@@ -677,8 +778,15 @@ class PHub(ParameterServer):
                 store, k = self.stores[i], len(f.chunks)
                 for r in self.senders[f.job]:  # each sender pushed a copy of every chunk of the frame
                     no = [j for j in range(k) if r in refused[j]]  # no parameters for a wrong token
-                    sends.append(self._send_frame(refused_reply(store, f, no) if no else store, f, r,
-                                                  "reject_reply" if len(no) == k else self.pull_kind, fields))
+                    sends.append(
+                        self._send_frame(
+                            refused_reply(store, f, no) if no else store,
+                            f,
+                            r,
+                            "reject_reply" if len(no) == k else self.pull_kind,
+                            fields,
+                        )
+                    )
                 done = [s for s in sends if s.is_completed()]
                 for s in done:
                     s.wait()
@@ -697,6 +805,9 @@ class PHub(ParameterServer):
         (prefixed ``job<g>/`` with several jobs)."""
         if self.ctx.role == "server":
             pre = (lambda c: f"job{c.job}/") if len(self.jobs) > 1 else (lambda c: "")
-            return {f"{pre(c)}{c.name}[{c.lo}:{c.hi}]": f.payload(v.detach(), j)
-                    for f, v in zip(self.mine, self.values) for j, c in enumerate(f.chunks)}
+            return {
+                f"{pre(c)}{c.name}[{c.lo}:{c.hi}]": f.payload(v.detach(), j)
+                for f, v in zip(self.mine, self.values)
+                for j, c in enumerate(f.chunks)
+            }
         return super().final_state()

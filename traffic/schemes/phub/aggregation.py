@@ -13,9 +13,10 @@ one received message (``message``, when the host model states a per-message over
 if its token is right, one aggregation of the chunk's bytes (``aggregate``: PHub Sec.
 3.2.2, "Aggregation is simply vector addition: we read two floats and write one back.").
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -39,9 +40,14 @@ def recv_window(frame_size: int, senders: int, jobs_here: int) -> int:
     return max(2, RECV_WINDOW_BYTES // (jobs_here * senders * frame_size * ELEMENT_BYTES))
 
 
-def tall_aggregate(pending: list[tuple[int, torch.Tensor, Pending]], frame: Frame, token: int | None,
-                   on_reject: Callable[[int, int], None], costs: HostCosts | None = None,
-                   fields: dict | None = None) -> tuple[torch.Tensor, list[list[int]], list[list[int]]]:
+def tall_aggregate(
+    pending: list[tuple[int, torch.Tensor, Pending]],
+    frame: Frame,
+    token: int | None,
+    on_reject: Callable[[int, int], None],
+    costs: HostCosts | None = None,
+    fields: dict | None = None,
+) -> tuple[torch.Tensor, list[list[int]], list[list[int]]]:
     """Sum the copies of a frame's chunks as they arrive.
 
     Args:
@@ -86,7 +92,7 @@ def tall_aggregate(pending: list[tuple[int, torch.Tensor, Pending]], frame: Fram
                     for j in range(k):
                         accepted[j].append(r)
                     with batch.charge(frame.numel * ELEMENT_BYTES, ops=k):
-                        agg.add_(buf[:frame.numel])
+                        agg.add_(buf[: frame.numel])
                     continue
                 for j, c in enumerate(frame.chunks):
                     if not ok[j]:

@@ -19,11 +19,12 @@ each charge is made with ``span=False`` and :class:`ChargeBatch` records one eve
 ``host_<kind>`` per batch (one copy's aggregation, one frame's optimizer steps, one frame's
 messages), in the accountant's format plus ``ops`` (the chunk operations it stands for).
 """
+
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 from traffic.hostmodel.costs import HostCosts
 
@@ -88,12 +89,21 @@ class ChargeBatch:
         events = self.costs.events if self.costs is not None else None
         if self.count and events is not None and self._ts is not None:
             shared = {"queued_s": self.queued_s} if self.costs.on_machine(self.kind) else {}
-            events.record(f"host_{self.kind}", self._ts, time.perf_counter() - self._t0, emulated_s=self.emulated_s,
-                          real_s=self.real_s, overrun=self.overrun, bytes=self.nbytes or None, ops=self.count,
-                          **shared, **self.fields)
+            events.record(
+                f"host_{self.kind}",
+                self._ts,
+                time.perf_counter() - self._t0,
+                emulated_s=self.emulated_s,
+                real_s=self.real_s,
+                overrun=self.overrun,
+                bytes=self.nbytes or None,
+                ops=self.count,
+                **shared,
+                **self.fields,
+            )
         self._ts = None
 
-    def __enter__(self) -> "ChargeBatch":
+    def __enter__(self) -> ChargeBatch:
         return self
 
     def __exit__(self, *exc) -> None:

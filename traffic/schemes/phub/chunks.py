@@ -5,18 +5,19 @@ chunk of a key holding the rest); every chunk is given a server process (interfa
 within it, a server thread, by Graham's longest-processing-time-first rule on the chunks'
 bytes at each level (:func:`assign_chunks`, :func:`lpt`).
 """
+
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from traffic.schemes.ps import Shard
 
 __all__ = ["CHUNK_BYTES", "ELEMENT_BYTES", "Chunk", "lpt", "assign_chunks"]
 
-CHUNK_BYTES = 32 * 1024      # PHub's default chunk size (Sec. 3.2.3)
-ELEMENT_BYTES = 4            # float32
+CHUNK_BYTES = 32 * 1024  # PHub's default chunk size (Sec. 3.2.3)
+ELEMENT_BYTES = 4  # float32
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class Chunk(Shard):
     its server thread within that process, ``local`` its index within the namespace; ``id``
     (``job * chunks_per_job + local``) is the tag of its messages.
     """
+
     thread: int = 0
     job: int = 0
     local: int = 0
@@ -55,8 +57,14 @@ def lpt(sizes: Sequence[int], bins: int) -> list[int]:
     return out
 
 
-def assign_chunks(numels: Sequence[int], chunk_elems: int, interfaces: int, threads: int,
-                  names: Sequence[str] | None = None, jobs: int = 1) -> list[Chunk]:
+def assign_chunks(
+    numels: Sequence[int],
+    chunk_elems: int,
+    interfaces: int,
+    threads: int,
+    names: Sequence[str] | None = None,
+    jobs: int = 1,
+) -> list[Chunk]:
     """Cut keys into chunks and map each chunk to an (interface, thread), PHub Sec. 3.2.4.
 
     Args:
@@ -76,11 +84,14 @@ def assign_chunks(numels: Sequence[int], chunk_elems: int, interfaces: int, thre
         ValueError: ``chunk_elems``, ``interfaces``, ``threads`` or ``jobs`` < 1.
     """
     if min(chunk_elems, interfaces, threads, jobs) < 1:
-        raise ValueError(f"chunk_elems ({chunk_elems}), interfaces ({interfaces}), threads ({threads}) "
-                         f"and jobs ({jobs}) must be >= 1")
+        raise ValueError(
+            f"chunk_elems ({chunk_elems}), interfaces ({interfaces}), threads ({threads}) "
+            f"and jobs ({jobs}) must be >= 1"
+        )
     names = list(names) if names is not None else [f"key{k}" for k in range(len(numels))]
-    cuts = [(k, lo, min(lo + chunk_elems, int(n))) for k, n in enumerate(numels)
-            for lo in range(0, int(n), chunk_elems)]
+    cuts = [
+        (k, lo, min(lo + chunk_elems, int(n))) for k, n in enumerate(numels) for lo in range(0, int(n), chunk_elems)
+    ]
     n = len(cuts)
     sizes = [hi - lo for _, lo, hi in cuts] * jobs
     iface = lpt(sizes, interfaces)
@@ -89,5 +100,17 @@ def assign_chunks(numels: Sequence[int], chunk_elems: int, interfaces: int, thre
         idx = [j for j in range(len(sizes)) if iface[j] == i]
         for j, t in zip(idx, lpt([sizes[j] for j in idx], threads)):
             thread[j] = t
-    return [Chunk(j, cuts[j % n][0], names[cuts[j % n][0]], iface[j], cuts[j % n][1], cuts[j % n][2],
-                  thread=thread[j], job=j // n, local=j % n) for j in range(len(sizes))]
+    return [
+        Chunk(
+            j,
+            cuts[j % n][0],
+            names[cuts[j % n][0]],
+            iface[j],
+            cuts[j % n][1],
+            cuts[j % n][2],
+            thread=thread[j],
+            job=j // n,
+            local=j % n,
+        )
+        for j in range(len(sizes))
+    ]

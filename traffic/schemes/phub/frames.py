@@ -19,11 +19,12 @@ chunk in chunk order (:meth:`Frame.meta_slots`, :meth:`Frame.meta`). The payload
 contiguous, the sum of a frame's copies is one tensor, which the hierarchical ring reduces
 at once.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Callable, Sequence
 
 import torch
 
@@ -32,7 +33,7 @@ from traffic.schemes.phub.tenancy import META, REJECTED, meta_value, token_meta
 
 __all__ = ["FRAME_BYTES", "Frame", "pack_frames", "refused_reply"]
 
-FRAME_BYTES = 256 * 1024     # default payload bytes per frame (PHubOptions.frame_bytes)
+FRAME_BYTES = 256 * 1024  # default payload bytes per frame (PHubOptions.frame_bytes)
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class Frame:
         chunks: the chunks, in increasing chunk id.
         layer: the layer of every chunk's key.
     """
+
     id: int
     chunks: tuple[Chunk, ...]
     layer: int
@@ -83,12 +85,12 @@ class Frame:
     def payload(self, buf: torch.Tensor, j: int) -> torch.Tensor:
         """View of chunk ``j``'s payload (``chunks[j].numel`` elements) in ``buf``."""
         o = self.offsets[j]
-        return buf[o:o + self.chunks[j].numel]
+        return buf[o : o + self.chunks[j].numel]
 
     def meta_slots(self, buf: torch.Tensor, j: int) -> torch.Tensor:
         """View of chunk ``j``'s ``META`` metadata slots in ``buf``."""
         o = self.numel + META * j
-        return buf[o:o + META]
+        return buf[o : o + META]
 
     def meta(self, buf: torch.Tensor, j: int) -> int:
         """The int64 in chunk ``j``'s metadata slots (a token or a status)."""

@@ -23,10 +23,11 @@ per byte of the model, with ``N`` workers per rack, ``R`` racks, ``C = (R-1) / (
 of racks). Both sides scale as ``1/B``, so any bandwidth unit works if all three use it.
 The scheme evaluates it for ``hierarchical: auto`` (:func:`hierarchical_pays`).
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -34,10 +35,19 @@ from traffic.collectives.ring import RingStats, ring_allreduce
 from traffic.hostmodel.costs import HostCosts
 from traffic.schemes.phub.charges import charge_messages, charges_messages
 
-__all__ = ["RING_TAG", "inter_rack_cost", "HierarchicalTerms", "hierarchical_terms", "hierarchical_pays",
-           "host_racks", "ring_tag", "ring_messages", "ring_reduce"]
+__all__ = [
+    "RING_TAG",
+    "inter_rack_cost",
+    "HierarchicalTerms",
+    "hierarchical_terms",
+    "hierarchical_pays",
+    "host_racks",
+    "ring_tag",
+    "ring_messages",
+    "ring_reduce",
+]
 
-RING_TAG = 1 << 29           # hierarchical ring steps
+RING_TAG = 1 << 29  # hierarchical ring steps
 
 
 def inter_rack_cost(racks: int, b_pbox: float, b_core: float) -> float:
@@ -60,6 +70,7 @@ class HierarchicalTerms:
     1 / B_Wkr) + C``; ``c``: the inter-rack term ``C``; ``pays``: ``flat_cross_rack >
     two_level``.
     """
+
     flat_cross_rack: float
     two_level: float
     c: float
@@ -69,8 +80,9 @@ class HierarchicalTerms:
         return self.flat_cross_rack > self.two_level
 
 
-def hierarchical_terms(b_pbox: float, b_core: float, b_wkr: float, racks: int, n: int,
-                       c: float | None = None) -> HierarchicalTerms:
+def hierarchical_terms(
+    b_pbox: float, b_core: float, b_wkr: float, racks: int, n: int, c: float | None = None
+) -> HierarchicalTerms:
     """The two sides of PHub Sec. 3.4's inequality (module docstring).
 
     Args:
@@ -84,16 +96,17 @@ def hierarchical_terms(b_pbox: float, b_core: float, b_wkr: float, racks: int, n
         ValueError: a bandwidth <= 0, ``racks`` or ``n`` < 1.
     """
     if min(b_pbox, b_core, b_wkr) <= 0 or racks < 1 or n < 1:
-        raise ValueError(f"need bandwidths > 0, R >= 1, N >= 1; got B_PBox={b_pbox}, B_Core={b_core}, "
-                         f"B_Wkr={b_wkr}, R={racks}, N={n}")
+        raise ValueError(
+            f"need bandwidths > 0, R >= 1, N >= 1; got B_PBox={b_pbox}, B_Core={b_core}, "
+            f"B_Wkr={b_wkr}, R={racks}, N={n}"
+        )
     c = inter_rack_cost(racks, b_pbox, b_core) if c is None else float(c)
     lhs = n * (racks - 1) / (racks * b_core)
     rhs = max(n / b_pbox, 1 / b_wkr) + c
     return HierarchicalTerms(lhs, rhs, c)
 
 
-def hierarchical_pays(b_pbox: float, b_core: float, b_wkr: float, racks: int, n: int,
-                      c: float | None = None) -> bool:
+def hierarchical_pays(b_pbox: float, b_core: float, b_wkr: float, racks: int, n: int, c: float | None = None) -> bool:
     """True when PHub Sec. 3.4's inequality holds: hierarchical reduction is potentially
     faster than the flat scheme (arguments as :func:`hierarchical_terms`)."""
     return hierarchical_terms(b_pbox, b_core, b_wkr, racks, n, c).pays
@@ -151,8 +164,16 @@ class _Unmessaged:
         self._tr.wait_all(pendings)
 
 
-def ring_reduce(transport, partial: torch.Tensor, ring: list[int], frame_id: int, racks: int,
-                chunk_numels: Sequence[int] | None = None, costs: HostCosts | None = None, **fields) -> RingStats:
+def ring_reduce(
+    transport,
+    partial: torch.Tensor,
+    ring: list[int],
+    frame_id: int,
+    racks: int,
+    chunk_numels: Sequence[int] | None = None,
+    costs: HostCosts | None = None,
+    **fields,
+) -> RingStats:
     """Sum ``partial`` (1-D float32, a PBox's sum of its rack's copies of frame ``frame_id``'s
     chunks, back to back) in place over the PBox processes ``ring`` (global ranks, ring
     order) with a ring allreduce on the tags of :func:`ring_tag` (``racks``: every PBox of the
@@ -176,7 +197,6 @@ def ring_reduce(transport, partial: torch.Tensor, ring: list[int], frame_id: int
     counts = [ring_messages(n, p, i) for n in chunk_numels]
     sizes = [4 * n // p for n in chunk_numels]  # about one block of the chunk per message
     charge_messages(costs, [b for b, (s, _) in zip(sizes, counts) for _ in range(s)], **fields)
-    stats = ring_allreduce(_Unmessaged(transport), partial, ring, tag=ring_tag(frame_id, racks), costs=costs,
-                           **fields)
+    stats = ring_allreduce(_Unmessaged(transport), partial, ring, tag=ring_tag(frame_id, racks), costs=costs, **fields)
     charge_messages(costs, [b for b, (_, r) in zip(sizes, counts) for _ in range(r)], **fields)
     return stats

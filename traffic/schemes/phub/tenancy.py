@@ -8,18 +8,28 @@ a random 63-bit token (:func:`new_token`). Every chunk of a push carries the tok
 of a buffer).
 Each job trains on global batches of its own workers (:class:`JobShards`).
 """
+
 from __future__ import annotations
 
 import os
 
 import torch
 
-__all__ = ["META", "ACCEPTED", "REJECTED", "SETUP_TAG", "job_groups", "token_meta", "meta_value",
-           "new_token", "JobShards"]
+__all__ = [
+    "META",
+    "ACCEPTED",
+    "REJECTED",
+    "SETUP_TAG",
+    "job_groups",
+    "token_meta",
+    "meta_value",
+    "new_token",
+    "JobShards",
+]
 
-META = 2                     # float32 slots after a chunk's payload: the token (int64 bits) or a status
-ACCEPTED, REJECTED = 1, 0    # reply status
-SETUP_TAG = 1 << 30          # token / create_service / connect messages
+META = 2  # float32 slots after a chunk's payload: the token (int64 bits) or a status
+ACCEPTED, REJECTED = 1, 0  # reply status
+SETUP_TAG = 1 << 30  # token / create_service / connect messages
 
 
 def job_groups(workers: int, jobs: int, intruder: int | None = None) -> list[list[int]]:
@@ -36,7 +46,7 @@ def job_groups(workers: int, jobs: int, intruder: int | None = None) -> list[lis
     if jobs < 1 or not members or len(members) % jobs:
         raise ValueError(f"{len(members)} workers do not split into {jobs} equal jobs")
     m = len(members) // jobs
-    return [members[g * m:(g + 1) * m] for g in range(jobs)]
+    return [members[g * m : (g + 1) * m] for g in range(jobs)]
 
 
 def token_meta(token: int) -> torch.Tensor:

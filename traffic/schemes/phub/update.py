@@ -11,6 +11,7 @@ rate allows (measured in ``experiments/phub_pbox.yaml``'s runs: 227 us per chunk
 against a budget of 109 us at scale 80), which is an overrun of the emulation, not a cost of
 the emulated system.
 """
+
 from __future__ import annotations
 
 import torch
@@ -23,8 +24,15 @@ from traffic.schemes.phub.frames import Frame
 __all__ = ["step_frame"]
 
 
-def step_frame(frame: Frame, value: torch.nn.Parameter, optimizer: torch.optim.Optimizer, agg: torch.Tensor,
-               counts: list[int], costs: HostCosts | None = None, fields: dict | None = None) -> None:
+def step_frame(
+    frame: Frame,
+    value: torch.nn.Parameter,
+    optimizer: torch.optim.Optimizer,
+    agg: torch.Tensor,
+    counts: list[int],
+    costs: HostCosts | None = None,
+    fields: dict | None = None,
+) -> None:
     """Average a frame's summed gradients and apply one optimizer step to its chunks.
 
     Chunk ``j`` gets the gradient ``agg[chunk j] / counts[j]`` (the average over the copies
@@ -70,20 +78,31 @@ def step_frame(frame: Frame, value: torch.nn.Parameter, optimizer: torch.optim.O
 
 def _elementwise_state(value: torch.Tensor, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
     """The optimizer's state tensors of ``value`` shaped like it (``momentum_buffer`` ...)."""
-    return {n: t for n, t in optimizer.state.get(value, {}).items()
-            if isinstance(t, torch.Tensor) and t.shape == value.shape}
+    return {
+        n: t
+        for n, t in optimizer.state.get(value, {}).items()
+        if isinstance(t, torch.Tensor) and t.shape == value.shape
+    }
 
 
-def _chunk_state(frame: Frame, value: torch.Tensor, optimizer: torch.optim.Optimizer,
-                 idx: list[int]) -> dict[int, dict[str, torch.Tensor]]:
+def _chunk_state(
+    frame: Frame, value: torch.Tensor, optimizer: torch.optim.Optimizer, idx: list[int]
+) -> dict[int, dict[str, torch.Tensor]]:
     """Copies of chunk ``j``'s values (``""``) and elementwise state, per ``j`` in ``idx``."""
     state = _elementwise_state(value, optimizer)
-    return {j: {"": frame.payload(value.data, j).clone(),
-                **{n: frame.payload(t, j).clone() for n, t in state.items()}} for j in idx}
+    return {
+        j: {"": frame.payload(value.data, j).clone(), **{n: frame.payload(t, j).clone() for n, t in state.items()}}
+        for j in idx
+    }
 
 
-def _restore(frame: Frame, value: torch.Tensor, optimizer: torch.optim.Optimizer, idx: list[int],
-             before: dict[int, dict[str, torch.Tensor]]) -> None:
+def _restore(
+    frame: Frame,
+    value: torch.Tensor,
+    optimizer: torch.optim.Optimizer,
+    idx: list[int],
+    before: dict[int, dict[str, torch.Tensor]],
+) -> None:
     """Put back chunk ``j``'s values and state as :func:`_chunk_state` copied them; a state
     tensor created by this step is zeroed on those chunks."""
     state = _elementwise_state(value, optimizer)

@@ -111,6 +111,7 @@ Events: CONV workers log ``activation`` (tx) and ``label`` (tx) to their FC work
 ``host_aggregate``, ``update`` (with ``host_optimizer`` inside it) and ``fc_sync``. Every
 event has ``iteration``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -118,15 +119,16 @@ import functools
 import math
 import random
 import time
-from typing import Literal, Sequence, Union
+from collections.abc import Sequence
+from typing import Literal
 
 import torch
 from pydantic import Field, field_validator
 
 from common.errors import SpecError, TestbedError
 from traffic.collectives import recursive_doubling
-from traffic.models import LayeredModel, build_model, model_info
 from traffic.compute_profiles import load_profile
+from traffic.models import LayeredModel, build_model, model_info
 from traffic.runtime.emulation import EmulatedCompute
 from traffic.runtime.trainer import Trainer, make_optimizer
 from traffic.schemes import register
@@ -144,7 +146,7 @@ def checkpoint_holder(seed: int, fc_index: int, it: int, n_c: int) -> int:
     return random.Random(f"stanza-ckpt-{seed}-{fc_index}-{it}").randrange(n_c)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _split_shape(model: str) -> tuple[int, ...]:
     """:func:`split_shape` of registry model ``model`` (built on the meta device; cached)."""
     return split_shape(build_model(model, 0, device="meta"))
@@ -170,8 +172,9 @@ def fc_of(conv_index: int, n_c: int, n_f: int) -> int:
 def _part(model: LayeredModel, lo: int, hi: int) -> LayeredModel:
     """Layers ``[lo, hi)`` of ``model`` as a LayeredModel sharing the modules (not copies).
     Its state-dict keys are renumbered from 0; :meth:`Stanza._state` uses the full model's."""
-    return LayeredModel(list(model.layers[lo:hi]), name=f"{model.name}[{lo}:{hi}]",
-                        layer_names=model.layer_names[lo:hi])
+    return LayeredModel(
+        list(model.layers[lo:hi]), name=f"{model.name}[{lo}:{hi}]", layer_names=model.layer_names[lo:hi]
+    )
 
 
 def _params(layers) -> list[torch.nn.Parameter]:
@@ -187,7 +190,7 @@ def _assign_grads(params: list[torch.nn.Parameter], flat: torch.Tensor) -> None:
     """Make each parameter's ``.grad`` a view of its range of ``flat``."""
     off = 0
     for p in params:
-        p.grad = flat[off:off + p.numel()].view_as(p)
+        p.grad = flat[off : off + p.numel()].view_as(p)
         off += p.numel()
 
 
@@ -201,7 +204,7 @@ class ConvTrainer(Trainer):
     layers the scheme refreshed from FC worker 0).
     """
 
-    def __init__(self, ctx, scheme: "Stanza", full_model: LayeredModel):
+    def __init__(self, ctx, scheme: Stanza, full_model: LayeredModel):
         super().__init__(ctx, scheme)
         self.full_model = full_model
 
@@ -223,7 +226,8 @@ class ConvTrainer(Trainer):
 
 class StanzaOptions(SchemeOptions):
     """Options of ``stanza``."""
-    fc_workers: Union[int, Literal["auto"]] = 1
+
+    fc_workers: int | Literal["auto"] = 1
     """Number of FC workers ``n_f`` (an integer >= 1), or ``auto`` for the node assignment of
     Stanza eq. (5)."""
     nodes: int = 0
@@ -253,10 +257,13 @@ class StanzaOptions(SchemeOptions):
 class Stanza(Scheme):
     """Layer separation: CONV workers (role ``worker``) and FC workers (role ``fc``); see
     the module docstring. Options: :class:`StanzaOptions`."""
+
     roles = ("worker", "fc")
     Options = StanzaOptions
-    light_refusal = ("not supported yet: its CONV and FC workers exchange activations and hold the FC layers' "
-                     "tensors outside traffic.runtime.buffers")
+    light_refusal = (
+        "not supported yet: its CONV and FC workers exchange activations and hold the FC layers' "
+        "tensors outside traffic.runtime.buffers"
+    )
 
     # ---------------------------------------------------------------- harness side
 
@@ -270,13 +277,19 @@ class Stanza(Scheme):
                 without a usable profile.
         """
         if model_info(workload.model)["split_index"] is None:
-            raise SpecError("workload.model", workload.model,
-                            "a model with a CONV/FC boundary (split_index), e.g. alexnet, vgg16, digits_cnn")
+            raise SpecError(
+                "workload.model",
+                workload.model,
+                "a model with a CONV/FC boundary (split_index), e.g. alexnet, vgg16, digits_cnn",
+            )
         opts = cls.options_of(workload)
         if opts.fc_workers == "auto":
             if workload.workers:
-                raise SpecError("workload.workers", workload.workers,
-                                "0 with options.fc_workers: auto (the node assignment picks the CONV workers)")
+                raise SpecError(
+                    "workload.workers",
+                    workload.workers,
+                    "0 with options.fc_workers: auto (the node assignment picks the CONV workers)",
+                )
             N = opts.nodes or n_hosts
             if N > n_hosts:
                 raise SpecError("workload.options.nodes", N, f"at most {n_hosts} (the topology's hosts)")
@@ -287,8 +300,11 @@ class Stanza(Scheme):
         n_f = opts.fc_workers
         n_c = workload.workers or n_hosts - n_f
         if n_c < 1 or n_c + n_f > n_hosts:
-            raise SpecError("workload.workers", workload.workers,
-                            f"CONV workers + {n_f} FC worker(s) <= {n_hosts} hosts, at least one CONV worker")
+            raise SpecError(
+                "workload.workers",
+                workload.workers,
+                f"CONV workers + {n_f} FC worker(s) <= {n_hosts} hosts, at least one CONV worker",
+            )
         if n_f > n_c:
             raise SpecError("workload.options.fc_workers", n_f, f"at most the CONV workers ({n_c})")
         return n_c, n_f
@@ -346,9 +362,11 @@ class Stanza(Scheme):
         try:
             prof = load_profile(workload.compute.profile, workload.model, workload.batch_size)
         except TestbedError as e:
-            raise SpecError("workload.compute.profile", workload.compute.profile,
-                            f"a profile of {workload.model} at batch {workload.batch_size} for "
-                            f"fc_workers: auto ({e})") from None
+            raise SpecError(
+                "workload.compute.profile",
+                workload.compute.profile,
+                f"a profile of {workload.model} at batch {workload.batch_size} for fc_workers: auto ({e})",
+            ) from None
         return node_assignment(Constants.from_profile(workload.model, prof), N, bw_bps)
 
     @classmethod
@@ -361,8 +379,9 @@ class Stanza(Scheme):
         """
         names = [h.name for h in hosts if h.kind == "worker"]
         n_c, n_f = cls.counts(workload, len(names))
-        return ([ProcessPlan("worker", i, names[i]) for i in range(n_c)]
-                + [ProcessPlan("fc", j, names[n_c + j]) for j in range(n_f)])
+        return [ProcessPlan("worker", i, names[i]) for i in range(n_c)] + [
+            ProcessPlan("fc", j, names[n_c + j]) for j in range(n_f)
+        ]
 
     # ---------------------------------------------------------------- common
 
@@ -374,8 +393,9 @@ class Stanza(Scheme):
         self.conv_ranks, self.fc_ranks = ctx.ranks("worker"), ctx.ranks("fc")
         self.n_c, self.n_f = len(self.conv_ranks), len(self.fc_ranks)
         if not self.n_c or not self.n_f:
-            raise RuntimeError(f"stanza needs CONV and FC workers; processes.json has {self.n_c} "
-                               f"workers and {self.n_f} fc")
+            raise RuntimeError(
+                f"stanza needs CONV and FC workers; processes.json has {self.n_c} workers and {self.n_f} fc"
+            )
         self.groups = fc_groups(self.n_c, self.n_f)
         self.K = ctx.workload.batch_size
         self.emulated = ctx.workload.compute.mode == "emulated"
@@ -386,8 +406,7 @@ class Stanza(Scheme):
     def _evaluates_after(self, it: int) -> bool:
         """True when CONV worker 0 evaluates after iteration ``it`` (intermediate evals)."""
         every = self.ctx.workload.eval_every
-        return (not self.emulated and every > 0 and (it + 1) % every == 0
-                and it + 1 < self.ctx.iterations)
+        return not self.emulated and every > 0 and (it + 1) % every == 0 and it + 1 < self.ctx.iterations
 
     def _state(self, lo: int, hi: int) -> dict:
         """State-dict entries of the full model's layers ``[lo, hi)`` (keys ``layers.<i>...``)."""
@@ -405,8 +424,11 @@ class Stanza(Scheme):
 
     def _checkpoint(self, it: int, lo: int, hi: int, optimizer) -> None:
         """Write this process's layers ``[lo, hi)`` and optimizer state (§5.3)."""
-        self._save(f"{self.ctx.name}-it{it}.pt", {"iteration": it, "params": self._state(lo, hi),
-                                                   "optimizer": optimizer.state_dict()}, it)
+        self._save(
+            f"{self.ctx.name}-it{it}.pt",
+            {"iteration": it, "params": self._state(lo, hi), "optimizer": optimizer.state_dict()},
+            it,
+        )
 
     def _fc_names_shapes(self) -> list[tuple[str, torch.Size]]:
         """Names (full model) and shapes of the FC parameters, in ``parameters()`` order."""
@@ -420,8 +442,7 @@ class Stanza(Scheme):
         for j in range(self.n_f):
             if checkpoint_holder(self.ctx.workload.seed, j, it, self.n_c) == self.ctx.index:
                 buf = torch.empty(numel)
-                pend = self.ctx.transport.irecv(buf, self.fc_ranks[j], tag=TAG_CKPT, kind="fc_checkpoint",
-                                                iteration=it)
+                pend = self.ctx.transport.irecv(buf, self.fc_ranks[j], tag=TAG_CKPT, kind="fc_checkpoint", iteration=it)
                 self._ckpt_copies.append((j, it, pend, buf))
 
     def _store_checkpoint_copies(self) -> None:
@@ -431,7 +452,7 @@ class Stanza(Scheme):
             params, off = {}, 0
             for name, sh in self._fc_names_shapes():
                 n = math.prod(sh)
-                params[name] = buf[off:off + n].view(sh).clone()
+                params[name] = buf[off : off + n].view(sh).clone()
                 off += n
             self._save(f"{self.ctx.name}-fc{j}-it{it}.pt", {"iteration": it, "params": params}, it)
         self._ckpt_copies = []
@@ -457,7 +478,7 @@ class Stanza(Scheme):
         ctx = self.ctx
         self.fc_index = fc_of(ctx.index, self.n_c, self.n_f)
         self.fc_rank = self.fc_ranks[self.fc_index]
-        self.conv_params = _params(ctx.model.layers[:self.split])
+        self.conv_params = _params(ctx.model.layers[: self.split])
         self.optimizer = make_optimizer(self.conv_params, ctx.workload.optimizer)
         self.grad_buf = torch.empty((self.K, *self.split_shape))
         if self.emulated:  # true-size stand-ins for the activations and labels
@@ -477,8 +498,10 @@ class Stanza(Scheme):
             act, labels = self.fake_act, self.fake_labels
         f = {"iteration": it, "layer": self.split - 1}
         rx = tr.irecv(self.grad_buf, self.fc_rank, tag=TAG_GRAD, kind="activation_grad", **f)
-        tx = [tr.isend(act.contiguous(), self.fc_rank, tag=TAG_ACT, kind="activation", **f),
-              tr.isend(labels.contiguous(), self.fc_rank, tag=TAG_LABEL, kind="label", **f)]
+        tx = [
+            tr.isend(act.contiguous(), self.fc_rank, tag=TAG_ACT, kind="activation", **f),
+            tr.isend(labels.contiguous(), self.fc_rank, tag=TAG_LABEL, kind="label", **f),
+        ]
         tr.wait_all(tx)
         rx.wait()
         return self.grad_buf
@@ -489,8 +512,16 @@ class Stanza(Scheme):
         before an evaluation."""
         ctx = self.ctx
         flat = _flat_grads(self.conv_params)
-        recursive_doubling.allreduce(ctx.transport, flat, self.conv_ranks, tag=TAG_RD_CONV, kind="allreduce",
-                                     costs=ctx.costs, iteration=it, members="conv")
+        recursive_doubling.allreduce(
+            ctx.transport,
+            flat,
+            self.conv_ranks,
+            tag=TAG_RD_CONV,
+            kind="allreduce",
+            costs=ctx.costs,
+            iteration=it,
+            members="conv",
+        )
         _assign_grads(self.conv_params, flat)
         with ctx.events.span("update", iteration=it):
             self.optimizer.step()
@@ -504,7 +535,7 @@ class Stanza(Scheme):
     def _recv_fc(self, it: int) -> None:
         """CONV worker 0: receive FC worker 0's FC parameters into the full model."""
         tr = self.ctx.transport
-        for p in _params(self.ctx.model.layers[self.split:]):
+        for p in _params(self.ctx.model.layers[self.split :]):
             tr.recv(p.data, self.fc_ranks[0], tag=TAG_SYNC, kind="fc_sync", iteration=it)
 
     def finish(self) -> None:
@@ -540,10 +571,13 @@ class Stanza(Scheme):
         if self.emulated:
             for layer in model.layers[:s]:
                 layer.to("meta")  # CONV layers live on the CONV workers only
-            em = EmulatedCompute(_part(model, s, len(model.layers)),
-                                 [t * g for t in ctx.profile.forward_s()[s:]],
-                                 [t * g for t in ctx.profile.backward_s()[s:]],
-                                 seed=ctx.workload.seed * 100_003 + ctx.rank, costs=ctx.costs)
+            em = EmulatedCompute(
+                _part(model, s, len(model.layers)),
+                [t * g for t in ctx.profile.forward_s()[s:]],
+                [t * g for t in ctx.profile.backward_s()[s:]],
+                seed=ctx.workload.seed * 100_003 + ctx.rank,
+                costs=ctx.costs,
+            )
             gen = torch.Generator().manual_seed(ctx.workload.seed * 7919 + ctx.rank)
             fake_grad = torch.randn((g * K, *self.split_shape), generator=gen)
         ckpt = []
@@ -561,23 +595,45 @@ class Stanza(Scheme):
                     for l in range(len(fc_layers)):
                         ts, t0 = time.time(), time.perf_counter()
                         em.forward(l)
-                        ev.record("forward", ts, time.perf_counter() - t0, iteration=it, layer=s + l,
-                                  requested_s=em.forward_s[l] * em.costs.scale)
+                        ev.record(
+                            "forward",
+                            ts,
+                            time.perf_counter() - t0,
+                            iteration=it,
+                            layer=s + l,
+                            requested_s=em.forward_s[l] * em.costs.scale,
+                        )
                     for l in reversed(range(len(fc_layers))):
                         ts, t0 = time.time(), time.perf_counter()
                         em.backward(l, _params([fc_layers[l]]))
-                        ev.record("backward", ts, time.perf_counter() - t0, iteration=it, layer=s + l,
-                                  requested_s=em.backward_s[l] * em.costs.scale)
+                        ev.record(
+                            "backward",
+                            ts,
+                            time.perf_counter() - t0,
+                            iteration=it,
+                            layer=s + l,
+                            requested_s=em.backward_s[l] * em.costs.scale,
+                        )
                     grad = fake_grad
                 rows = grad.split(K)
                 tx = [tr.isend(rows[k], r, tag=TAG_GRAD, kind="activation_grad", **f) for k, r in enumerate(group)]
                 if self.n_f > 1:  # overlaps the CONV workers' allreduce (§4.1.3)
                     flat = _flat_grads(params)
-                    recursive_doubling.allreduce(tr, flat, self.fc_ranks, tag=TAG_RD_FC, kind="allreduce",
-                                                 costs=ctx.costs, iteration=it, members="fc")
+                    recursive_doubling.allreduce(
+                        tr,
+                        flat,
+                        self.fc_ranks,
+                        tag=TAG_RD_FC,
+                        kind="allreduce",
+                        costs=ctx.costs,
+                        iteration=it,
+                        members="fc",
+                    )
                     _assign_grads(params, flat)
-                with ev.span("update", iteration=it), \
-                        ctx.costs.charge("optimizer", nbytes=fc_bytes, iteration=it, members="fc"):
+                with (
+                    ev.span("update", iteration=it),
+                    ctx.costs.charge("optimizer", nbytes=fc_bytes, iteration=it, members="fc"),
+                ):
                     opt.step()
                 tr.wait_all(tx)
                 if ctx.index == 0 and self._evaluates_after(it):

@@ -33,20 +33,33 @@ Equations (numbered as in the paper):
 profile (:mod:`traffic.compute_profiles`); :func:`node_assignment` is the search of eq. (5), over
 :func:`best_split`.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
 from traffic.collectives.recursive_doubling import rounds
 from traffic.models import LayeredModel, build_model
 
-__all__ = ["BYTES_PER_VALUE", "Constants", "Assignment", "allreduce_rounds", "transfer_seconds", "check_counts",
-           "stanza_compute_time", "stanza_iteration_time", "stanza_throughput", "node_assignment", "best_split",
-           "split_activations", "split_shape"]
+__all__ = [
+    "BYTES_PER_VALUE",
+    "Constants",
+    "Assignment",
+    "allreduce_rounds",
+    "transfer_seconds",
+    "check_counts",
+    "stanza_compute_time",
+    "stanza_iteration_time",
+    "stanza_throughput",
+    "node_assignment",
+    "best_split",
+    "split_activations",
+    "split_shape",
+]
 
 BYTES_PER_VALUE = 4
 """Bytes of one parameter, gradient or activation (float32)."""
@@ -86,7 +99,7 @@ def split_shape(model: LayeredModel) -> tuple[int, ...]:
     meta = build_model(model.name, 0, model.input_shape, model.num_classes, device="meta").eval()
     with torch.no_grad():
         x = meta.example_input(1)
-        for layer in meta.layers[:meta.split_index]:
+        for layer in meta.layers[: meta.split_index]:
             x = layer(x)
     return tuple(int(d) for d in x.shape[1:])
 
@@ -119,6 +132,7 @@ class Constants:
         T_ps: whole-model forward + backward time per batch of ``K`` (seconds); ``T_c + T_f``
             when taken from one per-layer profile.
     """
+
     K: int
     P: int
     P_c: int
@@ -128,11 +142,12 @@ class Constants:
     T_ps: float
 
     @classmethod
-    def from_profile(cls, model: str, profile) -> "Constants":
+    def from_profile(cls, model: str, profile) -> Constants:
         """Constants of zoo model ``model`` with the per-layer times of ``profile``.
 
         ``profile`` is a :class:`traffic.compute_profiles.Profile` (e.g. from
-        :func:`traffic.compute_profiles.load_profile`); its ``batch_size`` is ``K``. ``T_c`` sums forward + backward of the layers before the model's
+        :func:`traffic.compute_profiles.load_profile`); its ``batch_size`` is ``K``. ``T_c`` sums forward + backward
+        of the layers before the model's
         ``split_index``, ``T_f`` of the others; ``A`` comes from the split layer's output
         shape at the model's native input (:func:`split_activations`).
 
@@ -149,8 +164,15 @@ class Constants:
             raise ValueError(f"profile has {len(profile.layers)} layers, model {model!r} {len(m.layers)}")
         t = [l.forward_s + l.backward_s for l in profile.layers]
         numels = m.layer_numels()
-        return cls(K=int(profile.batch_size), P=m.num_params(), P_c=sum(numels[:s]), A=split_activations(m),
-                   T_c=sum(t[:s]), T_f=sum(t[s:]), T_ps=sum(t))
+        return cls(
+            K=int(profile.batch_size),
+            P=m.num_params(),
+            P_c=sum(numels[:s]),
+            A=split_activations(m),
+            T_c=sum(t[:s]),
+            T_f=sum(t[s:]),
+            T_ps=sum(t),
+        )
 
 
 def check_counts(n_c: int, n_f: int) -> None:
@@ -204,6 +226,7 @@ class Assignment:
     ``n_c``/``n_f`` are CONV/FC workers for Stanza (PS: workers/servers), ``time_s`` the
     predicted iteration time and ``throughput`` samples per second.
     """
+
     n_c: int
     n_f: int
     time_s: float
@@ -221,12 +244,12 @@ def node_assignment(c: Constants, N: int, bw_bps: float) -> Assignment:
     """
     if N < 2:
         raise ValueError(f"Stanza needs at least 2 nodes (one CONV and one FC worker), got N={N}")
-    return best_split(N, lambda a, b: stanza_iteration_time(c, a, b, bw_bps),
-                      lambda a, b: stanza_throughput(c, a, b, bw_bps))
+    return best_split(
+        N, lambda a, b: stanza_iteration_time(c, a, b, bw_bps), lambda a, b: stanza_throughput(c, a, b, bw_bps)
+    )
 
 
-def best_split(N: int, time_s: Callable[[int, int], float],
-               throughput: Callable[[int, int], float]) -> Assignment:
+def best_split(N: int, time_s: Callable[[int, int], float], throughput: Callable[[int, int], float]) -> Assignment:
     """Exhaustive search over ``a = 1 .. N-1``, ``b = N - a``: the split of highest
     ``throughput(a, b)`` (samples/s; ``time_s(a, b)`` its iteration time, seconds), ties to
     the larger ``a``. ``N`` >= 2."""
