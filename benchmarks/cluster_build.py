@@ -1,5 +1,5 @@
 """Build and launch time of a run on one machine and on two "machines" (network namespaces
-with their own sshd, tests/test_cluster.py), and whether the same bytes cross the core: the
+with their own sshd, tests/e2e/test_cluster_machines.py), and whether the same bytes cross the core: the
 quickstart's ps point, 20 iterations, run one after the other:
 
     sudo .venv/bin/python benchmarks/cluster_build.py
@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from testbed.runner import run_experiment  # noqa: E402
 from testbed.spec import load_spec  # noqa: E402
-from tests.test_cluster import cluster_section, namespace_machines  # noqa: E402
+from tests.e2e.test_cluster_machines import cluster_section, namespace_machines  # noqa: E402
 
 
 def logged_at(run_dir: Path, text: str) -> float:

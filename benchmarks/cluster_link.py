@@ -1,4 +1,4 @@
-"""Link fidelity on one machine and across two namespace "machines" (tests/test_cluster.py):
+"""Link fidelity on one machine and across two namespace "machines" (tests/e2e/test_cluster_machines.py):
 one iperf3 TCP flow for 5 s from h1 (rack 1) to h5 (rack 2) through the quickstart's network
 (host links 100 Mbit/s, uplinks 200 Mbit/s), so it crosses the core (and, on two machines,
 the VXLAN or GRE tunnel of the uplink); the received rate against the 100 Mbit/s the path is
@@ -26,7 +26,7 @@ from testbed.ledger import Ledger  # noqa: E402
 from testbed.network import Network  # noqa: E402
 from testbed.remote import ClusterNetwork  # noqa: E402
 from testbed.spec import ClusterSpec  # noqa: E402
-from tests.test_cluster import cluster_section, namespace_machines  # noqa: E402
+from tests.e2e.test_cluster_machines import cluster_section, namespace_machines  # noqa: E402
 from topologies.spec import TopologySpec  # noqa: E402
 
 

@@ -18,7 +18,7 @@ depends on ``n`` only (:meth:`Codec.payload_numel`), so a receiver can post its 
 before the data arrives, and back. :class:`Identity` sends the float32 values unchanged.
 
 The element-wise error bounds (``|decode(encode(x)) - x| <= error_bound(x)``) are in each
-class's docstring and :meth:`Codec.error_bound`; ``tests/test_pipe_sgd.py`` checks them.
+class's docstring and :meth:`Codec.error_bound`; ``tests/unit/test_pipe_sgd.py`` checks them.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ ignored, which is why :meth:`testbed.capture.Capture.start` checks the names fir
 prints until killed; ``-F`` writes the file itself and flushes after every line.
 
 Facts verified on bwm-ng 0.6.3 (Debian 0.6.3-2+b1) with veth pairs in private
-namespaces (tests/test_capture.py repeats the check, tests/data/bwm-ng-veth.csv is such a
+namespaces (tests/e2e/test_capture_netns.py repeats the check, tests/data/bwm-ng-veth.csv is such a
 capture):
 
 * 21 ``;``-separated fields per line: ``time;iface;bytes_out/s;bytes_in/s;

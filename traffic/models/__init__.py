@@ -20,7 +20,7 @@ parameters: this is how workers and servers agree on the initial model without s
 counts, layer sizes, shape and FLOP analysis of the big ImageNet models on a small machine);
 :func:`model_info` describes a model that way without building it for real.
 
-The zoo (one module per family; every parameter count is checked in ``tests/test_models.py``)::
+The zoo (one module per family; every parameter count is checked in ``tests/unit/test_models.py``)::
 
     name              params      native input            classes  follows
     digits_mlp         301,066    (64,)          float32       10  the quick-start model
