@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from traffic.models import LayeredModel, available_models, build_model, model_info, register_model
+from traffic.models import LayeredModel, available_models, build_model, model_info, model_output_shape, register_model
 from traffic.models.base import _MODELS
 
 # name -> parameters the papers (or our documented choice) give; each must match within 1%
@@ -177,8 +177,7 @@ def test_small_models_forward_and_backward_for_real(name):
     x = m.example_input(2)
     y = m.example_target(2)
     out = m(x)
-    info = model_info(name)
-    assert out.shape == (2, *info["output_shape"])
+    assert out.shape == (2, *model_output_shape(name))
     loss = m.loss(out, y)
     assert loss.dim() == 0 and torch.isfinite(loss)
     loss.backward()
@@ -227,7 +226,7 @@ def test_example_input_shapes_dtypes_and_determinism():
     s = build_model("sockeye_lstm", 0, device="meta")
     info = model_info("sockeye_lstm")
     assert info["input_dtype"] == torch.long and info["input_high"] == 50_000
-    assert info["output_shape"] == (50, 30_000)
+    assert model_output_shape("sockeye_lstm") == (50, 30_000)
     t = s.example_input(4)
     assert t.shape == (4, 50) and t.dtype == torch.long and t.device.type == "meta"
     tc = s.example_input(4, device="cpu")

@@ -53,6 +53,13 @@ from __future__ import annotations
 
 # the zoo: each module registers its models
 from traffic.models import alexnet, cnn, inception, mlp, resnet, seq2seq, vgg  # noqa: F401
-from traffic.models.base import LayeredModel, available_models, build_model, model_info, register_model
+from traffic.models.base import (
+    LayeredModel,
+    available_models,
+    build_model,
+    model_info,
+    model_output_shape,
+    register_model,
+)
 
-__all__ = ["LayeredModel", "register_model", "available_models", "build_model", "model_info"]
+__all__ = ["LayeredModel", "register_model", "available_models", "build_model", "model_info", "model_output_shape"]

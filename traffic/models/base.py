@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["LayeredModel", "register_model", "available_models", "build_model", "model_info"]
+__all__ = ["LayeredModel", "register_model", "available_models", "build_model", "model_info", "model_output_shape"]
 
 
 class LayeredModel(nn.Module):
@@ -274,13 +274,13 @@ def build_model(
 
 
 def model_info(name: str) -> dict[str, Any]:
-    """What a model is, from a build on the meta device (cheap; cached per name).
+    """What a model is, from a build on the meta device, without running it (cheap; cached
+    per name). Its output's shape is :func:`model_output_shape`.
 
     Returns a dict:
         ``name``; ``input_shape`` (native shape of one sample, a tuple); ``input_dtype``
         (``torch.float32`` or ``torch.long``); ``input_high`` (vocabulary size of integer
-        input, else ``None``); ``num_classes``; ``output_shape`` (of one sample's logits:
-        ``(num_classes,)`` or ``(seq_len, vocab)``); ``split_index``; ``num_layers``;
+        input, else ``None``); ``num_classes``; ``split_index``; ``num_layers``;
         ``layer_names``; ``layer_numels`` (parameters per layer); ``num_params``;
         ``param_bytes`` (float32); ``description`` (first line of the builder's docstring).
 
@@ -292,11 +292,19 @@ def model_info(name: str) -> dict[str, Any]:
 
 
 @functools.cache
+def model_output_shape(name: str) -> tuple[int, ...]:
+    """The shape of one sample's logits: ``(num_classes,)`` or ``(seq_len, vocab)``, from a
+    forward pass on the meta device (its first call in a process loads torch's meta kernels,
+    which take seconds: the harness never needs it). Raises as :func:`model_info`."""
+    m = build_model(name, 0, device="meta")
+    with torch.no_grad():
+        return tuple(m.eval()(m.example_input(1)).shape[1:])
+
+
+@functools.cache
 def _info(name: str) -> tuple:
     e = _entry(name)
     m = build_model(name, 0, device="meta")
-    with torch.no_grad():
-        out = m.eval()(m.example_input(1))
     n = m.num_params()
     doc = (e.builder.__doc__ or "").strip().splitlines()
     return tuple(
@@ -306,7 +314,6 @@ def _info(name: str) -> tuple:
             input_dtype=m.input_dtype,
             input_high=m.input_high,
             num_classes=m.num_classes,
-            output_shape=tuple(out.shape[1:]),
             split_index=m.split_index,
             num_layers=len(m.layers),
             layer_names=tuple(m.layer_names),
