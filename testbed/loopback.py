@@ -12,7 +12,7 @@ for (:meth:`Scheme.hosts`), reads its hosts (:func:`topologies.hosts_of`: the sa
 racks, kinds and interfaces as the real network), asks the scheme for its plan, gives every
 process ip ``127.0.0.1`` and iface ``lo``, picks a free master port, and starts and watches
 the processes with :mod:`testbed.launch` exactly as the harness does (forked from a zygote
-unless ``run.launcher`` is ``exec``). Nothing is shaped,
+unless ``run.launcher`` is ``exec``; inside :func:`shared_zygote` the runs share one). Nothing is shaped,
 nothing is captured and no ``background`` flow runs (``scale: auto`` runs at 1): the run directory gets
 provenance.json, spec.yaml,
 processes.json, events/, results/, params/ and logs/ (no topology.json, traces/ or
@@ -24,9 +24,10 @@ Command line: ``python -m testbed.loopback SPEC.yaml [--set path=value ...] [--r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from common.errors import FieldError, RunFailed, SpecError, TestbedError
@@ -35,10 +36,31 @@ from testbed.spec import AUTO, Experiment, load_spec, with_scale, write_spec
 from topologies import HostInfo, build_topo, hosts_of
 from traffic import rundir, schemes
 
-__all__ = ["local_hosts", "local_entries", "free_port", "run_local"]
+__all__ = ["local_hosts", "local_entries", "free_port", "run_local", "shared_zygote"]
 
 LOCAL_IP = "127.0.0.1"
 LOCAL_IFACE = "lo"
+
+#: the zygote that :func:`shared_zygote` keeps for the runs started inside it
+_shared: launch.Zygote | None = None
+
+
+@contextlib.contextmanager
+def shared_zygote() -> Iterator[launch.Zygote]:
+    """Every :func:`run_local` run inside this context that forks its processes forks them
+    from one zygote, started here (torch's import and the warm-up paid once, as a sweep's
+    points share theirs) and ended on leaving. A run whose zygote died meanwhile starts
+    its own, as outside the context. Not reentrant: an inner context keeps the outer's."""
+    global _shared
+    if _shared is not None:
+        yield _shared
+        return
+    _shared = launch.Zygote(netns=False).start()
+    try:
+        yield _shared
+    finally:
+        zygote, _shared = _shared, None
+        zygote.close()
 
 
 def local_hosts(exp: Experiment) -> list[HostInfo]:
@@ -148,7 +170,11 @@ def run_local(
     extra = dict(env or {})
 
     program = exp.workload.program  # a researcher's program runs its own command: no zygote
-    zygote = launch.Zygote(netns=False).start() if exp.run.launcher == "zygote" and program is None else None
+    zygote = own = None
+    if exp.run.launcher == "zygote" and program is None:
+        zygote = _shared if _shared is not None and _shared.alive() else None
+        if zygote is None:
+            zygote = own = launch.Zygote(netns=False).start()
 
     def env_for(info: dict) -> dict:
         return {**(launch.program_env(info, doc, run_dir, program) if program else launch.process_env(info)), **extra}
@@ -171,8 +197,8 @@ def run_local(
         launch.watch(procs, exp.run.timeout_s if timeout_s is None else timeout_s, poll_s=poll_s)
     finally:
         launch.kill_all(procs)  # no-op when all exited; on any error nothing is left running
-        if zygote is not None:
-            zygote.close()
+        if own is not None:
+            own.close()
     return run_dir
 
 

@@ -1,11 +1,13 @@
 """The unit tier builds no network: a case here that reaches Mininet's build, or the harness's
-network start, fails at once (its place is ``tests/e2e``)."""
+network start, fails at once (its place is ``tests/e2e``). Its loopback runs fork from one
+zygote for the whole session (:func:`testbed.loopback.shared_zygote`)."""
 
 from __future__ import annotations
 
 import pytest
 from mininet.net import Mininet
 
+from testbed import loopback
 from testbed.network import Network
 
 
@@ -17,3 +19,9 @@ def _refuse(*args, **kwargs):
 def _no_network(monkeypatch):
     monkeypatch.setattr(Mininet, "build", _refuse)
     monkeypatch.setattr(Network, "start", _refuse)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_loopback_zygote():
+    with loopback.shared_zygote():
+        yield
