@@ -2,10 +2,12 @@
 
 Prints, each from real runs through ``testbed.runner`` on this machine:
 
-1. per process count (4, 8, 16, 32 workers of ring allreduce on digits_mlp, racks of 4 hosts
-   behind a 2:1 core): network build, launch to every process ready (the last ``init``
-   event's end), launch to the first iteration, and teardown, in seconds of wall clock, for
-   each launcher (``zygote``, ``exec``);
+1. per process count (4, 8, 16, 32 workers of ring allreduce on digits_mlp, 10 iterations,
+   racks of 4 hosts behind a 2:1 core), per launcher (``zygote``, ``exec``) and repeat
+   (``--reps``): each phase of a single run in seconds of wall clock (:func:`phases`: the
+   prelude of planning, capacity check, lock, run directory and provenance; the network
+   build; the launch; the rendezvous; training; the drain; teardown; the summary's
+   analysis) and ``outside_s``, the wall time of ``run_experiment`` outside training;
 2. a quickstart-sized sweep of 10 points (``experiments/quickstart.yaml``'s workload: 60
    iterations, warm-up 5, an evaluation every 10; its two schemes x 5 host_bw_mbps values),
    or with ``--sweep-iterations N`` ring allreduce at N iterations per point: its wall time
@@ -79,11 +81,13 @@ def spec(runs_dir: Path, hosts: int, launcher: str, iterations: int = 10, **extr
 def _log_times(run_dir: Path) -> dict[str, float]:
     out = {}
     marks = {
+        "processes fork from": "open",
         "building network": "build",
         "network up": "up",
         "launching": "launch",
         "all processes done": "done",
         "torn down": "down",
+        "summarized in": "summary",
     }
     for line in (run_dir / "logs" / "harness.log").read_text().splitlines():
         for text, key in marks.items():
@@ -101,17 +105,48 @@ def _events(run_dir: Path) -> list[dict]:
     ]
 
 
-def phases(run_dir: Path) -> dict[str, float]:
+def phases(run_dir: Path, t_call: float | None = None, t_return: float | None = None) -> dict[str, float]:
+    """Wall-clock seconds of each phase of one run, from its ``logs/harness.log`` and events:
+    ``prelude_s`` (``run_experiment`` called to the site opened: planning, the capacity check,
+    preflight, the lock, the run directory and provenance; given ``t_call``), ``build_s``,
+    ``launch_s`` (launch to every process forked and started), ``ready_s`` (launch to the last
+    ``init`` event's end: rendezvous), ``first_iteration_s``, ``training_s`` (first iteration
+    start to last iteration end), ``drain_s`` (last iteration end to every process done),
+    ``teardown_s``, ``summary_s`` (the summary's analysis), ``after_s`` (teardown end to
+    ``run_experiment``'s return; given ``t_return``) and ``outside_s``, all but training."""
     t = _log_times(run_dir)
     ev = _events(run_dir)
+    its = [e for e in ev if e["kind"] == "iteration"]
     ready = max(e["ts"] + e["dur"] for e in ev if e["kind"] == "init" and "world_size" in e)
-    first = min(e["ts"] for e in ev if e["kind"] == "iteration")
-    return {
+    first, last = min(e["ts"] for e in its), max(e["ts"] + e["dur"] for e in its)
+    launched = [
+        float(line.split(" took ")[1].split()[0])
+        for line in (run_dir / "logs" / "harness.log").read_text().splitlines()
+        if " launch took " in line
+    ]
+    out = {
+        "prelude_s": t.get("open", t["build"]) - t_call if t_call is not None else math.nan,
         "build_s": t["up"] - t["build"],
+        "launch_s": launched[0] if launched else math.nan,
         "ready_s": ready - t["launch"],
         "first_iteration_s": first - t["launch"],
+        "training_s": last - first,
+        "drain_s": t["done"] - last,
         "teardown_s": t["down"] - t["done"] if "down" in t else math.nan,
-    }  # not logged before 2026-11-22
+        "summary_s": float(
+            next(
+                line.split("summarized in ")[1].split()[0]
+                for line in (run_dir / "logs" / "harness.log").read_text().splitlines()
+                if "summarized in" in line
+            )
+        )
+        if "summary" in t
+        else math.nan,
+        "after_s": t_return - t["down"] if t_return is not None and "down" in t else math.nan,
+    }
+    if t_call is not None and t_return is not None:
+        out["outside_s"] = (t_return - t_call) - out["training_s"]
+    return out
 
 
 def training_s(run_dir: Path) -> float:
@@ -119,21 +154,39 @@ def training_s(run_dir: Path) -> float:
     return max(e["ts"] + e["dur"] for e in its) - min(e["ts"] for e in its)
 
 
-def startup(work: Path, sizes: list[int], launchers: list[str]) -> None:
-    print("processes  launcher  build_s  ready_s  first_iteration_s  teardown_s  idle%")
+def startup(work: Path, sizes: list[int], launchers: list[str], reps: int = 1) -> None:
+    cols = [
+        "prelude_s",
+        "build_s",
+        "launch_s",
+        "ready_s",
+        "first_iteration_s",
+        "training_s",
+        "drain_s",
+        "teardown_s",
+        "summary_s",
+        "after_s",
+        "outside_s",
+    ]
+    print("processes  launcher  rep  " + "  ".join(cols) + "  idle%")
     for n in sizes:
         for launcher in launchers:
-            (res,) = run_experiment(from_dict(spec(work / f"start-{n}-{launcher}", n, launcher)), progress=False)
-            if not res.ok:
-                print(f"{n:9d}  {launcher:8s}  failed: {(res.summary.error or '')[:200]}")
-                continue
-            p = phases(res.run_dir)
-            idle = res.summary.fidelity.idle_pct_mean if res.summary.fidelity else None
-            print(
-                f"{n:9d}  {launcher:8s}  {p['build_s']:7.1f}  {p['ready_s']:7.1f}  {p['first_iteration_s']:17.1f}  "
-                f"{p['teardown_s']:10.1f}  {idle if idle is None else round(idle)}",
-                flush=True,
-            )
+            for rep in range(reps):
+                exp = from_dict(spec(work / f"start-{n}-{launcher}-{rep}", n, launcher))
+                t_call = time.time()
+                (res,) = run_experiment(exp, progress=False)
+                t_return = time.time()
+                if not res.ok:
+                    print(f"{n:9d}  {launcher:8s}  {rep:3d}  failed: {(res.summary.error or '')[:200]}")
+                    continue
+                p = phases(res.run_dir, t_call, t_return)
+                idle = res.summary.fidelity.idle_pct_mean if res.summary.fidelity else None
+                print(
+                    f"{n:9d}  {launcher:8s}  {rep:3d}  "
+                    + "  ".join(f"{p[c]:{len(c)}.2f}" for c in cols)
+                    + f"  {idle if idle is None else round(idle)}",
+                    flush=True,
+                )
 
 
 def sweep_share(work: Path, points: int, launcher: str, iterations: int | None) -> None:
@@ -223,7 +276,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="harness-overhead-", dir="."))
     try:
         if sizes:
-            startup(work, sizes, launchers)
+            startup(work, sizes, launchers, a.reps)
         if points:
             for launcher in launchers:
                 sweep_share(work, points, launcher, a.sweep_iterations)

@@ -176,7 +176,9 @@ def run_one(
     finally:
         progress.phase("analysing")
         try:
+            t_sum = time.time()
             summary = _summarize(run_dir, status, error)  # Ctrl-C here: summary.json says interrupted
+            log.info("summarized in %.2f s", time.time() - t_sum)
         except _Terminated:
             raise KeyboardInterrupt() from None  # reported as an interruption, like Ctrl-C
         finally:
