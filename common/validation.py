@@ -356,6 +356,23 @@ class _Rules:
         self._paths[id(node)] = self._paths.pop(None, "")
         return super().construct_document(node)
 
+    def compose_node(self, parent, index):
+        """PyYAML's composer, refusing a collection nested deeper than :data:`MAX_DEPTH` as
+        soon as it opens: the pure-Python scanner's cost grows with the square of the open
+        flow collections, so a hostile text is stopped before it is read whole. (libyaml
+        composes in C, without this method: its documents are checked whole by
+        :func:`check_depth`.)"""
+        if not self.check_event(yaml.SequenceStartEvent, yaml.MappingStartEvent):
+            return super().compose_node(parent, index)
+        self._depth = getattr(self, "_depth", 0) + 1
+        try:
+            if self._depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark
+                raise yaml.YAMLError(_located(self.source, mark, f"nested more than {MAX_DEPTH} levels deep"))
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
     def _check_keys(self, node) -> None:
         """Refuse a key given twice among ``node``'s own keys (merged ``<<`` keys may be
         overridden, as YAML says) and note the path of each value. Done once per node, before
