@@ -250,7 +250,13 @@ class Network:
             self._configure_extra_interfaces(h)
         if self.spec.mtu_bytes != 1500:
             self._set_mtu(self.spec.mtu_bytes)
-        sysctls = {"net.ipv4.tcp_slow_start_after_idle": int(self.spec.tcp_slow_start_after_idle)}
+        # a host never routes: a new namespace inherits IPv4 forwarding from the machine's own
+        # (on where libvirt or Docker runs), and a forwarding host answers a frame for another
+        # address with a redirect and forwards it, traffic that no emulated host would send
+        sysctls = {
+            "net.ipv4.ip_forward": 0,
+            "net.ipv4.tcp_slow_start_after_idle": int(self.spec.tcp_slow_start_after_idle),
+        }
         if self.spec.tcp_notsent_lowat_bytes is not None:
             sysctls["net.ipv4.tcp_notsent_lowat"] = int(self.spec.tcp_notsent_lowat_bytes)
         if self.spec.tcp_min_tso_segs is not None:

@@ -75,6 +75,9 @@ def veth_net():
             _sh("ip", "link", "add", f"tbx0{s}", "type", "veth", "peer", "name", f"tbx1{s}", "netns", ns)
             _sh("sysctl", "-qw", f"net.ipv6.conf.tbx0{s}.disable_ipv6=1")
             _sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1")
+            # a receiver that forwarded would answer the datagrams for addresses it does not own
+            # (a namespace inherits forwarding from the machine's, where libvirt or Docker runs)
+            _sh("ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv4.ip_forward=0")
             _sh("ip", "link", "set", f"tbx0{s}", "master", "tbxbr", "up")
             _sh("ip", "-n", ns, "link", "set", "lo", "up")
             _sh("ip", "-n", ns, "addr", "add", f"{IP[s]}/24", "dev", f"tbx1{s}")
