@@ -415,8 +415,8 @@ class _Loader(_Rules, yaml.SafeLoader):
 if getattr(yaml, "__with_libyaml__", False):
 
     class _CLoader(_Rules, yaml.CSafeLoader):
-        """:class:`_Rules` over libyaml's parser: a spec is read 5-8x faster (a run's
-        ``spec.yaml`` in 0.4 ms instead of 2.3, the catalogue in 16 instead of 83)."""
+        """:class:`_Rules` over libyaml's parser, used when PyYAML has it because it reads a
+        spec several times faster (measured: ``docs/scaling.md``)."""
 else:  # PyYAML built without libyaml: every text is read by _Loader
     _CLoader = None
 

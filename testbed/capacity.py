@@ -89,22 +89,14 @@ compute's own CPU (``compute.mode: real`` runs undilated, as fast as the cores a
 compression codecs, the endpoint sampler (``capture.endpoints``), tcpdump
 (``capture.pcap``) and background flows' iperf3 memory.
 
-The schemes' own terms as measured on this machine (``resnet50``, 4 workers with a server
-colocated with each, emulated zero compute, scale 1, no host costs; median of 3 runs): P3
-3.5 us per message (runs: -4.7, 3.5, 96 us), PHub 83 us (58, 83, 97 us), the others 0 (ps,
-allreduce, pipe_sgd, Stanza and iBatch spend less on loopback than the model's per-byte and
-per-message terms already charge: -70 to -1060 us before the floor). Checked against 55
-finished runs on this machine (``benchmarks/capacity_vs_runs.py``, busy cores measured over
-the measured iterations / the estimate; without any message term, with the runtime's only,
-with the runtime's and the scheme's own): P3 2.4-3.3x, 1.9-2.5x, 1.9-2.5x; PHub 0.5-2.1x,
-0.5-1.7x, 0.4-1.5x; iBatch 0.6-1.0x, 0.4-0.7x (unchanged); ps 0.1-1.4x (the MXNet-CS
-baselines of PHub's spec 1.2-1.4x); Stanza 0.1-0.3x; the quickstart's allreduce in real
-compute 1.1-1.4x. So for P3 and some PHub and ps runs ``min_scale`` is still below the
-dilation that keeps 35 % idle: the runs' processes spend more per message than a loopback
-run at full speed (P3 VGG-19 at scale 25: about 24 s of process CPU per iteration against
-6.5 s for ``ps`` moving the same bytes, about 0.8 ms per extra slice, where loopback gives
-about 0.2 ms); what a paced, shaped network adds per message (each message's threads
-sleeping and waking, partial writes) is not measured. Example::
+A scheme's own per-message term is what its loopback run spends beyond the model's per-byte
+and per-message terms, floored at 0. For P3 and some PHub and ps runs ``min_scale`` is still
+below the dilation that keeps 35 % idle: the runs' processes spend more per message than a
+loopback run at full speed, and what a paced, shaped network adds per message (each
+message's threads sleeping and waking, partial writes) is not measured. The terms measured
+on the development machine and the estimate's ratio to finished runs
+(``benchmarks/capacity_vs_runs.py``) are in ``docs/experiments.md``, "Will it fit? The
+capacity check". Example::
 
     from testbed.runner import plan_point
     hosts, procs = plan_point(exp)

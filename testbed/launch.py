@@ -119,7 +119,7 @@ def runtime_env() -> dict:
 def process_env(info: dict) -> dict:
     """Environment for one process: :func:`runtime_env`, gloo bound to its host interface and
     connecting to a peer on first use (``TORCH_GLOO_LAZY_INIT``: no full mesh of
-    connections at the rendezvous, 8 s of the first iteration at 128 processes)."""
+    connections at the rendezvous, which at many processes delays the first iteration)."""
     return {**runtime_env(), "GLOO_SOCKET_IFNAME": info["iface"], "TORCH_GLOO_LAZY_INIT": "1"}
 
 
@@ -198,9 +198,8 @@ def start(
     ``on_start`` has returned); the others are started one by one with ``popen``.
     ``on_start`` is called with each batch of started processes (a process started by
     ``popen`` is a batch of one) as soon as they exist, so that the ledger records their
-    pids with one write per batch. Measured at 128 forked processes on this 2-core
-    machine: all running 1.7-1.8 s after the call (``benchmarks/launch.py``), where one
-    request and one ledger write per process had taken 11.8 s.
+    pids with one write per batch, so that a launch does not grow by a request and a ledger
+    write per process (``benchmarks/launch.py`` measures it; figures in ``docs/scaling.md``).
 
     Raises:
         TestbedError: the zygote could not fork the batch (nothing of it runs).

@@ -78,10 +78,9 @@ def nameservers(resolv_conf: str = "/etc/resolv.conf") -> list[str]:
 
     The hosts have no DNS, but they share this machine's ``/etc/resolv.conf``. When its
     nameserver falls inside the hosts' 10.0.0.0/8, a host takes it for a neighbour and each
-    lookup waits for ARP replies that never come: measured on this machine (nameserver
-    10.255.255.53), a reverse lookup of 10.0.0.1 or an AAAA lookup of the machine's name took
-    6.1 s, and every process's ``init_process_group`` in a Mininet host took 6.2 s against
-    0.5 s on loopback. With the route, a lookup fails at once, as on a machine without DNS.
+    lookup waits for ARP replies that never come, which delays every process's
+    ``init_process_group`` by seconds (measured: ``docs/scaling.md``). With the route, a
+    lookup fails at once, as on a machine without DNS.
     """
     try:
         text = Path(resolv_conf).read_text()

@@ -595,8 +595,8 @@ def _run_points(exp: Experiment, points: list[tuple[dict, Experiment]], progress
         raise TestbedError(f"cannot write {sweep_dir / 'sweep.yaml'}: {e.strerror or e}") from None
     results, rows = [], []
     shown = SweepProgress(progress, sweep_dir.name, len(points))
-    # One zygote for the whole sweep: torch's import and the warm-up (2.3 s) are paid once,
-    # not at every point. Its stdin is this process's pipe: if the harness dies, it exits.
+    # One zygote for the whole sweep: torch's import and the warm-up are paid once, not at
+    # every point (their time: docs/scaling.md). Its stdin is this process's pipe: if the harness dies, it exits.
     zygote = launch.Zygote().start() if any(forks(e) for _, e in points) else None
     try:
         for i, (point, e) in enumerate(points):

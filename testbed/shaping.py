@@ -112,7 +112,7 @@ def netns_route(pid: int | None) -> Iterator[IPRoute]:
 
     Its socket is made by this thread entering the namespace for that moment (pyroute2's
     ``pushns``/``popns``), not in a forked helper process as pyroute2's ``NetNS`` does
-    (measured: a fork of the harness per host). Raises OSError when there is no such process.
+    (a fork of the harness per host). Raises OSError when there is no such process.
     """
     if pid is None:
         with IPRoute() as ipr:
@@ -223,9 +223,8 @@ def read_shaping(ipr, ifname: str, qdiscs: list | None = None) -> dict:
 
     ``ipr``: a pyroute2 ``IPRoute`` for the interface's namespace. ``qdiscs``: the
     namespace's qdiscs from one dump (``ipr.get_qdiscs()``), for reading many interfaces:
-    the kernel dumps every interface's qdiscs whatever interface is asked for (measured: 16 s
-    for the 320 link ends of 128 hosts, against 0.4 s of dumps once per namespace); None:
-    dumped here.
+    the kernel dumps every interface's qdiscs whatever interface is asked for, so one dump per
+    namespace replaces one per interface (the times: ``docs/scaling.md``); None: dumped here.
     Returns ``{"qdisc": kind or None, "rate_mbps": float or None, "leaf": kind or None,
     "delay_ms": ms or None, "loss_pct": % or None}`` (delay and loss None without a netem
     leaf; with ``"error"`` when there is no such interface).

@@ -138,7 +138,7 @@ class PcapSpec(SpecModel):
     def _bpf(cls, v):
         if v is None or not v.strip():
             return None
-        from scapy.arch.common import compile_filter  # lazy: scapy takes ~0.5 s to import
+        from scapy.arch.common import compile_filter  # lazy: scapy is slow to import (docs/scaling.md)
         from scapy.error import Scapy_Exception  # lazy: as above
 
         try:
@@ -162,9 +162,9 @@ class CaptureSpec(SpecModel):
     qdisc: bool = True
     """Sample the uplinks' qdisc counters."""
     qdisc_interval_ms: int = Field(50, gt=0)
-    """The qdisc sampler's period; it costs ~1-3 ms of the harness's CPU per sample (pyroute2
-    decodes every qdisc), so the default is 50 ms; set 10 for queue dynamics at bwm-ng's
-    resolution on a run with CPU to spare."""
+    """The qdisc sampler's period; every sample costs the harness's CPU (pyroute2 decodes every
+    qdisc of the root namespace; measured in ``docs/scaling.md``), so the default is 50 ms; set
+    10 for queue dynamics at bwm-ng's resolution on a run with CPU to spare."""
     cpu: bool = True
     """Sample per-core and per-process CPU use."""
     cpu_interval_ms: int = 100

@@ -21,32 +21,27 @@ MAX_INTERFACES = 64
 #: (:class:`testbed.shaping.ShapedIntf`) both use this one value.
 MAX_RATE_MBPS = 40_000.0
 #: the lowest rate a link is shaped at, Mbit/s (after dilation): 800 bit/s = 100 bytes/s.
-#: htb keeps a rate as whole bytes per second, which tc truncates (measured with tc
-#: (iproute2 6.1) on a veth in an ``unshare --net`` namespace, kernel 6.18: ``rate 799bit``
-#: reads back as 792 bit/s, ``100bit`` as 96, ``8bit`` as 8, and below 8 bit/s tc refuses
-#: the class, "rate is required"), so a rate reads back within
+#: htb keeps a rate as whole bytes per second, which tc truncates, so a rate reads back within
 #: :data:`testbed.shaping.RATE_TOLERANCE` (1 %) only from 99 bytes/s on. htb also keeps the
-#: burst as a 32-bit count of psched ticks (15.625 per microsecond here, /proc/net/psched):
-#: the 15,000-byte burst of :func:`testbed.shaping.htb_burst_bytes` fits from 55 bytes/s on
-#: (below, tc stores a smaller burst, measured 1,256 bytes at 400 bit/s, and pyroute2, which
-#: changes a rate in place, fails to encode it). 100 bytes/s meets all three: 305 rates
-#: from 800 bit/s to 40 Gbit/s (log-uniform) read back within 1 % both as built with tc
-#: (worst 0.75 %) and as changed in place with pyroute2 (worst 0.39 %).
+#: burst as a 32-bit count of psched ticks (/proc/net/psched): the 15,000-byte burst of
+#: :func:`testbed.shaping.htb_burst_bytes` fits from 55 bytes/s on (below, tc stores a smaller
+#: burst and pyroute2, which changes a rate in place, fails to encode it). 100 bytes/s meets
+#: all three (the read-backs this rests on: ``docs/experiments.md``, "What this kernel can
+#: emulate").
 MIN_RATE_MBPS = 0.0008
 #: the longest one-way delay a link may have, ms (after dilation): tc holds netem's latency
 #: as a 32-bit count of psched ticks, 2**32 / 15.625 ticks per microsecond = 274.877906944 s
-#: (tc refuses more, "time (too large)"; from 2**32 microseconds on it wraps silently:
-#: ``delay 4.29497e+06ms`` is taken as 2.7 ms). Measured with tc (iproute2 6.1) in an
-#: ``unshare --net`` namespace.
+#: (tc refuses more, "time (too large)"; from 2**32 microseconds on it wraps silently; what tc
+#: did: ``docs/experiments.md``, "What this kernel can emulate").
 MAX_DELAY_MS = 274_877.906944
 #: the largest queue limit, packets: tc's ``pfifo limit`` and netem's ``limit`` are 32-bit
-#: (measured: tc takes 4294967295 and refuses 4294967296, "Illegal value for limit")
+#: (tc refuses 2**32, "Illegal value for limit")
 MAX_QUEUE_PACKETS = 2**32 - 1
 #: the largest ``net.ipv4.tcp_notsent_lowat``: an unsigned int the kernel reads with
 #: ``proc_douintvec`` (net/ipv4/sysctl_net_ipv4.c), which refuses more with EINVAL
 MAX_NOTSENT_LOWAT_BYTES = 2**32 - 1
 #: the largest ``net.ipv4.tcp_min_tso_segs``: the kernel keeps it in one byte and refuses 0
-#: (measured in a namespace, kernel 6.18: 1 and 255 are taken, 0 and 256 refused, EINVAL)
+#: and 256 with EINVAL
 MAX_MIN_TSO_SEGS = 255
 #: the largest least retransmission timeout, emulated ms (a minute: far above any queueing delay)
 MAX_RTO_MIN_MS = 60_000.0
@@ -129,21 +124,18 @@ class TopologySpec(SpecModel):
     cubic, is Linux's default congestion control, so that a run does not depend on the
     machine's setting; null keeps the machine's default (``net.ipv4.tcp_congestion_control``
     of the root namespace, which a new namespace inherits). BBR's ProbeRTT comes every 10 s
-    of real time, 10/scale s of emulated time. Measured under BBR on dilated links: PHub's
-    PBox (phub_pbox.yaml, AlexNet, dilation 80) took 318-339 ms an iteration against
-    238-250 ms under cubic, and a 60-process iBatch run stalled when one flow's pacing rate
-    fell to 680 bit/s. The congestion control each host used is recorded in
+    of real time, 10/scale s of emulated time, and its pacing slows dilated runs (see
+    ``docs/experiments.md``). The congestion control each host used is recorded in
     ``topology.json``."""
     tcp_min_tso_segs: int | None = Field(None, ge=1, le=MAX_MIN_TSO_SEGS)
     """The hosts' ``net.ipv4.tcp_min_tso_segs``: the fewest MSS-sized segments Linux puts in
     one TSO/GSO packet. Linux sizes those packets to about 1 ms of a connection's pacing rate
     (``tcp_tso_autosize``), which time dilation divides by ``scale``: a host shaped at
     1 Gbit/s / 79 sends packets of 2 segments where one at 1 Gbit/s sends 64 KiB, and every
-    packet costs this machine about the same CPU whatever its size (measured: a ring of
-    iperf3 flows between 128 hosts at 12.66 Mbit/s took 1.9 cores with cubic and 2 segments,
-    0.6 with 44). The emulated host's own size is ``min(host_bw_mbps x 1e6 / 8 / 1024,
-    65536) / MSS`` segments, rounded down: at 1 Gbit/s 64 KiB, 45 segments of a 1500-byte MTU's
-    1448-byte MSS (``experiments/scale_vgg19.yaml`` uses 44, as measured). It applies to reno and
+    packet costs about the same CPU whatever its size (see ``docs/experiments.md``). The
+    emulated host's own size is ``min(host_bw_mbps x 1e6 / 8 / 1024, 65536) / MSS`` segments,
+    rounded down: at 1 Gbit/s 64 KiB, 45 segments of a 1500-byte MTU's 1448-byte MSS
+    (``experiments/scale_vgg19.yaml`` uses 44). It applies to reno and
     cubic; BBR sizes its packets itself. null keeps the kernel's default (2); 1 to 255."""
     tcp_slow_start_after_idle: bool = False
     """The hosts' ``net.ipv4.tcp_slow_start_after_idle``. TCP restarts its congestion window
@@ -163,11 +155,8 @@ class TopologySpec(SpecModel):
     time, which the time dilation does not stretch: at ``scale`` s it is 200/s ms of emulated
     time (2.5 ms at 80), so a queue that holds a segment longer than that makes its sender
     time out, resend and restart from a window of one segment although nothing was lost, and
-    the same network gets slower the more it is dilated. Measured: the 8 hosts of an MXNet CS
-    run of AlexNet at dilation 80, 10 Gbit/s, queues deep enough that no packet was dropped,
-    counted about 100 timeouts in 5 iterations; a parameter server with 10 workers (Stanza's
-    AlexNet at 10 Gbit/s) ran at 335.3-336.3 samples/s at dilation 16 and 316.4-324.6 at 32 with
-    the kernel's timer, 335.7 and 336.1 with this one (no timeout at either). null keeps the
+    the same network gets slower the more it is dilated (the runs that showed it:
+    ``docs/experiments.md``, "TCP's timers are not dilated"). null keeps the
     kernel's 200 ms of real time. At most 60,000; the kernel caps every timeout at 120 s of
     real time, which a dilation above 600 reaches at the default."""
 

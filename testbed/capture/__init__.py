@@ -50,12 +50,10 @@ the missed slots (the next one starts on the next free slot) instead of bursting
 up, so a slow sample lowers the rate and the timestamps show the rate achieved
 (:mod:`testbed.capture.periodic`).
 
-Measured cost (2-core machine, 10 ms period): bwm-ng ~1 % of a core; the CPU sampler at
-100 ms ~2.5 %; the qdisc sampler is pyroute2 decoding every qdisc of the root namespace (it
-grows with the qdiscs there, not with the interfaces sampled): 4 shaped ports (11 qdiscs)
-~1.1 ms CPU per sample, 11 % of a core; 12 shaped ports (14-19 qdiscs) 2.2-3 ms per
-sample, 22-28 % of a core, all of it in the harness process (the ``harness`` row of
-``cpu.csv``).
+Each sampler's CPU is the measurement's own cost: bwm-ng's and the harness's (which runs the
+samplers) are rows of ``cpu.csv``. The qdisc sampler's grows with the qdiscs of the root
+namespace, not with the interfaces sampled (pyroute2 decodes every one). Their measured costs:
+``docs/scaling.md``, "What the capture costs".
 """
 
 from __future__ import annotations

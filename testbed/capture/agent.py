@@ -106,8 +106,8 @@ def runtime_pids(match: str) -> dict[str, int]:
 class RuntimePids:
     """:func:`runtime_pids` for the CPU sampler, which asks at every sample: a scan of
     ``/proc`` (every process's command line) at most every ``every_s`` seconds, the last
-    answer otherwise. A callable. (Measured: one scan of 116 processes takes ~6 ms of CPU on
-    the 2-core machine, so ~0.6 % of a core at the default period.)"""
+    answer otherwise. A callable. (A scan is too costly for every sample: ``docs/scaling.md``,
+    "What the capture costs".)"""
 
     def __init__(self, match: str, every_s: float = 1.0, scan: Callable[[str], dict[str, int]] = runtime_pids):
         if not match:

@@ -36,7 +36,7 @@ capture):
   view (a switch port's ``out`` is what the switch sends on that link).
 * the period drifts: ``-t 10`` gives ~10.4 ms between lines of an interface.
 
-Measured cost (2-core machine, 10 ms period): ~1 % of a core.
+Its CPU is a row of ``cpu.csv`` (measured cost: ``docs/scaling.md``, "What the capture costs").
 """
 
 from __future__ import annotations

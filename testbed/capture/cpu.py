@@ -16,11 +16,10 @@ row that sample; its next row covers both periods.
 
 Process rows are sampled every ``ceil(processes / PROCESSES_PER_SAMPLE)`` periods (every
 period up to 16 processes), so the sampler's work per second stays that of 16 processes at
-the period: at 128 processes reading every process every 100 ms cost the harness 15 % of a
-core, which the capacity model's flat per-sample cost does not count. A process's busy % is
-over the time since its previous row, so its mean is unchanged; the cores keep every period.
-
-Measured cost (2-core machine): the CPU sampler at 100 ms ~2.5 % of a core.
+the period, which is what the capacity model's flat per-sample cost counts (reading every
+process every period at many processes costs far more: ``docs/scaling.md``, "What the capture
+costs"). A process's busy % is over the time since its previous row, so its mean is
+unchanged; the cores keep every period.
 """
 
 from __future__ import annotations

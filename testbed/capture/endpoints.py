@@ -5,16 +5,15 @@ end. Every ``capture.endpoints_interval_ms`` a sampler (:class:`EndpointSampler`
 :class:`testbed.capture.periodic.SampledCsv`) reads, for each training process, its socket
 inodes (``/proc/<pid>/fd``) and the TCP socket tables of *its* network namespace
 (``/proc/<pid>/net/tcp`` and ``tcp6``: procfs shows a process's own namespace there, which
-``psutil.net_connections`` cannot, as it reads this process's namespace). (A helper measured that
-reading procfs's TCP tables costs 11 ms per namespace, whatever the namespace holds: the kernel
-walks the whole hash table; 16 % of a core for the quickstart's 10 processes. The sampler
-asks the kernel through sock_diag instead, with one pyroute2 ``DiagSocket`` opened inside
-each host's namespace. Connections are made at start-up, or on first use (gloo's lazy
-connect), so after its first 20 samples the sampler backs off: it reads every 10th period, and
-each read that finds no new socket doubles the gap, up to every 120th period (a minute at the
-default 500 ms); a read that finds one returns to every 10th. At 128 processes with gloo's
-full mesh (about 33,000 sockets) one read cost the harness 1.6 s of CPU: every 10th period,
-37 % of a core, which the back-off brings under 3 %.) A socket is written once, when first seen: ``time, proc, role,
+``psutil.net_connections`` cannot, as it reads this process's namespace). (Reading procfs's
+TCP tables costs the same per namespace whatever the namespace holds, as the kernel walks the
+whole hash table, so the sampler asks the kernel through sock_diag instead, with one pyroute2
+``DiagSocket`` opened inside each host's namespace. Connections are made at start-up, or on
+first use (gloo's lazy connect), so after its first 20 samples the sampler backs off, since a
+read of a full mesh's sockets is costly: it reads every 10th period, and each read that finds
+no new socket doubles the gap, up to every 120th period (a minute at the default 500 ms); a
+read that finds one returns to every 10th. Measured costs: ``docs/scaling.md``, "What the
+capture costs".) A socket is written once, when first seen: ``time, proc, role,
 rank, host, pid, local_ip, local_port, remote_ip,
 remote_port, state`` (``remote`` ``0.0.0.0:0`` for a listener; ``state`` the kernel's TCP
 state name). Connections that open and close between two samples (the rendezvous store's

@@ -15,17 +15,13 @@ network is built until the run's teardown: rows ``time, kind, id, bytes`` with `
     from are not its own until it writes them, so USS is what one more process costs the
     machine.
 
-USS is costly: the kernel walks every mapping of the process for it. Measured on the
-2-core machine (psutil 7.2, kernel 6.18): ``smaps_rollup`` of a process that imported torch
-takes 11.5 ms of CPU (0.4 ms for a bare Python), so one USS sample of 128 such processes
-(forked from one that imported torch and the runtime, each with 40 MiB of its own) took 1.6 to
-2.4 s of CPU and 2.3 to 5.3 s of wall clock. So each process is read at most once every
-:data:`USS_PERIOD_S` (5 s), and the reads share a budget of :data:`USS_CPU_SHARE` (2 %) of one
-core: a sample reads the processes whose turn has come, longest waiting first, while the
-budget lasts. Up to ~8 such processes are read every 5 s; 128 each about every 75 to 120 s,
-a few at each sample. A ``machine`` row takes 0.065 ms of CPU (0.07 % of a core at 100 ms).
-Measured with those 128 processes, the recorder at 100 ms took 2.6 % of a core over 40 s
-(62 USS reads; 401 machine rows, none missed).
+USS is costly: the kernel walks every mapping of the process for it, and a process that
+imported torch has many (its measured cost, and the recorder's: ``docs/scaling.md``, "What the
+capture costs"). So each process is read at most once every :data:`USS_PERIOD_S` (5 s), and
+the reads share a budget of :data:`USS_CPU_SHARE` (2 %) of one core: a sample reads the
+processes whose turn has come, longest waiting first, while the budget lasts; with many
+processes each is read less often than every 5 s, a few at each sample. A ``machine`` row is
+cheap and taken every sample.
 """
 
 from __future__ import annotations

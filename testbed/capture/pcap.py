@@ -136,8 +136,8 @@ def tcpdump_command(binary: str, port: str, snaplen: int, out_file: Path, bpf: s
     BPF) is read as the filter, never as options.
 
     ``--immediate-mode``: without it libpcap (TPACKET_V3) hands packets over in blocks, up to
-    a second late, and a tcpdump stopped with SIGTERM drops the block it holds: measured on
-    this machine, 323 of 11689 packets of a 40 s capture missing at the end. ``-Z root``: the
+    a second late, and a tcpdump stopped with SIGTERM drops the block it holds (the packets
+    lost so: ``docs/scaling.md``, "What the capture costs"). ``-Z root``: the
     file stays root's."""
     return [
         binary,

@@ -10,11 +10,10 @@ of a sample share it), ``iface``, ``qdisc`` (kind), ``backlog_bytes``, ``backlog
 (gauges), ``drops``, ``overlimits``, ``sent_bytes``, ``sent_packets`` (cumulative kernel
 counters since the qdisc was created).
 
-Measured cost: the qdisc sampler is pyroute2 decoding every qdisc of the root namespace (it
-grows with the qdiscs there, not with the interfaces sampled): 4 shaped ports (11 qdiscs)
-~1.1 ms CPU per sample, 11 % of a core at a 10 ms period; 12 shaped ports (14-19 qdiscs)
-2.2-3 ms per sample, 22-28 % of a core, all of it in the harness process (the ``harness`` row
-of ``cpu.csv``).
+Its cost is pyroute2 decoding every qdisc of the root namespace, so it grows with the qdiscs
+there, not with the interfaces sampled, and it is all in the harness process (the ``harness``
+row of ``cpu.csv``); hence the default period of 50 ms (measured costs: ``docs/scaling.md``,
+"What the capture costs").
 """
 
 from __future__ import annotations

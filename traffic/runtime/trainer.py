@@ -54,12 +54,10 @@ class TensorSGD:
     ``torch.optim.SGD.step`` itself calls, on its CPU single-tensor path), so the values and
     the momentum buffer are bit-for-bit those of ``torch.optim.SGD``; it only skips
     ``Optimizer.step``'s per-call machinery (step hooks, profiler record, param-group
-    bookkeeping). Measured on the reference machine with torch 2.13.0, one thread, momentum
-    0.9 and weight decay 1e-4 (``benchmarks/optimizer_step.py``): 106 us a step of 50,000
-    float32 elements through ``torch.optim.SGD.step``, 63 us here; 90 and 29 us at 1,000. That overhead is Python's,
-    not the emulated host's:
-    a host model charges the step by its bytes (``optimizer``), and every microsecond of it
-    spent here is real time that must fit the step's dilated budget.
+    bookkeeping, which ``benchmarks/optimizer_step.py`` measures against ``SGD.step``; figures
+    in ``docs/host-model.md``). That overhead is Python's, not the emulated host's: a host
+    model charges the step by its bytes (``optimizer``), and every microsecond of it spent
+    here is real time that must fit the step's dilated budget.
 
     Args:
         param: the values (any shape, float32), updated in place.

@@ -1,17 +1,17 @@
 """``python -u -m traffic.runtime.zygote [--netns]``: pay for importing torch once per run.
 
-Every training process of a run imports torch and the project (1.6 s alone on an idle core;
-with ten processes contending for two cores, most of the 15 s from launch to the first
-iteration). The zygote imports them once, then forks one child per process on request. A
-child, before it runs anything else: joins the run's cgroup (``cgroup``: the path of its
-``cgroup.procs``, so that everything it forks is in it too), asks to be killed when the zygote
-dies (:func:`common.process.die_with_parent`), starts its own session (its pid is its process group,
-so the harness's ``killpg`` reaches it), enters the network namespace of its Mininet host
-(``setns`` on ``/proc/<host shell pid>/ns/net``, through pyroute2), points stdout and stderr
-at its log, takes the environment the harness gives it, waits until its batch is started
-(below), then runs :func:`traffic.runtime.__main__.run_process` and leaves through
-``os._exit`` like a process started with ``python -m traffic.runtime``. The zygote itself starts no thread, so
-forking it
+Every training process of a run imports torch and the project, which with many processes
+contending for few cores is most of the time from launch to the first iteration (figures:
+``docs/scaling.md``, "Where the launch time goes"). The zygote imports them once, then forks
+one child per process on request. A child, before it runs anything else: joins the run's cgroup
+(``cgroup``: the path of its ``cgroup.procs``, so that everything it forks is in it too), asks
+to be killed when the zygote dies (:func:`common.process.die_with_parent`), starts its own
+session (its pid is its process group, so the harness's ``killpg`` reaches it), enters the
+network namespace of its Mininet host (``setns`` on ``/proc/<host shell pid>/ns/net``, through
+pyroute2), points stdout and stderr at its log, takes the environment the harness gives it,
+waits until its batch is started (below), then runs
+:func:`traffic.runtime.__main__.run_process` and leaves through ``os._exit`` like a process
+started with ``python -m traffic.runtime``. The zygote itself starts no thread, so forking it
 is safe (checked: one OS thread after the imports). Before serving it reserves the shared
 scratch of ``workload.compute.memory: light`` (:func:`traffic.runtime.buffers.reserve_shared`:
 address space only; pages take memory once a light child touches them, once per machine).
@@ -32,12 +32,9 @@ child ends (``status`` as ``subprocess`` gives it: the exit code, or minus the s
 killed it). The zygote exits when its stdin closes (the harness ended), leaving its children
 to the harness's teardown (they are in the run's cgroup and their pids in its ledger).
 ``--netns`` only marks a zygote that serves Mininet hosts, so that ``testbed clean`` knows
-it for the harness's.
-
-Measured on this 2-core machine with other work running (``benchmarks/launch.py``, 128
-processes over loopback): the batch was forked, recorded and started 1.7-1.8 s after the
-launch began (a fork costs 5 ms after :func:`prepare_to_fork`), where one request per child
-had taken 0.09 s each (11.8 s at 128).
+it for the harness's. One request forks a whole batch, so that a launch's time does not grow
+by a request round trip per child (``benchmarks/launch.py`` measures it; figures in
+``docs/scaling.md``).
 """
 
 from __future__ import annotations
@@ -71,18 +68,17 @@ __all__ = ["main", "warm_up", "prepare_to_fork"]
 
 def warm_up() -> None:
     """Do once what every process would do first: a forward, a backward and an SGD step of a
-    tiny model. The first optimizer built in a process imports ``torch._dynamo`` (0.9 s on an
-    idle core; measured 4.8 s of each of 8 contending processes' ``setup`` span); after this
-    the children inherit it. Also imports every built-in scheme. Starts no thread (checked:
-    one OS thread after it)."""
+    tiny model. The first optimizer built in a process imports ``torch._dynamo``, a large part
+    of a process's set-up; after this the children inherit it. Also imports every built-in
+    scheme. Starts no thread (checked: one OS thread after it)."""
     torch.set_num_threads(1)
     m = torch.nn.Linear(4, 2)
     opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
     m(torch.zeros(3, 4)).sum().backward()
     opt.step()
     opt.zero_grad()
-    # the built-in schemes' modules, imported on a process's first scheme lookup: 0.17 s of
-    # CPU in each child (measured at 128 processes on 2 cores: 13 s of the launch)
+    # the built-in schemes' modules, imported on a process's first scheme lookup: imported
+    # here, a child does not pay for them (figures in docs/scaling.md)
     schemes.available()
 
 
@@ -95,11 +91,10 @@ def prepare_to_fork() -> int:
     """Make forking this process, and the forked children, cheap; returns the bytes of
     anonymous memory now held in huge pages.
 
-    A fork copies one page-table entry per page of anonymous memory: with the zygote's
-    ~230 MB in 4 KiB pages a fork took 17 ms on an idle core of this machine (25-50 ms
-    with other work running), 5 ms once collapsed into 2 MiB transparent huge pages
-    (``MADV_COLLAPSE``, 0.4 s once; used memory grew by 1.4 MB). A child's first write to
-    a page still copies only 4 KiB. Regions the kernel cannot collapse (unaligned, too
+    A fork copies one page-table entry per page of anonymous memory, so the zygote's memory
+    is collapsed into 2 MiB transparent huge pages (``MADV_COLLAPSE``) so that a fork copies
+    fewer entries (the fork times before and after: ``docs/scaling.md``). A child's first
+    write to a page still copies only 4 KiB. Regions the kernel cannot collapse (unaligned, too
     small, a kernel before 6.1) stay as they are. Also moves every object into the
     collector's permanent generation (``gc.freeze``), so that a child's garbage collections
     never write to, and so copy, the pages of the objects it inherited.

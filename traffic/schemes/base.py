@@ -90,7 +90,7 @@ class Scheme:
             processes run with, or None for CPython's default (5 ms). A scheme whose
             processes run several Python threads sets it lower: a thread back from a gloo
             operation (or a stated host cost's wait) otherwise waits up to 5 ms for the GIL
-            while another thread runs Python code (measured in :mod:`traffic.schemes.p3`).
+            while another thread runs Python code (measured: ``docs/schemes.md``, "p3").
         light_refusal: why the scheme cannot run with ``workload.compute.memory: light``
             (:meth:`light_memory_refusal`), or None when its payload tensors come from
             ``ctx.buffers`` (:mod:`traffic.runtime.buffers`); read from the class's own

@@ -85,12 +85,8 @@ GIL switch interval: every P3 process sets ``sys.setswitchinterval`` to
 Python threads and a worker two (compute and comm); a thread whose gloo operation has
 completed must take the GIL back to act on it (count the slice, send the next one), and
 while another thread runs Python code it waits up to the switch interval for it -- with
-the default, up to 5 ms per slice on the critical path of the next send or update.
-(Measured on this project's 2-core machine: a thread back from a blocking call while
-another runs Python waited 5.3 ms at 5 ms, 0.7 ms at 0.5 ms (medians). Loopback, 4 workers,
-2 servers, ``digits_mlp``, ``slice_params`` 1,000, 4 alternating runs each: median iteration
-227 ms at 0.5 ms and 233 ms at 5 ms, CPU 24.5 s and 24.1 s per run: no cost visible beyond
-the noise of a shared machine.)
+the default, up to 5 ms per slice on the critical path of the next send or update. The
+shorter interval costs no CPU visible beyond noise (measured: ``docs/schemes.md``, "p3").
 
 Events (each with ``iteration``, ``layer``, ``key``, ``slice``, ``priority``, ``bytes``):
 worker ``enqueue`` (instant, logged right *after* the slice entered the send queue) and

@@ -67,7 +67,7 @@ its ToR (``workload.servers.interfaces``); the PBox runs one server process per 
   and thread, of one layer, travel in *frames* of at most ``frame_bytes`` of payload (option,
   default 256 KB; 0: one message per chunk), one transport message each
   (:mod:`~traffic.schemes.phub.frames`), because a message costs real Python and gloo time
-  on this machine (measurement below). Each chunk keeps its own metadata slots, is checked
+  at both ends (measured in ``docs/schemes.md``, "phub"). Each chunk keeps its own metadata slots, is checked
   and charged its host costs one by one, so the parameters, the bytes on the wire and the
   host costs are those of one message per chunk. The real sums and optimizer steps are done
   per frame copy and per frame where that gives the same values
@@ -84,23 +84,9 @@ additional aggregation"). Every chunk message sent or received, on workers and s
 charged ``message`` (the per-message software overhead, when the host model states one):
 frames are sent with ``message=False`` and their chunks charged one by one.
 
-**Measured cost of a message** (``testbed.loopback`` on loopback, this 2-core machine: 4
-workers, a PBox of 2 interfaces with 1 thread each, 32 KB chunks, emulated zero compute,
-no host model, 30 iterations; the PBox's CPU time while serving, ``serve_cpu_s``, all
-threads including gloo's, per chunk and iteration, i.e. 4 pushes received and summed, one
-optimizer step and 4 replies sent):
-
-======================  =============  ==========  ==========  ==========
-frame_bytes             0 (per chunk)  64 KB       256 KB      1 MB
-======================  =============  ==========  ==========  ==========
-digits_mlp (40 chunks)  1180 us        760-858 us  544-552 us  458-508 us
-mnist_mlp (83 chunks)   1268 us        831 us      440 us      329 us
-======================  =============  ==========  ==========  ==========
-
-(idle machine, 2 runs and 1 run; with other test runs loading it, 3 runs each: digits_mlp
-1116-1483, 744-1293, 494-749, 444-496 us; mnist_mlp 1027-1466, 698-739, 370-477, 242-381
-us). So about 100 us of CPU per message at the server; what frames cannot save is the
-per-chunk work (checks, sums, optimizer step, charges) and the bytes' copy through loopback.
+What frames cannot save is the per-chunk work (checks, sums, optimizer step, charges) and
+the bytes' copy through loopback; the server's CPU per chunk at each ``frame_bytes`` was
+measured with ``testbed.loopback`` (``docs/schemes.md``, "phub").
 
 Server processes and tags: chunk ``c`` of job ``g`` has the global id ``c.id = g * n + i``
 (``n`` chunks per namespace); frames are numbered by their first chunk's id (every job's
@@ -198,9 +184,8 @@ class PHubOptions(SchemeOptions):
     """Options of ``phub`` (chunks replace ``ps``'s key split: no ``bigarray_bound``).
 
     Frames (``frame_bytes``) pack several chunks into one transport message, because each
-    real message costs Python and gloo CPU time at both ends on this 2-core machine (about
-    100-150 us per message at the server, measured in the module docstring); the chunks
-    inside are still handled and charged one by one, as PHub's messages."""
+    real message costs Python and gloo CPU time at both ends (measured in ``docs/schemes.md``);
+    the chunks inside are still handled and charged one by one, as PHub's messages."""
 
     chunk_bytes: int = Field(CHUNK_BYTES, gt=0)
     """Bytes per chunk, a multiple of 4 (float32 elements); the last chunk of a key holds
@@ -227,20 +212,18 @@ class PHubOptions(SchemeOptions):
     Frames pack chunks: the chunks a worker sends to the same server process (interface)
     and server thread, of the same layer, travel as one transport message of at most this
     many payload bytes (:func:`~traffic.schemes.phub.frames.pack_frames`), and so do the
-    server's replies and the initial values. Why: on this 2-core machine every message
-    costs real Python and gloo time at both ends (the module docstring's measurement: the
-    server's CPU per 32 KB chunk and iteration, 4 workers, falls from 1116-1483 us with one
-    message per chunk to 494-749 us with 256 KB frames), which at PHub's 32 KB chunks would
-    dwarf the emulated cost of a chunk and starve the machine. A frame is
+    server's replies and the initial values. Why: every real message costs Python and gloo
+    time at both ends, which at PHub's 32 KB chunks would dwarf the emulated cost of a chunk
+    and starve the machine (measured in ``docs/schemes.md``, "phub"). A frame is
     packaging only: every chunk keeps its own 8 bytes of metadata (the bytes on the wire are
     those of one message per chunk), and is checked, aggregated as its copies arrive,
     optimized and charged its host costs one by one, its per-message software overhead
     (``host.message_overhead_us``) included: the emulated system still sends one message
     per chunk. Parameters are exactly those without frames. Default 256 KB (8 chunks of
-    32 KB): it removes most of the per-message cost (1 MB saves only 7-25 % more of the
-    server's CPU per chunk), while a frame is short enough to stream (it is aggregated while
-    the layer's next frames are in flight; a chunk waits for at most its frame, 8.4 ms at a
-    host link of 10 Gbit/s dilated 40x to 250 Mbit/s, against 34 ms for 1 MB)."""
+    32 KB): it removes most of the per-message cost (larger frames save little more), while
+    a frame is short enough to stream (it is aggregated while the layer's next frames are in
+    flight; a chunk waits for at most its frame, 8.4 ms at a host link of 10 Gbit/s dilated
+    40x to 250 Mbit/s, against 34 ms for 1 MB)."""
 
     @field_validator("chunk_bytes", "frame_bytes")
     @classmethod

@@ -3,8 +3,8 @@
 PHub sends every chunk as its own message (PHub Sec. 3.2.3: 32 KB chunks, "the smallest
 message size that can saturate network bandwidth"; Sec. 3.2.4: "All message transmission,
 reception, and processing for that chunk is done on that core."). Here a message costs real
-Python and gloo CPU time at both ends (about 100 us at a server on this 2-core machine, as
-measured in :mod:`traffic.schemes.phub`), which at 32 KB chunks would swamp the per-chunk
+Python and gloo CPU time at both ends (measured in ``docs/schemes.md``, "phub"), which at
+32 KB chunks would swamp the per-chunk
 work and starve the machine. So the chunks that one worker sends to the same server
 process (interface) and server thread, of the same layer, travel together in a *frame*
 (:func:`pack_frames`) of at most ``frame_bytes`` of payload. The frame is transport

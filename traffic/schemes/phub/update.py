@@ -7,9 +7,8 @@ server's store (:class:`~traffic.schemes.phub.frames.Frame`), and the update rul
 (``torch.optim.SGD`` with momentum and weight decay, :func:`traffic.runtime.trainer.make_optimizer`)
 is elementwise, so one real step over the frame gives exactly the values of one step per
 chunk. One real step per 32 KB chunk costs this machine's Python more than the PBox's stated
-rate allows (measured in ``experiments/phub_pbox.yaml``'s runs: 227 us per chunk step
-against a budget of 109 us at scale 80), which is an overrun of the emulation, not a cost of
-the emulated system.
+rate allows (measured in ``experiments/phub_pbox.yaml``'s runs, ``docs/schemes.md``), which is
+an overrun of the emulation, not a cost of the emulated system.
 """
 
 from __future__ import annotations
