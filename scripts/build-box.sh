@@ -9,7 +9,8 @@
 #   bash scripts/build-box.sh --path     only print where the box is (or would be)
 #
 # The box is cached in ${TESTBED_CACHE:-~/.cache/dl-netbed}/boxes/bookworm64-local.box, with a
-# stamp of this script; it is built again only when this script changes. The Vagrantfile uses it
+# stamp of this script; it is built again only when this script changes. The .debs debootstrap
+# fetched stay in .../debootstrap-debs for the next build. The Vagrantfile uses it
 # when TESTBED_VM_BOX=local, or when Vagrant's catalogue is out of reach (see docs/vm.md).
 # Debian's packages come from TESTBED_DEBIAN_MIRROR, else the host's own apt sources.
 # Needs: debootstrap, qemu-utils, extlinux, syslinux-common, fdisk, e2fsprogs (installed if missing).
@@ -104,7 +105,8 @@ mount "$loop" "$root"
 
 pkgs=linux-image-amd64,systemd-sysv,udev,dbus,kmod,ifupdown,isc-dhcp-client,openssh-server,sudo,rsync,ca-certificates,iproute2,procps,less
 echo "build-box: debootstrap (minbase + $pkgs)"
-debootstrap --variant=minbase --include="$pkgs" "$suite" "$root" "$url" > "$work/debootstrap.log" 2>&1 || {
+mkdir -p "$cache/debootstrap-debs"
+debootstrap --variant=minbase --include="$pkgs" --cache-dir="$cache/debootstrap-debs" "$suite" "$root" "$url" > "$work/debootstrap.log" 2>&1 || {
   tail -n 30 "$work/debootstrap.log" >&2; echo "build-box.sh: debootstrap failed (log above)" >&2; exit 1; }
 echo "build-box: debootstrap done in $((SECONDS - t0)) s"
 
