@@ -132,6 +132,20 @@ cleanup() {
   for d in "${started_daemons[@]}"; do
     [ -f "/run/$d.pid" ] && kill "$(cat "/run/$d.pid")" 2>/dev/null
   done
+  # the empty LIBVIRT_* chains a libvirtd started here hooks into INPUT, FORWARD, OUTPUT and
+  # POSTROUTING (bridged emulations cross FORWARD where bridge-nf-call-iptables is 1)
+  if [ "${#started_daemons[@]}" -gt 0 ]; then
+    local ipt tab chain rule
+    for ipt in iptables ip6tables; do
+      for tab in filter nat mangle; do
+        "$ipt" -t "$tab" -S 2>/dev/null | grep -E '^-A [A-Z]+ -j LIBVIRT_' | sed 's/^-A/-D/' |
+          while read -r rule; do "$ipt" -t "$tab" $rule; done
+        for chain in $("$ipt" -t "$tab" -S 2>/dev/null | awk '$1=="-N" && $2 ~ /^LIBVIRT_/ {print $2}'); do
+          [ "$("$ipt" -t "$tab" -S "$chain" | wc -l)" -eq 1 ] && "$ipt" -t "$tab" -X "$chain"
+        done
+      done
+    done
+  fi
   say "destroy: $((SECONDS - t)) s; left behind: ${left[*]:-nothing}"
   say "total: $((SECONDS - t_all)) s$([ "$rc" -ne 0 ] && echo ", FAILED (exit $rc)")"
   [ "${#left[@]}" -eq 0 ] || rc=1
@@ -175,6 +189,8 @@ if grep -qE '[0-9]+ skipped' "$log/netem-tests.log"; then
   exit 1
 fi
 
-# The suite's tests that need the VM's kernel: real networks shaped and read back, netem's
-# refusal where it is missing (skipped here: the VM has it) and the effects a run verifies.
-step kernel-tests in_vm 'cd /vagrant && sudo .venv/bin/python -m pytest -q -rs -p no:cacheprovider tests/test_network.py tests/test_shaping.py tests/test_effects.py'
+# The suite's tests of real networks on the VM's kernel: every link built, shaped and read back,
+# and netem's refusal where it is missing (which the VM skips: it has netem). On the development
+# machine, whose kernel lacks netem, the suite skips no test for its kernel; these are the ones
+# whose outcome depends on it.
+step kernel-tests in_vm 'cd /vagrant && sudo .venv/bin/python -m pytest -q -rs -p no:cacheprovider tests/test_network.py'
