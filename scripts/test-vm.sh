@@ -193,4 +193,4 @@ fi
 # and netem's refusal where it is missing (which the VM skips: it has netem). On the development
 # machine, whose kernel lacks netem, the suite skips no test for its kernel; these are the ones
 # whose outcome depends on it.
-step kernel-tests in_vm 'cd /vagrant && sudo .venv/bin/python -m pytest -q -rs -p no:cacheprovider tests/test_network.py'
+step kernel-tests in_vm 'cd /vagrant && sudo .venv/bin/python -m pytest -q -rs -p no:cacheprovider tests/e2e/test_network.py'

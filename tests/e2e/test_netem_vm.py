@@ -10,6 +10,7 @@ survives two ends, (1 - loss)^2.
 
 Each measured figure is printed on a line starting with ``netem:`` (``pytest -s`` shows them).
 """
+
 from __future__ import annotations
 
 import json
@@ -24,11 +25,11 @@ import time
 
 import pytest
 
-from traffic import rundir
 from testbed.ledger import Ledger, NetworkLock
 from testbed.network import Network
-from topologies import TopologySpec
 from tests.leftovers import leftovers
+from topologies import TopologySpec
+from traffic import rundir
 
 
 def _why_not() -> str | None:
@@ -37,9 +38,12 @@ def _why_not() -> str | None:
     if shutil.which("mnexec") is None or shutil.which("iperf3") is None:
         return "needs Mininet and iperf3: apt-get install mininet iperf3 (or run scripts/setup.sh)"
     from testbed.check import kernel_qdiscs
+
     if not kernel_qdiscs().get("netem", False):
-        return ("needs a kernel with the netem qdisc (sch_netem), which this one lacks: boot a full "
-                "distribution kernel (Debian's linux-image-amd64), e.g. the Vagrant VM: bash scripts/test-vm.sh")
+        return (
+            "needs a kernel with the netem qdisc (sch_netem), which this one lacks: boot a full "
+            "distribution kernel (Debian's linux-image-amd64), e.g. the Vagrant VM: bash scripts/test-vm.sh"
+        )
     return None
 
 
@@ -58,8 +62,11 @@ WIRE = PAYLOAD + 42
 
 def figure(name: str, **values) -> None:
     """One measured figure, printed for scripts/test-vm.sh and docs/vm.md."""
-    print(f"netem: {name}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                          for k, v in values.items()), flush=True)
+    print(
+        f"netem: {name}: "
+        + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items()),
+        flush=True,
+    )
 
 
 @pytest.fixture
@@ -98,8 +105,11 @@ def _netem_counts(net: Network, intf: str) -> tuple[int, int]:
     """(packets sent, packets dropped) by the netem qdisc of ``intf`` (in h1's namespace for
     h1's end, the machine's for a switch's end), from ``tc -s -j``."""
     cmd = f"tc -s -j qdisc show dev {intf}"
-    out = net.hosts["h1"].cmd(cmd) if intf.startswith("h1-") else subprocess.run(
-        cmd.split(), capture_output=True, text=True, check=True).stdout
+    out = (
+        net.hosts["h1"].cmd(cmd)
+        if intf.startswith("h1-")
+        else subprocess.run(cmd.split(), capture_output=True, text=True, check=True).stdout
+    )
     (q,) = [q for q in json.loads(out) if q["kind"] == "netem"]
     return int(q["packets"]), int(q["drops"])
 
@@ -185,8 +195,17 @@ def test_delay_reads_back_and_tcp_and_icmp_round_trips_match_the_dilated_spec(ru
             want = 4 * delay_ms  # emulated ms: four netem ends a round trip
             icmp = statistics.median(_ping_ms(net)) / SCALE
             tcp = statistics.median(_tcp_rtt_ms(net)) / SCALE
-    figure("delay", spec_ms=delay_ms, scale=SCALE, read_back_ms=ends[0]["delay_ms"], rtt_spec_ms=want,
-           icmp_rtt_ms=icmp, tcp_rtt_ms=tcp, icmp_err_pct=100 * (icmp / want - 1), tcp_err_pct=100 * (tcp / want - 1))
+    figure(
+        "delay",
+        spec_ms=delay_ms,
+        scale=SCALE,
+        read_back_ms=ends[0]["delay_ms"],
+        rtt_spec_ms=want,
+        icmp_rtt_ms=icmp,
+        tcp_rtt_ms=tcp,
+        icmp_err_pct=100 * (icmp / want - 1),
+        tcp_err_pct=100 * (tcp / want - 1),
+    )
     assert icmp == pytest.approx(want, rel=REL)
     assert tcp == pytest.approx(want, rel=REL)
 
@@ -222,11 +241,21 @@ def test_loss_reads_back_and_is_measured_at_the_qdisc_by_datagrams_and_by_tcp(ru
     out_segs = snmp1["OutSegs"] - snmp0["OutSegs"]
     retrans = snmp1["RetransSegs"] - snmp0["RetransSegs"]
     retrans_pct = 100 * retrans / out_segs
-    figure("loss", spec_pct=loss_pct, read_back_pct=ends[0]["loss_pct"], datagrams=s["packets"],
-           lost=s["lost_packets"], per_end_pct=measured, qdisc_h1_pct=qdisc[0], qdisc_switch_pct=qdisc[1],
-           tcp_mbps=tcp["end"]["sum_received"]["bits_per_second"] / 1e6 * SCALE,
-           tcp_segments=out_segs, tcp_retrans=retrans, tcp_retrans_pct=retrans_pct,
-           tcp_retrans_spec_pct=100 * (1 - (1 - loss_pct / 100) ** 2))
+    figure(
+        "loss",
+        spec_pct=loss_pct,
+        read_back_pct=ends[0]["loss_pct"],
+        datagrams=s["packets"],
+        lost=s["lost_packets"],
+        per_end_pct=measured,
+        qdisc_h1_pct=qdisc[0],
+        qdisc_switch_pct=qdisc[1],
+        tcp_mbps=tcp["end"]["sum_received"]["bits_per_second"] / 1e6 * SCALE,
+        tcp_segments=out_segs,
+        tcp_retrans=retrans,
+        tcp_retrans_pct=retrans_pct,
+        tcp_retrans_spec_pct=100 * (1 - (1 - loss_pct / 100) ** 2),
+    )
     assert 0.5 <= measured <= 1.5
     assert all(0.5 <= q <= 1.5 for q in qdisc), qdisc
     # TCP loses what the path loses and sends it again (a lost retransmission twice, a
@@ -237,8 +266,9 @@ def test_loss_reads_back_and_is_measured_at_the_qdisc_by_datagrams_and_by_tcp(ru
 def test_rate_delay_and_loss_on_one_link_all_read_back_and_are_measured_together(run_dir):
     rate_mbps, delay_ms, loss_pct, queue = 20.0, 5.0, 1.0, 100
     with NetworkLock():
-        with _network(run_dir, host_bw_mbps=rate_mbps, delay_ms=delay_ms, loss_pct=loss_pct,
-                      max_queue_packets=queue) as net:
+        with _network(
+            run_dir, host_bw_mbps=rate_mbps, delay_ms=delay_ms, loss_pct=loss_pct, max_queue_packets=queue
+        ) as net:
             ends = _read_back(net)
             for e in ends:  # all three, at every end
                 assert e["qdisc"] == "htb" and e["leaf"] == "netem"
@@ -263,10 +293,21 @@ def test_rate_delay_and_loss_on_one_link_all_read_back_and_are_measured_together
     h = high["end"]["sum"]
     got_mbps = (h["packets"] - h["lost_packets"]) * PAYLOAD * 8 / h["seconds"] / 1e6 * SCALE
     want_mbps = rate_mbps * PAYLOAD / WIRE * (1 - loss_pct / 100)
-    figure("rate+delay+loss", rate_spec_mbps=rate_mbps, rate_read_back_mbps=ends[0]["rate_mbps"] * SCALE,
-           udp_payload_mbps=got_mbps, udp_want_mbps=want_mbps, rate_err_pct=100 * (got_mbps / want_mbps - 1),
-           rtt_spec_ms=want_rtt, icmp_rtt_ms=rtt, rtt_err_pct=100 * (rtt / want_rtt - 1),
-           loss_spec_pct=loss_pct, per_end_pct=per_end, qdisc_h1_pct=qdisc[0], qdisc_switch_pct=qdisc[1])
+    figure(
+        "rate+delay+loss",
+        rate_spec_mbps=rate_mbps,
+        rate_read_back_mbps=ends[0]["rate_mbps"] * SCALE,
+        udp_payload_mbps=got_mbps,
+        udp_want_mbps=want_mbps,
+        rate_err_pct=100 * (got_mbps / want_mbps - 1),
+        rtt_spec_ms=want_rtt,
+        icmp_rtt_ms=rtt,
+        rtt_err_pct=100 * (rtt / want_rtt - 1),
+        loss_spec_pct=loss_pct,
+        per_end_pct=per_end,
+        qdisc_h1_pct=qdisc[0],
+        qdisc_switch_pct=qdisc[1],
+    )
     assert rtt == pytest.approx(want_rtt, rel=REL)
     assert 0.5 <= per_end <= 1.5 and all(0.5 <= q <= 1.5 for q in qdisc), (per_end, qdisc)
     assert got_mbps == pytest.approx(want_mbps, rel=REL)
