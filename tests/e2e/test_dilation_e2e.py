@@ -4,25 +4,7 @@ import json
 
 import pytest
 
-
-def write_profile(path, fwd, bwd, model="digits_mlp", batch=32):
-    path.write_text(
-        json.dumps(
-            {
-                "model": model,
-                "device": "test",
-                "batch_size": batch,
-                "source": "written by the test",
-                "method": "test",
-                "derived": False,
-                "layers": [
-                    {"index": i, "name": f"layer{i}", "forward_s": f, "backward_s": b}
-                    for i, (f, b) in enumerate(zip(fwd, bwd))
-                ],
-            }
-        )
-    )
-    return str(path)
+from tests.small_runs import write_profile
 
 
 @pytest.mark.slow

@@ -16,35 +16,12 @@ import analysis
 from testbed.runner import run_experiment
 from testbed.spec import from_dict
 from tests.leftovers import leftovers, needs_root
+from tests.small_runs import small_spec
 from traffic.summary import RunSummary
 
 ROOT = Path(__file__).resolve().parents[2]
 
 root_only = pytest.mark.skipif(needs_root, reason="needs root")
-
-
-def small_spec(tmp_path, **workload):
-    return from_dict(
-        {
-            "name": "e2e",
-            "topology": {
-                "kind": "rack_core",
-                "racks": 2,
-                "hosts_per_rack": 2,
-                "host_bw_mbps": 50,
-                "oversubscription": 2,
-            },
-            "workload": {
-                "scheme": "ps",
-                "iterations": 8,
-                "warmup_iterations": 2,
-                "batch_size": 16,
-                "servers": {"count": 1, "placement": "dedicated", "scope": "global"},
-                **workload,
-            },
-            "run": {"runs_dir": str(tmp_path), "timeout_s": 240},
-        }
-    )
 
 
 def cross_rack_payload(run) -> int:

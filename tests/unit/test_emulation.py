@@ -2,13 +2,12 @@
 real network is tests/e2e/test_dilation_e2e.py.
 """
 
-import json
-
 import pandas as pd
 import pytest
 import torch
 
 from analysis.load import to_emulated_time
+from tests.small_runs import write_profile
 from traffic.hostmodel import costs as hostcost
 from traffic.models import build_model
 from traffic.runtime.emulation import EmulatedCompute, PreciseSleeper
@@ -56,26 +55,6 @@ def test_dilated_clocks_are_converted_back():
     assert list(ev2["requested_s"]) == [1.0, 1.0]
     assert list(tr2["time"]) == pytest.approx([100.0, 100.01])
     assert q2.empty and c2.empty
-
-
-def write_profile(path, fwd, bwd, model="digits_mlp", batch=32):
-    path.write_text(
-        json.dumps(
-            {
-                "model": model,
-                "device": "test",
-                "batch_size": batch,
-                "source": "written by the test",
-                "method": "test",
-                "derived": False,
-                "layers": [
-                    {"index": i, "name": f"layer{i}", "forward_s": f, "backward_s": b}
-                    for i, (f, b) in enumerate(zip(fwd, bwd))
-                ],
-            }
-        )
-    )
-    return str(path)
 
 
 @pytest.mark.parametrize("scheme", ["ps", "allreduce"])

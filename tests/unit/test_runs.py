@@ -12,33 +12,9 @@ import pytest
 
 from common.errors import MissingRequirement, TestbedError
 from testbed.runner import run_experiment, run_one
-from testbed.spec import from_dict
+from tests.small_runs import small_spec
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def small_spec(tmp_path, **workload):
-    return from_dict(
-        {
-            "name": "e2e",
-            "topology": {
-                "kind": "rack_core",
-                "racks": 2,
-                "hosts_per_rack": 2,
-                "host_bw_mbps": 50,
-                "oversubscription": 2,
-            },
-            "workload": {
-                "scheme": "ps",
-                "iterations": 8,
-                "warmup_iterations": 2,
-                "batch_size": 16,
-                "servers": {"count": 1, "placement": "dedicated", "scope": "global"},
-                **workload,
-            },
-            "run": {"runs_dir": str(tmp_path), "timeout_s": 240},
-        }
-    )
 
 
 def test_existing_run_directory_is_never_overwritten(tmp_path):
