@@ -33,6 +33,7 @@ import datetime
 import glob
 import json
 import math
+import re
 import shutil
 import sys
 import tempfile
@@ -78,22 +79,31 @@ def spec(runs_dir: Path, hosts: int, launcher: str, iterations: int = 10, **extr
     return d
 
 
-def _log_times(run_dir: Path) -> dict[str, float]:
-    out = {}
-    marks = {
-        "processes fork from": "open",
-        "building network": "build",
-        "network up": "up",
-        "launching": "launch",
-        "all processes done": "done",
-        "torn down": "down",
-        "summarized in": "summary",
-    }
+#: harness.log lines whose time marks a phase's start or end
+_MARKS = {
+    "processes fork from": "open",
+    "building network": "build",
+    "network up": "up",
+    "launching": "launch",
+    "all processes done": "done",
+    "torn down": "down",
+}
+#: harness.log lines that give a phase's own duration in seconds
+_DURATIONS = re.compile(r"(launch took|summarized in) ([0-9.]+) s")
+
+
+def _harness_log(run_dir: Path) -> tuple[dict[str, float], dict[str, float]]:
+    """From one read of ``logs/harness.log``: the unix time of each first mark of
+    :data:`_MARKS` (by key), and the durations it logs (``launch``, ``summary``; seconds)."""
+    times, durations = {}, {}
     for line in (run_dir / "logs" / "harness.log").read_text().splitlines():
-        for text, key in marks.items():
-            if text in line and key not in out:
-                out[key] = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
-    return out
+        for text, key in _MARKS.items():
+            if text in line and key not in times:
+                times[key] = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        m = _DURATIONS.search(line)
+        if m:
+            durations.setdefault("launch" if m.group(1) == "launch took" else "summary", float(m.group(2)))
+    return times, durations
 
 
 def _events(run_dir: Path) -> list[dict]:
@@ -114,34 +124,21 @@ def phases(run_dir: Path, t_call: float | None = None, t_return: float | None = 
     start to last iteration end), ``drain_s`` (last iteration end to every process done),
     ``teardown_s``, ``summary_s`` (the summary's analysis), ``after_s`` (teardown end to
     ``run_experiment``'s return; given ``t_return``) and ``outside_s``, all but training."""
-    t = _log_times(run_dir)
+    t, logged = _harness_log(run_dir)
     ev = _events(run_dir)
     its = [e for e in ev if e["kind"] == "iteration"]
     ready = max(e["ts"] + e["dur"] for e in ev if e["kind"] == "init" and "world_size" in e)
     first, last = min(e["ts"] for e in its), max(e["ts"] + e["dur"] for e in its)
-    launched = [
-        float(line.split(" took ")[1].split()[0])
-        for line in (run_dir / "logs" / "harness.log").read_text().splitlines()
-        if " launch took " in line
-    ]
     out = {
         "prelude_s": t.get("open", t["build"]) - t_call if t_call is not None else math.nan,
         "build_s": t["up"] - t["build"],
-        "launch_s": launched[0] if launched else math.nan,
+        "launch_s": logged.get("launch", math.nan),
         "ready_s": ready - t["launch"],
         "first_iteration_s": first - t["launch"],
         "training_s": last - first,
         "drain_s": t["done"] - last,
         "teardown_s": t["down"] - t["done"] if "down" in t else math.nan,
-        "summary_s": float(
-            next(
-                line.split("summarized in ")[1].split()[0]
-                for line in (run_dir / "logs" / "harness.log").read_text().splitlines()
-                if "summarized in" in line
-            )
-        )
-        if "summary" in t
-        else math.nan,
+        "summary_s": logged.get("summary", math.nan),
         "after_s": t_return - t["down"] if t_return is not None and "down" in t else math.nan,
     }
     if t_call is not None and t_return is not None:

@@ -350,6 +350,7 @@ class _Rules:
         if source is not None:
             self.name = source  # marks (line numbers in messages) name it
         self.source, self._paths, self._checked = source, {}, set()
+        self._depth = 0  # collections open in the composer (compose_node)
         self._paths[None] = prefix  # the document's root (see construct_document)
 
     def construct_document(self, node):
@@ -364,7 +365,7 @@ class _Rules:
         :func:`check_depth`.)"""
         if not self.check_event(yaml.SequenceStartEvent, yaml.MappingStartEvent):
             return super().compose_node(parent, index)
-        self._depth = getattr(self, "_depth", 0) + 1
+        self._depth += 1
         try:
             if self._depth > MAX_DEPTH:
                 mark = self.peek_event().start_mark
